@@ -1,0 +1,29 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both create .venv/ on first use (pip install -c constraints.txt -e .).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TINY := build/tiny-llama
+
+.PHONY: setup demo test tiny bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	@touch $@
+
+tiny: setup
+	$(PY) llm/tools/make_tiny_model.py --output $(TINY)
+
+demo: tiny
+	$(PY) llm/run_finetune.py llm/config/tiny/sft_argument.json
+	$(PY) llm/run_finetune.py llm/config/tiny/lora_argument.json
+
+test: tiny
+	$(PY) -m pytest tests
+
+clean:
+	rm -rf build output

@@ -1,0 +1,38 @@
+"""Fine-tune a causal LM from a JSON config.
+
+    python llm/run_finetune.py llm/config/tiny/lora_argument.json [--key value ...]
+    python -m paddle.distributed.launch --gpus 0,1 llm/run_finetune.py CONFIG.json
+
+Config problems (unknown keys, bad values, contradictions, missing files)
+are all reported together, before anything is loaded, with exit code 2.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from paddlenlp_ext.cli.common import EXIT_CONFIG_ERROR, config_or_exit  # noqa: E402
+from paddlenlp_ext.config.parse import ConfigError  # noqa: E402
+from paddlenlp_ext.data.reader import DataError  # noqa: E402
+
+USAGE = "usage: python llm/run_finetune.py CONFIG.json [--key value ...]"
+
+
+def main(argv):
+    cfg = config_or_exit(argv, USAGE)
+    from paddlenlp_ext.training.run import run  # heavy imports only after the config is valid
+
+    try:
+        run(cfg)
+    except ConfigError as e:
+        print(e.report(), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except DataError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

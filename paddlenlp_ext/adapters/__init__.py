@@ -1,0 +1,79 @@
+"""Parameter-efficient adapters: LoRA (+ rsLoRA, LoRA+, PiSSA), VeRA, NEFTune.
+
+Public API (see docs/methods.md)::
+
+    AdapterConfig                                   # config.py (no paddle import)
+    METHODS                                         # {"lora", "pissa", "vera"} -> layer class
+    apply_adapters(model, config, *, init_weights=True) -> dict
+    adapter_state_dict(model) -> {f"{module}.{suffix}": Tensor}
+    save_adapter(model, config, output_dir) -> {"config": path, "weights": path}
+    load_adapter(model, adapter_dir) -> AdapterConfig
+    merge_adapters(model) / unmerge_adapters(model) / unwrap_merged(model)
+    count_parameters(model) -> (trainable, total)
+    compute_delta(method, config, tensors_for_one_module, in_features, out_features) -> np.ndarray [in, out]
+    vera_projections(seed, r, max_in, max_out) -> (A [r, max_in], B [max_out, r])
+    attach_neftune(model, alpha) -> NEFTuneHook;  token_lengths_from_batch(...)
+
+Attributes are imported lazily, so ``from paddlenlp_ext.adapters.config import
+AdapterConfig`` (and ``paddlenlp_ext.adapters.AdapterConfig``) never imports
+paddle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import CONFIG_NAME, DEFAULT_TARGET_MODULES, WEIGHTS_NAME, AdapterConfig, AdapterConfigError
+
+_LAZY = {
+    # api
+    "METHODS": "api",
+    "apply_adapters": "api",
+    "adapter_state_dict": "api",
+    "save_adapter": "api",
+    "load_adapter": "api",
+    "load_adapter_state_dict": "api",
+    "read_adapter_tensors": "api",
+    "merge_adapters": "api",
+    "unmerge_adapters": "api",
+    "unwrap_merged": "api",
+    "count_parameters": "api",
+    "compute_delta": "api",
+    "group_adapter_tensors": "api",
+    "iter_adapter_layers": "api",
+    "get_adapter_config": "api",
+    "layer_class": "api",
+    # layers
+    "AdapterLayer": "base",
+    "AdapterError": "base",
+    "LoRALinear": "lora",
+    "PiSSALinear": "pissa",
+    "VeRALinear": "vera",
+    "VeRAShared": "vera",
+    "vera_projections": "vera",
+    "randomized_svd": "pissa",
+    "exact_svd": "pissa",
+    "pissa_factors": "pissa",
+    # neftune
+    "NEFTuneHook": "neftune",
+    "attach_neftune": "neftune",
+    "token_lengths_from_batch": "neftune",
+}
+
+__all__ = ["AdapterConfig", "AdapterConfigError", "CONFIG_NAME", "WEIGHTS_NAME", "DEFAULT_TARGET_MODULES"] + sorted(
+    _LAZY
+)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

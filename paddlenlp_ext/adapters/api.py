@@ -1,0 +1,302 @@
+"""Model-level adapter API (re-exported by ``paddlenlp_ext.adapters``)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+
+from .base import (
+    AdapterError,
+    AdapterLayer,
+    base_in_out,
+    is_linear_like,
+    is_tensor_parallel_linear,
+    to_numpy_f32,
+)
+from .config import CONFIG_NAME, WEIGHTS_NAME, AdapterConfig
+from .lora import LoRALinear
+from .pissa import PiSSALinear
+from .vera import VeRALinear
+
+#: method / layer type -> adapter layer class.  ``AdapterConfig.layer_type``
+#: gives the key ("lora", "pissa" for lora+pissa, "vera").
+METHODS: Dict[str, type] = {
+    "lora": LoRALinear,
+    "pissa": PiSSALinear,
+    "vera": VeRALinear,
+}
+
+_MODEL_CONFIG_ATTR = "_paddlenlp_ext_adapter_config"
+
+
+def layer_class(config: AdapterConfig) -> type:
+    try:
+        return METHODS[config.layer_type]
+    except KeyError:
+        raise ValueError(f"no adapter implementation for {config.layer_type!r}; known: {sorted(METHODS)}") from None
+
+
+# --------------------------------------------------------------------- helpers
+def iter_adapter_layers(model: nn.Layer) -> List[Tuple[str, AdapterLayer]]:
+    """``[(module_name, adapter_layer)]`` in model order."""
+    return [(n, l) for n, l in model.named_sublayers() if isinstance(l, AdapterLayer)]
+
+
+def _parent_and_attr(model: nn.Layer, name: str) -> Tuple[nn.Layer, str]:
+    parts = name.split(".")
+    parent = model
+    for p in parts[:-1]:
+        parent = parent._sub_layers[p]
+    return parent, parts[-1]
+
+
+def _replace(model: nn.Layer, name: str, new: nn.Layer) -> None:
+    parent, attr = _parent_and_attr(model, name)
+    if attr not in parent._sub_layers:
+        raise KeyError(f"{name} is not a sublayer of the model")
+    setattr(parent, attr, new)
+
+
+def count_parameters(model: nn.Layer) -> Tuple[int, int]:
+    """(trainable, total) parameter element counts."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = int(np.prod(p.shape)) if len(p.shape) else 1
+        total += n
+        if not p.stop_gradient:
+            trainable += n
+    return trainable, total
+
+
+def get_adapter_config(model: nn.Layer) -> Optional[AdapterConfig]:
+    """The (resolved) config the model's adapters were built with, if any."""
+    return getattr(model, _MODEL_CONFIG_ATTR, None)
+
+
+# ------------------------------------------------------------------- applying
+def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool = True) -> Dict[str, Any]:
+    """Wrap every linear sublayer whose full name ``re.fullmatch``-es one of
+    ``config.target_modules`` (default: linears inside ``...layers.<i>.``) in
+    the adapter layer for ``config``, freeze every base parameter and return
+    ``{"method", "adapted_modules", "trainable_params", "total_params"}``.
+
+    ``init_weights=False`` skips data-dependent initialisation (PiSSA's SVD);
+    ``load_adapter`` uses it before loading saved weights.
+    For VeRA, ``config.vera_max_in/out`` are filled in place when None.
+    Tensor-parallel linears matching the targets raise NotImplementedError.
+    """
+    if not isinstance(config, AdapterConfig):
+        raise TypeError(f"config must be an AdapterConfig, got {type(config).__name__}")
+    config.validate()
+    if iter_adapter_layers(model):
+        raise AdapterError("model already has adapter layers; apply_adapters() must be called on a plain base model")
+    patterns = [re.compile(p) for p in config.resolved_target_modules]
+    matched: List[Tuple[str, nn.Layer]] = []
+    linear_names: List[str] = []
+    for name, layer in model.named_sublayers():
+        tp = is_tensor_parallel_linear(layer)
+        if tp or is_linear_like(layer):
+            linear_names.append(name)
+        if not any(p.fullmatch(name) for p in patterns):
+            continue
+        if tp:
+            raise NotImplementedError(
+                f"target module {name!r} is a tensor-parallel {type(layer).__name__}; adapters on tensor-parallel "
+                "layers are not implemented yet (use tensor_parallel_degree=1)"
+            )
+        if is_linear_like(layer):
+            matched.append((name, layer))
+    if not matched:
+        shown = linear_names[:20]
+        more = f" (+{len(linear_names) - 20} more)" if len(linear_names) > 20 else ""
+        raise ValueError(
+            f"no linear module matched target_modules={config.resolved_target_modules} (re.fullmatch against full "
+            f"sublayer names); linear modules available: {shown}{more}"
+        )
+
+    for p in model.parameters():
+        p.stop_gradient = True
+
+    cls = layer_class(config)
+    shared = cls.build_shared(config, [layer for _, layer in matched])
+    for name, layer in matched:
+        _replace(model, name, cls(layer, config, init_weights=init_weights, shared=shared))
+    setattr(model, _MODEL_CONFIG_ATTR, config)
+
+    trainable, total = count_parameters(model)
+    return {
+        "method": config.layer_type,
+        "adapted_modules": [n for n, _ in matched],
+        "trainable_params": trainable,
+        "total_params": total,
+    }
+
+
+# ---------------------------------------------------------------- state dicts
+def adapter_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
+    """``{f"{module_name}.{suffix}": Tensor}`` for every adapter layer;
+    ``module_name`` is the adapted Linear's name in the base model."""
+    out: Dict[str, paddle.Tensor] = {}
+    for name, layer in iter_adapter_layers(model):
+        for suffix, t in layer.adapter_state_dict().items():
+            out[f"{name}.{suffix}"] = t
+    return out
+
+
+def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: str) -> Dict[str, str]:
+    """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (adapter
+    tensors only, float32, safetensors numpy format).  ``config=None`` uses the
+    config the adapters were applied with.  Returns the two paths."""
+    from safetensors.numpy import save_file
+
+    layers = iter_adapter_layers(model)
+    if not layers:
+        raise AdapterError("save_adapter: the model has no adapter layers")
+    applied = get_adapter_config(model)
+    if config is None:
+        config = applied
+    if config is None:
+        raise AdapterError("save_adapter: no config given and the model carries none")
+    if applied is not None and applied is not config:
+        a, c = applied.to_dict(), config.to_dict()
+        diff = [k for k in ("method", "r", "alpha", "rslora", "pissa", "vera_seed", "vera_max_in", "vera_max_out")
+                if a[k] != c[k] and not (k.startswith("vera_max") and c[k] is None)]
+        if diff:
+            raise AdapterError(f"save_adapter: config differs from the one the adapters were built with in {diff}")
+        for k in ("vera_max_in", "vera_max_out"):
+            if c[k] is None:
+                setattr(config, k, a[k])
+    if any(l.merged for _, l in layers):
+        raise AdapterError("save_adapter: adapters are merged; unmerge_adapters(model) first")
+    tensors = {k: np.ascontiguousarray(to_numpy_f32(v)) for k, v in adapter_state_dict(model).items()}
+    os.makedirs(output_dir, exist_ok=True)
+    cfg_path = config.save(output_dir)
+    w_path = os.path.join(output_dir, WEIGHTS_NAME)
+    save_file(tensors, w_path, metadata={"format": "np", "adapter_method": config.layer_type})
+    return {"config": cfg_path, "weights": w_path}
+
+
+def read_adapter_tensors(adapter_dir: str) -> Dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    path = os.path.join(adapter_dir, WEIGHTS_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {adapter_dir}")
+    return load_file(path)
+
+
+def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
+    """Strictly load ``{f"{module}.{suffix}": tensor}`` into the model's adapter
+    layers: missing / unexpected keys or shape mismatches raise AdapterError
+    naming the keys."""
+    layers = dict(iter_adapter_layers(model))
+    expected = adapter_state_dict(model)
+    missing = sorted(k for k in expected if k not in state)
+    unexpected = sorted(k for k in state if k not in expected)
+    if missing or unexpected:
+        raise AdapterError(
+            f"adapter weights do not match the model: missing keys {missing[:10]}"
+            f"{' ...' if len(missing) > 10 else ''}, unexpected keys {unexpected[:10]}"
+            f"{' ...' if len(unexpected) > 10 else ''}"
+        )
+    for k, ref in expected.items():
+        got = [int(s) for s in state[k].shape]
+        if got != [int(s) for s in ref.shape]:
+            raise AdapterError(f"adapter weight {k!r}: shape {got} does not match the model's {list(ref.shape)}")
+    per_layer: Dict[str, Dict[str, Any]] = {n: {} for n in layers}
+    for k in expected:
+        mod, suffix = k.rsplit(".", 1)
+        per_layer[mod][suffix] = state[k]
+    for n, layer in layers.items():
+        layer.load_adapter_state_dict(per_layer[n])
+
+
+def load_adapter(model: nn.Layer, adapter_dir: str) -> AdapterConfig:
+    """Apply the adapters described by ``adapter_dir/adapter_config.json`` to a
+    fresh (original) base model and load ``adapter_model.safetensors``.  For
+    PiSSA the base weights become ``W - s*A0@B0`` (no SVD).  On error the model
+    is left partially wrapped and should be discarded."""
+    config = AdapterConfig.load(adapter_dir)
+    state = read_adapter_tensors(adapter_dir)
+    apply_adapters(model, config, init_weights=False)
+    load_adapter_state_dict(model, state)
+    return config
+
+
+# -------------------------------------------------------------------- merging
+def merge_adapters(model: nn.Layer) -> List[str]:
+    """merge() every adapter layer (refuses on quantized bases)."""
+    layers = iter_adapter_layers(model)
+    for _, layer in layers:
+        layer.merge()
+    return [n for n, _ in layers]
+
+
+def unmerge_adapters(model: nn.Layer) -> List[str]:
+    layers = iter_adapter_layers(model)
+    for _, layer in layers:
+        layer.unmerge()
+    return [n for n, _ in layers]
+
+
+def unwrap_merged(model: nn.Layer) -> List[str]:
+    """Merge (if needed) and replace every adapter layer by its base layer,
+    leaving a plain model whose weights include the adapters.  Returns the
+    unwrapped module names."""
+    layers = iter_adapter_layers(model)
+    for _, layer in layers:
+        layer.merge()
+    for name, layer in layers:
+        _replace(model, name, layer.base_layer)
+    if hasattr(model, _MODEL_CONFIG_ATTR):
+        setattr(model, _MODEL_CONFIG_ATTR, None)
+    return [n for n, _ in layers]
+
+
+# -------------------------------------------------------- streaming merge math
+def compute_delta(
+    method: str,
+    config: AdapterConfig,
+    tensors_for_one_module: Mapping[str, Any],
+    in_features: int,
+    out_features: int,
+) -> np.ndarray:
+    """Delta weight ``[in, out]`` (float32 numpy) of one adapted module from
+    its saved tensors (``{suffix: array}``, i.e. the safetensors keys
+    ``f"{module}.{suffix}"`` with the module prefix stripped)::
+
+        merged_weight = base_weight_from_original_checkpoint + compute_delta(...)
+
+    ``base_weight_from_original_checkpoint`` is ``{module}.weight`` of the
+    ORIGINAL base checkpoint ([in, out], Paddle orientation).  For PiSSA the
+    delta includes the residual correction ``-s*A0@B0``; for VeRA the shared
+    projections are regenerated from ``config`` (seed, r, vera_max_in/out).
+    ``method`` is ``config.method`` (``"pissa"`` is accepted for lora+pissa).
+    """
+    if not isinstance(config, AdapterConfig):
+        config = AdapterConfig.from_dict(config)
+    if method not in (config.method, config.layer_type):
+        raise ValueError(f"compute_delta: method {method!r} does not match config ({config.layer_type!r})")
+    cls = layer_class(config)
+    expected = set(cls.state_suffixes)
+    got = set(tensors_for_one_module)
+    if got != expected:
+        raise ValueError(
+            f"compute_delta({config.layer_type}): expected tensors {sorted(expected)}, got {sorted(got)}"
+        )
+    return np.asarray(cls.numpy_delta(config, tensors_for_one_module, int(in_features), int(out_features)),
+                      dtype=np.float32)
+
+
+def group_adapter_tensors(tensors: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """``{f"{module}.{suffix}": t}`` -> ``{module: {suffix: t}}`` (for streaming merges)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for k, v in tensors.items():
+        mod, suffix = k.rsplit(".", 1)
+        out.setdefault(mod, {})[suffix] = v
+    return out

@@ -1,0 +1,248 @@
+"""Adapter configuration (plain Python: importing this module never imports paddle).
+
+``AdapterConfig`` describes one parameter-efficient adapter (LoRA and its
+variants rsLoRA / LoRA+ / PiSSA, or VeRA) and round-trips through
+``adapter_config.json`` next to ``adapter_model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+
+SUPPORTED_METHODS = ("lora", "vera")
+
+#: Default targets: every linear layer inside the decoder layers
+#: (``...layers.<i>.<anything>``).  lm_head / embeddings never match.
+DEFAULT_TARGET_MODULES = (r".*layers\.\d+\..*",)
+
+
+class AdapterConfigError(ValueError):
+    """Raised for an invalid adapter configuration."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass
+class AdapterConfig:
+    """Configuration of one adapter.
+
+    Fields
+    ------
+    method: ``"lora"`` or ``"vera"``.
+    r: rank (``lora_rank`` for LoRA, ``vera_rank`` for VeRA); default 8.
+    alpha: LoRA alpha; ``None`` resolves to ``2 * r``.  Not used by VeRA
+        (VeRA has no scaling factor; setting it is an error).
+    dropout: dropout probability on the adapter branch input.
+    rslora: LoRA scaling ``alpha / sqrt(r)`` instead of ``alpha / r``.
+    lora_plus_scale: LoRA+ ratio ``lr_B / lr_A`` (1.0 = plain LoRA).
+    pissa: initialise A/B from the top-r singular triplets of W (PiSSA).
+    pissa_niter: 0 = exact SVD; >0 = randomized SVD with that many power
+        iterations.
+    target_modules: list of regexes, each matched with ``re.fullmatch``
+        against the full sublayer name; ``None`` = ``DEFAULT_TARGET_MODULES``.
+    vera_seed / vera_d_init: VeRA projection seed and initial value of d.
+    vera_max_in / vera_max_out: dimensions of the shared VeRA projections;
+        filled in by ``apply_adapters`` (the largest in/out features over the
+        adapted layers) and persisted, so the projections can be regenerated.
+    base_model_name_or_path / model_type: informational.
+    quantization: dict describing the quantized base (set by the caller) or
+        ``None``.
+    """
+
+    method: str = "lora"
+    r: int = 8
+    alpha: Optional[float] = None
+    dropout: float = 0.0
+    rslora: bool = False
+    lora_plus_scale: float = 1.0
+    pissa: bool = False
+    pissa_niter: int = 0
+    target_modules: Optional[List[str]] = None
+    vera_seed: int = 0
+    vera_d_init: float = 0.1
+    vera_max_in: Optional[int] = None
+    vera_max_out: Optional[int] = None
+    base_model_name_or_path: Optional[str] = None
+    model_type: Optional[str] = None
+    quantization: Optional[Dict[str, Any]] = None
+
+    def __post_init__(self):
+        if isinstance(self.method, str):
+            self.method = self.method.lower()
+        if isinstance(self.target_modules, str):
+            self.target_modules = [self.target_modules]
+        elif isinstance(self.target_modules, tuple):
+            self.target_modules = list(self.target_modules)
+        if self.alpha is None and self.method == "lora" and _is_int(self.r):
+            self.alpha = 2 * self.r
+        if _is_int(self.alpha):
+            self.alpha = float(self.alpha)
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> "AdapterConfig":
+        def err(msg):
+            raise AdapterConfigError(f"AdapterConfig: {msg}")
+
+        if self.method not in SUPPORTED_METHODS:
+            err(f"method must be one of {SUPPORTED_METHODS}, got {self.method!r}")
+        if not _is_int(self.r) or self.r <= 0:
+            err(f"r (rank) must be a positive integer, got {self.r!r}")
+        if not _is_number(self.dropout) or not (0.0 <= self.dropout < 1.0):
+            err(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        for name in ("rslora", "pissa"):
+            if not isinstance(getattr(self, name), bool):
+                err(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not _is_number(self.lora_plus_scale) or not (self.lora_plus_scale > 0) or math.isinf(self.lora_plus_scale):
+            err(f"lora_plus_scale must be a finite number > 0, got {self.lora_plus_scale!r}")
+        if not _is_int(self.pissa_niter) or self.pissa_niter < 0:
+            err(f"pissa_niter must be an integer >= 0 (0 = exact SVD), got {self.pissa_niter!r}")
+        if self.method == "lora":
+            if not _is_number(self.alpha) or not (self.alpha > 0) or math.isinf(self.alpha):
+                err(f"alpha must be a finite number > 0, got {self.alpha!r}")
+        else:  # vera
+            if self.alpha is not None:
+                err("alpha is not used by VeRA (the adapter has no scaling factor); leave it None")
+            for name, default in (("rslora", False), ("pissa", False), ("lora_plus_scale", 1.0)):
+                if getattr(self, name) != default:
+                    err(f"{name}={getattr(self, name)!r} only applies to method='lora', not 'vera'")
+        if self.pissa and self.quantization:
+            err("pissa cannot be combined with a quantized base (the residual weight would have to be re-quantized)")
+        if self.target_modules is not None:
+            if not isinstance(self.target_modules, list) or not self.target_modules:
+                err(f"target_modules must be a non-empty list of regex strings or None, got {self.target_modules!r}")
+            for pat in self.target_modules:
+                if not isinstance(pat, str):
+                    err(f"target_modules entries must be strings, got {pat!r}")
+                try:
+                    re.compile(pat)
+                except re.error as e:
+                    err(f"target_modules entry {pat!r} is not a valid regex: {e}")
+        if not _is_int(self.vera_seed):
+            err(f"vera_seed must be an integer, got {self.vera_seed!r}")
+        if not _is_number(self.vera_d_init):
+            err(f"vera_d_init must be a number, got {self.vera_d_init!r}")
+        for name in ("vera_max_in", "vera_max_out"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v <= 0):
+                err(f"{name} must be a positive integer or None, got {v!r}")
+        if self.quantization is not None and not isinstance(self.quantization, dict):
+            err(f"quantization must be a dict or None, got {type(self.quantization).__name__}")
+        return self
+
+    # --------------------------------------------------------------- derived
+    @property
+    def layer_type(self) -> str:
+        """Key into the adapters' ``METHODS`` dispatch table."""
+        if self.method == "lora" and self.pissa:
+            return "pissa"
+        return self.method
+
+    @property
+    def scaling(self) -> float:
+        """Factor applied to the low-rank product (1.0 for VeRA)."""
+        if self.method == "vera":
+            return 1.0
+        if self.rslora:
+            return float(self.alpha) / math.sqrt(self.r)
+        return float(self.alpha) / self.r
+
+    @property
+    def resolved_target_modules(self) -> List[str]:
+        return list(self.target_modules) if self.target_modules is not None else list(DEFAULT_TARGET_MODULES)
+
+    # --------------------------------------------------------------- (de)ser
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["target_modules"] is not None:
+            d["target_modules"] = list(d["target_modules"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AdapterConfig":
+        if not isinstance(d, Mapping):
+            raise AdapterConfigError(f"AdapterConfig.from_dict expects a mapping, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise AdapterConfigError(f"AdapterConfig: unknown keys {unknown}; valid keys are {sorted(names)}")
+        return cls(**dict(d))
+
+    @classmethod
+    def from_flat_args(cls, args: Mapping[str, Any]) -> Optional["AdapterConfig"]:
+        """Build from PaddleNLP-style flat keys (``lora``, ``lora_rank``,
+        ``lora_alpha``, ``rslora``, ``lora_plus_scale``, ``pissa``,
+        ``pissa_niter``, ``vera``, ``vera_rank``, ``lora_dropout``,
+        ``lora_target_modules``/``target_modules``, ``vera_seed``,
+        ``vera_d_init``).  Returns ``None`` when neither lora nor vera is on.
+        Unrelated keys are ignored.  ``lora_alpha`` <= 0 (PaddleNLP's "unset"
+        value -1) means the default ``2 * lora_rank``."""
+        a = dict(args)
+        lora, vera = bool(a.get("lora", False)), bool(a.get("vera", False))
+        if lora and vera:
+            raise AdapterConfigError("only one of lora / vera can be enabled")
+        if not (lora or vera):
+            return None
+        targets = a.get("target_modules", a.get("lora_target_modules"))
+        kw: Dict[str, Any] = dict(target_modules=targets)
+        for k in ("base_model_name_or_path", "model_type", "quantization"):
+            if a.get(k) is not None:
+                kw[k] = a[k]
+        if lora:
+            alpha = a.get("lora_alpha")
+            if alpha is not None and _is_number(alpha) and alpha <= 0:
+                alpha = None
+            kw.update(
+                method="lora",
+                r=a.get("lora_rank", 8),
+                alpha=alpha,
+                dropout=a.get("lora_dropout", 0.0),
+                rslora=bool(a.get("rslora", False)),
+                lora_plus_scale=a.get("lora_plus_scale", 1.0),
+                pissa=bool(a.get("pissa", False)),
+                pissa_niter=a.get("pissa_niter", 0),
+            )
+        else:
+            kw.update(
+                method="vera",
+                r=a.get("vera_rank", 8),
+                dropout=a.get("vera_dropout", a.get("lora_dropout", 0.0)),
+                vera_seed=a.get("vera_seed", 0),
+                vera_d_init=a.get("vera_d_init", 0.1),
+            )
+        return cls(**kw)
+
+    def save(self, save_dir: str) -> str:
+        os.makedirs(save_dir, exist_ok=True)
+        path = os.path.join(save_dir, CONFIG_NAME)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        return path
+
+    @classmethod
+    def load(cls, load_dir: str) -> "AdapterConfig":
+        path = os.path.join(load_dir, CONFIG_NAME) if os.path.isdir(load_dir) else load_dir
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no {CONFIG_NAME} found at {path}")
+        with open(path, "r", encoding="utf-8") as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise AdapterConfigError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_dict(d)

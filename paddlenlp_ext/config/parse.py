@@ -1,0 +1,324 @@
+"""JSON config + ``--key value`` overrides -> validated, typed arguments.
+
+Every problem is collected and reported together (``ConfigError``) before
+any model or data is loaded; the CLI turns it into exit code 2.  Nothing
+here imports paddle.
+"""
+
+import dataclasses
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..data.reader import find_split_files
+from .fields import FieldSpec, all_fields
+from .schema import DataArgument, GenerateArgument, ModelArgument
+
+ADAPTER_METHOD_KEYS = ("lora", "vera")
+
+
+class ConfigError(Exception):
+    """All the problems found in one config, reported together."""
+
+    def __init__(self, problems: List[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def report(self) -> str:
+        n = len(self.problems)
+        lines = [f"config error: {n} problem{'s' if n != 1 else ''} found (nothing was loaded):"]
+        lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+@dataclass
+class RunConfig:
+    model: ModelArgument
+    data: DataArgument
+    generate: GenerateArgument
+    training: Dict[str, Any]  # keyword arguments of paddlenlp_ext.training.TrainingArguments
+    source: Optional[str] = None
+    # key -> human-readable note of a value we derived (logged, written out)
+    derived: Dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "source": self.source,
+            "model": dataclasses.asdict(self.model),
+            "data": dataclasses.asdict(self.data),
+            "generate": dataclasses.asdict(self.generate),
+            "training": dict(self.training),
+            "derived": dict(self.derived),
+        }
+
+    @property
+    def adapter_method(self) -> Optional[str]:
+        """'lora', 'vera' or None (full fine-tuning)."""
+        for key in ADAPTER_METHOD_KEYS:
+            if getattr(self.model, key):
+                return key
+        return None
+
+
+def _no_duplicates(path):
+    def hook(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"duplicate key {k!r}")
+            seen.add(k)
+        return dict(pairs)
+
+    return hook
+
+
+def read_json_config(path: str) -> Dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError([f"{path}: config file not found"])
+    text = open(path, encoding="utf-8").read()
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates(path))
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}"])
+    except ValueError as e:
+        raise ConfigError([f"{path}: {e}"])
+    if not isinstance(obj, dict):
+        raise ConfigError([f"{path}: the config must be a JSON object of key: value pairs"])
+    return obj
+
+
+def parse_overrides(argv: Sequence[str]) -> List[tuple]:
+    """``["--lora", "true", "--lora_rank=4", "--do_eval"]`` ->
+    ``[("lora", "true"), ("lora_rank", "4"), ("do_eval", None)]`` (None: flag
+    given without a value, meaning true for a boolean key)."""
+    out, i = [], 0
+    argv = list(argv)
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--") or len(tok) == 2:
+            raise ConfigError([f"command line: expected --key value, got {tok!r}"])
+        key = tok[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+            i += 2
+        else:
+            value = None
+            i += 1
+        out.append((key, value))
+    return out
+
+
+def _coerce(spec: FieldSpec, value: Any, from_cli: bool):
+    """Return (value, error) with value converted to the key's type."""
+    kind = spec.kind
+    if value is None:
+        if from_cli and kind == "bool":
+            return True, None
+        if spec.optional:
+            return None, None
+        return None, f"must not be null (expected {kind})"
+    if from_cli and isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("none", "null") and spec.optional:
+            return None, None
+        if kind == "bool":
+            if low in ("true", "1", "yes"):
+                return True, None
+            if low in ("false", "0", "no"):
+                return False, None
+            return None, f"expected true or false, got {value!r}"
+        if kind == "int":
+            try:
+                return int(value), None
+            except ValueError:
+                return None, f"expected an integer, got {value!r}"
+        if kind == "float":
+            try:
+                return float(value), None
+            except ValueError:
+                return None, f"expected a number, got {value!r}"
+        if kind == "list":
+            v = value.strip()
+            if v.startswith("["):
+                try:
+                    value = json.loads(v)
+                except json.JSONDecodeError:
+                    return None, f"expected a JSON list or comma-separated values, got {value!r}"
+            else:
+                return [s.strip() for s in v.split(",") if s.strip()], None
+        if kind == "dict":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                return None, f"expected a JSON object, got {value!r}"
+        if kind in ("str", "any"):
+            return value, None
+    if kind == "bool":
+        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value), None
+            return None, f"expected an integer, got {value!r}"
+        return value, None
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, f"expected a number, got {value!r}"
+        return float(value), None
+    if kind == "str":
+        return (value, None) if isinstance(value, str) else (None, f"expected a string, got {value!r}")
+    if kind == "list":
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()], None
+        return (list(value), None) if isinstance(value, list) else (None, f"expected a list, got {value!r}")
+    if kind == "dict":
+        return (value, None) if isinstance(value, dict) else (None, f"expected an object, got {value!r}")
+    return value, None
+
+
+def _check_range(spec: FieldSpec, value) -> Optional[str]:
+    if value is None:
+        return None
+    if spec.choices is not None and value not in spec.choices:
+        return f"must be one of {', '.join(map(str, spec.choices))}; got {value!r}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if spec.min is not None and value < spec.min:
+            return f"must be >= {spec.min}; got {value}"
+        if spec.gt is not None and value <= spec.gt:
+            return f"must be > {spec.gt}; got {value}"
+    return None
+
+
+def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig:
+    """Parse and validate. Raises ConfigError listing every problem."""
+    specs = all_fields()
+    problems: List[str] = []
+    where = path or "command line"
+    raw: Dict[str, tuple] = {}  # key -> (value, from_cli, origin)
+    if path is not None:
+        for k, v in read_json_config(path).items():
+            raw[k] = (v, False, path)
+    try:
+        pairs = parse_overrides(overrides)
+    except ConfigError as e:
+        problems += e.problems
+        pairs = []
+    for k, v in pairs:
+        raw[k] = (v, True, f"--{k}")
+
+    values: Dict[str, Any] = {}
+    for key, (value, from_cli, origin) in raw.items():
+        spec = specs.get(key)
+        if spec is None:
+            near = difflib.get_close_matches(key, list(specs), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else "; see docs/config.md for the valid keys"
+            problems.append(f"{origin}: unknown key {key!r}{hint}")
+            continue
+        value, err = _coerce(spec, value, from_cli)
+        if err is None:
+            err = _check_range(spec, value)
+        if err is not None:
+            problems.append(f"{origin}: {key}: {err}")
+            continue
+        if spec.unsupported and value != spec.default:
+            problems.append(
+                f"{origin}: {key}={value!r} is {spec.unsupported} in paddlenlp_ext; "
+                f"remove the key or set it to {spec.default!r}"
+            )
+            continue
+        values[key] = value
+
+    for name, spec in specs.items():
+        if spec.required and values.get(name) is None:
+            problems.append(f"{where}: required key {name!r} is missing")
+
+    groups = {}
+    for gname, cls in (("model", ModelArgument), ("data", DataArgument), ("generate", GenerateArgument)):
+        kw = {k: v for k, v in values.items() if specs[k].group == gname}
+        groups[gname] = cls(**kw)
+    training = {k: v for k, v in values.items() if specs[k].group == "training"}
+    cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path)
+    problems += _cross_checks(cfg, where)
+    if problems:
+        raise ConfigError(problems)
+    _derive(cfg)
+    return cfg
+
+
+def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
+    m, d, t = cfg.model, cfg.data, cfg.training
+    p = []
+    methods = [k for k in ADAPTER_METHOD_KEYS if getattr(m, k)]
+    if len(methods) > 1:
+        p.append(f"{where}: only one adapter method at a time; got {' and '.join(methods)} both true")
+    if m.flash_mask and not m.use_flash_attention:
+        p.append(f"{where}: flash_mask=true needs use_flash_attention=true")
+    if d.greedy_zero_padding and not d.zero_padding:
+        p.append(f"{where}: greedy_zero_padding=true needs zero_padding=true")
+    if d.src_length >= d.max_length:
+        p.append(f"{where}: src_length ({d.src_length}) must be smaller than max_length ({d.max_length})")
+    for key in ("rslora", "pissa"):
+        if getattr(m, key) and not m.lora:
+            p.append(f"{where}: {key}=true needs lora=true")
+    if m.lora_plus_scale != 1.0 and not m.lora:
+        p.append(f"{where}: lora_plus_scale={m.lora_plus_scale} needs lora=true")
+    if m.lora_alpha != -1 and m.lora_alpha <= 0:
+        p.append(f"{where}: lora_alpha must be > 0 (or -1 for 2 x lora_rank); got {m.lora_alpha}")
+    if m.lora_path and not methods:
+        p.append(f"{where}: lora_path is set but neither lora nor vera is true")
+    if m.lora_path and not os.path.isfile(os.path.join(m.lora_path, "adapter_config.json")):
+        p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (is it an adapter directory?)")
+    if m.weight_quantize_algo and not methods:
+        p.append(f"{where}: weight_quantize_algo freezes the base weights; it needs lora=true or vera=true")
+    if m.weight_quantize_algo and m.pissa:
+        p.append(f"{where}: pissa rewrites the base weights and cannot be used with weight_quantize_algo")
+    if m.model_name_or_path and not os.path.isfile(os.path.join(m.model_name_or_path, "config.json")):
+        p.append(
+            f"{where}: model_name_or_path {m.model_name_or_path!r} is not a model directory (no config.json); "
+            "point it at a local directory with config.json, weights and tokenizer files"
+        )
+    if m.tokenizer_name_or_path and not os.path.isdir(m.tokenizer_name_or_path):
+        p.append(f"{where}: tokenizer_name_or_path {m.tokenizer_name_or_path!r} is not a directory")
+    if d.chat_template and not os.path.isfile(d.chat_template):
+        p.append(f"{where}: chat_template file {d.chat_template!r} not found")
+    if t.get("fp16") and t.get("bf16"):
+        p.append(f"{where}: fp16 and bf16 are both true; choose one")
+    do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
+    if (do_train or do_eval) and not d.dataset_name_or_path:
+        p.append(f"{where}: dataset_name_or_path is required with do_train or do_eval")
+    elif d.dataset_name_or_path:
+        if not os.path.isdir(d.dataset_name_or_path):
+            p.append(f"{where}: dataset_name_or_path {d.dataset_name_or_path!r} is not a directory")
+        else:
+            for flag, split in ((do_train, "train"), (do_eval, "dev")):
+                if flag and not find_split_files(d.dataset_name_or_path, split):
+                    p.append(
+                        f"{where}: {d.dataset_name_or_path!r} has no {split}.json or {split}/*.json "
+                        f"(needed by do_{'train' if split == 'train' else 'eval'})"
+                    )
+    if do_train and t.get("max_steps", -1) <= 0 and t.get("num_train_epochs", 3.0) <= 0:
+        p.append(f"{where}: do_train needs max_steps > 0 or num_train_epochs > 0")
+    if not do_train and not do_eval:
+        p.append(f"{where}: nothing to do: set do_train and/or do_eval to true")
+    if t.get("pipeline_parallel_degree", 1) > 1:
+        p.append(f"{where}: pipeline_parallel_degree > 1 is not supported yet in paddlenlp_ext")
+    for key in ("sep_parallel_degree", "context_parallel_degree"):
+        if t.get(key, 1) > 1:
+            p.append(f"{where}: {key} > 1 is not supported yet in paddlenlp_ext")
+    if t.get("tensor_parallel_degree", 1) > 1 and methods:
+        p.append(f"{where}: tensor_parallel_degree > 1 with {methods[0]} adapters is not supported yet")
+    if t.get("resume_from_checkpoint") and not os.path.isdir(str(t["resume_from_checkpoint"])):
+        p.append(f"{where}: resume_from_checkpoint {t['resume_from_checkpoint']!r} is not a directory")
+    return p
+
+
+def _derive(cfg: RunConfig) -> None:
+    m = cfg.model
+    if m.lora and m.lora_alpha == -1:
+        m.lora_alpha = 2 * m.lora_rank
+        cfg.derived["lora_alpha"] = f"{m.lora_alpha} (2 x lora_rank {m.lora_rank}, since lora_alpha was not set)"

@@ -1,0 +1,136 @@
+"""Typed argument groups of ``run_finetune.py`` (no paddle import here).
+
+Keys keep the names, meanings and defaults of PaddleNLP's fine-tuning docs
+(``paddlenlp/trl/model_config.py``, ``sftdata_config.py``), so existing
+configs work.  Field metadata drives validation and docs:
+
+* ``help``: one line for ``docs/config.md`` and ``--help``.
+* ``choices``: allowed values.
+* ``min`` / ``gt``: inclusive / exclusive lower bound (``None`` always allowed).
+* ``unsupported``: the key is accepted for compatibility, but a value other
+  than the default stops the run with this reason (never silently ignored).
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+QUANT_ALGOS = ("weight_only_int8", "weight_only_int4", "nf4", "fp4")
+
+
+def _f(default, help, **meta):
+    meta["help"] = help
+    return field(default=default, metadata=meta)
+
+
+def _unsupported(default, help, reason="not supported yet"):
+    return _f(default, help, unsupported=reason)
+
+
+@dataclass
+class ModelArgument:
+    model_name_or_path: Optional[str] = _f(
+        None, "Local model directory (config.json + weights + tokenizer files).", required=True
+    )
+    tokenizer_name_or_path: Optional[str] = _f(None, "Tokenizer directory if different from model_name_or_path.")
+    continue_training: bool = _f(
+        True, "Load the pretrained weights (true) or train from a random init of the model config (false)."
+    )
+    use_flash_attention: bool = _f(False, "Use flash attention (Paddle's kernel on GPU; our block-sparse kernel on CPU).")
+    flash_mask: bool = _f(False, "Describe attention masks with FlashMask start-row indices (needs use_flash_attention).")
+    fuse_attention_qkv: Optional[bool] = _f(None, "Override the model config's fuse_attention_qkv.")
+    fuse_attention_ffn: Optional[bool] = _f(None, "Override the model config's fuse_attention_ffn.")
+    hidden_dropout_prob: float = _f(0.1, "Hidden dropout prob, passed to the model config (models that use it).", min=0.0)
+    attention_probs_dropout_prob: float = _f(
+        0.1, "Attention dropout prob, passed to the model config (models that use it).", min=0.0
+    )
+    # quantized base weights (QLoRA)
+    weight_quantize_algo: Optional[str] = _f(
+        None, "Quantize the frozen base linear weights: weight_only_int8, weight_only_int4, nf4 or fp4.",
+        choices=QUANT_ALGOS,
+    )
+    weight_blocksize: int = _f(64, "Block size of nf4/fp4 absmax quantization.", gt=0)
+    weight_double_quant: bool = _f(False, "Quantize the nf4/fp4 block scales again (double quantization).")
+    weight_double_quant_block_size: int = _f(256, "Block size of the double quantization of the scales.", gt=0)
+    # LoRA family
+    lora: bool = _f(False, "Train LoRA adapters instead of all weights.")
+    lora_path: Optional[str] = _f(None, "Directory of a saved adapter to start from (or to evaluate).")
+    lora_rank: int = _f(8, "LoRA rank r.", gt=0)
+    lora_alpha: int = _f(-1, "LoRA alpha; -1 means 2 x lora_rank.")
+    lora_dropout: float = _f(0.0, "Dropout on the LoRA branch input.", min=0.0)
+    lora_target_modules: Optional[List[str]] = _f(
+        None, "Regexes (full match) of the Linear layers to adapt; default every Linear of the decoder layers."
+    )
+    rslora: bool = _f(False, "rsLoRA: scale by alpha/sqrt(r) instead of alpha/r.")
+    lora_plus_scale: float = _f(1.0, "LoRA+: B matrices learn at learning_rate x lora_plus_scale.", gt=0.0)
+    pissa: bool = _f(False, "PiSSA: initialise A,B from the top-r singular triplets of W; W keeps the residual.")
+    pissa_niter: int = _f(0, "PiSSA SVD: 0 = exact; >0 = randomized SVD with this many power iterations.", min=0)
+    vera: bool = _f(False, "VeRA: shared frozen random projections, trained per-layer scaling vectors.")
+    vera_rank: int = _f(8, "VeRA rank r of the shared projections.", gt=0)
+    vera_seed: int = _f(0, "Seed that generates VeRA's shared projections.", min=0)
+    neftune: bool = _f(False, "NEFTune: add uniform noise to input embeddings during training.")
+    neftune_noise_alpha: float = _f(5.0, "NEFTune alpha: noise scale alpha/sqrt(L*d).", min=0.0)
+    # accepted for compatibility with PaddleNLP configs, not built
+    use_fast_layer_norm: bool = _unsupported(False, "GPT-3 fast layer norm.")
+    use_quick_lora: bool = _unsupported(False, "PaddleNLP quick LoRA kernel.")
+    lora_use_mixer: bool = _unsupported(False, "MosLoRA.")
+    use_mora: bool = _unsupported(False, "MoRA.")
+    lokr: bool = _unsupported(False, "LoKr adapters.")
+    lokr_path: Optional[str] = _unsupported(None, "LoKr adapter path.")
+    lokr_dim: int = _unsupported(8, "LoKr dimension.")
+    prefix_tuning: bool = _unsupported(False, "Prefix tuning.")
+    prefix_path: Optional[str] = _unsupported(None, "Prefix tuning path.")
+    num_prefix_tokens: int = _unsupported(128, "Prefix tuning tokens.")
+    reft: bool = _unsupported(False, "ReFT.")
+    from_aistudio: bool = _unsupported(False, "Load from AI Studio.", "not supported: models are loaded from local directories")
+    save_to_aistudio: bool = _unsupported(False, "Upload to AI Studio.", "not supported: results are saved locally")
+    aistudio_repo_id: Optional[str] = _unsupported(None, "AI Studio repo id.", "not supported")
+    aistudio_repo_private: bool = _unsupported(True, "AI Studio repo privacy.", "not supported")
+    aistudio_repo_license: str = _unsupported("Apache License 2.0", "AI Studio repo license.", "not supported")
+    aistudio_token: Optional[str] = _unsupported(None, "AI Studio token.", "not supported")
+    use_long_sequence_strategies: bool = _unsupported(False, "Long-sequence RoPE strategies.")
+    rope_scaling_factor: float = _unsupported(1.0, "RoPE scaling factor.")
+    strategy_type: Optional[str] = _unsupported(None, "Long-sequence strategy type.")
+    strategy_name: Optional[str] = _unsupported(None, "Long-sequence strategy name.")
+
+
+@dataclass
+class DataArgument:
+    dataset_name_or_path: Optional[str] = _f(
+        None, "Directory with train.json/dev.json (JSON lines) or train/*.json, dev/*.json."
+    )
+    src_length: int = _f(1024, "Maximum source (prompt) tokens; longer prompts are truncated.", gt=0)
+    max_length: int = _f(2048, "Maximum tokens of an example (prompt + target); also the packed row length.", gt=1)
+    zero_padding: bool = _f(False, "Pack examples into rows of max_length instead of padding each batch.")
+    greedy_zero_padding: bool = _f(False, "Pack with grouped best-fit-decreasing (needs zero_padding).")
+    greedy_group_size: int = _f(2048, "Examples per best-fit-decreasing group (greedy_zero_padding).", gt=0)
+    pad_to_multiple_of: Optional[int] = _f(None, "Pad batch length to a multiple of this.", gt=0)
+    pad_to_max_length: bool = _f(False, "Pad every batch to max_length.")
+    lazy: bool = _unsupported(False, "Stream the dataset instead of loading it in memory.")
+    chat_template: Optional[str] = _f(
+        None, "Chat template file (jinja or PaddleNLP chat_template.json); default: the tokenizer's own."
+    )
+    eval_with_do_generation: bool = _unsupported(False, "Evaluate by generating answers.")
+    save_generation_output: bool = _unsupported(False, "Save generated answers.")
+    task_name: Optional[str] = _unsupported(None, "Sub-task of a hub dataset.", "not supported: datasets are local directories")
+    autoregressive: bool = _unsupported(False, "Unsupervised (pretraining-style) loss on every token.")
+    use_pose_convert: bool = _unsupported(False, "PoSE data conversion.")
+
+
+@dataclass
+class GenerateArgument:
+    top_k: int = _f(1, "Top-k sampling for generation (eval_with_do_generation).", min=0)
+    top_p: float = _f(1.0, "Top-p sampling for generation (eval_with_do_generation).", gt=0.0)
+
+
+# Training keys of ours, added to PaddleNLP's TrainingArguments by
+# paddlenlp_ext.training.arguments.TrainingArguments.
+@dataclass
+class ExtraTrainingArgument:
+    eval_before_train: bool = _f(False, "Evaluate the untrained model first (reported as eval_loss_before_train).")
+    benchmark: bool = _unsupported(False, "PaddleNLP benchmark mode.")
+    autotuner_benchmark: bool = _unsupported(False, "PaddleNLP auto-tuner benchmark mode.")
+    decay_steps: Optional[int] = _f(None, "Steps of the LR decay (polynomial schedule); default max_steps.", gt=0)
+    tensor_parallel_output: Optional[bool] = _f(False, "Keep lm_head logits split under tensor parallel.")
+
+
+GROUPS = {"model": ModelArgument, "data": DataArgument, "generate": GenerateArgument}

@@ -1,0 +1,274 @@
+"""Build everything from a validated RunConfig, then train / evaluate.
+
+Order: training args -> tokenizer -> data (validated, tokenized, packed)
+-> model -> quantization -> adapters -> trainer.  Data is read before the
+model so that a malformed line fails in seconds, not after a model load.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import resource
+import sys
+import time
+from typing import Any, Dict, Optional
+
+from ..config.parse import ConfigError, RunConfig
+
+RESOLVED_CONFIG_NAME = "resolved_config.json"
+RUN_SUMMARY_NAME = "run_summary.json"
+
+
+def build_training_args(cfg: RunConfig):
+    from .arguments import TrainingArguments
+
+    try:
+        args = TrainingArguments(**cfg.training)
+    except (ValueError, TypeError, AssertionError) as e:  # PaddleNLP's own checks
+        raise ConfigError([f"{cfg.source or 'config'}: training arguments: {e}"])
+    # PaddleNLP silently turns evaluation_strategy "no" into "steps" when
+    # do_eval is set; we keep the user's "no" (= evaluate once, after training).
+    if cfg.training.get("evaluation_strategy", "no") == "no" and args.evaluation_strategy != "no":
+        from paddlenlp.trainer.trainer_utils import IntervalStrategy
+
+        args.evaluation_strategy = IntervalStrategy.NO
+    return args
+
+
+def write_resolved_config(cfg: RunConfig, output_dir: str) -> str:
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, RESOLVED_CONFIG_NAME)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg.to_dict(), f, indent=2, default=str)
+    return path
+
+
+def model_dtype(args) -> str:
+    # As PaddleNLP's run_finetune: low-precision weights only with O2; O1 keeps fp32 weights + autocast.
+    if args.fp16_opt_level == "O2":
+        if args.fp16:
+            return "float16"
+        if args.bf16:
+            return "bfloat16"
+    return "float32"
+
+
+def load_tokenizer(cfg: RunConfig):
+    from paddlenlp.transformers import AutoTokenizer
+
+    path = cfg.model.tokenizer_name_or_path or cfg.model.model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        # Padding positions never carry loss or attention from real tokens; any id works.
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def load_model(cfg: RunConfig, args):
+    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+
+    m, d = cfg.model, cfg.data
+    dtype = model_dtype(args)
+    config = AutoConfig.from_pretrained(
+        m.model_name_or_path,
+        dtype=dtype,
+        tensor_parallel_degree=args.tensor_parallel_degree,
+        tensor_parallel_rank=args.tensor_parallel_rank,
+        tensor_parallel_output=bool(args.tensor_parallel_output),
+    )
+    config.use_flash_attention = m.use_flash_attention
+    config.recompute = args.recompute
+    config.seq_length = d.max_length
+    config.hidden_dropout_prob = m.hidden_dropout_prob
+    config.attention_probs_dropout_prob = m.attention_probs_dropout_prob
+    for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
+        if getattr(m, key) is not None:
+            setattr(config, key, getattr(m, key))
+    if m.use_flash_attention:
+        from ..models.flashmask_patch import install_cpu_flashmask, native_flashmask_available
+    if m.use_flash_attention and not native_flashmask_available():
+        install_cpu_flashmask()
+        print("[paddlenlp_ext] attention: no native flash-attention kernel on this device; "
+              "using paddlenlp_ext.attention.flashmask_attention (block-sparse, CPU)", file=sys.stderr)
+    if m.continue_training:
+        model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def count_parameters(model):
+    """(trainable, total) parameter counts; frozen = stop_gradient."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = int(p.numel())
+        total += n
+        trainable += 0 if p.stop_gradient else n
+    return trainable, total
+
+
+def peak_memory_bytes() -> Dict[str, int]:
+    import paddle
+
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        out["peak_gpu_bytes"] = int(paddle.device.cuda.max_memory_allocated())
+    return out
+
+
+def run(cfg: RunConfig) -> Dict[str, Any]:
+    """Train and/or evaluate as configured; returns the run summary."""
+    from paddlenlp.trainer import set_seed
+    from paddlenlp.utils.log import logger
+
+    from ..data.pipeline import build_datasets
+    from .trainer import FinetuneTrainer
+
+    wall_start = time.time()
+    args = build_training_args(cfg)
+    if args.should_save:
+        write_resolved_config(cfg, args.output_dir)
+    for key, note in cfg.derived.items():
+        logger.info(f"derived setting: {key} = {note}")
+    set_seed(args.seed)
+
+    tokenizer = load_tokenizer(cfg)
+    data = build_datasets(cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed)
+    for split, report in data.reports.items():
+        logger.info(f"data[{split}]: {json.dumps(report)}")
+
+    model = load_model(cfg, args)
+    quant_stats = None
+    if cfg.model.weight_quantize_algo:
+        from ..quant import quantize_model
+
+        quant_stats = quantize_model(
+            model, cfg.model.weight_quantize_algo, block_size=cfg.model.weight_blocksize,
+            double_quant=cfg.model.weight_double_quant,
+        )
+        logger.info(f"quantized base weights: {json.dumps(quant_stats, default=str)}")
+
+    adapter_config = None
+    if cfg.model.lora_path or cfg.adapter_method or cfg.model.neftune:
+        from .. import adapters as adapter_api
+    if cfg.model.lora_path:
+        # continue training (or evaluate) a saved adapter; its own config wins
+        adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
+    elif cfg.adapter_method:
+        adapter_config = adapter_config_from_run(cfg)
+        adapter_api.apply_adapters(model, adapter_config)
+    trainable, total = count_parameters(model)
+    method = describe_method(cfg)
+    logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
+
+    neftune_hook = None
+    if cfg.model.neftune:
+        neftune_hook = adapter_api.attach_neftune(model, cfg.model.neftune_noise_alpha)
+
+    trainer = FinetuneTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.dev,
+        tokenizer=tokenizer,
+        data_collator=data.collator,
+        adapter_config=adapter_config,
+        neftune_hook=neftune_hook,
+    )
+    if hasattr(data.train, "set_epoch"):
+        from .callbacks import EpochCallback
+
+        trainer.add_callback(EpochCallback(data.train))
+
+    summary: Dict[str, Any] = {
+        "method": method,
+        "trainable_params": trainable,
+        "total_params": total,
+        "data": data.reports,
+    }
+    if quant_stats is not None:
+        summary["quantization"] = quant_stats
+    if args.do_eval and args.eval_before_train:
+        metrics = trainer.evaluate()
+        summary["eval_loss_before_train"] = metrics["eval_loss"]
+        logger.info(f"eval before training: loss {metrics['eval_loss']:.4f}")
+        print(f"[paddlenlp_ext] eval loss before training: {metrics['eval_loss']:.4f}", flush=True)
+
+    if args.do_train:
+        t0 = time.time()
+        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        train_time = time.time() - t0
+        trainer.save_model()
+        metrics = dict(result.metrics)
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+        summary.update(
+            train_loss=metrics.get("train_loss"),
+            global_steps=result.global_step,
+            train_time_s=round(train_time, 3),
+            tokens_trained=trainer.trained_tokens,
+            supervised_tokens_trained=trainer.trained_supervised_tokens,
+            supervised_token_fraction=round(trainer.trained_supervised_tokens / max(trainer.trained_tokens, 1), 4),
+            tokens_per_second=round(trainer.trained_tokens / max(train_time, 1e-9), 2),
+        )
+        print(f"[paddlenlp_ext] train loss: {metrics.get('train_loss'):.4f}", flush=True)
+    if args.do_eval:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        summary.update(eval_loss=metrics["eval_loss"], eval_perplexity=metrics.get("eval_perplexity"))
+        print(f"[paddlenlp_ext] eval loss: {metrics['eval_loss']:.4f} "
+              f"(perplexity {metrics.get('eval_perplexity', float('nan')):.3f})", flush=True)
+    summary.update(peak_memory_bytes())
+    summary["wall_time_s"] = round(time.time() - wall_start, 3)
+    if args.should_save:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, RUN_SUMMARY_NAME), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, default=str)
+    return summary
+
+
+def adapter_config_from_run(cfg: RunConfig):
+    from ..adapters import AdapterConfig
+
+    m = cfg.model
+    common = dict(
+        target_modules=m.lora_target_modules,
+        base_model_name_or_path=m.model_name_or_path,
+        quantization=quantization_dict(cfg),
+    )
+    if m.vera:
+        return AdapterConfig(method="vera", r=m.vera_rank, vera_seed=m.vera_seed, **common)
+    return AdapterConfig(
+        method="lora", r=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, rslora=m.rslora,
+        lora_plus_scale=m.lora_plus_scale, pissa=m.pissa, pissa_niter=m.pissa_niter, **common,
+    )
+
+
+def quantization_dict(cfg: RunConfig) -> Optional[Dict[str, Any]]:
+    m = cfg.model
+    if not m.weight_quantize_algo:
+        return None
+    return {
+        "weight_quantize_algo": m.weight_quantize_algo,
+        "weight_blocksize": m.weight_blocksize,
+        "weight_double_quant": m.weight_double_quant,
+        "weight_double_quant_block_size": m.weight_double_quant_block_size,
+    }
+
+
+def describe_method(cfg: RunConfig) -> str:
+    """'full', 'lora', 'lora+rslora+pissa', 'vera', with '+neftune' / '+nf4' suffixes."""
+    m = cfg.model
+    parts = [cfg.adapter_method or "full"]
+    if m.lora:
+        parts += [k for k in ("rslora", "pissa") if getattr(m, k)]
+        if m.lora_plus_scale != 1.0:
+            parts.append(f"lora_plus_scale={m.lora_plus_scale:g}")
+    if m.neftune:
+        parts.append("neftune")
+    if m.weight_quantize_algo:
+        parts.append(m.weight_quantize_algo)
+    return "+".join(parts)

@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="paddlenlp_ext",
+    version="0.1.0",
+    description="JSON-config driven LLM fine-tuning on PaddlePaddle (LoRA family, QLoRA, packing, FlashMask, merge)",
+    packages=find_packages(include=["paddlenlp_ext", "paddlenlp_ext.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=[
+        # CPU build by default; for GPUs install paddlepaddle-gpu first (see README).
+        "paddlepaddle>=3.0,<3.4",
+        "paddlenlp==3.0.0b4",
+        "safetensors",
+        "numpy<2",
+        "sentencepiece",
+        "psutil",
+    ],
+    extras_require={"test": ["pytest"]},
+)

@@ -1,0 +1,122 @@
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from paddlenlp_ext.config.fields import all_fields
+from paddlenlp_ext.config.parse import ConfigError, load_config, parse_overrides
+
+from conftest import DATA_DIR, ROOT
+
+
+def write(tmp_path, obj, name="cfg.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(obj, indent=1) if not isinstance(obj, str) else obj)
+    return str(p)
+
+
+@pytest.fixture
+def base(tmp_path, tiny_model_dir):
+    return {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "out"),
+        "do_train": True,
+    }
+
+
+def problems(path, overrides=()):
+    with pytest.raises(ConfigError) as e:
+        load_config(path, overrides)
+    return e.value.problems
+
+
+def test_valid_config_types_and_derived(tmp_path, base):
+    cfg = load_config(write(tmp_path, {**base, "lora": True, "lora_rank": 4}), ["--learning_rate", "1e-3", "--do_eval"])
+    assert cfg.model.lora_rank == 4 and cfg.model.lora_alpha == 8  # derived: 2 x rank
+    assert "lora_alpha" in cfg.derived
+    assert cfg.training["learning_rate"] == 1e-3 and cfg.training["do_eval"] is True
+    assert cfg.adapter_method == "lora"
+    assert cfg.data.src_length == 1024 and cfg.data.max_length == 2048  # documented defaults
+    assert cfg.model.neftune_noise_alpha == 5.0 and cfg.model.vera_rank == 8
+    assert cfg.generate.top_k == 1 and cfg.generate.top_p == 1.0
+
+
+def test_unknown_key_suggests_nearest(tmp_path, base):
+    p = problems(write(tmp_path, {**base, "lora_rnak": 4}))
+    assert len(p) == 1 and "unknown key 'lora_rnak'" in p[0] and "'lora_rank'" in p[0]
+
+
+def test_every_problem_reported_together(tmp_path, base):
+    cfg = {**base, "flash_mask": True, "greedy_zero_padding": True, "lora": True, "vera": True,
+           "src_length": 4096, "lora_rank": 0, "learning_rate": "fast", "dataset_name_or_path": str(tmp_path),
+           "per_device_train_batch_size": 0, "evaluation_strategy": "sometimes", "lokr": True}
+    p = "\n".join(problems(write(tmp_path, cfg)))
+    for needle in ("flash_mask=true needs use_flash_attention", "greedy_zero_padding=true needs zero_padding",
+                   "only one adapter method", "lora_rank: must be > 0", "learning_rate: expected a number",
+                   "has no train.json", "per_device_train_batch_size: must be > 0",
+                   "evaluation_strategy: must be one of", "lokr=True is not supported yet"):
+        assert needle in p, needle
+    assert "src_length (4096) must be smaller than max_length (2048)" in p
+
+
+def test_json_syntax_error_names_line(tmp_path):
+    p = problems(write(tmp_path, '{\n  "lora": true,\n  "lora_rank": 8,,\n}'))
+    assert ":3:" in p[0] and "invalid JSON" in p[0]
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    p = problems(write(tmp_path, '{"lora": true, "lora": false}'))
+    assert "duplicate key 'lora'" in p[0]
+
+
+def test_missing_required_and_nothing_to_do(tmp_path):
+    p = "\n".join(problems(write(tmp_path, {})))
+    assert "'model_name_or_path' is missing" in p and "'output_dir' is missing" in p and "nothing to do" in p
+
+
+def test_override_parsing():
+    assert parse_overrides(["--a", "1", "--b=x y", "--flag", "--c", "2"]) == [
+        ("a", "1"), ("b", "x y"), ("flag", None), ("c", "2")]
+    with pytest.raises(ConfigError):
+        parse_overrides(["positional"])
+
+
+def test_override_wrong_type(tmp_path, base):
+    p = problems(write(tmp_path, base), ["--lora_rank", "four", "--lora", "maybe"])
+    assert any("lora_rank: expected an integer" in x for x in p)
+    assert any("lora: expected true or false" in x for x in p)
+
+
+def test_training_fields_match_paddlenlp():
+    """The ast-read field list equals PaddleNLP's real TrainingArguments dataclass."""
+    from paddlenlp.trainer import TrainingArguments
+
+    ours = {k: s for k, s in all_fields().items() if s.group == "training"}
+    real = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+    missing = set(real) - set(ours)
+    assert not missing, missing
+    for name in ("learning_rate", "per_device_train_batch_size", "fp16", "max_steps", "seed", "warmup_steps"):
+        default = real[name].default
+        assert ours[name].default == default, name
+    assert ours["learning_rate"].kind == "float" and ours["max_steps"].kind == "int" and ours["fp16"].kind == "bool"
+
+
+def test_cli_exits_2_fast_without_loading_paddle(tmp_path, base):
+    path = write(tmp_path, {**base, "lora_rnak": 4, "src_length": 9999, "zero_padding": "yes"})
+    t0 = time.time()
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"), path, "--bogus", "1"],
+                       capture_output=True, text=True, cwd=ROOT)
+    elapsed = time.time() - t0
+    assert r.returncode == 2, r.stderr
+    assert elapsed < 5.0
+    assert "4 problems" in r.stderr and "lora_rnak" in r.stderr and "bogus" in r.stderr
+    # validation itself never imports paddle
+    code = ("import sys; from paddlenlp_ext.config.parse import load_config, ConfigError\n"
+            f"try: load_config({path!r})\nexcept ConfigError: pass\nprint('paddle' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr
