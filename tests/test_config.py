@@ -120,3 +120,10 @@ def test_cli_exits_2_fast_without_loading_paddle(tmp_path, base):
             f"try: load_config({path!r})\nexcept ConfigError: pass\nprint('paddle' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_config_docs_are_current():
+    from paddlenlp_ext.config.docs import render
+
+    with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+        assert f.read() == render(), "docs/config.md is stale: run python llm/tools/config_docs.py"

@@ -7,7 +7,8 @@ Public API (see docs/methods.md)::
     apply_adapters(model, config, *, init_weights=True) -> dict
     adapter_state_dict(model) -> {f"{module}.{suffix}": Tensor}
     save_adapter(model, config, output_dir) -> {"config": path, "weights": path}
-    load_adapter(model, adapter_dir) -> AdapterConfig
+    load_adapter(model, adapter_dir) -> AdapterConfig          # fresh base model
+    load_adapter_weights(model, adapter_dir) -> AdapterConfig  # model already has adapters (resume)
     merge_adapters(model) / unmerge_adapters(model) / unwrap_merged(model)
     count_parameters(model) -> (trainable, total)
     compute_delta(method, config, tensors_for_one_module, in_features, out_features) -> np.ndarray [in, out]
@@ -34,6 +35,7 @@ _LAZY = {
     "save_adapter": "api",
     "load_adapter": "api",
     "load_adapter_state_dict": "api",
+    "load_adapter_weights": "api",
     "read_adapter_tensors": "api",
     "merge_adapters": "api",
     "unmerge_adapters": "api",

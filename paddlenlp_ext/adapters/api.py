@@ -13,12 +13,11 @@ import paddle.nn as nn
 from .base import (
     AdapterError,
     AdapterLayer,
-    base_in_out,
     is_linear_like,
     is_tensor_parallel_linear,
     to_numpy_f32,
 )
-from .config import CONFIG_NAME, WEIGHTS_NAME, AdapterConfig
+from .config import WEIGHTS_NAME, AdapterConfig
 from .lora import LoRALinear
 from .pissa import PiSSALinear
 from .vera import VeRALinear
@@ -214,6 +213,33 @@ def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
         per_layer[mod][suffix] = state[k]
     for n, layer in layers.items():
         layer.load_adapter_state_dict(per_layer[n])
+
+
+_COMPAT_KEYS = ("method", "r", "alpha", "rslora", "pissa", "vera_seed", "vera_max_in", "vera_max_out")
+
+
+def load_adapter_weights(model: nn.Layer, adapter_dir: str) -> AdapterConfig:
+    """Load ``adapter_dir``'s weights into a model that ALREADY has adapters
+    (e.g. resuming training from a checkpoint written by ``save_adapter``).
+    The saved config must agree with the model's on method, r, alpha, rslora,
+    pissa and the VeRA projection parameters; loading is strict.  PiSSA
+    residuals are moved from the model's current A0/B0 to the saved ones."""
+    if not iter_adapter_layers(model):
+        raise AdapterError("load_adapter_weights: the model has no adapters; use load_adapter() on a base model")
+    saved = AdapterConfig.load(adapter_dir)
+    current = get_adapter_config(model)
+    if current is not None:
+        a, b = current.to_dict(), saved.to_dict()
+        diff = {k: (a[k], b[k]) for k in _COMPAT_KEYS if a[k] != b[k]}
+        if diff:
+            raise AdapterError(
+                f"load_adapter_weights: {adapter_dir} was saved with a different adapter config "
+                f"(model vs saved): {diff}"
+            )
+    if any(l.merged for _, l in iter_adapter_layers(model)):
+        raise AdapterError("load_adapter_weights: adapters are merged; unmerge_adapters(model) first")
+    load_adapter_state_dict(model, read_adapter_tensors(adapter_dir))
+    return saved
 
 
 def load_adapter(model: nn.Layer, adapter_dir: str) -> AdapterConfig:

@@ -18,7 +18,7 @@ adds a trainable low-rank branch.  Subclasses implement
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 import paddle

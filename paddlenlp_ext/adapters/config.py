@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 CONFIG_NAME = "adapter_config.json"
@@ -45,7 +45,8 @@ class AdapterConfig:
     ------
     method: ``"lora"`` or ``"vera"``.
     r: rank (``lora_rank`` for LoRA, ``vera_rank`` for VeRA); default 8.
-    alpha: LoRA alpha; ``None`` resolves to ``2 * r``.  Not used by VeRA
+    alpha: LoRA alpha; ``None`` (or PaddleNLP's "unset" value -1) resolves to
+        ``2 * r``.  Not used by VeRA
         (VeRA has no scaling factor; setting it is an error).
     dropout: dropout probability on the adapter branch input.
     rslora: LoRA scaling ``alpha / sqrt(r)`` instead of ``alpha / r``.
@@ -88,6 +89,8 @@ class AdapterConfig:
             self.target_modules = [self.target_modules]
         elif isinstance(self.target_modules, tuple):
             self.target_modules = list(self.target_modules)
+        if _is_number(self.alpha) and self.alpha == -1:  # PaddleNLP's "unset"
+            self.alpha = None
         if self.alpha is None and self.method == "lora" and _is_int(self.r):
             self.alpha = 2 * self.r
         if _is_int(self.alpha):
@@ -190,8 +193,8 @@ class AdapterConfig:
         ``pissa_niter``, ``vera``, ``vera_rank``, ``lora_dropout``,
         ``lora_target_modules``/``target_modules``, ``vera_seed``,
         ``vera_d_init``).  Returns ``None`` when neither lora nor vera is on.
-        Unrelated keys are ignored.  ``lora_alpha`` <= 0 (PaddleNLP's "unset"
-        value -1) means the default ``2 * lora_rank``."""
+        Unrelated keys are ignored.  ``lora_alpha`` -1 (PaddleNLP's "unset"
+        value) means the default ``2 * lora_rank``."""
         a = dict(args)
         lora, vera = bool(a.get("lora", False)), bool(a.get("vera", False))
         if lora and vera:
@@ -205,8 +208,6 @@ class AdapterConfig:
                 kw[k] = a[k]
         if lora:
             alpha = a.get("lora_alpha")
-            if alpha is not None and _is_number(alpha) and alpha <= 0:
-                alpha = None
             kw.update(
                 method="lora",
                 r=a.get("lora_rank", 8),

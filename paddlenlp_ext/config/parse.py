@@ -286,6 +286,10 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: tokenizer_name_or_path {m.tokenizer_name_or_path!r} is not a directory")
     if d.chat_template and not os.path.isfile(d.chat_template):
         p.append(f"{where}: chat_template file {d.chat_template!r} not found")
+    g = cfg.generate
+    if (g.top_k, g.top_p) != (1, 1.0):
+        p.append(f"{where}: top_k/top_p only apply to eval_with_do_generation, which is not supported yet; "
+                 "remove them")
     if t.get("fp16") and t.get("bf16"):
         p.append(f"{where}: fp16 and bf16 are both true; choose one")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)

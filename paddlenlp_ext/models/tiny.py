@@ -10,6 +10,7 @@ import glob
 import io
 import json
 import os
+import tempfile
 from typing import Dict, Optional
 
 TINY_DEFAULTS = dict(
@@ -21,6 +22,10 @@ TINY_DEFAULTS = dict(
     max_position_embeddings=1024,
     rms_norm_eps=1e-6,
     tie_word_embeddings=False,
+    # Larger than Llama's 0.02: a random model's frozen lm_head and norms must
+    # be able to express confident predictions, or LoRA (which trains only the
+    # decoder's linear layers) cannot lower the loss much on a random base.
+    initializer_range=0.2,
 )
 
 
@@ -62,10 +67,14 @@ def build_tiny_model(out_dir: str, data_dir: str, vocab_size: int = 512, seed: i
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
 
     os.makedirs(out_dir, exist_ok=True)
-    spm_path = os.path.join(out_dir, "tokenizer.model")
-    with open(spm_path, "wb") as f:
-        f.write(train_sentencepiece(data_dir, vocab_size))
-    tokenizer = LlamaTokenizer(vocab_file=spm_path, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>")
+    with tempfile.TemporaryDirectory() as tmp:
+        spm_path = os.path.join(tmp, "tokenizer.model")
+        with open(spm_path, "wb") as f:
+            f.write(train_sentencepiece(data_dir, vocab_size))
+        tokenizer = LlamaTokenizer(
+            vocab_file=spm_path, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>"
+        )
+        tokenizer.save_pretrained(out_dir)  # copies the sentencepiece model while tmp exists
     kw: Dict = dict(TINY_DEFAULTS)
     kw.update(overrides)
     config = LlamaConfig(
@@ -78,7 +87,6 @@ def build_tiny_model(out_dir: str, data_dir: str, vocab_size: int = 512, seed: i
     paddle.seed(seed)
     model = LlamaForCausalLM(config)
     model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
     return out_dir
 
 

@@ -27,6 +27,14 @@ class FinetuneTrainer(Trainer):
         self.trained_tokens = 0
         self.trained_supervised_tokens = 0
         self.train_start_time: Optional[float] = None
+        self._log_history = []
+
+    def log(self, logs, **kwargs):
+        # PaddleNLP empties state.log_history on every log call; keep it, so
+        # trainer_state.json (and checkpoints) carry the whole history.
+        super().log(logs, **kwargs)
+        self._log_history.append({**logs, "step": self.state.global_step})
+        self.state.log_history = list(self._log_history)
 
     # -- forward ---------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False):
