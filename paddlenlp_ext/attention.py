@@ -190,9 +190,9 @@ class _Tile:
     up_s: bool = False
     up_e: bool = False
     up_rel: bool = False
-    # Per-head additive block-mask term [hm, gm, 1, 1] (only when block_mask
-    # varies across heads for this tile).
-    bm_add: object = None
+    # Per-head block-mask drop flags, bool [hm, gm, 1, 1] (only when
+    # block_mask varies across heads for this tile).
+    bm_drop: object = None
 
 
 @dataclass
@@ -299,9 +299,8 @@ def _build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
                     if bm_np is not None and (~bm_np[sel]).any():
                         # Runs are split at block-mask changes (see below), so
                         # one keep/drop value per head covers the whole run.
-                        keep = bm_np[b, :, i, js[0]]  # [hb]
-                        add = np.where(keep, 0.0, _NEG_INF).astype(np.float32)
-                        t.bm_add = paddle.to_tensor(add.reshape(list(mask_heads) + [1, 1]))
+                        drop = ~bm_np[b, :, i, js[0]]  # [hb]
+                        t.bm_drop = paddle.to_tensor(drop.reshape(list(mask_heads) + [1, 1]))
                 out.append(t)
                 run.clear()
 
@@ -363,9 +362,19 @@ def _build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
 
 
 def _tile_mask(plan, b, i, t):
-    """Bool "masked" for one partial tile, [hm, gm, bq, bk], built from bounds."""
-    rows = plan.rows[i]  # [1, 1, bq, 1]
-    lo_s, lo_e, up_s, up_e = (x[..., t.ks : t.ke] for x in plan.bounds[b])  # [hm, gm, 1, bk]
+    """Bool "masked" of one partial tile, broadcastable to [hk, group, bq, bk]
+    (stored as [hm, gm, bq, bk]), built from the bounds of its columns."""
+    masked = None
+    if plan.bounds:
+        rows = plan.rows[i]  # [1, 1, bq, 1]
+        lo_s, lo_e, up_s, up_e = (x[..., t.ks : t.ke] for x in plan.bounds[b])  # [hm, gm, 1, bk]
+        masked = _bounds_mask(t, rows, lo_s, lo_e, up_s, up_e)
+    if t.bm_drop is not None:
+        masked = t.bm_drop if masked is None else masked | t.bm_drop
+    return masked
+
+
+def _bounds_mask(t, rows, lo_s, lo_e, up_s, up_e):
     masked = None
     for rel, need_s, need_e, s, e in (
         (t.lo_rel, t.lo_s, t.lo_e, lo_s, lo_e),
@@ -384,17 +393,14 @@ def _tile_mask(plan, b, i, t):
     return masked
 
 
-def _apply_mask(plan, b, i, t, s):
-    """Mask scores s [hk, group*bq, bk] of a partial tile (returns a new tensor)."""
-    bq = plan.q_ranges[i][1] - plan.q_ranges[i][0]
-    s4 = s.reshape([plan.hk, plan.group, bq, t.ke - t.ks])
-    if plan.bounds:
-        masked = _tile_mask(plan, b, i, t)
-        if masked is not None:
-            s4 = paddle.masked_fill(s4, masked, _NEG_INF)
-    if t.bm_add is not None:
-        s4 = s4 + t.bm_add
-    return s4.reshape([plan.hk, plan.group * bq, t.ke - t.ks])
+def _masked_fill(x, masked, value, plan, t):
+    """masked_fill on a tile tensor [hk, group*bq, bk] with a mask that
+    broadcasts over its [hk, group, bq, bk] view."""
+    if masked is None:
+        return x
+    shape = x.shape
+    x4 = x.reshape([plan.hk, plan.group, shape[1] // plan.group, shape[2]])
+    return paddle.masked_fill(x4, masked, value).reshape(shape)
 
 
 # --------------------------------------------------------------------------
@@ -450,8 +456,8 @@ def _forward(q, k, v, plan):
             m = l = acc = None
             for t in plan.tiles[b][i]:
                 s = paddle.matmul(qi, _cols(kb, t), transpose_y=True)  # [hk, g*bq, bk]
-                if t.partial:
-                    s = _apply_mask(plan, b, i, t, s)
+                masked = _tile_mask(plan, b, i, t) if t.partial else None
+                s = _masked_fill(s, masked, _NEG_INF, plan, t)
                 m_blk = s.max(-1, keepdim=True)  # [hk, g*bq, 1]
                 m_new = m_blk if m is None else paddle.maximum(m, m_blk)
                 if t.partial:
@@ -461,7 +467,10 @@ def _forward(q, k, v, plan):
                     m_safe = paddle.where(paddle.isinf(m_new), paddle.zeros_like(m_new), m_new)
                 else:
                     m_safe = m_new
-                p = paddle.exp(s - m_safe)  # [hk, g*bq, bk]
+                # Paddle's CPU exp() maps -inf to ~3e-39, a denormal that makes
+                # the following matmul ~50x slower and leaks into empty rows:
+                # zero masked probabilities explicitly.
+                p = _masked_fill(paddle.exp(s - m_safe), masked, 0.0, plan, t)  # [hk, g*bq, bk]
                 pv = paddle.matmul(p, _cols(vb, t))  # [hk, g*bq, d]
                 if m is None:
                     l, acc = p.sum(-1, keepdim=True), pv
@@ -474,9 +483,7 @@ def _forward(q, k, v, plan):
                 o_blocks.append(paddle.zeros([plan.hk, rows, plan.head_dim], dtype=q.dtype))
                 l_blocks.append(paddle.full([plan.hk, rows, 1], float("inf"), dtype=q.dtype))
                 continue
-            # Rows that never saw a key keep max -inf.  Test that, not l == 0:
-            # Paddle's CPU exp() flushes -inf to ~3e-39 rather than 0, so l and
-            # acc of such rows hold tiny garbage that must not be normalized.
+            # Rows that never saw a key keep max -inf (and l == 0).
             empty = paddle.isinf(m)  # [hk, g*bq, 1]
             l_safe = paddle.where(empty, paddle.ones_like(l), l)
             o_blocks.append(paddle.where(empty, paddle.zeros_like(acc), acc / l_safe))
@@ -495,9 +502,6 @@ def _backward(q, k, v, out, lse, dout, plan):
     dQ = dS K * scale, dK = dS^T (Q * scale).  GQA: the group axis is folded
     into the rows of the q-side operands, so the k/v-side matmuls sum over it.
     """
-    # Rows with no visible key (lse = +inf): exp(s - lse) is not exactly 0 on
-    # CPU (see _forward), so their probabilities are zeroed explicitly.
-    empty_rows = np.isinf(lse.numpy())  # [batch, hq, sq]
     dqs, dks, dvs = [], [], []
     for b in range(plan.batch):
         qb = _q_blocks(q * plan.scale, plan, b)
@@ -513,21 +517,18 @@ def _backward(q, k, v, out, lse, dout, plan):
             qi, doi = qb[i], dob[i]  # [hk, g*bq, d]
             dqi = paddle.zeros_like(qi)
             tiles = plan.tiles[b][i]
-            valid = None
             if tiles:
                 delta = (doi * ob[i]).sum(-1, keepdim=True)  # [hk, g*bq, 1]
                 lse_i = lb[i]
-                q0, q1 = plan.q_ranges[i]
-                if empty_rows[b, :, q0:q1].any():
-                    valid = (~paddle.isinf(lse_i)).astype(qi.dtype)  # [hk, g*bq, 1]
             for t in tiles:
                 kt, vt = _cols(kb, t), _cols(vb, t)  # [hk, bk, d]
                 s = paddle.matmul(qi, kt, transpose_y=True)  # [hk, g*bq, bk]
-                if t.partial:
-                    s = _apply_mask(plan, b, i, t, s)
-                p = paddle.exp(s - lse_i)  # [hk, g*bq, bk]; masked entries underflow to <= 3e-39
-                if valid is not None:
-                    p = p * valid
+                # No -inf fill needed here: masked probabilities are zeroed
+                # after exp (exp(-inf) is not exactly 0 on CPU, see _forward).
+                # Rows without any visible key (lse = +inf) only occur in
+                # partial tiles, where all their entries are masked.
+                masked = _tile_mask(plan, b, i, t) if t.partial else None
+                p = _masked_fill(paddle.exp(s - lse_i), masked, 0.0, plan, t)  # [hk, g*bq, bk]
                 dv[:, t.ks : t.ke] += paddle.matmul(p, doi, transpose_x=True)  # [hk, bk, d]
                 dp = paddle.matmul(doi, vt, transpose_y=True)  # [hk, g*bq, bk]
                 ds = p * (dp - delta)

@@ -105,3 +105,28 @@ def test_packed_collator_dense_and_flashmask():
     assert "attn_mask_startend_row_indices" not in dense
     m = dense["attention_mask"][0, 0]
     assert m.shape == (8, 8) and m[4, 3] and not m[3, 2 + 2] and not m[4, 2] and m[2, 0]
+
+
+@pytest.mark.parametrize("kind", ["json", "jinja"])
+def test_chat_template_applied_and_prompt_masked(tmp_path, tiny_model_dir, kind):
+    from paddlenlp.transformers import AutoTokenizer
+
+    from paddlenlp_ext.data.tokenize import resolve_chat_template
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    if kind == "json":
+        path = tmp_path / "chat_template.json"
+        path.write_text(json.dumps({"system": "<s>{{system}}\n", "conversation": ["user: {{user}}\nbot: ", "{{bot}}</s>"],
+                                    "query": "user: {{query}}\nbot: "}))
+    else:
+        path = tmp_path / "template.jinja"
+        path.write_text("{% for m in messages %}{% if m['role'] == 'user' %}user: {{ m['content'] }}\nbot: "
+                        "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}")
+    assert resolve_chat_template(tok, str(path))
+    ex = Example(src=["color#red", "type#dress"], tgt=["Red.", "A dress."], system="Be brief")
+    feat, _, _ = tokenize_example(ex, tok, 64, 128, use_chat_template=True)
+    text = tok.decode(feat["input_ids"] + [feat["labels"][-1]])
+    assert "user: color#red" in text and "bot: A dress.</s>" in text.replace("\n", " ").replace("  ", " ")
+    assert ("Be brief" in text) == (kind == "json")
+    supervised = tok.decode([x for x in feat["labels"] if x != IGNORE_INDEX])
+    assert "user" not in supervised and "Red.</s>" in supervised and "A dress.</s>" in supervised

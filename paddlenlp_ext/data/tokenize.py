@@ -154,7 +154,15 @@ def length_histogram(lengths: Sequence[int], max_length: int, bins: int = 8) -> 
 
 
 def resolve_chat_template(tokenizer, chat_template: Optional[str]) -> bool:
-    """Load ``chat_template`` into the tokenizer if given; return whether a template is used."""
+    """Load ``chat_template`` into the tokenizer if given; return whether a template is used.
+
+    ``*.json`` is PaddleNLP's chat_template.json format (system / conversation
+    / query); any other file is read as a jinja template (HF style, rendering
+    ``messages``)."""
     if chat_template:
-        tokenizer.init_chat_template(chat_template)
+        if chat_template.endswith(".json"):
+            tokenizer.init_chat_template(chat_template)
+        else:
+            with open(chat_template, encoding="utf-8") as f:
+                tokenizer.init_chat_template(f.read())
     return bool(getattr(tokenizer, "chat_template", None))

@@ -185,6 +185,7 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         "method": method,
         "trainable_params": trainable,
         "total_params": total,
+        "world_size": args.world_size,
         "data": data.reports,
     }
     if quant_stats is not None:
@@ -204,14 +205,15 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
         trainer.save_state()
+        tokens, supervised = trainer.global_token_counts()
         summary.update(
             train_loss=metrics.get("train_loss"),
             global_steps=result.global_step,
             train_time_s=round(train_time, 3),
-            tokens_trained=trainer.trained_tokens,
-            supervised_tokens_trained=trainer.trained_supervised_tokens,
-            supervised_token_fraction=round(trainer.trained_supervised_tokens / max(trainer.trained_tokens, 1), 4),
-            tokens_per_second=round(trainer.trained_tokens / max(train_time, 1e-9), 2),
+            tokens_trained=tokens,
+            supervised_tokens_trained=supervised,
+            supervised_token_fraction=round(supervised / max(tokens, 1), 4),
+            tokens_per_second=round(tokens / max(train_time, 1e-9), 2),
         )
         print(f"[paddlenlp_ext] train loss: {metrics.get('train_loss'):.4f}", flush=True)
     if args.do_eval:

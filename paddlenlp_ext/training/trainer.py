@@ -51,6 +51,15 @@ class FinetuneTrainer(Trainer):
                 )
         return super().compute_loss(model, inputs, return_outputs=return_outputs)
 
+    def global_token_counts(self):
+        """(tokens, supervised tokens) trained, summed over data-parallel ranks."""
+        counts = [self.trained_tokens, self.trained_supervised_tokens]
+        if paddle.distributed.get_world_size() > 1:
+            t = paddle.to_tensor(counts, dtype="int64")
+            paddle.distributed.all_reduce(t)
+            counts = [int(x) for x in t.numpy()]
+        return counts
+
     def train(self, *args, **kwargs):
         self.train_start_time = time.time()
         return super().train(*args, **kwargs)
