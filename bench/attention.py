@@ -207,7 +207,7 @@ def _peak_extra(fn):
 def timing_and_memory(args):
     s, h, d, nseg = args.seq, args.heads, args.head_dim, args.segments
     print(f"\n== 3. forward+backward, batch 1, seq {s}, {nseg} packed segments (causal LTS), "
-          f"{h} heads, head_dim {d}, fp32, {paddle.get_flags(['FLAGS_allocator_strategy'])['FLAGS_allocator_strategy']}")
+          f"{h} heads, head_dim {d}, fp32")
     rng = np.random.default_rng(0)
     lts = packed_lts(1, s, nseg, 0, rng)
     lengths = np.diff(np.concatenate([[0], np.unique(lts)]))

@@ -277,8 +277,8 @@ def _build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
     for b in range(batch):
         rows_b = []
         for i, (q0, q1) in enumerate(q_ranges):
-            run = []
-            out = []
+            run = []  # key block indices of the tile being grown
+            row_tiles = []
             prev_bm_split = False
 
             def flush():
@@ -301,7 +301,7 @@ def _build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
                         # one keep/drop value per head covers the whole run.
                         drop = ~bm_np[b, :, i, js[0]]  # [hb]
                         t.bm_drop = paddle.to_tensor(drop.reshape(list(mask_heads) + [1, 1]))
-                out.append(t)
+                row_tiles.append(t)
                 run.clear()
 
             for j in range(nkb):
@@ -316,8 +316,7 @@ def _build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
                 run.append(j)
                 prev_bm_split = bm_split
             flush()
-            tiles_row = out
-            for t in tiles_row:
+            for t in row_tiles:
                 w = t.ke - t.ks
                 score_elems += hq * (q1 - q0) * w
                 peak_score = max(peak_score, hq * (q1 - q0) * w * 4)
@@ -326,7 +325,7 @@ def _build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
                     peak_mask = max(peak_mask, mask_heads[0] * mask_heads[1] * (q1 - q0) * w)
                 else:
                     n_visible += 1
-            rows_b.append(tiles_row)
+            rows_b.append(row_tiles)
         tiles.append(rows_b)
 
     plan = _Plan(batch, seq_q, seq_k, hq, hk, group, head_dim, scale, q_ranges, tiles, mask_heads=mask_heads)
@@ -406,9 +405,9 @@ def _masked_fill(x, masked, value, plan, t):
 # --------------------------------------------------------------------------
 # Layout helpers
 # --------------------------------------------------------------------------
-def _q_blocks(x, plan, b):
-    """[batch, seq_q, hq, d] -> list of [hk, group*bq, d] for batch row b."""
-    xb = x[b].transpose([1, 0, 2]).reshape([plan.hk, plan.group, plan.seq_q, -1])  # [hk, g, sq, d]
+def _q_blocks(xb, plan):
+    """One batch row [seq_q, hq, d] -> list of [hk, group*bq, d] (query blocks)."""
+    xb = xb.transpose([1, 0, 2]).reshape([plan.hk, plan.group, plan.seq_q, -1])  # [hk, g, sq, d]
     sizes = [e - s for s, e in plan.q_ranges]
     return [blk.reshape([plan.hk, plan.group * sz, -1]) for blk, sz in zip(paddle.split(xb, sizes, axis=2), sizes)]
 
@@ -446,7 +445,7 @@ def _forward(q, k, v, plan):
     """q [B, Sq, Hq, D], k/v [B, Sk, Hk, D] (fp32) -> out [B, Sq, Hq, D], lse [B, Hq, Sq]."""
     outs, lses = [], []
     for b in range(plan.batch):
-        qb = _q_blocks(q * plan.scale, plan, b)  # scale folded into q once
+        qb = _q_blocks(q[b] * plan.scale, plan)  # scale folded into q once
         kb = _kv_heads_first(k, b)  # [hk, sk, d]
         vb = _kv_heads_first(v, b)
         o_blocks, l_blocks = [], []
@@ -504,9 +503,9 @@ def _backward(q, k, v, out, lse, dout, plan):
     """
     dqs, dks, dvs = [], [], []
     for b in range(plan.batch):
-        qb = _q_blocks(q * plan.scale, plan, b)
-        dob = _q_blocks(dout, plan, b)
-        ob = _q_blocks(out, plan, b)
+        qb = _q_blocks(q[b] * plan.scale, plan)
+        dob = _q_blocks(dout[b], plan)
+        ob = _q_blocks(out[b], plan)
         lb = _lse_blocks(lse, plan, b)
         kb = _kv_heads_first(k, b)  # [hk, sk, d]
         vb = _kv_heads_first(v, b)

@@ -26,3 +26,31 @@ def config_or_exit(argv: List[str], usage: str) -> RunConfig:
     except ConfigError as e:
         print(e.report(), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
+
+
+def pop_tool_args(argv: List[str], spec: dict) -> Tuple[dict, List[str]]:
+    """Take a tool's own ``--name value`` options out of argv (the rest are config overrides).
+
+    ``pop_tool_args(["c.json", "--tolerance", "1e-4", "--lora", "true"], {"tolerance": float})``
+    -> ``({"tolerance": 1e-4}, ["c.json", "--lora", "true"])``.
+    """
+    found, rest, i = {}, [], 0
+    while i < len(argv):
+        name = argv[i][2:].split("=", 1)[0] if argv[i].startswith("--") else None
+        if name in spec:
+            if "=" in argv[i]:
+                raw, i = argv[i].split("=", 1)[1], i + 1
+            elif i + 1 < len(argv):
+                raw, i = argv[i + 1], i + 2
+            else:
+                print(f"--{name} needs a value", file=sys.stderr)
+                sys.exit(EXIT_CONFIG_ERROR)
+            try:
+                found[name] = spec[name](raw)
+            except ValueError:
+                print(f"--{name}: invalid value {raw!r}", file=sys.stderr)
+                sys.exit(EXIT_CONFIG_ERROR)
+        else:
+            rest.append(argv[i])
+            i += 1
+    return found, rest

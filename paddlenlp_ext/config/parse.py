@@ -307,6 +307,8 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
                     )
     if do_train and t.get("max_steps", -1) <= 0 and t.get("num_train_epochs", 3.0) <= 0:
         p.append(f"{where}: do_train needs max_steps > 0 or num_train_epochs > 0")
+    if d.lazy and do_train and t.get("max_steps", -1) <= 0:
+        p.append(f"{where}: lazy=true streams the data without knowing its length; set max_steps > 0")
     if not do_train and not do_eval:
         p.append(f"{where}: nothing to do: set do_train and/or do_eval to true")
     if t.get("pipeline_parallel_degree", 1) > 1:

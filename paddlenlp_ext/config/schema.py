@@ -105,7 +105,9 @@ class DataArgument:
     greedy_group_size: int = _f(2048, "Examples per best-fit-decreasing group (greedy_zero_padding).", gt=0)
     pad_to_multiple_of: Optional[int] = _f(None, "Pad batch length to a multiple of this.", gt=0)
     pad_to_max_length: bool = _f(False, "Pad every batch to max_length.")
-    lazy: bool = _unsupported(False, "Stream the dataset instead of loading it in memory.")
+    lazy: bool = _f(
+        False, "Stream the train set (bounded memory; resumable without replay); needs max_steps > 0."
+    )
     chat_template: Optional[str] = _f(
         None, "Chat template file (jinja or PaddleNLP chat_template.json); default: the tokenizer's own."
     )

@@ -87,15 +87,42 @@ def load_model(cfg: RunConfig, args):
             setattr(config, key, getattr(m, key))
     if m.use_flash_attention:
         from ..models.flashmask_patch import install_cpu_flashmask, native_flashmask_available
-    if m.use_flash_attention and not native_flashmask_available():
+
+        # The patch dispatches per call: GPU tensors go to Paddle's kernels,
+        # the rest to paddlenlp_ext.attention.flashmask_attention; it also
+        # accepts our [batch, 1, seq, 1] start-row layout.
         install_cpu_flashmask()
-        print("[paddlenlp_ext] attention: no native flash-attention kernel on this device; "
-              "using paddlenlp_ext.attention.flashmask_attention (block-sparse, CPU)", file=sys.stderr)
+        path = "Paddle's native kernels" if native_flashmask_available() else \
+            "paddlenlp_ext.attention.flashmask_attention (block-sparse, CPU)"
+        print(f"[paddlenlp_ext] attention: use_flash_attention via {path}", file=sys.stderr)
     if m.continue_training:
         model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model
+
+
+def lazy_resume_point(args):
+    """(stream cursor, global step) stored in the checkpoint we resume from.
+
+    The Trainer must not replay the stream to skip consumed batches: the
+    cursor already points past them, so ignore_data_skip is turned on (logged)."""
+    from paddlenlp.utils.log import logger
+
+    from ..data.streaming import DATA_STATE_NAME, load_cursor
+
+    ckpt = args.resume_from_checkpoint
+    cursor = load_cursor(ckpt)
+    if cursor is None:
+        raise ConfigError([f"resume_from_checkpoint {ckpt!r} has no {DATA_STATE_NAME}: it was not written by a "
+                           "lazy=true run, so the stream position is unknown"])
+    with open(os.path.join(ckpt, "trainer_state.json")) as f:
+        step = int(json.load(f)["global_step"])
+    if not args.ignore_data_skip:
+        args.ignore_data_skip = True
+        logger.info("derived setting: ignore_data_skip = True (lazy stream resumes from its stored cursor)")
+    logger.info(f"lazy stream resumes at {cursor} (global step {step})")
+    return cursor, step
 
 
 def count_parameters(model):
@@ -134,7 +161,11 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     set_seed(args.seed)
 
     tokenizer = load_tokenizer(cfg)
-    data = build_datasets(cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed)
+    resume_cursor, resume_step = None, 0
+    if cfg.data.lazy and args.do_train and args.resume_from_checkpoint:
+        resume_cursor, resume_step = lazy_resume_point(args)
+    data = build_datasets(cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed,
+                          resume_cursor=resume_cursor)
     for split, report in data.reports.items():
         logger.info(f"data[{split}]: {json.dumps(report)}")
 
@@ -180,6 +211,11 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         from .callbacks import EpochCallback
 
         trainer.add_callback(EpochCallback(data.train))
+    if cfg.data.lazy and args.do_train:
+        from .callbacks import StreamCursorCallback
+
+        rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
+        trainer.add_callback(StreamCursorCallback(data.train, rows_per_step, resume_step))
 
     summary: Dict[str, Any] = {
         "method": method,
@@ -205,6 +241,8 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
         trainer.save_state()
+        if cfg.data.lazy:
+            data.reports["train"]["stream"] = data.train.report()
         tokens, supervised = trainer.global_token_counts()
         summary.update(
             train_loss=metrics.get("train_loss"),

@@ -72,6 +72,21 @@ class FinetuneTrainer(Trainer):
             metrics[f"{prefix}_perplexity"] = math.exp(min(loss, 700.0))
         return metrics
 
+    def _load_full_safetensors(self, directory: str):
+        """Our full-model checkpoints are safetensors (PaddleNLP's loader wants model_state.pdparams)."""
+        from safetensors.numpy import load_file
+
+        state = {}
+        for path in _safetensors_files(directory):
+            state.update(load_file(path))
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state))
+        if missing:
+            raise ValueError(f"checkpoint {directory} lacks {len(missing)} weights, e.g. {missing[:3]}")
+        for name, tensor in own.items():
+            tensor.set_value(paddle.to_tensor(state[name]).astype(tensor.dtype))
+        logger.info(f"Loaded model weights from {directory}")
+
     # -- saving ----------------------------------------------------------
     def _save(self, output_dir: Optional[str] = None, state_dict=None, merge_tensor_parallel=False):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
@@ -94,6 +109,8 @@ class FinetuneTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
         if self.adapter_config is None:
+            if resume_from_checkpoint and _safetensors_files(str(resume_from_checkpoint)):
+                return self._load_full_safetensors(str(resume_from_checkpoint))
             return super()._load_from_checkpoint(resume_from_checkpoint)
         if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
             from paddlenlp.trainer.trainer_utils import get_last_checkpoint
@@ -104,3 +121,15 @@ class FinetuneTrainer(Trainer):
         if resume_from_checkpoint:
             adapter_api.load_adapter_weights(self.model, resume_from_checkpoint)
             logger.info(f"Loaded adapter weights from {resume_from_checkpoint}")
+
+
+def _safetensors_files(directory: str):
+    """Weight files of a safetensors checkpoint directory (single file or index + shards)."""
+    import json
+
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return [os.path.join(directory, n) for n in sorted(set(json.load(f)["weight_map"].values()))]
+    single = os.path.join(directory, "model.safetensors")
+    return [single] if os.path.isfile(single) else []

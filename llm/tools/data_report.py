@@ -1,0 +1,36 @@
+"""Tokenize and pack the configured dataset without training; print one JSON object.
+
+    python llm/tools/data_report.py CONFIG.json [--key value ...]
+
+Per split (train with do_train, dev with do_eval): examples,
+truncated_examples, dropped_rounds, tokens, supervised_tokens,
+supervised_fraction, packing, packs (or batches), padding_ratio,
+length_histogram.  The same figures are logged at the start of training and
+stored in run_summary.json ("data").
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from paddlenlp_ext.cli.common import config_or_exit  # noqa: E402
+
+USAGE = "usage: python llm/tools/data_report.py CONFIG.json [--key value ...]"
+
+
+def main(argv):
+    cfg = config_or_exit(argv, USAGE)
+    from paddlenlp_ext.data.pipeline import build_datasets
+    from paddlenlp_ext.training.run import load_tokenizer
+
+    t = cfg.training
+    data = build_datasets(cfg, load_tokenizer(cfg), do_train=t.get("do_train", False),
+                          do_eval=t.get("do_eval", False), seed=t.get("seed", 42))
+    print(json.dumps(data.reports, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
