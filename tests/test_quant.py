@@ -231,11 +231,89 @@ def test_weight_only_backend_unavailable_on_cpu():
     if L.weight_only_supported()[0]:
         pytest.skip("GPU weight-only kernels available")
     with pytest.raises(RuntimeError, match="paddle_weight_only.*unavailable"):
-        QuantizedLinear.from_linear(_linear(64, 8), "weight_only_int8", backend="paddle_weight_only")
+        QuantizedLinear.from_linear(_linear(64, 16), "weight_only_int8", backend="paddle_weight_only")
     with pytest.raises(ValueError, match="only supports"):
         QuantizedLinear.from_linear(_linear(64, 8), "nf4", backend="paddle_weight_only")
+    with pytest.raises(ValueError, match="in_features % 64 == 0"):
+        QuantizedLinear.from_linear(_linear(48, 8), "weight_only_int8", backend="paddle_weight_only")
+    assert L.weight_only_shape_ok(4096, 11008) and not L.weight_only_shape_ok(4096, 30)
     # auto falls back to the portable layout
     assert QuantizedLinear.from_linear(_linear(64, 8), "weight_only_int8").backend == "portable"
+
+
+@pytest.mark.parametrize("algo", ["weight_only_int8", "weight_only_int4"])
+def test_weight_only_gpu_path_wiring(monkeypatch, algo):
+    """The GPU weight-only path cannot run here; check its argument wiring with a fake kernel.
+
+    Paddle's CPU ``weight_quantize(arch=80)`` produces the real GPU layout; the fake
+    ``weight_only_linear`` checks dtypes/shapes and computes with the reference weight.
+    """
+    lin = _linear(128, 32)
+    w_ref = paddle.to_tensor(lin.weight.numpy())
+    calls = []
+
+    def fake_wol(x, weight, bias=None, weight_scale=None, weight_dtype="int8", arch=None, group_size=-1):
+        calls.append(weight_dtype)
+        assert weight.dtype == paddle.int8 and arch == 80
+        assert weight_dtype == ("int8" if algo == "weight_only_int8" else "int4")
+        assert list(weight.shape) == ([32, 128] if weight_dtype == "int8" else [16, 128])
+        assert weight_scale.dtype == x.dtype and list(weight_scale.shape) == [32]
+        assert bias is None or bias.dtype == x.dtype
+        out = paddle.matmul(x.astype("float32"), w_ref)
+        return (out + bias.astype("float32") if bias is not None else out).astype(x.dtype)
+
+    monkeypatch.setattr(L, "weight_only_supported", lambda: (True, ""))
+    monkeypatch.setattr(L, "_cuda_arch", lambda: 80)
+    monkeypatch.setattr(L, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(paddle.nn.quant, "weight_only_linear", fake_wol)
+    q = QuantizedLinear.from_linear(lin, algo)  # auto -> paddle_weight_only ("GPU" weight)
+    assert q.backend == "paddle_weight_only" and q.quant_weight.dtype == paddle.int8
+    assert q.quant_scale.dtype == paddle.bfloat16  # fp32 weight quantized as bf16 on SM80
+    x = paddle.randn([3, 128])
+    y16 = q(x.astype("float16"))
+    assert q.last_path == L.PATH_WEIGHT_ONLY and y16.dtype == paddle.float16
+    np.testing.assert_allclose(y16.astype("float32").numpy(), (x @ w_ref + lin.bias).numpy(), atol=2e-2, rtol=1e-2)
+    # float32 input: weight_dequantize (no CPU kernel here -> exact I @ W fallback) + matmul
+    y32 = q(x)
+    assert q.last_path == L.PATH_WEIGHT_DEQUANT and y32.dtype == paddle.float32
+    np.testing.assert_allclose(y32.numpy(), (x @ w_ref + lin.bias).numpy(), atol=5e-2, rtol=1e-2)  # bf16 W
+    assert list(q.dequantize_weight().shape) == [128, 32]
+    assert set(q.state_dict()) == {"bias", "quant_weight", "quant_scale"}
+    assert len(calls) >= 3
+    with pytest.raises(ValueError, match="to_structure needs the portable layout"):
+        q.to_structure()
+
+
+@pytest.mark.parametrize("algo,dq", [("nf4", False), ("fp4", True)])
+def test_paddleslim_path_wiring(monkeypatch, algo, dq):
+    """nf4/fp4 on GPU use PaddleSlim's ``dequant_blockwise(input, code, abs_max, blocksize, quant_type)``.
+
+    The fake below follows that kernel's contract (flat blocks of ``blocksize`` elements,
+    high nibble first, output ``[2 * numel, 1]`` float32) to check our buffers fit it.
+    """
+
+    class FakeOps:
+        @staticmethod
+        def dequant_blockwise(inp, code, abs_max, blocksize, quant_type):
+            assert code is None and quant_type == algo and inp.dtype == paddle.uint8
+            assert abs_max.dtype == paddle.float32 and len(abs_max.shape) == 1
+            flat = F.unpack_nibbles(inp.numpy().reshape(-1))
+            vals = F.code_book(quant_type)[flat] * np.repeat(abs_max.numpy(), blocksize)
+            return paddle.to_tensor(vals.reshape(-1, 1).astype(np.float32))
+
+    lin = _linear(128, 24)
+    q = QuantizedLinear.from_linear(lin, algo, block_size=32, double_quant=dq)
+    x = paddle.randn([5, 128])
+    ref = q(x).numpy()
+    monkeypatch.setattr(L, "_PADDLESLIM_CHECKED", True)
+    monkeypatch.setattr(L, "_PADDLESLIM_OPS", FakeOps)
+    monkeypatch.setattr(L, "_on_gpu", lambda t: True)
+    x.stop_gradient = False
+    y = q(x)
+    assert q.last_path == L.PATH_PADDLESLIM
+    np.testing.assert_allclose(y.numpy(), ref, atol=1e-5)
+    y.sum().backward()
+    assert x.grad is not None
 
 
 # ------------------------------------------------------------ QuantizedLinear

@@ -61,8 +61,13 @@ def train_sentencepiece(data_dir: str, vocab_size: int) -> bytes:
     return buf.getvalue()
 
 
-def build_tiny_model(out_dir: str, data_dir: str, vocab_size: int = 512, seed: int = 0, **overrides) -> str:
-    """Write a random-init tiny LlamaForCausalLM + tokenizer to ``out_dir``; returns out_dir."""
+def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 512, seed: int = 0,
+                     spm_model: Optional[str] = None, **overrides) -> str:
+    """Write a random-init tiny LlamaForCausalLM + tokenizer to ``out_dir``; returns out_dir.
+
+    The tokenizer is trained on ``data_dir``'s *.json lines, or taken from an
+    existing SentencePiece ``spm_model`` (e.g. the real Llama 2 tokenizer, for
+    benchmarks whose sequence lengths must be realistic)."""
     import paddle
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
 
@@ -70,7 +75,11 @@ def build_tiny_model(out_dir: str, data_dir: str, vocab_size: int = 512, seed: i
     with tempfile.TemporaryDirectory() as tmp:
         spm_path = os.path.join(tmp, "tokenizer.model")
         with open(spm_path, "wb") as f:
-            f.write(train_sentencepiece(data_dir, vocab_size))
+            if spm_model:
+                with open(spm_model, "rb") as src:
+                    f.write(src.read())
+            else:
+                f.write(train_sentencepiece(data_dir, vocab_size))
         tokenizer = LlamaTokenizer(
             vocab_file=spm_path, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>"
         )

@@ -110,6 +110,13 @@ def weight_only_supported() -> Tuple[bool, str]:
     return True, ""
 
 
+def weight_only_shape_ok(in_features: int, out_features: int) -> bool:
+    """Shapes Paddle's weight-only kernels accept: ``weight_quantize`` rejects
+    ``out_features % 16 != 0`` and its row interleaving works on 64-row tiles of
+    ``in_features`` (the CPU reference kernel even hangs on other sizes)."""
+    return in_features % 64 == 0 and out_features % 16 == 0
+
+
 def _on_gpu(t: paddle.Tensor) -> bool:
     try:
         return bool(t.place.is_gpu_place())
@@ -300,11 +307,18 @@ class QuantizedLinear(nn.Layer):
         place = weight.place
 
         ok, why = weight_only_supported()
+        shape_ok = weight_only_shape_ok(in_f, out_f)
         if backend == "auto":
-            backend = BACKEND_WEIGHT_ONLY if (algo in F.INT_ALGOS and _on_gpu(weight) and ok) else BACKEND_PORTABLE
+            use = algo in F.INT_ALGOS and _on_gpu(weight) and ok and shape_ok
+            backend = BACKEND_WEIGHT_ONLY if use else BACKEND_PORTABLE
         elif backend == BACKEND_WEIGHT_ONLY:
             if algo not in F.INT_ALGOS:
                 raise ValueError(f"backend {BACKEND_WEIGHT_ONLY!r} only supports {F.INT_ALGOS}, got {algo!r}")
+            if not shape_ok:
+                raise ValueError(
+                    f"backend {BACKEND_WEIGHT_ONLY!r} needs in_features % 64 == 0 and out_features % 16 == 0, "
+                    f"got a Linear layer of shape [in_features={in_f}, out_features={out_f}]; use backend='portable'"
+                )
             if not ok:
                 raise RuntimeError(f"backend {BACKEND_WEIGHT_ONLY!r} unavailable: {why}")
 
@@ -373,7 +387,7 @@ class QuantizedLinear(nn.Layer):
         kdtype = _dtype_name(self.quant_scale.dtype)
         if kdtype not in _LOW_PRECISION:
             kdtype = "float16"
-        eye = paddle.eye(self.in_features, dtype=kdtype)
+        eye = paddle.eye(self.in_features, dtype="float32").astype(kdtype)
         return quant.weight_only_linear(
             eye,
             self.quant_weight,
