@@ -21,6 +21,7 @@ tiny: setup
 demo: tiny
 	$(PY) llm/run_finetune.py llm/config/tiny/sft_argument.json
 	$(PY) llm/run_finetune.py llm/config/tiny/lora_argument.json
+	$(PY) llm/tools/show_summary.py output/tiny_sft output/tiny_lora
 
 test: tiny
 	$(PY) -m pytest tests

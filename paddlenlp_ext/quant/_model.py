@@ -105,7 +105,9 @@ def quantize_model(
         except ValueError as e:
             raise ValueError(f"layer '{name}': {e}") from None
 
-    parents = dict(model.named_sublayers(include_self=True))
+    # parents only (keeping the target Linears referenced here would pin their float weights)
+    parents = {n: l for n, l in model.named_sublayers(include_self=True) if type(l) is not nn.Linear}
+    n_targets = len(targets)
     stats: Dict[str, Any] = {
         "algo": algo,
         "block_size": block_size if algo in F.BLOCK_ALGOS else None,
@@ -118,7 +120,9 @@ def quantize_model(
         "bytes_after": 0,
     }
     paths = set()
-    for name, layer in targets:
+    for i in range(len(targets)):
+        name, layer = targets[i]
+        targets[i] = None  # drop our reference so the float weight can be freed as we go
         parent_name, _, attr = name.rpartition(".")
         parent = parents[parent_name]
         w = layer.weight
@@ -137,7 +141,7 @@ def quantize_model(
     stats["bytes_per_param"] = stats["bytes_after"] / stats["params"] if stats["params"] else 0.0
     stats["compression"] = stats["bytes_before"] / stats["bytes_after"] if stats["bytes_after"] else 0.0
     stats["path"] = sorted(paths)
-    if not targets:
+    if not n_targets:
         log.warning(f"quantize_model: no nn.Linear matched target_modules={list(p.pattern for p in pats)}")
     else:
         log.info(

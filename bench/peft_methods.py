@@ -1,0 +1,133 @@
+"""Benchmark: full fine-tuning vs LoRA, rsLoRA, LoRA+, PiSSA, VeRA and NEFTune on the tiny model.
+
+Run from the repo root (about 3 minutes on a 2-core CPU):
+
+    .venv/bin/python bench/peft_methods.py
+
+Every method runs the real CLI (`llm/run_finetune.py`) as a subprocess on the tiny
+configs (llm/config/tiny/*.json) with the same steps, batch size, seed and data,
+evaluating on the dev split before and after training. One table is printed
+(markdown): trainable parameters, peak RSS of the training process
+(`peak_rss_bytes` of run_summary.json; for a model this small it is dominated by
+the Paddle runtime), step time (train_time_s / global_steps, includes the first
+step's warm-up), eval loss before and after training.
+
+Learning rates are per method family: full fine-tuning 3e-3 and the LoRA family
+1e-2 (the tiny configs' own values); VeRA trains only r + out_features scalars per
+layer and needs a much larger lr (3e-1 was best of 3e-1 / 1 / 3 at 100 steps). A
+second VeRA row at the LoRA lr shows what happens without that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = REPO / "llm" / "run_finetune.py"
+LORA_CFG = REPO / "llm" / "config" / "tiny" / "lora_argument.json"
+SFT_CFG = REPO / "llm" / "config" / "tiny" / "sft_argument.json"
+
+LR_FULL, LR_LORA, LR_VERA = 3e-3, 1e-2, 3e-1
+
+# name -> (config, learning rate, extra CLI args)
+METHODS = {
+    "full": (SFT_CFG, LR_FULL, []),
+    "lora": (LORA_CFG, LR_LORA, []),
+    "rslora": (LORA_CFG, LR_LORA, ["--rslora", "true"]),
+    "lora+ (scale 16)": (LORA_CFG, LR_LORA, ["--lora_plus_scale", "16"]),
+    "pissa": (LORA_CFG, LR_LORA, ["--pissa", "true"]),
+    "vera": (LORA_CFG, LR_VERA, ["--vera", "true", "--lora", "false"]),
+    "vera @ LoRA lr": (LORA_CFG, LR_LORA, ["--vera", "true", "--lora", "false"]),
+    "neftune + lora": (LORA_CFG, LR_LORA, ["--neftune", "true", "--neftune_noise_alpha", "5"]),
+}
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def run_method(name, python, args, out_root: Path):
+    config, lr, extra = METHODS[name]
+    out = out_root / slug(name)
+    cmd = [python, str(CLI), str(config), "--output_dir", str(out), "--max_steps", str(args.steps),
+           "--per_device_train_batch_size", str(args.batch_size), "--seed", str(args.seed),
+           "--learning_rate", f"{lr:g}", "--eval_before_train", "true", "--do_eval", "true",
+           "--logging_steps", "10", "--model_name_or_path", str(args.model),
+           "--dataset_name_or_path", str(args.data), *extra]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    wall = time.time() - t0
+    if r.returncode != 0:
+        print(f"!! {name} failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
+              file=sys.stderr, flush=True)
+        return {"name": name, "lr": lr, "failed": True, "wall": wall}
+    s = json.loads((out / "run_summary.json").read_text())
+    return {
+        "name": name, "lr": lr, "failed": False, "wall": wall, "method": s["method"],
+        "trainable": s["trainable_params"], "total": s["total_params"], "rss": s["peak_rss_bytes"],
+        "step_ms": 1000.0 * s["train_time_s"] / s["global_steps"], "steps": s["global_steps"],
+        "tok_s": s["tokens_per_second"], "before": s["eval_loss_before_train"], "after": s["eval_loss"],
+        "train_loss": s["train_loss"],
+    }
+
+
+def table(rows):
+    head = ("| method | run_summary method | lr | trainable params | peak RSS (MiB) | step time (ms) | "
+            "tokens/s | eval loss before | eval loss after |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in rows:
+        if r["failed"]:
+            lines.append(f"| {r['name']} | FAILED | {r['lr']:g} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['name']} | `{r['method']}` | {r['lr']:g} | {r['trainable']:,} ({100.0 * r['trainable'] / r['total']:.2f}%) | "
+            f"{r['rss'] / 2**20:.0f} | {r['step_ms']:.0f} | {r['tok_s']:,.0f} | {r['before']:.3f} | {r['after']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=16, help="per_device_train_batch_size (tiny configs: 16)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--model", default=str(REPO / "build" / "tiny-llama"))
+    p.add_argument("--data", default=str(REPO / "llm" / "data" / "advertise"))
+    p.add_argument("--out", default=str(REPO / "output" / "bench_peft"), help="one output_dir per method under here")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), metavar="NAME",
+                   help=f"subset of: {', '.join(METHODS)}")
+    args = p.parse_args(argv)
+
+    python = sys.executable
+    shown = os.path.relpath(python, REPO) if python.startswith(str(REPO)) else python
+    print("command: " + shlex.join([shown, os.path.relpath(__file__, REPO), *(sys.argv[1:] if argv is None else argv)]))
+    print("each method: " + shlex.join([shown, "llm/run_finetune.py", "llm/config/tiny/{sft,lora}_argument.json",
+                                        "--max_steps", str(args.steps), "--per_device_train_batch_size",
+                                        str(args.batch_size), "--seed", str(args.seed), "--learning_rate", "LR",
+                                        "--eval_before_train", "true", "[method flags]"]), flush=True)
+    if not (Path(args.model) / "config.json").exists():
+        sys.exit(f"no tiny model at {args.model}: run `.venv/bin/python llm/tools/make_tiny_model.py` first")
+    out_root = Path(args.out)
+    out_root.mkdir(parents=True, exist_ok=True)
+
+    rows, t0 = [], time.time()
+    for name in args.methods:
+        row = run_method(name, python, args, out_root)
+        rows.append(row)
+        status = "FAILED" if row["failed"] else f"eval {row['before']:.3f} -> {row['after']:.3f}"
+        print(f"  {name:<18} {status}  ({row['wall']:.1f} s)", flush=True)
+    print(f"\n{args.steps} steps, batch {args.batch_size}, seed {args.seed}, tiny model "
+          f"({Path(args.model).name}), data {Path(args.data).name}; total {time.time() - t0:.0f} s\n")
+    print(table(rows))
+    return 1 if any(r["failed"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
