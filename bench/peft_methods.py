@@ -10,7 +10,8 @@ evaluating on the dev split before and after training. One table is printed
 (markdown): trainable parameters, peak RSS of the training process
 (`peak_rss_bytes` of run_summary.json; for a model this small it is dominated by
 the Paddle runtime), step time (train_time_s / global_steps, includes the first
-step's warm-up), eval loss before and after training.
+step's warm-up), the median step time over the 10-step logging intervals (less
+sensitive to load from other processes), eval loss before and after training.
 
 Learning rates are per method family: full fine-tuning 3e-3 and the LoRA family
 1e-2 (the tiny configs' own values); VeRA trains only r + out_features scalars per
@@ -69,10 +70,14 @@ def run_method(name, python, args, out_root: Path):
               file=sys.stderr, flush=True)
         return {"name": name, "lr": lr, "failed": True, "wall": wall}
     s = json.loads((out / "run_summary.json").read_text())
+    state = json.loads((out / "trainer_state.json").read_text())
+    # per logging interval (10 steps): robust to the first step's warm-up and to short load spikes
+    intervals = sorted(h["interval_runtime"] / 10 for h in state["log_history"] if "interval_runtime" in h)
     return {
         "name": name, "lr": lr, "failed": False, "wall": wall, "method": s["method"],
         "trainable": s["trainable_params"], "total": s["total_params"], "rss": s["peak_rss_bytes"],
         "step_ms": 1000.0 * s["train_time_s"] / s["global_steps"], "steps": s["global_steps"],
+        "median_ms": 1000.0 * intervals[len(intervals) // 2] if intervals else float("nan"),
         "tok_s": s["tokens_per_second"], "before": s["eval_loss_before_train"], "after": s["eval_loss"],
         "train_loss": s["train_loss"],
     }
@@ -80,15 +85,15 @@ def run_method(name, python, args, out_root: Path):
 
 def table(rows):
     head = ("| method | run_summary method | lr | trainable params | peak RSS (MiB) | step time (ms) | "
-            "tokens/s | eval loss before | eval loss after |")
+            "median step (ms) | eval loss before | eval loss after |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         if r["failed"]:
-            lines.append(f"| {r['name']} | FAILED | {r['lr']:g} | | | | | | |")
+            lines.append(f"| {r['name']} | FAILED | {r['lr']:g} |" + " |" * (head.count("|") - 4))
             continue
         lines.append(
             f"| {r['name']} | `{r['method']}` | {r['lr']:g} | {r['trainable']:,} ({100.0 * r['trainable'] / r['total']:.2f}%) | "
-            f"{r['rss'] / 2**20:.0f} | {r['step_ms']:.0f} | {r['tok_s']:,.0f} | {r['before']:.3f} | {r['after']:.3f} |"
+            f"{r['rss'] / 2**20:.0f} | {r['step_ms']:.0f} | {r['median_ms']:.0f} | {r['before']:.3f} | {r['after']:.3f} |"
         )
     return "\n".join(lines)
 

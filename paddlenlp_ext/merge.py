@@ -937,7 +937,7 @@ def verify_merge(
     probes = probe_inputs(vocab, num_probes, probe_length)
     t0 = time.time()
 
-    def run(path, adapter=False, quant=None):
+    def load(path, quant=None):
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
         if quant:
             from .quant import quantize_model
@@ -945,20 +945,27 @@ def verify_merge(
             quantize_model(model, quant["weight_quantize_algo"], block_size=quant.get("weight_blocksize", 64),
                            double_quant=bool(quant.get("weight_double_quant", False)),
                            double_quant_block_size=quant.get("weight_double_quant_block_size", 256))
-        if adapter:
-            load_adapter(model, adapter_dir)
-        out = _logits(model, probes)
-        del model
-        gc.collect()
-        return out
+        return model
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            base_only = run(base_dir)
-            ref = run(base_dir, adapter=True)
-            quant_logits = run(base_dir, adapter=True, quant=cfg.quantization) if cfg.quantization else None
-            got = run(merged_dir)
+            model = load(base_dir)
+            base_only = _logits(model, probes)
+            load_adapter(model, adapter_dir)  # the same base model, now with the adapter
+            ref = _logits(model, probes)
+            del model
+            quant_logits = None
+            if cfg.quantization:
+                model = load(base_dir, quant=cfg.quantization)
+                load_adapter(model, adapter_dir)
+                quant_logits = _logits(model, probes)
+                del model
+            gc.collect()
+            model = load(merged_dir)
+            got = _logits(model, probes)
+            del model
+            gc.collect()
     finally:
         restore()
     scale = max(1.0, float(np.abs(ref).max()))

@@ -22,13 +22,15 @@ ADAPTER_METHOD_KEYS = ("lora", "vera")
 class ConfigError(Exception):
     """All the problems found in one config, reported together."""
 
-    def __init__(self, problems: List[str]):
+    def __init__(self, problems: List[str], before_load: bool = True):
         self.problems = list(problems)
+        self.before_load = before_load  # False: found while building (e.g. a layer shape a format cannot take)
         super().__init__("\n".join(self.problems))
 
     def report(self) -> str:
         n = len(self.problems)
-        lines = [f"config error: {n} problem{'s' if n != 1 else ''} found (nothing was loaded):"]
+        when = " (nothing was loaded)" if self.before_load else ""
+        lines = [f"config error: {n} problem{'s' if n != 1 else ''} found{when}:"]
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -273,8 +275,11 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: lora_path is set but neither lora nor vera is true")
     if m.lora_path and not os.path.isfile(os.path.join(m.lora_path, "adapter_config.json")):
         p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (is it an adapter directory?)")
-    if m.weight_quantize_algo and not methods:
-        p.append(f"{where}: weight_quantize_algo freezes the base weights; it needs lora=true or vera=true")
+    if m.weight_quantize_algo and not methods and t.get("do_train", False):
+        p.append(f"{where}: weight_quantize_algo freezes the base weights; training needs lora=true or vera=true "
+                 "(evaluation alone, do_train=false, works without adapters)")
+    if m.weight_double_quant and m.weight_quantize_algo in ("weight_only_int8", "weight_only_int4"):
+        p.append(f"{where}: weight_double_quant applies to nf4/fp4 block scales, not to {m.weight_quantize_algo}")
     if m.weight_quantize_algo and m.pissa:
         p.append(f"{where}: pissa rewrites the base weights and cannot be used with weight_quantize_algo")
     if m.model_name_or_path and not os.path.isfile(os.path.join(m.model_name_or_path, "config.json")):

@@ -23,10 +23,17 @@ RUN_SUMMARY_NAME = "run_summary.json"
 def build_training_args(cfg: RunConfig):
     from .arguments import TrainingArguments
 
+    import paddle
+
+    where = cfg.source or "config"
+    on_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    if cfg.training.get("fp16") and not on_gpu:
+        raise ConfigError([f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); "
+                           "use bf16 (O1) or fp32 on CPU"])
     try:
         args = TrainingArguments(**cfg.training)
     except (ValueError, TypeError, AssertionError) as e:  # PaddleNLP's own checks
-        raise ConfigError([f"{cfg.source or 'config'}: training arguments: {e}"])
+        raise ConfigError([f"{where}: training arguments: {e}"])
     # PaddleNLP silently turns evaluation_strategy "no" into "steps" when
     # do_eval is set; we keep the user's "no" (= evaluate once, after training).
     if cfg.training.get("evaluation_strategy", "no") == "no" and args.evaluation_strategy != "no":
@@ -170,14 +177,27 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         logger.info(f"data[{split}]: {json.dumps(report)}")
 
     model = load_model(cfg, args)
+    quant = quantization_dict(cfg)
+    if quant is None and cfg.model.lora_path:
+        # An adapter trained on a quantized base is evaluated/continued on the same quantized base.
+        from ..adapters import AdapterConfig
+
+        quant = AdapterConfig.load(cfg.model.lora_path).quantization
+        if quant:
+            logger.info(f"derived setting: base quantized as in {cfg.model.lora_path}: {json.dumps(quant)}")
     quant_stats = None
-    if cfg.model.weight_quantize_algo:
+    if quant:
         from ..quant import quantize_model
 
-        quant_stats = quantize_model(
-            model, cfg.model.weight_quantize_algo, block_size=cfg.model.weight_blocksize,
-            double_quant=cfg.model.weight_double_quant,
-        )
+        try:
+            quant_stats = quantize_model(
+                model, quant["weight_quantize_algo"], block_size=quant["weight_blocksize"],
+                double_quant=quant["weight_double_quant"],
+                double_quant_block_size=quant["weight_double_quant_block_size"],
+            )
+        except ValueError as e:  # a layer shape the format cannot take: the message says what to do
+            raise ConfigError([f"{cfg.source or 'config'}: weight_quantize_algo={quant['weight_quantize_algo']}: {e}"],
+                              before_load=False)
         logger.info(f"quantized base weights: {json.dumps(quant_stats, default=str)}")
 
     adapter_config = None
