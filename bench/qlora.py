@@ -1,0 +1,599 @@
+"""Benchmark (issue "QLoRA"): memory per parameter, RSS and step time of a quantized base + LoRA,
+and the eval-loss change when a trained tiny model is quantized.
+
+Run from the repo root (about 5-6 minutes on a 2-core CPU):
+
+    .venv/bin/python bench/qlora.py
+
+Part 1 -- a random-init PaddleNLP ``LlamaForCausalLM`` of about 106M parameters
+(vocab 32000, hidden 768, 8 layers, intermediate 2048, 12 heads; fp32), one subprocess
+per configuration (bf16 is only reported as its theoretical 2 bytes/param: the CPU build
+has no bf16 matmul):
+
+* bytes per parameter of the base linear weights (the 56 decoder ``nn.Linear`` layers that
+  ``quantize_model`` replaces; embeddings, lm_head and norms stay fp32 in every
+  configuration), from ``quantize_model`` stats and checked against
+  ``quantized_state_bytes(model)``;
+* with LoRA (r=8, alpha=16, all decoder linears) on top: RSS and the step time of
+  ``--warmup`` + ``--steps`` training steps (AdamW over the LoRA parameters, random token
+  batch ``--batch`` x ``--seq``, forward + backward + step; median of the timed steps).
+
+How RSS is measured (Linux ``/proc/self/status``, ``psutil`` as a fallback): the model is
+built LAYER BY LAYER -- constructed under ``paddle.LazyGuard()`` + PaddleNLP's
+``no_init_weights()`` so that no parameter memory exists yet, then every decoder layer is
+materialised with PaddleNLP's own initialisation (normal(0, initializer_range), o_proj /
+down_proj scaled by 1/sqrt(2 * layers)) and its linears are quantized immediately, before the
+next layer exists. So at most one decoder layer (28 MiB) is ever held in fp32 and the build
+peak is a truthful picture of loading a quantized base. Reported per configuration:
+
+* ``after imports``: current RSS after importing paddle + paddlenlp (the runtime, identical
+  for every configuration);
+* ``after build``: current RSS after build + quantization + ``gc.collect()``;
+* ``build peak``: VmHWM (process peak RSS) at that point;
+* ``train peak``: VmHWM over the training steps only -- the high-water mark is reset with
+  ``echo 5 > /proc/self/clear_refs`` right before the first step (so it does not include
+  the build); if that is not possible a 2 ms psutil sampler is used and the column says so;
+* ``steady``: current RSS after the last step.
+
+A second table (``--naive``) shows what the numbers look like the naive way: build the full
+fp32 model first, then ``quantize_model`` it. There the process peak contains the whole
+fp32 model, and the current RSS afterwards shows whether the freed fp32 memory went back
+to the OS.
+
+Part 2 -- the tiny model is fully fine-tuned with the CLI
+(``llm/run_finetune.py llm/config/tiny/sft_argument.json``, 150 steps) into a temp dir and
+then evaluated with the CLI (``--do_train false``) unquantized and with each quantized base
+(nf4/fp4 need ``--weight_blocksize 16``: the tiny model's down_proj has in_features 176).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+CLI = REPO / "llm" / "run_finetune.py"
+SFT_CFG = REPO / "llm" / "config" / "tiny" / "sft_argument.json"
+
+MODEL_SHAPE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=8, intermediate_size=2048,
+                   num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048)
+
+# name -> (algo or None, double_quant); block size is --block-size (64) for nf4/fp4
+CONFIGS = {
+    "fp32": (None, False),
+    "weight_only_int8": ("weight_only_int8", False),
+    "weight_only_int4": ("weight_only_int4", False),
+    "nf4": ("nf4", False),
+    "nf4 + double quant": ("nf4", True),
+    "fp4": ("fp4", False),
+}
+THEORETICAL = {"bf16": 2.0}
+TARGETS = {"nf4 + double quant": 0.54, "weight_only_int4": 0.55, "weight_only_int8": 1.05}
+
+# part 2: name -> extra CLI args for the eval-only run
+EVAL_CONFIGS = {
+    "unquantized": [],
+    "weight_only_int8": ["--weight_quantize_algo", "weight_only_int8"],
+    "weight_only_int4": ["--weight_quantize_algo", "weight_only_int4"],
+    "nf4 (bs 16)": ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"],
+    "nf4 (bs 16) + double quant": ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16",
+                                   "--weight_double_quant", "true"],
+    "fp4 (bs 16)": ["--weight_quantize_algo", "fp4", "--weight_blocksize", "16"],
+}
+
+MiB = 2 ** 20
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+# =============================================================== worker (one configuration)
+def _status_kb(key: str):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_now() -> int:
+    v = _status_kb("VmRSS")
+    if v is None:
+        import psutil
+
+        v = psutil.Process().memory_info().rss
+    return v
+
+
+def rss_peak() -> int:
+    v = _status_kb("VmHWM")
+    if v is None:
+        import resource
+
+        v = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return v
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False if not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return rss_peak() is not None and rss_peak() <= rss_now() + 4 * MiB
+
+
+class Sampler:
+    """Fallback peak-RSS sampler (psutil every 2 ms) when VmHWM cannot be reset."""
+
+    def __init__(self):
+        import threading
+
+        import psutil
+
+        self.proc, self.peak, self.stop = psutil.Process(), 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self.stop.wait(0.002)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def linear_weight_bytes(model) -> tuple:
+    """(params, bytes) of the decoder nn.Linear weights still in float (fp32 configuration)."""
+    import numpy as np
+    import paddle.nn as nn
+
+    params = nbytes = count = 0
+    for name, layer in model.named_sublayers():
+        if type(layer) is nn.Linear and ".layers." in f".{name}" and "lm_head" not in name:
+            n = int(np.prod(layer.weight.shape))
+            params += n
+            nbytes += n * layer.weight.element_size()
+            count += 1
+    return params, nbytes, count
+
+
+def build_layer_by_layer(cfg, algo, block_size, double_quant):
+    """Construct lazily, then materialise + quantize one decoder layer at a time."""
+    import paddle
+    import paddle.nn as nn
+    from paddlenlp.transformers import LlamaForCausalLM
+    from paddlenlp.transformers.model_utils import no_init_weights
+
+    from paddlenlp_ext.quant import quantize_model
+
+    with no_init_weights(), paddle.LazyGuard():
+        model = LlamaForCausalLM(cfg)
+    after_lazy = rss_now()
+
+    agg = {"layers_replaced": 0, "params": 0, "bytes_before": 0, "bytes_after": 0, "path": set()}
+    for dec in model.llama.layers:
+        for sub in dec.sublayers(include_self=True):  # parameters first (norms: constant 1)
+            for p in sub.parameters(include_sublayers=False):
+                if not p._is_initialized():
+                    p.initialize()
+        # PaddleNLP's init, in its order (Layer.apply is depth first: linears, then the scaling)
+        for sub in dec.sublayers(include_self=True):
+            if type(sub) is nn.Linear or type(sub).__name__ in ("LlamaMLP", "LlamaAttention"):
+                model._init_weights(sub)
+        if algo:
+            st = quantize_model(dec, algo, block_size=block_size, double_quant=double_quant,
+                                target_modules=[r".*"])
+            for k in ("layers_replaced", "params", "bytes_before", "bytes_after"):
+                agg[k] += st[k]
+            agg["path"].update(st["path"])
+    for sub in (model.llama.embed_tokens, model.lm_head, model.llama.norm):
+        for p in sub.parameters():
+            if not p._is_initialized():
+                p.initialize()
+        model._init_weights(sub)
+    missing = [n for n, p in model.named_parameters() if not p._is_initialized()]
+    missing += [n for n, b in model.named_buffers() if hasattr(b, "_is_initialized") and not b._is_initialized()]
+    if missing:
+        raise RuntimeError(f"not materialised: {missing[:5]}")
+    agg["path"] = sorted(agg["path"])
+    return model, (agg if algo else None), after_lazy
+
+
+def build_naive(cfg, algo, block_size, double_quant):
+    from paddlenlp.transformers import LlamaForCausalLM
+
+    from paddlenlp_ext.quant import quantize_model
+
+    model = LlamaForCausalLM(cfg)
+    after_fp32 = rss_now()
+    st = quantize_model(model, algo, block_size=block_size, double_quant=double_quant) if algo else None
+    return model, st, after_fp32
+
+
+def worker(args) -> dict:
+    import gc
+    import statistics
+
+    t_start = time.time()
+    import numpy as np
+    import paddle
+    from paddlenlp.transformers import LlamaConfig
+
+    from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
+    from paddlenlp_ext.quant import quantized_state_bytes
+
+    paddle.set_device("cpu")
+    paddle.seed(args.seed)
+    res = {"config": args.worker, "mode": args.mode, "rss_imports": rss_now()}
+    algo, dq = CONFIGS[args.worker]
+    cfg = LlamaConfig(**MODEL_SHAPE, dtype="float32")
+
+    t0 = time.time()
+    if args.mode == "lazy":
+        model, st, res["rss_before_layers"] = build_layer_by_layer(cfg, algo, args.block_size, dq)
+    else:
+        model, st, res["rss_fp32_model"] = build_naive(cfg, algo, args.block_size, dq)
+    gc.collect()
+    res["build_s"] = time.time() - t0
+    res["rss_after_build"] = rss_now()
+    res["peak_build"] = rss_peak()
+    res["total_params"] = int(sum(int(np.prod(p.shape)) for p in model.parameters()))
+    if st is not None:
+        qbytes = quantized_state_bytes(model)
+        if qbytes != st["bytes_after"]:
+            raise RuntimeError(f"quantized_state_bytes {qbytes} != stats bytes_after {st['bytes_after']}")
+        res.update(linear_params=st["params"], linear_bytes=qbytes, bytes_before=st["bytes_before"],
+                   layers=st["layers_replaced"], path=st["path"])
+    else:
+        p, b, c = linear_weight_bytes(model)
+        res.update(linear_params=p, linear_bytes=b, bytes_before=b, layers=c, path=["dense fp32 matmul"])
+    res["bytes_per_param"] = res["linear_bytes"] / res["linear_params"]
+    # parameters outside the quantized linears (embeddings, lm_head, norms): quantized layers hold buffers only
+    res["other_params"] = res["total_params"] - (res["linear_params"] if st is None else 0)
+
+    if args.mode == "naive" or args.steps <= 0:
+        res["wall_s"] = time.time() - t_start
+        return res
+
+    info = apply_adapters(model, AdapterConfig(method="lora", r=args.rank, alpha=2 * args.rank))
+    res["trainable"] = info["trainable_params"]
+    params = [p for p in model.parameters() if not p.stop_gradient]
+    opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=params)
+    model.train()
+    rng = np.random.default_rng(args.seed)
+    ids = paddle.to_tensor(rng.integers(3, cfg.vocab_size, size=(args.batch, args.seq + 1)), dtype="int64")
+    x, y = ids[:, :-1], ids[:, 1:]
+    gc.collect()
+    res["rss_before_train"] = rss_now()
+
+    def step():
+        out = model(input_ids=x, labels=y, return_dict=True)
+        out.loss.backward()
+        opt.step()
+        opt.clear_grad()
+        return float(out.loss)
+
+    times, rss_steps, losses = [], [], []
+    use_clear = reset_peak()
+    sampler = None if use_clear else Sampler().__enter__()
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        losses.append(step())
+        dt = time.perf_counter() - t0
+        if i >= args.warmup:
+            times.append(dt)
+        rss_steps.append(rss_now())
+    if sampler is not None:
+        sampler.__exit__()
+    res["peak_train"] = rss_peak() if use_clear else sampler.peak
+    res["peak_train_how"] = "VmHWM reset" if use_clear else "psutil sampler"
+    res["rss_steady"] = rss_steps[-1]
+    res["step_ms"] = 1000 * statistics.median(times)
+    res["step_ms_all"] = [round(1000 * t, 1) for t in times]
+    res["losses"] = [round(v, 4) for v in losses]
+    res["wall_s"] = time.time() - t_start
+    return res
+
+
+# =============================================================== driver
+def run_worker(name, mode, args, python):
+    cmd = [python, str(Path(__file__).resolve()), "--worker", name, "--mode", mode,
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+           "--seq", str(args.seq), "--rank", str(args.rank), "--block-size", str(args.block_size),
+           "--seed", str(args.seed)]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    for line in r.stdout.splitlines()[::-1]:
+        if line.startswith("RESULT "):
+            res = json.loads(line[len("RESULT "):])
+            res["proc_wall_s"] = time.time() - t0
+            return res
+    print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}\n"
+          f"{r.stderr[-4000:]}", file=sys.stderr, flush=True)
+    return {"config": name, "mode": mode, "failed": True}
+
+
+def mib(v):
+    return "—" if v is None else f"{v / MiB:.0f}"
+
+
+def table_bytes(rows, block_size):
+    lines = ["| config | base linear params | base linear bytes | bytes / param | vs bf16 | vs fp32 | target | check |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    checks = []
+    ref = next((r for r in rows if not r.get("failed")), None)
+    n = ref["linear_params"] if ref else 0
+    lines.append(f"| bf16 (theoretical, not run) | {n:,} | {2 * n / MiB:.1f} MiB | 2.0000 | 1.00x | 0.50x | | |")
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['config']} | FAILED | | | | | | |")
+            if r["config"] in TARGETS:
+                checks.append(f"FAIL {r['config']}: run failed")
+            continue
+        bpp = r["bytes_per_param"]
+        tgt = TARGETS.get(r["config"])
+        ok = None if tgt is None else bpp <= tgt
+        label = r["config"] + (f" (block {block_size})" if CONFIGS[r["config"]][0] in ("nf4", "fp4") else "")
+        lines.append(
+            f"| {label} | {r['linear_params']:,} | {r['linear_bytes'] / MiB:.1f} MiB | {bpp:.4f} | {bpp / 2:.3f}x | "
+            f"{bpp / 4:.3f}x | {'' if tgt is None else f'<= {tgt}'} | {'' if ok is None else ('PASS' if ok else 'FAIL')} |")
+        if tgt is not None:
+            checks.append(f"{'PASS' if ok else 'FAIL'} {r['config']}: {bpp:.4f} bytes/param <= {tgt} "
+                          f"(bf16 2, fp32 4)")
+    return "\n".join(lines), checks
+
+
+def table_train(rows):
+    lines = ["| config | after imports (MiB) | after build + quant + gc (MiB) | build peak (MiB) | "
+             "before steps (MiB) | train peak (MiB) | steady (MiB) | step time, median (ms) | timed steps (ms) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines.append("| bf16 (theoretical) | — | — | — | — | — | — | — (no bf16 matmul on CPU) | |")
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['config']} | FAILED | | | | | | | |")
+            continue
+        how = "" if r.get("peak_train_how") == "VmHWM reset" else f" ({r.get('peak_train_how')})"
+        lines.append(
+            f"| {r['config']} | {mib(r['rss_imports'])} | {mib(r['rss_after_build'])} | {mib(r['peak_build'])} | "
+            f"{mib(r.get('rss_before_train'))} | {mib(r.get('peak_train'))}{how} | {mib(r.get('rss_steady'))} | "
+            f"{r['step_ms']:.0f} | {', '.join(f'{t:.0f}' for t in r['step_ms_all'])} |")
+    return "\n".join(lines)
+
+
+def table_naive(rows, lazy_by_name):
+    lines = ["| config | fp32 model built (MiB) | after quantize_model + gc (MiB) | process peak (MiB) | "
+             "layer-by-layer build peak (MiB) |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['config']} | FAILED | | | |")
+            continue
+        lz = lazy_by_name.get(r["config"], {})
+        lines.append(f"| {r['config']} | {mib(r['rss_fp32_model'])} | {mib(r['rss_after_build'])} | "
+                     f"{mib(r['peak_build'])} | {mib(lz.get('peak_build'))} |")
+    return "\n".join(lines)
+
+
+def cli_eval_part(args, python, tmp: Path):
+    model_dir = tmp / "tiny_sft"
+    common = ["--model_name_or_path", str(args.tiny_model), "--dataset_name_or_path", str(args.data),
+              "--seed", str(args.seed)]
+    train_cmd = [python, str(CLI), str(SFT_CFG), *common, "--output_dir", str(model_dir),
+                 "--max_steps", str(args.tiny_steps), "--do_train", "true", "--do_eval", "true",
+                 "--eval_before_train", "true"]
+    t0 = time.time()
+    r = subprocess.run(train_cmd, capture_output=True, text=True, cwd=REPO)
+    if r.returncode != 0:
+        print(f"!! tiny training failed: {shlex.join(train_cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
+              file=sys.stderr, flush=True)
+        return None
+    train = json.loads((model_dir / "run_summary.json").read_text())
+    print(f"  tiny full fine-tuning, {train['global_steps']} steps: eval loss {train['eval_loss_before_train']:.4f} "
+          f"-> {train['eval_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+    rows = []
+    for name, extra in EVAL_CONFIGS.items():
+        out = tmp / ("eval_" + slug(name))
+        cmd = [python, str(CLI), str(SFT_CFG), "--model_name_or_path", str(model_dir),
+               "--dataset_name_or_path", str(args.data), "--seed", str(args.seed), "--output_dir", str(out),
+               "--do_train", "false", "--do_eval", "true", "--eval_before_train", "false", *extra]
+        t0 = time.time()
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        if r.returncode != 0:
+            print(f"!! eval {name} failed: {shlex.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
+                  file=sys.stderr, flush=True)
+            rows.append({"name": name, "failed": True})
+            continue
+        s = json.loads((out / "run_summary.json").read_text())
+        q = s.get("quantization") or {}
+        rows.append({"name": name, "eval_loss": s["eval_loss"], "ppl": s.get("eval_perplexity"),
+                     "bpp": q.get("bytes_per_param"), "layers": q.get("layers_replaced"),
+                     "rss": s.get("peak_rss_bytes")})
+        print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+    return train, rows, train_cmd
+
+
+def table_eval(train, rows):
+    base = next((r for r in rows if r["name"] == "unquantized" and not r.get("failed")), None)
+    ref = base["eval_loss"] if base else train["eval_loss"]
+    lines = ["| base weights | linears quantized | bytes / param (quantized linears) | eval loss | perplexity | "
+             "change vs unquantized | relative |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['name']} | FAILED | | | | | |")
+            continue
+        d = r["eval_loss"] - ref
+        bpp = "4 (fp32)" if r["bpp"] is None else f"{r['bpp']:.4f}"
+        lines.append(f"| {r['name']} | {r['layers'] or 0} | {bpp} | {r['eval_loss']:.4f} | "
+                     f"{(r['ppl'] or float('nan')):.4f} | {d:+.4f} | {100 * d / ref:+.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=3, help="timed training steps per configuration")
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--rank", type=int, default=8, help="LoRA r (alpha = 2r)")
+    p.add_argument("--block-size", type=int, default=64, help="nf4/fp4 block size for the 100M model")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), metavar="NAME",
+                   help=f"subset of: {', '.join(CONFIGS)}")
+    p.add_argument("--naive", nargs="*", choices=list(CONFIGS), default=["nf4 + double quant"],
+                   metavar="NAME", help="configurations also built the naive way (fp32 model, then quantize_model); "
+                                        "no training steps")
+    p.add_argument("--skip-part1", action="store_true")
+    p.add_argument("--skip-part2", action="store_true")
+    p.add_argument("--tiny-steps", type=int, default=150)
+    p.add_argument("--tiny-model", default=str(REPO / "build" / "tiny-llama"))
+    p.add_argument("--data", default=str(REPO / "llm" / "data" / "advertise"))
+    p.add_argument("--doc", default=str(REPO / "docs" / "qlora_benchmark.md"), help="markdown output ('' to skip)")
+    # internal: run one configuration
+    p.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["lazy", "naive"], default="lazy", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        import logging
+
+        logging.disable(logging.INFO)
+        res = worker(args)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    python = sys.executable
+    shown = os.path.relpath(python, REPO) if python.startswith(str(REPO)) else python
+    command = shlex.join([shown, os.path.relpath(os.path.abspath(__file__), REPO),
+                          *(sys.argv[1:] if argv is None else argv)])
+    print("command: " + command, flush=True)
+    t_all = time.time()
+    md = [f"Command (from the repo root):\n\n```\n{command}\n```\n"]
+    failed = False
+
+    if not args.skip_part1:
+        n_lin = 8 * (4 * 768 * 768 + 3 * 768 * 2048)
+        print(f"\n## Part 1: ~106M-parameter random-init LlamaForCausalLM "
+              f"({', '.join(f'{k}={v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
+              f"fp32; {n_lin:,} parameters in the 56 decoder linears\n", flush=True)
+        rows = []
+        for name in args.configs:
+            r = run_worker(name, "lazy", args, python)
+            rows.append(r)
+            failed |= bool(r.get("failed"))
+            if not r.get("failed"):
+                print(f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
+                      f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')} "
+                      f"({r['proc_wall_s']:.0f} s)", flush=True)
+        naive = []
+        for name in args.naive:
+            r = run_worker(name, "naive", args, python)
+            naive.append(r)
+            failed |= bool(r.get("failed"))
+            if not r.get("failed"):
+                print(f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB ({r['proc_wall_s']:.0f} s)", flush=True)
+
+        t_bytes, checks = table_bytes(rows, args.block_size)
+        ok_row = next((r for r in rows if not r.get("failed")), {})
+        other = ok_row.get("other_params", 0)
+        how = ok_row.get("peak_train_how", "VmHWM reset")
+        intro = (
+            f"Random-init PaddleNLP `LlamaForCausalLM` "
+            f"({', '.join(f'{k} {v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
+            f"{ok_row.get('linear_params', 0) + other:,} parameters in fp32: {ok_row.get('linear_params', 0):,} in the 56 "
+            f"decoder linears that `quantize_model` replaces, {other:,} (embeddings, lm_head, norms; "
+            f"{4 * other / MiB:.0f} MiB) that stay fp32 in every configuration. nf4/fp4 use block size "
+            f"{args.block_size}, double quantization block 256. Bytes per parameter are the quantized buffers "
+            f"(codes + scales, `quantize_model` stats `bytes_after / params`, equal to "
+            f"`quantized_state_bytes(model)`) over the quantized weights; fp32 is the float weights; bf16 is "
+            f"the theoretical 2 bytes (not run: the CPU build has no bf16 matmul)."
+        )
+        t_train = table_train(rows)
+        train_intro = (
+            f"LoRA r={args.rank}, alpha={2 * args.rank} on all 56 decoder linears "
+            f"({ok_row.get('trainable', 0):,} trainable parameters), AdamW over the LoRA parameters, random tokens "
+            f"{args.batch} x {args.seq}, forward + backward + step; step time is the median of {args.steps} steps "
+            f"after {args.warmup} warm-up step(s). One subprocess per configuration. The model is built layer by "
+            f"layer: constructed under `paddle.LazyGuard()` + PaddleNLP `no_init_weights()` (no parameter memory), "
+            f"then each decoder layer is materialised with PaddleNLP's initialisation and quantized immediately, so "
+            f"at most one fp32 decoder layer (28 MiB) exists at a time. RSS is from `/proc/self/status`: "
+            f"*after imports* = VmRSS after importing paddle + paddlenlp (the runtime, the same for all); "
+            f"*after build* = VmRSS after build + quantization + `gc.collect()`; *build peak* = VmHWM at that point; "
+            f"*before steps* = VmRSS with LoRA + optimizer + batch set up; *train peak* = VmHWM over the "
+            f"warm-up + timed steps only ({how}: the high-water mark is reset via `/proc/self/clear_refs` just "
+            f"before the first step, so the build is not included); *steady* = VmRSS after the last step. "
+            f"On CPU the quantized layers dequantize their weight on every forward and again in backward "
+            f"(`portable_dequant_matmul`), hence slower steps than fp32; the fp32 row is the dense baseline."
+        )
+        parts = ["### Bytes per parameter of the base linear weights\n", intro, "", t_bytes, "",
+                 "\n".join(checks), "", "### LoRA training: RSS and step time\n", train_intro, "", t_train]
+        if naive:
+            lazy_by = {r["config"]: r for r in rows if not r.get("failed")}
+            parts += ["", "### Naive build for comparison: full fp32 model first, then `quantize_model`\n",
+                      "Same model, one subprocess each, no training. *fp32 model built* = VmRSS right after "
+                      "`LlamaForCausalLM(config)`; the process peak includes the whole fp32 model plus the "
+                      "quantization temporaries, so a peak RSS measured this way says nothing about the quantized "
+                      "footprint. *After quantize_model + gc* shows how much of the freed fp32 memory went back "
+                      "to the OS.", "", table_naive(naive, lazy_by)]
+        text = "\n".join(parts)
+        print("\n" + text + "\n", flush=True)
+        md += ["## Part 1: quantized base + LoRA on a ~106M-parameter Llama\n", text, ""]
+        failed |= any(c.startswith("FAIL") for c in checks)
+
+    if not args.skip_part2:
+        print("\n## Part 2: eval loss of a trained tiny model, quantized after training\n", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench_qlora_") as tmp:
+            res = cli_eval_part(args, python, Path(tmp))
+        if res is None:
+            failed = True
+        else:
+            train, rows, train_cmd = res
+            failed |= any(r.get("failed") for r in rows)
+            intro = (
+                f"The tiny model (`{os.path.relpath(args.tiny_model, REPO)}`: hidden 64, 2 layers, intermediate 176, "
+                f"vocab 512) fully fine-tuned with the CLI for {train['global_steps']} steps "
+                f"(`{shown} llm/run_finetune.py llm/config/tiny/sft_argument.json --max_steps {args.tiny_steps} "
+                f"--output_dir TMP/tiny_sft`; eval loss {train['eval_loss_before_train']:.4f} before training, "
+                f"{train['eval_loss']:.4f} after), then evaluated on the dev split with "
+                f"`llm/run_finetune.py llm/config/tiny/sft_argument.json --model_name_or_path TMP/tiny_sft "
+                f"--do_train false --eval_before_train false [--weight_quantize_algo ALGO --weight_blocksize 16]`, "
+                f"one CLI run per row. All 14 decoder linears are quantized; embeddings and lm_head stay fp32. "
+                f"nf4/fp4 use block size 16 (down_proj has in_features 176, which 64 does not divide). "
+                f"The bytes per parameter are high for int8/int4 because the per-channel scale (4/in_features) is "
+                f"large on in_features 64/176."
+            )
+            text = intro + "\n\n" + table_eval(train, rows)
+            print(text + "\n", flush=True)
+            md += ["## Part 2: eval-loss change when a trained tiny model is quantized\n", text, ""]
+
+    total = time.time() - t_all
+    print(f"total {total:.0f} s", flush=True)
+    md.append(f"Total run time {total:.0f} s on a 2-core CPU (shared).\n")
+    if args.doc:
+        Path(args.doc).write_text("# QLoRA benchmark\n\n" + "\n".join(md))
+        print(f"wrote {os.path.relpath(args.doc, REPO)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
