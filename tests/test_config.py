@@ -127,3 +127,16 @@ def test_config_docs_are_current():
 
     with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
         assert f.read() == render(), "docs/config.md is stale: run python llm/tools/config_docs.py"
+
+
+def test_lora_path_settings_must_match_saved_adapter(tmp_path, base):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"method": "lora", "r": 8, "alpha": 16, "rslora": False,
+                                                              "pissa": False, "lora_plus_scale": 1.0}))
+    ok = load_config(write(tmp_path, {**base, "lora": True, "lora_path": str(adapter)}))
+    assert ok.model.lora_path == str(adapter)
+    p = "\n".join(problems(write(tmp_path, {**base, "vera": True, "lora_path": str(adapter)})))
+    assert "lora/vera says 'vera'" in p
+    p = problems(write(tmp_path, {**base, "lora": True, "rslora": True, "lora_rank": 4, "lora_path": str(adapter)}))
+    assert len(p) == 2 and "lora_rank says 4" in p[0] + p[1]

@@ -347,7 +347,7 @@ def test_bf16_bit_conversion_matches_paddle():
     import paddle
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal(200_000) * rng.choice([1e-38, 1e-3, 1.0, 1e3, 1e38], 200_000)
+    x = rng.standard_normal(200_000) * rng.choice([1e-38, 1e-3, 1.0, 1e3, 1e37], 200_000)
     x = x.astype(np.float32)
     x[:3] = [np.inf, -np.inf, 3.3961e38]
     ours = f32_to_bf16_bits(x)
@@ -471,3 +471,14 @@ def test_verify_failure_marks_output(adapters, tiny_model_dir, tmp_path, capsys,
     res = merge_adapter_checkpoint(tiny_model_dir, adapters["lora"], str(out), device="cpu", log=_quiet())
     assert res.exit_code == EXIT_VERIFY_FAILED and res.verify["relative_error"] > 1e-3
     assert (out / VERIFY_FAILED_MARKER).exists()
+
+
+def test_verify_is_skipped_when_the_model_does_not_fit(adapters, tiny_model_dir, tmp_path, monkeypatch):
+    import paddlenlp_ext.merge as merge
+
+    monkeypatch.setattr(merge, "estimate_verify_bytes", lambda ckpt: 10**15)
+    logs = []
+    res = merge_adapter_checkpoint(tiny_model_dir, adapters["lora"], str(tmp_path / "out"), log=_quiet(logs))
+    assert res.verify["status"] == "skipped" and res.exit_code == 0
+    assert any("[verify] skipped" in m for m in logs)
+    assert not (tmp_path / "out" / VERIFY_FAILED_MARKER).exists()

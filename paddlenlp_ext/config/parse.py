@@ -275,6 +275,8 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: lora_path is set but neither lora nor vera is true")
     if m.lora_path and not os.path.isfile(os.path.join(m.lora_path, "adapter_config.json")):
         p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (is it an adapter directory?)")
+    elif m.lora_path and methods:
+        p += _adapter_mismatches(m, methods[0], where)
     if m.weight_quantize_algo and not methods and t.get("do_train", False):
         p.append(f"{where}: weight_quantize_algo freezes the base weights; training needs lora=true or vera=true "
                  "(evaluation alone, do_train=false, works without adapters)")
@@ -326,6 +328,28 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if t.get("resume_from_checkpoint") and not os.path.isdir(str(t["resume_from_checkpoint"])):
         p.append(f"{where}: resume_from_checkpoint {t['resume_from_checkpoint']!r} is not a directory")
     return p
+
+
+def _adapter_mismatches(m: ModelArgument, method: str, where: str) -> List[str]:
+    """A saved adapter (lora_path) keeps its own method and shape; config keys
+    that say otherwise would be silently overruled, so they are errors."""
+    path = os.path.join(m.lora_path, "adapter_config.json")
+    try:
+        saved = json.load(open(path, encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return [f"{where}: cannot read {path}: {e}"]
+    mine = {"method": method, "r": m.vera_rank if method == "vera" else m.lora_rank}
+    if method == "lora":
+        mine.update(rslora=m.rslora, pissa=m.pissa, lora_plus_scale=m.lora_plus_scale)
+        if m.lora_alpha != -1:
+            mine["alpha"] = m.lora_alpha
+    keys = {"method": "lora/vera", "r": "vera_rank" if method == "vera" else "lora_rank", "alpha": "lora_alpha",
+            "rslora": "rslora", "pissa": "pissa", "lora_plus_scale": "lora_plus_scale"}
+    return [
+        f"{where}: {keys[k]} says {v!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
+        "make them match (the saved adapter's settings are the ones that apply)"
+        for k, v in mine.items() if k in saved and saved[k] != v
+    ]
 
 
 def _derive(cfg: RunConfig) -> None:

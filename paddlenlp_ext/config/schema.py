@@ -67,6 +67,7 @@ class ModelArgument:
     vera: bool = _f(False, "VeRA: shared frozen random projections, trained per-layer scaling vectors.")
     vera_rank: int = _f(8, "VeRA rank r of the shared projections.", gt=0)
     vera_seed: int = _f(0, "Seed that generates VeRA's shared projections.", min=0)
+    vera_d_init: float = _f(0.1, "Initial value of VeRA's per-layer d vector (b starts at 0).", gt=0.0)
     neftune: bool = _f(False, "NEFTune: add uniform noise to input embeddings during training.")
     neftune_noise_alpha: float = _f(5.0, "NEFTune alpha: noise scale alpha/sqrt(L*d).", min=0.0)
     # accepted for compatibility with PaddleNLP configs, not built

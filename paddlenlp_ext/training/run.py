@@ -208,9 +208,10 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
     elif cfg.adapter_method:
         adapter_config = adapter_config_from_run(cfg)
+        adapter_config.model_type = getattr(model.config, "model_type", None)
         adapter_api.apply_adapters(model, adapter_config)
     trainable, total = count_parameters(model)
-    method = describe_method(cfg)
+    method = describe_method(cfg, adapter_config)
     logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
 
     neftune_hook = None
@@ -300,7 +301,8 @@ def adapter_config_from_run(cfg: RunConfig):
         quantization=quantization_dict(cfg),
     )
     if m.vera:
-        return AdapterConfig(method="vera", r=m.vera_rank, vera_seed=m.vera_seed, **common)
+        return AdapterConfig(method="vera", r=m.vera_rank, vera_seed=m.vera_seed, vera_d_init=m.vera_d_init,
+                             dropout=m.lora_dropout, **common)
     return AdapterConfig(
         method="lora", r=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, rslora=m.rslora,
         lora_plus_scale=m.lora_plus_scale, pissa=m.pissa, pissa_niter=m.pissa_niter, **common,
@@ -319,16 +321,21 @@ def quantization_dict(cfg: RunConfig) -> Optional[Dict[str, Any]]:
     }
 
 
-def describe_method(cfg: RunConfig) -> str:
-    """'full', 'lora', 'lora+rslora+pissa', 'vera', with '+neftune' / '+nf4' suffixes."""
+def describe_method(cfg: RunConfig, adapter_config=None) -> str:
+    """'full', 'lora', 'lora+rslora+pissa', 'vera', with '+neftune' / '+nf4' suffixes.
+
+    Describes what runs: the adapter's own config when one was built or loaded
+    (``lora_path``), else full fine-tuning."""
     m = cfg.model
-    parts = [cfg.adapter_method or "full"]
-    if m.lora:
-        parts += [k for k in ("rslora", "pissa") if getattr(m, k)]
-        if m.lora_plus_scale != 1.0:
-            parts.append(f"lora_plus_scale={m.lora_plus_scale:g}")
+    a = adapter_config
+    parts = [a.method if a is not None else "full"]
+    if a is not None and a.method == "lora":
+        parts += [k for k in ("rslora", "pissa") if getattr(a, k)]
+        if a.lora_plus_scale != 1.0:
+            parts.append(f"lora_plus_scale={a.lora_plus_scale:g}")
     if m.neftune:
         parts.append("neftune")
-    if m.weight_quantize_algo:
-        parts.append(m.weight_quantize_algo)
+    quant = (a.quantization if a is not None else None) or quantization_dict(cfg)
+    if quant:
+        parts.append(quant["weight_quantize_algo"])
     return "+".join(parts)
