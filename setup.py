@@ -1,4 +1,9 @@
+import os
+
 from setuptools import find_packages, setup
+
+# CPU build by default. For GPUs: PADDLE_PACKAGE=paddlepaddle-gpu (see README).
+PADDLE = os.environ.get("PADDLE_PACKAGE", "paddlepaddle")
 
 setup(
     name="paddlenlp_ext",
@@ -7,8 +12,7 @@ setup(
     packages=find_packages(include=["paddlenlp_ext", "paddlenlp_ext.*"]),
     python_requires=">=3.10,<3.13",
     install_requires=[
-        # CPU build by default; for GPUs install paddlepaddle-gpu first (see README).
-        "paddlepaddle>=3.0,<3.4",
+        f"{PADDLE}>=3.0,<3.4",
         "paddlenlp==3.0.0b4",
         "safetensors",
         "numpy<2",
