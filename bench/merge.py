@@ -1,6 +1,6 @@
 """Benchmark: streaming adapter merge of a >= 4 GiB checkpoint (peak RSS and time vs a plain copy).
 
-    .venv/bin/python bench/merge.py [--dtype fp32|bf16] [--min-gib 4] [--rounds 2] [--workdir /tmp] [--keep]
+    .venv/bin/python bench/merge.py [--dtype fp32|bf16] [--min-gib 4] [--rounds 3] [--workdir /tmp] [--keep]
 
 1. Builds a synthetic Llama checkpoint of at least ``--min-gib`` GiB (default 4)
    in PaddleNLP layout: safetensors shards of at most 1 GB
@@ -11,7 +11,7 @@
    adapter_model.safetensors, this project's format).
 3. Times ``llm/merge_lora_params.py ... --no-verify`` as a subprocess and
    takes its peak RSS from the kernel (``os.wait4`` rusage ru_maxrss of that
-   child only).
+   child only, spawned from a small launcher process, see ``launch``).
 4. Times a baseline subprocess that only reads and writes the same checkpoint
    once with the safetensors library (``load_file`` + ``save_file`` per shard,
    same shard structure, no merge), measured the same way.
@@ -145,15 +145,30 @@ def baseline_copy(src, dst):
     shutil.copy(os.path.join(src, "config.json"), dst)
 
 
-def measure(cmd):
-    """Run cmd; (wall seconds, peak RSS bytes of that child from the kernel, returncode, output)."""
+def launch(report, cmd):
+    """Run cmd as a child of this small process and write {wall, maxrss, rc} to ``report``.
+
+    Peak RSS comes from the kernel (``os.wait4`` rusage of that child).  The extra hop
+    matters: Linux folds the parent's RSS into a child's ru_maxrss at exec time, so
+    spawning straight from the benchmark process (which has just held a 1 GB shard)
+    would over-report; this launcher is small."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
-    out = p.stdout.read()  # drains; the child exits after closing stdout
+    p = subprocess.Popen(cmd)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return wall, ru.ru_maxrss * 1024, p.returncode, out.decode(errors="replace")
+    with open(report, "w") as f:
+        json.dump({"wall": wall, "maxrss": ru.ru_maxrss * 1024, "rc": os.waitstatus_to_exitcode(status)}, f)
+
+
+def measure(cmd, tmp):
+    """Run cmd via the launcher; (wall seconds, peak RSS bytes, returncode, output)."""
+    report = os.path.join(tmp, "measure.json")
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_launch", report, "--", *cmd],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(report) as f:
+        m = json.load(f)
+    os.remove(report)
+    return m["wall"], m["maxrss"], m["rc"], r.stdout.decode(errors="replace")
 
 
 def spot_check(base_dir, out_dir, tensors, names, dtype):
@@ -190,10 +205,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--min-gib", type=float, default=4.0, help="checkpoint size to reach (GiB, default 4)")
-    ap.add_argument("--rounds", type=int, default=2, help="baseline/merge rounds; best time of each is used")
+    ap.add_argument("--rounds", type=int, default=3, help="baseline/merge rounds; best time of each is used")
     ap.add_argument("--workdir", default="/tmp")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--_baseline", nargs=2, help=argparse.SUPPRESS)
+    if sys.argv[1:2] == ["--_launch"]:  # internal: measure one command (see launch)
+        launch(sys.argv[2], sys.argv[4:])
+        return 0
     args = ap.parse_args()
     if args._baseline:
         baseline_copy(*args._baseline)
@@ -220,7 +238,7 @@ def main():
         merges, copies = [], []
         for r in range(args.rounds):
             shutil.rmtree(copy, ignore_errors=True)
-            wall, rss, rc, text = measure(base_cmd)
+            wall, rss, rc, text = measure(base_cmd, tmp)
             if rc != 0:
                 raise SystemExit(f"baseline failed:\n{text[-3000:]}")
             copies.append((wall, rss))
@@ -228,7 +246,7 @@ def main():
             last = r == args.rounds - 1
             if not last:
                 shutil.rmtree(out, ignore_errors=True)
-            wall, rss, rc, text = measure(merge_cmd)
+            wall, rss, rc, text = measure(merge_cmd, tmp)
             if rc != 0:
                 raise SystemExit(f"merge failed (exit {rc}):\n{text[-3000:]}")
             merges.append((wall, rss))

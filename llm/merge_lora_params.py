@@ -4,13 +4,14 @@
         --merge_model_path OUT_DIR [--device cpu|gpu] [--safe_serialization true|false] \
         [--max_shard_size 1GB] [--verify|--no-verify] [--tolerance T] [--overwrite]
 
-Streams the base checkpoint one tensor at a time (memory ~ one shard, never the
-whole model), writes a complete PaddleNLP model directory and, by default,
-checks that the merged model reproduces base + adapter.  See docs/merge.md.
+Streams the base checkpoint one tensor at a time (memory ~ a few of the largest
+adapted tensors, never a shard or the whole model), writes a complete PaddleNLP
+model directory and, by default, checks that the merged model reproduces
+base + adapter.  See docs/merge.md.
 
 Exit codes: 0 ok; 1 bad input / output location (nothing written);
-2 bad command line; 3 merged but verification failed (the output carries a
-MERGE_VERIFY_FAILED file).
+2 bad command line; 3 merged but verification failed or could not run (the
+output carries a MERGE_VERIFY_FAILED file).
 """
 
 import argparse

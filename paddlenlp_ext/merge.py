@@ -6,18 +6,24 @@ complete PaddleNLP model directory whose weights are
     merged[module.weight] = base[module.weight] + compute_delta(...)
 
 for every adapted module (LoRA, rsLoRA, LoRA+, PiSSA, VeRA and QLoRA adapters,
-see ``docs/merge.md``); every other tensor is copied unchanged.  The base
-checkpoint is read one tensor at a time and the output is written one tensor
-at a time, so peak memory is about one input shard's touched pages (safetensors
-are memory-mapped) plus one tensor and its delta, never the whole model.
+see ``docs/merge.md``); every other tensor is copied byte for byte.
+
+Streaming: tensor metadata comes from the checkpoint headers, so the output
+shards are planned before any data is read.  Each adapted weight is then read
+with one positioned read into a reusable buffer, merged in place (fp32
+arithmetic, in cache-sized row blocks) and handed to a writer thread; untouched
+tensors are copied file-to-file in the kernel (``os.copy_file_range``).  Peak
+memory is the adapter plus about three of the largest tensors, never a shard
+and never the whole model (pdparams are the exception: paddle.load reads a
+whole file).
 
 Layout of the result: the same as PaddleNLP's ``save_pretrained``
 (``model.safetensors`` or ``model-0000i-of-0000N.safetensors`` +
 ``model.safetensors.index.json``, or the ``model_state*.pdparams`` equivalents),
 plus config / generation config / tokenizer files and ``merge_info.json``.
 
-The merge math never builds a model and is numpy-only (fp32 arithmetic);
-paddle / paddlenlp are only needed for ``verify``.
+The merge builds no model (``compute_delta`` is numpy, although its module
+imports paddle); paddlenlp models are only loaded by ``verify``.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from __future__ import annotations
 import fnmatch
 import gc
 import json
-import math
 import os
 import re
 import shutil
@@ -33,7 +38,7 @@ import struct
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -84,8 +89,6 @@ _NP_OF_TAG = {
     "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
 }
 _TAG_OF_NP = {np.dtype(v): k for k, v in _NP_OF_TAG.items() if k not in ("BF16", "F8_E4M3", "F8_E5M2")}
-#: tags numpy's safetensors API cannot return (read raw)
-_RAW_TAGS = ("BF16", "F8_E4M3", "F8_E5M2")
 #: tags that hold floating-point weights an adapter delta can be added to.  "U16" is
 #: PaddleNLP's bfloat16: paddle's ``Tensor.numpy()`` returns bf16 as uint16, and
 #: ``save_pretrained`` writes it with the safetensors tag U16 (paddle.to_tensor of
@@ -316,8 +319,10 @@ class TensorSource:
             self.remaining[e.file] = self.remaining.get(e.file, 0) + 1
         self._open: Dict[str, Any] = {}
 
-    def read(self, ent: TensorEntry) -> np.ndarray:
-        """The tensor's data as a fresh numpy array (raw uint16 for bf16)."""
+    def read(self, ent: TensorEntry, pool: Optional["BufferPool"] = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """(array, pooled buffer or None): the tensor's data (raw uint16 for bf16), in a
+        buffer from ``pool`` when given (the caller returns it to the pool)."""
+        buf = None
         if self.ckpt.fmt == "pdparams":
             state = self._open.get(ent.file)
             if state is None:
@@ -332,18 +337,27 @@ class TensorSource:
             f = self._open.get(ent.file)
             if f is None:
                 f = self._open[ent.file] = open(ent.file, "rb", buffering=0)
-            arr = np.empty(ent.shape, dtype=_NP_OF_TAG[ent.dtype])
-            buf = memoryview(arr.reshape(-1)).cast("B")
+            dt = np.dtype(_NP_OF_TAG[ent.dtype])
+            if pool is not None:
+                buf = pool.acquire(ent.nbytes)
+                arr = buf[: ent.nbytes].view(dt).reshape(ent.shape)
+            else:
+                arr = np.empty(ent.shape, dtype=dt)
+            view = memoryview(arr.reshape(-1)).cast("B")
             got = 0
             while got < ent.nbytes:
-                n = os.preadv(f.fileno(), [buf[got:]], ent.offset + got)
+                n = os.preadv(f.fileno(), [view[got:]], ent.offset + got)
                 if n <= 0:
                     raise MergeError(f"{ent.file}: short read for tensor {ent.name!r} (truncated file?)")
                 got += n
+        self.skip(ent)
+        return arr, buf
+
+    def skip(self, ent: TensorEntry) -> None:
+        """Count ``ent`` as consumed (closing its file after the last one) without reading it."""
         self.remaining[ent.file] -= 1
         if self.remaining[ent.file] == 0:
             self._close(ent.file)
-        return arr
 
     def _close(self, path: str) -> None:
         h = self._open.pop(path, None)
@@ -382,19 +396,51 @@ def shard_file_names(n: int, safe: bool) -> List[str]:
     return [f"{stem}-{i + 1:05d}-of-{n:05d}{ext}" for i in range(n)]
 
 
+class BufferPool:
+    """Reusable byte buffers for the tensors in flight (read -> merged in place -> queued ->
+    written).  Re-using them avoids page-faulting and zero-filling fresh memory for every
+    tensor.  At most ``max_buffers`` are kept: when a bigger buffer is needed and only
+    smaller ones are free, a free one is dropped first."""
+
+    def __init__(self, max_buffers: int):
+        import threading
+
+        self.max_buffers = max(1, int(max_buffers))
+        self._free: List[np.ndarray] = []
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, nbytes: int) -> np.ndarray:
+        with self._lock:  # (indices, not list.remove: arrays compare element-wise)
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+            if self._free and self._count >= self.max_buffers:
+                self._free.pop(max(range(len(self._free)), key=lambda i: self._free[i].nbytes))
+                self._count -= 1
+            self._count += 1
+        return np.empty(max(int(nbytes), 1), dtype=np.uint8)
+
+    def release(self, buf: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buf)
+
+
 class SafetensorsStreamWriter:
     """Writes one safetensors file tensor by tensor: the header is built from the
     planned (name, dtype, shape) list, then each tensor's bytes are appended as it
     is produced.  Tensors are laid out largest-itemsize first (as
     ``safetensors.save_file`` does) so every tensor is aligned.
 
-    The bytes are written by a background thread fed through a queue of at most
-    ``queue_size`` tensors, so the next tensor is read and merged while the
-    previous one is written (file writes release the GIL, and so do numpy's matmul
-    and large element-wise ops).  Memory: at most ``queue_size + 1`` tensors in flight."""
+    A background thread does the writing, fed through a queue of at most
+    ``queue_size`` jobs, so the next tensor is read and merged while the previous one
+    is written (file I/O releases the GIL, and so do numpy's matmul and large
+    element-wise ops).  A job is either an array (``write``; its pooled buffer is
+    released after writing) or a byte range of a source file (``copy``), which is
+    copied in the kernel with ``os.copy_file_range`` and never enters Python memory."""
 
     def __init__(self, path: str, entries: List[TensorEntry], metadata: Optional[Dict[str, str]] = None,
-                 queue_size: int = 2):
+                 queue_size: int = 1):
         import queue
         import threading
 
@@ -412,47 +458,97 @@ class SafetensorsStreamWriter:
         self._write_all(struct.pack("<Q", len(raw)) + raw)
         self._next = 0
         self._error: Optional[BaseException] = None
+        self._src_fds: Dict[str, Any] = {}
         self._q: "queue.Queue" = queue.Queue(maxsize=max(1, queue_size))
         self._thread = threading.Thread(target=self._drain, name="safetensors-writer", daemon=True)
         self._thread.start()
 
+    # -- writer thread
     def _write_all(self, data) -> None:
         view = memoryview(data).cast("B")
         done = 0
         while done < len(view):
             done += self._f.write(view[done:])
 
+    def _copy_range(self, src: str, offset: int, nbytes: int) -> None:
+        f = self._src_fds.get(src)
+        if f is None:
+            f = self._src_fds[src] = open(src, "rb", buffering=0)
+        global _COPY_FILE_RANGE_OK
+        while nbytes > 0 and _COPY_FILE_RANGE_OK:
+            try:
+                n = os.copy_file_range(f.fileno(), self._f.fileno(), min(nbytes, 1 << 30), offset)
+            except (OSError, AttributeError):  # old kernel / other filesystem: plain reads and writes
+                _COPY_FILE_RANGE_OK = False
+                break
+            if n <= 0:
+                raise OSError(f"{src}: copy_file_range returned {n} with {nbytes} bytes left")
+            offset += n
+            nbytes -= n
+        chunk = bytearray(min(nbytes, 64 << 20))
+        while nbytes > 0:
+            n = os.preadv(f.fileno(), [memoryview(chunk)[: min(nbytes, len(chunk))]], offset)
+            if n <= 0:
+                raise OSError(f"{src}: short read at offset {offset}")
+            self._write_all(memoryview(chunk)[:n])
+            offset += n
+            nbytes -= n
+
     def _drain(self) -> None:
         while True:
-            arr = self._q.get()
-            if arr is None:
+            job = self._q.get()
+            if job is None:
                 return
-            if self._error is None:
-                try:
-                    self._write_all(arr.reshape(-1))
-                except BaseException as e:  # surfaced by the next write() / close()
-                    self._error = e
+            kind, a, b, c = job
+            try:
+                if self._error is None:
+                    if kind == "array":
+                        self._write_all(a.reshape(-1))
+                    else:
+                        self._copy_range(a, b, c)
+            except BaseException as e:  # surfaced by the next write() / close()
+                self._error = e
+            finally:
+                if kind == "array" and c is not None:
+                    c(b)  # release the pooled buffer
 
+    # -- producer side
     def _check(self) -> None:
         if self._error is not None:
             raise MergeError(f"writing {self.path} failed: {self._error}") from self._error
 
-    def write(self, name: str, arr: np.ndarray) -> None:
+    def _expect(self, name: str, shape, nbytes: int) -> None:
         self._check()
         e = self.order[self._next]
         if e.name != name:
             raise RuntimeError(f"writer expected tensor {e.name!r}, got {name!r}")
-        arr = np.ascontiguousarray(arr)
-        if arr.nbytes != e.nbytes or tuple(arr.shape) != e.shape:
-            raise RuntimeError(f"tensor {name!r}: {arr.shape}/{arr.nbytes} bytes, planned {e.shape}/{e.nbytes}")
-        if arr.nbytes:
-            self._q.put(arr)
+        if nbytes != e.nbytes or tuple(shape) != e.shape:
+            raise RuntimeError(f"tensor {name!r}: {tuple(shape)}/{nbytes} bytes, planned {e.shape}/{e.nbytes}")
         self._next += 1
+
+    def write(self, name: str, arr: np.ndarray, buffer: Optional[np.ndarray] = None,
+              release: Optional[Callable[[np.ndarray], None]] = None) -> None:
+        """Queue ``arr``; ``release(buffer)`` is called once it is written."""
+        arr = np.ascontiguousarray(arr)
+        self._expect(name, arr.shape, arr.nbytes)
+        if arr.nbytes:
+            self._q.put(("array", arr, buffer, release))
+        elif release is not None:
+            release(buffer)
+
+    def copy(self, ent: TensorEntry) -> None:
+        """Queue a verbatim copy of ``ent``'s bytes from its (safetensors) source file."""
+        self._expect(ent.name, ent.shape, ent.nbytes)
+        if ent.nbytes:
+            self._q.put(("copy", ent.file, ent.offset, ent.nbytes))
 
     def _stop(self) -> None:
         if self._thread.is_alive():
             self._q.put(None)
             self._thread.join()
+        for f in self._src_fds.values():
+            f.close()
+        self._src_fds.clear()
 
     def close(self) -> None:
         self._stop()
@@ -468,6 +564,9 @@ class SafetensorsStreamWriter:
         self._stop()
         if not self._f.closed:
             self._f.close()
+
+
+_COPY_FILE_RANGE_OK = hasattr(os, "copy_file_range")
 
 
 def _to_paddle(arr: np.ndarray, tag: str):
@@ -754,7 +853,9 @@ def merge_adapter_checkpoint(
     targets = check_adapter_against_base(bundle, ckpt)
     dtype = merge_dtype(targets)
     tol = float(tolerance) if tolerance is not None else DEFAULT_TOLERANCE[dtype]
-    warnings: List[str] = []
+    if not tol > 0:
+        raise MergeError(f"--tolerance must be > 0, got {tolerance}")
+    notes: List[str] = []
 
     desc = cfg.layer_type + ("+rslora" if cfg.rslora else "") + (
         f"+lora_plus_scale={cfg.lora_plus_scale:g}" if cfg.method == "lora" and cfg.lora_plus_scale != 1.0 else "")
@@ -765,7 +866,7 @@ def merge_adapter_checkpoint(
         msg = (f"adapter was trained on a {cfg.quantization.get('weight_quantize_algo')}-quantized base (QLoRA); "
                "merging into the FULL-PRECISION base weights (the quantization error of the base is not baked in)")
         log(f"[merge] note: {msg}")
-        warnings.append(msg)
+        notes.append(msg)
     if cfg.pissa:
         log("[merge] PiSSA: merged = W_orig + s*(A@B - A0@B0), against the original base weights")
 
@@ -792,10 +893,14 @@ def merge_adapter_checkpoint(
         }
         _write_json(os.path.join(tmp, MERGE_INFO_NAME), info)
         result = MergeResult(out_dir, weight_files, merged, ckpt.total_bytes, merge_seconds, dtype, tol,
-                             warnings=warnings)
+                             warnings=notes)
         if verify:
-            result.verify = verify_merge(base_dir, adapter_dir, tmp, cfg, ckpt, tol, dev, base_cfg,
-                                         num_probes=num_probes, probe_length=probe_length, log=log)
+            try:
+                result.verify = verify_merge(base_dir, adapter_dir, tmp, cfg, ckpt, tol, dev, base_cfg,
+                                             num_probes=num_probes, probe_length=probe_length, log=log)
+            except Exception as e:  # the merge is complete; an unverifiable output is marked, not deleted
+                log(f"[verify] FAILED to run: {type(e).__name__}: {e}")
+                result.verify = {"status": "failed", "error": f"{type(e).__name__}: {e}", "tolerance": tol}
             info["verify"] = result.verify
             _write_json(os.path.join(tmp, MERGE_INFO_NAME), info)
             if result.verify_failed:
@@ -829,6 +934,81 @@ def _publish(tmp: str, out_dir: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+#: elements of the delta computed per compute_delta call (~1 MiB of fp32 per block, cache-sized)
+CHUNK_ELEMENTS = 2**18
+#: threads that merge row blocks of one weight in parallel (numpy releases the GIL)
+MERGE_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _apply_block(block: np.ndarray, delta: np.ndarray, tag: str) -> None:
+    """block[...] = cast(float32(block) + delta); ``delta`` (fp32) may be clobbered."""
+    if tag == "F32":
+        block += delta
+    elif tag == "F64":
+        block += delta.astype(np.float64)
+    else:  # fp16 / bf16: fp32 arithmetic, one rounding
+        delta += to_f32(block, tag)
+        block[...] = from_f32(delta, tag)
+
+
+def add_delta_inplace(arr: np.ndarray, tag: str, cfg: AdapterConfig, tensors: Mapping[str, np.ndarray],
+                      compute_delta: Callable[..., np.ndarray], executor=None) -> None:
+    """``arr[...] = cast(float32(arr) + compute_delta(...))`` for one [in, out] base weight,
+    in place in the freshly read buffer.
+
+    For LoRA / rsLoRA / LoRA+ / PiSSA, row i of the delta only depends on row i of A
+    (and A0), so the delta is computed in blocks of rows with ``compute_delta`` on the
+    row slices (same formula, same fp32 arithmetic): each block stays in cache and
+    no full-size delta is ever allocated.  VeRA's delta slices a shared projection by
+    ``in_features``, so it is computed whole and then applied block by block.  With an
+    ``executor`` the rows are split into contiguous ranges merged in parallel (disjoint
+    rows; numpy releases the GIL), which matters for bf16/fp16 where the casts are
+    CPU-bound.
+    """
+    in_f, out_f = arr.shape
+    kind = cfg.layer_type
+    step = max(1, CHUNK_ELEMENTS // max(out_f, 1))
+    whole = None
+    if kind not in ("lora", "pissa"):
+        whole = compute_delta(kind, cfg, tensors, in_f, out_f)
+
+    def run(lo: int, hi: int) -> None:
+        for i in range(lo, hi, step):
+            j = min(hi, i + step)
+            if whole is not None:
+                delta = whole[i:j]
+            else:
+                part = {k: (v[i:j] if k in ("lora_A", "pissa_A0") else v) for k, v in tensors.items()}
+                delta = compute_delta(kind, cfg, part, j - i, out_f)
+            _apply_block(arr[i:j], delta, tag)
+
+    n = getattr(executor, "_max_workers", 1) if executor is not None else 1
+    if n <= 1 or in_f < 2 * step:
+        run(0, in_f)
+        return
+    bounds = [in_f * k // n for k in range(n + 1)]
+    futures = [executor.submit(run, bounds[k], bounds[k + 1]) for k in range(n) if bounds[k] < bounds[k + 1]]
+    for f in futures:
+        f.result()
+
+
+def _single_threaded_blas():
+    """Context (already entered) limiting numpy's BLAS to one thread: the rank-r matmuls of a
+    merge are tiny, and OpenBLAS's thread hand-off costs more than it saves, especially
+    while our own threads run blocks in parallel (measured 2x on the bf16 benchmark).
+    A no-op without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        ctx = threadpool_limits(limits=1, user_api="blas")
+    except Exception:  # pragma: no cover - optional dependency
+        import contextlib
+
+        ctx = contextlib.nullcontext()
+    ctx.__enter__()
+    return ctx
+
+
 def _stream_merge(
     ckpt: Checkpoint,
     bundle: AdapterBundle,
@@ -846,38 +1026,39 @@ def _stream_merge(
     shards = plan_shards(ckpt.entries, max_bytes)
     names = shard_file_names(len(shards), safe)
     src = TensorSource(ckpt)
+    pool = BufferPool(max_buffers=3)  # one being merged + one queued + one being written
     weight_map: Dict[str, str] = {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    executor = ThreadPoolExecutor(max_workers=MERGE_THREADS, thread_name_prefix="merge") if MERGE_THREADS > 1 else None
+    blas_limit = _single_threaded_blas()
     try:
         for i, (shard, fname) in enumerate(zip(shards, names)):
             ts = time.time()
             path = os.path.join(out_dir, fname)
-            writer = SafetensorsStreamWriter(path, shard) if safe else None
+            writer = SafetensorsStreamWriter(path, shard, queue_size=1) if safe else None
             pd_state: Dict[str, Any] = {}
             n_merged = 0
             try:
                 for ent in writer.order if writer else shard:
-                    arr = src.read(ent)
+                    weight_map[ent.name] = fname
                     mod = module_of.get(ent.name)
+                    if mod is None and writer is not None and ckpt.fmt == "safetensors":
+                        writer.copy(ent)  # untouched tensor: byte copy in the kernel
+                        src.skip(ent)
+                        continue
+                    arr, buf = src.read(ent, pool if writer is not None else None)
                     if mod is not None:
                         if consumed[mod]:
                             raise MergeError(f"adapter module {mod!r} was merged twice")
-                        in_f, out_f = ent.shape
-                        delta = compute_delta(cfg.layer_type, cfg, bundle.modules[mod], in_f, out_f)
-                        if _FLOAT_TAGS[ent.dtype] == "float64":
-                            merged = arr.astype(np.float64) + delta
-                        else:
-                            delta += to_f32(arr, ent.dtype)  # fp32 arithmetic, in place in the fresh delta
-                            merged = delta
-                        arr = from_f32(merged, ent.dtype)
-                        del delta, merged
+                        add_delta_inplace(arr, ent.dtype, cfg, bundle.modules[mod], compute_delta, executor)
                         consumed[mod] += 1
                         n_merged += 1
-                    if writer:
-                        writer.write(ent.name, arr)
+                    if writer is not None:
+                        writer.write(ent.name, arr, buf, pool.release if buf is not None else None)
                     else:
                         pd_state[ent.name] = _to_paddle(arr, ent.dtype)
-                    weight_map[ent.name] = fname
-                    del arr
+                    del arr, buf
             except BaseException:
                 if writer:
                     writer.abort()
@@ -893,6 +1074,9 @@ def _stream_merge(
                 f"{_fmt_bytes(sum(e.nbytes for e in shard))} in {time.time() - ts:.1f}s")
     finally:
         src.close()
+        if executor is not None:
+            executor.shutdown(wait=True)
+        blas_limit.__exit__(None, None, None)
     leftovers = sorted(m for m, c in consumed.items() if c != 1)
     unused = sorted(set(bundle.modules) - set(consumed))
     if leftovers or unused:

@@ -482,3 +482,35 @@ def test_verify_is_skipped_when_the_model_does_not_fit(adapters, tiny_model_dir,
     assert res.verify["status"] == "skipped" and res.exit_code == 0
     assert any("[verify] skipped" in m for m in logs)
     assert not (tmp_path / "out" / VERIFY_FAILED_MARKER).exists()
+
+
+def test_failure_midway_leaves_nothing_and_fallback_copy_path(adapters, base_variants, tmp_path, monkeypatch):
+    import threading
+
+    import paddlenlp_ext.merge as merge
+
+    src = base_variants["fp32_sharded"]
+    ref = tmp_path / "ref"
+    merge_adapter_checkpoint(src, adapters["lora"], str(ref), max_shard_size="250KB", verify=False, log=_quiet())
+    # untouched tensors copied with plain reads/writes instead of os.copy_file_range: same bytes
+    monkeypatch.setattr(merge, "_COPY_FILE_RANGE_OK", False)
+    alt = tmp_path / "alt"
+    merge_adapter_checkpoint(src, adapters["lora"], str(alt), max_shard_size="250KB", verify=False, log=_quiet())
+    for f in sorted(os.listdir(ref)):
+        if f.endswith(".safetensors"):
+            assert (ref / f).read_bytes() == (alt / f).read_bytes(), f
+    # an error in the middle of the second shard: no output, no temp dir, no writer thread left behind
+    real, calls = merge.add_delta_inplace, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 9:
+            raise RuntimeError("disk on fire")
+        return real(*a, **k)
+
+    monkeypatch.setattr(merge, "add_delta_inplace", failing)
+    out = tmp_path / "broken"
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        merge_adapter_checkpoint(src, adapters["lora"], str(out), max_shard_size="250KB", verify=False, log=_quiet())
+    assert not out.exists() and not _no_leftovers(tmp_path)
+    assert not [t for t in threading.enumerate() if t.name == "safetensors-writer"]
