@@ -134,3 +134,18 @@ def test_lazy_run_resumes_from_checkpoint(tiny_model_dir, tmp_path):
     assert s["global_steps"] == 12
     # the resumed stream re-read only its current group (64 examples), not the 6 x 2 rows before it
     assert s["data"]["train"]["stream"]["examples"] <= 3 * 64
+
+
+def test_cli_trains_with_zero_padding_and_flash_mask_on_cpu(tiny_model_dir, tmp_path):
+    from test_e2e import run_cli, summary
+
+    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "20",
+                     "--per_device_train_batch_size", "2", "--zero_padding", "true", "--greedy_zero_padding", "true",
+                     "--use_flash_attention", "true", "--flash_mask", "true")
+    s = summary(out)
+    assert "flashmask_attention (block-sparse, CPU)" in r.stderr
+    train = s["data"]["train"]
+    assert train["packing"] == "greedy" and train["packs"] < train["examples"]
+    assert s["eval_loss"] < 0.8 * s["eval_loss_before_train"]
+    # only example tokens are counted: 20 steps x 2 rows x 256 slots, minus padding
+    assert s["tokens_trained"] <= 20 * 2 * 256 and s["tokens_trained"] > 20 * 2 * 256 * (1 - train["padding_ratio"] - 0.1)
