@@ -149,3 +149,14 @@ def test_cli_trains_with_zero_padding_and_flash_mask_on_cpu(tiny_model_dir, tmp_
     assert s["eval_loss"] < 0.8 * s["eval_loss_before_train"]
     # only example tokens are counted: 20 steps x 2 rows x 256 slots, minus padding
     assert s["tokens_trained"] <= 20 * 2 * 256 and s["tokens_trained"] > 20 * 2 * 256 * (1 - train["padding_ratio"] - 0.1)
+
+
+def test_resume_refuses_incomplete_checkpoint(tiny_model_dir, tmp_path):
+    from test_e2e import run_cli
+
+    ckpt = tmp_path / "checkpoint-3"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text("{}")  # a save cut short: no completion marker
+    r, _ = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "6",
+                   "--resume_from_checkpoint", ckpt, check=False)
+    assert r.returncode == 2 and "is incomplete" in r.stderr

@@ -109,6 +109,17 @@ def load_model(cfg: RunConfig, args):
     return model
 
 
+def check_complete_checkpoint(ckpt: str, cfg: RunConfig) -> None:
+    from .trainer import CHECKPOINT_COMPLETE_NAME
+
+    if not os.path.isfile(os.path.join(ckpt, CHECKPOINT_COMPLETE_NAME)):
+        raise ConfigError([
+            f"{cfg.source or 'config'}: resume_from_checkpoint {ckpt!r} is incomplete (no {CHECKPOINT_COMPLETE_NAME}: "
+            "the run stopped while saving it, or it was not written by paddlenlp_ext); resume from an earlier "
+            "checkpoint-* directory"
+        ])
+
+
 def lazy_resume_point(args):
     """(stream cursor, global step) stored in the checkpoint we resume from.
 
@@ -167,6 +178,8 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         logger.info(f"derived setting: {key} = {note}")
     set_seed(args.seed)
 
+    if args.do_train and args.resume_from_checkpoint:
+        check_complete_checkpoint(args.resume_from_checkpoint, cfg)
     tokenizer = load_tokenizer(cfg)
     resume_cursor, resume_step = None, 0
     if cfg.data.lazy and args.do_train and args.resume_from_checkpoint:
@@ -233,10 +246,10 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
 
         trainer.add_callback(EpochCallback(data.train))
     if cfg.data.lazy and args.do_train:
-        from .callbacks import StreamCursorCallback
+        from .callbacks import StreamCursorSaver
 
         rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
-        trainer.add_callback(StreamCursorCallback(data.train, rows_per_step, resume_step))
+        trainer.checkpoint_extras.append(StreamCursorSaver(data.train, rows_per_step, resume_step))
 
     summary: Dict[str, Any] = {
         "method": method,

@@ -17,6 +17,9 @@ from paddlenlp.utils.log import logger
 from .. import adapters as adapter_api
 
 REAL_TOKENS_KEY = "real_tokens"
+# Written last into every checkpoint: a checkpoint without it was cut short
+# (the run died while saving) and must not be resumed from.
+CHECKPOINT_COMPLETE_NAME = "CHECKPOINT_COMPLETE"
 
 
 class FinetuneTrainer(Trainer):
@@ -28,6 +31,8 @@ class FinetuneTrainer(Trainer):
         self.trained_supervised_tokens = 0
         self.train_start_time: Optional[float] = None
         self._log_history = []
+        # callables(checkpoint_dir) that add files to each checkpoint before it is marked complete
+        self.checkpoint_extras = []
 
     def log(self, logs, **kwargs):
         # PaddleNLP empties state.log_history on every log call; keep it, so
@@ -106,6 +111,17 @@ class FinetuneTrainer(Trainer):
             self.model.config.save_pretrained(output_dir)
         else:
             self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB")
+
+    def _save_checkpoint(self, model, metrics=None):
+        from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        super()._save_checkpoint(model, metrics)
+        ckpt = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save and os.path.isdir(ckpt):
+            for extra in self.checkpoint_extras:
+                extra(ckpt, self.state)
+            with open(os.path.join(ckpt, CHECKPOINT_COMPLETE_NAME), "w") as f:
+                f.write(f"global_step {self.state.global_step}\n")
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
         if self.adapter_config is None:
