@@ -140,3 +140,11 @@ def test_lora_path_settings_must_match_saved_adapter(tmp_path, base):
     assert "lora/vera says 'vera'" in p
     p = problems(write(tmp_path, {**base, "lora": True, "rslora": True, "lora_rank": 4, "lora_path": str(adapter)}))
     assert len(p) == 2 and "lora_rank says 4" in p[0] + p[1]
+
+
+def test_generation_keys_need_eval_with_do_generation(tmp_path, base):
+    p = "\n".join(problems(write(tmp_path, {**base, "top_k": 5, "save_generation_output": True})))
+    assert "top_k/top_p only apply with eval_with_do_generation" in p
+    assert "save_generation_output=true needs eval_with_do_generation" in p
+    p = "\n".join(problems(write(tmp_path, {**base, "eval_with_do_generation": True})))
+    assert "eval_with_do_generation=true needs do_eval=true" in p

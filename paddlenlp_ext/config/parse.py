@@ -294,9 +294,12 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if d.chat_template and not os.path.isfile(d.chat_template):
         p.append(f"{where}: chat_template file {d.chat_template!r} not found")
     g = cfg.generate
-    if (g.top_k, g.top_p) != (1, 1.0):
-        p.append(f"{where}: top_k/top_p only apply to eval_with_do_generation, which is not supported yet; "
-                 "remove them")
+    if (g.top_k, g.top_p) != (1, 1.0) and not d.eval_with_do_generation:
+        p.append(f"{where}: top_k/top_p only apply with eval_with_do_generation=true; set it or remove them")
+    if d.save_generation_output and not d.eval_with_do_generation:
+        p.append(f"{where}: save_generation_output=true needs eval_with_do_generation=true")
+    if d.eval_with_do_generation and not t.get("do_eval", False):
+        p.append(f"{where}: eval_with_do_generation=true needs do_eval=true")
     if t.get("fp16") and t.get("bf16"):
         p.append(f"{where}: fp16 and bf16 are both true; choose one")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)

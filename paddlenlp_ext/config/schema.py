@@ -112,8 +112,12 @@ class DataArgument:
     chat_template: Optional[str] = _f(
         None, "Chat template file (jinja or PaddleNLP chat_template.json); default: the tokenizer's own."
     )
-    eval_with_do_generation: bool = _unsupported(False, "Evaluate by generating answers.")
-    save_generation_output: bool = _unsupported(False, "Save generated answers.")
+    eval_with_do_generation: bool = _f(
+        False, "After eval loss, generate each dev answer and report exact match, BLEU-4 and ROUGE-L."
+    )
+    save_generation_output: bool = _f(
+        False, "Write the generated dev answers to output_dir/generated_predictions.json."
+    )
     task_name: Optional[str] = _unsupported(None, "Sub-task of a hub dataset.", "not supported: datasets are local directories")
     autoregressive: bool = _unsupported(False, "Unsupervised (pretraining-style) loss on every token.")
     use_pose_convert: bool = _unsupported(False, "PoSE data conversion.")
@@ -121,8 +125,9 @@ class DataArgument:
 
 @dataclass
 class GenerateArgument:
-    top_k: int = _f(1, "Top-k sampling for generation (eval_with_do_generation).", min=0)
-    top_p: float = _f(1.0, "Top-p sampling for generation (eval_with_do_generation).", gt=0.0)
+    top_k: int = _f(1, "Top-k for eval_with_do_generation; 1 (with top_p 1.0) is greedy decoding, 0 = no top-k filter.",
+                    min=0)
+    top_p: float = _f(1.0, "Top-p (nucleus) for eval_with_do_generation; < 1.0 samples.", gt=0.0)
 
 
 # Training keys of ours, added to PaddleNLP's TrainingArguments by

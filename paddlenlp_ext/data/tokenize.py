@@ -166,3 +166,20 @@ def resolve_chat_template(tokenizer, chat_template: Optional[str]) -> bool:
             with open(chat_template, encoding="utf-8") as f:
                 tokenizer.init_chat_template(f.read())
     return bool(getattr(tokenizer, "chat_template", None))
+
+
+def generation_prompt(example, tokenizer, src_length: int, max_length: int, use_chat_template: bool) -> Tuple[List[int], str]:
+    """(prompt ids, reference text) to evaluate an example by generation.
+
+    The prompt is everything before the last target, truncated by the same
+    rules as training (src_length, max_length, latest rounds first); the
+    reference is the last target text.  Without a template, for
+    ``Example(src=["hi"], tgt=["yo"])``: ``([bos] + ids("hi"), "yo")``.
+    """
+    prefix, turns = encode_turns(example, tokenizer, use_chat_template)
+    tokens, labels, _, _ = fit_turns(prefix, turns, src_length, max_length)
+    # the last target is the trailing run of supervised labels
+    start = len(labels)
+    while start > 0 and labels[start - 1] != IGNORE_INDEX:
+        start -= 1
+    return tokens[:start], example.tgt[-1]

@@ -109,6 +109,19 @@ def load_model(cfg: RunConfig, args):
     return model
 
 
+def evaluate_generation(cfg: RunConfig, model, tokenizer, output_dir: str) -> Dict[str, float]:
+    from ..data.reader import find_split_files, read_examples
+    from ..data.tokenize import resolve_chat_template
+    from ..evaluation.generation import evaluate_by_generation
+
+    d, g = cfg.data, cfg.generate
+    examples = read_examples(find_split_files(d.dataset_name_or_path, "dev"))
+    use_template = bool(getattr(tokenizer, "chat_template", None)) or resolve_chat_template(tokenizer, d.chat_template)
+    metrics, _ = evaluate_by_generation(model, tokenizer, examples, d.src_length, d.max_length, use_template,
+                                        g.top_k, g.top_p, output_dir if d.save_generation_output else None)
+    return metrics
+
+
 def check_complete_checkpoint(ckpt: str, cfg: RunConfig) -> None:
     from .trainer import CHECKPOINT_COMPLETE_NAME
 
@@ -290,6 +303,12 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         print(f"[paddlenlp_ext] train loss: {metrics.get('train_loss'):.4f}", flush=True)
     if args.do_eval:
         metrics = trainer.evaluate()
+        if cfg.data.eval_with_do_generation and args.should_save:
+            gen_metrics = evaluate_generation(cfg, model, tokenizer, args.output_dir)
+            metrics.update(gen_metrics)
+            summary.update(gen_metrics)
+            print("[paddlenlp_ext] generation eval: " + ", ".join(f"{k} {v:.4f}" for k, v in gen_metrics.items()),
+                  flush=True)
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
         summary.update(eval_loss=metrics["eval_loss"], eval_perplexity=metrics.get("eval_perplexity"))
