@@ -148,3 +148,10 @@ def test_generation_keys_need_eval_with_do_generation(tmp_path, base):
     assert "save_generation_output=true needs eval_with_do_generation" in p
     p = "\n".join(problems(write(tmp_path, {**base, "eval_with_do_generation": True})))
     assert "eval_with_do_generation=true needs do_eval=true" in p
+
+
+def test_target_modules_alias(tmp_path, base):
+    cfg = load_config(write(tmp_path, {**base, "lora": True, "target_modules": [".*q_proj"]}))
+    assert cfg.model.lora_target_modules == [".*q_proj"] and "lora_target_modules" in cfg.derived
+    p = problems(write(tmp_path, {**base, "lora": True, "target_modules": ["a"], "lora_target_modules": ["b"]}))
+    assert "aliases but differ" in p[0]

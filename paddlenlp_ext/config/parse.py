@@ -267,6 +267,8 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     for key in ("rslora", "pissa"):
         if getattr(m, key) and not m.lora:
             p.append(f"{where}: {key}=true needs lora=true")
+    if m.target_modules is not None and m.lora_target_modules is not None and m.target_modules != m.lora_target_modules:
+        p.append(f"{where}: target_modules and lora_target_modules are aliases but differ; set only one")
     if m.lora_plus_scale != 1.0 and not m.lora:
         p.append(f"{where}: lora_plus_scale={m.lora_plus_scale} needs lora=true")
     if m.lora_alpha != -1 and m.lora_alpha <= 0:
@@ -357,6 +359,9 @@ def _adapter_mismatches(m: ModelArgument, method: str, where: str) -> List[str]:
 
 def _derive(cfg: RunConfig) -> None:
     m = cfg.model
+    if m.target_modules is not None and m.lora_target_modules is None:
+        m.lora_target_modules = m.target_modules
+        cfg.derived["lora_target_modules"] = f"{m.target_modules} (from its alias target_modules)"
     if m.lora and m.lora_alpha == -1:
         m.lora_alpha = 2 * m.lora_rank
         cfg.derived["lora_alpha"] = f"{m.lora_alpha} (2 x lora_rank {m.lora_rank}, since lora_alpha was not set)"

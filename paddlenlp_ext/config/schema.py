@@ -60,6 +60,7 @@ class ModelArgument:
     lora_target_modules: Optional[List[str]] = _f(
         None, "Regexes (full match) of the Linear layers to adapt; default every Linear of the decoder layers."
     )
+    target_modules: Optional[List[str]] = _f(None, "Alias of lora_target_modules (used by LoRA and VeRA).")
     rslora: bool = _f(False, "rsLoRA: scale by alpha/sqrt(r) instead of alpha/r.")
     lora_plus_scale: float = _f(1.0, "LoRA+: B matrices learn at learning_rate x lora_plus_scale.", gt=0.0)
     pissa: bool = _f(False, "PiSSA: initialise A,B from the top-r singular triplets of W; W keeps the residual.")
