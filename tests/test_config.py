@@ -155,3 +155,12 @@ def test_target_modules_alias(tmp_path, base):
     assert cfg.model.lora_target_modules == [".*q_proj"] and "lora_target_modules" in cfg.derived
     p = problems(write(tmp_path, {**base, "lora": True, "target_modules": ["a"], "lora_target_modules": ["b"]}))
     assert "aliases but differ" in p[0]
+
+
+@pytest.mark.parametrize("name", ["llama/sft_argument.json", "llama/lora_argument.json",
+                                  "tiny/sft_argument.json", "tiny/lora_argument.json"])
+def test_shipped_configs_validate(tmp_path, tiny_model_dir, name):
+    cfg = load_config(os.path.join(ROOT, "llm", "config", name),
+                      ["--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR,
+                       "--output_dir", str(tmp_path)])
+    assert cfg.training["do_train"] and cfg.data.max_length > cfg.data.src_length
