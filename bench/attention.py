@@ -27,32 +27,12 @@ import paddle  # noqa: E402
 from paddle.base import core  # noqa: E402
 
 from paddlenlp_ext import attention as fm  # noqa: E402
+from paddlenlp_ext.attention_reference import docstring_dense_mask, reference_attention  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
 # Reference
 # ---------------------------------------------------------------------------
-def docstring_dense_mask(sri, causal):
-    """Port of flashmask_to_densemask from Paddle's docstring: bool, True = masked."""
-    bz, nh, s, nb = sri.shape
-    m = np.zeros((bz, nh, s, s), dtype=bool)
-    has_end = (causal and nb == 2) or ((not causal) and nb == 4)
-    for bi in range(bz):
-        for hi in range(nh):
-            for j in range(s):
-                if has_end:
-                    m[bi, hi, sri[bi, hi, j, 0] : sri[bi, hi, j, 1], j] = True
-                else:
-                    m[bi, hi, sri[bi, hi, j, 0] :, j] = True
-                if causal:
-                    m[bi, hi, :j, j] = True
-                elif has_end:
-                    m[bi, hi, sri[bi, hi, j, 2] : sri[bi, hi, j, 3], j] = True
-                else:
-                    m[bi, hi, : sri[bi, hi, j, 1], j] = True
-    return m
-
-
 def dense_attention(q, k, v, additive_mask):
     """softmax(Q K^T / sqrt(d) + M) V, GQA by repeating k/v; M broadcasts over heads."""
     g = q.shape[2] // k.shape[2]
@@ -65,21 +45,6 @@ def dense_attention(q, k, v, additive_mask):
         s = s + additive_mask
     p = paddle.nn.functional.softmax(s, -1)
     return paddle.matmul(p, v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
-
-
-def reference_with_empty_rows(q, k, v, masked):
-    """Dense reference that returns 0 for rows with no visible key (as FlashMask does)."""
-    g = q.shape[2] // k.shape[2]
-    if masked.shape[1] not in (1, q.shape[2]):
-        masked = np.repeat(masked, g, axis=1)
-    visible = paddle.to_tensor(~masked)
-    kk = paddle.repeat_interleave(k, g, axis=2) if g > 1 else k
-    vv = paddle.repeat_interleave(v, g, axis=2) if g > 1 else v
-    s = paddle.matmul(q.transpose([0, 2, 1, 3]), kk.transpose([0, 2, 1, 3]), transpose_y=True)
-    s = s * (1.0 / math.sqrt(q.shape[-1]))
-    s = paddle.where(visible, s, paddle.full_like(s, -1e30))
-    p = paddle.nn.functional.softmax(s, -1) * visible.astype(s.dtype)
-    return paddle.matmul(p, vv.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
 
 
 # ---------------------------------------------------------------------------
@@ -162,7 +127,7 @@ def accuracy(args):
             sri_t = None
             masked = np.triu(np.ones((s, s), bool), 1)[None, None] if causal else np.zeros((1, 1, s, s), bool)
         out = fm.flashmask_attention(q, k, v, sri_t, causal=causal)
-        ref = reference_with_empty_rows(q, k, v, masked)
+        ref = reference_attention(q, k, v, masked)
         dout = paddle.to_tensor(rng.standard_normal(out.shape).astype("float32"))
         g = paddle.grad([out], [q, k, v], [dout])
         rg = paddle.grad([ref], [q, k, v], [dout])
