@@ -164,3 +164,8 @@ def test_shipped_configs_validate(tmp_path, tiny_model_dir, name):
                       ["--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR,
                        "--output_dir", str(tmp_path)])
     assert cfg.training["do_train"] and cfg.data.max_length > cfg.data.src_length
+
+
+def test_batch_padding_keys_conflict_with_zero_padding(tmp_path, base):
+    p = problems(write(tmp_path, {**base, "zero_padding": True, "pad_to_multiple_of": 8}))
+    assert "apply to batch padding" in p[0]

@@ -6,7 +6,8 @@ Per split (train with do_train, dev with do_eval): examples,
 truncated_examples, dropped_rounds, tokens, supervised_tokens,
 supervised_fraction, packing, packs (or batches), padding_ratio,
 length_histogram.  The same figures are logged at the start of training and
-stored in run_summary.json ("data").
+stored in run_summary.json ("data").  With lazy=true the report still reads
+the whole train set (it has to count it); training itself streams.
 """
 
 import json
@@ -26,6 +27,8 @@ def main(argv):
     from paddlenlp_ext.training.run import load_tokenizer
 
     t = cfg.training
+    # A report needs every example counted, so the train set is read whole even with lazy=true.
+    cfg.data.lazy = False
     data = build_datasets(cfg, load_tokenizer(cfg), do_train=t.get("do_train", False),
                           do_eval=t.get("do_eval", False), seed=t.get("seed", 42))
     print(json.dumps(data.reports, indent=2))

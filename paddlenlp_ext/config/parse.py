@@ -319,6 +319,9 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
                     )
     if do_train and t.get("max_steps", -1) <= 0 and t.get("num_train_epochs", 3.0) <= 0:
         p.append(f"{where}: do_train needs max_steps > 0 or num_train_epochs > 0")
+    if d.zero_padding and (d.pad_to_multiple_of or d.pad_to_max_length):
+        p.append(f"{where}: pad_to_multiple_of/pad_to_max_length apply to batch padding; with zero_padding every "
+                 "row is already max_length long (choose max_length instead)")
     if d.lazy and do_train and t.get("max_steps", -1) <= 0:
         p.append(f"{where}: lazy=true streams the data without knowing its length; set max_steps > 0")
     if not do_train and not do_eval:

@@ -104,7 +104,9 @@ class DataArgument:
     max_length: int = _f(2048, "Maximum tokens of an example (prompt + target); also the packed row length.", gt=1)
     zero_padding: bool = _f(False, "Pack examples into rows of max_length instead of padding each batch.")
     greedy_zero_padding: bool = _f(False, "Pack with grouped best-fit-decreasing (needs zero_padding).")
-    greedy_group_size: int = _f(2048, "Examples per best-fit-decreasing group (greedy_zero_padding).", gt=0)
+    greedy_group_size: int = _f(
+        2048, "Examples per best-fit-decreasing group (greedy_zero_padding); with lazy, also the streaming group.", gt=0
+    )
     pad_to_multiple_of: Optional[int] = _f(None, "Pad batch length to a multiple of this.", gt=0)
     pad_to_max_length: bool = _f(False, "Pad every batch to max_length.")
     lazy: bool = _f(

@@ -111,12 +111,11 @@ def load_model(cfg: RunConfig, args):
 
 def evaluate_generation(cfg: RunConfig, model, tokenizer, output_dir: str) -> Dict[str, float]:
     from ..data.reader import find_split_files, read_examples
-    from ..data.tokenize import resolve_chat_template
     from ..evaluation.generation import evaluate_by_generation
 
     d, g = cfg.data, cfg.generate
     examples = read_examples(find_split_files(d.dataset_name_or_path, "dev"))
-    use_template = bool(getattr(tokenizer, "chat_template", None)) or resolve_chat_template(tokenizer, d.chat_template)
+    use_template = bool(getattr(tokenizer, "chat_template", None))  # build_datasets loaded chat_template
     metrics, _ = evaluate_by_generation(model, tokenizer, examples, d.src_length, d.max_length, use_template,
                                         g.top_k, g.top_p, output_dir if d.save_generation_output else None)
     return metrics
