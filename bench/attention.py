@@ -1,4 +1,4 @@
-"""Benchmark of paddlenlp_ext.attention.flashmask_attention (CPU) vs dense masked attention.
+"""Benchmark of paddlenlp_ext.kernels.flashmask_attention (CPU) vs dense masked attention.
 
 Prints:
   1. max abs error vs a dense reference (forward, dq, dk, dv) for random
@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import paddle  # noqa: E402
 from paddle.base import core  # noqa: E402
 
-from paddlenlp_ext import attention as fm  # noqa: E402
-from paddlenlp_ext.attention_reference import docstring_dense_mask, reference_attention  # noqa: E402
+from paddlenlp_ext import kernels as fm  # noqa: E402
+from paddlenlp_ext.kernels.reference import docstring_dense_mask, reference_attention  # noqa: E402
 
 
 # ---------------------------------------------------------------------------

@@ -29,14 +29,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from paddlenlp_ext.data.packing import (  # noqa: E402
+from paddlenlp_ext.data.binpack import (  # noqa: E402
     DEFAULT_GROUP_SIZE,
     batch_padding_ratio,
-    build_packed_row,
     greedy_pack,
     pack_in_order,
     padding_ratio,
 )
+from paddlenlp_ext.data.packed_row import build_packed_row  # noqa: E402
 
 DEFAULT_DATA = REPO / ".." / "shared" / "data" / "alpaca_en_demo.json"
 DEFAULT_TOKENIZER = REPO / ".." / "shared" / "data" / "llama2_tokenizer.model"

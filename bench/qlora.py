@@ -1,9 +1,17 @@
 """Benchmark (issue "QLoRA"): memory per parameter, RSS and step time of a quantized base + LoRA,
 and the eval-loss change when a trained tiny model is quantized.
 
-Run from the repo root (about 3.5 minutes on a 2-core CPU):
+Run from the repo root (about 4 minutes on a 2-core CPU):
 
     .venv/bin/python bench/qlora.py
+
+Part 0 -- the kernels on one ``[2048, 5504]`` fp32 weight (``--part0-shape``), in this process:
+
+* quantize throughput (parameters per second) of ``paddlenlp_ext.quant.quantize`` per format
+  (best of ``--part0-repeats``; CPU time of the process and wall time);
+* x ``[256, 2048]`` (``--part0-tokens``) through the layer, forward + backward (gradient to x only,
+  the frozen-base case of LoRA): ``QuantizedLinear`` (dequantize, matmul, free; dequantize again in
+  backward) against a plain fp32 ``paddle.matmul`` on the float weight, and one dequantization alone.
 
 Part 1 -- a random-init PaddleNLP ``LlamaForCausalLM`` of about 106M parameters
 (vocab 32000, hidden 768, 8 layers, intermediate 2048, 12 heads; fp32), one subprocess
@@ -43,7 +51,8 @@ to the OS.
 Part 2 -- the tiny model is fully fine-tuned with the CLI
 (``llm/run_finetune.py llm/config/tiny/sft_argument.json``, 150 steps) into a temp dir and
 then evaluated with the CLI (``--do_train false``) unquantized and with each quantized base
-(nf4/fp4 need ``--weight_blocksize 16``: the tiny model's down_proj has in_features 176).
+(nf4/fp4 at the default block size 64, whose last block of down_proj's 176 inputs is 48 long, and
+at block size 16).
 """
 
 from __future__ import annotations
@@ -84,6 +93,8 @@ EVAL_CONFIGS = {
     "unquantized": [],
     "weight_only_int8": ["--weight_quantize_algo", "weight_only_int8"],
     "weight_only_int4": ["--weight_quantize_algo", "weight_only_int4"],
+    "nf4 (bs 64)": ["--weight_quantize_algo", "nf4"],
+    "nf4 (bs 64) + double quant": ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
     "nf4 (bs 16)": ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"],
     "nf4 (bs 16) + double quant": ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16",
                                    "--weight_double_quant", "true"],
@@ -238,7 +249,7 @@ def dequant_ms_per_step(model, repeats: int = 3):
     import statistics
 
     from paddlenlp_ext.quant import QuantizedLinear
-    from paddlenlp_ext.quant.linear import PATH_PORTABLE
+    from paddlenlp_ext.quant.dispatch import PATH_PORTABLE
 
     layers = [l for l in model.sublayers() if isinstance(l, QuantizedLinear)]
     if not layers:
@@ -352,6 +363,75 @@ def worker(args) -> dict:
     res["losses"] = [round(v, 4) for v in losses]
     res["wall_s"] = time.time() - t_start
     return res
+
+
+# =============================================================== part 0: kernels
+PART0_ALGOS = [("nf4", False), ("nf4", True), ("fp4", False), ("weight_only_int8", False), ("weight_only_int4", False)]
+
+
+def part0(shape=(2048, 5504), tokens=256, repeats=5, seed=0):
+    """Quantize throughput per format and the layer's forward + backward against a plain fp32 matmul.
+
+    Every measurement is the best of ``repeats`` (the machine is shared: the minimum is the least disturbed
+    run), timed both as CPU time of this process (all threads) and as wall time."""
+    import numpy as np
+    import paddle
+
+    from paddlenlp_ext.quant import QuantizedLinear, quantize
+    from paddlenlp_ext.quant.dequant import decode_portable
+
+    paddle.set_device("cpu")
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal(shape) * 0.02).astype(np.float32)  # [in, out]
+
+    def best(fn):
+        fn()  # warm-up (tables, allocator)
+        wall, cpu = [], []
+        for _ in range(repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        return min(wall), min(cpu)
+
+    quant_rows = []
+    for algo, dq in PART0_ALGOS:
+        wall, cpu = best(lambda: quantize(w, algo, 64, dq))
+        quant_rows.append((algo + (" + dq" if dq else ""), w.size / cpu / 1e6, w.size / wall / 1e6))
+
+    x = paddle.to_tensor(rng.standard_normal((tokens, shape[0])).astype(np.float32))  # [tokens, in]
+    x.stop_gradient = False
+    dy = paddle.to_tensor(rng.standard_normal((tokens, shape[1])).astype(np.float32))  # [tokens, out]
+    wt = paddle.to_tensor(w)  # frozen: no weight gradient, as the base of LoRA
+
+    def fwd_bwd(layer_fn):
+        def run():
+            (layer_fn(x) * dy).sum().backward()
+            x.clear_gradient()
+
+        return run
+
+    base_wall, base_cpu = best(fwd_bwd(lambda t: paddle.matmul(t, wt)))
+    step_rows = []
+    for algo, dq in PART0_ALGOS:
+        q = QuantizedLinear.from_weight(w, None, algo, 64, dq)
+        wall, cpu = best(fwd_bwd(q))
+        dwall, dcpu = best(lambda: decode_portable(q))
+        step_rows.append((algo + (" + dq" if dq else ""), wall * 1e3, cpu * 1e3, wall / base_wall, cpu / base_cpu,
+                          dwall * 1e3))
+    return quant_rows, step_rows, (base_wall * 1e3, base_cpu * 1e3)
+
+
+def table_part0(quant_rows, step_rows, base, shape, tokens):
+    lines = [f"Quantize one `[{shape[0]}, {shape[1]}]` fp32 weight (`quantize(w, algo, 64, dq)`, best of the "
+             "repeats):", "", "| format | M params/s (CPU time) | M params/s (wall) |", "| --- | ---: | ---: |"]
+    lines += [f"| {n} | {c:.0f} | {w:.0f} |" for n, c, w in quant_rows]
+    lines += ["", f"x `[{tokens}, {shape[0]}]` through the layer, forward + backward (gradient to x), against "
+              f"`paddle.matmul` on the fp32 weight: {base[0]:.1f} ms wall, {base[1]:.1f} ms CPU:", "",
+              "| format | fwd+bwd ms (wall) | ms (CPU) | ratio wall | ratio CPU | one dequant ms (wall) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {n} | {w:.1f} | {c:.1f} | {rw:.2f} | {rc:.2f} | {d:.1f} |" for n, w, c, rw, rc, d in step_rows]
+    return "\n".join(lines)
 
 
 # =============================================================== driver
@@ -521,6 +601,10 @@ def main(argv=None):
     p.add_argument("--naive", nargs="*", choices=list(CONFIGS), default=["weight_only_int8", "nf4 + double quant"],
                    metavar="NAME", help="configurations also built the naive way (fp32 model, then quantize_model); "
                                         "no training steps")
+    p.add_argument("--skip-part0", action="store_true")
+    p.add_argument("--part0-shape", type=int, nargs=2, default=[2048, 5504], metavar=("IN", "OUT"))
+    p.add_argument("--part0-tokens", type=int, default=256)
+    p.add_argument("--part0-repeats", type=int, default=5)
     p.add_argument("--skip-part1", action="store_true")
     p.add_argument("--skip-part2", action="store_true")
     p.add_argument("--tiny-steps", type=int, default=150)
@@ -548,6 +632,14 @@ def main(argv=None):
     t_all = time.time()
     md = [f"Command (from the repo root):\n\n```\n{command}\n```\n"]
     failed = False
+
+    if not args.skip_part0:
+        print("\n## Part 0: quantize throughput and the quantized layer's forward + backward\n", flush=True)
+        shape = tuple(args.part0_shape)
+        qr, sr, base = part0(shape, args.part0_tokens, args.part0_repeats, args.seed)
+        text = table_part0(qr, sr, base, shape, args.part0_tokens)
+        print(text + "\n", flush=True)
+        md += ["## Part 0: kernels on one layer\n", text, ""]
 
     if not args.skip_part1:
         n_lin = 8 * (4 * 768 * 768 + 3 * 768 * 2048)
@@ -653,12 +745,12 @@ def main(argv=None):
                 f"--output_dir TMP/tiny_sft`; eval loss {train['eval_loss_before_train']:.4f} before training, "
                 f"{train['eval_loss']:.4f} after), then evaluated on the dev split with "
                 f"`llm/run_finetune.py llm/config/tiny/sft_argument.json --model_name_or_path TMP/tiny_sft "
-                f"--do_train false --eval_before_train false [--weight_quantize_algo ALGO --weight_blocksize 16]`, "
+                f"--do_train false --eval_before_train false [--weight_quantize_algo ALGO --weight_blocksize BS]`, "
                 f"one CLI run per row. All 14 decoder linears are quantized; embeddings and lm_head stay fp32. "
-                f"nf4/fp4 use block size 16 (down_proj has in_features 176, which 64 does not divide). "
-                f"The bytes per parameter are higher than on the 100M model because the layers are small: int8/int4 "
-                f"pay 4/in_features for the per-channel scale (in_features 64 and 176), nf4/fp4 pay 4/16 for the "
-                f"block-16 scales (1/16 with double quantization). The relative column is relative to an eval loss "
+                f"nf4 runs at the default block size 64 (down_proj's 176 inputs end in a short block of 48) and "
+                f"at 16. The bytes per parameter are higher than on the 100M model because the layers are small: "
+                f"int8/int4 pay 4/in_features for the per-channel scale (in_features 64 and 176), nf4/fp4 pay 4/bs "
+                f"for the block scales (1/bs with double quantization). The relative column is relative to an eval loss "
                 f"that is already small (the tiny model fits the advertise data closely), so it looks large."
             )
             text = intro + "\n\n" + table_eval(train, rows)

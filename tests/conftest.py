@@ -8,7 +8,15 @@ sys.path.insert(0, ROOT)
 
 TINY_DIR = os.path.join(ROOT, "build", "tiny-llama")
 DATA_DIR = os.path.join(ROOT, "llm", "data", "advertise")
-SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+@pytest.fixture(autouse=True)
+def no_library_patch_left_behind():
+    """Every test leaves PaddleNLP unpatched: patches are installed by context (integrations)."""
+    yield
+    flashmask = sys.modules.get("paddlenlp_ext.integrations.flashmask")
+    if flashmask is not None:
+        assert not flashmask.is_installed(), "a test left the fusion_ops FlashMask patch installed"
 
 
 @pytest.fixture(scope="session")

@@ -45,7 +45,8 @@ from paddlenlp_ext.adapters import (  # noqa: E402
     unwrap_merged,
     vera_projections,
 )
-from paddlenlp_ext.adapters.config import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
+from paddlenlp_ext.adapters.config import CONFIG_NAME, WEIGHTS_NAME, adapter_config_from_args  # noqa: E402
+from paddlenlp_ext.adapters.vera import _projections_cached  # noqa: E402
 
 HIDDEN = 64
 
@@ -95,13 +96,15 @@ def randomize_adapters(model, seed=123, scale=0.05):
                 p.set_value(paddle.to_tensor(rng.normal(0, scale, size=p.shape).astype(np.float32)))
 
 
-CONFIGS = {
-    "lora": lambda: AdapterConfig(method="lora", r=4, alpha=8),
-    "rslora_plus": lambda: AdapterConfig(method="lora", r=4, alpha=8, rslora=True, lora_plus_scale=4.0),
-    "pissa": lambda: AdapterConfig(method="lora", r=4, alpha=8, pissa=True),
-    "pissa_rsvd": lambda: AdapterConfig(method="lora", r=4, alpha=8, pissa=True, pissa_niter=4),
-    "vera": lambda: AdapterConfig(method="vera", r=8, vera_seed=7),
+# Flat config keys, built by the same function the CLI uses.
+KEYS = {
+    "lora": {"lora": True, "lora_rank": 4, "lora_alpha": 8},
+    "rslora_plus": {"lora": True, "lora_rank": 4, "lora_alpha": 8, "rslora": True, "lora_plus_scale": 4.0},
+    "pissa": {"lora": True, "lora_rank": 4, "lora_alpha": 8, "pissa": True},
+    "pissa_rsvd": {"lora": True, "lora_rank": 4, "lora_alpha": 8, "pissa": True, "pissa_niter": 4},
+    "vera": {"vera": True, "vera_rank": 8, "vera_seed": 7},
 }
+CONFIGS = {name: (lambda keys=keys: adapter_config_from_args(keys)) for name, keys in KEYS.items()}
 
 
 class FakeQuantLinear(nn.Layer):
@@ -177,12 +180,12 @@ def test_config_defaults_scaling_and_validation(tmp_path):
     assert json.load(open(tmp_path / CONFIG_NAME))["alpha"] == 8.0
     assert AdapterConfig.load(str(tmp_path)) == c
 
-    f = AdapterConfig.from_flat_args({"lora": True, "lora_rank": 4, "pissa": True, "pissa_niter": 2,
+    f = adapter_config_from_args({"lora": True, "lora_rank": 4, "pissa": True, "pissa_niter": 2,
                                       "lora_target_modules": [".*q_proj"], "learning_rate": 1e-4})
     assert (f.method, f.r, f.alpha, f.pissa, f.pissa_niter, f.target_modules) == ("lora", 4, 8.0, True, 2, [".*q_proj"])
-    v = AdapterConfig.from_flat_args({"vera": True, "vera_rank": 16, "lora_alpha": 32})
+    v = adapter_config_from_args({"vera": True, "vera_rank": 16, "lora_alpha": 32})
     assert (v.method, v.r, v.alpha) == ("vera", 16, None)
-    assert AdapterConfig.from_flat_args({"lora": False}) is None
+    assert adapter_config_from_args({"lora": False}) is None
 
 
 # -------------------------------------------------------------------- LoRA
@@ -321,7 +324,9 @@ def test_pissa_model_outputs_unchanged_at_init():
 # --------------------------------------------------------------------- VeRA
 def test_vera_projections_deterministic_and_shared():
     a1, b1 = vera_projections(7, 8, 128, 128)
+    _projections_cached.cache_clear()  # regenerate: a cached result compared with itself would prove nothing
     a2, b2 = vera_projections(7, 8, 128, 128)
+    assert a2 is not a1
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_array_equal(b1, b2)
     # defined by numpy's default_rng: A first, then B, kaiming-uniform bounds

@@ -3,7 +3,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -108,12 +107,14 @@ def test_training_fields_match_paddlenlp():
 
 def test_cli_exits_2_fast_without_loading_paddle(tmp_path, base):
     path = write(tmp_path, {**base, "lora_rnak": 4, "src_length": 9999, "zero_padding": "yes"})
-    t0 = time.time()
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"), path, "--bogus", "1"],
-                       capture_output=True, text=True, cwd=ROOT)
-    elapsed = time.time() - t0
+    # -X importtime lists every module the CLI imported: the config error must come before paddle loads
+    # (a deterministic stand-in for "fast"; a wall-time bound would depend on the machine).
+    r = subprocess.run([sys.executable, "-X", "importtime", os.path.join(ROOT, "llm", "run_finetune.py"), path,
+                        "--bogus", "1"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2, r.stderr
-    assert elapsed < 5.0
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "paddlenlp_ext.config.parse" in imported
+    assert not [m for m in imported if m.split(".")[0] in ("paddle", "paddlenlp")], "config errors must not load paddle"
     assert "4 problems" in r.stderr and "lora_rnak" in r.stderr and "bogus" in r.stderr
     # validation itself never imports paddle
     code = ("import sys; from paddlenlp_ext.config.parse import load_config, ConfigError\n"
@@ -169,3 +170,25 @@ def test_shipped_configs_validate(tmp_path, tiny_model_dir, name):
 def test_batch_padding_keys_conflict_with_zero_padding(tmp_path, base):
     p = problems(write(tmp_path, {**base, "zero_padding": True, "pad_to_multiple_of": 8}))
     assert "apply to batch padding" in p[0]
+
+
+def test_dropout_keys_apply_or_fail_never_ignored(tmp_path, base):
+    """Llama reads no dropout key: setting one is an error, not a silent no-op; Qwen2 reads
+    attention dropout (as its attention_dropout), except in the flash attention path."""
+    ps = problems(write(tmp_path, {**base, "hidden_dropout_prob": 0.1}))
+    assert len(ps) == 1 and "llama models have no dropout that hidden_dropout_prob controls" in ps[0]
+    ps = problems(write(tmp_path, {**base, "attention_probs_dropout_prob": 0.2}))
+    assert len(ps) == 1 and "attention_probs_dropout_prob" in ps[0]
+    load_config(write(tmp_path, {**base, "hidden_dropout_prob": 0.0}))  # "none" is what llama does anyway
+
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    cfg = load_config(write(tmp_path, {**base, "model_name_or_path": str(qwen), "attention_probs_dropout_prob": 0.2}))
+    from paddlenlp_ext.models.families import dropout_config_updates
+
+    assert dropout_config_updates("qwen2", {"attention_probs_dropout_prob": cfg.model.attention_probs_dropout_prob,
+                                            "hidden_dropout_prob": None}) == {"attention_dropout": 0.2}
+    ps = problems(write(tmp_path, {**base, "model_name_or_path": str(qwen), "attention_probs_dropout_prob": 0.2,
+                                   "use_flash_attention": True}))
+    assert len(ps) == 1 and "flash attention path" in ps[0]

@@ -1,17 +1,48 @@
+import doctest
 import json
 
 import pytest
 
+from paddlenlp_ext.data import collate, pipeline, reader
 from paddlenlp_ext.data.reader import DataError, Example, find_split_files, read_examples
-from paddlenlp_ext.data.tokenize import IGNORE_INDEX, fit_turns, length_histogram, tokenize_example
+from paddlenlp_ext.data.tokenize import IGNORE_INDEX, fit_turns, length_histogram, tokenize_example, tokenize_examples
 from paddlenlp_ext.data.collate import PaddingCollator, PackedCollator
-from paddlenlp_ext.data.packing import build_packed_row
+from paddlenlp_ext.data.packed_row import build_packed_row
 
 
 def write_lines(tmp_path, lines, name="train.json"):
     p = tmp_path / name
     p.write_text("\n".join(lines) + "\n")
     return str(p)
+
+
+@pytest.mark.parametrize("module, examples", [(collate, 5), (pipeline, 1), (reader, 1)])
+def test_docstring_examples(module, examples):
+    res = doctest.testmod(module, verbose=False)
+    assert res.attempted >= examples and res.failed == 0
+
+
+class TableTokenizer:
+    """The tokenizer of the tokenize.py docstrings: bos=1, eos=2, "hi" -> [5], "yo" -> [6, 7]."""
+
+    bos_token_id, eos_token_id = 1, 2
+    table = {"hi": [5], "yo": [6, 7]}
+
+    def __call__(self, text, add_special_tokens=False, return_attention_mask=False):
+        return {"input_ids": self.table[text]}
+
+
+def test_tokenize_examples_worked_example():
+    feats, stats = tokenize_examples([Example(src=["hi"], tgt=["yo"], origin="f:1")], TableTokenizer(), 8, 16, False)
+    assert feats == [{"input_ids": [1, 5, 6, 7], "labels": [-100, 6, 7, 2]}]
+    assert (stats.examples, stats.tokens, stats.supervised_tokens, stats.lengths) == (1, 4, 3, [4])
+
+
+def test_tokenize_failure_names_the_line_and_is_not_swallowed():
+    examples = [Example(src=["hi"], tgt=["yo"], origin="f:1"), Example(src=["hi"], tgt=["??"], origin="f:2")]
+    with pytest.raises(ValueError, match=r"^f:2: could not tokenize: '\?\?'$") as e:
+        tokenize_examples(examples, TableTokenizer(), 8, 16, False)
+    assert isinstance(e.value.__cause__, KeyError)
 
 
 def test_find_split_files(tmp_path):
@@ -99,12 +130,25 @@ def test_packed_collator_dense_and_flashmask():
     row = build_packed_row([{"input_ids": [1, 2, 3], "labels": [2, 3, 4]}, {"input_ids": [5, 6], "labels": [6, 7]}], 8, 0)
     fm = PackedCollator(flash_mask=True)([row])
     assert fm["attn_mask_startend_row_indices"].shape == (1, 1, 8, 1)
+    assert fm["attn_mask_startend_row_indices"][0, 0, :, 0].tolist() == [3, 3, 3, 5, 5, 5, 5, 5]
     assert fm["real_tokens"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0]]
-    assert fm["position_ids"].tolist()[0][:5] == [0, 1, 2, 0, 1]
+    assert fm["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    assert "attention_mask" not in fm
     dense = PackedCollator(flash_mask=False)([row])
     assert "attn_mask_startend_row_indices" not in dense
-    m = dense["attention_mask"][0, 0]
-    assert m.shape == (8, 8) and m[4, 3] and not m[3, 2 + 2] and not m[4, 2] and m[2, 0]
+    assert dense["attention_mask"].shape == (1, 1, 8, 8)
+    # causal inside each example (rows/cols 0-2 and 3-4), nothing across them, and padding (5-7) sees and is seen
+    # by nothing
+    assert dense["attention_mask"][0, 0].astype(int).tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0, 0, 0],
+        [0, 0, 0, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0],
+    ]
 
 
 @pytest.mark.parametrize("kind", ["json", "jinja"])

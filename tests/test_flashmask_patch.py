@@ -10,8 +10,9 @@ import paddle
 import pytest
 
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-from paddlenlp_ext.models import flashmask_patch
-from paddlenlp_ext.models.flashmask_patch import (
+from paddlenlp_ext.integrations import flashmask as flashmask_patch
+from paddlenlp_ext.integrations.flashmask import (
+    cpu_flashmask,
     install_cpu_flashmask,
     is_installed,
     native_flashmask_available,
@@ -119,9 +120,8 @@ def separate_loss_and_grads(ref, examples):
 
 @pytest.fixture(autouse=True)
 def patched():
-    install_cpu_flashmask()
-    yield
-    uninstall_cpu_flashmask()
+    with cpu_flashmask():
+        yield
 
 
 def assert_match(packed, separate):
@@ -169,20 +169,41 @@ def test_packing_actually_isolates_examples():
     assert abs(loss - separate_loss_and_grads(ref, examples)[0]) > 1e-4
 
 
-def test_install_is_idempotent_and_local():
+def test_install_is_idempotent_local_and_nests():
     import paddle.nn.functional as F
     from paddlenlp.transformers.llama import fusion_ops
 
     native = F.flashmask_attention
-    proxy = fusion_ops.F
+    proxy = fusion_ops.F  # installed by the autouse fixture
+    assert is_installed()
     install_cpu_flashmask()
-    install_cpu_flashmask()
-    assert fusion_ops.F is proxy and is_installed()
+    with cpu_flashmask():
+        assert fusion_ops.F is proxy
+    assert fusion_ops.F is proxy and is_installed()  # the inner context restores the outer state
     assert F.flashmask_attention is native  # the global API is untouched
     assert fusion_ops.F.flashmask_attention is flashmask_patch.flashmask_dispatch
     assert fusion_ops.F.scaled_dot_product_attention is F.scaled_dot_product_attention
     uninstall_cpu_flashmask()
     assert fusion_ops.F is F and not is_installed()
+    with cpu_flashmask():
+        assert is_installed()
+    assert fusion_ops.F is F and not is_installed()  # a context that installed it removes it
+    install_cpu_flashmask()  # leave it as the fixture expects
+
+
+@pytest.mark.parametrize("available,on_device,dtype,expected", [
+    (True, True, "bfloat16", "native"),
+    (True, True, "float16", "native"),
+    (True, True, "float32", "portable"),  # the native kernel has no fp32 kernel: fp32 weights without O2
+    (True, False, "bfloat16", "portable"),  # CPU tensor in a GPU build
+    (False, True, "bfloat16", "portable"),  # no native op / no device
+])
+def test_dispatch_decision(monkeypatch, available, on_device, dtype, expected):
+    """The decision only (no GPU here): capability flags patched, the query's dtype real."""
+    monkeypatch.setattr(flashmask_patch, "native_flashmask_available", lambda: available)
+    monkeypatch.setattr(flashmask_patch, "_on_native_device", lambda x: on_device)
+    q = paddle.zeros([1, 4, 2, 8], dtype=dtype)
+    assert flashmask_patch.flashmask_path(q) == expected
 
 
 def test_native_availability_on_this_machine():

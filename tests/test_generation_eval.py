@@ -1,7 +1,7 @@
 """eval_with_do_generation: metric math (worked examples), prompts, and the CLI path."""
 
 import json
-import os
+import math
 
 import pytest
 
@@ -15,21 +15,56 @@ def test_tokenize_words_punctuation_and_cjk():
 
 
 def test_bleu_worked_examples():
+    # BLEU-4 (Papineni et al. 2002): BP * exp(sum_n log(p_n) / 4), p_n = clipped n-gram matches / n-grams of the
+    # prediction, pooled over the corpus; BP = exp(1 - r/c) when c <= r (c, r: corpus prediction/reference
+    # lengths), else 1.  The n > 1 precisions are add-one smoothed, (m + 1) / (t + 1) (Lin & Och 2004).
     assert corpus_bleu(["the cat sat"], ["the cat sat"]) == pytest.approx(1.0)
-    # all (smoothed) precisions are 1; brevity penalty exp(1 - 3/2)
-    assert corpus_bleu(["the cat"], ["the cat sat"]) == pytest.approx(0.6065306597)
+    # "the cat" vs "the cat sat": p1 = 2/2, p2 = (1+1)/(1+1), p3 = p4 = (0+1)/(0+1); BP = exp(1 - 3/2)
+    assert corpus_bleu(["the cat"], ["the cat sat"]) == pytest.approx(math.exp(-0.5))  # 0.6065306597
+    # pred "the cat sat on the mat" (c = 6), ref "the cat sat on a red mat" (r = 7):
+    #   1-grams the x2, cat, sat, on, mat; "the" clipped to its 1 reference count -> p1 = 5/6
+    #   2-grams the-cat cat-sat sat-on on-the the-mat: 3 in the ref           -> p2 = (3+1)/(5+1) = 4/6
+    #   3-grams the-cat-sat cat-sat-on sat-on-the on-the-mat: 2 in the ref      -> p3 = (2+1)/(4+1) = 3/5
+    #   4-grams the-cat-sat-on cat-sat-on-the sat-on-the-mat: 1 in the ref      -> p4 = (1+1)/(3+1) = 2/4
+    #   p1 p2 p3 p4 = 5/6 * 4/6 * 3/5 * 1/2 = 1/6; BP = exp(1 - 7/6) = exp(-1/6)
+    #   BLEU = (1/6) ** (1/4) * exp(-1/6) = 0.638943 * 0.846482 = 0.540854
+    assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on a red mat"]) == pytest.approx(
+        (1 / 6) ** 0.25 * math.exp(-1 / 6))
+    assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on a red mat"]) == pytest.approx(0.5408537)
+    # clipping, and no brevity penalty when the prediction is longer (c = 4 > r = 2):
+    # "the the the the" vs "the cat": p1 = min(4, 1)/4 = 1/4, p2 = (0+1)/(3+1), p3 = (0+1)/(2+1), p4 = (0+1)/(1+1)
+    # BLEU = (1/4 * 1/4 * 1/3 * 1/2) ** (1/4) = (1/96) ** (1/4) = 0.319472
+    assert corpus_bleu(["the the the the"], ["the cat"]) == pytest.approx((1 / 96) ** 0.25)
+    # corpus BLEU pools counts and lengths (it is not a mean of sentence scores):
+    # ["the cat sat", "dog"] vs ["the cat sat", "a dog"]: p1 = 4/4, p2 = (2+1)/(2+1), p3 = (1+1)/(1+1),
+    # p4 = (0+1)/(0+1); c = 4, r = 5 -> BLEU = BP = exp(1 - 5/4) = 0.778801
+    assert corpus_bleu(["the cat sat", "dog"], ["the cat sat", "a dog"]) == pytest.approx(math.exp(-0.25))
+    # no unigram matches: p1 = 0 -> 0 (p1 is not smoothed)
     assert corpus_bleu(["dog"], ["the cat sat"]) == 0.0
     assert corpus_bleu([""], ["x"]) == 0.0
 
 
 def test_rouge_l_worked_example():
-    assert rouge_l("the red dress", "a red dress") == pytest.approx(2 / 3)
+    # ROUGE-L (Lin 2004): P = LCS/len(pred), R = LCS/len(ref), F1 = 2PR/(P+R) = 2 LCS / (len(pred) + len(ref))
+    assert rouge_l("the red dress", "a red dress") == pytest.approx(2 / 3)  # LCS "red dress": 2*2/(3+3)
+    # LCS of "the cat sat on the mat" (6) and "the cat sat on a red mat" (7) is "the cat sat on mat" = 5, a
+    # subsequence, not a substring (the longest common substring "the cat sat on" has 4):
+    # P = 5/6, R = 5/7, F1 = 2*5/(6+7) = 10/13 = 0.769231
+    assert rouge_l("the cat sat on the mat", "the cat sat on a red mat") == pytest.approx(10 / 13)
+    # order matters (it is not bag-of-words): LCS("mat the", "the mat") = 1 -> F1 = 2*1/(2+2)
+    assert rouge_l("mat the", "the mat") == pytest.approx(0.5)
     assert rouge_l("", "") == 1.0 and rouge_l("a", "") == 0.0
 
 
-def test_score_keys_and_exact_match():
-    s = score(["yes", "no"], ["yes", "maybe"])
-    assert s["exact_match"] == 0.5 and 0 < s["rouge_l"] < 1 and set(s) == {"exact_match", "bleu4", "rouge_l"}
+def test_score_worked_example():
+    # exact match 1/2; ROUGE-L is the mean of the pairs' F1, (1 + 0)/2 (not the F1 of the joined texts, 0.4);
+    # BLEU pools the corpus: p1 = 1/2 ("yes" of "yes no"), no 2/3/4-grams in the predictions ((0+1)/(0+1) = 1
+    # each), c = 2 < r = 3 -> BP = exp(1 - 3/2); BLEU = (1/2) ** (1/4) * exp(-1/2) = 0.840896 * 0.606531 = 0.510029
+    s = score(["yes", "no"], ["yes", "maybe so"])
+    assert s == {"exact_match": 0.5, "bleu4": pytest.approx(0.5 ** 0.25 * math.exp(-0.5)), "rouge_l": 0.5}
+    # exact match compares whole strings: case and punctuation count (unlike the BLEU/ROUGE tokens)
+    # (surrounding spaces are stripped): only the first of these three matches "A red dress."
+    assert score([" A red dress. ", "a red dress.", "A red dress"], ["A red dress."] * 3)["exact_match"] == 1 / 3
 
 
 def test_generation_prompt_is_everything_before_last_target(tiny_tokenizer):
@@ -46,17 +81,27 @@ def test_cli_eval_with_do_generation(tiny_model_dir, tmp_path):
 
     data = tmp_path / "data"
     data.mkdir()
-    rows = [json.dumps({"src": "type#dress*color#red", "tgt": "A red dress."})] * 3
-    for split in ("train", "dev"):
-        (data / f"{split}.json").write_text("\n".join(rows) + "\n")
-    # later overrides win: the dataset is ours, not run_cli's default
-    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--do_train", "false", "--max_length", "48",
-                     "--src_length", "24", "--eval_with_do_generation", "true", "--save_generation_output", "true",
-                     "--top_k", "5", "--top_p", "0.9", "--dataset_name_or_path", data, name="gen")
-    s = summary(out)
-    for k in ("eval_exact_match", "eval_bleu4", "eval_rouge_l"):
-        assert 0.0 <= s[k] <= 1.0
+    src = "type#dress*color#red"
+    (data / "train.json").write_text(json.dumps({"src": src, "tgt": "A red dress."}) + "\n")
+    (data / "dev.json").write_text((json.dumps({"src": src, "tgt": "A red dress, size M."}) + "\n") * 3)
+    # 30 steps memorize the one training answer (each of its tokens gets p > 0.999, so the top_p 0.9 nucleus is
+    # that one token and sampling is deterministic); the dev reference differs, so every metric has a known value.
+    # Later overrides win: the dataset is ours, not run_cli's default.
+    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "30", "--warmup_steps", "0",
+                     "--learning_rate", "0.01", "--per_device_train_batch_size", "3", "--eval_before_train", "false",
+                     "--max_length", "48", "--src_length", "24", "--eval_with_do_generation", "true",
+                     "--save_generation_output", "true", "--top_k", "5", "--top_p", "0.9",
+                     "--dataset_name_or_path", data, name="gen")
     preds = [json.loads(line) for line in (out / "generated_predictions.json").read_text().splitlines()]
-    assert len(preds) == 3 and preds[0]["reference"] == "A red dress."
-    assert "generation eval:" in r.stdout
-    assert "eval_bleu4" in json.loads((out / "eval_results.json").read_text())
+    assert [(p["prediction"], p["reference"]) for p in preds] == [("A red dress.", "A red dress, size M.")] * 3
+    # prediction tokens: a red dress .  (4 each, c = 12); reference: a red dress , size m .  (7 each, r = 21)
+    #   exact match 0
+    #   BLEU (pooled over the 3 pairs): p1 = 12/12; p2 = (6+1)/(9+1) (a-red, red-dress match; dress-. does not);
+    #     p3 = (3+1)/(6+1) (a-red-dress); p4 = (0+1)/(3+1); p1 p2 p3 p4 = 1 * 7/10 * 4/7 * 1/4 = 1/10;
+    #     BP = exp(1 - 21/12) = exp(-3/4); BLEU = (1/10) ** (1/4) * exp(-3/4) = 0.562341 * 0.472367 = 0.265629
+    #   ROUGE-L: LCS "a red dress ." = 4, F1 = 2*4/(4+7) = 8/11 = 0.727273 for each pair
+    expected = {"eval_exact_match": 0.0, "eval_bleu4": 0.1 ** 0.25 * math.exp(-0.75), "eval_rouge_l": 8 / 11}
+    s = summary(out)
+    assert {k: s[k] for k in expected} == pytest.approx(expected)
+    assert "generation eval: eval_exact_match 0.0000, eval_bleu4 0.2656, eval_rouge_l 0.7273" in r.stdout
+    assert json.loads((out / "eval_results.json").read_text())["eval_bleu4"] == pytest.approx(expected["eval_bleu4"])

@@ -37,16 +37,16 @@ CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 MERGE_CLI = os.path.join(ROOT, "llm", "merge_lora_params.py")
 LORA_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
 
-#: kind -> AdapterConfig kwargs (what run.adapter_config_from_run builds for the CLI flags)
+#: kind -> flat config keys, turned into an AdapterConfig by adapter_config_from_args (as the CLI does)
 KINDS = {
     "lora": None,  # trained by the CLI
-    "rslora": dict(method="lora", r=8, rslora=True),
-    "lora_plus": dict(method="lora", r=8, lora_plus_scale=16.0),
-    "pissa": dict(method="lora", r=8, pissa=True),
-    "vera": dict(method="vera", r=8),
-    "nf4": dict(method="lora", r=8, quantization={"weight_quantize_algo": "nf4", "weight_blocksize": 16,
-                                                  "weight_double_quant": False,
-                                                  "weight_double_quant_block_size": 256}),
+    "rslora": {"lora": True, "lora_rank": 8, "rslora": True},
+    "lora_plus": {"lora": True, "lora_rank": 8, "lora_plus_scale": 16.0},
+    "pissa": {"lora": True, "lora_rank": 8, "pissa": True},
+    "vera": {"vera": True, "vera_rank": 8},
+    "nf4": {"lora": True, "lora_rank": 8, "quantization": {"weight_quantize_algo": "nf4", "weight_blocksize": 16,
+                                                           "weight_double_quant": False,
+                                                           "weight_double_quant_block_size": 256}},
 }
 TOKENIZER_FILES = ("sentencepiece.bpe.model", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -80,11 +80,12 @@ def _train_in_process(kind, base_dir, out, tokenizer, eval_batch):
     import paddle
     import paddle.nn.functional as F
 
-    from paddlenlp_ext.adapters import AdapterConfig, apply_adapters, save_adapter
+    from paddlenlp_ext.adapters import apply_adapters, save_adapter
+    from paddlenlp_ext.adapters.config import adapter_config_from_args
     from paddlenlp_ext.quant import quantize_model
 
     paddle.seed(1)
-    cfg = AdapterConfig(base_model_name_or_path=base_dir, **KINDS[kind])
+    cfg = adapter_config_from_args({**KINDS[kind], "model_name_or_path": base_dir})
     model = _load_model(base_dir)
     if cfg.quantization:
         q = cfg.quantization
@@ -474,9 +475,9 @@ def test_verify_failure_marks_output(adapters, tiny_model_dir, tmp_path, capsys,
 
 
 def test_verify_is_skipped_when_the_model_does_not_fit(adapters, tiny_model_dir, tmp_path, monkeypatch):
-    import paddlenlp_ext.merge as merge
+    import paddlenlp_ext.merge.verify as verify  # where verify_merge looks the estimate up
 
-    monkeypatch.setattr(merge, "estimate_verify_bytes", lambda ckpt: 10**15)
+    monkeypatch.setattr(verify, "estimate_verify_bytes", lambda ckpt: 10**15)
     logs = []
     res = merge_adapter_checkpoint(tiny_model_dir, adapters["lora"], str(tmp_path / "out"), log=_quiet(logs))
     assert res.verify["status"] == "skipped" and res.exit_code == 0
@@ -487,20 +488,26 @@ def test_verify_is_skipped_when_the_model_does_not_fit(adapters, tiny_model_dir,
 def test_failure_midway_leaves_nothing_and_fallback_copy_path(adapters, base_variants, tmp_path, monkeypatch):
     import threading
 
-    import paddlenlp_ext.merge as merge
+    import paddlenlp_ext.merge.pipeline as pipeline  # looks add_delta_inplace up
+    import paddlenlp_ext.merge.writer as writer  # owns the copy_file_range switch
 
     src = base_variants["fp32_sharded"]
     ref = tmp_path / "ref"
     merge_adapter_checkpoint(src, adapters["lora"], str(ref), max_shard_size="250KB", verify=False, log=_quiet())
     # untouched tensors copied with plain reads/writes instead of os.copy_file_range: same bytes
-    monkeypatch.setattr(merge, "_COPY_FILE_RANGE_OK", False)
+    monkeypatch.setattr(writer, "_COPY_FILE_RANGE_OK", False)
+
+    def no_kernel_copy(*a):  # so the byte comparison below cannot pass on the kernel path by mistake
+        raise AssertionError("os.copy_file_range called although the fallback is switched on")
+
+    monkeypatch.setattr(os, "copy_file_range", no_kernel_copy, raising=False)
     alt = tmp_path / "alt"
     merge_adapter_checkpoint(src, adapters["lora"], str(alt), max_shard_size="250KB", verify=False, log=_quiet())
     for f in sorted(os.listdir(ref)):
         if f.endswith(".safetensors"):
             assert (ref / f).read_bytes() == (alt / f).read_bytes(), f
     # an error in the middle of the second shard: no output, no temp dir, no writer thread left behind
-    real, calls = merge.add_delta_inplace, []
+    real, calls = pipeline.add_delta_inplace, []
 
     def failing(*a, **k):
         calls.append(1)
@@ -508,7 +515,7 @@ def test_failure_midway_leaves_nothing_and_fallback_copy_path(adapters, base_var
             raise RuntimeError("disk on fire")
         return real(*a, **k)
 
-    monkeypatch.setattr(merge, "add_delta_inplace", failing)
+    monkeypatch.setattr(pipeline, "add_delta_inplace", failing)
     out = tmp_path / "broken"
     with pytest.raises(RuntimeError, match="disk on fire"):
         merge_adapter_checkpoint(src, adapters["lora"], str(out), max_shard_size="250KB", verify=False, log=_quiet())

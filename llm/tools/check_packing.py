@@ -26,16 +26,17 @@ def main(argv):
     from paddlenlp_ext.data.pipeline import tokenize_split
     from paddlenlp_ext.data.tokenize import resolve_chat_template
     from paddlenlp_ext.training.packing_check import check_packing
-    from paddlenlp_ext.training.run import build_training_args, load_model, load_tokenizer
+    from paddlenlp_ext.training.run import build_training_args, library_patches, load_model, load_tokenizer
 
     args = build_training_args(cfg)
     tokenizer = load_tokenizer(cfg)
     use_template = resolve_chat_template(tokenizer, cfg.data.chat_template)
     features, _ = tokenize_split(cfg, tokenizer, "train", use_template)
-    model = load_model(cfg, args)
-    result = check_packing(model, features[: tool.get("check_examples", 16)], cfg.data.max_length,
-                           tokenizer.pad_token_id, flash_mask=cfg.model.flash_mask,
-                           greedy=cfg.data.greedy_zero_padding)
+    with library_patches(cfg):
+        model, _ = load_model(cfg, args)
+        result = check_packing(model, features[: tool.get("check_examples", 16)], cfg.data.max_length,
+                               tokenizer.pad_token_id, flash_mask=cfg.model.flash_mask,
+                               greedy=cfg.data.greedy_zero_padding)
     tol = tool.get("tolerance", 1e-5 if str(model.config.dtype) == "float32" else 1e-2)
     result.update(flash_mask=cfg.model.flash_mask, dtype=str(model.config.dtype), tolerance=tol)
     result["ok"] = result["loss_abs_diff"] <= tol and result["grad_max_rel_diff"] <= tol

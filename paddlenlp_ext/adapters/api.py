@@ -50,13 +50,13 @@ def _parent_and_attr(model: nn.Layer, name: str) -> Tuple[nn.Layer, str]:
     parts = name.split(".")
     parent = model
     for p in parts[:-1]:
-        parent = parent._sub_layers[p]
+        parent = dict(parent.named_children())[p]
     return parent, parts[-1]
 
 
 def _replace(model: nn.Layer, name: str, new: nn.Layer) -> None:
     parent, attr = _parent_and_attr(model, name)
-    if attr not in parent._sub_layers:
+    if attr not in dict(parent.named_children()):
         raise KeyError(f"{name} is not a sublayer of the model")
     setattr(parent, attr, new)
 

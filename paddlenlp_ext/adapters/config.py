@@ -15,14 +15,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..models.targets import decoder_linear_targets
+
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
 SUPPORTED_METHODS = ("lora", "vera")
 
-#: Default targets: every linear layer inside the decoder layers
-#: (``...layers.<i>.<anything>``).  lm_head / embeddings never match.
-DEFAULT_TARGET_MODULES = (r".*layers\.\d+\..*",)
+#: Default targets when the model type is unknown: every linear layer inside
+#: the decoder layers (one definition, ``paddlenlp_ext.models.targets``).
+DEFAULT_TARGET_MODULES = tuple(decoder_linear_targets(None))
 
 
 class AdapterConfigError(ValueError):
@@ -55,7 +57,8 @@ class AdapterConfig:
     pissa_niter: 0 = exact SVD; >0 = randomized SVD with that many power
         iterations.
     target_modules: list of regexes, each matched with ``re.fullmatch``
-        against the full sublayer name; ``None`` = ``DEFAULT_TARGET_MODULES``.
+        against the full sublayer name; ``None`` = the decoder linears of
+        ``model_type`` (``models.targets.decoder_linear_targets``).
     vera_seed / vera_d_init: VeRA projection seed and initial value of d.
     vera_max_in / vera_max_out: dimensions of the shared VeRA projections;
         filled in by ``apply_adapters`` (the largest in/out features over the
@@ -167,7 +170,9 @@ class AdapterConfig:
 
     @property
     def resolved_target_modules(self) -> List[str]:
-        return list(self.target_modules) if self.target_modules is not None else list(DEFAULT_TARGET_MODULES)
+        if self.target_modules is not None:
+            return list(self.target_modules)
+        return decoder_linear_targets(self.model_type)
 
     # --------------------------------------------------------------- (de)ser
     def to_dict(self) -> Dict[str, Any]:
@@ -185,48 +190,6 @@ class AdapterConfig:
         if unknown:
             raise AdapterConfigError(f"AdapterConfig: unknown keys {unknown}; valid keys are {sorted(names)}")
         return cls(**dict(d))
-
-    @classmethod
-    def from_flat_args(cls, args: Mapping[str, Any]) -> Optional["AdapterConfig"]:
-        """Build from PaddleNLP-style flat keys (``lora``, ``lora_rank``,
-        ``lora_alpha``, ``rslora``, ``lora_plus_scale``, ``pissa``,
-        ``pissa_niter``, ``vera``, ``vera_rank``, ``lora_dropout``,
-        ``lora_target_modules``/``target_modules``, ``vera_seed``,
-        ``vera_d_init``).  Returns ``None`` when neither lora nor vera is on.
-        Unrelated keys are ignored.  ``lora_alpha`` -1 (PaddleNLP's "unset"
-        value) means the default ``2 * lora_rank``."""
-        a = dict(args)
-        lora, vera = bool(a.get("lora", False)), bool(a.get("vera", False))
-        if lora and vera:
-            raise AdapterConfigError("only one of lora / vera can be enabled")
-        if not (lora or vera):
-            return None
-        targets = a.get("target_modules", a.get("lora_target_modules"))
-        kw: Dict[str, Any] = dict(target_modules=targets)
-        for k in ("base_model_name_or_path", "model_type", "quantization"):
-            if a.get(k) is not None:
-                kw[k] = a[k]
-        if lora:
-            alpha = a.get("lora_alpha")
-            kw.update(
-                method="lora",
-                r=a.get("lora_rank", 8),
-                alpha=alpha,
-                dropout=a.get("lora_dropout", 0.0),
-                rslora=bool(a.get("rslora", False)),
-                lora_plus_scale=a.get("lora_plus_scale", 1.0),
-                pissa=bool(a.get("pissa", False)),
-                pissa_niter=a.get("pissa_niter", 0),
-            )
-        else:
-            kw.update(
-                method="vera",
-                r=a.get("vera_rank", 8),
-                dropout=a.get("vera_dropout", a.get("lora_dropout", 0.0)),
-                vera_seed=a.get("vera_seed", 0),
-                vera_d_init=a.get("vera_d_init", 0.1),
-            )
-        return cls(**kw)
 
     def save(self, save_dir: str) -> str:
         os.makedirs(save_dir, exist_ok=True)
@@ -247,3 +210,49 @@ class AdapterConfig:
             except json.JSONDecodeError as e:
                 raise AdapterConfigError(f"{path} is not valid JSON: {e}") from e
         return cls.from_dict(d)
+
+
+#: Flat config keys (PaddleNLP's names) that select an adapter method.
+ADAPTER_METHOD_KEYS = ("lora", "vera")
+
+
+def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]:
+    """The one mapping from flat config keys to an :class:`AdapterConfig`.
+
+    Used by the CLI (``training.run``), by config validation before anything
+    loads (``config.parse``) and by the tests, so the three cannot disagree.
+    ``args`` holds PaddleNLP-style keys (``lora``, ``lora_rank``,
+    ``lora_alpha``, ``rslora``, ``lora_plus_scale``, ``pissa``,
+    ``pissa_niter``, ``vera``, ``vera_rank``, ``vera_seed``, ``vera_d_init``,
+    ``lora_dropout``, ``lora_target_modules`` / ``target_modules``) and
+    optionally ``model_name_or_path``, ``model_type`` and ``quantization``;
+    other keys are ignored.  Returns ``None`` when neither lora nor vera is on.
+    ``lora_alpha`` -1 (PaddleNLP's "unset") means ``2 * lora_rank``.
+
+    >>> adapter_config_from_args({"lora": True, "lora_rank": 4, "rslora": True}).scaling  # 8 / sqrt(4)
+    4.0
+    """
+    a = dict(args)
+    lora, vera = bool(a.get("lora", False)), bool(a.get("vera", False))
+    if lora and vera:
+        raise AdapterConfigError("only one adapter method at a time; got lora and vera both true")
+    if not (lora or vera):
+        return None
+    targets = a.get("lora_target_modules")
+    if targets is None:
+        targets = a.get("target_modules")
+    kw: Dict[str, Any] = dict(
+        target_modules=targets,
+        base_model_name_or_path=a.get("base_model_name_or_path", a.get("model_name_or_path")),
+        model_type=a.get("model_type"),
+        quantization=a.get("quantization"),
+    )
+    if lora:
+        kw.update(method="lora", r=a.get("lora_rank", 8), alpha=a.get("lora_alpha"),
+                  dropout=a.get("lora_dropout", 0.0), rslora=bool(a.get("rslora", False)),
+                  lora_plus_scale=a.get("lora_plus_scale", 1.0), pissa=bool(a.get("pissa", False)),
+                  pissa_niter=a.get("pissa_niter", 0))
+    else:
+        kw.update(method="vera", r=a.get("vera_rank", 8), dropout=a.get("lora_dropout", 0.0),
+                  vera_seed=a.get("vera_seed", 0), vera_d_init=a.get("vera_d_init", 0.1))
+    return AdapterConfig(**kw)

@@ -135,14 +135,8 @@ class PiSSALinear(LoRALinear):
 
     def delta_weight(self) -> paddle.Tensor:
         """``s * A @ B``: what merge() adds to the CURRENT (residual) base weight.
-        Relative to the original weight the delta is ``delta_from_original()``."""
+        Relative to the original weight the delta is ``s * (A @ B - A0 @ B0)`` (``numpy_delta``)."""
         return super().delta_weight()
-
-    def delta_from_original(self) -> paddle.Tensor:
-        """``s * (A @ B - A0 @ B0)``: merged = W_orig + this."""
-        f32 = paddle.float32
-        a0b0 = paddle.matmul(self.pissa_A0.astype(f32), self.pissa_B0.astype(f32))
-        return super().delta_weight() - a0b0 * self.scaling
 
     @classmethod
     def numpy_delta(

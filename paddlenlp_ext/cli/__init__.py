@@ -1,0 +1,1 @@
+"""Plumbing shared by the ``llm/`` scripts: config loading, tool options, exit codes."""

@@ -1,0 +1,7 @@
+"""Config: JSON + ``--key value`` -> validated Model/Data/Generate/Training arguments.
+
+Owns the key schema (``schema.py``, PaddleNLP's names and meanings), the field
+specs (``fields.py``), parsing with every problem reported at once and exit
+code 2 (``parse.py``) and the generated docs/config.md (``docs.py``).  Never
+imports paddle: a typo is reported in well under a second.
+"""

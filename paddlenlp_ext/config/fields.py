@@ -1,25 +1,19 @@
 """Field specs for every config key, without importing paddle.
 
 Our own groups are dataclasses (``schema.py``).  PaddleNLP's
-``TrainingArguments`` has ~150 fields; importing it costs seconds (paddle,
-paddlenlp), which would make a typo take seconds to report.  So its fields
-are read from the installed source file with ``ast`` (the module is located
-with ``importlib.util.find_spec``, which does not execute it).  A unit test
-checks that the result matches the real dataclass.
+``TrainingArguments`` has ~150 fields; importing it costs seconds, so its
+fields come from ``integrations.training_args_source``, which reads them from
+the installed source without importing it.
 """
 
-import ast
 import dataclasses
-import importlib.util
-import os
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
+from ..integrations.training_args_source import read_training_fields
 from .schema import GROUPS, ExtraTrainingArgument
-
-_MISSING = object()
 
 
 @dataclass
@@ -65,8 +59,8 @@ TRAINING_BOUNDS = {
 
 
 def _kind_of_annotation(node) -> Tuple[str, bool]:
-    """Map an annotation AST (or a typing object) to (kind, optional)."""
-    text = ast.unparse(node) if isinstance(node, ast.AST) else _typing_text(node)
+    """Map an annotation (source text or a typing object) to (kind, optional)."""
+    text = node if isinstance(node, str) else _typing_text(node)
     text = text.replace("typing.", "")
     optional = text.startswith("Optional[") or "None" in text
     inner = text[len("Optional["):-1] if text.startswith("Optional[") else text
@@ -95,54 +89,17 @@ def _typing_text(tp) -> str:
     return "Any"
 
 
-def _literal(node):
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError):
-        return _MISSING
-
-
-def _parse_training_source(path: str) -> Dict[str, FieldSpec]:
-    tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainingArguments")
+def _training_specs() -> Dict[str, FieldSpec]:
+    """PaddleNLP's training keys as FieldSpecs (read from its source: integrations.training_args_source)."""
     specs = {}
-    for stmt in cls.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-            continue
-        name = stmt.target.id
-        kind, optional = _kind_of_annotation(stmt.annotation)
-        default, help_text = None, ""
-        value = stmt.value
-        if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "field":
-            for kw in value.keywords:
-                if kw.arg == "default":
-                    default = _literal(kw.value)
-                elif kw.arg == "default_factory":
-                    default = _MISSING
-                elif kw.arg == "metadata" and isinstance(kw.value, ast.Dict):
-                    for k, v in zip(kw.value.keys, kw.value.values):
-                        if _literal(k) == "help":
-                            h = _literal(v)
-                            help_text = h if isinstance(h, str) else ""
-        elif value is not None:
-            default = _literal(value)
-        if default is _MISSING:
-            default = None
-        if default is None:
-            optional = True
-        lo, gt = TRAINING_BOUNDS.get(name, (None, None))
-        specs[name] = FieldSpec(
-            name, "training", kind, optional, default, " ".join(help_text.split()),
-            choices=TRAINING_CHOICES.get(name), min=lo, gt=gt,
+    for f in read_training_fields():
+        kind, optional = _kind_of_annotation(f.annotation)
+        lo, gt = TRAINING_BOUNDS.get(f.name, (None, None))
+        specs[f.name] = FieldSpec(
+            f.name, "training", kind, optional or f.default is None, f.default, f.help,
+            choices=TRAINING_CHOICES.get(f.name), min=lo, gt=gt,
         )
     return specs
-
-
-def paddlenlp_training_args_path() -> str:
-    spec = importlib.util.find_spec("paddlenlp")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("paddlenlp is not installed: run `make setup` (see README).")
-    return os.path.join(list(spec.submodule_search_locations)[0], "trainer", "training_args.py")
 
 
 def _dataclass_specs(cls, group) -> Dict[str, FieldSpec]:
@@ -165,7 +122,7 @@ def all_fields() -> Dict[str, FieldSpec]:
     specs: Dict[str, FieldSpec] = {}
     for group, cls in GROUPS.items():
         specs.update(_dataclass_specs(cls, group))
-    training = _parse_training_source(paddlenlp_training_args_path())
+    training = _training_specs()
     training.update(_dataclass_specs(ExtraTrainingArgument, "training"))
     for name, spec in training.items():
         if name in specs:  # our groups take precedence over a same-named training key

@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
 from ..data.reader import find_split_files
+from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
 from .fields import FieldSpec, all_fields
 from .schema import DataArgument, GenerateArgument, ModelArgument
-
-ADAPTER_METHOD_KEYS = ("lora", "vera")
 
 
 class ConfigError(Exception):
@@ -277,8 +277,19 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: lora_path is set but neither lora nor vera is true")
     if m.lora_path and not os.path.isfile(os.path.join(m.lora_path, "adapter_config.json")):
         p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (is it an adapter directory?)")
-    elif m.lora_path and methods:
-        p += _adapter_mismatches(m, methods[0], where)
+    elif m.lora_path and len(methods) == 1:
+        p += _adapter_mismatches(m, where)
+    if len(methods) == 1 and not m.lora_path:
+        try:  # the same builder the run uses: what validates here is what runs
+            adapter_config_from_args(dataclasses.asdict(m))
+        except AdapterConfigError as e:
+            p.append(f"{where}: {e}")
+    if m.model_name_or_path:
+        model_type = read_model_type(m.model_name_or_path)
+        for key in DROPOUT_KEYS:
+            problem = dropout_problem(model_type, key, getattr(m, key), flash=m.use_flash_attention)
+            if problem:
+                p.append(f"{where}: {key}={getattr(m, key)}: {problem}")
     if m.weight_quantize_algo and not methods and t.get("do_train", False):
         p.append(f"{where}: weight_quantize_algo freezes the base weights; training needs lora=true or vera=true "
                  "(evaluation alone, do_train=false, works without adapters)")
@@ -338,25 +349,26 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     return p
 
 
-def _adapter_mismatches(m: ModelArgument, method: str, where: str) -> List[str]:
+def _adapter_mismatches(m: ModelArgument, where: str) -> List[str]:
     """A saved adapter (lora_path) keeps its own method and shape; config keys
     that say otherwise would be silently overruled, so they are errors."""
     path = os.path.join(m.lora_path, "adapter_config.json")
     try:
-        saved = json.load(open(path, encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        return [f"{where}: cannot read {path}: {e}"]
-    mine = {"method": method, "r": m.vera_rank if method == "vera" else m.lora_rank}
-    if method == "lora":
-        mine.update(rslora=m.rslora, pissa=m.pissa, lora_plus_scale=m.lora_plus_scale)
-        if m.lora_alpha != -1:
-            mine["alpha"] = m.lora_alpha
-    keys = {"method": "lora/vera", "r": "vera_rank" if method == "vera" else "lora_rank", "alpha": "lora_alpha",
-            "rslora": "rslora", "pissa": "pissa", "lora_plus_scale": "lora_plus_scale"}
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        mine = adapter_config_from_args(dataclasses.asdict(m)).to_dict()
+    except (OSError, ValueError) as e:  # ValueError covers JSON and AdapterConfigError
+        return [f"{where}: cannot check lora_path against the config: {e}"]
+    vera = mine["method"] == "vera"
+    keys = {"method": "lora/vera", "r": "vera_rank" if vera else "lora_rank"}
+    if not vera:
+        keys.update(rslora="rslora", pissa="pissa", lora_plus_scale="lora_plus_scale")
+        if m.lora_alpha != -1:  # unset alpha follows the saved adapter
+            keys["alpha"] = "lora_alpha"
     return [
-        f"{where}: {keys[k]} says {v!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
+        f"{where}: {name} says {mine[k]!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
         "make them match (the saved adapter's settings are the ones that apply)"
-        for k, v in mine.items() if k in saved and saved[k] != v
+        for k, name in keys.items() if k in saved and saved[k] != mine[k]
     ]
 
 

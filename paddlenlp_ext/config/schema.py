@@ -39,9 +39,12 @@ class ModelArgument:
     flash_mask: bool = _f(False, "Describe attention masks with FlashMask start-row indices (needs use_flash_attention).")
     fuse_attention_qkv: Optional[bool] = _f(None, "Override the model config's fuse_attention_qkv.")
     fuse_attention_ffn: Optional[bool] = _f(None, "Override the model config's fuse_attention_ffn.")
-    hidden_dropout_prob: float = _f(0.1, "Hidden dropout prob, passed to the model config (models that use it).", min=0.0)
-    attention_probs_dropout_prob: float = _f(
-        0.1, "Attention dropout prob, passed to the model config (models that use it).", min=0.0
+    hidden_dropout_prob: Optional[float] = _f(
+        None, "Hidden-state dropout; unset = the model's own. A value the model family does not read "
+        "(Llama and Qwen2 have no hidden dropout) is a config error, not a silent no-op.", min=0.0)
+    attention_probs_dropout_prob: Optional[float] = _f(
+        None, "Attention dropout; unset = the model's own. Qwen2: sets attention_dropout (not with "
+        "use_flash_attention, whose kernel path ignores it); Llama has none (config error).", min=0.0
     )
     # quantized base weights (QLoRA)
     weight_quantize_algo: Optional[str] = _f(
@@ -134,7 +137,7 @@ class GenerateArgument:
 
 
 # Training keys of ours, added to PaddleNLP's TrainingArguments by
-# paddlenlp_ext.training.arguments.TrainingArguments.
+# paddlenlp_ext.integrations.training_args.TrainingArguments.
 @dataclass
 class ExtraTrainingArgument:
     eval_before_train: bool = _f(False, "Evaluate the untrained model first (reported as eval_loss_before_train).")

@@ -1,9 +1,13 @@
-"""Batch padding collator (numpy in, numpy out; the Trainer's DataLoader makes tensors)."""
+"""Collators: pad examples into a batch, or stack packed rows.
+
+Numpy in, numpy out; the Trainer's DataLoader makes tensors.
+"""
 
 from typing import Dict, List, Optional
 
 import numpy as np
 
+from .packed_row import collate_packed, startend_to_dense_mask
 from .tokenize import IGNORE_INDEX
 
 
@@ -55,21 +59,29 @@ class PaddingCollator:
 
 
 class PackedCollator:
-    """Stack packed rows (``packing.build_packed_row``) into a batch.
+    """Stack packed rows (``packed_row.build_packed_row``) into a batch.
 
     ``flash_mask=True``: the batch carries ``attn_mask_startend_row_indices``
     int32 [B, 1, L, 1] (O(L) per row).  ``flash_mask=False``: the same mask as
     a dense bool ``attention_mask`` [B, 1, L, L], for models/attention paths
     that need it.  Both add ``real_tokens`` [B, L] (1 = example token): a
     column is padding exactly when its start row is <= its own index.
+
+    Example (one row of L=4: an example of 2 tokens, one of 1, one padding slot):
+
+    >>> from paddlenlp_ext.data.packed_row import build_packed_row
+    >>> row = build_packed_row([{"input_ids": [1, 2], "labels": [2, 3]}, {"input_ids": [4], "labels": [5]}], 4, 0)
+    >>> fm = PackedCollator(flash_mask=True)([row])
+    >>> fm["attn_mask_startend_row_indices"][:, 0, :, 0].tolist(), fm["real_tokens"].tolist()
+    ([[2, 2, 3, 3]], [[1, 1, 1, 0]])
+    >>> PackedCollator(flash_mask=False)([row])["attention_mask"][0, 0].astype(int).tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
     """
 
     def __init__(self, flash_mask: bool):
         self.flash_mask = flash_mask
 
     def __call__(self, rows: List[Dict]) -> Dict[str, np.ndarray]:
-        from .packing import collate_packed, startend_to_dense_mask
-
         batch = collate_packed(rows)
         start = batch["attn_mask_startend_row_indices"][:, 0, :, 0]  # [B, L]
         batch["real_tokens"] = (start > np.arange(start.shape[1])[None, :]).astype("int64")

@@ -24,7 +24,8 @@ from typing import Callable, Deque, Dict, Iterator, List, Optional
 import numpy as np
 from paddle.io import IterableDataset
 
-from .packing import build_packed_row, greedy_pack, pack_in_order
+from .binpack import greedy_pack, pack_in_order
+from .packed_row import build_packed_row
 from .reader import DataError, parse_line
 
 DATA_STATE_NAME = "data_state.json"
@@ -43,6 +44,17 @@ class Cursor:
 
 
 class StreamingPackedDataset(IterableDataset):
+    """Rows packed group by group from JSON-lines files, forever (see the module docstring).
+
+    Worked example: a file of 4 examples that tokenize to lengths 6, 5, 2, 3, with max_length 8,
+    greedy, group_size 2.  Group 0 (lengths 6, 5) packs into two rows, yielded in the
+    ``RandomState([seed, 0])`` order: ``6 tokens + 2 pad`` and ``5 tokens + 3 pad``.  Group 1
+    (lengths 2, 3) packs into one row, ``2 + 3 tokens + 3 pad``.  Then epoch 1 starts again at
+    the first line.  ``position_after(2)`` is the start of group 1: ``Cursor(file_index=0,
+    offset=<bytes of the first 2 lines>, line=2, epoch=0, group_index=1, skip_rows=0)``;
+    ``position_after(1)`` is group 0 with ``skip_rows=1``.
+    """
+
     def __init__(self, files: List[str], tokenize: Callable, max_length: int, pad_token_id: int, greedy: bool,
                  group_size: int, seed: int, start: Optional[Cursor] = None, log_size: int = 64,
                  packed: bool = True):

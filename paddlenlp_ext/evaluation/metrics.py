@@ -76,7 +76,13 @@ def rouge_l(prediction: str, reference: str) -> float:
 
 
 def score(predictions: Sequence[str], references: Sequence[str]) -> Dict[str, float]:
-    """exact_match, bleu4, rouge_l (mean F1), each in [0, 1]."""
+    """exact_match, bleu4, rouge_l (mean F1), each in [0, 1].
+
+    ``score(["yes", "no"], ["yes", "maybe"])``: exact match 1/2; ROUGE-L
+    (1 + 0) / 2; BLEU pools the corpus: unigrams 1/2 matched, no 2-, 3- or
+    4-grams (smoothed (0+1)/(0+1) = 1), lengths 2 = 2 (no brevity penalty),
+    so ``(1/2 * 1 * 1 * 1) ** (1/4) = 0.8409``.
+    """
     n = max(len(predictions), 1)
     return {
         "exact_match": sum(p.strip() == r.strip() for p, r in zip(predictions, references)) / n,

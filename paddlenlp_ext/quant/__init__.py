@@ -1,59 +1,43 @@
 """Quantized frozen base linears for QLoRA (weight_only_int8 / weight_only_int4 / nf4 / fp4).
 
-* :mod:`.formats` -- numpy quantize/dequantize, code books (no paddle import).
-* :mod:`.linear`  -- :class:`QuantizedLinear` (paddle).
-* :func:`quantize_model` -- replace the decoder ``nn.Linear`` layers of a model.
+* :mod:`.formats`  -- the format table (one ``QuantFormat`` per algo), code books, shape checks (no paddle).
+* :mod:`.codec`    -- numpy quantize / dequantize, double quantization, error bounds (no paddle import).
+* :mod:`.encode`   -- the vectorized numpy encoders behind ``quantize`` (no paddle import).
+* :mod:`.decode`   -- the fast numpy decoder a CPU forward uses (no paddle import).
+* :mod:`.dispatch` -- which layout and kernel path a layer uses, as pure functions (no paddle import).
+* :mod:`.probe`    -- what this machine offers (CUDA arch, PaddleSlim's ops) (paddle).
+* :mod:`.dequant`  -- the paddle-side decoders and the matmul PyLayer that frees the weight (paddle).
+* :mod:`.linear`   -- :class:`QuantizedLinear` (paddle).
+* :mod:`.model`    -- :func:`quantize_model`, :func:`select_targets`, :func:`amp_excluded_layers`.
 
-``SUPPORTED_ALGOS``, ``NF4_CODE``, ``FP4_CODE``, ``quantize`` and
-``dequantize`` are importable without importing paddle; the paddle-side names
-(``QuantizedLinear``, ``quantize_model``, ``quantized_state_bytes``) load
+The numpy API (``SUPPORTED_ALGOS``, ``FORMATS``, ``NF4_CODE``, ``FP4_CODE``,
+``quantize``, ``dequantize``, ...) is importable without importing paddle; the
+paddle-side names (``QuantizedLinear``, ``quantize_model``,
+``quantized_state_bytes``, ``select_targets``, ``amp_excluded_layers``) load
 lazily on first access.
 """
 
 from __future__ import annotations
 
-from .formats import (  # noqa: F401
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_DOUBLE_QUANT_BLOCK_SIZE,
-    FP4_CODE,
-    NF4_CODE,
-    SUPPORTED_ALGOS,
-    dequantize,
-    quantize,
-    structure_nbytes,
-)
+from . import codec, formats
+from .codec import *  # noqa: F401,F403  (re-export: the numpy API is defined once, in the modules' __all__)
+from .formats import *  # noqa: F401,F403
 
-__all__ = [
-    "SUPPORTED_ALGOS",
-    "NF4_CODE",
-    "FP4_CODE",
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_DOUBLE_QUANT_BLOCK_SIZE",
-    "DEFAULT_TARGET_MODULES",
-    "quantize",
-    "dequantize",
-    "structure_nbytes",
-    "QuantizedLinear",
-    "quantize_model",
-    "quantized_state_bytes",
-]
+# paddle-side names -> the module that defines them (imported on first access)
+_LAZY = {
+    "QuantizedLinear": "linear",
+    "quantize_model": "model",
+    "quantized_state_bytes": "model",
+    "select_targets": "model",
+    "amp_excluded_layers": "model",
+}
 
-# Default targets: every Linear inside a numbered block list (``llama.layers.0.mlp.up_proj``,
-# ``gpt.decoder.layers.3...``, ``transformer.h.11...``), i.e. the decoder layers.
-# Embeddings and lm_head are never replaced (they are not inside a numbered block,
-# and names containing ``lm_head``/``embed`` are skipped even when a pattern matches).
-DEFAULT_TARGET_MODULES = (r".*\.\d+\..*",)
-
-_LAZY = {"QuantizedLinear", "quantize_model", "quantized_state_bytes"}
+__all__ = [*formats.__all__, *codec.__all__, *_LAZY]
 
 
 def __getattr__(name):  # PEP 562 lazy import of the paddle-side API
     if name in _LAZY:
-        from . import _model, linear
+        import importlib
 
-        return {
-            "QuantizedLinear": linear.QuantizedLinear,
-            "quantize_model": _model.quantize_model,
-            "quantized_state_bytes": _model.quantized_state_bytes,
-        }[name]
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,13 +1,18 @@
 """Weight quantization formats for frozen QLoRA base layers (pure numpy).
 
-Everything here is a pure function over numpy arrays; ``linear.py`` holds the
-paddle-side (forward-time) dequantization that mirrors :func:`dequantize`.
+Owns the format table (:data:`FORMATS`: one :class:`QuantFormat` per
+``weight_quantize_algo`` -- storage, bits, blockwise or per-channel, default
+block size, code book, numpy decoder, GPU kernel), the code books, nibble
+packing and the shape check.  The rest of ``quant/`` looks format properties
+up here instead of comparing algo names.  :mod:`.codec` quantizes and
+dequantizes with these formats (numpy); ``linear.py`` holds the paddle-side
+(forward-time) dequantization that mirrors :func:`.codec.dequantize`.
 
 Weight convention
 -----------------
 Paddle's ``nn.Linear`` stores ``weight`` as ``[in_features, out_features]``
-and computes ``y = x @ W + b``.  :func:`quantize` takes that ``[in, out]``
-array and :func:`dequantize` gives it back in the same ``[in, out]`` shape.
+and computes ``y = x @ W + b``.  :func:`.codec.quantize` takes that ``[in, out]``
+array and :func:`.codec.dequantize` gives it back in the same ``[in, out]`` shape.
 
 Storage layout ("out_in")
 -------------------------
@@ -16,16 +21,16 @@ array belongs to output channel ``o`` and walks along the input dimension
 (the same orientation ``paddle.nn.quant.weight_quantize`` returns, and the
 orientation bitsandbytes gets from torch's ``[out, in]`` weights):
 
-==================  =========================  ===================================
-algo                ``quant_weight``           scales
-==================  =========================  ===================================
-weight_only_int8    int8  ``[out, in]``        ``quant_scale`` f32 ``[out]``
-weight_only_int4    uint8 ``[out, in // 2]``   ``quant_scale`` f32 ``[out]``
-nf4 / fp4           uint8 ``[out, in // 2]``   ``quant_scale`` f32 ``[out, in // bs]``
-nf4 / fp4 + dq      uint8 ``[out, in // 2]``   ``qquant_scale`` int8 ``[out, in // bs]``,
-                                               ``double_quant_scale`` f32 ``[ceil(nb / 256)]``,
-                                               ``quant_scale_offset`` f32 ``[]``
-==================  =========================  ===================================
+==================  ===============================  ======================================
+algo                ``quant_weight``                 scales (``nblk = ceil(in / bs)``)
+==================  ===============================  ======================================
+weight_only_int8    int8  ``[out, in]``              ``quant_scale`` f32 ``[out]``
+weight_only_int4    uint8 ``[out, in // 2]``         ``quant_scale`` f32 ``[out]``
+nf4 / fp4           uint8 ``[out, ceil(in / 2)]``    ``quant_scale`` f32 ``[out, nblk]``
+nf4 / fp4 + dq      uint8 ``[out, ceil(in / 2)]``    ``qquant_scale`` int8 ``[out, nblk]``,
+                                                     ``double_quant_scale`` f32 ``[ceil(out * nblk / 256)]``,
+                                                     ``quant_scale_offset`` f32 ``[]``
+==================  ===============================  ======================================
 
 * int8 / int4: symmetric per-output-channel absmax.  ``scale = absmax / 127``
   (int8) or ``absmax / 7`` (int4), ``q = clip(rint(w / scale), -qmax, qmax)``.
@@ -33,9 +38,18 @@ nf4 / fp4 + dq      uint8 ``[out, in // 2]``   ``qquant_scale`` int8 ``[out, in 
 * nf4 / fp4: blockwise absmax.  For each output channel the input dimension is
   cut into consecutive blocks of ``block_size`` elements; each block stores
   ``absmax`` (f32) and every element stores the index of the nearest code-book
-  entry to ``w / absmax``.  Flattened row-major, block ``k`` covers stored
+  entry to ``w / absmax`` (a tie goes to the smaller code value).  When
+  ``block_size`` divides ``in``, flattened row-major, block ``k`` covers stored
   elements ``[k*bs, (k+1)*bs)`` -- exactly the flat layout bitsandbytes and the
   PaddleSlim ``dequant_blockwise`` kernel expect, applied to ``W^T``.
+* Any shape works for nf4 / fp4: when ``block_size`` does not divide ``in``,
+  the last block of every output channel is short (``in % bs`` elements; its
+  absmax is over those), and an odd ``in`` leaves one padding nibble at the end
+  of each row (the code of 0.0).  Like bitsandbytes' padded last block, only
+  cut per channel, so the rows stay aligned: the cost is one more scale per
+  channel (nf4, ``in = 176``, ``bs = 64``: 0.568 instead of 0.5625 bytes/param).
+  PaddleSlim's flat-block kernel does not decode this, so such layers take the
+  portable path on GPU too.
 * Packing: two 4-bit codes per byte; element ``2j`` goes to the *high* nibble
   and element ``2j + 1`` to the low nibble (bitsandbytes / PaddleSlim order).
 * Double quantization (QLoRA paper, section 3): the f32 block absmax values
@@ -45,8 +59,8 @@ nf4 / fp4 + dq      uint8 ``[out, in // 2]``   ``qquant_scale`` int8 ``[out, in 
   bitsandbytes uses its 8-bit "dynamic" float code instead of linear int8; the
   memory cost is identical (8 bit per block scale + one f32 per 256 blocks).
 
-Unsupported shapes raise ``ValueError`` (no silent padding): nf4/fp4 need
-``in_features % block_size == 0``; int4 needs an even ``in_features``.
+Unsupported shapes raise ``ValueError``: int4 needs an even ``in_features``
+(two codes per byte along ``in``; int8 takes any shape).
 
 Bytes per parameter (codes + scales, bias not counted), for ``in = out = 4096``:
 int8 ~1.001, int4 ~0.501, nf4 0.5625, nf4 + double quant ~0.516.
@@ -54,30 +68,32 @@ int8 ~1.001, int4 ~0.501, nf4 0.5625, nf4 + double quant ~0.516.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Dict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
 
 import numpy as np
 
 __all__ = [
+    "QuantFormat",
+    "FORMATS",
+    "get_format",
     "SUPPORTED_ALGOS",
+    "INT_ALGOS",
+    "BLOCK_ALGOS",
     "NF4_CODE",
     "FP4_CODE",
+    "INT4_CODE",
+    "KERNEL_WEIGHT_ONLY",
+    "KERNEL_DEQUANT_BLOCKWISE",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_DOUBLE_QUANT_BLOCK_SIZE",
     "code_book",
     "pack_nibbles",
     "unpack_nibbles",
-    "quantize",
-    "dequantize",
-    "structure_nbytes",
     "check_shape",
-    "max_abs_error_bound",
+    "check_target_shape",
 ]
 
-SUPPORTED_ALGOS = ("weight_only_int8", "weight_only_int4", "nf4", "fp4")
-INT_ALGOS = ("weight_only_int8", "weight_only_int4")
-BLOCK_ALGOS = ("nf4", "fp4")
 DEFAULT_BLOCK_SIZE = 64
 DEFAULT_DOUBLE_QUANT_BLOCK_SIZE = 256
 
@@ -119,10 +135,109 @@ FP4_CODE = (
     / 12.0
 ).astype(np.float32)
 
-_INT_QMAX = {"weight_only_int8": 127, "weight_only_int4": 7}
-_DQ_QMAX = 127
-# elements processed per chunk while quantizing (bounds temporary memory)
-_CHUNK_ELEMS = 1 << 22
+# weight_only_int4: nibble i decodes as 4-bit two's complement (0..7, -8..-1); -8 is never produced.
+INT4_CODE = np.array([i if i < 8 else i - 16 for i in range(16)], dtype=np.float32)
+
+# storage kinds of ``quant_weight`` (QuantFormat.storage)
+STORAGE_INT8 = "int8"  # one int8 code per weight
+STORAGE_INT4 = "packed_int4"  # two 4-bit two's complement codes per uint8
+STORAGE_NF4 = "nf4_codes"  # two NF4 code-book indices per uint8
+STORAGE_FP4 = "fp4_codes"  # two FP4 code-book indices per uint8
+
+# GPU kernels a format can use (QuantFormat.gpu_kernel)
+KERNEL_WEIGHT_ONLY = "weight_only_linear"  # paddle.nn.quant fused weight-only GEMM (its own layout)
+KERNEL_DEQUANT_BLOCKWISE = "dequant_blockwise"  # PaddleSlim custom op, decodes our portable layout
+
+
+def _dequant_per_channel(fmt: "QuantFormat", qw: np.ndarray, scale: np.ndarray, in_f: int, bs) -> np.ndarray:
+    """Stored codes ``[out, in * bits / 8]`` and scales ``[out]`` -> weight ``[out, in]``."""
+    vals = qw.astype(np.float32) if fmt.code is None else fmt.code[unpack_nibbles(qw)]  # [out, in]
+    return vals * scale[:, None]
+
+
+def _dequant_blockwise(fmt: "QuantFormat", qw: np.ndarray, scale: np.ndarray, in_f: int, bs: int) -> np.ndarray:
+    """Packed codes ``[out, ceil(in / 2)]`` and block scales ``[out, ceil(in / bs)]`` -> weight ``[out, in]``."""
+    vals = fmt.code[unpack_nibbles(qw)][:, :in_f]  # [out, in] (an odd in drops its padding nibble)
+    return vals * np.repeat(scale, bs, axis=1)[:, :in_f]  # block k scales inputs [k*bs, (k+1)*bs)
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """Everything ``quant/`` needs to know about one ``weight_quantize_algo``."""
+
+    name: str
+    #: what ``quant_weight`` holds (``STORAGE_*``)
+    storage: str
+    #: bits per weight code; 4-bit codes are packed two per byte (high nibble first)
+    bits: int
+    #: True: one absmax per block of ``block_size`` inputs; False: one scale per output channel
+    blockwise: bool
+    #: block size when the caller gives none (None for per-channel formats)
+    default_block_size: Optional[int]
+    #: 16-entry float32 decoding table of a 4-bit format; None for int8 (the code is the value)
+    code: Optional[np.ndarray] = field(repr=False, compare=False)
+    #: largest integer code of a per-channel format (``scale = absmax / qmax``); None for blockwise
+    qmax: Optional[int]
+    #: numpy ``(fmt, quant_weight, scales, in_features, block_size) -> [out, in]``
+    dequant_fn: Callable[..., np.ndarray] = field(repr=False, compare=False)
+    #: ``KERNEL_WEIGHT_ONLY`` or ``KERNEL_DEQUANT_BLOCKWISE``
+    gpu_kernel: str
+    #: ``weight_dtype`` argument of ``weight_only_linear`` (None for PaddleSlim formats)
+    kernel_weight_dtype: Optional[str]
+
+    @property
+    def code_dtype(self) -> type:
+        """numpy dtype of the portable ``quant_weight``: int8 codes, or uint8 bytes of two nibbles."""
+        return np.int8 if self.bits == 8 else np.uint8
+
+    def packed_in(self, in_features: int) -> int:
+        """Bytes per output row of the portable ``quant_weight`` (``[out, ceil(in * bits / 8)]``)."""
+        return -(-in_features * self.bits // 8)
+
+    def num_blocks(self, in_features: int, block_size: int) -> int:
+        """Scales per output channel of a blockwise format: ``ceil(in / bs)`` (the last block may be short)."""
+        return -(-int(in_features) // int(block_size))
+
+    def dequant(self, qw: np.ndarray, scale: np.ndarray, in_features: int, block_size: Optional[int]) -> np.ndarray:
+        """Stored codes + f32 scales -> the float32 weight ``[out, in]`` (see :func:`.codec.dequantize`)."""
+        return self.dequant_fn(self, qw, scale, in_features, block_size)
+
+
+#: weight_quantize_algo -> format; the order is the order of SUPPORTED_ALGOS
+FORMATS: Dict[str, QuantFormat] = {
+    f.name: f
+    for f in (
+        QuantFormat(name="weight_only_int8", storage=STORAGE_INT8, bits=8, blockwise=False,
+                    default_block_size=None, code=None, qmax=127, dequant_fn=_dequant_per_channel,
+                    gpu_kernel=KERNEL_WEIGHT_ONLY, kernel_weight_dtype="int8"),
+        QuantFormat(name="weight_only_int4", storage=STORAGE_INT4, bits=4, blockwise=False,
+                    default_block_size=None, code=INT4_CODE, qmax=7, dequant_fn=_dequant_per_channel,
+                    gpu_kernel=KERNEL_WEIGHT_ONLY, kernel_weight_dtype="int4"),
+        QuantFormat(name="nf4", storage=STORAGE_NF4, bits=4, blockwise=True,
+                    default_block_size=DEFAULT_BLOCK_SIZE, code=NF4_CODE, qmax=None, dequant_fn=_dequant_blockwise,
+                    gpu_kernel=KERNEL_DEQUANT_BLOCKWISE, kernel_weight_dtype=None),
+        QuantFormat(name="fp4", storage=STORAGE_FP4, bits=4, blockwise=True,
+                    default_block_size=DEFAULT_BLOCK_SIZE, code=FP4_CODE, qmax=None, dequant_fn=_dequant_blockwise,
+                    gpu_kernel=KERNEL_DEQUANT_BLOCKWISE, kernel_weight_dtype=None),
+    )
+}  # fmt: skip
+
+# derived names (imported by tests, docs and error messages)
+SUPPORTED_ALGOS = tuple(FORMATS)
+INT_ALGOS = tuple(n for n, f in FORMATS.items() if not f.blockwise)
+BLOCK_ALGOS = tuple(n for n, f in FORMATS.items() if f.blockwise)
+
+
+def get_format(algo: str) -> QuantFormat:
+    """The :class:`QuantFormat` of ``algo``; ``ValueError`` naming the supported algos otherwise.
+
+    >>> get_format("nf4").blockwise, get_format("weight_only_int4").kernel_weight_dtype
+    (True, 'int4')
+    """
+    fmt = FORMATS.get(algo) if isinstance(algo, str) else None
+    if fmt is None:
+        raise ValueError(f"unknown weight_quantize_algo {algo!r}; supported: {list(SUPPORTED_ALGOS)}")
+    return fmt
 
 
 def code_book(algo: str) -> np.ndarray:
@@ -139,19 +254,10 @@ def code_book(algo: str) -> np.ndarray:
     >>> code_book("weight_only_int4")[[7, 8, 15]].tolist()
     [7.0, -8.0, -1.0]
     """
-    if algo == "nf4":
-        return NF4_CODE.copy()
-    if algo == "fp4":
-        return FP4_CODE.copy()
-    if algo == "weight_only_int4":
-        return np.array([i if i < 8 else i - 16 for i in range(16)], dtype=np.float32)
-    raise ValueError(f"code_book: {algo!r} has no 4-bit code book (use 'nf4', 'fp4' or 'weight_only_int4')")
-
-
-def _max_half_gap(code: np.ndarray) -> float:
-    """Half of the largest gap between consecutive (sorted, distinct) code values."""
-    s = np.unique(code.astype(np.float64))
-    return float(np.max(np.diff(s)) / 2.0)
+    fmt = FORMATS.get(algo) if isinstance(algo, str) else None
+    if fmt is None or fmt.code is None:
+        raise ValueError(f"code_book: {algo!r} has no 4-bit code book (use 'nf4', 'fp4' or 'weight_only_int4')")
+    return fmt.code.copy()
 
 
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:
@@ -185,270 +291,50 @@ def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
     return out
 
 
-def _nearest_code(values: np.ndarray, code: np.ndarray) -> np.ndarray:
-    """Index (into ``code``) of the nearest code value for each element."""
-    order = np.argsort(code, kind="stable")
-    sorted_vals = code[order].astype(np.float64)
-    keep = np.concatenate([[True], np.diff(sorted_vals) > 0])  # drop the duplicate -0 of fp4
-    sorted_vals, order = sorted_vals[keep], order[keep]
-    mids = (sorted_vals[:-1] + sorted_vals[1:]) / 2.0
-    return order[np.searchsorted(mids, values.astype(np.float64), side="left")].astype(np.uint8)
-
-
-def _to_numpy_2d(weight) -> np.ndarray:
-    if hasattr(weight, "numpy") and not isinstance(weight, np.ndarray):  # paddle tensor
-        if "bfloat16" in str(getattr(weight, "dtype", "")) or "float16" in str(getattr(weight, "dtype", "")):
-            weight = weight.astype("float32")
-        weight = weight.numpy()
-    w = np.asarray(weight)
-    if w.ndim != 2:
-        raise ValueError(f"quantize expects a 2-D Linear weight [in_features, out_features], got shape {w.shape}")
-    if not np.issubdtype(w.dtype, np.floating):
-        raise ValueError(f"quantize expects a floating point weight, got dtype {w.dtype}")
-    return w.astype(np.float32, copy=False)
-
-
 def check_shape(in_features: int, out_features: int, algo: str, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
     """Raise ``ValueError`` if a ``[in_features, out_features]`` weight cannot use ``algo``.
 
-    >>> check_shape(128, 64, "nf4", 64)
-    >>> check_shape(96, 64, "nf4", 64)
+    nf4/fp4 take any shape (a short last block per channel, see the module
+    docstring); int4 needs an even ``in_features``.
+
+    >>> check_shape(176, 64, "nf4", 64)
+    >>> check_shape(175, 64, "weight_only_int4")
     Traceback (most recent call last):
     ...
-    ValueError: nf4 cannot quantize a Linear layer of shape [in_features=96, out_features=64]: in_features must be divisible by weight_blocksize=64 (96 % 64 = 32). Use a weight_blocksize that divides 96 (e.g. 32), or leave this layer out via target_modules.
+    ValueError: weight_only_int4 cannot quantize a Linear layer of shape [in_features=175, out_features=64]: two int4 codes are packed per byte along in_features, so in_features must be even. Use weight_only_int8 for this layer, or leave it out via target_modules.
     """
-    if algo not in SUPPORTED_ALGOS:
-        raise ValueError(f"unknown weight_quantize_algo {algo!r}; supported: {list(SUPPORTED_ALGOS)}")
+    fmt = get_format(algo)
     shape = f"[in_features={in_features}, out_features={out_features}]"
     if in_features <= 0 or out_features <= 0:
         raise ValueError(f"{algo} cannot quantize an empty Linear layer of shape {shape}")
-    if algo == "weight_only_int4" and in_features % 2:
+    if fmt.bits == 4 and not fmt.blockwise and in_features % 2:  # blockwise: a padding nibble per row
         raise ValueError(
             f"{algo} cannot quantize a Linear layer of shape {shape}: two int4 codes are packed per byte along "
             f"in_features, so in_features must be even. Use weight_only_int8 for this layer, or leave it out via "
             f"target_modules."
         )
-    if algo in BLOCK_ALGOS:
+    if fmt.blockwise:
+        # even: a block starts on a byte boundary of every row, as in bitsandbytes / PaddleSlim
         if not isinstance(block_size, (int, np.integer)) or block_size <= 0 or block_size % 2:
             raise ValueError(f"weight_blocksize must be a positive even integer for {algo}, got {block_size!r}")
-        if in_features % block_size:
-            g = math.gcd(in_features, block_size)
-            hint = f" (e.g. {g})" if g % 2 == 0 and g > 1 else ""
-            raise ValueError(
-                f"{algo} cannot quantize a Linear layer of shape {shape}: in_features must be divisible by "
-                f"weight_blocksize={block_size} ({in_features} % {block_size} = {in_features % block_size}). "
-                f"Use a weight_blocksize that divides {in_features}{hint}, or leave this layer out via target_modules."
-            )
 
 
-def _double_quantize(scales: np.ndarray, block: int):
-    """8-bit double quantization of f32 block scales (mean removed, int8 absmax per ``block``)."""
-    flat = scales.reshape(-1).astype(np.float32)
-    offset = np.float32(flat.mean())
-    centred = flat - offset
-    n = centred.size
-    nb2 = -(-n // block)
-    padded = np.zeros(nb2 * block, dtype=np.float32)
-    padded[:n] = centred
-    padded = padded.reshape(nb2, block)
-    dq_scale = (np.abs(padded).max(axis=1) / _DQ_QMAX).astype(np.float32)
-    safe = np.where(dq_scale > 0, dq_scale, np.float32(1.0))
-    q = np.clip(np.rint(padded / safe[:, None]), -_DQ_QMAX, _DQ_QMAX).astype(np.int8)
-    return q.reshape(-1)[:n].reshape(scales.shape), dq_scale, np.array(offset, dtype=np.float32)
+def check_target_shape(
+    name: str, in_features: int, out_features: int, algo: str, block_size: int = DEFAULT_BLOCK_SIZE
+) -> None:
+    """:func:`check_shape` for the layer called ``name``: the ``ValueError`` starts with ``layer '<name>': ``.
 
+    What :func:`~paddlenlp_ext.quant.model.quantize_model` runs on every target
+    before it replaces anything; a checkpoint loader that quantizes while it
+    streams calls it on every target first, so a bad layer fails before any work.
 
-def _double_dequantize(qscale: np.ndarray, dq_scale: np.ndarray, offset, block: int) -> np.ndarray:
-    flat = qscale.reshape(-1).astype(np.float32)
-    per_elem = np.repeat(dq_scale.astype(np.float32), block)[: flat.size]
-    return (flat * per_elem + np.float32(offset)).reshape(qscale.shape).astype(np.float32)
-
-
-def quantize(
-    weight,
-    algo: str,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    double_quant: bool = False,
-    double_quant_block_size: int = DEFAULT_DOUBLE_QUANT_BLOCK_SIZE,
-) -> Dict[str, Any]:
-    """Quantize a Linear weight ``[in_features, out_features]``.
-
-    Args:
-        weight: numpy array or paddle tensor ``[in, out]`` (any float dtype).
-        algo: one of :data:`SUPPORTED_ALGOS`.
-        block_size: nf4/fp4 block length along ``in_features`` (ignored for int8/int4).
-        double_quant: nf4/fp4 only: 8-bit quantize the block scales.
-        double_quant_block_size: block length of the double quantization.
-
-    Returns a dict with the metadata keys ``algo``, ``in_features``,
-    ``out_features``, ``block_size`` (``None`` for int algos), ``double_quant``,
-    ``double_quant_block_size``, ``layout`` (``"out_in"``) and the numpy arrays
-    described in the module docstring (``quant_weight`` plus ``quant_scale`` or
-    ``qquant_scale``/``double_quant_scale``/``quant_scale_offset``).
-
-    Worked example (int8, one output column with absmax 2.54 -> scale 0.02):
-
-    >>> w = np.array([[2.54], [-1.0], [0.011]], dtype=np.float32)   # [in=3, out=1]
-    >>> s = quantize(w, "weight_only_int8")
-    >>> s["quant_weight"].tolist(), round(float(s["quant_scale"][0]), 6)
-    ([[127, -50, 1]], 0.02)
-    >>> np.round(dequantize(s).astype(np.float64), 4).ravel().tolist()
-    [2.54, -1.0, 0.02]
-
-    nf4, block of 4 inputs with absmax 2.0; w / absmax = [1, -0.5, 0.1, 0]
-    -> nearest NF4 codes 15, 2 (-0.525), 8 (0.0796), 7 (0.0):
-
-    >>> w = np.array([[2.0], [-1.0], [0.2], [0.0]], dtype=np.float32)
-    >>> s = quantize(w, "nf4", block_size=4)
-    >>> unpack_nibbles(s["quant_weight"]).tolist(), s["quant_scale"].tolist()
-    ([[15, 2, 8, 7]], [[2.0]])
-    >>> np.round(dequantize(s).astype(np.float64), 4).ravel().tolist()
-    [2.0, -1.0501, 0.1592, 0.0]
+    >>> check_target_shape("layers.0.mlp.down_proj", 176, 64, "nf4", 64)
+    >>> check_target_shape("layers.0.mlp.down_proj", 7, 64, "weight_only_int4")
+    Traceback (most recent call last):
+    ...
+    ValueError: layer 'layers.0.mlp.down_proj': weight_only_int4 cannot quantize a Linear layer of shape [in_features=7, out_features=64]: two int4 codes are packed per byte along in_features, so in_features must be even. Use weight_only_int8 for this layer, or leave it out via target_modules.
     """
-    if algo not in SUPPORTED_ALGOS:
-        raise ValueError(f"unknown weight_quantize_algo {algo!r}; supported: {list(SUPPORTED_ALGOS)}")
-    w = _to_numpy_2d(weight)
-    in_f, out_f = w.shape
-    check_shape(in_f, out_f, algo, block_size)
-    if double_quant and algo not in BLOCK_ALGOS:
-        raise ValueError(
-            f"weight_double_quant is only defined for nf4/fp4 (block scales); {algo} has one scale per output "
-            f"channel. Set weight_double_quant=False."
-        )
-    if double_quant and (int(double_quant_block_size) <= 0):
-        raise ValueError(f"weight_double_quant_block_size must be positive, got {double_quant_block_size}")
-
-    wt = np.ascontiguousarray(w.T)  # [out, in]
-    meta: Dict[str, Any] = {
-        "algo": algo,
-        "in_features": int(in_f),
-        "out_features": int(out_f),
-        "block_size": int(block_size) if algo in BLOCK_ALGOS else None,
-        "double_quant": bool(double_quant),
-        "double_quant_block_size": int(double_quant_block_size) if double_quant else None,
-        "layout": "out_in",
-    }
-    rows = max(1, _CHUNK_ELEMS // max(in_f, 1))
-
-    if algo in INT_ALGOS:
-        qmax = _INT_QMAX[algo]
-        scale = (np.abs(wt).max(axis=1) / qmax).astype(np.float32)  # [out]
-        safe = np.where(scale > 0, scale, np.float32(1.0))
-        if algo == "weight_only_int8":
-            q = np.empty((out_f, in_f), dtype=np.int8)
-        else:
-            q = np.empty((out_f, in_f // 2), dtype=np.uint8)
-        for r0 in range(0, out_f, rows):
-            r1 = min(out_f, r0 + rows)
-            qi = np.clip(np.rint(wt[r0:r1] / safe[r0:r1, None]), -qmax, qmax).astype(np.int8)
-            if algo == "weight_only_int8":
-                q[r0:r1] = qi
-            else:
-                q[r0:r1] = pack_nibbles((qi.astype(np.int16) & 0x0F).astype(np.uint8))
-        meta["quant_weight"] = q
-        meta["quant_scale"] = scale
-        return meta
-
-    code = code_book(algo)
-    nblk = in_f // block_size
-    absmax = np.abs(wt.reshape(out_f, nblk, block_size)).max(axis=2).astype(np.float32)  # [out, nblk]
-    safe = np.where(absmax > 0, absmax, np.float32(1.0))
-    q = np.empty((out_f, in_f // 2), dtype=np.uint8)
-    for r0 in range(0, out_f, rows):
-        r1 = min(out_f, r0 + rows)
-        normed = wt[r0:r1].reshape(r1 - r0, nblk, block_size) / safe[r0:r1, :, None]
-        idx = _nearest_code(normed.reshape(r1 - r0, in_f), code)
-        q[r0:r1] = pack_nibbles(idx)
-    meta["quant_weight"] = q
-    if double_quant:
-        qs, dqs, off = _double_quantize(absmax, int(double_quant_block_size))
-        meta["qquant_scale"] = qs
-        meta["double_quant_scale"] = dqs
-        meta["quant_scale_offset"] = off
-    else:
-        meta["quant_scale"] = absmax
-    return meta
-
-
-def block_scales(structure: Dict[str, Any]) -> np.ndarray:
-    """The f32 scales used at dequantization time (after undoing double quant).
-
-    Shape ``[out]`` for int algos, ``[out, in // block_size]`` for nf4/fp4.
-    """
-    if structure.get("double_quant"):
-        return _double_dequantize(
-            structure["qquant_scale"],
-            structure["double_quant_scale"],
-            structure["quant_scale_offset"],
-            int(structure["double_quant_block_size"]),
-        )
-    return np.asarray(structure["quant_scale"], dtype=np.float32)
-
-
-def dequantize(structure: Dict[str, Any]) -> np.ndarray:
-    """Rebuild the float32 weight ``[in_features, out_features]`` from :func:`quantize`'s output.
-
-    >>> w = np.array([[0.5, -3.0], [-0.3, 1.6]], dtype=np.float32)  # [in=2, out=2]
-    >>> s = quantize(w, "weight_only_int4")
-    >>> s["quant_scale"].tolist()            # absmax / 7 per output column
-    [0.0714285746216774, 0.4285714328289032]
-    >>> unpack_nibbles(s["quant_weight"]).tolist()   # 7, -4 (=12) | -7 (=9), 4
-    [[7, 12], [9, 4]]
-    >>> np.round(dequantize(s).astype(np.float64), 4).tolist()
-    [[0.5, -3.0], [-0.2857, 1.7143]]
-    """
-    algo = structure.get("algo")
-    if algo not in SUPPORTED_ALGOS:
-        raise ValueError(f"unknown weight_quantize_algo {algo!r}; supported: {list(SUPPORTED_ALGOS)}")
-    if structure.get("layout", "out_in") != "out_in":
-        raise ValueError(
-            f"dequantize only understands the portable 'out_in' layout, got {structure.get('layout')!r} "
-            "(GPU kernel layouts are dequantized by QuantizedLinear.dequantize_weight)"
-        )
-    in_f, out_f = int(structure["in_features"]), int(structure["out_features"])
-    qw = np.asarray(structure["quant_weight"])
-    scale = block_scales(structure)
-    if algo == "weight_only_int8":
-        wt = qw.astype(np.float32) * scale[:, None]
-    elif algo == "weight_only_int4":
-        wt = code_book(algo)[unpack_nibbles(qw)] * scale[:, None]
-    else:
-        bs = int(structure["block_size"])
-        vals = code_book(algo)[unpack_nibbles(qw)].reshape(out_f, in_f // bs, bs)
-        wt = (vals * scale[:, :, None]).reshape(out_f, in_f)
-    return np.ascontiguousarray(wt.T.astype(np.float32))
-
-
-def structure_nbytes(structure: Dict[str, Any]) -> int:
-    """Bytes of the stored arrays (codes + scales) of a :func:`quantize` result.
-
-    >>> structure_nbytes(quantize(np.ones((64, 8), np.float32), "nf4"))  # 256 B codes + 8 f32 scales
-    288
-    """
-    return int(sum(v.nbytes for v in structure.values() if isinstance(v, np.ndarray)))
-
-
-def max_abs_error_bound(structure: Dict[str, Any]) -> np.ndarray:
-    """Per-element bound on ``|w - dequantize(quantize(w))|`` as ``[in, out]``.
-
-    * int8/int4: ``scale / 2`` (round to nearest; absmax maps exactly to +-qmax).
-    * nf4/fp4: ``half_max_gap(code) * absmax_block`` plus, with double
-      quantization, the scale error ``double_quant_scale / 2`` (``|code| <= 1``).
-      The half max gap is 0.1519 for NF4 and 0.1667 for FP4.
-    """
-    algo = structure["algo"]
-    in_f, out_f = int(structure["in_features"]), int(structure["out_features"])
-    if algo in INT_ALGOS:
-        return np.broadcast_to(np.asarray(structure["quant_scale"], np.float32)[None, :] / 2.0, (in_f, out_f))
-    bs = int(structure["block_size"])
-    hg = _max_half_gap(code_book(algo))
-    if structure.get("double_quant"):
-        true_absmax = block_scales(structure)
-        n = true_absmax.size
-        blk = int(structure["double_quant_block_size"])
-        extra = (np.repeat(structure["double_quant_scale"], blk)[:n] / 2.0).reshape(true_absmax.shape)
-        # codes were chosen with the exact absmax a; |a - a_dq| <= extra, so
-        # |w - c*a_dq| <= hg*a + extra <= hg*(a_dq + extra) + extra
-        bound = hg * (np.abs(true_absmax) + extra) + extra
-    else:
-        bound = hg * np.asarray(structure["quant_scale"], np.float32)
-    return np.repeat(bound, bs, axis=1).T.reshape(in_f, out_f)
+    try:
+        check_shape(in_features, out_features, algo, block_size)
+    except ValueError as e:
+        raise ValueError(f"layer '{name}': {e}") from None

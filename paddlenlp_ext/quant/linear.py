@@ -1,5 +1,12 @@
 """``QuantizedLinear``: a frozen, weight-quantized replacement for ``paddle.nn.Linear``.
 
+Owns the layer: its buffers, how it is built (:meth:`QuantizedLinear.from_weight`,
+``from_linear``, ``from_structure``, the skeleton constructor) and which
+decoder each forward path runs.  Which layout and which kernel to use is
+decided by the pure functions of :mod:`.dispatch`; the machine's capabilities
+come from :mod:`.probe`; the portable decoders and the matmul ``PyLayer`` that
+frees the weight live in :mod:`.dequant`.
+
 The layer keeps ``in_features``/``out_features``, the (frozen) bias and the
 quantized buffers only -- no full-precision copy of the weight.  LoRA adapters
 wrap it like any base layer (they only need ``in_features``, ``out_features``
@@ -9,16 +16,18 @@ Forward paths (the one that ran is stored in ``layer.last_path`` and logged
 once per process and path):
 
 ``portable_dequant_matmul``
-    Any device.  Dequantize with plain paddle ops (one 256-entry byte -> two
-    values lookup for the 4-bit formats, times the scales), cast to ``x.dtype``
-    and matmul.  Runs inside a ``PyLayer`` that dequantizes again in backward
-    instead of saving the dequantized weight, so training memory stays at the
-    quantized size (as bitsandbytes does).  Gradients go to ``x`` only.
+    Any device.  Dequantize (CPU: the numpy decoder of :mod:`.decode`, handed
+    over through DLPack; elsewhere Paddle ops), cast to ``x.dtype`` and
+    matmul, inside :class:`~.dequant.DequantMatmul`: the weight is dropped
+    after the forward matmul and dequantized again in backward, so training
+    memory stays at the quantized size (as bitsandbytes does).  Gradients go
+    to ``x`` only.
 ``paddleslim_dequant_blockwise_matmul``
     nf4/fp4 with ``x`` on GPU and PaddleSlim's custom op module
     (``paddleslim_ops``, built from PaddleSlim ``csrc/``) importable: its
     ``dequant_blockwise`` CUDA kernel decodes the same flat blockwise layout
-    (high nibble first, same code books) we store; the rest as above.
+    (high nibble first, same code books) we store when ``block_size`` divides
+    ``in_features``; the rest as above.
 ``paddle_weight_only_linear``
     int8/int4 built on a GPU (``backend="paddle_weight_only"``, chosen by
     ``backend="auto"`` when the weight is on a supported GPU): the weight is
@@ -31,132 +40,61 @@ once per process and path):
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
 import paddle.nn as nn
-from paddle.autograd import PyLayer
 
+from . import codec as C
 from . import formats as F
+from .dequant import DequantMatmul, block_scales, build_lut, decode_portable
+from .dispatch import (  # noqa: F401  (PATH_PORTABLE: still importable from here, as before dispatch.py)
+    BACKEND_PORTABLE,
+    BACKEND_WEIGHT_ONLY,
+    BACKENDS,
+    PATH_PADDLESLIM,
+    PATH_PORTABLE,
+    PATH_WEIGHT_DEQUANT,
+    PATH_WEIGHT_ONLY,
+    KernelCaps,
+    plan_build,
+    plan_dequant,
+    plan_kernel,
+)
+from .probe import (  # noqa: F401  (the probes are still importable -- and patchable -- from here)
+    _PADDLESLIM_MODULES,
+    _cuda_arch,
+    _dtype_name,
+    _log_path_once,
+    _on_gpu,
+    _paddleslim_available,
+    find_paddleslim_ops,
+    log_once,
+    paddleslim_ops,
+    probe_caps,
+)
 
-logger = logging.getLogger(__name__)
-
-PATH_PORTABLE = "portable_dequant_matmul"
-PATH_PADDLESLIM = "paddleslim_dequant_blockwise_matmul"
-PATH_WEIGHT_ONLY = "paddle_weight_only_linear"
-PATH_WEIGHT_DEQUANT = "paddle_weight_dequantize_matmul"
-
-BACKEND_PORTABLE = "portable"
-BACKEND_WEIGHT_ONLY = "paddle_weight_only"
-BACKENDS = ("auto", BACKEND_PORTABLE, BACKEND_WEIGHT_ONLY)
-
-# SM versions accepted by paddle.nn.quant.weight_quantize / weight_only_linear (Paddle 3.3)
-_WEIGHT_ONLY_ARCHS = (70, 75, 80, 86, 89, 90, 92, 100)
 _LOW_PRECISION = ("float16", "bfloat16")
-
-_LOGGED_PATHS: set = set()
-_PADDLESLIM_OPS: Any = None
-_PADDLESLIM_CHECKED = False
+_PERSISTED = ("quant_weight", "quant_scale", "qquant_scale", "double_quant_scale", "quant_scale_offset")
 
 
-def _dtype_name(dtype) -> str:
-    """'paddle.float32' / VarType.FP32 / 'float32' -> 'float32'."""
-    s = str(dtype).lower().replace("paddle.", "").replace("vartype.", "").replace("datatype.", "")
-    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}.get(s, s)
+def _place_is_gpu(place) -> bool:
+    return bool(getattr(place, "is_gpu_place", lambda: False)())
 
 
-def paddleslim_ops():
-    """PaddleSlim's compiled op module exposing ``dequant_blockwise``, or ``None``.
-
-    PaddleNLP imports it as ``paddleslim_ops`` (built by PaddleSlim's
-    ``csrc/setup_cuda.py``); older PaddleSlim trees named it ``custom_setup_ops``.
-    """
-    global _PADDLESLIM_OPS, _PADDLESLIM_CHECKED
-    if not _PADDLESLIM_CHECKED:
-        _PADDLESLIM_CHECKED = True
-        for name in ("paddleslim_ops", "custom_setup_ops"):
-            try:
-                mod = __import__(name)
-            except Exception:  # ImportError, or a broken CUDA build
-                continue
-            if hasattr(mod, "dequant_blockwise"):
-                _PADDLESLIM_OPS = mod
-                break
-    return _PADDLESLIM_OPS
-
-
-def _cuda_arch() -> Optional[int]:
-    if not paddle.is_compiled_with_cuda():
-        return None
-    try:
-        major, minor = paddle.device.cuda.get_device_capability()
-        return int(major * 10 + minor)
-    except Exception:
-        return None
-
-
-def weight_only_supported() -> Tuple[bool, str]:
-    """Whether Paddle's fused weight-only int8/int4 GPU kernels can be used here (and why not)."""
-    quant = getattr(paddle.nn, "quant", None)
-    if quant is None or not all(hasattr(quant, n) for n in ("weight_quantize", "weight_only_linear")):
-        return False, "paddle.nn.quant.weight_quantize/weight_only_linear not available in this Paddle"
-    arch = _cuda_arch()
-    if arch is None:
-        return False, "Paddle is not compiled with CUDA or no GPU is visible"
-    if arch not in _WEIGHT_ONLY_ARCHS:
-        return False, f"GPU arch SM{arch} is not supported by weight_only_linear ({_WEIGHT_ONLY_ARCHS})"
-    return True, ""
-
-
-def weight_only_shape_ok(in_features: int, out_features: int) -> bool:
-    """Shapes Paddle's weight-only kernels accept: ``weight_quantize`` rejects
-    ``out_features % 16 != 0`` and its row interleaving works on 64-row tiles of
-    ``in_features`` (the CPU reference kernel even hangs on other sizes)."""
-    return in_features % 64 == 0 and out_features % 16 == 0
-
-
-def _on_gpu(t: paddle.Tensor) -> bool:
-    try:
-        return bool(t.place.is_gpu_place())
-    except Exception:
-        return False
-
-
-def _log_path_once(path: str, algo: str) -> None:
-    key = (path, algo)
-    if key not in _LOGGED_PATHS:
-        _LOGGED_PATHS.add(key)
-        logger.info("QuantizedLinear(%s): forward path = %s", algo, path)
-
-
-def _build_lut(algo: str) -> np.ndarray:
-    """[256, 2] float32: byte -> (value of high nibble, value of low nibble)."""
-    code = F.code_book(algo)
-    b = np.arange(256)
-    return np.stack([code[b >> 4], code[b & 0x0F]], axis=1).astype(np.float32)
-
-
-class _DequantMatmul(PyLayer):
-    """y = x @ W with W re-dequantized in backward (no full-precision weight is saved).
-
-    ``layer._dequant(path)`` returns ``(w, out_in)`` where ``w`` is ``[out, in]``
-    if ``out_in`` else ``[in, out]``.  Only ``x`` receives a gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, x, layer, path):
-        ctx.layer, ctx.path, ctx.x_dtype = layer, path, x.dtype
-        w, out_in = layer._dequant(path)
-        return paddle.matmul(x, w.astype(x.dtype), transpose_y=out_in)
-
-    @staticmethod
-    def backward(ctx, dy):
-        w, out_in = ctx.layer._dequant(ctx.path)
-        # dx = dy @ W^T ; W^T is the stored [out, in] matrix itself
-        dx = paddle.matmul(dy, w.astype(dy.dtype), transpose_y=not out_in)
-        return dx.astype(ctx.x_dtype)
+def _bias_tensor(bias, out_features: int, dtype: str, place) -> Optional[paddle.Tensor]:
+    """The frozen bias of a new layer: None, the given paddle tensor (shared), or a numpy ``[out]`` copied."""
+    if bias is None or isinstance(bias, paddle.Tensor):
+        return bias
+    b = np.asarray(bias)
+    if b.shape != (out_features,) or not np.issubdtype(b.dtype, np.floating):
+        raise ValueError(f"bias must be a float array of shape [{out_features}], got {b.dtype} {list(b.shape)}")
+    t = paddle.to_tensor(b.astype(np.float32), place=place).astype(dtype)  # bf16 has no numpy dtype: cast here
+    zero = nn.initializer.Constant(0.0)
+    p = paddle.create_parameter([out_features], dtype=dtype, is_bias=True, default_initializer=zero)
+    p.set_value(t)
+    return p
 
 
 class QuantizedLinear(nn.Layer):
@@ -186,21 +124,21 @@ class QuantizedLinear(nn.Layer):
         arch: Optional[int] = None,
     ):
         super().__init__()
-        if algo not in F.SUPPORTED_ALGOS:
-            raise ValueError(f"unknown weight_quantize_algo {algo!r}; supported: {list(F.SUPPORTED_ALGOS)}")
+        fmt = F.get_format(algo)
         if backend not in (BACKEND_PORTABLE, BACKEND_WEIGHT_ONLY):
             raise ValueError(f"backend must be {BACKEND_PORTABLE!r} or {BACKEND_WEIGHT_ONLY!r}, got {backend!r}")
-        if backend == BACKEND_WEIGHT_ONLY and algo not in F.INT_ALGOS:
+        if backend == BACKEND_WEIGHT_ONLY and fmt.gpu_kernel != F.KERNEL_WEIGHT_ONLY:
             raise ValueError(f"backend {BACKEND_WEIGHT_ONLY!r} only supports {F.INT_ALGOS}, got {algo!r}")
         F.check_shape(in_features, out_features, algo, block_size)
-        if double_quant and algo not in F.BLOCK_ALGOS:
+        if double_quant and not fmt.blockwise:
             raise ValueError(
                 f"weight_double_quant is only defined for nf4/fp4, got algo={algo!r}. Set weight_double_quant=False."
             )
+        self.format = fmt
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.algo = algo
-        self.block_size = int(block_size) if algo in F.BLOCK_ALGOS else None
+        self.block_size = int(block_size) if fmt.blockwise else None
         self.double_quant = bool(double_quant)
         self.double_quant_block_size = int(double_quant_block_size) if double_quant else None
         self.weight_dtype = _dtype_name(weight_dtype)
@@ -211,18 +149,15 @@ class QuantizedLinear(nn.Layer):
 
         out_f, in_f = self.out_features, self.in_features
         if backend == BACKEND_WEIGHT_ONLY:
-            qshape = [out_f, in_f] if algo == "weight_only_int8" else [out_f // 2, in_f]
-            self._add_buffer("quant_weight", np.zeros(qshape, np.int8))
+            # weight_quantize's layout: int8 [out, in], int4 [out / 2, in] (both int8, interleaved)
+            self._add_buffer("quant_weight", np.zeros([out_f * fmt.bits // 8, in_f], np.int8))
             self._add_buffer("quant_scale", np.zeros([out_f], np.float32))
         else:
-            if algo == "weight_only_int8":
-                self._add_buffer("quant_weight", np.zeros([out_f, in_f], np.int8))
-            else:
-                self._add_buffer("quant_weight", np.zeros([out_f, in_f // 2], np.uint8))
-            if algo in F.INT_ALGOS:
+            self._add_buffer("quant_weight", np.zeros([out_f, fmt.packed_in(in_f)], fmt.code_dtype))
+            if not fmt.blockwise:
                 self._add_buffer("quant_scale", np.zeros([out_f], np.float32))
             else:
-                nblk = in_f // self.block_size
+                nblk = fmt.num_blocks(in_f, self.block_size)
                 if self.double_quant:
                     n2 = -(-(out_f * nblk) // self.double_quant_block_size)
                     self._add_buffer("qquant_scale", np.zeros([out_f, nblk], np.int8))
@@ -230,9 +165,9 @@ class QuantizedLinear(nn.Layer):
                     self._add_buffer("quant_scale_offset", np.zeros([], np.float32))
                 else:
                     self._add_buffer("quant_scale", np.zeros([out_f, nblk], np.float32))
-            if algo != "weight_only_int8":
+            if fmt.code is not None:
                 # decoding table: not saved (persistable=False), but moved with the layer
-                self.register_buffer("_lut", paddle.to_tensor(_build_lut(algo)), persistable=False)
+                self.register_buffer("_lut", paddle.to_tensor(build_lut(fmt.code)), persistable=False)
 
         if bias_attr is False or bias_attr is None:
             self.bias = None
@@ -253,11 +188,16 @@ class QuantizedLinear(nn.Layer):
         t.stop_gradient = True
         self.register_buffer(name, t, persistable=True)
 
+    def _persisted(self) -> Dict[str, paddle.Tensor]:
+        """The quantized buffers this layer holds (codes + scales), by name."""
+        own = dict(self.named_buffers(include_sublayers=False))
+        return {name: own[name] for name in _PERSISTED if own.get(name) is not None}
+
     @classmethod
     def from_structure(
         cls, structure: Dict[str, Any], bias: Optional[paddle.Tensor] = None, weight_dtype: str = "float32", place=None
     ) -> "QuantizedLinear":
-        """Build from a :func:`formats.quantize` result (portable layout)."""
+        """Build from a :func:`.codec.quantize` result (portable layout)."""
         layer = cls(
             structure["in_features"],
             structure["out_features"],
@@ -269,11 +209,12 @@ class QuantizedLinear(nn.Layer):
             weight_dtype=weight_dtype,
             backend=BACKEND_PORTABLE,
         )
-        for name in ("quant_weight", "quant_scale", "qquant_scale", "double_quant_scale", "quant_scale_offset"):
+        for name in _PERSISTED:
             if name in structure:
                 layer._add_buffer(name, np.asarray(structure[name]), place=place)
-        if place is not None and hasattr(layer, "_lut"):
-            layer.register_buffer("_lut", paddle.to_tensor(_build_lut(layer.algo), place=place), persistable=False)
+        if place is not None and layer.format.code is not None:
+            lut = paddle.to_tensor(build_lut(layer.format.code), place=place)  # with the codes on their device
+            layer.register_buffer("_lut", lut, persistable=False)
         return layer
 
     @classmethod
@@ -286,120 +227,145 @@ class QuantizedLinear(nn.Layer):
         double_quant_block_size: int = F.DEFAULT_DOUBLE_QUANT_BLOCK_SIZE,
         backend: str = "auto",
     ) -> "QuantizedLinear":
-        """Quantize ``linear.weight`` ([in, out]) and return the replacement layer.
+        """Quantize ``linear.weight`` ([in, out]) and return the replacement layer (see :meth:`from_weight`).
 
-        ``backend``: ``"auto"`` (Paddle's fused weight-only GPU layout for
-        int8/int4 when the weight is on a supported GPU, else portable),
-        ``"portable"`` or ``"paddle_weight_only"``.  The new layer shares
-        ``linear.bias`` (set to ``stop_gradient=True``) and keeps no reference
-        to ``linear.weight``.
+        The new layer shares ``linear.bias`` (set to ``stop_gradient=True``) and
+        keeps no reference to ``linear.weight``.
         """
-        if algo not in F.SUPPORTED_ALGOS:
-            raise ValueError(f"unknown weight_quantize_algo {algo!r}; supported: {list(F.SUPPORTED_ALGOS)}")
+        return cls.from_weight(
+            linear.weight, linear.bias, algo, block_size, double_quant, double_quant_block_size, backend=backend
+        )
+
+    @classmethod
+    def from_weight(
+        cls,
+        weight,
+        bias,
+        algo: str,
+        block_size: int = F.DEFAULT_BLOCK_SIZE,
+        double_quant: bool = False,
+        double_quant_block_size: int = F.DEFAULT_DOUBLE_QUANT_BLOCK_SIZE,
+        backend: str = "auto",
+        *,
+        weight_dtype: Optional[str] = None,
+        place=None,
+    ) -> "QuantizedLinear":
+        """Build the layer straight from a weight ``[in_features, out_features]`` (no ``nn.Linear`` needed).
+
+        Args:
+            weight: numpy float array (fp32, fp16, or bf16 widened to fp32) or a
+                paddle tensor, in Paddle's ``nn.Linear`` layout ``[in, out]``.
+                Only read: the layer keeps no reference to it and no float copy.
+            bias: None, a numpy array ``[out]`` (copied into a frozen bias
+                parameter of ``weight_dtype``) or a paddle tensor (shared, set
+                to ``stop_gradient=True``).
+            algo, block_size, double_quant, double_quant_block_size: the format
+                (see :func:`.codec.quantize`).
+            backend: ``"auto"`` (Paddle's fused weight-only GPU layout for
+                int8/int4 when the weight is on a supported GPU, else portable),
+                ``"portable"`` or ``"paddle_weight_only"`` (see :func:`.dispatch.plan_build`).
+            weight_dtype: the model's dtype for this layer (bias dtype, dtype of
+                :meth:`dequantize_weight`); default: a paddle weight's dtype, or
+                ``"float16"`` for a numpy fp16 array, else ``"float32"``.  Pass
+                ``"bfloat16"`` with a bf16 weight widened to fp32.
+            place: device of the buffers; default: a paddle weight's place,
+                else the current device.  A GPU place lets ``"auto"`` pick the
+                weight-only layout for a numpy weight.
+
+        The codes are bit-identical whichever way the same weight values come in
+        (numpy fp32, a paddle fp32 tensor, or ``from_linear``).
+        """
+        fmt = F.get_format(algo)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        weight = linear.weight
+        is_tensor = isinstance(weight, paddle.Tensor)
+        if not is_tensor:
+            weight = np.asarray(weight)
         if len(weight.shape) != 2:
-            raise ValueError(f"expected a 2-D Linear weight, got shape {list(weight.shape)}")
+            raise ValueError(f"expected a 2-D Linear weight [in, out], got shape {list(weight.shape)}")
         in_f, out_f = int(weight.shape[0]), int(weight.shape[1])
         F.check_shape(in_f, out_f, algo, block_size)
-        wdtype = _dtype_name(weight.dtype)
-        place = weight.place
+        if is_tensor:
+            wdtype = _dtype_name(weight_dtype or weight.dtype)
+            place = weight.place if place is None else place
+        else:
+            if not np.issubdtype(weight.dtype, np.floating):
+                raise ValueError(f"from_weight expects a floating point weight, got dtype {weight.dtype}")
+            wdtype = _dtype_name(weight_dtype or ("float16" if weight.dtype == np.float16 else "float32"))
+        on_gpu = _on_gpu(weight) if is_tensor else (place is not None and _place_is_gpu(place))
+        plan = plan_build(fmt, backend, in_f, out_f, wdtype, on_gpu, probe_caps())
+        if plan.reason:
+            log_once(plan.reason)
+        bias_t = _bias_tensor(bias, out_f, wdtype, place)
 
-        ok, why = weight_only_supported()
-        shape_ok = weight_only_shape_ok(in_f, out_f)
-        if backend == "auto":
-            use = algo in F.INT_ALGOS and _on_gpu(weight) and ok and shape_ok
-            backend = BACKEND_WEIGHT_ONLY if use else BACKEND_PORTABLE
-        elif backend == BACKEND_WEIGHT_ONLY:
-            if algo not in F.INT_ALGOS:
-                raise ValueError(f"backend {BACKEND_WEIGHT_ONLY!r} only supports {F.INT_ALGOS}, got {algo!r}")
-            if not shape_ok:
-                raise ValueError(
-                    f"backend {BACKEND_WEIGHT_ONLY!r} needs in_features % 64 == 0 and out_features % 16 == 0, "
-                    f"got a Linear layer of shape [in_features={in_f}, out_features={out_f}]; use backend='portable'"
-                )
-            if not ok:
-                raise RuntimeError(f"backend {BACKEND_WEIGHT_ONLY!r} unavailable: {why}")
-
-        if backend == BACKEND_WEIGHT_ONLY:
-            arch = _cuda_arch()
-            kdtype = wdtype if wdtype in _LOW_PRECISION else ("bfloat16" if arch >= 80 else "float16")
+        if plan.backend == BACKEND_WEIGHT_ONLY:
             with paddle.no_grad():
-                qw, scale = paddle.nn.quant.weight_quantize(weight.astype(kdtype), algo=algo, arch=arch)
-            layer = cls(in_f, out_f, algo, bias_attr=linear.bias, weight_dtype=wdtype, backend=backend, arch=arch)
+                w = weight if is_tensor else paddle.to_tensor(weight, place=place)  # transient, on the GPU
+                qw, scale = paddle.nn.quant.weight_quantize(
+                    w.astype(plan.quantize_dtype), algo=algo, arch=plan.arch
+                )  # qw int8 [out, in] or [out / 2, in]; scale [out] in quantize_dtype
+                del w
+            layer = cls(in_f, out_f, algo, bias_attr=bias_t, weight_dtype=wdtype, backend=plan.backend,
+                        arch=plan.arch)  # fmt: skip
             qw.stop_gradient = True
             scale.stop_gradient = True
             layer.register_buffer("quant_weight", qw, persistable=True)
             layer.register_buffer("quant_scale", scale, persistable=True)
             return layer
 
-        structure = F.quantize(weight, algo, block_size, double_quant, double_quant_block_size)
-        return cls.from_structure(structure, bias=linear.bias, weight_dtype=wdtype, place=place)
+        structure = C.quantize(weight, algo, block_size, double_quant, double_quant_block_size)
+        return cls.from_structure(structure, bias=bias_t, weight_dtype=wdtype, place=place)
 
     # ------------------------------------------------------------ dequantize
     def _block_scales(self) -> paddle.Tensor:
-        """f32 scales used for decoding ([out] or [out, in // bs]), double quant undone."""
-        if not self.double_quant:
-            return self.quant_scale.astype("float32")
-        q = self.qquant_scale.astype("float32").reshape([-1])
-        n = q.shape[0]
-        blk = self.double_quant_block_size
-        pad = (-n) % blk
-        if pad:
-            q = paddle.concat([q, paddle.zeros([pad], dtype="float32")])
-        s = (q.reshape([-1, blk]) * self.double_quant_scale.astype("float32").unsqueeze(1)).reshape([-1])[:n]
-        return (s + self.quant_scale_offset.astype("float32")).reshape(self.qquant_scale.shape)
+        """f32 scales used for decoding ([out] or [out, ceil(in / bs)]), double quant undone."""
+        return block_scales(self)
 
-    def _dequant(self, path: str) -> Tuple[paddle.Tensor, bool]:
-        """Dequantized weight for ``path``: ``(w, out_in)``; ``w`` is [out, in] if ``out_in`` else [in, out]."""
-        out_f, in_f = self.out_features, self.in_features
+    def _dequant(self, path: str, kwargs: Optional[Dict[str, Any]] = None) -> Tuple[paddle.Tensor, bool]:
+        """Dequantized weight for ``path``: ``(w, out_in)``; ``w`` is [out, in] if ``out_in`` else [in, out].
+
+        ``kwargs``: the kernel arguments of the plan (:func:`.dispatch.plan_kernel`).
+        """
         with paddle.no_grad(), paddle.amp.auto_cast(enable=False):
             if path == PATH_WEIGHT_DEQUANT:
-                return self._weight_only_dequant(), False
+                return self._weight_only_dequant(kwargs), False
             if path == PATH_PADDLESLIM:
-                ops = paddleslim_ops()
-                w = ops.dequant_blockwise(
-                    self.quant_weight, None, self._block_scales().reshape([-1]), self.block_size, self.algo
-                )
-                return w.reshape([out_f, in_f]), True
-            if self.algo == "weight_only_int8":
-                return self.quant_weight.astype("float32") * self.quant_scale.astype("float32").unsqueeze(1), True
-            idx = self.quant_weight.astype("int32").reshape([-1])
-            vals = paddle.gather(self._lut, idx, axis=0).reshape([out_f, in_f])  # two values per byte
-            scales = self._block_scales()
-            if self.algo == "weight_only_int4":
-                return vals * scales.unsqueeze(1), True
-            nblk = in_f // self.block_size
-            w = vals.reshape([out_f, nblk, self.block_size]) * scales.unsqueeze(2)
-            return w.reshape([out_f, in_f]), True
+                w = paddleslim_ops().dequant_blockwise(
+                    self.quant_weight, kwargs["code"], self._block_scales().reshape([-1]), kwargs["blocksize"],
+                    kwargs["quant_type"],
+                )  # [2 * numel(quant_weight), 1] float32
+                return w.reshape([self.out_features, self.in_features]), True
+            return decode_portable(self), True
 
-    def _weight_only_dequant(self) -> paddle.Tensor:
-        """[in, out] weight from Paddle's weight-only GPU layout."""
+    def _weight_only_dequant(self, kwargs: Dict[str, Any]) -> paddle.Tensor:
+        """[in, out] weight from Paddle's weight-only GPU layout (``kwargs`` from :func:`.dispatch.plan_dequant`)."""
         quant = paddle.nn.quant
         try:
-            w = quant.weight_dequantize(self.quant_weight, self.quant_scale, algo=self.algo)
+            w = quant.weight_dequantize(self.quant_weight, self.quant_scale, algo=kwargs["algo"])
             if list(w.shape) == [self.in_features, self.out_features]:
                 return w
-        except Exception:  # kernel not registered for this device / version
-            pass
+        except RuntimeError as e:
+            # Paddle reports a kernel missing for this device/build as RuntimeError
+            # "(NotFound) The kernel `weight_dequantize` is not registered."; anything else is a real error
+            if "is not registered" not in str(e):
+                raise
         # exact fallback: I @ W through the fused kernel
         kdtype = _dtype_name(self.quant_scale.dtype)
         if kdtype not in _LOW_PRECISION:
             kdtype = "float16"
-        eye = paddle.eye(self.in_features, dtype="float32").astype(kdtype)
+        eye = paddle.eye(self.in_features, dtype="float32").astype(kdtype)  # [in, in]
         return quant.weight_only_linear(
             eye,
             self.quant_weight,
             weight_scale=self.quant_scale.astype(kdtype),
-            weight_dtype="int8" if self.algo == "weight_only_int8" else "int4",
-            arch=self.arch,
-        )
+            weight_dtype=kwargs["weight_dtype"],
+            arch=kwargs["arch"],
+            group_size=kwargs["group_size"],
+        )  # [in, out]
 
     def dequantize_weight(self, dtype: Optional[str] = None) -> paddle.Tensor:
         """The dequantized weight ``[in_features, out_features]`` (original dtype unless ``dtype``)."""
-        path = PATH_WEIGHT_DEQUANT if self.backend == BACKEND_WEIGHT_ONLY else PATH_PORTABLE
-        w, out_in = self._dequant(path)
+        w, out_in = self._dequant(*plan_dequant(self.format, self.backend, self.arch))
         if out_in:
             w = w.transpose([1, 0])
         w = w.astype(_dtype_name(dtype) if dtype is not None else self.weight_dtype)
@@ -407,7 +373,7 @@ class QuantizedLinear(nn.Layer):
         return w
 
     def to_structure(self) -> Dict[str, Any]:
-        """The portable-format dict (numpy) of this layer, as :func:`formats.quantize` returns."""
+        """The portable-format dict (numpy) of this layer, as :func:`.codec.quantize` returns."""
         if self.backend != BACKEND_PORTABLE:
             raise ValueError(f"to_structure needs the portable layout; this layer uses {self.backend!r}")
         s: Dict[str, Any] = {
@@ -419,55 +385,42 @@ class QuantizedLinear(nn.Layer):
             "double_quant_block_size": self.double_quant_block_size,
             "layout": "out_in",
         }
-        for name in ("quant_weight", "quant_scale", "qquant_scale", "double_quant_scale", "quant_scale_offset"):
-            t = self._buffers.get(name)
-            if t is not None:
-                s[name] = t.numpy()
+        s.update({name: t.numpy() for name, t in self._persisted().items()})
         return s
 
     # ----------------------------------------------------------------- sizes
     def quantized_nbytes(self) -> int:
         """Bytes of the persistable quantized buffers (codes + scales; bias not counted)."""
-        total = 0
-        for name in ("quant_weight", "quant_scale", "qquant_scale", "double_quant_scale", "quant_scale_offset"):
-            t = self._buffers.get(name)
-            if t is not None:
-                total += int(np.prod(t.shape)) * t.element_size()
-        return total
+        return sum(int(np.prod(t.shape)) * t.element_size() for t in self._persisted().values())
 
     @property
     def num_weight_params(self) -> int:
         return self.in_features * self.out_features
 
     # --------------------------------------------------------------- forward
-    def _select_path(self, x: paddle.Tensor) -> str:
-        if self.backend == BACKEND_WEIGHT_ONLY:
-            if not _on_gpu(x):
-                raise RuntimeError(
-                    "this QuantizedLinear holds Paddle's GPU weight-only layout (backend='paddle_weight_only') and "
-                    "needs a GPU input; rebuild it with backend='portable' to run on CPU"
-                )
-            return PATH_WEIGHT_ONLY if _dtype_name(x.dtype) in _LOW_PRECISION else PATH_WEIGHT_DEQUANT
-        if self.algo in F.BLOCK_ALGOS and _on_gpu(x) and paddleslim_ops() is not None:
-            return PATH_PADDLESLIM
-        return PATH_PORTABLE
+    def plan(self, x_on_gpu: bool, x_dtype: Optional[str]) -> Tuple[str, Dict[str, Any]]:
+        """``(path, kernel kwargs)`` the forward takes for such an input (see :func:`.dispatch.plan_kernel`)."""
+        return plan_kernel(
+            self.format, self.backend, x_on_gpu=x_on_gpu, x_dtype=x_dtype, arch=self.arch,
+            block_size=self.block_size, paddleslim=_paddleslim_available, in_features=self.in_features,
+        )  # fmt: skip
+
+    def planned_path(self) -> str:
+        """The path an input on the weight's device will take (``quantize_model``'s ``stats["path"]``);
+        the input dtype is not known yet, so the fused kernel's fp16/bf16 is assumed."""
+        return self.plan(_on_gpu(self.quant_weight), None)[0]
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        path = self._select_path(x)
+        path, kwargs = self.plan(_on_gpu(x), _dtype_name(x.dtype))
         if path == PATH_WEIGHT_ONLY:
             xd = x.dtype
             bias = self.bias.astype(xd) if self.bias is not None else None
             with paddle.amp.auto_cast(enable=False):
                 out = paddle.nn.quant.weight_only_linear(
-                    x,
-                    self.quant_weight,
-                    bias=bias,
-                    weight_scale=self.quant_scale.astype(xd),
-                    weight_dtype="int8" if self.algo == "weight_only_int8" else "int4",
-                    arch=self.arch,
-                )
+                    x, self.quant_weight, bias=bias, weight_scale=self.quant_scale.astype(xd), **kwargs
+                )  # [..., in] -> [..., out]
         else:
-            out = _DequantMatmul.apply(x, self, path)
+            out = DequantMatmul.apply(x, self, path, kwargs)
             if self.bias is not None:
                 out = out + self.bias.astype(out.dtype)
         self.last_path = path

@@ -5,6 +5,7 @@ Order: training args -> tokenizer -> data (validated, tokenized, packed)
 model so that a malformed line fails in seconds, not after a model load.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -15,15 +16,16 @@ import time
 from typing import Any, Dict, Optional
 
 from ..config.parse import ConfigError, RunConfig
+from ..models.families import DROPOUT_KEYS, dropout_config_updates
 
 RESOLVED_CONFIG_NAME = "resolved_config.json"
 RUN_SUMMARY_NAME = "run_summary.json"
 
 
 def build_training_args(cfg: RunConfig):
-    from .arguments import TrainingArguments
-
     import paddle
+
+    from ..integrations.training_args import make_training_arguments
 
     where = cfg.source or "config"
     on_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
@@ -31,16 +33,9 @@ def build_training_args(cfg: RunConfig):
         raise ConfigError([f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); "
                            "use bf16 (O1) or fp32 on CPU"])
     try:
-        args = TrainingArguments(**cfg.training)
+        return make_training_arguments(cfg.training)
     except (ValueError, TypeError, AssertionError) as e:  # PaddleNLP's own checks
         raise ConfigError([f"{where}: training arguments: {e}"])
-    # PaddleNLP silently turns evaluation_strategy "no" into "steps" when
-    # do_eval is set; we keep the user's "no" (= evaluate once, after training).
-    if cfg.training.get("evaluation_strategy", "no") == "no" and args.evaluation_strategy != "no":
-        from paddlenlp.trainer.trainer_utils import IntervalStrategy
-
-        args.evaluation_strategy = IntervalStrategy.NO
-    return args
 
 
 def write_resolved_config(cfg: RunConfig, output_dir: str) -> str:
@@ -72,8 +67,19 @@ def load_tokenizer(cfg: RunConfig):
     return tokenizer
 
 
-def load_model(cfg: RunConfig, args):
+def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = None):
+    """(model, quantization stats or None).
+
+    A pretrained model is streamed tensor by tensor (``models.loading``): the
+    targeted Linear weights are quantized as they arrive and every other
+    tensor is materialized once, in the run's dtype, so neither the fp32
+    model (QLoRA) nor two copies (bf16/fp16 O2) ever exist whole.  A shape,
+    file or block-size problem is a ConfigError naming the tensor/file (exit 2).
+    """
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+    from paddlenlp.utils.log import logger
+
+    from ..models.checkpoint import CheckpointError
 
     m, d = cfg.model, cfg.data
     dtype = model_dtype(args)
@@ -87,26 +93,55 @@ def load_model(cfg: RunConfig, args):
     config.use_flash_attention = m.use_flash_attention
     config.recompute = args.recompute
     config.seq_length = d.max_length
-    config.hidden_dropout_prob = m.hidden_dropout_prob
-    config.attention_probs_dropout_prob = m.attention_probs_dropout_prob
+    # only dropout the family really reads (config.parse refused the others)
+    dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
+    for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
+        setattr(config, attr, value)
     for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
         if getattr(m, key) is not None:
             setattr(config, key, getattr(m, key))
-    if m.use_flash_attention:
-        from ..models.flashmask_patch import install_cpu_flashmask, native_flashmask_available
-
-        # The patch dispatches per call: GPU tensors go to Paddle's kernels,
-        # the rest to paddlenlp_ext.attention.flashmask_attention; it also
-        # accepts our [batch, 1, seq, 1] start-row layout.
-        install_cpu_flashmask()
-        path = "Paddle's native kernels" if native_flashmask_available() else \
-            "paddlenlp_ext.attention.flashmask_attention (block-sparse, CPU)"
-        print(f"[paddlenlp_ext] attention: use_flash_attention via {path}", file=sys.stderr)
-    if m.continue_training:
+    where = f"{cfg.source or 'config'}: model_name_or_path {m.model_name_or_path!r}"
+    # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and
+    # fusing q/k/v or gate/up of an unfused checkpoint at load time.
+    fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
+    if m.continue_training and (args.tensor_parallel_degree > 1 or fused):
         model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
+    elif m.continue_training:
+        from ..models.loading import load_model_streaming
+
+        try:
+            return load_model_streaming(m.model_name_or_path, config, dtype, quantization=quantization, logger=logger)
+        except (CheckpointError, ValueError) as e:  # names the tensor / file / layer and what to do
+            raise ConfigError([f"{where}: {e}"], before_load=False) from e
     else:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init (continue_training=false)
+    if not quantization:
+        return model, None
+    from ..quant import quantize_model
+
+    try:
+        stats = quantize_model(model, quantization["weight_quantize_algo"], block_size=quantization["weight_blocksize"],
+                               double_quant=quantization["weight_double_quant"],
+                               double_quant_block_size=quantization["weight_double_quant_block_size"])
+    except ValueError as e:  # a layer shape the format cannot take: the message says what to do
+        raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
+                          before_load=False) from e
+    return model, stats
+
+
+def resolve_quantization(cfg: RunConfig) -> Optional[Dict[str, Any]]:
+    """The config's quantization, or (with lora_path) the one the adapter was trained on."""
+    quant = quantization_dict(cfg)
+    if quant is None and cfg.model.lora_path:
+        from paddlenlp.utils.log import logger
+
+        from ..adapters import AdapterConfig
+
+        # An adapter trained on a quantized base is evaluated/continued on the same quantized base.
+        quant = AdapterConfig.load(cfg.model.lora_path).quantization
+        if quant:
+            logger.info(f"derived setting: base quantized as in {cfg.model.lora_path}: {json.dumps(quant)}")
+    return quant
 
 
 def evaluate_generation(cfg: RunConfig, model, tokenizer, output_dir: str) -> Dict[str, float]:
@@ -155,16 +190,6 @@ def lazy_resume_point(args):
     return cursor, step
 
 
-def count_parameters(model):
-    """(trainable, total) parameter counts; frozen = stop_gradient."""
-    trainable = total = 0
-    for p in model.parameters():
-        n = int(p.numel())
-        total += n
-        trainable += 0 if p.stop_gradient else n
-    return trainable, total
-
-
 def peak_memory_bytes() -> Dict[str, int]:
     import paddle
 
@@ -174,8 +199,34 @@ def peak_memory_bytes() -> Dict[str, int]:
     return out
 
 
+@contextlib.contextmanager
+def library_patches(cfg: RunConfig):
+    """The integrations patches the configured model needs, active for the block only."""
+    with contextlib.ExitStack() as patches:
+        if cfg.model.use_flash_attention:
+            from ..integrations.flashmask import cpu_flashmask, native_flashmask_available
+
+            # The patch dispatches per call: GPU tensors go to Paddle's kernels,
+            # the rest to paddlenlp_ext.kernels.flashmask_attention; it also
+            # accepts our [batch, 1, seq, 1] start-row layout.
+            patches.enter_context(cpu_flashmask())
+            path = "Paddle's native kernels (fp16/bf16)" if native_flashmask_available() else \
+                "paddlenlp_ext.kernels.flashmask_attention (block-sparse, CPU)"
+            print(f"[paddlenlp_ext] attention: use_flash_attention via {path}", file=sys.stderr)
+        yield
+
+
 def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train and/or evaluate as configured; returns the run summary."""
+    from .heap import limit_heap_retention
+
+    # freed activations go back to the OS instead of piling up in the heap step after step
+    limit_heap_retention()
+    with library_patches(cfg):
+        return _run(cfg)
+
+
+def _run(cfg: RunConfig) -> Dict[str, Any]:
     from paddlenlp.trainer import set_seed
     from paddlenlp.utils.log import logger
 
@@ -201,29 +252,15 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     for split, report in data.reports.items():
         logger.info(f"data[{split}]: {json.dumps(report)}")
 
-    model = load_model(cfg, args)
-    quant = quantization_dict(cfg)
-    if quant is None and cfg.model.lora_path:
-        # An adapter trained on a quantized base is evaluated/continued on the same quantized base.
-        from ..adapters import AdapterConfig
+    from .callbacks import StepTimer, current_rss_bytes
 
-        quant = AdapterConfig.load(cfg.model.lora_path).quantization
-        if quant:
-            logger.info(f"derived setting: base quantized as in {cfg.model.lora_path}: {json.dumps(quant)}")
-    quant_stats = None
-    if quant:
-        from ..quant import quantize_model
-
-        try:
-            quant_stats = quantize_model(
-                model, quant["weight_quantize_algo"], block_size=quant["weight_blocksize"],
-                double_quant=quant["weight_double_quant"],
-                double_quant_block_size=quant["weight_double_quant_block_size"],
-            )
-        except ValueError as e:  # a layer shape the format cannot take: the message says what to do
-            raise ConfigError([f"{cfg.source or 'config'}: weight_quantize_algo={quant['weight_quantize_algo']}: {e}"],
-                              before_load=False)
-        logger.info(f"quantized base weights: {json.dumps(quant_stats, default=str)}")
+    rss_before_model = current_rss_bytes()
+    quantization = resolve_quantization(cfg)
+    model, load_stats = load_model(cfg, args, quantization)
+    if load_stats is not None and load_stats.get("params_quantized"):
+        load_stats["bytes_per_param"] = load_stats["bytes_quantized"] / load_stats["params_quantized"]
+    if load_stats is not None:
+        logger.info(f"{'quantized base weights' if quantization else 'loaded'}: {json.dumps(load_stats, default=str)}")
 
     adapter_config = None
     if cfg.model.lora_path or cfg.adapter_method or cfg.model.neftune:
@@ -232,9 +269,10 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         # continue training (or evaluate) a saved adapter; its own config wins
         adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
     elif cfg.adapter_method:
-        adapter_config = adapter_config_from_run(cfg)
-        adapter_config.model_type = getattr(model.config, "model_type", None)
+        adapter_config = adapter_config_from_run(cfg, getattr(model.config, "model_type", None))
         adapter_api.apply_adapters(model, adapter_config)
+    from ..adapters import count_parameters
+
     trainable, total = count_parameters(model)
     method = describe_method(cfg, adapter_config)
     logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
@@ -263,15 +301,19 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
         trainer.checkpoint_extras.append(StreamCursorSaver(data.train, rows_per_step, resume_step))
 
+    step_timer = StepTimer()
+    trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {
+        "rss_before_model_bytes": rss_before_model,
+        "rss_after_load_bytes": current_rss_bytes(),
         "method": method,
         "trainable_params": trainable,
         "total_params": total,
         "world_size": args.world_size,
         "data": data.reports,
     }
-    if quant_stats is not None:
-        summary["quantization"] = quant_stats
+    if load_stats is not None:
+        summary["quantization" if quantization else "load"] = load_stats
     if args.do_eval and args.eval_before_train:
         metrics = trainer.evaluate()
         summary["eval_loss_before_train"] = metrics["eval_loss"]
@@ -313,6 +355,9 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         summary.update(eval_loss=metrics["eval_loss"], eval_perplexity=metrics.get("eval_perplexity"))
         print(f"[paddlenlp_ext] eval loss: {metrics['eval_loss']:.4f} "
               f"(perplexity {metrics.get('eval_perplexity', float('nan')):.3f})", flush=True)
+    if step_timer.step_times:
+        summary["step_times_s"] = step_timer.step_times
+        summary["rss_after_first_step_bytes"] = step_timer.rss_after_first_step
     summary.update(peak_memory_bytes())
     summary["wall_time_s"] = round(time.time() - wall_start, 3)
     if args.should_save:
@@ -322,22 +367,11 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     return summary
 
 
-def adapter_config_from_run(cfg: RunConfig):
-    from ..adapters import AdapterConfig
+def adapter_config_from_run(cfg: RunConfig, model_type: Optional[str] = None):
+    from ..adapters.config import adapter_config_from_args
 
-    m = cfg.model
-    common = dict(
-        target_modules=m.lora_target_modules,
-        base_model_name_or_path=m.model_name_or_path,
-        quantization=quantization_dict(cfg),
-    )
-    if m.vera:
-        return AdapterConfig(method="vera", r=m.vera_rank, vera_seed=m.vera_seed, vera_d_init=m.vera_d_init,
-                             dropout=m.lora_dropout, **common)
-    return AdapterConfig(
-        method="lora", r=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, rslora=m.rslora,
-        lora_plus_scale=m.lora_plus_scale, pissa=m.pissa, pissa_niter=m.pissa_niter, **common,
-    )
+    return adapter_config_from_args({**dataclasses.asdict(cfg.model), "quantization": quantization_dict(cfg),
+                                     "model_type": model_type})
 
 
 def quantization_dict(cfg: RunConfig) -> Optional[Dict[str, Any]]:

@@ -12,8 +12,9 @@ build Paddle's ``flashmask_attention`` has no kernel and fails.
 module's global, never ``paddle.nn.functional`` itself) for a thin proxy whose
 ``flashmask_attention`` dispatches per call: tensors on a GPU/XPU of a build
 that has the native op go to Paddle's kernel, everything else to
-``paddlenlp_ext.attention.flashmask_attention``.  All other ``F.*`` lookups
-fall through to the real module.
+``paddlenlp_ext.kernels.flashmask_attention``.  All other ``F.*`` lookups
+fall through to the real module.  ``cpu_flashmask()`` is the context-manager
+form (installs, and on exit restores exactly what it installed).
 
 Input contract of the patched models
 ------------------------------------
@@ -38,20 +39,36 @@ path is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 
 import paddle
 import paddle.nn.functional as _F
 
-from paddlenlp_ext.attention import flashmask_attention as cpu_flashmask_attention
+from ..kernels import flashmask_attention as cpu_flashmask_attention
+from .versions import check_versions
+
+check_versions()
 
 __all__ = [
+    "cpu_flashmask",
     "install_cpu_flashmask",
     "uninstall_cpu_flashmask",
     "is_installed",
     "native_flashmask_available",
     "flashmask_dispatch",
+    "flashmask_path",
+]
+
+#: (module, attribute) pairs this module reads or patches (tests/test_integrations.py).
+RELIED_ON = [
+    ("paddlenlp.transformers.llama.fusion_ops", "F"),
+    ("paddlenlp.transformers.llama.fusion_ops", "fusion_flash_attention"),
+    ("paddlenlp.transformers.llama.modeling", "flash_attention"),
+    ("paddlenlp.transformers.qwen2.modeling", "flash_attention"),
+    ("paddle._C_ops", "flashmask_attention"),
+    ("paddle.nn.functional", "flashmask_attention"),
 ]
 
 _NATIVE_FLASHMASK = getattr(_F, "flashmask_attention", None)
@@ -62,21 +79,15 @@ _ORIGINALS: dict = {}
 def native_flashmask_available() -> bool:
     """True when Paddle has the FlashMask op *and* a device that runs it
     (a CUDA or XPU build with at least one visible device)."""
-    if _NATIVE_FLASHMASK is None:
-        return False
-    try:
-        from paddle import _C_ops
+    from paddle import _C_ops
 
-        if not hasattr(_C_ops, "flashmask_attention"):
-            return False
-        # CPU wheels register the op too; only a device build has a kernel.
-        if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
-            return True
-        if paddle.is_compiled_with_xpu() and paddle.device.xpu.device_count() > 0:
-            return True
-    except Exception:
+    if _NATIVE_FLASHMASK is None or not hasattr(_C_ops, "flashmask_attention"):
         return False
-    return False
+    # CPU wheels register the op too; only a device build has a kernel.  The
+    # compiled-with checks come first: device_count() is only defined there.
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        return True
+    return bool(paddle.is_compiled_with_xpu() and paddle.device.xpu.device_count() > 0)
 
 
 def _on_native_device(x) -> bool:
@@ -99,11 +110,25 @@ def _normalize_startend(sri):
     return sri
 
 
+#: dtypes Paddle's native FlashMask kernel accepts (it has no fp32 kernel).
+NATIVE_DTYPES = (paddle.float16, paddle.bfloat16)
+
+
+def flashmask_path(query) -> str:
+    """Which implementation runs for this query tensor: ``"native"`` (Paddle's
+    kernel: a device build, the tensor on that device, fp16/bf16) or
+    ``"portable"`` (paddlenlp_ext.kernels; any device and dtype, e.g. fp32
+    weights on a GPU without O2)."""
+    if native_flashmask_available() and _on_native_device(query) and query.dtype in NATIVE_DTYPES:
+        return "native"
+    return "portable"
+
+
 def flashmask_dispatch(query, key, value, startend_row_indices=None, **kwargs):
     """``flashmask_attention`` that uses Paddle's kernel where it can run and
-    the CPU implementation otherwise."""
+    the portable implementation otherwise (see :func:`flashmask_path`)."""
     sri = _normalize_startend(startend_row_indices)
-    if native_flashmask_available() and _on_native_device(query):
+    if flashmask_path(query) == "native":
         return _NATIVE_FLASHMASK(query, key, value, sri, **kwargs)
     return cpu_flashmask_attention(query, key, value, sri, **kwargs)
 
@@ -153,8 +178,23 @@ def install_cpu_flashmask() -> None:
             mod.flash_attention = _flash_attention_unavailable
 
 
+@contextlib.contextmanager
+def cpu_flashmask():
+    """``with cpu_flashmask(): ...``: the patch for the duration of the block.
+
+    Restores the previous state on exit, so it nests: an already installed
+    patch stays installed after an inner block ends."""
+    was_installed = is_installed()
+    install_cpu_flashmask()
+    try:
+        yield
+    finally:
+        if not was_installed:
+            uninstall_cpu_flashmask()
+
+
 def uninstall_cpu_flashmask() -> None:
-    """Undo ``install_cpu_flashmask`` (tests)."""
+    """Undo ``install_cpu_flashmask``."""
     fusion_ops, model_mods = _model_modules()
     by_name = {m.__name__: m for m in (fusion_ops, *model_mods)}
     for (mod_name, attr), value in list(_ORIGINALS.items()):

@@ -1,6 +1,6 @@
 """Dense references for flashmask attention (tests and bench/attention.py).
 
-Deliberately independent of ``paddlenlp_ext.attention``: the mask is a
+Deliberately independent of the kernel modules of this package: the mask is a
 literal port of the ``flashmask_to_densemask`` loop in Paddle's
 flashmask_attention docstring, and attention is plain
 softmax(Q K^T / sqrt(d) + M) V.  O(seq^2) memory: for checking only.
@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 import paddle
+
+__all__ = ["docstring_dense_mask", "reference_attention"]
 
 
 def docstring_dense_mask(sri, causal):
@@ -38,6 +40,7 @@ def docstring_dense_mask(sri, causal):
 def reference_attention(q, k, v, masked):
     """softmax(Q K^T / sqrt(d) + M) V with GQA; rows with no visible key give 0.
 
+    q [b, sq, hq, d], k/v [b, sk, hk, d] -> [b, sq, hq, d].
     masked: bool numpy [b, 1 | hq | hk, sq, sk] (True = masked) or None.
     """
     b, sq, hq, d = q.shape

@@ -1,0 +1,330 @@
+"""Benchmark: QLoRA memory and speed through the real CLI on a 0.84B-parameter Llama.
+
+    .venv/bin/python bench/qlora_memory.py [--runs lora-fp32,nf4-dq,fp4,int8,int4] [--steps 3]
+        [--model_dir build/llama-0.8b] [--data_dir build/alpaca_en_demo] [--json out.json] [--keep]
+
+The model (random weights, 839,444,480 parameters, 3.36 GB fp32 in 5 safetensors shards of <= 1 GB,
+the real Llama-2 tokenizer) and the Alpaca demo data are built once by ``bench/big_model.py`` (in a
+subprocess) and cached.  Then every configuration runs in its own process, one after the other:
+
+    /usr/bin/time -f %M python llm/run_finetune.py llm/config/tiny/lora_argument.json
+        --model_name_or_path MODEL --dataset_name_or_path DATA --output_dir TMP/RUN
+        --max_steps 3 --per_device_train_batch_size 1 --max_length 256 --src_length 128
+        --pad_to_max_length true --do_eval false --save_strategy no --lora true --lora_rank 8 ...
+
+(every row padded to 256 tokens, so all steps do the same work; no evaluation, no checkpoint; the
+final save writes only the LoRA adapter).  Runs: ``lora-fp32`` (LoRA on the fp32 base: the baseline)
+and LoRA on a quantized base: ``nf4-dq`` (nf4 + double quantization), ``fp4``, ``int8``
+(weight_only_int8), ``int4`` (weight_only_int4).
+
+Measured per run:
+
+* peak RSS of the child: ``/usr/bin/time -f %M`` (the kernel's ru_maxrss of that process);
+* from ``output_dir/run_summary.json`` written by the CLI: RSS before the model (imports + tokenizer
+  + tokenized data: "runtime"), RSS after load (model loaded, quantized, adapters applied, trainer
+  built; minus runtime = "weights"), peak - RSS after load ("step overhead": activations, gradients,
+  optimizer state, and for quantized runs whatever of the load peak was not reached again),
+  per-step wall times and the CLI's wall time (non-step time = wall - sum(steps) = load + setup +
+  final save);
+* median step time of steps 2..N (step 1 includes one-off warm-up).
+
+Targets (the QLoRA issue), printed PASS/FAIL: nf4-dq peak <= 0.45x lora-fp32, int4 <= 0.45x,
+int8 <= 0.6x, nf4-dq median step time <= 1.3x.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = os.path.join("llm", "run_finetune.py")
+BASE_CONFIG = os.path.join("llm", "config", "tiny", "lora_argument.json")
+BUILD_SCRIPT = os.path.join(ROOT, "bench", "big_model.py")
+TIME_BIN = "/usr/bin/time"
+GB = 2**30
+
+BASELINE = "lora-fp32"
+RUNS = {
+    "lora-fp32": [],
+    "nf4-dq": ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
+    "fp4": ["--weight_quantize_algo", "fp4"],
+    "int8": ["--weight_quantize_algo", "weight_only_int8"],
+    "int4": ["--weight_quantize_algo", "weight_only_int4"],
+}
+# (run, metric, max ratio to the baseline)
+TARGETS = [("nf4-dq", "peak", 0.45), ("int4", "peak", 0.45), ("int8", "peak", 0.6), ("nf4-dq", "step", 1.3)]
+
+
+def common_overrides(model_dir, data_dir, output_dir, steps):
+    return [
+        "--model_name_or_path", model_dir, "--dataset_name_or_path", data_dir, "--output_dir", output_dir,
+        "--max_steps", str(steps), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
+        "--max_length", "256", "--src_length", "128", "--pad_to_max_length", "true", "--zero_padding", "false",
+        "--do_train", "true", "--do_eval", "false", "--eval_before_train", "false",
+        "--evaluation_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0",
+        "--lora", "true", "--lora_rank", "8",
+    ]
+
+
+# ---------------------------------------------------------------- build
+
+def ensure_model(model_dir, data_dir):
+    """Run bench/big_model.py in a subprocess (keeps paddle out of this process); returns its info."""
+    fd, info_path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    t0 = time.time()
+    res = subprocess.run([sys.executable, BUILD_SCRIPT, "--model_dir", model_dir, "--data_dir", data_dir,
+                          "--info-json", info_path], cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.stderr.write(res.stderr[-4000:])
+        sys.exit(res.returncode)
+    with open(info_path) as f:
+        info = json.load(f)
+    os.unlink(info_path)
+    info["ensure_seconds"] = round(time.time() - t0, 1)
+    return info
+
+
+# ---------------------------------------------------------------- one run
+
+def child_command(time_file, cli_args):
+    cmd = [sys.executable, CLI, BASE_CONFIG] + cli_args
+    if os.access(TIME_BIN, os.X_OK):
+        return [TIME_BIN, "-f", "%M", "-o", time_file] + cmd
+    return cmd
+
+
+def read_peak_kb(time_file):
+    """/usr/bin/time -o writes '%M' as the last line (a 'Command exited' line may precede it)."""
+    try:
+        with open(time_file) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+        return int(lines[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def code_fingerprint():
+    """Hash of every .py under paddlenlp_ext/ and llm/: the checkout is edited concurrently, and rows
+    measured with different code are not comparable."""
+    h = hashlib.sha1()
+    for top in ("paddlenlp_ext", "llm"):
+        for d, dirs, files in sorted(os.walk(os.path.join(ROOT, top))):
+            dirs.sort()
+            for f in sorted(x for x in files if x.endswith(".py")):
+                path = os.path.join(d, f)
+                h.update(path.encode())
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    return h.hexdigest()[:12]
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def error_tail(log_path, n=25):
+    with open(log_path, errors="replace") as f:
+        lines = [ln.rstrip() for ln in f if "Warning" not in ln and "warnings.warn" not in ln]
+    return "\n".join(lines[-n:])
+
+
+def run_one(name, model_dir, data_dir, work, steps):
+    out_dir = os.path.join(work, name)
+    log_path = os.path.join(work, f"{name}.log")
+    time_file = os.path.join(work, f"{name}.time")
+    args = common_overrides(model_dir, data_dir, out_dir, steps) + RUNS[name]
+    cmd = child_command(time_file, args)
+    print(f"[{name}] {' '.join(cmd[cmd.index(sys.executable):])}", flush=True)
+    t0, code_before, load_before = time.time(), code_fingerprint(), os.getloadavg()[0]
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    rec = {"run": name, "returncode": rc, "process_wall_s": round(time.time() - t0, 1), "log": log_path,
+           "args": RUNS[name], "code_before": code_before, "code_after": code_fingerprint(),
+           "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+    summary_path = os.path.join(out_dir, "run_summary.json")
+    if rc != 0 or not os.path.isfile(summary_path):
+        rec["error"] = error_tail(log_path)
+        print(f"[{name}] FAILED (exit {rc}); last lines of {log_path}:\n{rec['error']}\n", flush=True)
+        return rec
+    with open(summary_path) as f:
+        rec["summary"] = json.load(f)
+    peak_kb = read_peak_kb(time_file)
+    rec["peak_source"] = "/usr/bin/time %M" if peak_kb is not None else "run_summary peak_rss_bytes"
+    rec["peak_rss_bytes"] = peak_kb * 1024 if peak_kb is not None else rec["summary"]["peak_rss_bytes"]
+    rec["output_dir_bytes"] = dir_bytes(out_dir)
+    rec.update(derive(rec["summary"], rec["peak_rss_bytes"]))
+    print(f"[{name}] done in {rec['process_wall_s']} s: peak {rec['peak_rss_bytes'] / GB:.2f} GB, "
+          f"median step {fmt(rec['median_step_s'], '.2f')} s", flush=True)
+    return rec
+
+
+def derive(s, peak):
+    """Memory breakdown and timing from a run_summary.json and the measured peak."""
+    steps = s.get("step_times_s") or []
+    later = steps[1:] or steps
+    before, after = s.get("rss_before_model_bytes"), s.get("rss_after_load_bytes")
+    out = {
+        "runtime_bytes": before,
+        "weights_bytes": after - before if None not in (before, after) else None,
+        "step_overhead_bytes": peak - after if after is not None else None,
+        "rss_after_first_step_bytes": s.get("rss_after_first_step_bytes"),
+        "median_step_s": statistics.median(later) if later else None,
+        "non_step_s": round(s["wall_time_s"] - sum(steps), 2) if "wall_time_s" in s else None,
+        "train_loss": s.get("train_loss"),
+    }
+    q = s.get("quantization") or {}
+    params, qbytes = q.get("params", q.get("params_quantized")), q.get("bytes_after", q.get("bytes_quantized"))
+    out["bytes_per_param"] = q.get("bytes_per_param") or (qbytes / params if params and qbytes else None)
+    out["load_peak_bytes"] = q.get("peak_rss_bytes")  # process peak right after loading (streaming loader)
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def add_ratios(records):
+    base = records.get(BASELINE)
+    for rec in records.values():
+        ok = "summary" in rec and base is not None and "summary" in base
+        rec["peak_ratio"] = ratio(rec.get("peak_rss_bytes"), base.get("peak_rss_bytes")) if ok else None
+        rec["step_ratio"] = ratio(rec.get("median_step_s"), base.get("median_step_s")) if ok else None
+
+
+def gb(x):
+    return fmt(None if x is None else x / GB, ".2f")
+
+
+COLUMNS = [("run", 9, "s"), ("peak GB", 8, "s"), ("x base", 7, "s"), ("runtime", 8, "s"), ("weights", 8, "s"),
+           ("step ovh", 9, "s"), ("load pk", 8, "s"), ("after st1", 10, "s"), ("B/param", 8, "s"), ("load s", 7, "s"),
+           ("step s", 7, "s"), ("x base", 7, "s"), ("loss", 7, "s"), ("out MB", 7, "s")]
+
+
+def table_row(rec):
+    if "summary" not in rec:
+        return [rec["run"], f"FAILED (exit {rec['returncode']})"]
+    return [rec["run"], gb(rec["peak_rss_bytes"]), fmt(rec["peak_ratio"], ".2f") + "x", gb(rec["runtime_bytes"]),
+            gb(rec["weights_bytes"]), gb(rec["step_overhead_bytes"]), gb(rec["load_peak_bytes"]),
+            gb(rec["rss_after_first_step_bytes"]),
+            fmt(rec["bytes_per_param"], ".3f"), fmt(rec["non_step_s"], ".1f"), fmt(rec["median_step_s"], ".2f"),
+            fmt(rec["step_ratio"], ".2f") + "x", fmt(rec["train_loss"], ".3f"),
+            fmt(rec["output_dir_bytes"] / 1e6, ".1f")]
+
+
+def print_table(records):
+    header = "  ".join(h.rjust(w) for h, w, _ in COLUMNS)
+    print(header)
+    print("-" * len(header))
+    for rec in records.values():
+        cells = table_row(rec)
+        if len(cells) == 2:
+            print(cells[0].rjust(COLUMNS[0][1]) + "  " + cells[1])
+        else:
+            print("  ".join(c.rjust(w) for c, (_, w, _) in zip(cells, COLUMNS)))
+
+
+def check_targets(records):
+    results = []
+    for run, metric, limit in TARGETS:
+        rec = records.get(run)
+        value = None if rec is None else rec.get("peak_ratio" if metric == "peak" else "step_ratio")
+        status = "n/a" if value is None else ("PASS" if value <= limit else "FAIL")
+        what = "peak RSS" if metric == "peak" else "median step time"
+        results.append(dict(run=run, metric=metric, limit=limit, value=value, status=status,
+                            text=f"{run:7s} {what:16s} <= {limit:.2f}x {BASELINE}: {fmt(value, '.2f')}x  {status}"))
+    return results
+
+
+def print_report(records, targets, build):
+    print()
+    print(f"model: {build['params']:,} params, {build['shards']} safetensors shards, "
+          f"{build['total_bytes'] / 1e9:.2f} GB fp32; built in {build['build_seconds']} s"
+          f"{' (now)' if build.get('built_now') else ' (cached)'}")
+    print("memory in GiB (2^30 bytes); runtime = RSS before the model (imports + tokenizer + data); weights = RSS")
+    print("after load/quantize/adapters/trainer - runtime; step ovh = peak - RSS after load; after st1 = RSS after")
+    print("step 1; B/param = bytes per quantized linear weight; load s = CLI wall - sum(step times); step s =")
+    print("median of steps 2..N; load pk = process peak right after the model load (when the CLI reports it);")
+    print("out MB = output_dir size (adapter + metadata)")
+    print()
+    print_table(records)
+    print()
+    for t in targets:
+        print(t["text"])
+    print()
+    print_conditions(records)
+
+
+def print_conditions(records):
+    """Where the peak came from, machine load, and whether the code changed between the rows."""
+    sources = sorted({r["peak_source"] for r in records.values() if r.get("peak_source")})
+    if sources:
+        print(f"peak RSS source: {', '.join(sources)}")
+    print("1-min load average before/after each run (2 cores; > 2 means other processes competed for CPU): "
+          + ", ".join(f"{r['run']} {r['loadavg_1min_before_after']}" for r in records.values()))
+    codes = {c for r in records.values() for c in (r["code_before"], r["code_after"])}
+    if len(codes) > 1:
+        print("WARNING: paddlenlp_ext/ or llm/ changed during the benchmark (code fingerprints "
+              + ", ".join(f"{r['run']} {r['code_before']}->{r['code_after']}" for r in records.values())
+              + "): rows measured with different code are not comparable; run again")
+    else:
+        print(f"code fingerprint (paddlenlp_ext/ + llm/ *.py): {codes.pop() if codes else '-'} for every run")
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (>= 2)")
+    p.add_argument("--model_dir", default=os.path.join(ROOT, "build", "llama-0.8b"))
+    p.add_argument("--data_dir", default=os.path.join(ROOT, "build", "alpaca_en_demo"))
+    p.add_argument("--workdir", default=None, help="parent of the temporary output dirs")
+    p.add_argument("--json", default=None, help="write every number here")
+    p.add_argument("--keep", action="store_true", help="keep the output dirs and logs")
+    a = p.parse_args(argv)
+    a.runs = [r.strip() for r in a.runs.split(",") if r.strip()]
+    unknown = [r for r in a.runs if r not in RUNS]
+    if unknown or a.steps < 2:
+        p.error(f"unknown runs {unknown} (choose from {list(RUNS)})" if unknown else "--steps must be >= 2")
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    model_dir, data_dir = os.path.abspath(a.model_dir), os.path.abspath(a.data_dir)
+    build = ensure_model(model_dir, data_dir)
+    work = tempfile.mkdtemp(prefix="qlora_memory_", dir=a.workdir)
+    print(f"outputs and logs in {work}", flush=True)
+    records = {}
+    try:
+        for name in a.runs:
+            records[name] = run_one(name, model_dir, data_dir, work, a.steps)
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    add_ratios(records)
+    targets = check_targets(records)
+    print_report(records, targets, build)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": build, "steps": a.steps, "baseline": BASELINE, "runs": records,
+                       "targets": targets, "workdir": work if a.keep else None}, f, indent=2, default=str)
+    return 0 if all("summary" in r for r in records.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The one boundary to PaddleNLP's and Paddle's private internals.
+
+Everything in paddlenlp_ext that imports a private name of paddle/paddlenlp
+(``paddle._C_ops``, ``paddlenlp.transformers.llama.fusion_ops.F``), patches a
+library module, overrides a private ``Trainer`` method, or reads library
+source (``ast.parse``, ``inspect.getsource``) lives in this package.  The rest
+of the code calls the public functions defined here.
+
+Each module names the symbols it relies on in ``RELIED_ON`` so that
+``tests/test_integrations.py`` can assert they still exist with the expected
+signature: a PaddleNLP upgrade that renames one fails ``make test``, not a
+user's run.  Patches are installed by context managers and removed on exit.
+
+Modules:
+    versions             tested paddle / paddlenlp ranges, checked at import
+    training_args_source PaddleNLP's TrainingArguments fields read with ast (no paddle import)
+    trainer              Trainer subclass: private save/load/log overrides, public hooks
+    training_args        TrainingArguments class built on PaddleNLP's, and its fix-ups
+    flashmask            the fusion_ops patch that routes FlashMask attention to our CPU kernel
+    devices              device / kernel capability checks
+
+Importing this package itself never imports paddle.
+"""
