@@ -136,11 +136,11 @@ def error_tail(log_path, n=25):
     return "\n".join(lines[-n:])
 
 
-def run_one(name, model_dir, data_dir, work, steps):
+def run_one(name, model_dir, data_dir, work, steps, extra=()):
     out_dir = os.path.join(work, name)
     log_path = os.path.join(work, f"{name}.log")
     time_file = os.path.join(work, f"{name}.time")
-    args = common_overrides(model_dir, data_dir, out_dir, steps) + RUNS[name]
+    args = common_overrides(model_dir, data_dir, out_dir, steps) + RUNS[name] + list(extra)
     cmd = child_command(time_file, args)
     print(f"[{name}] {' '.join(cmd[cmd.index(sys.executable):])}", flush=True)
     t0, code_before, load_before = time.time(), code_fingerprint(), os.getloadavg()[0]
@@ -295,7 +295,10 @@ def parse_args(argv):
     p.add_argument("--workdir", default=None, help="parent of the temporary output dirs")
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--keep", action="store_true", help="keep the output dirs and logs")
+    p.add_argument("--extra", default="", help="more CLI overrides for every run, e.g. '--recompute true' "
+                   "(the same for the baseline and the quantized runs)")
     a = p.parse_args(argv)
+    a.extra = a.extra.split()
     a.runs = [r.strip() for r in a.runs.split(",") if r.strip()]
     unknown = [r for r in a.runs if r not in RUNS]
     if unknown or a.steps < 2:
@@ -312,16 +315,18 @@ def main(argv=None):
     records = {}
     try:
         for name in a.runs:
-            records[name] = run_one(name, model_dir, data_dir, work, a.steps)
+            records[name] = run_one(name, model_dir, data_dir, work, a.steps, a.extra)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     add_ratios(records)
     targets = check_targets(records)
+    if a.extra:
+        print(f"every run with: {' '.join(a.extra)}")
     print_report(records, targets, build)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": build, "steps": a.steps, "baseline": BASELINE, "runs": records,
+            json.dump({"model": build, "steps": a.steps, "extra": a.extra, "baseline": BASELINE, "runs": records,
                        "targets": targets, "workdir": work if a.keep else None}, f, indent=2, default=str)
     return 0 if all("summary" in r for r in records.values()) else 1
 

@@ -70,3 +70,19 @@ def test_log_history_kept_in_trainer_state(tmp_path, tiny_model_dir):
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 4
+
+
+def test_o2_amp_leaves_quantized_bases_in_float32(tiny_model_dir):
+    """PaddleNLP's Trainer decorates with excluded_layers = [...] + self._decorate_exclude_layers(model):
+    ours must name every QuantizedLinear, whose fp32 scales / code book O2 would otherwise cast."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from paddlenlp_ext.quant import QuantizedLinear, quantize_model
+    from paddlenlp_ext.training.trainer import FinetuneTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    quantize_model(model, "nf4", block_size=16)
+    trainer = object.__new__(FinetuneTrainer)  # the hook reads nothing of the trainer's state
+    excluded = trainer._decorate_exclude_layers(model)
+    quantized = [l for l in model.sublayers() if isinstance(l, QuantizedLinear)]
+    assert len(quantized) == 14 and {id(l) for l in excluded} == {id(l) for l in quantized}

@@ -46,9 +46,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, find_checkpoint, iter_tensors
-from .targets import NEVER_TARGET_PARTS, decoder_linear_targets
 
-__all__ = ["load_model_streaming", "select_targets", "CheckpointError", "QUANT_KEYS"]
+__all__ = ["load_model_streaming", "CheckpointError", "QUANT_KEYS"]
 
 _log = logging.getLogger("paddlenlp_ext.models.loading")
 
@@ -80,37 +79,6 @@ def _few(names: Sequence[str]) -> str:
     names = sorted(names)
     more = f" and {len(names) - _SHOW} more" if len(names) > _SHOW else ""
     return ", ".join(repr(n) for n in names[:_SHOW]) + more
-
-
-def select_targets(model, target_modules: Optional[Sequence[str]] = None) -> Tuple[Dict[str, Any], List[str]]:
-    """``({name: nn.Linear}, skipped)``: the layers ``quantize_model`` would replace, by the same rules.
-
-    Patterns (default: the family's decoder linears) are ``re.fullmatch``-ed on
-    ``named_sublayers`` names; names containing ``NEVER_TARGET_PARTS`` never
-    match; only exact ``nn.Linear`` instances are targets (subclasses: ``skipped``).
-    """
-    import paddle.nn as nn
-
-    if target_modules is None:
-        config = getattr(model, "config", None)
-        target_modules = decoder_linear_targets(getattr(config, "model_type", None))
-    if isinstance(target_modules, str):
-        target_modules = [target_modules]
-    pats = []
-    for p in target_modules:
-        try:
-            pats.append(re.compile(p))
-        except re.error as e:
-            raise ValueError(f"target_modules: invalid regular expression {p!r}: {e}") from None
-    targets, skipped = {}, []
-    for name, layer in model.named_sublayers():
-        if not name or any(n in name for n in NEVER_TARGET_PARTS) or not any(p.fullmatch(name) for p in pats):
-            continue
-        if type(layer) is nn.Linear:
-            targets[name] = layer
-        elif isinstance(layer, nn.Linear):
-            skipped.append(name)
-    return targets, skipped
 
 
 def _check_quantization(quantization: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -297,6 +265,7 @@ def load_model_streaming(
     """
     from ..integrations import lazy_init
     from ..quant.formats import check_target_shape
+    from ..quant.model import select_targets
 
     log = logger if logger is not None else _log
     t0, rss0 = time.perf_counter(), _rss()
@@ -319,6 +288,7 @@ def load_model_streaming(
 
     targets: Dict[str, Any] = {}
     if quant:
+        # the same rules as quantize_model (one definition): exact nn.Linear, family targets, TP refused
         targets, skipped = select_targets(model, target_modules)
         if skipped:
             log.info(f"load_model_streaming: not quantized (not a plain nn.Linear): {_few(skipped)}")

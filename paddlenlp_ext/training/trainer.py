@@ -99,9 +99,9 @@ class FinetuneTrainer(TrainerBoundary):
 
     def amp_excluded_layers(self, model) -> list:
         # quantized bases keep fp32 scales / code books under O2 (their codes are integers anyway)
-        from ..quant import QuantizedLinear
+        from ..quant import amp_excluded_layers
 
-        return [layer for _, layer in model.named_sublayers() if isinstance(layer, QuantizedLinear)]
+        return amp_excluded_layers(model)
 
     def load_weights(self, resume_from_checkpoint) -> bool:
         if self.adapter_config is None:
