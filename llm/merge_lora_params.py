@@ -7,7 +7,8 @@
 Streams the base checkpoint one tensor at a time (memory ~ a few of the largest
 adapted tensors, never a shard or the whole model), writes a complete PaddleNLP
 model directory and, by default, checks that the merged model reproduces
-base + adapter.  See docs/merge.md.
+base + adapter.  See docs/merge.md.  ``--lora_path`` may also be a PaddleNLP
+adapter (lora_config.json); llm/tools/merge_lora_params.py takes PaddleNLP's flags.
 
 Exit codes: 0 ok; 1 bad input / output location (nothing written);
 2 bad command line; 3 merged but verification failed or could not run (the
@@ -21,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddlenlp_ext.merge import EXIT_ERROR, VERIFY_FAILED_MARKER, MergeError, merge_adapter_checkpoint  # noqa: E402
+from paddlenlp_ext.merge import EXIT_ERROR, MergeError, merge_adapter_checkpoint, report_merge  # noqa: E402
 
 
 def str2bool(v):
@@ -38,7 +39,8 @@ def str2bool(v):
 def parse_arguments(argv=None):
     p = argparse.ArgumentParser(description="Merge a saved adapter into its base model (streaming, verified).")
     p.add_argument("--model_name_or_path", required=True, help="local directory of the ORIGINAL base model")
-    p.add_argument("--lora_path", required=True, help="adapter directory (adapter_config.json + adapter_model.safetensors)")
+    p.add_argument("--lora_path", required=True, help="adapter directory (adapter_config.json + adapter_model.safetensors, "
+                   "or PaddleNLP's lora_config.json + lora_model_state.pdparams)")
     p.add_argument("--merge_model_path", "--output_path", "--merge_lora_model_path", dest="merge_model_path",
                    required=True, help="output directory for the merged model (must be empty or absent)")
     p.add_argument("--device", default=None, choices=["cpu", "gpu"],
@@ -66,13 +68,7 @@ def main(argv=None):
     except (MergeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    status = (result.verify or {}).get("status", "not run")
-    print(f"[merge] merged {len(result.modules_merged)} modules into {result.output_dir} "
-          f"({len(result.weight_files)} weight file(s), {result.dtype}) in {time.time() - t0:.1f}s; verify: {status}")
-    if result.verify_failed:
-        print(f"error: verification FAILED; {os.path.join(result.output_dir, VERIFY_FAILED_MARKER)} marks the "
-              "output as untrustworthy", file=sys.stderr)
-    return result.exit_code
+    return report_merge(result, time.time() - t0)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,14 @@ def tiny_model_dir():
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_dir():
+    """A tiny Qwen2ForCausalLM with the tiny Llama's sizes and tokenizer (built once)."""
+    from paddlenlp_ext.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(os.path.join(ROOT, "build", "tiny-qwen2"), DATA_DIR, family="qwen2")
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     from paddlenlp.transformers import AutoTokenizer
 

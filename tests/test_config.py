@@ -53,14 +53,14 @@ def test_unknown_key_suggests_nearest(tmp_path, base):
 def test_every_problem_reported_together(tmp_path, base):
     cfg = {**base, "flash_mask": True, "greedy_zero_padding": True, "lora": True, "vera": True,
            "src_length": 4096, "lora_rank": 0, "learning_rate": "fast", "dataset_name_or_path": str(tmp_path),
-           "per_device_train_batch_size": 0, "evaluation_strategy": "sometimes", "lokr": True}
+           "per_device_train_batch_size": 0, "evaluation_strategy": "sometimes", "reft": True}
     p = "\n".join(problems(write(tmp_path, cfg)))
     for needle in ("flash_mask=true needs use_flash_attention", "greedy_zero_padding=true needs zero_padding",
                    "only one adapter method", "lora_rank: must be > 0", "learning_rate: expected a number",
                    "has no train.json", "per_device_train_batch_size: must be > 0",
-                   "evaluation_strategy: must be one of", "lokr=True is not supported yet"):
+                   "evaluation_strategy: must be one of", "reft=True is not supported yet"):
         assert needle in p, needle
-    assert "src_length (4096) must be smaller than max_length (2048)" in p
+    assert "src_length (4096) must not exceed max_length (2048)" in p
 
 
 def test_json_syntax_error_names_line(tmp_path):
@@ -156,15 +156,6 @@ def test_target_modules_alias(tmp_path, base):
     assert cfg.model.lora_target_modules == [".*q_proj"] and "lora_target_modules" in cfg.derived
     p = problems(write(tmp_path, {**base, "lora": True, "target_modules": ["a"], "lora_target_modules": ["b"]}))
     assert "aliases but differ" in p[0]
-
-
-@pytest.mark.parametrize("name", ["llama/sft_argument.json", "llama/lora_argument.json",
-                                  "tiny/sft_argument.json", "tiny/lora_argument.json"])
-def test_shipped_configs_validate(tmp_path, tiny_model_dir, name):
-    cfg = load_config(os.path.join(ROOT, "llm", "config", name),
-                      ["--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR,
-                       "--output_dir", str(tmp_path)])
-    assert cfg.training["do_train"] and cfg.data.max_length > cfg.data.src_length
 
 
 def test_batch_padding_keys_conflict_with_zero_padding(tmp_path, base):

@@ -182,7 +182,10 @@ def test_install_is_idempotent_local_and_nests():
     assert fusion_ops.F is proxy and is_installed()  # the inner context restores the outer state
     assert F.flashmask_attention is native  # the global API is untouched
     assert fusion_ops.F.flashmask_attention is flashmask_patch.flashmask_dispatch
-    assert fusion_ops.F.scaled_dot_product_attention is F.scaled_dot_product_attention
+    # SDPA goes through the dense-mask fix (sdpa_dispatch); everything else is Paddle's own
+    assert fusion_ops.F.scaled_dot_product_attention is flashmask_patch.sdpa_dispatch
+    assert F.scaled_dot_product_attention is not flashmask_patch.sdpa_dispatch
+    assert fusion_ops.F.softmax is F.softmax
     uninstall_cpu_flashmask()
     assert fusion_ops.F is F and not is_installed()
     with cpu_flashmask():

@@ -41,9 +41,12 @@ def tiny_features(tok, data_dir, n, max_length=128):
     return [tokenize_example(e, tok, 64, max_length, False)[0] for e in exs]
 
 
-@pytest.mark.parametrize("flash_mask", [False, True])
+@pytest.mark.parametrize("attention", ["eager", "flash_dense_mask", "flash_mask"])
 @pytest.mark.parametrize("data", ["advertise", "multi_turn"])
-def test_packed_loss_and_grads_equal_unpacked(tiny_model_dir, tiny_tokenizer, tmp_path, flash_mask, data):
+def test_packed_loss_and_grads_equal_unpacked(tiny_model_dir, tiny_tokenizer, tmp_path, attention, data):
+    """eager: dense mask through the model's own attention; flash_dense_mask: use_flash_attention
+    with a dense packed mask (Paddle's CPU SDPA ignores the mask when is_causal is set; our
+    patch applies it); flash_mask: FlashMask start rows through the CPU kernel."""
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
     from paddlenlp_ext.integrations.flashmask import cpu_flashmask
@@ -52,9 +55,10 @@ def test_packed_loss_and_grads_equal_unpacked(tiny_model_dir, tiny_tokenizer, tm
     data_dir = DATA_DIR if data == "advertise" else multi_turn_dir(tmp_path)
     feats = tiny_features(tiny_tokenizer, data_dir, 12, max_length=200)
     config = AutoConfig.from_pretrained(tiny_model_dir)
-    config.use_flash_attention = flash_mask
+    flash_mask = attention == "flash_mask"
+    config.use_flash_attention = attention != "eager"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, config=config)
-    with cpu_flashmask() if flash_mask else contextlib.nullcontext():
+    with cpu_flashmask() if config.use_flash_attention else contextlib.nullcontext():
         r = check_packing(model, feats, 256, tiny_tokenizer.pad_token_id, flash_mask=flash_mask)
     assert r["packs"] < r["examples"]
     assert r["loss_abs_diff"] <= 1e-5 and r["grad_max_rel_diff"] <= 1e-5, r

@@ -1,9 +1,9 @@
-"""Parameter-efficient adapters: LoRA (+ rsLoRA, LoRA+, PiSSA), VeRA, NEFTune.
+"""Parameter-efficient adapters: LoRA (+ rsLoRA, LoRA+, PiSSA), VeRA, LoKr, NEFTune.
 
 Public API (see docs/methods.md)::
 
     AdapterConfig                                   # config.py (no paddle import)
-    METHODS                                         # {"lora", "pissa", "vera"} -> layer class
+    METHODS                                         # {"lora", "pissa", "vera", "lokr"} -> layer class
     apply_adapters(model, config, *, init_weights=True) -> dict
     adapter_state_dict(model) -> {f"{module}.{suffix}": Tensor}
     save_adapter(model, config, output_dir) -> {"config": path, "weights": path}
@@ -13,6 +13,7 @@ Public API (see docs/methods.md)::
     count_parameters(model) -> (trainable, total)
     compute_delta(method, config, tensors_for_one_module, in_features, out_features) -> np.ndarray [in, out]
     vera_projections(seed, r, max_in, max_out) -> (A [r, max_in], B [max_out, r])
+    factorization(dim, factor) -> (m, n);  lokr_shapes(config, in, out) -> {suffix: shape}
     attach_neftune(model, alpha) -> NEFTuneHook;  token_lengths_from_batch(...)
 
 Attributes are imported lazily, so ``from paddlenlp_ext.adapters.config import
@@ -54,6 +55,9 @@ _LAZY = {
     "VeRALinear": "vera",
     "VeRAShared": "vera",
     "vera_projections": "vera",
+    "LoKrLinear": "lokr",
+    "factorization": "lokr",
+    "lokr_shapes": "lokr",
     "randomized_svd": "pissa",
     "exact_svd": "pissa",
     "pissa_factors": "pissa",

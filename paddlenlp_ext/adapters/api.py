@@ -18,16 +18,18 @@ from .base import (
     to_numpy_f32,
 )
 from .config import WEIGHTS_NAME, AdapterConfig
+from .lokr import LoKrLinear
 from .lora import LoRALinear
 from .pissa import PiSSALinear
 from .vera import VeRALinear
 
 #: method / layer type -> adapter layer class.  ``AdapterConfig.layer_type``
-#: gives the key ("lora", "pissa" for lora+pissa, "vera").
+#: gives the key ("lora", "pissa" for lora+pissa, "vera", "lokr").
 METHODS: Dict[str, type] = {
     "lora": LoRALinear,
     "pissa": PiSSALinear,
     "vera": VeRALinear,
+    "lokr": LoKrLinear,
 }
 
 _MODEL_CONFIG_ATTR = "_paddlenlp_ext_adapter_config"
@@ -163,8 +165,7 @@ def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: s
         raise AdapterError("save_adapter: no config given and the model carries none")
     if applied is not None and applied is not config:
         a, c = applied.to_dict(), config.to_dict()
-        diff = [k for k in ("method", "r", "alpha", "rslora", "pissa", "vera_seed", "vera_max_in", "vera_max_out")
-                if a[k] != c[k] and not (k.startswith("vera_max") and c[k] is None)]
+        diff = [k for k in _COMPAT_KEYS if a[k] != c[k] and not (k.startswith("vera_max") and c[k] is None)]
         if diff:
             raise AdapterError(f"save_adapter: config differs from the one the adapters were built with in {diff}")
         for k in ("vera_max_in", "vera_max_out"):
@@ -185,6 +186,10 @@ def read_adapter_tensors(adapter_dir: str) -> Dict[str, np.ndarray]:
 
     path = os.path.join(adapter_dir, WEIGHTS_NAME)
     if not os.path.isfile(path):
+        from .paddlenlp_format import is_paddlenlp_adapter, read_paddlenlp_tensors
+
+        if is_paddlenlp_adapter(adapter_dir):  # PaddleNLP's lora_model_state.pdparams, in our naming
+            return read_paddlenlp_tensors(adapter_dir)
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in {adapter_dir}")
     return load_file(path)
 
@@ -215,14 +220,16 @@ def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
         layer.load_adapter_state_dict(per_layer[n])
 
 
-_COMPAT_KEYS = ("method", "r", "alpha", "rslora", "pissa", "vera_seed", "vera_max_in", "vera_max_out")
+_COMPAT_KEYS = ("method", "r", "alpha", "rslora", "pissa", "vera_seed", "vera_max_in", "vera_max_out",
+                "lokr_factor", "lokr_decompose_both")
 
 
 def load_adapter_weights(model: nn.Layer, adapter_dir: str) -> AdapterConfig:
     """Load ``adapter_dir``'s weights into a model that ALREADY has adapters
     (e.g. resuming training from a checkpoint written by ``save_adapter``).
     The saved config must agree with the model's on method, r, alpha, rslora,
-    pissa and the VeRA projection parameters; loading is strict.  PiSSA
+    pissa, the VeRA projection parameters and the LoKr factorization (lokr_factor,
+    lokr_decompose_both); loading is strict.  PiSSA
     residuals are moved from the model's current A0/B0 to the saved ones."""
     if not iter_adapter_layers(model):
         raise AdapterError("load_adapter_weights: the model has no adapters; use load_adapter() on a base model")
@@ -301,7 +308,8 @@ def compute_delta(
     ``base_weight_from_original_checkpoint`` is ``{module}.weight`` of the
     ORIGINAL base checkpoint ([in, out], Paddle orientation).  For PiSSA the
     delta includes the residual correction ``-s*A0@B0``; for VeRA the shared
-    projections are regenerated from ``config`` (seed, r, vera_max_in/out).
+    projections are regenerated from ``config`` (seed, r, vera_max_in/out);
+    for LoKr the set of tensors depends on the module's shape (``lokr_shapes``).
     ``method`` is ``config.method`` (``"pissa"`` is accepted for lora+pissa).
     """
     if not isinstance(config, AdapterConfig):
@@ -309,7 +317,7 @@ def compute_delta(
     if method not in (config.method, config.layer_type):
         raise ValueError(f"compute_delta: method {method!r} does not match config ({config.layer_type!r})")
     cls = layer_class(config)
-    expected = set(cls.state_suffixes)
+    expected = set(cls.expected_suffixes(config, int(in_features), int(out_features)))
     got = set(tensors_for_one_module)
     if got != expected:
         raise ValueError(

@@ -159,6 +159,12 @@ class AdapterLayer(nn.Layer):
         return {s: getattr(self, s) for s in self.state_suffixes}
 
     @classmethod
+    def expected_suffixes(cls, config: AdapterConfig, in_features: int, out_features: int) -> Tuple[str, ...]:
+        """Suffixes a saved module of this type holds; shape-dependent for LoKr
+        (which overrides this), ``state_suffixes`` for every other method."""
+        return tuple(cls.state_suffixes)
+
+    @classmethod
     def numpy_delta(
         cls, config: AdapterConfig, tensors: Mapping[str, np.ndarray], in_features: int, out_features: int
     ) -> np.ndarray:  # pragma: no cover - abstract

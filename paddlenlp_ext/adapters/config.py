@@ -1,7 +1,7 @@
 """Adapter configuration (plain Python: importing this module never imports paddle).
 
 ``AdapterConfig`` describes one parameter-efficient adapter (LoRA and its
-variants rsLoRA / LoRA+ / PiSSA, or VeRA) and round-trips through
+variants rsLoRA / LoRA+ / PiSSA, VeRA, or LoKr) and round-trips through
 ``adapter_config.json`` next to ``adapter_model.safetensors``.
 """
 
@@ -20,7 +20,7 @@ from ..models.targets import decoder_linear_targets
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
-SUPPORTED_METHODS = ("lora", "vera")
+SUPPORTED_METHODS = ("lora", "vera", "lokr")
 
 #: Default targets when the model type is unknown: every linear layer inside
 #: the decoder layers (one definition, ``paddlenlp_ext.models.targets``).
@@ -45,10 +45,12 @@ class AdapterConfig:
 
     Fields
     ------
-    method: ``"lora"`` or ``"vera"``.
-    r: rank (``lora_rank`` for LoRA, ``vera_rank`` for VeRA); default 8.
+    method: ``"lora"``, ``"vera"`` or ``"lokr"``.
+    r: rank (``lora_rank`` for LoRA, ``vera_rank`` for VeRA, ``lokr_dim`` for
+        LoKr); default 8.
     alpha: LoRA alpha; ``None`` (or PaddleNLP's "unset" value -1) resolves to
-        ``2 * r``.  Not used by VeRA
+        ``2 * r``.  LoKr: ``lokr_alpha``, ``None`` or 0 resolves to ``r``
+        (scaling 1, as PaddleNLP's LoKrLinear).  Not used by VeRA
         (VeRA has no scaling factor; setting it is an error).
     dropout: dropout probability on the adapter branch input.
     rslora: LoRA scaling ``alpha / sqrt(r)`` instead of ``alpha / r``.
@@ -63,6 +65,9 @@ class AdapterConfig:
     vera_max_in / vera_max_out: dimensions of the shared VeRA projections;
         filled in by ``apply_adapters`` (the largest in/out features over the
         adapted layers) and persisted, so the projections can be regenerated.
+    lokr_factor / lokr_decompose_both: LoKr's split of in/out into Kronecker
+        factors (-1 = most balanced) and whether W1 is low rank too
+        (``adapters.lokr``).
     base_model_name_or_path / model_type: informational.
     quantization: dict describing the quantized base (set by the caller) or
         ``None``.
@@ -81,6 +86,8 @@ class AdapterConfig:
     vera_d_init: float = 0.1
     vera_max_in: Optional[int] = None
     vera_max_out: Optional[int] = None
+    lokr_factor: int = -1
+    lokr_decompose_both: bool = False
     base_model_name_or_path: Optional[str] = None
     model_type: Optional[str] = None
     quantization: Optional[Dict[str, Any]] = None
@@ -96,6 +103,8 @@ class AdapterConfig:
             self.alpha = None
         if self.alpha is None and self.method == "lora" and _is_int(self.r):
             self.alpha = 2 * self.r
+        if self.method == "lokr" and (self.alpha is None or self.alpha == 0) and _is_int(self.r):
+            self.alpha = self.r  # PaddleNLP LoKr: lokr_alpha 0 means alpha = lokr_dim, scaling 1
         if _is_int(self.alpha):
             self.alpha = float(self.alpha)
         self.validate()
@@ -118,15 +127,23 @@ class AdapterConfig:
             err(f"lora_plus_scale must be a finite number > 0, got {self.lora_plus_scale!r}")
         if not _is_int(self.pissa_niter) or self.pissa_niter < 0:
             err(f"pissa_niter must be an integer >= 0 (0 = exact SVD), got {self.pissa_niter!r}")
-        if self.method == "lora":
+        if self.method in ("lora", "lokr"):
             if not _is_number(self.alpha) or not (self.alpha > 0) or math.isinf(self.alpha):
                 err(f"alpha must be a finite number > 0, got {self.alpha!r}")
-        else:  # vera
-            if self.alpha is not None:
-                err("alpha is not used by VeRA (the adapter has no scaling factor); leave it None")
+        elif self.alpha is not None:  # vera
+            err("alpha is not used by VeRA (the adapter has no scaling factor); leave it None")
+        if self.method != "lora":
             for name, default in (("rslora", False), ("pissa", False), ("lora_plus_scale", 1.0)):
                 if getattr(self, name) != default:
-                    err(f"{name}={getattr(self, name)!r} only applies to method='lora', not 'vera'")
+                    err(f"{name}={getattr(self, name)!r} only applies to method='lora', not {self.method!r}")
+        # lokr_factor 0 or < -1 would silently degrade to (1, dim) in PaddleNLP; a factor that does not
+        # divide a dimension is legal there (nearest balanced divisor <= factor, see lokr.factorization)
+        if not _is_int(self.lokr_factor) or not (self.lokr_factor == -1 or self.lokr_factor > 0):
+            err(f"lokr_factor must be -1 (most balanced factors) or a positive integer, got {self.lokr_factor!r}")
+        if not isinstance(self.lokr_decompose_both, bool):
+            err(f"lokr_decompose_both must be a bool, got {self.lokr_decompose_both!r}")
+        if self.method != "lokr" and (self.lokr_factor != -1 or self.lokr_decompose_both):
+            err(f"lokr_factor / lokr_decompose_both only apply to method='lokr', not {self.method!r}")
         if self.pissa and self.quantization:
             err("pissa cannot be combined with a quantized base (the residual weight would have to be re-quantized)")
         if self.target_modules is not None:
@@ -164,6 +181,8 @@ class AdapterConfig:
         """Factor applied to the low-rank product (1.0 for VeRA)."""
         if self.method == "vera":
             return 1.0
+        if self.method == "lokr":
+            return float(self.alpha) / self.r  # multiplies kron(W1, W2), not a low-rank product
         if self.rslora:
             return float(self.alpha) / math.sqrt(self.r)
         return float(self.alpha) / self.r
@@ -203,6 +222,10 @@ class AdapterConfig:
     def load(cls, load_dir: str) -> "AdapterConfig":
         path = os.path.join(load_dir, CONFIG_NAME) if os.path.isdir(load_dir) else load_dir
         if not os.path.isfile(path):
+            from .paddlenlp_format import is_paddlenlp_adapter, load_paddlenlp_config
+
+            if is_paddlenlp_adapter(load_dir):  # PaddleNLP's lora_config.json, converted
+                return load_paddlenlp_config(load_dir)
             raise FileNotFoundError(f"no {CONFIG_NAME} found at {path}")
         with open(path, "r", encoding="utf-8") as f:
             try:
@@ -213,7 +236,7 @@ class AdapterConfig:
 
 
 #: Flat config keys (PaddleNLP's names) that select an adapter method.
-ADAPTER_METHOD_KEYS = ("lora", "vera")
+ADAPTER_METHOD_KEYS = ("lora", "vera", "lokr")
 
 
 def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]:
@@ -224,20 +247,24 @@ def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]
     ``args`` holds PaddleNLP-style keys (``lora``, ``lora_rank``,
     ``lora_alpha``, ``rslora``, ``lora_plus_scale``, ``pissa``,
     ``pissa_niter``, ``vera``, ``vera_rank``, ``vera_seed``, ``vera_d_init``,
-    ``lora_dropout``, ``lora_target_modules`` / ``target_modules``) and
-    optionally ``model_name_or_path``, ``model_type`` and ``quantization``;
-    other keys are ignored.  Returns ``None`` when neither lora nor vera is on.
-    ``lora_alpha`` -1 (PaddleNLP's "unset") means ``2 * lora_rank``.
+    ``lokr``, ``lokr_dim``, ``lokr_alpha``, ``lokr_factor``,
+    ``lokr_decompose_both``, ``lora_dropout``, ``lora_target_modules`` /
+    ``target_modules``) and optionally ``model_name_or_path``, ``model_type``
+    and ``quantization``; other keys are ignored.  Returns ``None`` when no
+    method key (``ADAPTER_METHOD_KEYS``) is on.
+    ``lora_alpha`` -1 (PaddleNLP's "unset") means ``2 * lora_rank``;
+    ``lokr_alpha`` 0 (PaddleNLP's default) means scaling 1.
 
     >>> adapter_config_from_args({"lora": True, "lora_rank": 4, "rslora": True}).scaling  # 8 / sqrt(4)
     4.0
     """
     a = dict(args)
-    lora, vera = bool(a.get("lora", False)), bool(a.get("vera", False))
-    if lora and vera:
-        raise AdapterConfigError("only one adapter method at a time; got lora and vera both true")
-    if not (lora or vera):
+    on = [k for k in ADAPTER_METHOD_KEYS if a.get(k, False)]
+    if len(on) > 1:
+        raise AdapterConfigError(f"only one adapter method at a time; got {' and '.join(on)} both true")
+    if not on:
         return None
+    lora = on[0] == "lora"
     targets = a.get("lora_target_modules")
     if targets is None:
         targets = a.get("target_modules")
@@ -252,6 +279,13 @@ def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]
                   dropout=a.get("lora_dropout", 0.0), rslora=bool(a.get("rslora", False)),
                   lora_plus_scale=a.get("lora_plus_scale", 1.0), pissa=bool(a.get("pissa", False)),
                   pissa_niter=a.get("pissa_niter", 0))
+    elif on[0] == "lokr":
+        # rslora / pissa / lora_plus_scale are passed on so that combining them with LoKr is an error, not ignored
+        kw.update(method="lokr", r=a.get("lokr_dim", 8), alpha=a.get("lokr_alpha", 0.0),
+                  dropout=a.get("lora_dropout", 0.0), lokr_factor=a.get("lokr_factor", -1),
+                  lokr_decompose_both=bool(a.get("lokr_decompose_both", False)),
+                  rslora=bool(a.get("rslora", False)), pissa=bool(a.get("pissa", False)),
+                  lora_plus_scale=a.get("lora_plus_scale", 1.0))
     else:
         kw.update(method="vera", r=a.get("vera_rank", 8), dropout=a.get("lora_dropout", 0.0),
                   vera_seed=a.get("vera_seed", 0), vera_d_init=a.get("vera_d_init", 0.1))

@@ -29,6 +29,9 @@ class FieldSpec:
     gt: Optional[float] = None
     unsupported: Optional[str] = None
     required: bool = False
+    # PaddleNLP "llm meta" key: model_config (copied into the model config), gpu_fusion (GPU-only
+    # kernel, same results), gpt_only (read by PaddleNLP's GPT models only)
+    llm_meta: Optional[str] = None
 
 
 # Allowed values of PaddleNLP training keys whose type is a plain str/enum.
@@ -111,7 +114,7 @@ def _dataclass_specs(cls, group) -> Dict[str, FieldSpec]:
         specs[f.name] = FieldSpec(
             f.name, group, kind, optional or f.default is None, f.default, m.get("help", ""),
             choices=m.get("choices"), min=m.get("min"), gt=m.get("gt"),
-            unsupported=m.get("unsupported"), required=m.get("required", False),
+            unsupported=m.get("unsupported"), required=m.get("required", False), llm_meta=m.get("llm_meta"),
         )
     return specs
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
+from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
 from ..data.reader import find_split_files
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
+from .environment import DPO_HINT, DPO_KEYS, environment_problems
 from .fields import FieldSpec, all_fields
 from .schema import DataArgument, GenerateArgument, ModelArgument
 
@@ -44,6 +46,8 @@ class RunConfig:
     source: Optional[str] = None
     # key -> human-readable note of a value we derived (logged, written out)
     derived: Dict[str, str] = field(default_factory=dict)
+    # keys the user set (file or command line)
+    explicit: set = field(default_factory=set)
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -53,11 +57,12 @@ class RunConfig:
             "generate": dataclasses.asdict(self.generate),
             "training": dict(self.training),
             "derived": dict(self.derived),
+            "explicit": sorted(self.explicit),
         }
 
     @property
     def adapter_method(self) -> Optional[str]:
-        """'lora', 'vera' or None (full fine-tuning)."""
+        """'lora', 'vera', 'lokr' (the first key of ADAPTER_METHOD_KEYS that is on) or None (full fine-tuning)."""
         for key in ADAPTER_METHOD_KEYS:
             if getattr(self.model, key):
                 return key
@@ -216,6 +221,10 @@ def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig
     values: Dict[str, Any] = {}
     for key, (value, from_cli, origin) in raw.items():
         spec = specs.get(key)
+        if spec is None and key in DPO_KEYS:
+            problems.append(f"{origin}: {key!r} is a DPO (preference training) key; llm/run_finetune.py does "
+                            f"supervised fine-tuning only. {DPO_HINT}")
+            continue
         if spec is None:
             near = difflib.get_close_matches(key, list(specs), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else "; see docs/config.md for the valid keys"
@@ -244,7 +253,9 @@ def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
-    cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path)
+    cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
+                    explicit=set(values))
+    _apply_aliases(cfg)
     problems += _cross_checks(cfg, where)
     if problems:
         raise ConfigError(problems)
@@ -262,8 +273,19 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: flash_mask=true needs use_flash_attention=true")
     if d.greedy_zero_padding and not d.zero_padding:
         p.append(f"{where}: greedy_zero_padding=true needs zero_padding=true")
-    if d.src_length >= d.max_length:
-        p.append(f"{where}: src_length ({d.src_length}) must be smaller than max_length ({d.max_length})")
+    if d.src_length > d.max_length:
+        # equal is fine (as in PaddleNLP): the last target always keeps at least one token
+        p.append(f"{where}: src_length ({d.src_length}) must not exceed max_length ({d.max_length})")
+    if d.intokens is not None and d.intokens != d.zero_padding and "zero_padding" in cfg.explicit:
+        p.append(f"{where}: intokens (PaddleNLP's old name of zero_padding) is {d.intokens} but zero_padding is "
+                 f"{d.zero_padding}; keep only zero_padding")
+    p += environment_problems(cfg, where)
+    layers = t.get("no_recompute_layers")
+    if layers is not None:
+        try:
+            t["no_recompute_layers"] = [int(x) for x in layers]
+        except (TypeError, ValueError):
+            p.append(f"{where}: no_recompute_layers must be a list of layer indices (integers); got {layers!r}")
     for key in ("rslora", "pissa"):
         if getattr(m, key) and not m.lora:
             p.append(f"{where}: {key}=true needs lora=true")
@@ -274,9 +296,14 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if m.lora_alpha != -1 and m.lora_alpha <= 0:
         p.append(f"{where}: lora_alpha must be > 0 (or -1 for 2 x lora_rank); got {m.lora_alpha}")
     if m.lora_path and not methods:
-        p.append(f"{where}: lora_path is set but neither lora nor vera is true")
-    if m.lora_path and not os.path.isfile(os.path.join(m.lora_path, "adapter_config.json")):
-        p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (is it an adapter directory?)")
+        p.append(f"{where}: lora_path is set but no adapter method ({', '.join(ADAPTER_METHOD_KEYS)}) is true")
+    if m.lokr_path and m.lora_path != m.lokr_path:  # _apply_aliases copied lokr_path unless lora_path was set
+        p.append(f"{where}: lokr_path and lora_path are aliases but differ; set only one")
+    if m.lokr_path and not m.lokr:
+        p.append(f"{where}: lokr_path needs lokr=true")
+    if m.lora_path and adapter_config_file(m.lora_path) is None:
+        p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (nor PaddleNLP's lora_config.json; "
+                 "is it an adapter directory?)")
     elif m.lora_path and len(methods) == 1:
         p += _adapter_mismatches(m, where)
     if len(methods) == 1 and not m.lora_path:
@@ -346,30 +373,61 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: tensor_parallel_degree > 1 with {methods[0]} adapters is not supported yet")
     if t.get("resume_from_checkpoint") and not os.path.isdir(str(t["resume_from_checkpoint"])):
         p.append(f"{where}: resume_from_checkpoint {t['resume_from_checkpoint']!r} is not a directory")
+    # prefix tuning: combinations, prefix_path and the model family (paddlenlp_ext/prefix/config.py)
+    from ..prefix.config import config_problems as prefix_problems
+
+    p += prefix_problems(m, d, t, where)
     return p
 
 
 def _adapter_mismatches(m: ModelArgument, where: str) -> List[str]:
     """A saved adapter (lora_path) keeps its own method and shape; config keys
     that say otherwise would be silently overruled, so they are errors."""
-    path = os.path.join(m.lora_path, "adapter_config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+    try:  # ours, or a PaddleNLP lora_config.json converted (adapters.paddlenlp_format)
+        saved = saved_adapter_settings(m.lora_path)
         mine = adapter_config_from_args(dataclasses.asdict(m)).to_dict()
     except (OSError, ValueError) as e:  # ValueError covers JSON and AdapterConfigError
         return [f"{where}: cannot check lora_path against the config: {e}"]
-    vera = mine["method"] == "vera"
-    keys = {"method": "lora/vera", "r": "vera_rank" if vera else "lora_rank"}
-    if not vera:
+    method = mine["method"]
+    keys = {"method": "lokr" if method == "lokr" else "lora/vera",
+            "r": {"vera": "vera_rank", "lokr": "lokr_dim"}.get(method, "lora_rank")}
+    if method == "lora":
         keys.update(rslora="rslora", pissa="pissa", lora_plus_scale="lora_plus_scale")
         if m.lora_alpha != -1:  # unset alpha follows the saved adapter
             keys["alpha"] = "lora_alpha"
+    elif method == "lokr":
+        keys.update(lokr_factor="lokr_factor", lokr_decompose_both="lokr_decompose_both")
+        if m.lokr_alpha != 0:  # unset alpha follows the saved adapter
+            keys["alpha"] = "lokr_alpha"
     return [
         f"{where}: {name} says {mine[k]!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
         "make them match (the saved adapter's settings are the ones that apply)"
         for k, name in keys.items() if k in saved and saved[k] != mine[k]
     ]
+
+
+def _apply_aliases(cfg: RunConfig) -> None:
+    """Keys that stand for other keys (before the cross checks, which see the result)."""
+    m = cfg.model
+    if m.lokr_path and not m.lora_path:
+        # a LoKr adapter is an ordinary adapter directory (method "lokr"), loaded like any lora_path
+        m.lora_path = m.lokr_path
+        cfg.derived["lora_path"] = f"{m.lokr_path} (from its alias lokr_path)"
+    d, t = cfg.data, cfg.training
+    if d.intokens is not None and "zero_padding" not in cfg.explicit:
+        d.zero_padding = d.intokens
+        cfg.derived["zero_padding"] = f"{d.intokens} (from intokens, PaddleNLP's old name of zero_padding)"
+    if t.get("benchmark") or t.get("autotuner_benchmark"):
+        # PaddleNLP's SFTConfig.__post_init__ does the same, silently; we say what changed
+        which = "autotuner_benchmark" if t.get("autotuner_benchmark") else "benchmark"
+        forced = {"do_train": True, "do_eval": False, "load_best_model_at_end": False,
+                  "save_strategy": "no", "evaluation_strategy": "no", "overwrite_output_dir": True}
+        if which == "autotuner_benchmark":
+            forced["max_steps"] = 5
+        for key, value in forced.items():
+            if t.get(key) != value:
+                cfg.derived[key] = f"{value} ({which}=true; was {t.get(key)!r})"
+                t[key] = value
 
 
 def _derive(cfg: RunConfig) -> None:

@@ -56,7 +56,9 @@ class ModelArgument:
     weight_double_quant_block_size: int = _f(256, "Block size of the double quantization of the scales.", gt=0)
     # LoRA family
     lora: bool = _f(False, "Train LoRA adapters instead of all weights.")
-    lora_path: Optional[str] = _f(None, "Directory of a saved adapter to start from (or to evaluate).")
+    lora_path: Optional[str] = _f(
+        None, "Directory of a saved adapter to start from (or to evaluate): ours (adapter_config.json) or "
+        "PaddleNLP's LoRA format (lora_config.json + lora_model_state.pdparams / peft_model*.safetensors).")
     lora_rank: int = _f(8, "LoRA rank r.", gt=0)
     lora_alpha: int = _f(-1, "LoRA alpha; -1 means 2 x lora_rank.")
     lora_dropout: float = _f(0.0, "Dropout on the LoRA branch input.", min=0.0)
@@ -79,12 +81,19 @@ class ModelArgument:
     use_quick_lora: bool = _unsupported(False, "PaddleNLP quick LoRA kernel.")
     lora_use_mixer: bool = _unsupported(False, "MosLoRA.")
     use_mora: bool = _unsupported(False, "MoRA.")
-    lokr: bool = _unsupported(False, "LoKr adapters.")
-    lokr_path: Optional[str] = _unsupported(None, "LoKr adapter path.")
-    lokr_dim: int = _unsupported(8, "LoKr dimension.")
-    prefix_tuning: bool = _unsupported(False, "Prefix tuning.")
-    prefix_path: Optional[str] = _unsupported(None, "Prefix tuning path.")
-    num_prefix_tokens: int = _unsupported(128, "Prefix tuning tokens.")
+    lokr: bool = _f(False, "LoKr: the weight update is a Kronecker product W1 (x) (B @ A) (Edalati et al. / LyCORIS).")
+    lokr_path: Optional[str] = _f(None, "Directory of a saved LoKr adapter to start from (or to evaluate).")
+    lokr_dim: int = _f(8, "LoKr rank of the low-rank factor B @ A of the Kronecker product.", gt=0)
+    lokr_alpha: float = _f(0.0, "LoKr scaling alpha / lokr_dim; 0 means scaling 1.0 (PaddleNLP's LoKrConfig).", min=0.0)
+    lokr_factor: int = _f(-1, "LoKr factor of the in/out dimensions for W1; -1 picks the most balanced factors.")
+    lokr_decompose_both: bool = _f(False, "LoKr: also write the small Kronecker factor W1 as a low-rank product.")
+    prefix_tuning: bool = _f(False, "Prefix tuning: trained key/value prefixes at every layer; the model is frozen.")
+    prefix_path: Optional[str] = _f(None, "Directory of a saved prefix (PaddleNLP format) to start from (or to evaluate).")
+    num_prefix_tokens: int = _f(128, "Prefix tuning: number of virtual prefix tokens.", gt=0)
+    prefix_projection: bool = _f(False, "Prefix tuning: produce the prefixes with a 2-layer MLP (reparameterisation).")
+    prefix_projection_hidden_size: Optional[int] = _f(
+        None, "Prefix tuning: hidden size of the projection MLP; unset = the model's hidden_size.", gt=0)
+    prefix_dropout: float = _f(0.0, "Prefix tuning: dropout on the prefix key/values.", min=0.0)
     reft: bool = _unsupported(False, "ReFT.")
     from_aistudio: bool = _unsupported(False, "Load from AI Studio.", "not supported: models are loaded from local directories")
     save_to_aistudio: bool = _unsupported(False, "Upload to AI Studio.", "not supported: results are saved locally")
@@ -124,6 +133,8 @@ class DataArgument:
     save_generation_output: bool = _f(
         False, "Write the generated dev answers to output_dir/generated_predictions.json."
     )
+    intokens: Optional[bool] = _f(
+        None, "Deprecated PaddleNLP name of zero_padding (older configs); sets zero_padding, with a notice.")
     task_name: Optional[str] = _unsupported(None, "Sub-task of a hub dataset.", "not supported: datasets are local directories")
     autoregressive: bool = _unsupported(False, "Unsupervised (pretraining-style) loss on every token.")
     use_pose_convert: bool = _unsupported(False, "PoSE data conversion.")
@@ -141,10 +152,47 @@ class GenerateArgument:
 @dataclass
 class ExtraTrainingArgument:
     eval_before_train: bool = _f(False, "Evaluate the untrained model first (reported as eval_loss_before_train).")
-    benchmark: bool = _unsupported(False, "PaddleNLP benchmark mode.")
-    autotuner_benchmark: bool = _unsupported(False, "PaddleNLP auto-tuner benchmark mode.")
+    benchmark: bool = _f(
+        False, "PaddleNLP benchmark mode: train only (do_eval, saving and load_best_model_at_end off); "
+        "each change is logged as a derived setting.")
+    autotuner_benchmark: bool = _f(
+        False, "PaddleNLP auto-tuner benchmark: benchmark mode plus max_steps 5.")
     decay_steps: Optional[int] = _f(None, "Steps of the LR decay (polynomial schedule); default max_steps.", gt=0)
     tensor_parallel_output: Optional[bool] = _f(False, "Keep lm_head logits split under tensor parallel.")
+    # PaddleNLP's "llm meta" keys (LlmMetaConfig), copied into the model config as PaddleNLP's run_finetune does.
+    recompute_granularity: str = _f(
+        "full", "With recompute: what is recomputed in backward (full layer, full_attn or core_attn).",
+        choices=("full", "full_attn", "core_attn"), llm_meta="model_config")
+    recompute_use_reentrant: bool = _f(
+        False, "With recompute: Paddle's reentrant recompute (true) or the non-reentrant one.", llm_meta="model_config")
+    no_recompute_layers: Optional[List[int]] = _f(
+        None, "With recompute: indices of decoder layers that are not recomputed (JSON list of ints).",
+        llm_meta="model_config")
+    use_fused_rms_norm: bool = _f(
+        False, "Fused RMSNorm kernel (GPU): same results, faster; on CPU a notice says it is not used.",
+        llm_meta="gpu_fusion")
+    use_fused_rope: bool = _f(
+        False, "Fused rotary-embedding kernel (GPU): same results, faster; on CPU a notice says it is not used.",
+        llm_meta="gpu_fusion")
+    use_fused_linear_cross_entropy: bool = _f(
+        False, "Fused lm_head + cross-entropy kernel (GPU): same loss, less memory; on CPU a notice says it is "
+        "not used.", llm_meta="gpu_fusion")
+    use_fused_linear: bool = _f(
+        False, "GPT-3 fused linear (PaddleNLP's GPT only): Llama and Qwen2 do not read it; a notice says so.",
+        llm_meta="gpt_only")
+    use_fused_dropout_add: bool = _f(
+        False, "GPT-3 fused dropout + add (PaddleNLP's GPT only): Llama and Qwen2 do not read it; a notice says so.",
+        llm_meta="gpt_only")
+    virtual_pp_degree: int = _unsupported(
+        1, "Virtual pipeline stages per rank.", "a pipeline-parallel setting; pipeline_parallel_degree > 1 is not "
+        "supported yet")
+    pp_recompute_interval: int = _unsupported(
+        1, "Recompute interval of pipeline stages.", "a pipeline-parallel setting; pipeline_parallel_degree > 1 is "
+        "not supported yet")
+    offload_recompute_inputs: bool = _unsupported(
+        False, "Offload recompute inputs to host memory.", "not read by PaddleNLP's Llama/Qwen2 models")
+    tensor_parallel_rank: int = _unsupported(
+        0, "This process's tensor-parallel rank.", "set by paddle.distributed.launch, not by the config")
 
 
 GROUPS = {"model": ModelArgument, "data": DataArgument, "generate": GenerateArgument}

@@ -33,8 +33,10 @@ None; ForCausalLM drops a user-provided one), ``is_casual_mask`` and
 ``scaled_dot_product_attention`` are not reached, k/v keep their kv-head count
 (GQA handled by the kernel), and full/core-attention recompute just re-runs
 the PyLayer.  Without startend indices the models call
-``F.scaled_dot_product_attention``, which has a CPU (math) fallback, so that
-path is left alone.
+``F.scaled_dot_product_attention(..., attn_mask=mask, is_causal=True)``; its
+CPU (math) fallback ignores the mask when ``is_causal`` is set, which would let
+packed examples see each other, so the proxy also routes that call through
+``sdpa_dispatch`` (the mask alone, which already holds the causal part).
 """
 
 from __future__ import annotations
@@ -133,6 +135,20 @@ def flashmask_dispatch(query, key, value, startend_row_indices=None, **kwargs):
     return cpu_flashmask_attention(query, key, value, sri, **kwargs)
 
 
+def sdpa_dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+    """``scaled_dot_product_attention`` that honours a dense mask off the native device.
+
+    fusion_ops passes ``attn_mask`` *and* ``is_causal=True`` when the model carries a dense
+    mask (packed rows without flash_mask).  Paddle's math fallback (CPU) then applies only its
+    own triangle and ignores the mask, so packed examples would attend to each other.  The
+    models build that mask with the causal part included (block-diagonal lower triangles),
+    so applying the mask alone is exact; device kernels keep Paddle's behaviour.
+    """
+    if attn_mask is not None and is_causal and not _on_native_device(query):
+        is_causal = False
+    return _F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+
+
 class _FunctionalProxy(types.ModuleType):
     """Stands in for ``paddle.nn.functional`` inside fusion_ops only."""
 
@@ -141,6 +157,7 @@ class _FunctionalProxy(types.ModuleType):
         self.__dict__["_base"] = base
         # fusion_ops tests hasattr(F, "flashmask_attention") before using it.
         self.__dict__["flashmask_attention"] = flashmask_dispatch
+        self.__dict__["scaled_dot_product_attention"] = sdpa_dispatch
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_base"], name)

@@ -12,7 +12,18 @@ overrides exactly those and turns them into public hooks that
     amp_excluded_layers(model) -> list  layers O2 AMP must not cast (quantized bases' fp32 scales)
     load_weights(resume_from_checkpoint) -> bool
                                       restore weights on resume (False: PaddleNLP's loader runs);
-                                      gets the raw argument: a path, True (latest) or None
+                                      gets the raw argument: a path, True (latest) or None;
+                                      also reloads the best checkpoint (load_best_model_at_end)
+    on_evaluation_start()             before each evaluation loop
+    extra_eval_metrics(prefix) -> dict  metrics added to the evaluation's (logged, best-model choice)
+
+Best-model reload: PaddleNLP reloads the best checkpoint inline at the end of
+``_inner_training_loop`` when ``args.load_best_model_at_end``, from its own
+weight files (``model_state.pdparams`` or a unified checkpoint), which our
+adapter / safetensors checkpoints are not (it warns and keeps the last weights,
+or fails).  When we own saving, ``train`` switches that flag off for the loop
+(best-checkpoint tracking depends on ``metric_for_best_model`` only) and
+reloads ``state.best_model_checkpoint`` through ``load_weights``.
 
 The signatures of the overridden methods are listed in ``RELIED_ON`` and
 checked by ``tests/test_integrations.py``.
@@ -25,6 +36,7 @@ from typing import Optional
 
 from paddlenlp.trainer import Trainer
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from paddlenlp.utils.log import logger
 
 from .versions import check_versions
 
@@ -37,6 +49,9 @@ RELIED_ON = [
     ("paddlenlp.trainer.Trainer", "_load_from_checkpoint", ("self", "resume_from_checkpoint")),
     ("paddlenlp.trainer.Trainer", "log", ("self", "logs", "kwargs")),
     ("paddlenlp.trainer.Trainer", "_decorate_exclude_layers", ("self", "model")),
+    ("paddlenlp.trainer.Trainer", "evaluation_loop", ("self", "dataloader", "description", "prediction_loss_only",
+                                                       "ignore_keys", "metric_key_prefix", "max_eval_iters")),
+    ("paddlenlp.trainer.Trainer", "train", ("self", "resume_from_checkpoint", "ignore_keys_for_eval")),
     ("paddlenlp.trainer.trainer_utils", "PREFIX_CHECKPOINT_DIR", None),
     ("paddlenlp.trainer.trainer_utils", "get_last_checkpoint", ("folder", "signal_folder", "uc_async_save")),
 ]
@@ -73,6 +88,37 @@ class TrainerBoundary(Trainer):
 
     def amp_excluded_layers(self, model) -> list:
         return []
+
+    def on_evaluation_start(self) -> None:
+        pass
+
+    def extra_eval_metrics(self, prefix: str) -> dict:
+        return {}
+
+    # -- public overrides that rely on PaddleNLP internals --------------------
+    def train(self, resume_from_checkpoint=None, ignore_keys_for_eval=None):
+        reload_best = bool(self.args.load_best_model_at_end) and self.owns_saving()
+        if reload_best:
+            self.args.load_best_model_at_end = False  # see the module docstring
+        try:
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint,
+                                   ignore_keys_for_eval=ignore_keys_for_eval)
+        finally:
+            if reload_best:
+                self.args.load_best_model_at_end = True
+        best = self.state.best_model_checkpoint
+        if reload_best and best:
+            logger.info(f"Loading best model from {best} ({self.args.metric_for_best_model} = {self.state.best_metric})")
+            self.load_weights(best)
+        return output
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval", max_eval_iters=-1):
+        self.on_evaluation_start()
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix, max_eval_iters)
+        output.metrics.update(self.extra_eval_metrics(metric_key_prefix))
+        return output
 
     # -- PaddleNLP private overrides ----------------------------------------
     def log(self, logs, **kwargs):

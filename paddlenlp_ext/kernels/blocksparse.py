@@ -192,6 +192,9 @@ class FlashMaskFn(PyLayer):
         out, lse = attention_forward(q, k, v, plan)
         ctx.plan = plan
         ctx.dtypes = (query.dtype, key.dtype, value.dtype)
+        # PyLayer wants None for an input that needs no gradient (e.g. a frozen model's query
+        # next to trained prefix keys/values)
+        ctx.needs_grad = tuple(not x.stop_gradient for x in (query, key, value))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return _as(out, query.dtype), lse
@@ -200,4 +203,4 @@ class FlashMaskFn(PyLayer):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensor()
         grads = attention_backward(q, k, v, out, lse, _as(dout, paddle.float32), ctx.plan)
-        return tuple(_as(g, dt) for g, dt in zip(grads, ctx.dtypes))
+        return tuple(_as(g, dt) if need else None for g, dt, need in zip(grads, ctx.dtypes, ctx.needs_grad))

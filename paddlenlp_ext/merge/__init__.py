@@ -38,7 +38,7 @@ Modules (each owns one job):
     pipeline  merge_adapter_checkpoint, MergeResult
 """
 
-from .cli import EXIT_ERROR, EXIT_OK, EXIT_VERIFY_FAILED, resolve_device
+from .cli import EXIT_ERROR, EXIT_OK, EXIT_VERIFY_FAILED, report_merge, resolve_device
 from .common import (
     MERGE_INFO_NAME,
     MODEL_CONFIG_NAME,
@@ -64,7 +64,7 @@ __all__ = [
     "EXIT_VERIFY_FAILED", "Log", "MERGE_INFO_NAME", "MERGE_THREADS", "MODEL_CONFIG_NAME", "MODEL_FILES",
     "MergeError", "MergeResult", "PADDLE_WEIGHTS_INDEX_NAME", "PADDLE_WEIGHTS_NAME", "SAFE_WEIGHTS_INDEX_NAME",
     "SAFE_WEIGHTS_NAME", "SafetensorsStreamWriter", "TOKENIZER_PATTERNS", "TensorEntry", "TensorSource",
-    "VERIFY_FAILED_MARKER", "add_delta_inplace", "bf16_bits_to_f32", "check_adapter_against_base",
+    "VERIFY_FAILED_MARKER", "add_delta_inplace", "report_merge", "bf16_bits_to_f32", "check_adapter_against_base",
     "check_model_type", "estimate_verify_bytes", "f32_to_bf16_bits", "from_f32", "merge_adapter_checkpoint",
     "merge_dtype", "parse_size", "plan_shards", "probe_inputs", "read_safetensors_header", "resolve_device",
     "shard_file_names", "to_f32", "verify_merge",

@@ -67,3 +67,19 @@ def resolve_tolerance(tolerance: Optional[float], dtype: str) -> float:
     if not tol > 0:
         raise MergeError(f"--tolerance must be > 0, got {tolerance}")
     return tol
+
+
+def report_merge(result, seconds: Optional[float] = None) -> int:
+    """Print the one-line summary of a merge (and the verification failure, on stderr); return the exit code."""
+    import sys
+
+    from .common import VERIFY_FAILED_MARKER
+
+    status = (result.verify or {}).get("status", "not run")
+    took = f" in {seconds:.1f}s" if seconds is not None else ""
+    print(f"[merge] merged {len(result.modules_merged)} modules into {result.output_dir} "
+          f"({len(result.weight_files)} weight file(s), {result.dtype}){took}; verify: {status}")
+    if result.verify_failed:
+        print(f"error: verification FAILED; {os.path.join(result.output_dir, VERIFY_FAILED_MARKER)} marks the "
+              "output as untrustworthy", file=sys.stderr)
+    return result.exit_code

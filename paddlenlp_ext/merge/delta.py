@@ -56,7 +56,8 @@ def add_delta_inplace(arr: np.ndarray, tag: str, cfg: AdapterConfig, tensors: Ma
     (and A0), so the delta is computed in blocks of rows with ``compute_delta`` on the
     row slices (same formula, same fp32 arithmetic): each block stays in cache and
     no full-size delta is ever allocated.  VeRA's delta slices a shared projection by
-    ``in_features``, so it is computed whole and then applied block by block.  With an
+    ``in_features`` and LoKr's is a Kronecker product (a row block of it is not a
+    LoKr delta of fewer rows), so those are computed whole and then applied block by block.  With an
     ``executor`` the rows are split into ``workers`` contiguous ranges merged in
     parallel (disjoint rows; numpy releases the GIL), which matters for bf16/fp16
     where the casts are CPU-bound.

@@ -1,7 +1,8 @@
 """The adapter side of a merge: reading a saved adapter and checking it fits the base.
 
 Owns: ``AdapterBundle`` (``adapter_config.json`` + ``adapter_model.safetensors``
-read into ``{module: {suffix: array}}``), the tensor shapes each adapter type
+read into ``{module: {suffix: array}}``; PaddleNLP's ``lora_config.json`` dirs via
+``adapters.paddlenlp_format``), the tensor shapes each adapter type
 implies for an ``[in, out]`` base weight, ``check_adapter_against_base`` and
 ``check_model_type`` (adapter config.json / adapter_config.json vs base config.json).
 """
@@ -37,13 +38,16 @@ class AdapterBundle:
 
         if not os.path.isdir(directory):
             raise MergeError(f"adapter directory {directory} does not exist")
+        from ..adapters.paddlenlp_format import is_paddlenlp_adapter, read_paddlenlp_bundle
+
+        if is_paddlenlp_adapter(directory):  # PaddleNLP's lora_config.json + lora_model_state.pdparams
+            try:
+                return cls(directory, *read_paddlenlp_bundle(directory))
+            except (ValueError, OSError) as e:
+                raise MergeError(str(e)) from None
         missing = [n for n in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME) if not os.path.isfile(os.path.join(directory, n))]
         if missing:
-            extra = ""
-            if os.path.isfile(os.path.join(directory, "lora_config.json")):
-                extra = " (this looks like a PaddleNLP lora_config.json/lora_model_state.pdparams adapter, " \
-                        "which this tool does not read)"
-            raise MergeError(f"adapter directory {directory} lacks {missing}{extra}")
+            raise MergeError(f"adapter directory {directory} lacks {missing}")
         try:
             config = AdapterConfig.load(directory)
         except ValueError as e:
@@ -70,6 +74,10 @@ def _expected_adapter_shapes(cfg: AdapterConfig, in_f: int, out_f: int) -> Dict[
     r = cfg.r
     if cfg.layer_type == "vera":
         return {"vera_d": (r,), "vera_b": (out_f,)}
+    if cfg.layer_type == "lokr":  # Kronecker factors of in/out; which of them are low rank depends on the shape
+        from ..adapters.lokr import lokr_shapes
+
+        return dict(lokr_shapes(cfg, in_f, out_f))
     shapes = {"lora_A": (in_f, r), "lora_B": (r, out_f)}
     if cfg.layer_type == "pissa":
         shapes.update(pissa_A0=(in_f, r), pissa_B0=(r, out_f))
@@ -94,8 +102,11 @@ def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[
         if ent is None:
             missing.append(key)
             continue
-        if set(got) != suffixes:
-            problems.append(f"{mod}: adapter tensors {sorted(got)}, a {cfg.layer_type} adapter needs {sorted(suffixes)}")
+        need = suffixes  # LoKr: the set depends on the module's [in, out] shape
+        if cfg.layer_type == "lokr" and len(ent.shape) == 2:
+            need = set(_expected_adapter_shapes(cfg, *ent.shape))
+        if set(got) != need:
+            problems.append(f"{mod}: adapter tensors {sorted(got)}, a {cfg.layer_type} adapter needs {sorted(need)}")
             continue
         if len(ent.shape) != 2:
             problems.append(f"{key}: base tensor has shape {list(ent.shape)}, expected a 2-D [in, out] Linear weight")

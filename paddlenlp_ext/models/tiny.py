@@ -62,14 +62,15 @@ def train_sentencepiece(data_dir: str, vocab_size: int) -> bytes:
 
 
 def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 512, seed: int = 0,
-                     spm_model: Optional[str] = None, **overrides) -> str:
-    """Write a random-init tiny LlamaForCausalLM + tokenizer to ``out_dir``; returns out_dir.
+                     spm_model: Optional[str] = None, family: str = "llama", **overrides) -> str:
+    """Write a random-init tiny LlamaForCausalLM (``family="qwen2"``: Qwen2ForCausalLM, same
+    sizes and SentencePiece tokenizer) + tokenizer to ``out_dir``; returns out_dir.
 
     The tokenizer is trained on ``data_dir``'s *.json lines, or taken from an
     existing SentencePiece ``spm_model`` (e.g. the real Llama 2 tokenizer, for
     benchmarks whose sequence lengths must be realistic)."""
     import paddle
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +87,10 @@ def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 51
         tokenizer.save_pretrained(out_dir)  # copies the sentencepiece model while tmp exists
     kw: Dict = dict(TINY_DEFAULTS)
     kw.update(overrides)
-    config = LlamaConfig(
+    if family not in ("llama", "qwen2"):
+        raise ValueError(f"tiny model family must be llama or qwen2, got {family!r}")
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if family == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -94,7 +98,7 @@ def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 51
         **kw,
     )
     paddle.seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_cls(config)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 

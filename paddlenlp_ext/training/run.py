@@ -92,6 +92,9 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     )
     config.use_flash_attention = m.use_flash_attention
     config.recompute = args.recompute
+    from ..models.llm_meta import apply_llm_meta, on_gpu
+
+    apply_llm_meta(cfg, config, on_gpu=on_gpu())
     config.seq_length = d.max_length
     # only dropout the family really reads (config.parse refused the others)
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
@@ -270,7 +273,16 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
     elif cfg.adapter_method:
         adapter_config = adapter_config_from_run(cfg, getattr(model.config, "model_type", None))
+        # adapter init depends on the seed only, not on how many random numbers the load path drew
+        # (the streaming loader draws none; from_pretrained's random init did)
+        set_seed(args.seed)
         adapter_api.apply_adapters(model, adapter_config)
+    prefix_io = prefix_info = None
+    if cfg.model.prefix_tuning:  # the frozen model behind trained key/value prefixes (paddlenlp_ext.prefix)
+        from ..prefix.io import attach_prefix
+
+        set_seed(args.seed)
+        model, prefix_io, prefix_info = attach_prefix(model, cfg.model, model_dtype(args))
     from ..adapters import count_parameters
 
     trainable, total = count_parameters(model)
@@ -290,6 +302,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         data_collator=data.collator,
         adapter_config=adapter_config,
         neftune_hook=neftune_hook,
+        weights_io=prefix_io,
     )
     if hasattr(data.train, "set_epoch"):
         from .callbacks import EpochCallback
@@ -314,6 +327,8 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     }
     if load_stats is not None:
         summary["quantization" if quantization else "load"] = load_stats
+    if prefix_info is not None:
+        summary["prefix"] = prefix_info
     if args.do_eval and args.eval_before_train:
         metrics = trainer.evaluate()
         summary["eval_loss_before_train"] = metrics["eval_loss"]
@@ -341,6 +356,10 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
             supervised_token_fraction=round(supervised / max(tokens, 1), 4),
             tokens_per_second=round(tokens / max(train_time, 1e-9), 2),
         )
+        if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+            # the weights in output_dir (and evaluated below) are this checkpoint's
+            summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
+                           best_metric={args.metric_for_best_model: trainer.state.best_metric})
         print(f"[paddlenlp_ext] train loss: {metrics.get('train_loss'):.4f}", flush=True)
     if args.do_eval:
         metrics = trainer.evaluate()
@@ -352,9 +371,11 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
                   flush=True)
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
-        summary.update(eval_loss=metrics["eval_loss"], eval_perplexity=metrics.get("eval_perplexity"))
+        summary.update(eval_loss=metrics["eval_loss"], eval_perplexity=metrics.get("eval_perplexity"),
+                       eval_accuracy=metrics.get("eval_accuracy"))
         print(f"[paddlenlp_ext] eval loss: {metrics['eval_loss']:.4f} "
-              f"(perplexity {metrics.get('eval_perplexity', float('nan')):.3f})", flush=True)
+              f"(perplexity {metrics.get('eval_perplexity', float('nan')):.3f}, "
+              f"token accuracy {metrics.get('eval_accuracy', float('nan')):.4f})", flush=True)
     if step_timer.step_times:
         summary["step_times_s"] = step_timer.step_times
         summary["rss_after_first_step_bytes"] = step_timer.rss_after_first_step
@@ -393,7 +414,9 @@ def describe_method(cfg: RunConfig, adapter_config=None) -> str:
     (``lora_path``), else full fine-tuning."""
     m = cfg.model
     a = adapter_config
-    parts = [a.method if a is not None else "full"]
+    parts = [a.method if a is not None else ("prefix_tuning" if m.prefix_tuning else "full")]
+    if m.prefix_tuning and m.prefix_projection:
+        parts.append("prefix_projection")
     if a is not None and a.method == "lora":
         parts += [k for k in ("rslora", "pissa") if getattr(a, k)]
         if a.lora_plus_scale != 1.0:

@@ -9,6 +9,8 @@ PaddleNLP's private Trainer methods only through
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 from typing import Optional
 
@@ -26,15 +28,18 @@ CHECKPOINT_COMPLETE_NAME = "CHECKPOINT_COMPLETE"
 
 
 class FinetuneTrainer(TrainerBoundary):
-    def __init__(self, *args, adapter_config=None, neftune_hook=None, **kwargs):
+    def __init__(self, *args, adapter_config=None, neftune_hook=None, weights_io=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.adapter_config = adapter_config
+        # object with save(model, dir) / load(model, dir) that owns the saved weights (prefix.io.PrefixCheckpointIO)
+        self.weights_io = weights_io
         self.neftune_hook = neftune_hook
         self.trained_tokens = 0
         self.trained_supervised_tokens = 0
         self.train_start_time: Optional[float] = None
         # callables(checkpoint_dir, state) that add files to each checkpoint before it is marked complete
         self.checkpoint_extras = []
+        self.eval_accuracy = TokenAccuracy()
 
     # -- forward ---------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False):
@@ -49,20 +54,28 @@ class FinetuneTrainer(TrainerBoundary):
                         position_ids=inputs.get("position_ids"), attention_mask=real
                     )
                 )
-        return super().compute_loss(model, inputs, return_outputs=return_outputs)
+        if model.training or "labels" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+        labels = inputs["labels"]  # [batch, seq], already shifted: position i predicts labels[i]
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
+        self.eval_accuracy.update(logits_of(outputs), labels)
+        return (loss, outputs) if return_outputs else loss
 
     def global_token_counts(self):
         """(tokens, supervised tokens) trained, summed over data-parallel ranks."""
-        counts = [self.trained_tokens, self.trained_supervised_tokens]
-        if paddle.distributed.get_world_size() > 1:
-            t = paddle.to_tensor(counts, dtype="int64")
-            paddle.distributed.all_reduce(t)
-            counts = [int(x) for x in t.numpy()]
-        return counts
+        return sum_over_ranks([self.trained_tokens, self.trained_supervised_tokens])
 
     def train(self, *args, **kwargs):
         self.train_start_time = time.time()
         return super().train(*args, **kwargs)
+
+    def on_evaluation_start(self) -> None:
+        self.eval_accuracy.reset()
+
+    def extra_eval_metrics(self, prefix: str) -> dict:
+        accuracy = self.eval_accuracy.compute()
+        # logged, and used by metric_for_best_model "accuracy" (PaddleNLP's compute_metrics)
+        return {} if accuracy is None else {f"{prefix}_accuracy": accuracy}
 
     def evaluate(self, *args, **kwargs):
         metrics = super().evaluate(*args, **kwargs)
@@ -75,16 +88,34 @@ class FinetuneTrainer(TrainerBoundary):
     # -- saving and resuming (hooks of TrainerBoundary) -------------------
     def owns_saving(self) -> bool:
         # Full fine-tuning with unified checkpoints / sharding stage 1 uses PaddleNLP's own formats.
-        return self.adapter_config is not None or not (
+        return self.weights_io is not None or self.adapter_config is not None or not (
             self.args.unified_checkpoint or self.args.should_save_sharding_stage1_model)
 
     def save_weights(self, output_dir: str) -> None:
+        """Write into a staging directory next to the files, then move each file into place with
+        os.replace: a run killed while saving leaves the previous files (checkpoint or final
+        adapter/weights) whole, never a half-written one."""
         os.makedirs(output_dir, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".saving-", dir=output_dir)
+        try:
+            self._write_weights(staging)
+            before = set(safetensors_files(output_dir))
+            for name in sorted(os.listdir(staging)):
+                os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+            # shards of an earlier save that the new index no longer names
+            for stale in before - set(safetensors_files(output_dir)):
+                os.remove(stale)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_weights(self, output_dir: str) -> None:
         logger.info(f"Saving {'adapter' if self.adapter_config else 'model'} to {output_dir}")
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(output_dir)
         paddle.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-        if self.adapter_config is not None:
+        if self.weights_io is not None:  # e.g. a prefix: its own files only
+            self.weights_io.save(self.model, output_dir)
+        elif self.adapter_config is not None:
             adapter_api.save_adapter(self.model, self.adapter_config, output_dir)
             # the base model's config travels with the adapter (merge checks model_type)
             self.model.config.save_pretrained(output_dir)
@@ -104,7 +135,7 @@ class FinetuneTrainer(TrainerBoundary):
         return amp_excluded_layers(model)
 
     def load_weights(self, resume_from_checkpoint) -> bool:
-        if self.adapter_config is None:
+        if self.adapter_config is None and self.weights_io is None:
             # Our full-model checkpoints are safetensors (PaddleNLP's loader wants model_state.pdparams).
             if resume_from_checkpoint and not isinstance(resume_from_checkpoint, bool) \
                     and safetensors_files(str(resume_from_checkpoint)):
@@ -115,7 +146,10 @@ class FinetuneTrainer(TrainerBoundary):
             resume_from_checkpoint = last_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
                 raise ValueError(f"No checkpoint found in {self.args.output_dir} to resume from")
-        if resume_from_checkpoint:
+        if resume_from_checkpoint and self.weights_io is not None:
+            self.weights_io.load(self.model, str(resume_from_checkpoint))
+            logger.info(f"Loaded weights from {resume_from_checkpoint}")
+        elif resume_from_checkpoint:
             adapter_api.load_adapter_weights(self.model, resume_from_checkpoint)
             logger.info(f"Loaded adapter weights from {resume_from_checkpoint}")
         return True
@@ -133,6 +167,50 @@ class FinetuneTrainer(TrainerBoundary):
         for name, tensor in own.items():
             tensor.set_value(paddle.to_tensor(state[name]).astype(tensor.dtype))
         logger.info(f"Loaded model weights from {directory}")
+
+
+def logits_of(outputs):
+    """The logits of a PaddleNLP causal-LM output: a dict/ModelOutput or a (loss, logits, ...) tuple."""
+    if isinstance(outputs, dict):
+        return outputs["logits"]
+    return outputs[1] if isinstance(outputs, (tuple, list)) else outputs.logits
+
+
+class TokenAccuracy:
+    """Next-token accuracy over label positions, accumulated batch by batch.
+
+    As PaddleNLP's SFT ``compute_metrics`` (argmax of the logits == label where label != -100),
+    but only two integers are kept, not the predictions of the whole eval set.  Summed over
+    data-parallel ranks.  Worked example: logits argmax [[3, 7, 1]] with labels
+    [[-100, 7, 2]] -> 1 correct of 2 label positions -> 0.5.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.correct, self.total = 0, 0
+
+    def update(self, logits, labels):
+        # logits [batch, seq, vocab] -> predictions [batch, seq]; labels [batch, seq]
+        with paddle.no_grad():
+            preds = paddle.argmax(logits, axis=-1).astype(labels.dtype)
+            mask = labels != -100
+            self.correct += int(paddle.logical_and(preds == labels, mask).astype("int64").sum())
+            self.total += int(mask.astype("int64").sum())
+
+    def compute(self):
+        correct, total = sum_over_ranks([self.correct, self.total])
+        return correct / total if total else None
+
+
+def sum_over_ranks(counts):
+    """Integer counters summed over data-parallel ranks (unchanged in a single process)."""
+    if paddle.distributed.get_world_size() > 1:
+        t = paddle.to_tensor(counts, dtype="int64")
+        paddle.distributed.all_reduce(t)
+        counts = [int(x) for x in t.numpy()]
+    return list(counts)
 
 
 def safetensors_files(directory: str):

@@ -1,0 +1,99 @@
+"""Config checks against the machine and the launch, without importing paddle.
+
+Owns: what the installed Paddle build can run (read from ``paddle/version/__init__.py``
+as text, so a config error still comes back in a fraction of a second),
+the launched world size (``PADDLE_TRAINERS_NUM``, set by
+``paddle.distributed.launch``), and the keys that belong to other scripts
+(DPO).  ``environment_problems`` adds its findings to the all-at-once
+config report (exit 2) before any model or data is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from functools import lru_cache
+from typing import Dict, List
+
+#: Keys of PaddleNLP's DPO scripts (llm/alignment/dpo: DPOTrainingArguments, DPODataArgument).
+DPO_KEYS = frozenset({
+    "beta", "simpo_gamma", "label_smoothing", "loss_type", "pref_loss_ratio", "sft_loss_ratio", "dpop_lambda",
+    "ref_model_update_steps", "reference_free", "normalize_logps", "offset_alpha", "train_dataset_path",
+    "dev_dataset_path", "max_seq_len", "max_prompt_len", "dpo_benchmark", "use_attn_mask_startend_row_indices",
+})
+DPO_HINT = ("Preference training (PaddleNLP's llm/alignment/dpo/run_dpo.py) has no paddlenlp_ext script in this "
+            "version; remove the DPO keys to fine-tune with this config.")
+
+#: Devices this toolkit runs on; Paddle's other device names get a clear refusal.
+SUPPORTED_DEVICES = ("cpu", "gpu")
+OTHER_PADDLE_DEVICES = ("npu", "xpu", "mlu", "gcu", "intel_hpu", "dcu", "sdaa")
+
+
+@lru_cache(maxsize=1)
+def paddle_build() -> Dict[str, object]:
+    """``{"installed": bool, "cuda": bool, "xpu": bool, "version": str}`` of the installed Paddle.
+
+    Read from ``paddle/version/__init__.py`` (``cuda_version = 'False'`` on a CPU build) without importing paddle.
+    """
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or not spec.submodule_search_locations:
+        return {"installed": False, "cuda": False, "xpu": False, "version": ""}
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version", "__init__.py")
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError:  # unusual layout: do not guess, let the runtime checks decide
+        return {"installed": True, "cuda": True, "xpu": True, "version": "unknown"}
+
+    def value(name: str) -> str:
+        m = re.search(rf"^{name}\s*=\s*'([^']*)'", text, re.M)
+        return m.group(1) if m else "False"
+
+    return {"installed": True, "cuda": value("cuda_version") not in ("False", ""),
+            "xpu": value("xpu_xre_version") not in ("False", ""), "version": value("full_version")}
+
+
+def world_size() -> int:
+    """Processes of this launch (``paddle.distributed.launch`` sets PADDLE_TRAINERS_NUM; 1 otherwise)."""
+    try:
+        return max(1, int(os.environ.get("PADDLE_TRAINERS_NUM", "1")))
+    except ValueError:
+        return 1
+
+
+PARALLEL_KEYS = ("tensor_parallel_degree", "pipeline_parallel_degree", "sep_parallel_degree",
+                 "context_parallel_degree")
+
+
+def environment_problems(cfg, where: str) -> List[str]:
+    """Device, precision and parallel-degree problems of ``cfg`` (a RunConfig) on this machine and launch."""
+    t, p = cfg.training, []
+    build = paddle_build()
+    device = t.get("device", "gpu")
+    cpu_only = build["installed"] and not build["cuda"]
+    if device in OTHER_PADDLE_DEVICES:
+        p.append(f"{where}: device={device!r}: paddlenlp_ext runs on {' and '.join(SUPPORTED_DEVICES)} (CUDA) only; "
+                 f"set device to cpu or gpu (PaddleNLP's own scripts serve {device})")
+    elif device not in SUPPORTED_DEVICES:
+        p.append(f"{where}: device={device!r} is not a Paddle device; use cpu or gpu")
+    elif device == "gpu" and "device" in cfg.explicit and cpu_only:
+        p.append(f"{where}: device=gpu but the installed Paddle {build['version']} is a CPU build; install "
+                 "paddlepaddle-gpu (make setup PADDLE_PACKAGE=paddlepaddle-gpu) or set device to cpu")
+    if cpu_only or device == "cpu":
+        if t.get("fp16"):
+            p.append(f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); set fp16 false "
+                     "(bf16 with fp16_opt_level O1, or fp32, run on CPU)")
+        if t.get("bf16") and t.get("fp16_opt_level", "O1") == "O2":
+            p.append(f"{where}: bf16=true with fp16_opt_level=O2 needs a GPU (bf16 weights have no CPU matmul/"
+                     "optimizer kernels); on CPU set fp16_opt_level O1 (bf16 autocast, fp32 weights) or bf16 false")
+    n = world_size()
+    degrees = {k: int(t.get(k, 1) or 1) for k in PARALLEL_KEYS}
+    product = 1
+    for v in degrees.values():
+        product *= max(v, 1)
+    if product > 1 and n % product != 0:
+        used = " x ".join(f"{k}={v}" for k, v in degrees.items() if v > 1)
+        p.append(f"{where}: {used} needs a multiple of {product} processes but this run has {n}; launch with "
+                 f"python -m paddle.distributed.launch --nproc_per_node {product} (GPUs: --gpus 0,...,{product - 1}) "
+                 "llm/run_finetune.py CONFIG.json, or set the degree to 1")
+    return p
