@@ -59,6 +59,26 @@ def test_interrupted_save_leaves_the_previous_files(tmp_path):
     assert (tmp_path / "adapter_model.safetensors").read_bytes() == b"new weights"
 
 
+def test_paddlenlp_writer_final_save_is_staged_too(tmp_path):
+    """Full fine-tuning with unified_checkpoint: PaddleNLP writes the files; in one process its final
+    save goes through the same staging (checkpoints and multi-process saves stay in place)."""
+    (tmp_path / "model.safetensors").write_bytes(b"old")
+
+    def die(directory):
+        (open(os.path.join(directory, "model.safetensors"), "wb")).write(b"partial")
+        raise RuntimeError("killed")
+
+    one = SimpleNamespace(args=SimpleNamespace(world_size=1, unified_checkpoint_config=""))
+    with pytest.raises(RuntimeError):
+        FinetuneTrainer.save_foreign(one, str(tmp_path), die)
+    assert (tmp_path / "model.safetensors").read_bytes() == b"old" and os.listdir(tmp_path) == ["model.safetensors"]
+    written = []
+    FinetuneTrainer.save_foreign(one, str(tmp_path / "checkpoint-5"), written.append)
+    many = SimpleNamespace(args=SimpleNamespace(world_size=2, unified_checkpoint_config=""))
+    FinetuneTrainer.save_foreign(many, str(tmp_path), written.append)
+    assert written == [str(tmp_path / "checkpoint-5"), str(tmp_path)]  # in place
+
+
 def run_cli(tmp_path, name, *overrides):
     out = tmp_path / name
     cmd = [sys.executable, CLI, os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),

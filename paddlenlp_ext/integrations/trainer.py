@@ -8,6 +8,8 @@ overrides exactly those and turns them into public hooks that
 
     owns_saving() -> bool             we write the weights (else PaddleNLP's _save runs)
     save_weights(output_dir)          write model/adapter weights + tokenizer into output_dir
+    save_foreign(output_dir, write)   where PaddleNLP's own writer (unified checkpoint, sharding
+                                      stage1) puts its files: call write(directory)
     on_checkpoint_written(ckpt_dir)   add files to a finished checkpoint (then mark it complete)
     amp_excluded_layers(model) -> list  layers O2 AMP must not cast (quantized bases' fp32 scales)
     load_weights(resume_from_checkpoint) -> bool
@@ -89,6 +91,10 @@ class TrainerBoundary(Trainer):
     def amp_excluded_layers(self, model) -> list:
         return []
 
+    def save_foreign(self, output_dir: str, write) -> None:
+        """PaddleNLP writes the weights (``write(directory)``); default: straight into output_dir."""
+        write(output_dir)
+
     def on_evaluation_start(self) -> None:
         pass
 
@@ -134,7 +140,9 @@ class TrainerBoundary(Trainer):
 
     def _save(self, output_dir: Optional[str] = None, state_dict=None, merge_tensor_parallel=False):
         if not self.owns_saving():
-            return super()._save(output_dir, state_dict, merge_tensor_parallel)
+            target = output_dir if output_dir is not None else self.args.output_dir
+            return self.save_foreign(target, lambda d: super(TrainerBoundary, self)._save(
+                d, state_dict, merge_tensor_parallel))
         if self.args.should_save:
             self.save_weights(output_dir if output_dir is not None else self.args.output_dir)
 

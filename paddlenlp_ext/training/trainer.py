@@ -95,18 +95,16 @@ class FinetuneTrainer(TrainerBoundary):
         """Write into a staging directory next to the files, then move each file into place with
         os.replace: a run killed while saving leaves the previous files (checkpoint or final
         adapter/weights) whole, never a half-written one."""
-        os.makedirs(output_dir, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".saving-", dir=output_dir)
-        try:
-            self._write_weights(staging)
-            before = set(safetensors_files(output_dir))
-            for name in sorted(os.listdir(staging)):
-                os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-            # shards of an earlier save that the new index no longer names
-            for stale in before - set(safetensors_files(output_dir)):
-                os.remove(stale)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        staged_write(output_dir, self._write_weights)
+
+    def save_foreign(self, output_dir: str, write) -> None:
+        # PaddleNLP's unified-checkpoint writer: the final weights are staged too in a single
+        # process.  With several processes every rank may write its own files (and with
+        # async_save they arrive later), so those saves stay in place.
+        is_checkpoint = os.path.basename(os.path.normpath(output_dir)).startswith("checkpoint-")
+        if is_checkpoint or self.args.world_size > 1 or "async_save" in (self.args.unified_checkpoint_config or ""):
+            return write(output_dir)
+        staged_write(output_dir, write)
 
     def _write_weights(self, output_dir: str) -> None:
         logger.info(f"Saving {'adapter' if self.adapter_config else 'model'} to {output_dir}")
@@ -167,6 +165,23 @@ class FinetuneTrainer(TrainerBoundary):
         for name, tensor in own.items():
             tensor.set_value(paddle.to_tensor(state[name]).astype(tensor.dtype))
         logger.info(f"Loaded model weights from {directory}")
+
+
+def staged_write(output_dir: str, write) -> None:
+    """``write(staging)`` into a fresh directory inside ``output_dir``, then move each file into
+    place with ``os.replace`` (atomic per file) and drop shards the new index no longer names.
+    An exception or a kill during ``write`` leaves ``output_dir``'s previous files untouched."""
+    os.makedirs(output_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".saving-", dir=output_dir)
+    try:
+        write(staging)
+        before = set(safetensors_files(output_dir))
+        for name in sorted(os.listdir(staging)):
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+        for stale in before - set(safetensors_files(output_dir)):
+            os.remove(stale)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def logits_of(outputs):
