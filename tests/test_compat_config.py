@@ -127,6 +127,9 @@ def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys)
     assert on_gpu.use_fused_rms_norm is True and not hasattr(on_gpu, "use_fused_linear")
 
 
+DPO_DATA_DIR = os.path.join(ROOT, "llm", "data", "dpo_tiny")
+
+
 def zoo_configs():
     return sorted(glob.glob(os.path.join(ROOT, "llm", "config", "*", "*.json")))
 
@@ -139,12 +142,14 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     raw = json.load(open(path))
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
                                                   raw.get("pipeline_parallel_degree", 1)))
-    overrides = ["--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR,
-                 "--output_dir", str(tmp_path)]
+    dpo = "dpo" in os.path.basename(path)  # llm/run_dpo.py configs: the DPO keys (load_config mode "dpo")
+    data = ["--train_dataset_path", DPO_DATA_DIR, "--dev_dataset_path", DPO_DATA_DIR] if dpo else \
+        ["--dataset_name_or_path", DATA_DIR]
+    overrides = ["--model_name_or_path", tiny_model_dir, *data, "--output_dir", str(tmp_path)]
     if CPU_BUILD and (raw.get("bf16") or raw.get("fp16")):
         overrides += ["--bf16", "false", "--fp16", "false"]
     for key in ("lora_path", "prefix_path", "lokr_path"):
         if raw.get(key):
             overrides += [f"--{key}", "none"]
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, overrides, mode="dpo" if dpo else "sft")
     assert cfg.training["do_train"] or cfg.training.get("do_eval")

@@ -12,6 +12,7 @@ docs/compat.md lists the outcomes.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -145,3 +146,72 @@ def test_paddlenlp_shipped_config_runs(name, tiny_model_dir, tiny_qwen2_dir, tmp
     else:
         assert any(f.startswith("model") and f.endswith((".safetensors", ".pdparams")) for f in files), files
     assert not [f for f in files if f.startswith(".saving-")], files  # no staging leftovers
+
+
+_DPO = {
+    "model_name_or_path": "meta-llama/Meta-Llama-3-8B", "train_dataset_path": "./data/train.jsonl",
+    "dev_dataset_path": "./data/dev.jsonl", "output_dir": "./checkpoints/dpo_ckpts", "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 8, "per_device_eval_batch_size": 1, "num_train_epochs": 1, "max_steps": 100,
+    "learning_rate": 1e-06, "warmup_steps": 10, "logging_steps": 1, "evaluation_strategy": "steps",
+    "save_strategy": "steps", "eval_steps": 100, "save_steps": 500, "max_seq_len": 4096, "max_prompt_len": 2048,
+    "bf16": True, "fp16_opt_level": "O2", "do_train": True, "do_eval": True, "disable_tqdm": True,
+    "load_best_model_at_end": True, "tensor_parallel_degree": 8, "sharding": "stage1", "use_flash_attention": True,
+    "flash_mask": True, "recompute": False, "recompute_granularity": "full", "beta": 0.1, "benchmark": False,
+    "loss_type": "sigmoid", "label_smoothing": 0.0, "unified_checkpoint": True, "autotuner_benchmark": False,
+    "lazy": False, "seed": 42,
+}
+PADDLENLP_DPO_CONFIGS = {
+    "llama/dpo": _DPO,
+    "llama/dpo_lora": {**_DPO, "learning_rate": 1e-05, "tensor_parallel_degree": 1, "lora": True, "lora_rank": 64,
+                       "rslora_plus": True},
+    "llama/flashmask/dpo": {
+        "model_name_or_path": "meta-llama/Meta-Llama-3.1-8B-Instruct", "train_dataset_path": "dpo_data/uf.jsonl",
+        "output_dir": "./checkpoints/dpo_ckpts_flashmask", "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 2, "per_device_eval_batch_size": 1, "num_train_epochs": 1, "max_steps": 4000,
+        "learning_rate": 5e-07, "warmup_ratio": 0.1, "logging_steps": 1, "evaluation_strategy": "no",
+        "save_strategy": "no", "eval_steps": 100, "save_steps": 500, "max_seq_len": 8192, "max_prompt_len": 8000,
+        "bf16": True, "fp16_opt_level": "O2", "do_train": True, "do_eval": False, "disable_tqdm": True,
+        "load_best_model_at_end": True, "tensor_parallel_degree": 4, "sharding": "stage2",
+        "use_flash_attention": True, "recompute": False, "recompute_granularity": "full", "unified_checkpoint": True,
+        "autotuner_benchmark": False, "greedy_zero_padding": True, "flash_mask": True, "lazy": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADDLENLP_DPO_CONFIGS))
+def test_paddlenlp_shipped_dpo_config_runs(name, tiny_model_dir, tmp_path):
+    """PaddleNLP's DPO argument files through llm/run_dpo.py: paths, steps, lengths, bf16 off and
+    tensor_parallel_degree 1 overridden (as for the SFT files above)."""
+    cfg = PADDLENLP_DPO_CONFIGS[name]
+    src = tmp_path / "paddlenlp_dpo_config.json"
+    src.write_text(json.dumps(cfg, indent=4))
+    out = tmp_path / "out"
+    data = os.path.join(ROOT, "llm", "data", "dpo_tiny")
+    steps = ["--max_steps", "6", "--warmup_steps", "1", "--gradient_accumulation_steps", "1",
+             "--per_device_train_batch_size", "2"]
+    if cfg.get("evaluation_strategy") == "steps":
+        steps += ["--eval_steps", "3", "--save_steps", "3"]
+    if cfg.get("warmup_ratio"):
+        steps += ["--warmup_ratio", "0.1"]
+    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_dpo.py"), str(src), "--model_name_or_path", tiny_model_dir,
+           "--train_dataset_path", data, "--output_dir", str(out), "--max_seq_len", "256", "--max_prompt_len", "128",
+           "--bf16", "false", "--tensor_parallel_degree", "1", "--learning_rate", "1e-3", *steps]
+    if cfg.get("dev_dataset_path"):
+        cmd += ["--dev_dataset_path", data]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, f"{name}:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    state = json.loads((out / "trainer_state.json").read_text())
+    losses = [h["loss"] for h in state["log_history"] if "loss" in h]
+    assert len(losses) >= 6 and abs(losses[0] - math.log(2)) < 1e-4  # policy == reference at step 1
+    files = set(os.listdir(out))
+    if cfg.get("lora"):
+        assert "adapter_model.safetensors" in files, files
+    else:
+        assert any(f.startswith("model") and f.endswith(".safetensors") for f in files), files
+    if cfg.get("do_eval"):
+        final = json.loads((out / "eval_results.json").read_text())
+        assert "eval_rewards/accuracies" in final
+        best = state["best_model_checkpoint"]
+        at_best = [h for h in state["log_history"] if "eval_loss" in h and h["step"] == int(best.rsplit("-", 1)[1])]
+        assert final["eval_loss"] == pytest.approx(at_best[-1]["eval_loss"], rel=1e-5)
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["data"]["train"]["packing"] != "none"  # PaddleNLP's DPO always packs

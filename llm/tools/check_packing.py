@@ -2,6 +2,12 @@
 
     python llm/tools/check_packing.py CONFIG.json [--key value ...] [--check_examples 16] [--tolerance 1e-5]
 
+Preference data (a DPO config: train_dataset_path, beta, ... -> llm/run_dpo.py keys) is recognised:
+then every pair's chosen and rejected log-probs, each answer run alone (prompt + answer), are
+compared with the same pairs packed as training packs them (prompt + chosen + rejected, many pairs
+per row); exit 1 when one differs by more than the tolerance (default 1e-4, relative to
+max(1, |log-prob|)), printing the largest difference and its pair.
+
 Takes the first --check_examples training examples, computes the token-mean
 loss and all parameter gradients once with each example run alone and once
 packed into rows of max_length (with the config's flash_mask setting), and
@@ -20,8 +26,48 @@ from paddlenlp_ext.cli.common import config_or_exit, pop_tool_args  # noqa: E402
 USAGE = __doc__.strip().splitlines()[2].strip()
 
 
+def is_preference_config(argv) -> bool:
+    """A config (file or --key overrides) that names a DPO key is a preference-data config."""
+    from paddlenlp_ext.cli.common import split_argv
+    from paddlenlp_ext.config.environment import DPO_KEYS
+    from paddlenlp_ext.config.parse import read_json_config
+
+    path, overrides = split_argv(argv)
+    keys = {a[2:].split("=", 1)[0] for a in overrides if a.startswith("--")}
+    try:
+        keys |= set(read_json_config(path)) if path else set()
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by config_or_exit below
+        pass
+    return bool(keys & DPO_KEYS)
+
+
+def check_preferences(cfg, tool):
+    from paddlenlp_ext.dpo.data import read_preference_files, resolve_split_files, tokenize_preference_examples
+    from paddlenlp_ext.dpo.packing_check import check_pair_packing
+    from paddlenlp_ext.data.tokenize import resolve_chat_template
+    from paddlenlp_ext.training.run import build_training_args, library_patches, load_model, load_tokenizer
+
+    args = build_training_args(cfg)
+    tokenizer = load_tokenizer(cfg)
+    o = cfg.dpo
+    examples = read_preference_files(resolve_split_files(o.train_dataset_path, "train"))[: tool.get("check_examples", 16)]
+    pairs, _ = tokenize_preference_examples(examples, tokenizer, o.max_seq_len, o.max_prompt_len,
+                                            resolve_chat_template(tokenizer, cfg.data.chat_template))
+    with library_patches(cfg):
+        model, _ = load_model(cfg, args)
+        result = check_pair_packing(model, pairs, o.max_seq_len, tokenizer.pad_token_id,
+                                    flash_mask=cfg.model.flash_mask, greedy=cfg.data.greedy_zero_padding)
+    tol = tool.get("tolerance", 1e-4 if str(model.config.dtype) == "float32" else 1e-2)
+    result.update(flash_mask=cfg.model.flash_mask, dtype=str(model.config.dtype), tolerance=tol)
+    result["ok"] = result["max_rel_diff"] <= tol
+    print(json.dumps(result, indent=2))
+    return 0 if result["ok"] else 1
+
+
 def main(argv):
     tool, argv = pop_tool_args(argv, {"check_examples": int, "tolerance": float})
+    if is_preference_config(argv):
+        return check_preferences(config_or_exit(argv, USAGE, mode="dpo"), tool)
     cfg = config_or_exit(argv, USAGE)
     from paddlenlp_ext.data.pipeline import tokenize_split
     from paddlenlp_ext.data.tokenize import resolve_chat_template

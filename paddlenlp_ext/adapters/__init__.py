@@ -10,6 +10,7 @@ Public API (see docs/methods.md)::
     load_adapter(model, adapter_dir) -> AdapterConfig          # fresh base model
     load_adapter_weights(model, adapter_dir) -> AdapterConfig  # model already has adapters (resume)
     merge_adapters(model) / unmerge_adapters(model) / unwrap_merged(model)
+    adapters_disabled(model)                        # context manager: base weights only (DPO reference)
     count_parameters(model) -> (trainable, total)
     compute_delta(method, config, tensors_for_one_module, in_features, out_features) -> np.ndarray [in, out]
     vera_projections(seed, r, max_in, max_out) -> (A [r, max_in], B [max_out, r])
@@ -41,6 +42,7 @@ _LAZY = {
     "merge_adapters": "api",
     "unmerge_adapters": "api",
     "unwrap_merged": "api",
+    "adapters_disabled": "api",
     "count_parameters": "api",
     "compute_delta": "api",
     "group_adapter_tensors": "api",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -289,6 +290,29 @@ def unwrap_merged(model: nn.Layer) -> List[str]:
     if hasattr(model, _MODEL_CONFIG_ATTR):
         setattr(model, _MODEL_CONFIG_ATTR, None)
     return [n for n, _ in layers]
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Layer):
+    """Within the block the model computes with its base weights alone (every adapter layer
+    bypassed); nothing is copied.  DPO's reference model with adapters.  Not for merged
+    adapters (their delta is inside the base weight) nor PiSSA (its base holds the residual):
+    AdapterError."""
+    layers = [layer for _, layer in iter_adapter_layers(model)]
+    for layer in layers:
+        if layer.merged:
+            raise AdapterError("adapters_disabled() on merged adapters: the base weight includes them; unmerge first")
+        if isinstance(layer, PiSSALinear):
+            raise AdapterError("adapters_disabled() with PiSSA: the base weight is the residual W - A0 B0, "
+                               "not the original model")
+    before = [layer.disabled for layer in layers]
+    try:
+        for layer in layers:
+            layer.disabled = True
+        yield model
+    finally:
+        for layer, was in zip(layers, before):
+            layer.disabled = was
 
 
 # -------------------------------------------------------- streaming merge math

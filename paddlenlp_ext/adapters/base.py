@@ -121,6 +121,8 @@ class AdapterLayer(nn.Layer):
     method: str = ""
     #: suffixes of ``adapter_state_dict()``, in order
     state_suffixes: Tuple[str, ...] = ()
+    #: True: forward is the base layer's alone (``api.adapters_disabled``, e.g. DPO's reference model)
+    disabled: bool = False
 
     def __init__(self, base_layer: nn.Layer, config: AdapterConfig, *, init_weights: bool = True, shared: Any = None):
         super().__init__()
@@ -175,7 +177,7 @@ class AdapterLayer(nn.Layer):
     # -------------------------------------------------------------- forward
     def forward(self, x: paddle.Tensor, *args, **kwargs) -> paddle.Tensor:
         out = self.base_layer(x, *args, **kwargs)
-        if self.merged:
+        if self.merged or self.disabled:
             return out
         h = x if x.dtype == self._param_dtype else x.astype(self._param_dtype)
         delta = self._adapter_forward(self.dropout(h))

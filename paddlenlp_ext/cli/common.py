@@ -15,14 +15,14 @@ def split_argv(argv: List[str]) -> Tuple[Optional[str], List[str]]:
     return None, argv
 
 
-def config_or_exit(argv: List[str], usage: str) -> RunConfig:
+def config_or_exit(argv: List[str], usage: str, mode: str = "sft") -> RunConfig:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
-        print("Every key is documented in docs/config.md.")
+        print("Every key is documented in docs/config.md" + (" and docs/dpo.md." if mode == "dpo" else "."))
         sys.exit(0 if argv else EXIT_CONFIG_ERROR)
     path, overrides = split_argv(argv)
     try:
-        return load_config(path, overrides)
+        return load_config(path, overrides, mode=mode)
     except ConfigError as e:
         print(e.report(), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)

@@ -10,20 +10,19 @@ config report (exit 2) before any model or data is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
 from functools import lru_cache
 from typing import Dict, List
 
-#: Keys of PaddleNLP's DPO scripts (llm/alignment/dpo: DPOTrainingArguments, DPODataArgument).
-DPO_KEYS = frozenset({
-    "beta", "simpo_gamma", "label_smoothing", "loss_type", "pref_loss_ratio", "sft_loss_ratio", "dpop_lambda",
-    "ref_model_update_steps", "reference_free", "normalize_logps", "offset_alpha", "train_dataset_path",
-    "dev_dataset_path", "max_seq_len", "max_prompt_len", "dpo_benchmark", "use_attn_mask_startend_row_indices",
-})
-DPO_HINT = ("Preference training (PaddleNLP's llm/alignment/dpo/run_dpo.py) has no paddlenlp_ext script in this "
-            "version; remove the DPO keys to fine-tune with this config.")
+from .schema import DPOArgument
+
+#: Keys of PaddleNLP's DPO scripts (llm/alignment/dpo: DPOConfig, DPODataArgument), read by llm/run_dpo.py.
+DPO_KEYS = frozenset(f.name for f in dataclasses.fields(DPOArgument))
+DPO_HINT = ("Preference training (PaddleNLP's llm/alignment/dpo/run_dpo.py) is llm/run_dpo.py: "
+            "python llm/run_dpo.py CONFIG.json (keys in docs/dpo.md).")
 
 #: Devices this toolkit runs on; Paddle's other device names get a clear refusal.
 SUPPORTED_DEVICES = ("cpu", "gpu")

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, ExtraTrainingArgument
+from .schema import GROUPS, DPOArgument, ExtraTrainingArgument
 
 
 @dataclass
@@ -119,12 +119,15 @@ def _dataclass_specs(cls, group) -> Dict[str, FieldSpec]:
     return specs
 
 
-@lru_cache(maxsize=1)
-def all_fields() -> Dict[str, FieldSpec]:
-    """Every accepted key -> its FieldSpec (model, data, generate, training)."""
+@lru_cache(maxsize=2)
+def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
+    """Every accepted key -> its FieldSpec (model, data, generate, training; with mode "dpo" also
+    the ``dpo`` group of llm/run_dpo.py)."""
     specs: Dict[str, FieldSpec] = {}
     for group, cls in GROUPS.items():
         specs.update(_dataclass_specs(cls, group))
+    if mode == "dpo":
+        specs.update(_dataclass_specs(DPOArgument, "dpo"))
     training = _training_specs()
     training.update(_dataclass_specs(ExtraTrainingArgument, "training"))
     for name, spec in training.items():

@@ -18,7 +18,7 @@ from ..data.reader import find_split_files
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
 from .environment import DPO_HINT, DPO_KEYS, environment_problems
 from .fields import FieldSpec, all_fields
-from .schema import DataArgument, GenerateArgument, ModelArgument
+from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
 
 class ConfigError(Exception):
@@ -48,6 +48,8 @@ class RunConfig:
     derived: Dict[str, str] = field(default_factory=dict)
     # keys the user set (file or command line)
     explicit: set = field(default_factory=set)
+    # the DPO key group (load_config(..., mode="dpo"), llm/run_dpo.py); None for fine-tuning
+    dpo: Optional[DPOArgument] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -58,6 +60,7 @@ class RunConfig:
             "training": dict(self.training),
             "derived": dict(self.derived),
             "explicit": sorted(self.explicit),
+            **({"dpo": dataclasses.asdict(self.dpo)} if self.dpo is not None else {}),
         }
 
     @property
@@ -201,9 +204,14 @@ def _check_range(spec: FieldSpec, value) -> Optional[str]:
     return None
 
 
-def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig:
-    """Parse and validate. Raises ConfigError listing every problem."""
-    specs = all_fields()
+def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = "sft") -> RunConfig:
+    """Parse and validate. Raises ConfigError listing every problem.
+
+    ``mode="dpo"`` (llm/run_dpo.py) adds the DPO keys (``schema.DPOArgument``) and refuses the
+    fine-tuning-only data keys, naming the DPO key to use (``config.dpo``)."""
+    from .dpo import sft_key_problem
+
+    specs = all_fields(mode)
     problems: List[str] = []
     where = path or "command line"
     raw: Dict[str, tuple] = {}  # key -> (value, from_cli, origin)
@@ -221,6 +229,10 @@ def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig
     values: Dict[str, Any] = {}
     for key, (value, from_cli, origin) in raw.items():
         spec = specs.get(key)
+        sft_only = sft_key_problem(key, origin) if mode == "dpo" else None
+        if sft_only:
+            problems.append(sft_only)
+            continue
         if spec is None and key in DPO_KEYS:
             problems.append(f"{origin}: {key!r} is a DPO (preference training) key; llm/run_finetune.py does "
                             f"supervised fine-tuning only. {DPO_HINT}")
@@ -253,8 +265,9 @@ def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
+    dpo = DPOArgument(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if mode == "dpo" else None
     cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
-                    explicit=set(values))
+                    explicit=set(values), dpo=dpo)
     _apply_aliases(cfg)
     problems += _cross_checks(cfg, where)
     if problems:
@@ -343,7 +356,11 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if t.get("fp16") and t.get("bf16"):
         p.append(f"{where}: fp16 and bf16 are both true; choose one")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
-    if (do_train or do_eval) and not d.dataset_name_or_path:
+    if cfg.dpo is not None:  # preference data keys instead of dataset_name_or_path (config.dpo)
+        from .dpo import dpo_problems
+
+        p += dpo_problems(cfg, where)
+    elif (do_train or do_eval) and not d.dataset_name_or_path:
         p.append(f"{where}: dataset_name_or_path is required with do_train or do_eval")
     elif d.dataset_name_or_path:
         if not os.path.isdir(d.dataset_name_or_path):
@@ -413,6 +430,10 @@ def _apply_aliases(cfg: RunConfig) -> None:
         # a LoKr adapter is an ordinary adapter directory (method "lokr"), loaded like any lora_path
         m.lora_path = m.lokr_path
         cfg.derived["lora_path"] = f"{m.lokr_path} (from its alias lokr_path)"
+    if cfg.dpo is not None:
+        from .dpo import apply_dpo_aliases
+
+        apply_dpo_aliases(cfg)
     d, t = cfg.data, cfg.training
     if d.intokens is not None and "zero_padding" not in cfg.explicit:
         d.zero_padding = d.intokens

@@ -196,3 +196,51 @@ class ExtraTrainingArgument:
 
 
 GROUPS = {"model": ModelArgument, "data": DataArgument, "generate": GenerateArgument}
+
+
+# Preference-loss names of PaddleNLP's DPOTrainer (paddlenlp_ext.dpo.losses.PREFERENCE_LOSSES) plus
+# its run_dpo.py alias "orpo" (= "or" + sft_loss_ratio 1 + reference_free); kept here as text so the
+# config never imports paddle.
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "kto_pair", "sppo_hard", "nca_pair", "dpop", "or", "simpo", "orpo")
+
+
+# Keys of llm/run_dpo.py only (load_config(..., mode="dpo")): PaddleNLP's DPOConfig and
+# DPODataArgument (llm/alignment/dpo/dpo_argument.py), same names and defaults.
+@dataclass
+class DPOArgument:
+    beta: float = _f(0.1, "Strength of the KL anchor to the reference model (DPO beta; IPO tau).", gt=0.0)
+    simpo_gamma: float = _f(0.5, "SimPO target reward margin gamma.")
+    label_smoothing: float = _f(
+        0.0, "Conservative DPO: assumed probability that a preference label is flipped, in [0, 0.5) "
+        "(sigmoid and simpo only).", min=0.0)
+    loss_type: str = _f("sigmoid", "Preference loss (docs/dpo.md): sigmoid (DPO), hinge, ipo, kto_pair, sppo_hard, "
+                        "nca_pair, dpop, or (ORPO's odds ratio), simpo; orpo = or + sft_loss_ratio 1.",
+                        choices=DPO_LOSS_TYPES)
+    pref_loss_ratio: float = _f(1.0, "Weight of the preference loss in the total loss.", min=0.0)
+    sft_loss_ratio: float = _f(0.0, "Weight of the SFT loss (mean NLL of the chosen answers' tokens).", min=0.0)
+    dpop_lambda: float = _f(50.0, "DPO-Positive penalty weight lambda (loss_type dpop).", min=0.0)
+    ref_model_update_steps: int = _f(
+        -1, "Copy the policy weights into the reference model every N optimizer steps (full fine-tuning "
+        "only); -1 = never.")
+    reference_free: bool = _f(False, "No reference model: the reference log-probs are 0 "
+                              "(forced for or/simpo, as PaddleNLP does).")
+    normalize_logps: bool = _f(
+        False, "Score every answer by its mean token log-prob instead of the sum (ipo, or and simpo always "
+        "use the mean, as PaddleNLP).")
+    rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
+    train_dataset_path: Optional[str] = _f(
+        None, "Preference train data: a JSON-lines file (PaddleNLP) or a directory with train.json.")
+    dev_dataset_path: Optional[str] = _f(
+        None, "Preference dev data: a JSON-lines file or a directory with dev.json.")
+    max_seq_len: int = _f(4096, "Maximum tokens of prompt + chosen + rejected; also the packed row length.", gt=2)
+    max_prompt_len: int = _f(2048, "Maximum prompt tokens (the prompt is truncated from the left first).", gt=0)
+    use_attn_mask_startend_row_indices: bool = _f(
+        True, "PaddleNLP's switch between start-row and dense masks; here flash_mask decides (accepted, no effect).")
+    offset_alpha: float = _unsupported(0.0, "Score-based DPO offset.")
+    ignore_eos_token: bool = _unsupported(False, "Leave the EOS token out of the answer log-probs.")
+    mask_out_eos_token: bool = _unsupported(True, "EOS loss masking of PaddleNLP's streaming DPO data.")
+    num_samples_each_epoch: int = _unsupported(6000000, "Samples per epoch of PaddleNLP's streaming DPO data.",
+                                               "not used: the data is read in memory")
+    buffer_size: int = _unsupported(1000, "Preloading buffer of PaddleNLP's streaming DPO data.",
+                                    "not used: the data is read in memory")
+    dpo_benchmark: bool = _unsupported(False, "PaddleNLP's DPO benchmark mode.")

@@ -31,6 +31,26 @@ from .reader import DataError, parse_line
 DATA_STATE_NAME = "data_state.json"
 
 
+@dataclass(frozen=True)
+class RowFormat:
+    """What the stream streams: ``parse(line, origin) -> example``, ``length(feature)`` (tokens),
+    ``supervised(feature)`` (scored tokens) and ``build_row(features, max_length or None, pad_id)``
+    (``None``: one unpacked feature, no padding)."""
+
+    parse: Callable
+    length: Callable
+    supervised: Callable
+    build_row: Callable
+
+
+def _sft_row(members, max_length, pad_token_id):
+    return build_packed_row(members, max_length, pad_token_id) if max_length is not None else members[0]
+
+
+SFT_ROWS = RowFormat(parse=parse_line, length=lambda f: len(f["input_ids"]),
+                     supervised=lambda f: int(np.sum(np.asarray(f["labels"]) != -100)), build_row=_sft_row)
+
+
 @dataclass
 class Cursor:
     """Where a group starts: file index, byte offset and line number in it, epoch, and rows of it to skip."""
@@ -57,9 +77,11 @@ class StreamingPackedDataset(IterableDataset):
 
     def __init__(self, files: List[str], tokenize: Callable, max_length: int, pad_token_id: int, greedy: bool,
                  group_size: int, seed: int, start: Optional[Cursor] = None, log_size: int = 64,
-                 packed: bool = True):
+                 packed: bool = True, row_format: Optional["RowFormat"] = None):
         super().__init__()
         self.packed = packed  # False: yield tokenized examples (shuffled per group) for batch padding
+        # how lines parse and features become rows: SFT examples by default, preference pairs for DPO
+        self.fmt = row_format or SFT_ROWS
         self.files = list(files)
         self.tokenize = tokenize  # Example -> (feature, truncated, dropped_rounds)
         self.max_length = max_length
@@ -89,7 +111,7 @@ class StreamingPackedDataset(IterableDataset):
                     if not line.strip():
                         continue
                     try:
-                        ex = parse_line(line.decode("utf-8"), f"{path}:{lineno}")
+                        ex = self.fmt.parse(line.decode("utf-8"), f"{path}:{lineno}")
                     except ValueError as e:
                         raise DataError([f"{path}:{lineno}: {e}"])
                     yield ex, Cursor(fi, off, lineno, epoch)
@@ -100,7 +122,7 @@ class StreamingPackedDataset(IterableDataset):
     def _pack(self, feats: List[Dict]) -> List[List[int]]:
         if not self.packed:
             return [[i] for i in range(len(feats))]
-        lengths = [len(f["input_ids"]) for f in feats]
+        lengths = [self.fmt.length(f) for f in feats]
         return greedy_pack(lengths, self.max_length, len(lengths)) if self.greedy else pack_in_order(lengths, self.max_length)
 
     def __iter__(self):
@@ -126,13 +148,13 @@ class StreamingPackedDataset(IterableDataset):
                                                        "group_index": group_index}), len(packs)))
             for k in order[skip:]:
                 members = [feats[i] for i in packs[k]]
-                n_tok = int(sum(len(f["input_ids"]) for f in members))
+                n_tok = int(sum(self.fmt.length(f) for f in members))
                 self.stats["packs"] += 1
                 self.stats["tokens"] += n_tok
                 self.stats["slots"] += self.max_length if self.packed else n_tok
-                self.stats["supervised_tokens"] += sum(int(np.sum(np.asarray(f["labels"]) != -100)) for f in members)
+                self.stats["supervised_tokens"] += sum(self.fmt.supervised(f) for f in members)
                 row += 1
-                yield build_packed_row(members, self.max_length, self.pad_token_id) if self.packed else members[0]
+                yield self.fmt.build_row(members, self.max_length if self.packed else None, self.pad_token_id)
             skip = 0
             group_index += 1
             group_cursor = Cursor(next_cursor.file_index, next_cursor.offset, next_cursor.line, next_cursor.epoch,

@@ -95,7 +95,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     from ..models.llm_meta import apply_llm_meta, on_gpu
 
     apply_llm_meta(cfg, config, on_gpu=on_gpu())
-    config.seq_length = d.max_length
+    config.seq_length = cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length
     # only dropout the family really reads (config.parse refused the others)
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
@@ -255,42 +255,14 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     for split, report in data.reports.items():
         logger.info(f"data[{split}]: {json.dumps(report)}")
 
-    from .callbacks import StepTimer, current_rss_bytes
+    from .callbacks import StepTimer
 
-    rss_before_model = current_rss_bytes()
-    quantization = resolve_quantization(cfg)
-    model, load_stats = load_model(cfg, args, quantization)
-    if load_stats is not None and load_stats.get("params_quantized"):
-        load_stats["bytes_per_param"] = load_stats["bytes_quantized"] / load_stats["params_quantized"]
-    if load_stats is not None:
-        logger.info(f"{'quantized base weights' if quantization else 'loaded'}: {json.dumps(load_stats, default=str)}")
-
-    adapter_config = None
-    if cfg.model.lora_path or cfg.adapter_method or cfg.model.neftune:
-        from .. import adapters as adapter_api
-    if cfg.model.lora_path:
-        # continue training (or evaluate) a saved adapter; its own config wins
-        adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
-    elif cfg.adapter_method:
-        adapter_config = adapter_config_from_run(cfg, getattr(model.config, "model_type", None))
-        # adapter init depends on the seed only, not on how many random numbers the load path drew
-        # (the streaming loader draws none; from_pretrained's random init did)
-        set_seed(args.seed)
-        adapter_api.apply_adapters(model, adapter_config)
-    prefix_io = prefix_info = None
-    if cfg.model.prefix_tuning:  # the frozen model behind trained key/value prefixes (paddlenlp_ext.prefix)
-        from ..prefix.io import attach_prefix
-
-        set_seed(args.seed)
-        model, prefix_io, prefix_info = attach_prefix(model, cfg.model, model_dtype(args))
-    from ..adapters import count_parameters
-
-    trainable, total = count_parameters(model)
-    method = describe_method(cfg, adapter_config)
-    logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
-
+    built = build_model(cfg, args)
+    model, adapter_config, prefix_io = built.model, built.adapter_config, built.prefix_io
     neftune_hook = None
     if cfg.model.neftune:
+        from .. import adapters as adapter_api
+
         neftune_hook = adapter_api.attach_neftune(model, cfg.model.neftune_noise_alpha)
 
     trainer = FinetuneTrainer(
@@ -316,19 +288,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
 
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
-    summary: Dict[str, Any] = {
-        "rss_before_model_bytes": rss_before_model,
-        "rss_after_load_bytes": current_rss_bytes(),
-        "method": method,
-        "trainable_params": trainable,
-        "total_params": total,
-        "world_size": args.world_size,
-        "data": data.reports,
-    }
-    if load_stats is not None:
-        summary["quantization" if quantization else "load"] = load_stats
-    if prefix_info is not None:
-        summary["prefix"] = prefix_info
+    summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports}
     if args.do_eval and args.eval_before_train:
         metrics = trainer.evaluate()
         summary["eval_loss_before_train"] = metrics["eval_loss"]
@@ -376,6 +336,11 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         print(f"[paddlenlp_ext] eval loss: {metrics['eval_loss']:.4f} "
               f"(perplexity {metrics.get('eval_perplexity', float('nan')):.3f}, "
               f"token accuracy {metrics.get('eval_accuracy', float('nan')):.4f})", flush=True)
+    return write_run_summary(args, summary, step_timer, wall_start)
+
+
+def write_run_summary(args, summary: Dict[str, Any], step_timer, wall_start: float) -> Dict[str, Any]:
+    """Add step times, peak memory and wall time; write output_dir/run_summary.json (main process)."""
     if step_timer.step_times:
         summary["step_times_s"] = step_timer.step_times
         summary["rss_after_first_step_bytes"] = step_timer.rss_after_first_step
@@ -386,6 +351,74 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         with open(os.path.join(args.output_dir, RUN_SUMMARY_NAME), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, default=str)
     return summary
+
+
+@dataclasses.dataclass
+class BuiltModel:
+    """What :func:`build_model` made: the model ready for the trainer and its facts for the summary."""
+    model: Any
+    adapter_config: Any
+    quantization: Optional[Dict[str, Any]]
+    load_stats: Optional[Dict[str, Any]]
+    prefix_io: Any
+    prefix_info: Optional[Dict[str, Any]]
+    method: str
+    trainable: int
+    total: int
+    rss_before_model: int
+    rss_after_load: int
+
+    def summary(self) -> Dict[str, Any]:
+        out = {"rss_before_model_bytes": self.rss_before_model, "rss_after_load_bytes": self.rss_after_load,
+               "method": self.method, "trainable_params": self.trainable, "total_params": self.total}
+        if self.load_stats is not None:
+            out["quantization" if self.quantization else "load"] = self.load_stats
+        if self.prefix_info is not None:
+            out["prefix"] = self.prefix_info
+        return out
+
+
+def build_model(cfg: RunConfig, args) -> BuiltModel:
+    """Load (streamed; quantized as configured), then apply adapters (new, or lora_path) or the
+    prefix; logs the method and trainable parameters.  Shared by run_finetune and run_dpo."""
+    from paddlenlp.trainer import set_seed
+    from paddlenlp.utils.log import logger
+
+    from .callbacks import current_rss_bytes
+
+    rss_before_model = current_rss_bytes()
+    quantization = resolve_quantization(cfg)
+    model, load_stats = load_model(cfg, args, quantization)
+    if load_stats is not None and load_stats.get("params_quantized"):
+        load_stats["bytes_per_param"] = load_stats["bytes_quantized"] / load_stats["params_quantized"]
+    if load_stats is not None:
+        logger.info(f"{'quantized base weights' if quantization else 'loaded'}: {json.dumps(load_stats, default=str)}")
+
+    adapter_config = None
+    if cfg.model.lora_path or cfg.adapter_method or cfg.model.neftune:
+        from .. import adapters as adapter_api
+    if cfg.model.lora_path:
+        # continue training (or evaluate) a saved adapter; its own config wins
+        adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
+    elif cfg.adapter_method:
+        adapter_config = adapter_config_from_run(cfg, getattr(model.config, "model_type", None))
+        # adapter init depends on the seed only, not on how many random numbers the load path drew
+        # (the streaming loader draws none; from_pretrained's random init did)
+        set_seed(args.seed)
+        adapter_api.apply_adapters(model, adapter_config)
+    prefix_io = prefix_info = None
+    if cfg.model.prefix_tuning:  # the frozen model behind trained key/value prefixes (paddlenlp_ext.prefix)
+        from ..prefix.io import attach_prefix
+
+        set_seed(args.seed)
+        model, prefix_io, prefix_info = attach_prefix(model, cfg.model, model_dtype(args))
+    from ..adapters import count_parameters
+
+    trainable, total = count_parameters(model)
+    method = describe_method(cfg, adapter_config)
+    logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
+    return BuiltModel(model, adapter_config, quantization, load_stats, prefix_io, prefix_info, method, trainable,
+                      total, rss_before_model, current_rss_bytes())
 
 
 def adapter_config_from_run(cfg: RunConfig, model_type: Optional[str] = None):

@@ -1,0 +1,169 @@
+"""DPO through the real CLI: packed vs unpacked pairs/s, and LoRA-DPO vs LoRA-SFT peak memory.
+
+    .venv/bin/python bench/dpo.py [--part speed,memory] [--steps 20] [--max_seq_len 1024]
+        [--model_dir build/llama-0.8b] [--sft_data build/alpaca_en_demo] [--json out.json]
+
+speed: a tiny random-init Llama with the real Llama 2 tokenizer (so lengths are those of real data)
+trains with llm/run_dpo.py on ../shared/data/dpo_en_demo.json (converted to PaddleNLP's
+{"src", "tgt", "response", "sort"} lines) twice, in separate processes:
+
+  unpacked : one pair per row, each batch padded to its longest row
+  packed   : zero_padding + greedy_zero_padding + use_flash_attention + flash_mask, rows of max_seq_len
+             holding about as many pairs per step as the unpacked batch
+
+and prints pairs/s (pairs trained / train time) and the padding ratio of both side by side.
+
+memory: on the 0.84B-parameter Llama of bench/big_model.py, LoRA-SFT (llm/run_finetune.py) and
+LoRA-DPO (llm/run_dpo.py, the reference = the same model with adapters off: no second copy) run 3
+steps each in their own process at batch 1; peak RSS of each child (/usr/bin/time -f %M) and the ratio.
+The DPO row holds prompt + chosen + rejected (max_seq_len 512); the SFT row holds prompt + answer
+padded to 512 as well, so both forward the same number of tokens per step.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+sys.path.insert(0, ROOT)
+TIME_BIN = "/usr/bin/time"
+GB = 2**30
+
+
+def convert_dpo_demo(src_path, out_dir, n_dev=16):
+    """LLaMA-Factory's sharegpt preference rows -> PaddleNLP's preference JSON lines (train.json, dev.json).
+
+    {"conversations": [{"from": "human", "value": q1}, {"from": "gpt", "value": a1}, {"from": "human", "value": q2}],
+     "chosen": {"value": c}, "rejected": {"value": r}}
+    -> {"src": [q1, q2], "tgt": [a1], "response": [c, r], "sort": [1, 0]}
+    """
+    rows = json.load(open(src_path, encoding="utf-8"))
+    out = []
+    for r in rows:
+        turns = r["conversations"]
+        src = [t["value"] for t in turns if t["from"] == "human"]
+        tgt = [t["value"] for t in turns if t["from"] == "gpt"]
+        if len(src) != len(tgt) + 1 or not r["chosen"]["value"].strip() or not r["rejected"]["value"].strip():
+            continue  # counted below: the converter reports what it skipped
+        out.append({"src": src, "tgt": tgt, "response": [r["chosen"]["value"], r["rejected"]["value"]], "sort": [1, 0]})
+    os.makedirs(out_dir, exist_ok=True)
+    for name, part in (("train", out), ("dev", out[:n_dev])):
+        with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
+            for r in part:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return len(out), len(rows) - len(out)
+
+
+def run_cli(script, config, overrides, out_dir, timed=False):
+    cmd = [sys.executable, os.path.join(ROOT, script), os.path.join(ROOT, config), "--output_dir", out_dir,
+           *map(str, overrides)]
+    time_file = os.path.join(out_dir + ".time")
+    os.makedirs(out_dir, exist_ok=True)
+    if timed:
+        cmd = [TIME_BIN, "-f", "%M", "-o", time_file] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        sys.exit(f"run failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
+    summary = json.load(open(os.path.join(out_dir, "run_summary.json")))
+    if timed:
+        summary["peak_rss_child_bytes"] = int(open(time_file).read().strip().splitlines()[-1]) * 1024
+    return summary
+
+
+def speed(a, tmp):
+    demo, spm = os.path.join(SHARED, "dpo_en_demo.json"), os.path.join(SHARED, "llama2_tokenizer.model")
+    if not (os.path.isfile(demo) and os.path.isfile(spm)):
+        sys.exit(f"needs {demo} and {spm} (the shared benchmark data); not found")
+    from paddlenlp_ext.models.tiny import build_tiny_model
+
+    data_dir, model_dir = os.path.join(tmp, "dpo_data"), os.path.join(tmp, "model")
+    n, skipped = convert_dpo_demo(demo, data_dir)
+    build_tiny_model(model_dir, None, spm_model=spm, max_position_embeddings=a.max_seq_len)
+    common = ["--model_name_or_path", model_dir, "--train_dataset_path", data_dir, "--dev_dataset_path", data_dir,
+              "--max_steps", a.steps, "--max_seq_len", a.max_seq_len, "--max_prompt_len", a.max_seq_len // 2,
+              "--do_eval", "false", "--logging_steps", 5]
+    base = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
+                   common + ["--per_device_train_batch_size", a.batch_size, "--zero_padding", "false"],
+                   os.path.join(tmp, "unpacked"))
+    tokens_per_pair = base["tokens_trained"] / base["pairs_trained"]
+    rows = max(1, math.ceil(a.batch_size * tokens_per_pair / a.max_seq_len))
+    packed = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
+                     common + ["--per_device_train_batch_size", rows, "--zero_padding", "true",
+                               "--greedy_zero_padding", "true", "--use_flash_attention", "true", "--flash_mask", "true"],
+                     os.path.join(tmp, "packed"))
+    print(f"\ndpo_en_demo: {n} pairs ({skipped} skipped by the converter), tiny Llama (hidden 64, 2 layers, LoRA) "
+          f"with the Llama 2 tokenizer, max_seq_len {a.max_seq_len}, {a.steps} steps\n")
+    print("| run | batch | padding ratio | pairs trained | pairs/s | step time (s) |")
+    print("|---|---|---|---|---|---|")
+    out = {}
+    for name, s, batch in (("unpacked (batch padding)", base, f"{a.batch_size} pairs"),
+                           ("zero_padding+greedy+flash_mask", packed, f"{rows} rows of {a.max_seq_len}")):
+        pairs_s = s["pairs_per_second"]
+        out[name] = {"pairs_per_second": pairs_s, "padding_ratio": s["row_padding_ratio"],
+                     "pairs_trained": s["pairs_trained"], "step_time_s": s["train_time_s"] / s["global_steps"]}
+        print(f"| {name} | {batch} | {out[name]['padding_ratio']:.4f} | {s['pairs_trained']} | {pairs_s:.1f} | "
+              f"{out[name]['step_time_s']:.3f} |")
+    ratio = out["zero_padding+greedy+flash_mask"]["pairs_per_second"] / out["unpacked (batch padding)"]["pairs_per_second"]
+    print(f"\nspeed-up (pairs/s): {ratio:.2f}x  (target >= 1.5x: {'PASS' if ratio >= 1.5 else 'FAIL'})")
+    out["speedup"] = ratio
+    return out
+
+
+def memory(a, tmp):
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from big_model import ensure
+
+    ensure(a.model_dir, a.sft_data)
+    dpo_dir = os.path.join(tmp, "dpo_mem")
+    convert_dpo_demo(os.path.join(SHARED, "dpo_en_demo.json"), dpo_dir)
+    steps = ["--max_steps", 3, "--per_device_train_batch_size", 1, "--do_eval", "false", "--save_strategy", "no",
+             "--lora", "true", "--lora_rank", 8, "--logging_steps", 1, "--model_name_or_path", a.model_dir]
+    sft = run_cli("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
+                  steps + ["--dataset_name_or_path", a.sft_data, "--max_length", 512, "--src_length", 256,
+                           "--pad_to_max_length", "true", "--eval_before_train", "false"],
+                  os.path.join(tmp, "sft_mem"), timed=True)
+    dpo = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
+                  steps + ["--train_dataset_path", dpo_dir, "--dev_dataset_path", dpo_dir, "--max_seq_len", 512,
+                           "--max_prompt_len", 256, "--zero_padding", "true"],
+                  os.path.join(tmp, "dpo_mem"), timed=True)
+    ratio = dpo["peak_rss_child_bytes"] / sft["peak_rss_child_bytes"]
+    print(f"\n0.84B Llama, LoRA r=8, batch 1, rows of 512 tokens, 3 steps, each run in its own process\n")
+    print("| run | peak RSS (GiB) | RSS after load (GiB) | median step (s) |")
+    print("|---|---|---|---|")
+    for name, s in (("LoRA-SFT (run_finetune)", sft), ("LoRA-DPO (run_dpo, reference = adapters off)", dpo)):
+        steps_t = sorted(s.get("step_times_s", [0])[1:] or [0])
+        print(f"| {name} | {s['peak_rss_child_bytes'] / GB:.2f} | {s['rss_after_load_bytes'] / GB:.2f} | "
+              f"{steps_t[len(steps_t) // 2]:.2f} |")
+    print(f"\nLoRA-DPO / LoRA-SFT peak RSS: {ratio:.2f}x  (target <= 1.15x: {'PASS' if ratio <= 1.15 else 'FAIL'})")
+    return {"sft_peak": sft["peak_rss_child_bytes"], "dpo_peak": dpo["peak_rss_child_bytes"], "ratio": ratio}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--part", default="speed,memory")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--max_seq_len", type=int, default=1024)
+    p.add_argument("--batch_size", type=int, default=8, help="pairs per step without packing")
+    p.add_argument("--model_dir", default=os.path.join(ROOT, "build", "llama-0.8b"))
+    p.add_argument("--sft_data", default=os.path.join(ROOT, "build", "alpaca_en_demo"))
+    p.add_argument("--json")
+    a = p.parse_args()
+    print("command: python bench/dpo.py " + " ".join(sys.argv[1:]))
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "speed" in a.part:
+            results["speed"] = speed(a, tmp)
+        if "memory" in a.part:
+            results["memory"] = memory(a, tmp)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Preference training (DPO and its family) of a causal LM from a JSON config.
+
+    python llm/run_dpo.py llm/config/tiny/dpo_lora_argument.json [--key value ...]
+    python -m paddle.distributed.launch --gpus 0,1 llm/run_dpo.py CONFIG.json
+
+Keys: PaddleNLP's llm/alignment/dpo ones (beta, loss_type, train_dataset_path,
+max_seq_len, ...; docs/dpo.md) plus the model / adapter / training keys of
+llm/run_finetune.py.  Config problems (unknown keys, fine-tuning-only keys,
+bad values, contradictions, missing files) are all reported together, before
+anything is loaded, with exit code 2.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from paddlenlp_ext.cli.common import EXIT_CONFIG_ERROR, config_or_exit  # noqa: E402
+from paddlenlp_ext.config.parse import ConfigError  # noqa: E402
+from paddlenlp_ext.data.reader import DataError  # noqa: E402
+
+USAGE = "usage: python llm/run_dpo.py CONFIG.json [--key value ...]"
+
+
+def main(argv):
+    cfg = config_or_exit(argv, USAGE, mode="dpo")
+    from paddlenlp_ext.dpo.run import run  # heavy imports only after the config is valid
+
+    try:
+        run(cfg)
+    except ConfigError as e:
+        print(e.report(), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except DataError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,357 @@
+"""Preference data for DPO: PaddleNLP's JSON lines -> validated, tokenized, truncated pairs -> datasets.
+
+Format (PaddleNLP ``llm/alignment/dpo``), one JSON object per line::
+
+    {"src": ["hi", "and then?"], "tgt": ["hello"], "response": ["bye", "go away"], "sort": [1, 0]}
+    {"src": "one-turn prompt", "tgt": [], "response": ["good", "bad"], "sort": [0.9, 0.2]}
+
+``src`` has exactly one more turn than ``tgt`` (a string counts as one turn):
+the last src is the prompt the two responses answer.  The response with the
+higher ``sort`` is chosen.  Optional ``"context": {"system": "..."}`` as in
+the SFT format.  Every bad line is reported with ``file:line`` in one
+:class:`~paddlenlp_ext.data.reader.DataError`; nothing is skipped.
+
+Rows, masks, packing and the collator live in :mod:`.pair_rows`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..data.binpack import DEFAULT_GROUP_SIZE
+from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files
+from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
+from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
+
+__all__ = [
+    "PreferenceExample",
+    "parse_preference_line",
+    "read_preference_files",
+    "resolve_split_files",
+    "fit_pair",
+    "tokenize_pair",
+    "tokenize_preference_examples",
+    "PreferenceData",
+    "build_preference_datasets",
+]
+
+
+@dataclass
+class PreferenceExample:
+    src: List[str]  # n turns, the last one is the prompt
+    tgt: List[str]  # n - 1 history answers
+    chosen: str
+    rejected: str
+    system: Optional[str] = None
+    origin: str = ""  # "file:line"
+
+
+def _problems_of(obj) -> Tuple[List[str], Optional[PreferenceExample]]:
+    if not isinstance(obj, dict):
+        return ["expected a JSON object with 'src', 'tgt', 'response' and 'sort'"], None
+    missing = [k for k in ("src", "tgt", "response", "sort") if k not in obj]
+    if missing:
+        hint = " (use \"tgt\": [] for a one-turn prompt)" if "tgt" in missing else ""
+        return [f"missing key(s) {', '.join(map(repr, missing))}{hint}"], None
+    p: List[str] = []
+    src = [obj["src"]] if isinstance(obj["src"], str) else obj["src"]
+    tgt = [obj["tgt"]] if isinstance(obj["tgt"], str) else obj["tgt"]
+    if not isinstance(src, list) or not src or not all(isinstance(s, str) for s in src):
+        p.append("'src' must be a string or a non-empty list of strings")
+    if not isinstance(tgt, list) or not all(isinstance(s, str) for s in tgt):
+        p.append("'tgt' must be a string or a list of strings ([] for a one-turn prompt)")
+    if not p and len(src) != len(tgt) + 1:
+        p.append(f"mismatched turns: {len(src)} src and {len(tgt)} tgt; a preference line needs exactly one more "
+                 f"src than tgt (the last src is the prompt both responses answer)")
+    resp, sort = obj["response"], obj["sort"]
+    if not isinstance(resp, list) or len(resp) != 2:
+        n = len(resp) if isinstance(resp, list) else type(resp).__name__
+        p.append(f"'response' must be a list of exactly 2 strings (got {n}): the two answers to compare")
+        resp = None
+    else:
+        for i, r in enumerate(resp):
+            if not isinstance(r, str) or not r.strip():
+                p.append(f"response {i} is empty or not a string: both answers need text")
+    if not isinstance(sort, list) or len(sort) != 2 or not all(isinstance(s, Real) and not isinstance(s, bool)
+                                                               for s in sort):
+        p.append("'sort' must be a list of exactly 2 numbers, one score per response (higher = chosen)")
+    elif sort[0] == sort[1]:
+        p.append(f"sort values tie ({sort[0]} == {sort[1]}): cannot tell which response is chosen; "
+                 f"give the preferred response the higher score or drop the line")
+    system = None
+    ctx = obj.get("context")
+    if ctx is not None:
+        if not isinstance(ctx, dict) or not isinstance(ctx.get("system") or "", str):
+            p.append("'context' must be an object such as {\"system\": \"...\"}")
+        else:
+            system = ctx.get("system")
+    if p:
+        return p, None
+    hi = 0 if sort[0] > sort[1] else 1
+    return [], PreferenceExample(src=[s.strip() for s in src], tgt=[t.strip() for t in tgt],
+                                 chosen=resp[hi].strip(), rejected=resp[1 - hi].strip(), system=system)
+
+
+def parse_preference_line(line: str, origin: str) -> PreferenceExample:
+    """Validate one JSON line; ValueError listing every problem of the line ("; "-joined).
+
+    The higher ``sort`` wins; texts are stripped (as PaddleNLP does):
+
+    >>> parse_preference_line('{"src": " q ", "tgt": [], "response": ["a", "b"], "sort": [0, 1]}', "f:1")
+    PreferenceExample(src=['q'], tgt=[], chosen='b', rejected='a', system=None, origin='f:1')
+    """
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})")
+    problems, ex = _problems_of(obj)
+    if problems:
+        raise ValueError("; ".join(problems))
+    ex.origin = origin
+    return ex
+
+
+def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
+    """Read every non-empty line of ``files``; all bad lines are raised together as DataError.
+
+    A file ``f`` whose line 2 is ``{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 1]}``
+    raises ``DataError`` with ``f:2: sort values tie (1 == 1): ...`` (plus every other bad
+    line; the first MAX_REPORTED are listed and the rest counted).  No files or no lines -> DataError.
+    """
+    if not files:
+        raise DataError(["no preference data files found"])
+    out: List[PreferenceExample] = []
+    problems: List[str] = []
+    extra = 0
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(parse_preference_line(line, f"{path}:{lineno}"))
+                except ValueError as e:
+                    if len(problems) < MAX_REPORTED:
+                        problems.append(f"{path}:{lineno}: {e}")
+                    else:
+                        extra += 1
+    if problems:
+        raise DataError(problems, extra)
+    if not out:
+        raise DataError([f"{', '.join(files)}: no preference pairs (the file is empty)"])
+    return out
+
+
+def resolve_split_files(path: str, split: str) -> List[str]:
+    """PaddleNLP passes a file (``train_dataset_path: data/train.jsonl``); a directory is also
+    accepted and searched like the SFT data (``dir/train.json`` or ``dir/train/*.json``).
+
+    ``resolve_split_files("llm/data/dpo_tiny", "dev") == ["llm/data/dpo_tiny/dev.json"]``.
+    """
+    if os.path.isfile(path):
+        return [path]
+    if os.path.isdir(path):
+        files = find_split_files(path, split)
+        if files:
+            return files
+        raise DataError([f"{path}: no {split}.json or {split}/*.json in this directory"])
+    raise DataError([f"{path}: no such file or directory ({split}_dataset_path)"])
+
+
+def fit_pair(prefix: List[int], history: Sequence[Tuple[List[int], List[int]]], last_src: List[int],
+             chosen: List[int], rejected: List[int], max_seq_len: int, max_prompt_len: int):
+    """Truncate one pair as PaddleNLP's ``preprocess_preference_data`` does; returns
+    ``(prompt, chosen, rejected, info)`` with ``info = {"truncated_prompt", "truncated_response",
+    "dropped_rounds"}``.  Raises ValueError when the pair cannot fit at all.
+
+    1. If ``prefix + last_src + chosen + rejected`` exceeds ``max_seq_len``, the last src is
+       cut from the LEFT (its end, e.g. the template's assistant header, stays) so that
+       ``prefix + last_src <= max_prompt_len``; the prefix (bos / system) is always kept.
+    2. If it still does not fit, the responses share the rest in proportion to their lengths
+       (chosen gets ``int(C / (C + R) * rest)``, at least 1; rejected the remainder).  A cut
+       response loses its tail, eos included (PaddleNLP would score a fake eos there).
+    3. Earlier rounds (src + tgt) are put back, latest first, whole, until one does not fit.
+
+    Worked example, max_seq_len=8, max_prompt_len=3, prefix [1]:
+
+    >>> fit_pair([1], [([40], [41, 2])], [5, 6, 7], [8, 9, 2], [10, 2], 8, 3)
+    ([1, 6, 7], [8, 9, 2], [10, 2], {'truncated_prompt': True, 'truncated_response': False, 'dropped_rounds': 1})
+
+    (prompt cut to [1, 6, 7]: 3 + 3 + 2 = 8 tokens; the earlier round [40, 41, 2] no longer fits).
+    """
+    info = {"truncated_prompt": False, "truncated_response": False, "dropped_rounds": 0}
+    C, R = len(chosen), len(rejected)
+    if len(prefix) + len(last_src) + C + R > max_seq_len:
+        keep = max(max_prompt_len - len(prefix), 0)
+        if len(last_src) > keep:
+            last_src = last_src[len(last_src) - keep:]
+            info["truncated_prompt"] = True
+    core = list(prefix) + list(last_src)
+    if not core:
+        raise ValueError(f"the prompt is empty after truncation to max_prompt_len={max_prompt_len}")
+    if len(core) + C + R > max_seq_len:
+        rest = max_seq_len - len(core)
+        if rest < 2:
+            raise ValueError(f"cannot fit: the {len(core)}-token prompt (after max_prompt_len={max_prompt_len}) "
+                             f"leaves {rest} of max_seq_len={max_seq_len} for two responses (need >= 2); raise "
+                             f"max_seq_len or lower max_prompt_len")
+        c = min(max(int(C / (C + R) * rest), 1), rest - 1)
+        chosen, rejected = chosen[:c], rejected[: rest - c]
+        info["truncated_response"] = True
+    used = len(core) + len(chosen) + len(rejected)
+    kept: List[int] = []
+    for k, (s, t) in enumerate(reversed(history)):
+        if used + len(s) + len(t) > max_seq_len:
+            info["dropped_rounds"] = len(history) - k
+            break
+        kept = list(s) + list(t) + kept
+        used += len(s) + len(t)
+    return list(prefix) + kept + list(last_src), list(chosen), list(rejected), info
+
+
+def tokenize_pair(ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt_len: int,
+                  use_chat_template: bool) -> Tuple[Dict, Dict]:
+    """One example -> (``{"prompt", "chosen", "rejected", "origin"}``, truncation info).
+
+    The conversation is encoded by :func:`paddlenlp_ext.data.tokenize.encode_turns` (chat
+    template if any, else ``[bos] + src_1 + tgt_1 + eos + ... + src_n``), once with each
+    answer as the last target; both answers end with eos.  Without a template
+    (bos=1, eos=2; "q" -> [5], "a" -> [6], "b" -> [7]):
+    ``PreferenceExample(src=["q"], tgt=[], chosen="a", rejected="b")`` ->
+    ``{"prompt": [1, 5], "chosen": [6, 2], "rejected": [7, 2]}``.
+    """
+    pre_c, turns_c = encode_turns(Example(ex.src, ex.tgt + [ex.chosen], ex.system), tokenizer, use_chat_template)
+    pre_r, turns_r = encode_turns(Example(ex.src, ex.tgt + [ex.rejected], ex.system), tokenizer, use_chat_template)
+    if pre_c != pre_r or [s for s, _ in turns_c] != [s for s, _ in turns_r] or turns_c[:-1] != turns_r[:-1]:
+        raise ValueError("the chat template renders the prompt differently for the two responses")
+    prompt, chosen, rejected, info = fit_pair(pre_c, turns_c[:-1], turns_c[-1][0], turns_c[-1][1],
+                                              turns_r[-1][1], max_seq_len, max_prompt_len)
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "origin": ex.origin}, info
+
+
+def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenizer, max_seq_len: int,
+                                 max_prompt_len: int, use_chat_template: bool) -> Tuple[List[Dict], Dict]:
+    """Tokenize all examples; returns (pairs, stats).  Pairs that cannot fit (or fail to
+    tokenize) are ALL raised together as DataError naming ``file:line``.
+
+    stats: ``pairs``, ``truncated_prompts``, ``truncated_responses``, ``dropped_rounds``,
+    ``tokens`` (prompt + chosen + rejected), ``scored_tokens`` (chosen + rejected),
+    ``length_histogram``.  E.g. two fitting one-turn pairs of 4 tokens each (2 scored) ->
+    ``{"pairs": 2, "truncated_prompts": 0, ..., "tokens": 8, "scored_tokens": 4, ...}``.
+    """
+    pairs, problems, extra = [], [], 0
+    st = {"pairs": 0, "truncated_prompts": 0, "truncated_responses": 0, "dropped_rounds": 0,
+          "tokens": 0, "scored_tokens": 0}
+    lengths = []
+    for ex in examples:
+        try:
+            pair, info = tokenize_pair(ex, tokenizer, max_seq_len, max_prompt_len, use_chat_template)
+        except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised below with file:line
+            if len(problems) < MAX_REPORTED:
+                problems.append(f"{ex.origin}: {e}")
+            else:
+                extra += 1
+            continue
+        n = len(pair["prompt"]) + len(pair["chosen"]) + len(pair["rejected"])
+        st["pairs"] += 1
+        st["truncated_prompts"] += int(info["truncated_prompt"])
+        st["truncated_responses"] += int(info["truncated_response"])
+        st["dropped_rounds"] += info["dropped_rounds"]
+        st["tokens"] += n
+        st["scored_tokens"] += len(pair["chosen"]) + len(pair["rejected"])
+        lengths.append(n)
+        pairs.append(pair)
+    if problems:
+        raise DataError(problems, extra)
+    st["length_histogram"] = length_histogram(lengths, max_seq_len)
+    return pairs, st
+
+
+@dataclass
+class PreferenceData:
+    train: Optional[PreferenceDataset]
+    dev: Optional[PreferenceDataset]
+    collator: Callable
+    reports: Dict[str, Dict] = field(default_factory=dict)
+
+
+def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
+                              seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE) -> PreferenceData:
+    """Datasets, collator and reports for DPO.
+
+    ``data_args`` has ``train_dataset_path``, ``dev_dataset_path`` (a file, or a directory with
+    ``train.json`` / ``dev.json``), ``max_seq_len``, ``max_prompt_len``, ``zero_padding``,
+    ``greedy_zero_padding`` (needs zero_padding), ``lazy`` (the train pairs are streamed: see
+    :func:`stream_preference_pairs`; optional ``resume_cursor``) and
+    optionally ``chat_template`` (a file, see :func:`~paddlenlp_ext.data.tokenize.resolve_chat_template`).
+
+    ``zero_padding``: several pairs per row of ``max_seq_len`` (in data order; best-fit-decreasing
+    per window of ``group_size`` with ``greedy_zero_padding``), rows shuffled per epoch by
+    ``set_epoch``.  Otherwise one pair per row, padded per batch by the collator.  E.g. for
+    ``llm/data/dpo_tiny`` with max_seq_len 512 and zero_padding: ``.train`` holds rows of several
+    pairs, ``.collator(rows)`` gives the contract batch, ``.reports["train"]`` the counts.
+    """
+    max_seq_len, max_prompt_len = int(data_args.max_seq_len), int(data_args.max_prompt_len)
+    if max_seq_len < 3 or max_prompt_len < 1:
+        raise ValueError(f"need max_seq_len >= 3 and max_prompt_len >= 1, got {max_seq_len} and {max_prompt_len}")
+    zero_padding = bool(getattr(data_args, "zero_padding", False))
+    greedy = bool(getattr(data_args, "greedy_zero_padding", False))
+    if greedy and not zero_padding:
+        raise ValueError("greedy_zero_padding=true needs zero_padding=true")
+    packing = ("greedy" if greedy else "in_order") if zero_padding else None
+    use_template = resolve_chat_template(tokenizer, getattr(data_args, "chat_template", None))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = PreferenceData(train=None, dev=None, collator=PreferenceCollator(pad, flash_mask, max_seq_len if packing else None))
+    lazy = bool(getattr(data_args, "lazy", False))
+    for split, wanted, path in (("train", do_train, getattr(data_args, "train_dataset_path", None)),
+                                ("dev", do_eval, getattr(data_args, "dev_dataset_path", None))):
+        if not wanted:
+            continue
+        if not path:
+            raise ValueError(f"{split}_dataset_path is not set")
+        files = resolve_split_files(path, split)
+        if lazy and split == "train":  # streamed group by group; dev sets stay in memory (eval needs their length)
+            out.train = stream_preference_pairs(files, tokenizer, max_seq_len, max_prompt_len, use_template, pad,
+                                                greedy=greedy, packed=zero_padding, group_size=group_size, seed=seed,
+                                                start=getattr(data_args, "resume_cursor", None))
+            out.reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
+                                    "packing": packing or "none"}
+            continue
+        pairs, stats = tokenize_preference_examples(read_preference_files(files), tokenizer, max_seq_len,
+                                                    max_prompt_len, use_template)
+        ds = PreferenceDataset(pairs, max_seq_len, packing, pad, group_size=group_size, seed=seed,
+                               shuffle=(split == "train"))
+        out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
+                              **stats, **ds.stats()}
+        setattr(out, split, ds)
+    return out
+
+
+def stream_preference_pairs(files, tokenizer, max_seq_len: int, max_prompt_len: int, use_chat_template: bool,
+                            pad_token_id: int, *, greedy: bool, packed: bool, group_size: int, seed: int, start=None):
+    """``lazy: true`` for preference data: the SFT stream (:mod:`paddlenlp_ext.data.streaming`: one group of
+    ``group_size`` pairs in memory, packed per group, resumable from a cursor) with preference rows.
+
+    Lines parse with :func:`parse_preference_line`, pairs tokenize with :func:`tokenize_pair`
+    (a pair that cannot fit stops the run with its ``file:line``, as in memory) and rows are
+    :func:`~paddlenlp_ext.dpo.pair_rows.build_pair_row` rows (``max_seq_len`` long when packed,
+    one unpadded pair otherwise), so the collator and the trainer see what the in-memory path gives.
+    """
+    from ..data.streaming import RowFormat, StreamingPackedDataset
+
+    def tokenize(ex):
+        try:
+            pair, info = tokenize_pair(ex, tokenizer, max_seq_len, max_prompt_len, use_chat_template)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise DataError([f"{ex.origin}: {e}"]) from e
+        return pair, bool(info["truncated_prompt"] or info["truncated_response"]), int(info["dropped_rounds"])
+
+    fmt = RowFormat(parse=parse_preference_line, length=pair_length,
+                    supervised=lambda p: len(p["chosen"]) + len(p["rejected"]),
+                    build_row=lambda members, length, pad: build_pair_row(members, length, pad))
+    return StreamingPackedDataset(files, tokenize, max_seq_len, pad_token_id, greedy=greedy, group_size=group_size,
+                                  seed=seed, start=start, packed=packed, row_format=fmt)

@@ -1,0 +1,124 @@
+"""Build a DPO run from a validated RunConfig (``load_config(..., mode="dpo")``), then train / evaluate.
+
+Order as ``training.run``: training args -> tokenizer -> preference data
+(validated, tokenized, packed) -> model (streamed, quantized) -> adapters ->
+:class:`~paddlenlp_ext.dpo.trainer.DPOTrainer`.  Everything but the data and
+the trainer is ``training.run``'s own functions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+from typing import Any, Dict
+
+from ..config.parse import ConfigError, RunConfig
+from ..training.run import (build_model, build_training_args, check_complete_checkpoint, lazy_resume_point,
+                            library_patches, load_tokenizer, write_resolved_config, write_run_summary)
+
+
+def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
+    """What ``dpo.data.build_preference_datasets`` reads, from the dpo and data groups."""
+    o, d = cfg.dpo, cfg.data
+    return SimpleNamespace(train_dataset_path=o.train_dataset_path, dev_dataset_path=o.dev_dataset_path,
+                           max_seq_len=o.max_seq_len, max_prompt_len=o.max_prompt_len, zero_padding=d.zero_padding,
+                           greedy_zero_padding=d.greedy_zero_padding, lazy=d.lazy, chat_template=d.chat_template,
+                           resume_cursor=None)
+
+
+def run(cfg: RunConfig) -> Dict[str, Any]:
+    """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json)."""
+    if cfg.dpo is None:
+        raise ValueError("dpo.run.run needs a DPO config: load_config(path, overrides, mode='dpo')")
+    from ..training.heap import limit_heap_retention
+
+    limit_heap_retention()
+    with library_patches(cfg):
+        return _run(cfg)
+
+
+def _run(cfg: RunConfig) -> Dict[str, Any]:
+    from paddlenlp.trainer import set_seed
+    from paddlenlp.utils.log import logger
+
+    from ..data.reader import DataError
+    from ..training.callbacks import EpochCallback, StepTimer
+    from .data import build_preference_datasets
+    from .trainer import DPOTrainer
+
+    wall_start = time.time()
+    args = build_training_args(cfg)
+    if args.should_save:
+        write_resolved_config(cfg, args.output_dir)
+    for key, note in cfg.derived.items():
+        logger.info(f"derived setting: {key} = {note}")
+    set_seed(args.seed)
+    if args.do_train and args.resume_from_checkpoint:
+        check_complete_checkpoint(args.resume_from_checkpoint, cfg)
+    tokenizer = load_tokenizer(cfg)
+    data_args, resume_step = preference_data_args(cfg), 0
+    if cfg.data.lazy and args.do_train and args.resume_from_checkpoint:  # the stream seeks to its cursor
+        data_args.resume_cursor, resume_step = lazy_resume_point(args)
+    try:
+        data = build_preference_datasets(data_args, tokenizer, do_train=args.do_train,
+                                         do_eval=args.do_eval, flash_mask=cfg.model.flash_mask, seed=args.seed)
+    except ValueError as e:
+        if isinstance(e, DataError):
+            raise
+        raise ConfigError([f"{cfg.source or 'config'}: {e}"]) from e
+    for split, report in data.reports.items():
+        logger.info(f"data[{split}]: {json.dumps(report, default=str)}")
+
+    built = build_model(cfg, args)
+    trainer = DPOTrainer(model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
+                         tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config,
+                         dpo_config=cfg.dpo)
+    if hasattr(data.train, "set_epoch"):
+        trainer.add_callback(EpochCallback(data.train))
+    if cfg.data.lazy and args.do_train:
+        from ..training.callbacks import StreamCursorSaver
+
+        rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
+        trainer.checkpoint_extras.append(StreamCursorSaver(data.train, rows_per_step, resume_step))
+    step_timer = StepTimer()
+    trainer.add_callback(step_timer)
+    summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,
+                               "loss_type": trainer.loss_type, "reference": trainer.reference}
+    if args.do_eval and args.eval_before_train:
+        metrics = trainer.evaluate()
+        summary["eval_before_train"] = metrics
+        print(f"[paddlenlp_ext] eval before training: loss {metrics['eval_loss']:.4f}", flush=True)
+    if args.do_train:
+        t0 = time.time()
+        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        train_time = time.time() - t0
+        trainer.save_model()
+        metrics = dict(result.metrics)
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+        if cfg.data.lazy:
+            data.reports["train"]["stream"] = data.train.report()
+        tokens, answer_tokens = trainer.global_token_counts()
+        from ..training.trainer import sum_over_ranks
+
+        pairs, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_real_tokens])
+        summary.update(train_loss=metrics.get("train_loss"), global_steps=result.global_step,
+                       train_time_s=round(train_time, 3), row_tokens_trained=tokens,
+                       answer_tokens_trained=answer_tokens, pairs_trained=pairs, tokens_trained=real,
+                       row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
+                       pairs_per_second=round(pairs / max(train_time, 1e-9), 3))
+        if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+            summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
+                           best_metric={args.metric_for_best_model: trainer.state.best_metric})
+        print(f"[paddlenlp_ext] train loss: {metrics.get('train_loss'):.4f}", flush=True)
+    if args.do_eval:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        summary["eval"] = metrics
+        print(f"[paddlenlp_ext] eval loss: {metrics['eval_loss']:.4f}, reward accuracy "
+              f"{metrics.get('eval_rewards/accuracies', float('nan')):.4f}, margin "
+              f"{metrics.get('eval_rewards/margins', float('nan')):.4f}", flush=True)
+    return write_run_summary(args, summary, step_timer, wall_start)

@@ -1,0 +1,195 @@
+"""DPOTrainer: preference training on the batch contract of :mod:`paddlenlp_ext.dpo`.
+
+One step: the policy forward (no labels) -> per-answer log-probs
+(``logps.pair_logps``) -> the reference's log-probs -> ``losses.preference_loss``
+-> ``combine_losses`` with the SFT term.  The reference is, as in PaddleNLP's
+``paddlenlp/trl/dpo_trainer.py``:
+
+* ``"adapters"``: the same model with its adapters switched off
+  (``adapters.adapters_disabled``), under ``paddle.no_grad`` -- no weight copy;
+* ``"copy"`` (full fine-tuning): a frozen deep copy of the model taken before
+  training, in eval mode -- one more copy of the weights (no gradients, no
+  optimizer state); ``ref_model_update_steps`` > 0 copies the policy's weights
+  into it every N optimizer steps;
+* ``"none"``: ``reference_free`` (and the reference-free or / simpo): the
+  reference log-probs are 0.
+
+Metrics (PaddleNLP's names): rewards/chosen, rewards/rejected,
+rewards/accuracies, rewards/margins, logps/chosen, logps/rejected,
+``{loss_type}_loss``, sft_loss.  Training: averaged over every micro-batch
+since the previous log (so over gradient accumulation too) and added to the
+Trainer's log at each logging step (so they reach ``trainer_state.json``).
+Evaluation: averaged over the eval set, with the ``eval_`` prefix, part of the
+evaluation's metrics (so ``metric_for_best_model`` can be e.g.
+``rewards/accuracies``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from typing import Optional
+
+import paddle
+import paddle.nn as nn
+from paddlenlp.utils.log import logger
+
+from .. import adapters as adapter_api
+from ..training.trainer import FinetuneTrainer
+from .logps import pair_logps
+from .losses import REFERENCE_FREE_ONLY, canonical_loss_type, combine_losses, pair_metrics, preference_loss, \
+    sft_nll, uses_average_logps
+
+REFERENCE_MODES = ("adapters", "copy", "none")
+MASK_KEYS = ("attn_mask_startend_row_indices", "attention_mask")
+
+
+def reference_mode(dpo_config, adapter_config) -> str:
+    """"none" (reference_free / or / simpo), "adapters" (the base under the adapters) or "copy"."""
+    if dpo_config.reference_free or canonical_loss_type(dpo_config.loss_type) in REFERENCE_FREE_ONLY:
+        return "none"
+    return "adapters" if adapter_config is not None else "copy"
+
+
+def disable_dropout(model: nn.Layer) -> None:
+    """As PaddleNLP's DPOTrainer (disable_dropout=True): dropout would make policy and reference differ."""
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, nn.Dropout):
+            layer.p = 0.0
+
+
+def logits_from(outputs):
+    """Logits of a causal-LM forward without labels: ModelOutput, dict, tuple or tensor."""
+    if isinstance(outputs, paddle.Tensor):
+        return outputs
+    if isinstance(outputs, dict):
+        return outputs["logits"]
+    if hasattr(outputs, "logits"):
+        return outputs.logits
+    return outputs[0]
+
+
+class DPOTrainer(FinetuneTrainer):
+    def __init__(self, *args, dpo_config, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dpo_config = dpo_config
+        self.trained_pairs = 0
+        self.trained_real_tokens = 0  # row tokens minus padding
+        self.loss_type = canonical_loss_type(dpo_config.loss_type)
+        if self.neftune_hook is not None or self.weights_io is not None:
+            raise ValueError("DPO does not support neftune or prefix tuning")
+        self.reference = reference_mode(dpo_config, self.adapter_config)
+        self.normalize = bool(dpo_config.normalize_logps) or uses_average_logps(self.loss_type)
+        disable_dropout(self.model)
+        self.ref_model: Optional[nn.Layer] = None
+        if self.reference == "copy":
+            # frozen copy of the starting weights (same dtype as the policy's): + 1 x the weights in memory
+            self.ref_model = copy.deepcopy(self.model)
+            self.ref_model.eval()
+            for p in self.ref_model.parameters():
+                p.stop_gradient = True
+        if dpo_config.ref_model_update_steps > 0 and self.reference != "copy":
+            raise ValueError("ref_model_update_steps > 0 needs full fine-tuning (a reference copy to update)")
+        self._ref_synced_at = 0
+        self._stored = defaultdict(lambda: defaultdict(list))
+        logger.info(f"DPO: loss_type {self.loss_type}, reference {self.reference}, "
+                    f"{'mean' if self.normalize else 'summed'} answer log-probs")
+
+    # -- forward -----------------------------------------------------------
+    @staticmethod
+    def _forward(model, inputs):
+        kw = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"]}
+        for key in MASK_KEYS:
+            if inputs.get(key) is not None:
+                kw[key] = inputs[key]
+                break
+        return logits_from(model(**kw, return_dict=True))  # [B, S, V]
+
+    @staticmethod
+    def _answer_logps(logits, inputs):
+        return pair_logps(logits, inputs["logp_index"], inputs["logp_token"], inputs["logp_segment"],
+                          int(inputs["num_pairs"]), normalize=False)
+
+    def _reference_logps(self, model, inputs):
+        """(chosen sum [N], rejected sum [N]) of the reference, or (None, None)."""
+        if self.reference == "none":
+            return None, None
+        with paddle.no_grad():
+            if self.reference == "copy":
+                chosen, rejected, _, _ = self._answer_logps(self._forward(self.ref_model, inputs), inputs)
+                return chosen, rejected
+            was_training = model.training
+            with adapter_api.adapters_disabled(model):
+                model.eval()
+                try:
+                    chosen, rejected, _, _ = self._answer_logps(self._forward(model, inputs), inputs)
+                finally:
+                    if was_training:
+                        model.train()
+            return chosen, rejected
+
+    def _maybe_sync_reference(self) -> None:
+        n, step = self.dpo_config.ref_model_update_steps, self.state.global_step
+        if n > 0 and self.ref_model is not None and step > 0 and step % n == 0 and step != self._ref_synced_at:
+            self.ref_model.set_state_dict(self.model.state_dict())
+            self._ref_synced_at = step
+            logger.info(f"DPO: reference model updated with the policy's weights at step {step}")
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        o = self.dpo_config
+        training = model.training
+        if training:
+            self._maybe_sync_reference()
+            self.trained_tokens += int(inputs["input_ids"].shape[0] * inputs["input_ids"].shape[1])
+            self.trained_supervised_tokens += int(inputs["logp_token"].shape[0])
+            self.trained_pairs += int(inputs["num_pairs"])
+            self.trained_real_tokens += int(inputs["num_real_tokens"])
+        ref_chosen, ref_rejected = self._reference_logps(model, inputs)
+        logits = self._forward(model, inputs)
+        chosen, rejected, chosen_tokens, rejected_tokens = self._answer_logps(logits, inputs)  # [N] each
+        sft = sft_nll(chosen, chosen_tokens)  # [] mean NLL of the chosen tokens
+        if self.normalize:
+            chosen, rejected = chosen / chosen_tokens.clip(min=1.0), rejected / rejected_tokens.clip(min=1.0)
+            if ref_chosen is not None:
+                ref_chosen = ref_chosen / chosen_tokens.clip(min=1.0)
+                ref_rejected = ref_rejected / rejected_tokens.clip(min=1.0)
+        pref, chosen_rewards, rejected_rewards = preference_loss(
+            self.loss_type, chosen, rejected, ref_chosen, ref_rejected, beta=o.beta,
+            label_smoothing=o.label_smoothing, simpo_gamma=o.simpo_gamma, dpop_lambda=o.dpop_lambda,
+            reference_free=o.reference_free)
+        loss = combine_losses(pref, sft, o.pref_loss_ratio, o.sft_loss_ratio)
+        metrics = pair_metrics(chosen_rewards, rejected_rewards, chosen, rejected, loss_type=self.loss_type)
+        metrics[f"{self.loss_type}_loss"] = float(pref.astype("float32").mean()) * o.pref_loss_ratio
+        metrics["sft_loss"] = float(sft)
+        split = "train" if training else "eval"
+        if self.args.should_save:
+            for key, value in metrics.items():
+                self._stored[split][key].append(value)
+        return (loss, {"logits": logits}) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only=False, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with paddle.no_grad(), self.autocast_smart_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    # -- metrics -------------------------------------------------------------
+    def _averaged(self, split: str) -> dict:
+        stored = self._stored.pop(split, {})
+        return {key: sum(values) / len(values) for key, values in stored.items() if values}
+
+    def log(self, logs, **kwargs):
+        if "loss" in logs:  # a training log: the micro-batches since the previous one
+            logs.update(self._averaged("train"))
+        return super().log(logs, **kwargs)
+
+    def on_evaluation_start(self) -> None:
+        self._stored.pop("eval", None)
+
+    def extra_eval_metrics(self, prefix: str) -> dict:
+        return {f"{prefix}_{key}": value for key, value in self._averaged("eval").items()}
+
+    def evaluate(self, *args, **kwargs):
+        # FinetuneTrainer adds eval perplexity, which means nothing for a preference loss
+        metrics = super(FinetuneTrainer, self).evaluate(*args, **kwargs)
+        return metrics
