@@ -211,8 +211,15 @@ def test_build_preference_datasets_on_tiny_data(tiny_tokenizer):
     assert b["attention_mask"].shape[:2] == (2, 1) and b["num_pairs"] == 2
     eos = tiny_tokenizer.eos_token_id
     assert b["logp_token"][b["logp_segment"] == 0][-1] == eos  # chosen ends with eos
-    with pytest.raises(ValueError, match="lazy is not supported for DPO yet"):
-        build_preference_datasets(_args(lazy=True), tiny_tokenizer, do_train=True, do_eval=False, flash_mask=True)
+    # lazy: the same pairs, streamed group by group (one epoch of the stream scores the same tokens)
+    lazy = build_preference_datasets(_args(lazy=True, resume_cursor=None), tiny_tokenizer, do_train=True,
+                                     do_eval=False, flash_mask=True, group_size=32)  # a group = one epoch
+    assert lazy.reports["train"]["lazy"] is True
+    stream = iter(lazy.train)
+    streamed = [next(stream) for _ in range(len(data.train))]  # the first group holds all 32 pairs
+    assert sum(int(r["num_pairs"]) for r in streamed) == 32
+    assert sum(len(r["logp_token"]) for r in streamed) == data.reports["train"]["scored_tokens"]
+    assert lazy.collator(streamed[:2])["input_ids"].shape == (2, 256)
     with pytest.raises(ValueError, match="needs zero_padding"):
         build_preference_datasets(_args(zero_padding=False), tiny_tokenizer, do_train=True, do_eval=False,
                                   flash_mask=True)
