@@ -12,9 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddlenlp_ext.cli.common import EXIT_CONFIG_ERROR, config_or_exit  # noqa: E402
-from paddlenlp_ext.config.parse import ConfigError  # noqa: E402
-from paddlenlp_ext.data.reader import DataError  # noqa: E402
+from paddlenlp_ext.cli.common import config_or_exit, run_or_exit_code  # noqa: E402
 
 USAGE = "usage: python llm/run_finetune.py CONFIG.json [--key value ...]"
 
@@ -23,15 +21,7 @@ def main(argv):
     cfg = config_or_exit(argv, USAGE)
     from paddlenlp_ext.training.run import run  # heavy imports only after the config is valid
 
-    try:
-        run(cfg)
-    except ConfigError as e:
-        print(e.report(), file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    except DataError as e:
-        print(f"data error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_or_exit_code(run, cfg)
 
 
 if __name__ == "__main__":

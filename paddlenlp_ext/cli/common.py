@@ -54,3 +54,18 @@ def pop_tool_args(argv: List[str], spec: dict) -> Tuple[dict, List[str]]:
             rest.append(argv[i])
             i += 1
     return found, rest
+
+
+def run_or_exit_code(run, cfg: RunConfig) -> int:
+    """Run a validated config; a ConfigError found while building is exit 2, a DataError exit 1."""
+    from ..data.reader import DataError
+
+    try:
+        run(cfg)
+    except ConfigError as e:
+        print(e.report(), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except DataError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -14,8 +14,7 @@ from types import SimpleNamespace
 from typing import Any, Dict
 
 from ..config.parse import ConfigError, RunConfig
-from ..training.run import (build_model, build_training_args, check_complete_checkpoint, lazy_resume_point,
-                            library_patches, load_tokenizer, write_resolved_config, write_run_summary)
+from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, write_run_summary
 
 
 def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
@@ -39,27 +38,17 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
 
 
 def _run(cfg: RunConfig) -> Dict[str, Any]:
-    from paddlenlp.trainer import set_seed
     from paddlenlp.utils.log import logger
 
     from ..data.reader import DataError
-    from ..training.callbacks import EpochCallback, StepTimer
+    from ..training.callbacks import StepTimer
     from .data import build_preference_datasets
     from .trainer import DPOTrainer
 
     wall_start = time.time()
-    args = build_training_args(cfg)
-    if args.should_save:
-        write_resolved_config(cfg, args.output_dir)
-    for key, note in cfg.derived.items():
-        logger.info(f"derived setting: {key} = {note}")
-    set_seed(args.seed)
-    if args.do_train and args.resume_from_checkpoint:
-        check_complete_checkpoint(args.resume_from_checkpoint, cfg)
-    tokenizer = load_tokenizer(cfg)
-    data_args, resume_step = preference_data_args(cfg), 0
-    if cfg.data.lazy and args.do_train and args.resume_from_checkpoint:  # the stream seeks to its cursor
-        data_args.resume_cursor, resume_step = lazy_resume_point(args)
+    args, tokenizer, resume_cursor, resume_step = start_run(cfg)
+    data_args = preference_data_args(cfg)
+    data_args.resume_cursor = resume_cursor  # lazy: the stream seeks to the checkpoint's cursor
     try:
         data = build_preference_datasets(data_args, tokenizer, do_train=args.do_train,
                                          do_eval=args.do_eval, flash_mask=cfg.model.flash_mask, seed=args.seed)
@@ -74,13 +63,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     trainer = DPOTrainer(model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
                          tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config,
                          dpo_config=cfg.dpo)
-    if hasattr(data.train, "set_epoch"):
-        trainer.add_callback(EpochCallback(data.train))
-    if cfg.data.lazy and args.do_train:
-        from ..training.callbacks import StreamCursorSaver
-
-        rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
-        trainer.checkpoint_extras.append(StreamCursorSaver(data.train, rows_per_step, resume_step))
+    attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,

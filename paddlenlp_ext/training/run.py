@@ -229,27 +229,47 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
         return _run(cfg)
 
 
-def _run(cfg: RunConfig) -> Dict[str, Any]:
+def start_run(cfg: RunConfig):
+    """What every run does first (fine-tuning and DPO): training args, resolved_config.json, the derived
+    settings logged, the seed, the resume checkpoint checked, the tokenizer, and (lazy) the stream cursor
+    to resume at.  Returns (args, tokenizer, resume_cursor or None, resume_step)."""
     from paddlenlp.trainer import set_seed
     from paddlenlp.utils.log import logger
 
-    from ..data.pipeline import build_datasets
-    from .trainer import FinetuneTrainer
-
-    wall_start = time.time()
     args = build_training_args(cfg)
     if args.should_save:
         write_resolved_config(cfg, args.output_dir)
     for key, note in cfg.derived.items():
         logger.info(f"derived setting: {key} = {note}")
     set_seed(args.seed)
-
     if args.do_train and args.resume_from_checkpoint:
         check_complete_checkpoint(args.resume_from_checkpoint, cfg)
     tokenizer = load_tokenizer(cfg)
     resume_cursor, resume_step = None, 0
     if cfg.data.lazy and args.do_train and args.resume_from_checkpoint:
         resume_cursor, resume_step = lazy_resume_point(args)
+    return args, tokenizer, resume_cursor, resume_step
+
+
+def attach_data_callbacks(trainer, train_dataset, cfg: RunConfig, args, resume_step: int) -> None:
+    """Per-epoch reshuffle of packed rows and, for a lazy stream, its cursor in every checkpoint."""
+    from .callbacks import EpochCallback, StreamCursorSaver
+
+    if hasattr(train_dataset, "set_epoch"):
+        trainer.add_callback(EpochCallback(train_dataset))
+    if cfg.data.lazy and args.do_train:
+        rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
+        trainer.checkpoint_extras.append(StreamCursorSaver(train_dataset, rows_per_step, resume_step))
+
+
+def _run(cfg: RunConfig) -> Dict[str, Any]:
+    from paddlenlp.utils.log import logger
+
+    from ..data.pipeline import build_datasets
+    from .trainer import FinetuneTrainer
+
+    wall_start = time.time()
+    args, tokenizer, resume_cursor, resume_step = start_run(cfg)
     data = build_datasets(cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed,
                           resume_cursor=resume_cursor)
     for split, report in data.reports.items():
@@ -276,15 +296,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         neftune_hook=neftune_hook,
         weights_io=prefix_io,
     )
-    if hasattr(data.train, "set_epoch"):
-        from .callbacks import EpochCallback
-
-        trainer.add_callback(EpochCallback(data.train))
-    if cfg.data.lazy and args.do_train:
-        from .callbacks import StreamCursorSaver
-
-        rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
-        trainer.checkpoint_extras.append(StreamCursorSaver(data.train, rows_per_step, resume_step))
+    attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
 
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
