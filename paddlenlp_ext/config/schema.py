@@ -234,8 +234,9 @@ class DPOArgument:
         None, "Preference dev data: a JSON-lines file or a directory with dev.json.")
     max_seq_len: int = _f(4096, "Maximum tokens of prompt + chosen + rejected; also the packed row length.", gt=2)
     max_prompt_len: int = _f(2048, "Maximum prompt tokens (the prompt is truncated from the left first).", gt=0)
-    use_attn_mask_startend_row_indices: bool = _f(
-        True, "PaddleNLP's switch between start-row and dense masks; here flash_mask decides (accepted, no effect).")
+    use_attn_mask_startend_row_indices: bool = _unsupported(
+        True, "PaddleNLP's switch between start-row and dense masks.",
+        "not a separate switch here: flash_mask decides the mask form (true: start rows, false: dense)")
     offset_alpha: float = _unsupported(0.0, "Score-based DPO offset.")
     ignore_eos_token: bool = _unsupported(False, "Leave the EOS token out of the answer log-probs.")
     mask_out_eos_token: bool = _unsupported(True, "EOS loss masking of PaddleNLP's streaming DPO data.")
