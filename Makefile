@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY := build/tiny-llama
 
-.PHONY: setup demo test tiny bench clean
+.PHONY: setup demo test test-slow test-all tiny bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,7 +24,13 @@ demo: tiny
 	$(PY) llm/tools/show_summary.py output/tiny_sft output/tiny_lora
 
 test: tiny
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not slow"
+
+# the slow end-to-end tests (CLI runs of minutes); CI (.ci/run) runs them after `make test`
+test-slow: tiny
+	$(PY) -m pytest tests -m slow
+
+test-all: test test-slow
 
 clean:
 	rm -rf build output

@@ -1,6 +1,6 @@
 """DPO through the real CLI: packed vs unpacked pairs/s, and LoRA-DPO vs LoRA-SFT peak memory.
 
-    .venv/bin/python bench/dpo.py [--part speed,memory] [--steps 20] [--max_seq_len 1024]
+    .venv/bin/python bench/dpo.py [--part speed,memory] [--steps 20] [--max_seq_len 2048] [--batch_size 4]
         [--model_dir build/llama-0.8b] [--sft_data build/alpaca_en_demo] [--json out.json]
 
 speed: a tiny random-init Llama with the real Llama 2 tokenizer (so lengths are those of real data)
@@ -147,8 +147,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--part", default="speed,memory")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--max_seq_len", type=int, default=1024)
-    p.add_argument("--batch_size", type=int, default=8, help="pairs per step without packing")
+    p.add_argument("--max_seq_len", type=int, default=2048)
+    p.add_argument("--batch_size", type=int, default=4, help="pairs per step without packing")
     p.add_argument("--model_dir", default=os.path.join(ROOT, "build", "llama-0.8b"))
     p.add_argument("--sft_data", default=os.path.join(ROOT, "build", "alpaca_en_demo"))
     p.add_argument("--json")

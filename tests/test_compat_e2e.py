@@ -21,6 +21,9 @@ import pytest
 
 from conftest import DATA_DIR, ROOT
 
+# end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
+pytestmark = pytest.mark.slow
+
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 
 _COMMON = {

@@ -10,6 +10,9 @@ import pytest
 
 from conftest import ROOT
 
+# end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
+pytestmark = pytest.mark.slow
+
 CLI = os.path.join(ROOT, "llm", "run_dpo.py")
 MERGE_CLI = os.path.join(ROOT, "llm", "merge_lora_params.py")
 TINY = os.path.join(ROOT, "build", "tiny-llama")

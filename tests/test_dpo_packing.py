@@ -76,3 +76,43 @@ def test_check_packing_tool_recognises_preference_data(tiny_model_dir, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["pairs"] == 12 and out["rows"] < 12 and out["ok"] and out["max_rel_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_lm_head_at_scored_rows_equals_the_full_forward(request, tiny_tokenizer, tiny_pairs, family, monkeypatch):
+    """scored_logits' body + lm_head on the T scored rows == the model's full [B, S, V] forward:
+    the same per-answer log-probs and the same gradients (so training is unchanged, only cheaper)."""
+    import paddle
+
+    from paddlenlp_ext.dpo import logps as logps_mod
+    from paddlenlp_ext.dpo.pair_rows import PreferenceCollator, PreferenceDataset
+    from paddlenlp_ext.models import heads
+
+    model_dir = request.getfixturevalue("tiny_model_dir" if family == "llama" else "tiny_qwen2_dir")
+    model = model_for(model_dir, False)
+    assert heads.split_lm_head(model) is not None  # the cheap path is really taken for this family
+    ds = PreferenceDataset(tiny_pairs[:8], 256, packing="greedy", pad_token_id=tiny_tokenizer.pad_token_id,
+                           shuffle=False)
+    batch = PreferenceCollator(tiny_tokenizer.pad_token_id, False, 256)([ds[i] for i in range(len(ds))])
+    inputs = {k: paddle.to_tensor(batch[k]) for k in ("input_ids", "position_ids", "attention_mask")}
+    index, tok, seg = (paddle.to_tensor(batch[k]) for k in ("logp_index", "logp_token", "logp_segment"))
+
+    def run():
+        model.clear_gradients()
+        logits, idx = logps_mod.scored_logits(model, inputs, index)
+        c, r, _, _ = logps_mod.pair_logps(logits, idx, tok, seg, int(batch["num_pairs"]))
+        (c.sum() - 2 * r.sum()).backward()
+        grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+        return c.numpy(), r.numpy(), list(logits.shape), grads
+
+    c1, r1, shape1, g1 = run()
+    monkeypatch.setattr(heads, "split_lm_head", lambda m: None)
+    c2, r2, shape2, g2 = run()
+    assert shape1[:2] == [1, int(tok.shape[0])] and shape2[:2] == list(batch["input_ids"].shape)
+    np.testing.assert_allclose(c1, c2, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(r1, r2, rtol=1e-5, atol=1e-4)
+    assert g1.keys() == g2.keys() and len(g1) > 5
+    for name in g1:
+        # fp32 sums in another order: compare relative to the gradient's scale
+        scale = max(1e-6, float(np.abs(g2[name]).max()))
+        np.testing.assert_allclose(g1[name], g2[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name)

@@ -17,6 +17,9 @@ import pytest
 
 from conftest import DATA_DIR, ROOT
 
+# end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
+pytestmark = pytest.mark.slow
+
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 LORA_CFG = "llm/config/tiny/lora_argument.json"  # lr 1e-2, lora_rank 8
 SFT_CFG = "llm/config/tiny/sft_argument.json"  # lr 3e-3

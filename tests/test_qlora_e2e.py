@@ -6,6 +6,9 @@ import pytest
 
 from test_e2e import run_cli, summary
 
+# end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
+pytestmark = pytest.mark.slow
+
 ALGOS = ["weight_only_int8", "weight_only_int4", "nf4", "fp4"]
 # the tiny model's MLP down_proj has in_features 176 = 2 * 64 + 48: at the default weight_blocksize 64 every
 # channel of it ends in a short block of 48; fp4 runs with blocks of 16 (which divide every layer) for contrast

@@ -21,7 +21,41 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-__all__ = ["pair_logps"]
+__all__ = ["pair_logps", "scored_logits"]
+
+
+def logits_from(outputs):
+    """Logits of a causal-LM forward without labels: ModelOutput, dict, tuple or tensor."""
+    if isinstance(outputs, paddle.Tensor):
+        return outputs
+    if isinstance(outputs, dict):
+        return outputs["logits"]
+    if hasattr(outputs, "logits"):
+        return outputs.logits
+    return outputs[0]
+
+
+def scored_logits(model, inputs, logp_index: paddle.Tensor):
+    """Logits for the scored positions and the index of each scored token into them.
+
+    ``inputs``: ``input_ids``, ``position_ids`` and one mask (``attn_mask_startend_row_indices`` or
+    ``attention_mask``), as the collator builds them.  On families that split into body + lm_head
+    (:func:`paddlenlp_ext.models.heads.split_lm_head`) lm_head runs on the ``T`` scored hidden rows
+    only and the result is ``([1, T, V], arange(T))``; otherwise the full forward's
+    ``([B, S, V], logp_index)``.  Either pair gives the same :func:`pair_logps`.
+    """
+    from ..models.heads import split_lm_head
+
+    split = split_lm_head(model)
+    if split is None:
+        return logits_from(model(**inputs, use_cache=False, return_dict=True)), logp_index  # [B, S, V], [T]
+    body, head = split
+    hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
+    b, s, h = hidden.shape
+    idx = logp_index.astype("int64").reshape([-1])  # [T]
+    rows = paddle.gather(hidden.reshape([b * s, h]), idx, axis=0)  # [T, H]
+    logits = head(rows.unsqueeze(0))  # [1, T, V]
+    return logits, paddle.arange(idx.shape[0], dtype="int64")  # [1, T, V], [T]
 
 
 def pair_logps(

@@ -19,7 +19,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .logps import pair_logps
+from .logps import pair_logps, scored_logits
 from .pair_rows import PreferenceCollator, PreferenceDataset
 
 
@@ -53,8 +53,9 @@ def check_pair_packing(model, pairs: Sequence[Mapping], max_length: int, pad_tok
         inputs = {k: paddle.to_tensor(batch[k]) for k in ("input_ids", "position_ids")}
         mask_key = "attn_mask_startend_row_indices" if flash_mask else "attention_mask"
         inputs[mask_key] = paddle.to_tensor(batch[mask_key])
-        logits = model(**inputs, return_dict=True).logits  # [rows, S, V]
-        chosen, rejected, _, _ = pair_logps(logits, paddle.to_tensor(batch["logp_index"]),
+        # as training scores them: lm_head at the scored rows only where the family allows it
+        logits, index = scored_logits(model, inputs, paddle.to_tensor(batch["logp_index"]))  # [1, T, V] or [rows, S, V]
+        chosen, rejected, _, _ = pair_logps(logits, index,
                                             paddle.to_tensor(batch["logp_token"]),
                                             paddle.to_tensor(batch["logp_segment"]), int(batch["num_pairs"]))
     # which pair each packed log-prob belongs to: the packer reorders pairs, the segments follow the packs

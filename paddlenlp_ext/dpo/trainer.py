@@ -17,7 +17,8 @@ One step: the policy forward (no labels) -> per-answer log-probs
 Metrics (PaddleNLP's names): rewards/chosen, rewards/rejected,
 rewards/accuracies, rewards/margins, logps/chosen, logps/rejected,
 ``{loss_type}_loss``, sft_loss.  Training: averaged over every micro-batch
-since the previous log (so over gradient accumulation too) and added to the
+since the previous log (so over gradient accumulation too) and over the
+data-parallel ranks and added to the
 Trainer's log at each logging step (so they reach ``trainer_state.json``).
 Evaluation: averaged over the eval set, with the ``eval_`` prefix, part of the
 evaluation's metrics (so ``metric_for_best_model`` can be e.g.
@@ -36,7 +37,7 @@ from paddlenlp.utils.log import logger
 
 from .. import adapters as adapter_api
 from ..training.trainer import FinetuneTrainer
-from .logps import pair_logps
+from .logps import pair_logps, scored_logits
 from .losses import REFERENCE_FREE_ONLY, canonical_loss_type, combine_losses, pair_metrics, preference_loss, \
     sft_nll, uses_average_logps
 
@@ -56,17 +57,6 @@ def disable_dropout(model: nn.Layer) -> None:
     for layer in model.sublayers(include_self=True):
         if isinstance(layer, nn.Dropout):
             layer.p = 0.0
-
-
-def logits_from(outputs):
-    """Logits of a causal-LM forward without labels: ModelOutput, dict, tuple or tensor."""
-    if isinstance(outputs, paddle.Tensor):
-        return outputs
-    if isinstance(outputs, dict):
-        return outputs["logits"]
-    if hasattr(outputs, "logits"):
-        return outputs.logits
-    return outputs[0]
 
 
 class DPOTrainer(FinetuneTrainer):
@@ -98,16 +88,18 @@ class DPOTrainer(FinetuneTrainer):
     # -- forward -----------------------------------------------------------
     @staticmethod
     def _forward(model, inputs):
+        """(logits, index): lm_head only at the scored positions where the family allows it."""
         kw = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"]}
         for key in MASK_KEYS:
             if inputs.get(key) is not None:
                 kw[key] = inputs[key]
                 break
-        return logits_from(model(**kw, return_dict=True))  # [B, S, V]
+        return scored_logits(model, kw, inputs["logp_index"])  # [1, T, V] or [B, S, V]; [T]
 
     @staticmethod
-    def _answer_logps(logits, inputs):
-        return pair_logps(logits, inputs["logp_index"], inputs["logp_token"], inputs["logp_segment"],
+    def _answer_logps(forward, inputs):
+        logits, index = forward
+        return pair_logps(logits, index, inputs["logp_token"], inputs["logp_segment"],
                           int(inputs["num_pairs"]), normalize=False)
 
     def _reference_logps(self, model, inputs):
@@ -145,8 +137,8 @@ class DPOTrainer(FinetuneTrainer):
             self.trained_pairs += int(inputs["num_pairs"])
             self.trained_real_tokens += int(inputs["num_real_tokens"])
         ref_chosen, ref_rejected = self._reference_logps(model, inputs)
-        logits = self._forward(model, inputs)
-        chosen, rejected, chosen_tokens, rejected_tokens = self._answer_logps(logits, inputs)  # [N] each
+        forward = self._forward(model, inputs)
+        chosen, rejected, chosen_tokens, rejected_tokens = self._answer_logps(forward, inputs)  # [N] each
         sft = sft_nll(chosen, chosen_tokens)  # [] mean NLL of the chosen tokens
         if self.normalize:
             chosen, rejected = chosen / chosen_tokens.clip(min=1.0), rejected / rejected_tokens.clip(min=1.0)
@@ -162,10 +154,9 @@ class DPOTrainer(FinetuneTrainer):
         metrics[f"{self.loss_type}_loss"] = float(pref.astype("float32").mean()) * o.pref_loss_ratio
         metrics["sft_loss"] = float(sft)
         split = "train" if training else "eval"
-        if self.args.should_save:
-            for key, value in metrics.items():
-                self._stored[split][key].append(value)
-        return (loss, {"logits": logits}) if return_outputs else loss
+        for key, value in metrics.items():  # every rank stores; _averaged reduces over ranks
+            self._stored[split][key].append(value)
+        return (loss, {"logits": forward[0]}) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only=False, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
@@ -175,8 +166,22 @@ class DPOTrainer(FinetuneTrainer):
 
     # -- metrics -------------------------------------------------------------
     def _averaged(self, split: str) -> dict:
+        """Mean of each metric over the stored micro-batches of every data-parallel rank.
+
+        Every rank logs at the same steps (PaddleNLP's ``_maybe_log_save_evaluate`` runs on all
+        ranks), so the sums and counts are all-reduced over the default group, which under data
+        parallel and sharding is the set of ranks that saw different pairs (TP and PP are refused).
+        """
         stored = self._stored.pop(split, {})
-        return {key: sum(values) / len(values) for key, values in stored.items() if values}
+        keys = sorted(key for key, values in stored.items() if values)
+        sums = [float(sum(stored[key])) for key in keys]
+        counts = [float(len(stored[key])) for key in keys]
+        if keys and paddle.distributed.get_world_size() > 1:
+            both = paddle.to_tensor(sums + counts, dtype="float64")  # [2K]
+            paddle.distributed.all_reduce(both)
+            values = both.numpy().tolist()
+            sums, counts = values[: len(keys)], values[len(keys):]
+        return {key: total / count for key, total, count in zip(keys, sums, counts)}
 
     def log(self, logs, **kwargs):
         if "loss" in logs:  # a training log: the micro-batches since the previous one
