@@ -22,6 +22,7 @@ demo: tiny
 	$(PY) llm/run_finetune.py llm/config/tiny/sft_argument.json
 	$(PY) llm/run_finetune.py llm/config/tiny/lora_argument.json
 	$(PY) llm/tools/show_summary.py output/tiny_sft output/tiny_lora
+	$(PY) llm/predict/predictor.py --model_name_or_path $(TINY) --lora_path output/tiny_lora --data_file llm/data/demo_prompts.json --output_file output/tiny_lora_predictions.json --src_length 128 --max_length 256
 
 test: tiny
 	$(PY) -m pytest tests -m "not slow"

@@ -65,9 +65,12 @@ def main(argv=None):
             safe_serialization=args.safe_serialization, max_shard_size=args.max_shard_size,
             overwrite=args.overwrite, verify=args.verify, tolerance=args.tolerance, device=args.device,
         )
-    except (MergeError, FileNotFoundError) as e:
+    except MergeError as e:  # bad input: a message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as e:  # the output could not be written (disk full, permission): not the input's fault
+        print(f"error: writing the merged model failed: {e}", file=sys.stderr)
+        return 1
     return report_merge(result, time.time() - t0)
 
 

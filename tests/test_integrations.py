@@ -13,7 +13,7 @@ import pytest
 
 from paddlenlp_ext.integrations import versions
 
-MODULES = ["flashmask", "lazy_init", "trainer", "training_args"]
+MODULES = ["flashmask", "lazy_init", "trainer", "training_args", "mp_ops", "logging"]
 
 
 def resolve(path):
@@ -45,6 +45,19 @@ def test_relied_on_symbol_exists_with_signature(module, entry):
     if len(entry) > 2 and entry[2] is not None:
         params = tuple(inspect.signature(getattr(owner, attr)).parameters)
         assert params == entry[2], f"{owner_path}.{attr}{params} changed (integrations.{module} expects {entry[2]})"
+
+
+def test_relied_on_instance_attributes_are_still_assigned():
+    """Private Trainer instance attributes (RELIED_ON_ATTRIBUTES) cannot be checked on the class: the
+    method that assigns each one must still assign it."""
+    checked = 0
+    for name in MODULES:
+        mod = importlib.import_module(f"paddlenlp_ext.integrations.{name}")
+        for method_path, attr in getattr(mod, "RELIED_ON_ATTRIBUTES", []):
+            source = inspect.getsource(resolve(method_path))
+            assert f"self.{attr} = " in source, f"{method_path} no longer assigns self.{attr} (integrations.{name})"
+            checked += 1
+    assert checked >= 2
 
 
 def test_overridden_private_methods_are_all_listed():

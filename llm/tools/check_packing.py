@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from paddlenlp_ext.cli.common import config_or_exit, pop_tool_args  # noqa: E402
+from paddlenlp_ext.cli.common import config_or_exit, pop_tool_args, run_or_exit_code  # noqa: E402
 
 USAGE = __doc__.strip().splitlines()[2].strip()
 
@@ -30,13 +30,13 @@ def is_preference_config(argv) -> bool:
     """A config (file or --key overrides) that names a DPO key is a preference-data config."""
     from paddlenlp_ext.cli.common import split_argv
     from paddlenlp_ext.config.environment import DPO_KEYS
-    from paddlenlp_ext.config.parse import read_json_config
+    from paddlenlp_ext.config.parse import ConfigError, read_json_config
 
     path, overrides = split_argv(argv)
     keys = {a[2:].split("=", 1)[0] for a in overrides if a.startswith("--")}
     try:
         keys |= set(read_json_config(path)) if path else set()
-    except Exception:  # noqa: BLE001 - an unreadable file is reported by config_or_exit below
+    except ConfigError:  # a missing / invalid file: config_or_exit reports it (exit 2)
         pass
     return bool(keys & DPO_KEYS)
 
@@ -65,10 +65,14 @@ def check_preferences(cfg, tool):
 
 
 def main(argv):
+    """Exit codes: 0 packing is exact, 1 a difference exceeds the tolerance, 2 bad config or data."""
     tool, argv = pop_tool_args(argv, {"check_examples": int, "tolerance": float})
     if is_preference_config(argv):
-        return check_preferences(config_or_exit(argv, USAGE, mode="dpo"), tool)
-    cfg = config_or_exit(argv, USAGE)
+        return run_or_exit_code(check_preferences, config_or_exit(argv, USAGE, mode="dpo"), tool)
+    return run_or_exit_code(check_sft, config_or_exit(argv, USAGE), tool)
+
+
+def check_sft(cfg, tool):
     from paddlenlp_ext.data.pipeline import tokenize_split
     from paddlenlp_ext.data.tokenize import resolve_chat_template
     from paddlenlp_ext.training.packing_check import check_packing

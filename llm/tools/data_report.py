@@ -16,13 +16,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from paddlenlp_ext.cli.common import config_or_exit  # noqa: E402
+from paddlenlp_ext.cli.common import config_or_exit, run_or_exit_code  # noqa: E402
 
 USAGE = "usage: python llm/tools/data_report.py CONFIG.json [--key value ...]"
 
 
 def main(argv):
-    cfg = config_or_exit(argv, USAGE)
+    """Exit codes as every script (paddlenlp_ext.cli.common): 0 ok, 2 bad config or data (file:line)."""
+    return run_or_exit_code(report, config_or_exit(argv, USAGE))
+
+
+def report(cfg):
     from paddlenlp_ext.data.pipeline import build_datasets
     from paddlenlp_ext.training.run import load_tokenizer
 

@@ -69,9 +69,12 @@ def main(argv=None):
             max_shard_size="10GB" if args.safe_serialization else "100GB", overwrite=args.overwrite,
             verify=args.verify, device="cpu" if args.device in ("cpu", "npu") else None,
         )
-    except (MergeError, OSError, ValueError) as e:
+    except (MergeError, ValueError) as e:  # bad input: a message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as e:  # the output could not be written (disk full, permission): not the input's fault
+        print(f"error: writing the merged model failed: {e}", file=sys.stderr)
+        return 1
     return report_merge(result)
 
 

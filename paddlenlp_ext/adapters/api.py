@@ -18,7 +18,7 @@ from .base import (
     is_tensor_parallel_linear,
     to_numpy_f32,
 )
-from .config import WEIGHTS_NAME, AdapterConfig
+from .config import CONFIG_NAME, WEIGHTS_NAME, AdapterConfig
 from .lokr import LoKrLinear
 from .lora import LoRALinear
 from .pissa import PiSSALinear
@@ -81,7 +81,8 @@ def get_adapter_config(model: nn.Layer) -> Optional[AdapterConfig]:
 
 
 # ------------------------------------------------------------------- applying
-def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool = True) -> Dict[str, Any]:
+def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool = True,
+                   collectives: Any = None) -> Dict[str, Any]:  # fmt: skip
     """Wrap every linear sublayer whose full name ``re.fullmatch``-es one of
     ``config.target_modules`` (default: linears inside ``...layers.<i>.``) in
     the adapter layer for ``config``, freeze every base parameter and return
@@ -90,7 +91,14 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     ``init_weights=False`` skips data-dependent initialisation (PiSSA's SVD);
     ``load_adapter`` uses it before loading saved weights.
     For VeRA, ``config.vera_max_in/out`` are filled in place when None.
-    Tensor-parallel linears matching the targets raise NotImplementedError.
+
+    Tensor-parallel targets (Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear``
+    or quantized ones, ``tensor_parallel_degree > 1``) get the layers of
+    :mod:`paddlenlp_ext.parallel.adapter_layers` (LoRA family and VeRA); their
+    collectives come from each layer's ``model_parallel_group`` unless
+    ``collectives`` (a :class:`paddlenlp_ext.parallel.Collectives`) is given.
+    PiSSA, LoKr and sequence-parallel / other tensor-parallel classes raise
+    NotImplementedError naming the module.
     """
     if not isinstance(config, AdapterConfig):
         raise TypeError(f"config must be an AdapterConfig, got {type(config).__name__}")
@@ -100,18 +108,23 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     patterns = [re.compile(p) for p in config.resolved_target_modules]
     matched: List[Tuple[str, nn.Layer]] = []
     linear_names: List[str] = []
+    tp_names: List[str] = []
     for name, layer in model.named_sublayers():
+        if any(name.startswith(t + ".") for t in tp_names):
+            continue  # the inside of a tensor-parallel linear (a quantized shard) is not a target of its own
         tp = is_tensor_parallel_linear(layer)
+        if tp:
+            tp_names.append(name)
         if tp or is_linear_like(layer):
             linear_names.append(name)
         if not any(p.fullmatch(name) for p in patterns):
             continue
         if tp:
-            raise NotImplementedError(
-                f"target module {name!r} is a tensor-parallel {type(layer).__name__}; adapters on tensor-parallel "
-                "layers are not implemented yet (use tensor_parallel_degree=1)"
-            )
-        if is_linear_like(layer):
+            from ..parallel.adapter_layers import check_parallel_target
+
+            check_parallel_target(config, name, layer)
+            matched.append((name, layer))
+        elif is_linear_like(layer):
             matched.append((name, layer))
     if not matched:
         shown = linear_names[:20]
@@ -124,10 +137,21 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     for p in model.parameters():
         p.stop_gradient = True
 
+    n_tp = sum(is_tensor_parallel_linear(layer) for _, layer in matched)
+    if collectives is not None and not n_tp:
+        raise ValueError("apply_adapters: collectives given, but no target module is tensor parallel")
     cls = layer_class(config)
-    shared = cls.build_shared(config, [layer for _, layer in matched])
+    shared = cls.build_shared(config, [layer for _, layer in matched])  # VeRA: over the full layer sizes
+    if n_tp:
+        from ..parallel.adapter_layers import parallel_layer_class
+
+        tp_cls = parallel_layer_class(config)
     for name, layer in matched:
-        _replace(model, name, cls(layer, config, init_weights=init_weights, shared=shared))
+        if is_tensor_parallel_linear(layer):
+            new = tp_cls(layer, config, init_weights=init_weights, shared=shared, collectives=collectives)
+        else:
+            new = cls(layer, config, init_weights=init_weights, shared=shared)
+        _replace(model, name, new)
     setattr(model, _MODEL_CONFIG_ATTR, config)
 
     trainable, total = count_parameters(model)
@@ -153,7 +177,12 @@ def adapter_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
 def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: str) -> Dict[str, str]:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (adapter
     tensors only, float32, safetensors numpy format).  ``config=None`` uses the
-    config the adapters were applied with.  Returns the two paths."""
+    config the adapters were applied with.  Returns the two paths.
+
+    Tensor-parallel adapters are saved complete: the split tensors are gathered
+    over the model-parallel group -- a collective, so EVERY rank of the group must
+    call ``save_adapter`` -- and rank 0 of the group writes the files (the other
+    ranks write nothing and return the same paths)."""
     from safetensors.numpy import save_file
 
     layers = iter_adapter_layers(model)
@@ -174,10 +203,17 @@ def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: s
                 setattr(config, k, a[k])
     if any(l.merged for _, l in layers):
         raise AdapterError("save_adapter: adapters are merged; unmerge_adapters(model) first")
-    tensors = {k: np.ascontiguousarray(to_numpy_f32(v)) for k, v in adapter_state_dict(model).items()}
+    state, write = adapter_state_dict(model), True
+    if any(l.tensor_parallel for _, l in layers):
+        from ..parallel.checkpoint import full_adapter_state_dict, is_checkpoint_writer
+
+        state, write = full_adapter_state_dict(model), is_checkpoint_writer(model)
+    w_path = os.path.join(output_dir, WEIGHTS_NAME)
+    if not write:
+        return {"config": os.path.join(output_dir, CONFIG_NAME), "weights": w_path}
+    tensors = {k: np.ascontiguousarray(to_numpy_f32(v)) for k, v in state.items()}
     os.makedirs(output_dir, exist_ok=True)
     cfg_path = config.save(output_dir)
-    w_path = os.path.join(output_dir, WEIGHTS_NAME)
     save_file(tensors, w_path, metadata={"format": "np", "adapter_method": config.layer_type})
     return {"config": cfg_path, "weights": w_path}
 
@@ -198,9 +234,10 @@ def read_adapter_tensors(adapter_dir: str) -> Dict[str, np.ndarray]:
 def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
     """Strictly load ``{f"{module}.{suffix}": tensor}`` into the model's adapter
     layers: missing / unexpected keys or shape mismatches raise AdapterError
-    naming the keys."""
+    naming the keys.  The tensors are the complete ones (as saved); each
+    tensor-parallel layer keeps its rank's part."""
     layers = dict(iter_adapter_layers(model))
-    expected = adapter_state_dict(model)
+    expected = {f"{n}.{s}": shape for n, layer in layers.items() for s, shape in layer.saved_shapes().items()}
     missing = sorted(k for k in expected if k not in state)
     unexpected = sorted(k for k in state if k not in expected)
     if missing or unexpected:
@@ -209,10 +246,10 @@ def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
             f"{' ...' if len(missing) > 10 else ''}, unexpected keys {unexpected[:10]}"
             f"{' ...' if len(unexpected) > 10 else ''}"
         )
-    for k, ref in expected.items():
+    for k, shape in expected.items():
         got = [int(s) for s in state[k].shape]
-        if got != [int(s) for s in ref.shape]:
-            raise AdapterError(f"adapter weight {k!r}: shape {got} does not match the model's {list(ref.shape)}")
+        if got != shape:
+            raise AdapterError(f"adapter weight {k!r}: shape {got} does not match the model's {shape}")
     per_layer: Dict[str, Dict[str, Any]] = {n: {} for n in layers}
     for k in expected:
         mod, suffix = k.rsplit(".", 1)

@@ -14,6 +14,12 @@ adds a trainable low-rank branch.  Subclasses implement
 * ``adapter_state_dict()`` - ``{suffix: Tensor}`` of what must be saved,
 * ``numpy_delta(...)``     - the same delta from saved numpy tensors
   (classmethod, used by ``compute_delta`` without building a model).
+
+Tensor-parallel bases (``ColumnParallelLinear`` / ``RowParallelLinear``) are
+wrapped by the subclasses in :mod:`paddlenlp_ext.parallel.adapter_layers`
+(``tensor_parallel = True``), whose parameters are this rank's shards:
+``in_features`` / ``out_features`` of such a layer are the LOCAL shard's, the
+full sizes are in its ``shard`` spec.  The single-device classes refuse them.
 """
 
 from __future__ import annotations
@@ -35,9 +41,9 @@ _TP_CLASS_MARKERS = ("ParallelLinear", "ParallelCoreLinear")
 
 
 def is_tensor_parallel_linear(layer: nn.Layer) -> bool:
-    """True for Column/RowParallelLinear (and their sequence-parallel / MC2
-    variants), which need collective communication this package does not
-    implement."""
+    """True for Column/RowParallelLinear (and their sequence-parallel / MC2 / quantized
+    variants): their weight is one rank's shard and their forward communicates.  Which
+    of them can carry adapters is decided by :func:`paddlenlp_ext.parallel.shard.shard_spec`."""
     return any(m in cls.__name__ for cls in type(layer).__mro__ for m in _TP_CLASS_MARKERS)
 
 
@@ -53,7 +59,12 @@ def is_linear_like(layer: nn.Layer) -> bool:
 
 
 def base_in_out(layer: nn.Layer) -> Tuple[int, int]:
-    """(in_features, out_features) of a linear-like layer."""
+    """(in_features, out_features) of a linear-like layer; of the FULL layer for a tensor-parallel one."""
+    if is_tensor_parallel_linear(layer):
+        from ..parallel.shard import shard_spec
+
+        spec = shard_spec(layer)
+        return spec.in_features, spec.out_features
     if hasattr(layer, "in_features") and hasattr(layer, "out_features"):
         return int(layer.in_features), int(layer.out_features)
     w = getattr(layer, "weight", None)
@@ -123,26 +134,32 @@ class AdapterLayer(nn.Layer):
     state_suffixes: Tuple[str, ...] = ()
     #: True: forward is the base layer's alone (``api.adapters_disabled``, e.g. DPO's reference model)
     disabled: bool = False
+    #: True for the tensor-parallel subclasses (paddlenlp_ext.parallel.adapter_layers): parameters are shards
+    tensor_parallel: bool = False
 
     def __init__(self, base_layer: nn.Layer, config: AdapterConfig, *, init_weights: bool = True, shared: Any = None):
         super().__init__()
+        self.config = config
+        self.base_layer = base_layer
+        self.in_features, self.out_features = self._base_dims(base_layer)
+        self.merged = False
+        self._param_dtype = adapter_dtype(base_layer)
+        self.dropout = nn.Dropout(p=config.dropout) if config.dropout > 0 else _Identity()
+
+    def _base_dims(self, base_layer: nn.Layer) -> Tuple[int, int]:
+        """(in, out) of the weight this layer adapts; the tensor-parallel subclasses return the local shard's."""
         if is_tensor_parallel_linear(base_layer):
             raise NotImplementedError(
-                f"{type(base_layer).__name__} (tensor parallel) cannot be wrapped by a {self.method} adapter yet: "
-                "tensor-parallel adapters need collective communication that is not implemented. "
-                "Run with tensor_parallel_degree=1 or exclude this module from target_modules."
+                f"{type(base_layer).__name__} is tensor parallel: {type(self).__name__} wraps single-device linears "
+                "only; apply_adapters() wraps tensor-parallel targets in the layers of "
+                "paddlenlp_ext.parallel.adapter_layers"
             )
         if not is_linear_like(base_layer):
             raise TypeError(
                 f"{type(base_layer).__name__} is not a linear layer (nn.Linear or a quantized linear exposing "
                 "in_features/out_features/dequantize_weight)"
             )
-        self.config = config
-        self.base_layer = base_layer
-        self.in_features, self.out_features = base_in_out(base_layer)
-        self.merged = False
-        self._param_dtype = adapter_dtype(base_layer)
-        self.dropout = nn.Dropout(p=config.dropout) if config.dropout > 0 else _Identity()
+        return base_in_out(base_layer)
 
     # ----------------------------------------------------------- interface
     @classmethod
@@ -159,6 +176,10 @@ class AdapterLayer(nn.Layer):
 
     def adapter_state_dict(self) -> Dict[str, paddle.Tensor]:
         return {s: getattr(self, s) for s in self.state_suffixes}
+
+    def saved_shapes(self) -> Dict[str, list]:
+        """``{suffix: shape}`` in a saved (complete) adapter; the tensor-parallel layers' are the full shapes."""
+        return {s: [int(v) for v in t.shape] for s, t in self.adapter_state_dict().items()}
 
     @classmethod
     def expected_suffixes(cls, config: AdapterConfig, in_features: int, out_features: int) -> Tuple[str, ...]:

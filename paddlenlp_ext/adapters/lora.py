@@ -39,13 +39,7 @@ class LoRALinear(AdapterLayer):
         r = config.r
         self.r = r
         self.scaling = config.scaling
-        bound = 1.0 / math.sqrt(self.in_features)
-        self.lora_A = self.create_parameter(
-            shape=[self.in_features, r],
-            dtype=self._param_dtype,
-            attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound), learning_rate=1.0),
-            is_bias=False,
-        )
+        self.lora_A = self._create_lora_A()
         self.lora_B = self.create_parameter(
             shape=[r, self.out_features],
             dtype=self._param_dtype,
@@ -54,6 +48,20 @@ class LoRALinear(AdapterLayer):
             ),
             is_bias=False,
         )
+
+    def _new_lora_A(self, in_features: int) -> paddle.Tensor:
+        """A fresh ``[in_features, r]`` A drawn as LoRA initialises it (one draw of the global generator)."""
+        bound = 1.0 / math.sqrt(in_features)
+        return self.create_parameter(
+            shape=[in_features, self.r],
+            dtype=self._param_dtype,
+            attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound), learning_rate=1.0),
+            is_bias=False,
+        )
+
+    def _create_lora_A(self) -> paddle.Tensor:
+        """``lora_A`` (the row-parallel subclass draws the full A and keeps its rows)."""
+        return self._new_lora_A(self.in_features)
 
     def _adapter_forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return paddle.matmul(paddle.matmul(x, self.lora_A), self.lora_B) * self.scaling

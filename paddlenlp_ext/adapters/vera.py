@@ -25,7 +25,7 @@ A drawn first, then B, in float64 and cast to float32.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -66,12 +66,17 @@ class VeRAShared:
         a, b = vera_projections(seed, r, max_in, max_out)
         self.A = paddle.to_tensor(a)  # [r, max_in], fp32, stop_gradient=True
         self.B = paddle.to_tensor(b)  # [max_out, r]
-        self._slices: Dict[Tuple[int, int, str], Tuple[paddle.Tensor, paddle.Tensor]] = {}
+        self._slices: Dict[tuple, Tuple[paddle.Tensor, paddle.Tensor]] = {}  # (in, out, dtype, rows, cols)
 
-    def slices(self, in_features: int, out_features: int, dtype) -> Tuple[paddle.Tensor, paddle.Tensor]:
+    def slices(self, in_features: int, out_features: int, dtype, in_rows: Optional[Tuple[int, int]] = None,
+               out_cols: Optional[Tuple[int, int]] = None) -> Tuple[paddle.Tensor, paddle.Tensor]:  # fmt: skip
         """Row-vector factors ``(A[:, :in].T [in, r], B[:out, :].T [r, out])``,
-        cached per (shape, dtype) so equal-shaped layers share them too."""
-        key = (int(in_features), int(out_features), str(dtype))
+        cached per (shape, dtype) so equal-shaped layers share them too.
+
+        Tensor parallel: ``in_rows=(lo, hi)`` keeps rows ``lo:hi`` of the first factor
+        (row-parallel shard), ``out_cols=(lo, hi)`` columns ``lo:hi`` of the second
+        (column-parallel shard); ``in_features`` / ``out_features`` stay the full layer's."""
+        key = (int(in_features), int(out_features), str(dtype), in_rows, out_cols)
         got = self._slices.get(key)
         if got is None:
             if in_features > self.max_in or out_features > self.max_out:
@@ -79,8 +84,13 @@ class VeRAShared:
                     f"layer [{in_features}, {out_features}] exceeds the VeRA projections' max dims "
                     f"[{self.max_in}, {self.max_out}]"
                 )
-            at = self.A[:, :in_features].T.astype(dtype)
-            bt = self.B[:out_features, :].T.astype(dtype)
+            at = self.A[:, :in_features].T  # [in, r]
+            bt = self.B[:out_features, :].T  # [r, out]
+            if in_rows is not None:
+                at = at[in_rows[0]:in_rows[1]]  # [in / N, r]
+            if out_cols is not None:
+                bt = bt[:, out_cols[0]:out_cols[1]]  # [r, out / N]
+            at, bt = at.astype(dtype), bt.astype(dtype)
             at.stop_gradient = True
             bt.stop_gradient = True
             got = self._slices[key] = (at, bt)
@@ -111,7 +121,7 @@ class VeRALinear(AdapterLayer):
             attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)),
             is_bias=False,
         )
-        shared.slices(self.in_features, self.out_features, self._param_dtype)  # validates dims
+        self._factors(self._param_dtype)  # validates dims
 
     @classmethod
     def build_shared(cls, config: AdapterConfig, base_layers: Sequence[nn.Layer]) -> VeRAShared:
@@ -132,15 +142,16 @@ class VeRALinear(AdapterLayer):
             )
         return VeRAShared(config.vera_seed, config.r, config.vera_max_in, config.vera_max_out)
 
-    def _factors(self):
-        return self.vera_shared.slices(self.in_features, self.out_features, self._param_dtype)
+    def _factors(self, dtype) -> Tuple[paddle.Tensor, paddle.Tensor]:
+        """``(at [in, r], bt [r, out])`` of this layer (the tensor-parallel subclass: its shard's)."""
+        return self.vera_shared.slices(self.in_features, self.out_features, dtype)
 
     def _adapter_forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        at, bt = self._factors()
+        at, bt = self._factors(self._param_dtype)
         return paddle.matmul(paddle.matmul(x, at) * self.vera_d, bt) * self.vera_b
 
     def delta_weight(self) -> paddle.Tensor:
-        at, bt = self.vera_shared.slices(self.in_features, self.out_features, paddle.float32)
+        at, bt = self._factors(paddle.float32)
         d = self.vera_d.astype(paddle.float32)
         b = self.vera_b.astype(paddle.float32)
         return paddle.matmul(at * d.unsqueeze(0), bt) * b.unsqueeze(0)

@@ -1,11 +1,25 @@
-"""Shared CLI plumbing: config loading with exit code 2 on config errors."""
+"""Shared CLI plumbing: config loading and the exit codes of every script.
+
+Exit codes (docs/reliability.md):
+
+* ``0`` success;
+* ``1`` internal failure (a bug, or a write that failed: disk full, permission), with a message;
+* ``2`` bad input: config, data (``file:line``), paths, before or during the run;
+* ``128 + signal`` (130 SIGINT, 143 SIGTERM): interrupted; a checkpoint was saved and the
+  message prints the command that resumes.
+"""
 
 import sys
 from typing import List, Optional, Tuple
 
 from ..config.parse import ConfigError, RunConfig, load_config
+from ..data.reader import DataError
+from ..training.errors import SaveError, TrainingInterrupted
 
-EXIT_CONFIG_ERROR = 2
+EXIT_OK = 0
+EXIT_INTERNAL_ERROR = 1
+EXIT_INPUT_ERROR = 2
+EXIT_CONFIG_ERROR = EXIT_INPUT_ERROR  # the older name
 
 
 def split_argv(argv: List[str]) -> Tuple[Optional[str], List[str]]:
@@ -56,16 +70,26 @@ def pop_tool_args(argv: List[str], spec: dict) -> Tuple[dict, List[str]]:
     return found, rest
 
 
-def run_or_exit_code(run, cfg: RunConfig) -> int:
-    """Run a validated config; a ConfigError found while building is exit 2, a DataError exit 1."""
-    from ..data.reader import DataError
+def run_or_exit_code(run, *args) -> int:
+    """``run(*args)`` -> the script's exit code, with a message instead of a traceback for the
+    expected failures.  A run that returns an int (a tool's own verdict, e.g. check_packing's
+    0/1) passes it through; anything else that returns is success.
 
+    ConfigError / DataError -> 2; SaveError -> 1; TrainingInterrupted -> 128 + signal.
+    Other exceptions are bugs: they propagate with their traceback (Python exits 1).
+    """
     try:
-        run(cfg)
+        result = run(*args)
     except ConfigError as e:
         print(e.report(), file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_INPUT_ERROR
     except DataError as e:
         print(f"data error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_INPUT_ERROR
+    except SaveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+    except TrainingInterrupted as e:
+        print(f"[paddlenlp_ext] {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK

@@ -2,6 +2,9 @@
 
 Owns the key schema (``schema.py``, PaddleNLP's names and meanings), the field
 specs (``fields.py``), parsing with every problem reported at once and exit
-code 2 (``parse.py``) and the generated docs/config.md (``docs.py``).  Never
-imports paddle: a typo is reported in well under a second.
+code 2 (``parse.py``), the generated docs/config.md (``docs.py``), the
+output_dir / resume_from_checkpoint checks (``resume.py``) and the checkpoint
+directory facts they need (``checkpoints.py``: completion marker, newest
+complete checkpoint).  Never imports paddle: a typo is reported in well under
+a second.
 """

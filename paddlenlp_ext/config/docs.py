@@ -73,7 +73,8 @@ def render() -> str:
         "- `evaluation_strategy: \"no\"` with `do_eval: true` evaluates once after training (PaddleNLP would silently switch to `steps`).",
         "- `fp16`/`bf16` with `fp16_opt_level: O2` load the weights in that dtype; `O1` keeps fp32 weights and autocasts.",
         "- `pipeline_parallel_degree`, `sep_parallel_degree`, `context_parallel_degree` > 1 are not supported yet; "
-        "`tensor_parallel_degree` > 1 works for full fine-tuning only (GPU).",
+        "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters "
+        "(GPU; the adapters are verified by CPU simulation, see docs/parallel.md).",
         "",
         _table(sorted((s for s in specs.values() if s.group == "training" and s.name not in ours), key=lambda s: s.name)),
         "",

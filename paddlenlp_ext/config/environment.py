@@ -96,3 +96,25 @@ def environment_problems(cfg, where: str) -> List[str]:
                  f"python -m paddle.distributed.launch --nproc_per_node {product} (GPUs: --gpus 0,...,{product - 1}) "
                  "llm/run_finetune.py CONFIG.json, or set the degree to 1")
     return p
+
+
+def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
+    """LoRA (rsLoRA, LoRA+), VeRA and QLoRA bases run tensor parallel (paddlenlp_ext/parallel); the rest is refused."""
+    tp = t.get("tensor_parallel_degree", 1)
+    if tp <= 1 or not methods:
+        return []
+    p = []
+    if "lokr" in methods:
+        p.append(f"{where}: tensor_parallel_degree={tp} with lokr adapters is not supported (LoKr's Kronecker "
+                 "factors span the whole weight); use lora or vera, or tensor_parallel_degree=1")
+    if m.pissa:
+        p.append(f"{where}: tensor_parallel_degree={tp} with pissa=true is not supported (PiSSA's initialisation "
+                 "is an SVD of each whole weight); set pissa=false or tensor_parallel_degree=1")
+    if t.get("sequence_parallel", False):
+        p.append(f"{where}: sequence_parallel=true with {methods[0]} adapters is not supported (tensor-parallel "
+                 "adapters wrap ColumnParallelLinear/RowParallelLinear only); set sequence_parallel=false")
+    for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
+        if getattr(m, key):
+            p.append(f"{where}: {key}=true with tensor_parallel_degree={tp} and {methods[0]} adapters is not "
+                     f"supported (a rank's shard of the fused projection interleaves its parts); set {key}=false")
+    return p

@@ -14,10 +14,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
 from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
-from ..data.reader import find_split_files
+from ..data.reader import DataError, find_split_files, read_utf8_text
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
-from .environment import DPO_HINT, DPO_KEYS, environment_problems
+from .environment import DPO_HINT, DPO_KEYS, environment_problems, tensor_parallel_adapter_problems
 from .fields import FieldSpec, all_fields
+from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
 from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
 
@@ -61,6 +62,8 @@ class RunConfig:
             "derived": dict(self.derived),
             "explicit": sorted(self.explicit),
             **({"dpo": dataclasses.asdict(self.dpo)} if self.dpo is not None else {}),
+            # copied into every checkpoint: a resume under other settings is refused (config.resume)
+            "resume_settings": resume_settings(self, training_defaults(self.dpo is not None)),
         }
 
     @property
@@ -70,6 +73,10 @@ class RunConfig:
             if getattr(self.model, key):
                 return key
         return None
+
+
+def training_defaults(dpo: bool = False) -> Dict[str, Any]:
+    return {k: s.default for k, s in all_fields("dpo" if dpo else "sft").items() if s.group == "training"}
 
 
 def _no_duplicates(path):
@@ -87,7 +94,10 @@ def _no_duplicates(path):
 def read_json_config(path: str) -> Dict[str, Any]:
     if not os.path.isfile(path):
         raise ConfigError([f"{path}: config file not found"])
-    text = open(path, encoding="utf-8").read()
+    try:  # UTF-8, a BOM accepted; another encoding names the byte and the iconv command
+        text = read_utf8_text(path)
+    except DataError as e:
+        raise ConfigError(e.problems) from None
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates(path))
     except json.JSONDecodeError as e:
@@ -242,7 +252,10 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
             hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else "; see docs/config.md for the valid keys"
             problems.append(f"{origin}: unknown key {key!r}{hint}")
             continue
-        value, err = _coerce(spec, value, from_cli)
+        if key == "resume_from_checkpoint":  # a path, or true: the newest complete checkpoint (config.resume)
+            value, err = coerce_resume(value, from_cli)
+        else:
+            value, err = _coerce(spec, value, from_cli)
         if err is None:
             err = _check_range(spec, value)
         if err is not None:
@@ -273,6 +286,10 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     if problems:
         raise ConfigError(problems)
     _derive(cfg)
+    # after _derive: the checkpoint's settings are compared with the derived ones (e.g. lora_alpha)
+    problems = resume_problems(cfg, where, training_defaults(mode == "dpo"))
+    if problems:
+        raise ConfigError(problems)
     return cfg
 
 
@@ -386,10 +403,8 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     for key in ("sep_parallel_degree", "context_parallel_degree"):
         if t.get(key, 1) > 1:
             p.append(f"{where}: {key} > 1 is not supported yet in paddlenlp_ext")
-    if t.get("tensor_parallel_degree", 1) > 1 and methods:
-        p.append(f"{where}: tensor_parallel_degree > 1 with {methods[0]} adapters is not supported yet")
-    if t.get("resume_from_checkpoint") and not os.path.isdir(str(t["resume_from_checkpoint"])):
-        p.append(f"{where}: resume_from_checkpoint {t['resume_from_checkpoint']!r} is not a directory")
+    p += tensor_parallel_adapter_problems(t, m, methods, where)
+    p += output_dir_problems(t.get("output_dir"), where)
     # prefix tuning: combinations, prefix_path and the model family (paddlenlp_ext/prefix/config.py)
     from ..prefix.config import config_problems as prefix_problems
 
@@ -459,3 +474,4 @@ def _derive(cfg: RunConfig) -> None:
     if m.lora and m.lora_alpha == -1:
         m.lora_alpha = 2 * m.lora_rank
         cfg.derived["lora_alpha"] = f"{m.lora_alpha} (2 x lora_rank {m.lora_rank}, since lora_alpha was not set)"
+

@@ -159,6 +159,9 @@ class ExtraTrainingArgument:
         False, "PaddleNLP auto-tuner benchmark: benchmark mode plus max_steps 5.")
     decay_steps: Optional[int] = _f(None, "Steps of the LR decay (polynomial schedule); default max_steps.", gt=0)
     tensor_parallel_output: Optional[bool] = _f(False, "Keep lm_head logits split under tensor parallel.")
+    log_level: str = _f("warning", "Console verbosity (PaddleNLP's level names): warning = warnings, progress and "
+                        "summary; info adds PaddleNLP's INFO messages; debug adds the argument dump. train.log always "
+                        "has everything (docs/logging.md).", choices=("debug", "info", "warning", "error", "critical"))
     # PaddleNLP's "llm meta" keys (LlmMetaConfig), copied into the model config as PaddleNLP's run_finetune does.
     recompute_granularity: str = _f(
         "full", "With recompute: what is recomputed in backward (full layer, full_attn or core_attn).",

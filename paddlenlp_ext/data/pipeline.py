@@ -9,7 +9,7 @@ import numpy as np
 from .collate import PackedCollator, PaddingCollator
 from .binpack import batch_padding_ratio
 from .packing import PackedDataset
-from .reader import find_split_files, read_examples
+from .reader import DataError, find_split_files, read_examples
 from .streaming import StreamingPackedDataset
 from .tokenize import length_histogram, resolve_chat_template, tokenize_example, tokenize_examples
 
@@ -26,7 +26,10 @@ def tokenize_split(cfg, tokenizer, split: str, use_template: bool):
     d = cfg.data
     files = find_split_files(d.dataset_name_or_path, split)
     examples = read_examples(files)
-    features, stats = tokenize_examples(examples, tokenizer, d.src_length, d.max_length, use_template)
+    try:
+        features, stats = tokenize_examples(examples, tokenizer, d.src_length, d.max_length, use_template)
+    except ValueError as e:  # "file:line: could not tokenize: ...": bad input, exit 2 like any data error
+        raise DataError([str(e)]) from e
     report = {"files": files, **stats.as_dict(), "length_histogram": length_histogram(stats.lengths, d.max_length)}
     return features, report
 
@@ -41,7 +44,7 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
     if do_train and d.lazy:
         files = find_split_files(d.dataset_name_or_path, "train")
         train = StreamingPackedDataset(
-            files, partial(tokenize_example, tokenizer=tokenizer, src_length=d.src_length, max_length=d.max_length,
+            files, partial(_tokenize_streamed, tokenizer=tokenizer, src_length=d.src_length, max_length=d.max_length,
                            use_chat_template=use_template),
             d.max_length, tokenizer.pad_token_id, greedy=d.greedy_zero_padding, group_size=d.greedy_group_size,
             seed=seed, start=resume_cursor, packed=d.zero_padding,
@@ -68,6 +71,15 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
         tokenizer.pad_token_id, d.pad_to_multiple_of, d.max_length if d.pad_to_max_length else None
     )
     return BuiltData(train=train, dev=dev, collator=collator, reports=reports)
+
+
+def _tokenize_streamed(example, **kwargs):
+    """``tokenize_example`` for the lazy stream: a failure is a DataError naming the example's
+    file:line, as in memory (``tokenize_examples``)."""
+    try:
+        return tokenize_example(example, **kwargs)
+    except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised with the example's file:line
+        raise DataError([f"{example.origin}: could not tokenize: {e}"]) from e
 
 
 def batch_padding_report(features, batch_size: int, seed: int) -> Dict:

@@ -8,13 +8,20 @@ Format (PaddleNLP's fine-tuning docs), one JSON object per line::
 ``src``/``tgt`` are strings (one turn) or equally long lists of strings
 (multi-turn: one src per tgt).  A malformed line stops the run with
 ``file:line`` and the reason; nothing is skipped.
+
+Files are UTF-8 (a leading byte-order mark is accepted and dropped).  Every
+text file a run reads goes through :func:`read_utf8_lines` /
+:func:`read_utf8_text` (also the DPO reader, the predictor's input and the
+config), so another encoding is one clear :class:`DataError` naming the file,
+line and byte offset and the ``iconv`` command that converts it.
 """
 
+import codecs
 import glob
 import json
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 MAX_REPORTED = 20  # problems listed before the error is raised
 
@@ -32,6 +39,100 @@ class DataError(Exception):
         self.problems = problems
         tail = f"\n  ... and {more} more" if more else ""
         super().__init__("invalid data:\n  " + "\n  ".join(problems) + tail)
+
+
+UTF8_BOM = codecs.BOM_UTF8
+# UTF-16/32 files start with one of these; they are refused with a conversion hint, not misread.
+OTHER_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+              (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+class EncodingProblem(ValueError):
+    """A file that is not UTF-8; ``str()`` is the whole user-facing message."""
+
+
+def _guess_encoding(raw: bytes) -> str:
+    """The ``iconv -f`` name to suggest for bytes that are not UTF-8.
+
+    GBK is tried first (the common case: Chinese data saved on Windows); bytes that are not
+    valid GBK either are most likely latin-1 / cp1252.
+
+    >>> _guess_encoding("你好".encode("gbk")), _guess_encoding("café".encode("latin-1"))
+    ('gbk', 'latin1')
+    """
+    try:
+        raw.decode("gbk")
+    except UnicodeDecodeError:
+        return "latin1"
+    return "gbk"
+
+
+def decode_utf8(raw: bytes, path: str, lineno: int, offset: int) -> str:
+    """One line's bytes (starting at byte ``offset`` of ``path``) -> text.
+
+    A UTF-8 byte-order mark at the start of the file is dropped; bytes that are not UTF-8 raise
+    :class:`EncodingProblem` naming ``path:lineno``, the byte offset in the file and how to convert.
+
+    >>> decode_utf8(b"\\xef\\xbb\\xbf{}\\n", "f.json", 1, 0)
+    '{}\\n'
+    >>> decode_utf8("é".encode("latin-1"), "f.json", 3, 10)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    paddlenlp_ext.data.reader.EncodingProblem: f.json:3: not UTF-8: byte 0xe9 at byte offset 10 of the file ...
+    """
+    if offset == 0:
+        for bom, name in OTHER_BOMS:
+            if raw.startswith(bom):
+                raise EncodingProblem(
+                    f"{path}:1: the file is {name.upper()} (it starts with a {name} byte-order mark); training data "
+                    f"must be UTF-8. Convert it: {_iconv(name, path)}")
+        if raw.startswith(UTF8_BOM):
+            raw, offset = raw[len(UTF8_BOM):], len(UTF8_BOM)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        guess = _guess_encoding(raw)
+        raise EncodingProblem(
+            f"{path}:{lineno}: not UTF-8: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start} of the file "
+            f"(column {len(raw[:e.start].decode('utf-8', 'replace')) + 1} of the line) cannot be decoded. The file "
+            f"seems to be in another encoding ({'GBK' if guess == 'gbk' else 'latin-1'}?). Convert it to UTF-8 "
+            f"in place: {_iconv(guess, path)}") from None
+
+
+def _iconv(encoding: str, path: str) -> str:
+    """The conversion command, in place.  The temporary name ends in ``.utf8`` so that a
+    ``train/*.json`` split never picks it up twice:
+
+    >>> _iconv("gbk", "d/train.json")
+    'iconv -f gbk -t utf-8 d/train.json > d/train.json.utf8 && mv d/train.json.utf8 d/train.json'
+    """
+    return f"iconv -f {encoding} -t utf-8 {path} > {path}.utf8 && mv {path}.utf8 {path}"
+
+
+def read_utf8_lines(path: str) -> Iterator[Tuple[int, str]]:
+    """``(line number, text)`` for every line of ``path``, decoded as UTF-8 (BOM dropped).
+
+    The shared reader of line-based inputs (SFT and preference data, predictor inputs).  Not
+    UTF-8 -> :class:`DataError` with ``path:line``, the byte offset and the ``iconv`` command;
+    a missing or unreadable file -> :class:`DataError` naming it.  A file with the bytes
+    ``EF BB BF {"a": 1} \\n {"a": 2}`` yields ``(1, '{"a": 1}\\n')`` then ``(2, '{"a": 2}')``.
+    """
+    try:
+        with open(path, "rb") as f:
+            offset = 0
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    yield lineno, decode_utf8(raw, path, lineno, offset)
+                except EncodingProblem as e:
+                    raise DataError([str(e)]) from None
+                offset += len(raw)
+    except OSError as e:
+        raise DataError([f"{path}: cannot read the file: {e.strerror or e}"]) from e
+
+
+def read_utf8_text(path: str) -> str:
+    """The whole of ``path`` as UTF-8 text (BOM dropped); errors as :func:`read_utf8_lines`."""
+    return "".join(text for _, text in read_utf8_lines(path))
 
 
 def find_split_files(dataset_dir: str, split: str) -> List[str]:
@@ -88,8 +189,8 @@ def read_examples(files: List[str]) -> List[Example]:
     """
     examples, problems, extra = [], [], 0
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        try:
+            for lineno, line in read_utf8_lines(path):
                 if not line.strip():
                     continue
                 try:
@@ -99,6 +200,8 @@ def read_examples(files: List[str]) -> List[Example]:
                         problems.append(f"{path}:{lineno}: {e}")
                     else:
                         extra += 1
+        except DataError as e:  # not UTF-8 / unreadable: one problem for the file, listed with the others
+            problems += e.problems
     if problems:
         raise DataError(problems, extra)
     if not examples:

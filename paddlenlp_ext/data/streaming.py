@@ -26,7 +26,7 @@ from paddle.io import IterableDataset
 
 from .binpack import greedy_pack, pack_in_order
 from .packed_row import build_packed_row
-from .reader import DataError, parse_line
+from .reader import DataError, EncodingProblem, decode_utf8, parse_line
 
 DATA_STATE_NAME = "data_state.json"
 
@@ -104,14 +104,18 @@ class StreamingPackedDataset(IterableDataset):
             with open(path, "rb") as f:
                 f.seek(off)
                 while True:
-                    line = f.readline()
+                    start, line = off, f.readline()
                     if not line:
                         break
                     off, lineno = f.tell(), lineno + 1
                     if not line.strip():
                         continue
+                    try:  # UTF-8 (a BOM at offset 0 is dropped), as the in-memory reader
+                        text = decode_utf8(line, path, lineno, start)
+                    except EncodingProblem as e:
+                        raise DataError([str(e)]) from None
                     try:
-                        ex = self.fmt.parse(line.decode("utf-8"), f"{path}:{lineno}")
+                        ex = self.fmt.parse(text, f"{path}:{lineno}")
                     except ValueError as e:
                         raise DataError([f"{path}:{lineno}: {e}"])
                     yield ex, Cursor(fi, off, lineno, epoch)

@@ -15,6 +15,8 @@ Pure functions over a tokenizer object (never the model).  Rules:
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .reader import read_utf8_text
+
 IGNORE_INDEX = -100
 
 
@@ -172,8 +174,7 @@ def resolve_chat_template(tokenizer, chat_template: Optional[str]) -> bool:
         if chat_template.endswith(".json"):
             tokenizer.init_chat_template(chat_template)
         else:
-            with open(chat_template, encoding="utf-8") as f:
-                tokenizer.init_chat_template(f.read())
+            tokenizer.init_chat_template(read_utf8_text(chat_template))  # not UTF-8: DataError naming the file
     return bool(getattr(tokenizer, "chat_template", None))
 
 

@@ -23,7 +23,7 @@ from numbers import Real
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..data.binpack import DEFAULT_GROUP_SIZE
-from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files
+from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, read_utf8_lines
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
 
@@ -128,8 +128,8 @@ def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
     problems: List[str] = []
     extra = 0
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        try:  # UTF-8 with or without a BOM; another encoding is one problem naming file:line and iconv
+            for lineno, line in read_utf8_lines(path):
                 if not line.strip():
                     continue
                 try:
@@ -139,6 +139,8 @@ def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
                         problems.append(f"{path}:{lineno}: {e}")
                     else:
                         extra += 1
+        except DataError as e:
+            problems += e.problems
     if problems:
         raise DataError(problems, extra)
     if not out:

@@ -31,9 +31,10 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     if cfg.dpo is None:
         raise ValueError("dpo.run.run needs a DPO config: load_config(path, overrides, mode='dpo')")
     from ..training.heap import limit_heap_retention
+    from ..training.logfile import run_logging
 
     limit_heap_retention()
-    with library_patches(cfg):
+    with run_logging(cfg), library_patches(cfg):  # train.log and the console as in fine-tuning
         return _run(cfg)
 
 
@@ -42,6 +43,8 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
 
     from ..data.reader import DataError
     from ..training.callbacks import StepTimer
+    from ..training.console import current
+    from ..training.reporting import attach_reporting
     from .data import build_preference_datasets
     from .trainer import DPOTrainer
 
@@ -64,6 +67,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
                          tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config,
                          dpo_config=cfg.dpo)
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
+    attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_real_tokens)
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,
@@ -71,11 +75,10 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     if args.do_eval and args.eval_before_train:
         metrics = trainer.evaluate()
         summary["eval_before_train"] = metrics
-        print(f"[paddlenlp_ext] eval before training: loss {metrics['eval_loss']:.4f}", flush=True)
+        current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
     if args.do_train:
-        t0 = time.time()
         result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        train_time = time.time() - t0
+        train_time = trainer.train_time_s  # the whole run: the parts before a resume included
         trainer.save_model()
         metrics = dict(result.metrics)
         trainer.log_metrics("train", metrics)
@@ -95,13 +98,9 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
             summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
                            best_metric={args.metric_for_best_model: trainer.state.best_metric})
-        print(f"[paddlenlp_ext] train loss: {metrics.get('train_loss'):.4f}", flush=True)
     if args.do_eval:
         metrics = trainer.evaluate()
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
-        summary["eval"] = metrics
-        print(f"[paddlenlp_ext] eval loss: {metrics['eval_loss']:.4f}, reward accuracy "
-              f"{metrics.get('eval_rewards/accuracies', float('nan')):.4f}, margin "
-              f"{metrics.get('eval_rewards/margins', float('nan')):.4f}", flush=True)
+        summary["eval"] = metrics  # the final table shows loss, reward accuracy and margin
     return write_run_summary(args, summary, step_timer, wall_start)

@@ -31,11 +31,13 @@ import copy
 from collections import defaultdict
 from typing import Optional
 
+import numpy as np
 import paddle
 import paddle.nn as nn
 from paddlenlp.utils.log import logger
 
 from .. import adapters as adapter_api
+from ..data.global_batches import GLOBAL_TOKENS_KEY
 from ..training.trainer import FinetuneTrainer
 from .logps import pair_logps, scored_logits
 from .losses import REFERENCE_FREE_ONLY, canonical_loss_type, combine_losses, pair_metrics, preference_loss, \
@@ -127,7 +129,12 @@ class DPOTrainer(FinetuneTrainer):
             self._ref_synced_at = step
             logger.info(f"DPO: reference model updated with the policy's weights at step {step}")
 
+    def label_counts(self, dataset):
+        # the preference loss is a mean over pairs, not tokens: the global order is used, N is not
+        return np.zeros(len(dataset), dtype=np.int64)
+
     def compute_loss(self, model, inputs, return_outputs=False):
+        inputs.pop(GLOBAL_TOKENS_KEY, None)
         o = self.dpo_config
         training = model.training
         if training:

@@ -17,7 +17,10 @@ Modules:
     trainer              Trainer subclass: private save/load/log overrides, public hooks
     training_args        TrainingArguments class built on PaddleNLP's, and its fix-ups
     flashmask            the fusion_ops patch that routes FlashMask attention to our CPU kernel
-    devices              device / kernel capability checks
+    mp_ops               fleet's model-parallel collectives, and building TP layers without fleet.init
+    lazy_init            lazy parameter skeletons for the streaming loader
+    logging              PaddleNLP's logger routed to train.log / the console, its tqdm/printer callbacks
+                         replaced, the run-long VisualDL writer
 
 Importing this package itself never imports paddle.
 """

@@ -10,7 +10,15 @@ overrides exactly those and turns them into public hooks that
     save_weights(output_dir)          write model/adapter weights + tokenizer into output_dir
     save_foreign(output_dir, write)   where PaddleNLP's own writer (unified checkpoint, sharding
                                       stage1) puts its files: call write(directory)
-    on_checkpoint_written(ckpt_dir)   add files to a finished checkpoint (then mark it complete)
+    checkpoint_staging(final) -> str|None
+                                      the directory PaddleNLP writes checkpoint-N into instead of
+                                      output_dir (None: in place); PaddleNLP's own rotation is off
+    before_checkpoint()               on every rank before a checkpoint is written (collectives)
+    on_checkpoint_written(written, final)
+                                      the checkpoint is in ``written`` (staged or in place): add
+                                      files, mark it complete, move it to ``final``, rotate
+    checkpoint_save_failed(final, staging, error) -> Exception
+                                      an OSError while writing a checkpoint: clean up, say what to do
     amp_excluded_layers(model) -> list  layers O2 AMP must not cast (quantized bases' fp32 scales)
     load_weights(resume_from_checkpoint) -> bool
                                       restore weights on resume (False: PaddleNLP's loader runs);
@@ -18,6 +26,15 @@ overrides exactly those and turns them into public hooks that
                                       also reloads the best checkpoint (load_best_model_at_end)
     on_evaluation_start()             before each evaluation loop
     extra_eval_metrics(prefix) -> dict  metrics added to the evaluation's (logged, best-model choice)
+
+Run totals across a resume: PaddleNLP restarts its loss sum at 0 in every
+``train`` call but divides by all steps (``train_loss = _total_loss_scalar /
+(global_step - _skip_global_steps)``), so a resumed run reported the resumed
+steps' loss divided by all of them.  ``loss_sum()`` is the sum so far (for the
+checkpoint), ``restore_loss_sum(x)`` puts a checkpoint's sum back, added once
+at the first log/save point of the loop (after PaddleNLP zeroed it), so the
+sum continues exactly as in an uninterrupted run.  ``state.log_history``: the
+history a resume loads from the checkpoint is kept and extended.
 
 Best-model reload: PaddleNLP reloads the best checkpoint inline at the end of
 ``_inner_training_loop`` when ``args.load_best_model_at_end``, from its own
@@ -33,13 +50,16 @@ checked by ``tests/test_integrations.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
 from paddlenlp.trainer import Trainer
-from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
+from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.log import logger
 
+from ..config.checkpoints import latest_complete_checkpoint
 from .versions import check_versions
 
 check_versions()
@@ -54,8 +74,17 @@ RELIED_ON = [
     ("paddlenlp.trainer.Trainer", "evaluation_loop", ("self", "dataloader", "description", "prediction_loss_only",
                                                        "ignore_keys", "metric_key_prefix", "max_eval_iters")),
     ("paddlenlp.trainer.Trainer", "train", ("self", "resume_from_checkpoint", "ignore_keys_for_eval")),
+    ("paddlenlp.trainer.Trainer", "_maybe_log_save_evaluate", ("self", "tr_loss", "model", "epoch",
+                                                               "ignore_keys_for_eval", "kwargs")),
     ("paddlenlp.trainer.trainer_utils", "PREFIX_CHECKPOINT_DIR", None),
-    ("paddlenlp.trainer.trainer_utils", "get_last_checkpoint", ("folder", "signal_folder", "uc_async_save")),
+    ("paddlenlp.trainer.trainer", "TRAINER_STATE_NAME", None),
+]
+
+#: (method, attribute): instance attributes of the Trainer read or written here, and the method
+#: that assigns them (``tests/test_integrations.py`` checks the assignment is still there).
+RELIED_ON_ATTRIBUTES = [
+    ("paddlenlp.trainer.Trainer._inner_training_loop", "_total_loss_scalar"),  # the loss sum behind train_loss
+    ("paddlenlp.trainer.Trainer.__init__", "_skip_global_steps"),
 ]
 
 
@@ -65,7 +94,25 @@ def checkpoint_dir(output_dir: str, global_step: int) -> str:
 
 
 def last_checkpoint(output_dir: str) -> Optional[str]:
-    return get_last_checkpoint(output_dir)
+    """The newest *complete* checkpoint (PaddleNLP's get_last_checkpoint would take a half-written one)."""
+    latest, skipped = latest_complete_checkpoint(output_dir)
+    for path in skipped:
+        logger.warning(f"skipping {path}: it has no CHECKPOINT_COMPLETE (cut short while being written)")
+    return latest
+
+
+@contextlib.contextmanager
+def _checkpoint_written_into(args, staging: Optional[str]):
+    """PaddleNLP's _save_checkpoint writes ``args.output_dir/checkpoint-N`` and then rotates: point it
+    at ``staging`` (when given) and switch its rotation off (ours counts complete checkpoints only)."""
+    saved = (args.output_dir, args.output_signal_dir, args.save_total_limit)
+    try:
+        if staging is not None:
+            args.output_dir = args.output_signal_dir = staging
+        args.save_total_limit = None
+        yield
+    finally:
+        args.output_dir, args.output_signal_dir, args.save_total_limit = saved
 
 
 class TrainerBoundary(Trainer):
@@ -74,6 +121,9 @@ class TrainerBoundary(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._full_log_history = []
+        self._published_history = None  # the list log() last put into state.log_history
+        self._live_tr_loss = None  # PaddleNLP's running (not yet logged) loss tensor of the loop
+        self._loss_sum_to_restore = None
 
     # -- hooks (overridden by paddlenlp_ext.training.trainer) ----------------
     def owns_saving(self) -> bool:
@@ -82,8 +132,17 @@ class TrainerBoundary(Trainer):
     def save_weights(self, output_dir: str) -> None:
         raise NotImplementedError
 
-    def on_checkpoint_written(self, checkpoint_dir: str) -> None:
+    def checkpoint_staging(self, final: str) -> Optional[str]:
+        return None
+
+    def before_checkpoint(self) -> None:
         pass
+
+    def on_checkpoint_written(self, written: str, final: str) -> None:
+        pass
+
+    def checkpoint_save_failed(self, final: str, staging: Optional[str], error: OSError) -> Exception:
+        return error
 
     def load_weights(self, resume_from_checkpoint) -> bool:
         return False
@@ -126,13 +185,42 @@ class TrainerBoundary(Trainer):
         output.metrics.update(self.extra_eval_metrics(metric_key_prefix))
         return output
 
+    def loss_sum(self) -> float:
+        """The training loss summed over the steps so far (as PaddleNLP sums it for train_loss)."""
+        live = float(self._live_tr_loss.item()) if self._live_tr_loss is not None else 0.0
+        return float(getattr(self, "_total_loss_scalar", 0.0)) + live + (self._loss_sum_to_restore or 0.0)
+
+    def restore_loss_sum(self, value: float) -> None:
+        """Continue from a checkpoint's loss sum (added at the first log/save point of the loop)."""
+        self._loss_sum_to_restore = float(value)
+
+    def save_checkpoint_now(self) -> None:
+        """A checkpoint of the current step, after the training loop (which folded its running loss
+        into the sum already)."""
+        self._live_tr_loss = None
+        self._save_checkpoint(self.model_wrapped, metrics=None)
+
     # -- PaddleNLP private overrides ----------------------------------------
     def log(self, logs, **kwargs):
         # PaddleNLP empties state.log_history on every log call; keep it, so
         # trainer_state.json (and checkpoints) carry the whole history.
+        if self.state.log_history is not self._published_history and self.state.log_history:
+            # a new state with a history: a resume loaded the checkpoint's, which covers every step
+            # before it (entries logged by this process before train(), e.g. eval before training,
+            # repeat the checkpoint's own)
+            self._full_log_history = list(self.state.log_history)
         super().log(logs, **kwargs)
         self._full_log_history.append({**logs, "step": self.state.global_step})
-        self.state.log_history = list(self._full_log_history)
+        self.state.log_history = self._published_history = list(self._full_log_history)
+
+    def _maybe_log_save_evaluate(self, tr_loss, model, epoch, ignore_keys_for_eval, **kwargs):
+        # tr_loss is the loop's running loss (a local of _inner_training_loop): kept for loss_sum()
+        self._live_tr_loss = tr_loss
+        if self._loss_sum_to_restore is not None:
+            # _inner_training_loop set _total_loss_scalar = 0.0 before the first step; no log yet
+            self._total_loss_scalar += self._loss_sum_to_restore
+            self._loss_sum_to_restore = None
+        return super()._maybe_log_save_evaluate(tr_loss, model, epoch, ignore_keys_for_eval, **kwargs)
 
     def _decorate_exclude_layers(self, model):
         # paddle.amp.decorate(level="O2") casts every layer's weights and buffers to fp16/bf16
@@ -143,14 +231,29 @@ class TrainerBoundary(Trainer):
             target = output_dir if output_dir is not None else self.args.output_dir
             return self.save_foreign(target, lambda d: super(TrainerBoundary, self)._save(
                 d, state_dict, merge_tensor_parallel))
+        target = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
-            self.save_weights(output_dir if output_dir is not None else self.args.output_dir)
+            self.save_weights(target)
+        elif self.args.tensor_parallel_degree > 1 and self.args.should_save_model_state:
+            # the split weights are gathered to the writer: every tensor-parallel rank takes part
+            self.join_weights_gather(target)
 
     def _save_checkpoint(self, model, metrics=None):
-        super()._save_checkpoint(model, metrics)
-        ckpt = checkpoint_dir(self.args.output_dir, self.state.global_step)
-        if self.args.should_save and os.path.isdir(ckpt):
-            self.on_checkpoint_written(ckpt)
+        final = checkpoint_dir(self.args.output_dir, self.state.global_step)
+        self.before_checkpoint()
+        staging = self.checkpoint_staging(final)
+        try:
+            with _checkpoint_written_into(self.args, staging):
+                super()._save_checkpoint(model, metrics)
+            written = final if staging is None else checkpoint_dir(staging, self.state.global_step)
+            if staging is not None and self.state.best_model_checkpoint == written:
+                self.state.best_model_checkpoint = final  # its trainer_state.json named the staging path
+                if self.args.should_save:
+                    self.state.save_to_json(os.path.join(written, TRAINER_STATE_NAME))
+            if self.args.should_save and os.path.isdir(written):
+                self.on_checkpoint_written(written, final)
+        except OSError as e:  # disk full, permission: the hook cleans up and says what to do
+            raise self.checkpoint_save_failed(final, staging, e) from e
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
         if self.load_weights(resume_from_checkpoint):

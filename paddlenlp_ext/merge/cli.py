@@ -17,7 +17,7 @@ from .common import MergeError
 from .verify import DEFAULT_TOLERANCE
 
 EXIT_OK = 0
-EXIT_ERROR = 1
+EXIT_ERROR = 2  # bad input, as every script (docs/reliability.md)
 EXIT_VERIFY_FAILED = 3
 
 

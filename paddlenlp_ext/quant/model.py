@@ -4,6 +4,12 @@ Owns :func:`quantize_model` (target selection, all-or-nothing shape validation,
 in-place replacement, size/path stats) and :func:`quantized_state_bytes`.  The
 default targets are the project-wide decoder linears of the model family
 (:func:`paddlenlp_ext.models.targets.decoder_linear_targets`).
+
+Tensor parallel (``tensor_parallel_degree > 1``): Paddle's ``ColumnParallelLinear``
+/ ``RowParallelLinear`` targets are replaced by
+:class:`paddlenlp_ext.parallel.QuantizedParallelLinear`, which quantizes this
+rank's weight shard with the same formats and keeps the layer's collectives;
+sequence-parallel variants are refused.
 """
 
 from __future__ import annotations
@@ -69,33 +75,46 @@ def _tensor_parallel_types() -> tuple:
     return tuple(found)
 
 
+def _local_weight_shape(layer: nn.Layer) -> Tuple[int, int]:
+    """``[in, out]`` of the weight this process quantizes (a tensor-parallel layer's: its shard's)."""
+    return int(layer.weight.shape[0]), int(layer.weight.shape[1])
+
+
 def select_targets(
     model: nn.Layer, target_modules: Optional[Sequence[str]] = None
-) -> Tuple[Dict[str, nn.Linear], List[str]]:
-    """``({name: nn.Linear}, skipped)``: the layers :func:`quantize_model` replaces, in model order.
+) -> Tuple[Dict[str, nn.Layer], List[str]]:
+    """``({name: layer}, skipped)``: the layers :func:`quantize_model` replaces, in model order.
 
-    ``target_modules`` as in :func:`quantize_model`.  Only exact ``nn.Linear``
-    instances are targets; matching ``nn.Linear`` subclasses are ``skipped``.
-    A matching tensor-parallel linear (``ColumnParallelLinear``,
-    ``RowParallelLinear`` and their sequence-parallel variants, Paddle's or
-    PaddleNLP's) raises ``ValueError``: its weight is one shard of the layer,
-    and quantizing shards with per-shard scales and stitching the
-    collectives around a ``QuantizedLinear`` is not implemented -- skipping
-    it silently would leave the layers people most want quantized in fp32.
+    ``target_modules`` as in :func:`quantize_model`.  Targets are exact ``nn.Linear``
+    instances and Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear`` (built
+    for a model-parallel group); matching ``nn.Linear`` subclasses are ``skipped``.
+    A matching sequence-parallel (or other) tensor-parallel linear raises
+    ``ValueError`` -- skipping it silently would leave the layers people most
+    want quantized in fp32.
     """
+    from ..parallel.shard import is_supported, shard_spec
+
     pats = _compile(default_target_modules(model) if target_modules is None else target_modules)
     tp_types = _tensor_parallel_types()
-    targets: Dict[str, nn.Linear] = {}
+    targets: Dict[str, nn.Layer] = {}
     skipped: List[str] = []
     for name, layer in model.named_sublayers():
         if not name or any(n in name for n in NEVER_TARGET_PARTS) or not _matches(name, pats):
             continue
         if isinstance(layer, tp_types):
-            raise ValueError(
-                f"layer '{name}' is a tensor-parallel {type(layer).__name__}: tensor-parallel QLoRA "
-                "(weight_quantize_algo with tensor_parallel_degree > 1) is not supported yet. Train with "
-                "tensor_parallel_degree=1, or leave these layers out via target_modules."
-            )
+            if not is_supported(layer):
+                raise ValueError(
+                    f"layer '{name}' is a tensor-parallel {type(layer).__name__}: tensor-parallel QLoRA "
+                    "(weight_quantize_algo with tensor_parallel_degree > 1) is not supported yet for it "
+                    "(only ColumnParallelLinear / RowParallelLinear; set sequence_parallel=False), or leave "
+                    "these layers out via target_modules."
+                )
+            try:  # a layer not built for a model-parallel group fails here, before anything changes
+                shard_spec(layer)
+            except ValueError as e:
+                raise ValueError(f"layer '{name}' is a tensor-parallel {type(layer).__name__}: {e}") from None
+            targets[name] = layer
+            continue
         if type(layer) is nn.Linear:
             targets[name] = layer
         elif isinstance(layer, nn.Linear):
@@ -145,9 +164,11 @@ def quantize_model(
 
     Every shape is validated before anything is replaced, so a bad layer
     raises ``ValueError`` and leaves the model untouched.  Only exact
-    ``nn.Linear`` instances are replaced (subclasses such as adapter layers
-    are reported in ``skipped``); a matching tensor-parallel linear raises
-    ``ValueError`` (see :func:`select_targets`).
+    ``nn.Linear`` instances and Paddle's Column/RowParallelLinear (each rank
+    quantizes its shard, see :mod:`paddlenlp_ext.parallel.quantized`) are
+    replaced (subclasses such as adapter layers are reported in ``skipped``);
+    a matching sequence-parallel linear raises ``ValueError`` (see
+    :func:`select_targets`).
 
     Returns a stats dict: ``algo``, ``layers_replaced``, ``replaced`` (names),
     ``skipped`` (matching names that were not plain ``nn.Linear``),
@@ -170,10 +191,11 @@ def quantize_model(
 
     # validate all shapes first: fail before mutating the model
     for name, layer in targets:
-        check_target_shape(name, int(layer.weight.shape[0]), int(layer.weight.shape[1]), algo, block_size)
+        check_target_shape(name, *_local_weight_shape(layer), algo, block_size)
 
     # parents only (keeping the target Linears referenced here would pin their float weights)
-    parents = {n: l for n, l in model.named_sublayers(include_self=True) if type(l) is not nn.Linear}
+    target_names = {n for n, _ in targets}
+    parents = {n: l for n, l in model.named_sublayers(include_self=True) if n not in target_names}
     n_targets = len(targets)
     stats: Dict[str, Any] = {
         "algo": algo,
@@ -195,9 +217,16 @@ def quantize_model(
         w = layer.weight
         stats["params"] += int(np.prod(w.shape))
         stats["bytes_before"] += int(np.prod(w.shape)) * w.element_size()
-        q = QuantizedLinear.from_linear(
-            layer, algo, block_size, double_quant, double_quant_block_size, backend=backend
-        )
+        if type(layer) is nn.Linear:
+            q = QuantizedLinear.from_linear(
+                layer, algo, block_size, double_quant, double_quant_block_size, backend=backend
+            )
+        else:  # Column/RowParallelLinear: this rank's shard
+            from ..parallel.quantized import QuantizedParallelLinear
+
+            q = QuantizedParallelLinear.from_parallel_linear(
+                layer, algo, block_size, double_quant, double_quant_block_size, backend=backend
+            )
         setattr(parent, attr, q)
         stats["bytes_after"] += q.quantized_nbytes()
         stats["replaced"].append(name)

@@ -1,8 +1,13 @@
-"""Trainer callbacks."""
+"""Trainer callbacks: epoch reshuffle, lazy-stream cursor, step timing, console progress, loss curve."""
 
+import os
 import time
+from typing import Callable, Dict, Optional
 
 from paddlenlp.trainer import TrainerCallback
+
+from .console import eta_seconds, format_float, progress_bar, progress_line
+from .plot import LOSS_PLOT_NAME, write_loss_plot
 
 
 class EpochCallback(TrainerCallback):
@@ -65,3 +70,105 @@ def current_rss_bytes() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+class ConsoleProgress(TrainerCallback):
+    """One console line per logging step (and per evaluation during training); on a terminal a live bar.
+
+    ``tokens()`` returns the tokens this process has trained so far; tokens/s is its
+    growth over the logging interval times ``data_parallel`` (the ranks share the
+    work evenly; run_summary.json has the exact sum over ranks).  ETA: the
+    remaining steps at the average pace of the steps done in this process.
+    """
+
+    #: log keys shown after the learning rate when present (DPO's reward accuracy)
+    EXTRA_KEYS = {"rewards/accuracies": "reward acc"}
+
+    def __init__(self, console, tokens: Callable[[], int], data_parallel: int = 1):
+        self.console = console
+        self.tokens = tokens
+        self.data_parallel = max(int(data_parallel), 1)
+        self.training = False
+        self._start = self._last_time = 0.0
+        self._start_step = self._last_tokens = 0
+        self._last_loss: Optional[float] = None
+
+    def _pace(self, state):
+        elapsed = time.time() - self._start
+        return elapsed, eta_seconds(elapsed, state.global_step - self._start_step, state.max_steps - state.global_step)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.training = True
+        self._start = self._last_time = time.time()
+        self._start_step = state.global_step  # > 0 when resuming
+        self._last_tokens = self.tokens()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.console.bar and state.is_world_process_zero:
+            elapsed, eta = self._pace(state)
+            self.console.show_bar(progress_bar(state.global_step, state.max_steps, elapsed, eta, self._last_loss,
+                                               self.console.columns(), self.console.ascii_only))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not (self.training and state.is_world_process_zero and logs):
+            return
+        elapsed, eta = self._pace(state)
+        if "loss" in logs:
+            now, tokens = time.time(), self.tokens()
+            rate = (tokens - self._last_tokens) * self.data_parallel / max(now - self._last_time, 1e-9)
+            self._last_time, self._last_tokens, self._last_loss = now, tokens, logs["loss"]
+            extra = {name: logs[k] for k, name in self.EXTRA_KEYS.items() if k in logs}
+            self.console.line(progress_line(state.global_step, state.max_steps, logs["loss"],
+                                            logs.get("learning_rate"), rate, elapsed, eta, extra))
+        elif "eval_loss" in logs:
+            accuracy = logs.get("eval_accuracy", logs.get("eval_rewards/accuracies"))
+            acc = f"  accuracy {format_float(accuracy)}" if accuracy is not None else ""
+            self.console.line(f"eval at step {state.global_step}: loss {format_float(logs['eval_loss'])}{acc}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.training = False
+        self.console.clear_bar()
+
+
+class LossCurve(TrainerCallback):
+    """Collects the logged train / eval losses and draws ``output_dir/loss.png`` (``training.plot``)
+    at every checkpoint save, at the end of training and when the run calls :meth:`write`.
+
+    On resume the checkpoint's ``log_history`` seeds the curve, so it covers the whole run.
+    """
+
+    def __init__(self, path: str, title: Optional[str] = None, enabled: bool = True):
+        self.path = path
+        self.title = title
+        self.enabled = enabled  # the process that saves (output_dir is shared by all ranks)
+        self.train: Dict[int, float] = {}
+        self.evals: Dict[int, float] = {}
+
+    def add(self, logs: dict, step: int) -> None:
+        if "loss" in logs:
+            self.train[int(step)] = float(logs["loss"])
+        if "eval_loss" in logs:
+            self.evals[int(step)] = float(logs["eval_loss"])
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for entry in state.log_history or []:
+            if "step" in entry:
+                self.add(entry, entry["step"])
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.add(logs or {}, state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.write()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.write()
+
+    def write(self) -> Optional[str]:
+        if not self.enabled:
+            return None
+        return write_loss_plot(self.path, self.train, self.evals, self.title)
+
+
+def loss_plot_path(output_dir: str) -> str:
+    return os.path.join(output_dir, LOSS_PLOT_NAME)

@@ -4,6 +4,12 @@ The trainer receives built objects (model with adapters applied, datasets,
 collator); it knows adapters only through the ``adapters`` save/load API and
 PaddleNLP's private Trainer methods only through
 ``integrations.trainer.TrainerBoundary``'s public hooks.
+
+Reliability (docs/reliability.md): checkpoints are staged and renamed into
+place (``training.resume``), carry the run totals a resume continues from
+(loss sum, ``trained_*`` counters, train time) and the run's settings, and
+``save_total_limit`` counts complete checkpoints only; SIGTERM/SIGINT save a
+checkpoint and stop (``training.signals``); a failed write is a ``SaveError``.
 """
 
 import json
@@ -19,12 +25,22 @@ from paddlenlp.trainer.trainer import TRAINING_ARGS_NAME
 from paddlenlp.utils.log import logger
 
 from .. import adapters as adapter_api
-from ..integrations.trainer import TrainerBoundary, last_checkpoint
+from ..data.global_batches import GLOBAL_TOKENS_KEY, GlobalBatchSampler, GlobalTokensCollator, GlobalTokensView, \
+    label_token_counts
+# CHECKPOINT_COMPLETE_NAME is written last into every checkpoint: one without it was cut short
+# (the run died while saving) and must not be resumed from.  Re-exported here for training.run.
+from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
+from ..config.parse import ConfigError
+from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
+from .errors import SaveError, TrainingInterrupted
+from .loss import global_token_loss
+from .resume import (clean_stale_staging, publish_checkpoint, read_run_totals, resume_command, rotate_checkpoints,
+                     save_failure_message, staging_root, write_run_totals)
+from .signals import InterruptCallback, StopRequest, stop_on_signals
+
+__all__ = ["CHECKPOINT_COMPLETE_NAME", "FinetuneTrainer", "TokenAccuracy", "staged_write"]
 
 REAL_TOKENS_KEY = "real_tokens"
-# Written last into every checkpoint: a checkpoint without it was cut short
-# (the run died while saving) and must not be resumed from.
-CHECKPOINT_COMPLETE_NAME = "CHECKPOINT_COMPLETE"
 
 
 class FinetuneTrainer(TrainerBoundary):
@@ -34,12 +50,40 @@ class FinetuneTrainer(TrainerBoundary):
         # object with save(model, dir) / load(model, dir) that owns the saved weights (prefix.io.PrefixCheckpointIO)
         self.weights_io = weights_io
         self.neftune_hook = neftune_hook
+        # Integer attributes named trained_* are run totals (subclasses add their own, e.g. DPO's
+        # trained_pairs): summed over ranks into each checkpoint and restored on resume.
         self.trained_tokens = 0
         self.trained_supervised_tokens = 0
         self.train_start_time: Optional[float] = None
+        self.train_time_before = 0.0  # seconds trained before the checkpoint this run resumed from
+        self.train_time_s = 0.0  # whole run, resumed parts included (set when train() returns)
+        self._totals_at_checkpoint = None
         # callables(checkpoint_dir, state) that add files to each checkpoint before it is marked complete
         self.checkpoint_extras = []
         self.eval_accuracy = TokenAccuracy()
+
+    # -- data order -------------------------------------------------------
+    def label_counts(self, dataset):
+        """Label tokens of every training item (the global batch's N); DPO, which has no labels, overrides."""
+        return label_token_counts(dataset)
+
+    def get_train_dataloader(self):
+        """One global order and one normalization (data/global_batches.py) for map-style training sets.
+
+        The global batches depend only on the seed and per_device x accumulation x data ranks, and
+        every micro-batch carries its global batch's label-token count.  A streamed (lazy) set keeps
+        PaddleNLP's loader: its order is the file's, sharded over ranks.
+        """
+        dataset = self.train_dataset
+        if dataset is None or isinstance(dataset, paddle.io.IterableDataset) or not hasattr(dataset, "__len__"):
+            return super().get_train_dataloader()
+        a = self.args
+        sampler = GlobalBatchSampler(dataset, a.per_device_train_batch_size, a.gradient_accumulation_steps,
+                                     a.dataset_world_size, a.dataset_rank, a.seed, a.dataloader_drop_last,
+                                     counts=lambda: self.label_counts(dataset))
+        return paddle.io.DataLoader(GlobalTokensView(dataset), batch_sampler=sampler,
+                                    collate_fn=GlobalTokensCollator(self.data_collator),
+                                    num_workers=a.dataloader_num_workers)
 
     # -- forward ---------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False):
@@ -54,6 +98,11 @@ class FinetuneTrainer(TrainerBoundary):
                         position_ids=inputs.get("position_ids"), attention_mask=real
                     )
                 )
+        global_tokens = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [] N of this micro-batch's global batch
+        if model.training and global_tokens is not None and not return_outputs:
+            a = self.args
+            return global_token_loss(model, inputs, int(global_tokens), a.dataset_world_size,
+                                     a.gradient_accumulation_steps)
         if model.training or "labels" not in inputs:
             return super().compute_loss(model, inputs, return_outputs=return_outputs)
         labels = inputs["labels"]  # [batch, seq], already shifted: position i predicts labels[i]
@@ -65,9 +114,63 @@ class FinetuneTrainer(TrainerBoundary):
         """(tokens, supervised tokens) trained, summed over data-parallel ranks."""
         return sum_over_ranks([self.trained_tokens, self.trained_supervised_tokens])
 
-    def train(self, *args, **kwargs):
+    def run_counters(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k.startswith("trained_") and isinstance(v, int)
+                and not isinstance(v, bool)}
+
+    def train_time_so_far(self) -> float:
+        """Seconds of training of the whole run, the parts before a resume included."""
+        return self.train_time_before + (time.time() - self.train_start_time if self.train_start_time else 0.0)
+
+    def train(self, resume_from_checkpoint=None, ignore_keys_for_eval=None):
+        """PaddleNLP's train, plus: ``True`` means the newest *complete* checkpoint; the run totals
+        continue from the checkpoint; SIGTERM/SIGINT save a checkpoint and raise TrainingInterrupted."""
         self.train_start_time = time.time()
-        return super().train(*args, **kwargs)
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"no complete checkpoint in {self.args.output_dir} to resume from")
+        elif resume_from_checkpoint is False:
+            resume_from_checkpoint = None
+        if self.args.should_save:
+            for note in clean_stale_staging(self.args.output_dir):
+                logger.info(note)
+        self._restore_totals(resume_from_checkpoint)
+        request = StopRequest()
+        callback = InterruptCallback(request)
+        self.add_callback(callback)
+        try:
+            with stop_on_signals(request):
+                output = super().train(resume_from_checkpoint=resume_from_checkpoint,
+                                       ignore_keys_for_eval=ignore_keys_for_eval)
+                if request and request.saved_step is None and self.state.global_step > 0:
+                    self.save_checkpoint_now()  # the signal came after the last step's save point
+                    request.saved_step = self.state.global_step
+        finally:
+            self.remove_callback(callback)
+            self.train_time_s = self.train_time_so_far()
+        if request:
+            ckpt = checkpoint_dir(self.args.output_dir, request.saved_step) if request.saved_step else None
+            raise TrainingInterrupted(request.signum, ckpt, resume_command(ckpt) if ckpt else "")
+        return output
+
+    def _restore_totals(self, checkpoint) -> None:
+        """Loss sum, counters and train time of the run up to ``checkpoint`` (run_totals.json)."""
+        try:
+            totals = read_run_totals(checkpoint if isinstance(checkpoint, str) else None)
+        except ValueError as e:  # a damaged checkpoint is bad input (exit 2), like an incomplete one
+            raise ConfigError([f"resume_from_checkpoint: {e}; resume from another checkpoint"]) from e
+        if totals is None:
+            if checkpoint:
+                logger.warning(f"{checkpoint} has no run totals (older paddlenlp_ext): train_loss, token counts "
+                               "and train time count the resumed steps only")
+            return
+        self.restore_loss_sum(totals.get("loss_sum", 0.0))
+        self.train_time_before = float(totals.get("train_time_s", 0.0))
+        first = paddle.distributed.get_rank() == 0  # totals are global: one rank carries them
+        for name, value in totals.get("counters", {}).items():
+            setattr(self, name, int(value) if first else 0)
+        logger.info(f"resuming run totals from {checkpoint}: {json.dumps(totals)}")
 
     def on_evaluation_start(self) -> None:
         self.eval_accuracy.reset()
@@ -94,8 +197,14 @@ class FinetuneTrainer(TrainerBoundary):
     def save_weights(self, output_dir: str) -> None:
         """Write into a staging directory next to the files, then move each file into place with
         os.replace: a run killed while saving leaves the previous files (checkpoint or final
-        adapter/weights) whole, never a half-written one."""
-        staged_write(output_dir, self._write_weights)
+        adapter/weights) whole, never a half-written one.  A failed write of the final weights
+        is a SaveError (a checkpoint's is reported by checkpoint_save_failed)."""
+        try:
+            staged_write(output_dir, self._write_weights)
+        except OSError as e:
+            if os.path.basename(os.path.normpath(output_dir)).startswith("checkpoint-"):
+                raise
+            raise SaveError(save_failure_message(output_dir, e, self.args.output_dir, is_checkpoint=False)) from e
 
     def save_foreign(self, output_dir: str, write) -> None:
         # PaddleNLP's unified-checkpoint writer: the final weights are staged too in a single
@@ -118,13 +227,67 @@ class FinetuneTrainer(TrainerBoundary):
             # the base model's config travels with the adapter (merge checks model_type)
             self.model.config.save_pretrained(output_dir)
         else:
-            self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB")
+            # under tensor parallel every rank joins the gather (join_weights_gather); this one writes
+            self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB",
+                                       merge_tensor_parallel=self.args.tensor_parallel_degree > 1)
 
-    def on_checkpoint_written(self, checkpoint_dir: str) -> None:
+    def join_weights_gather(self, output_dir: str) -> None:
+        """A tensor-parallel rank that writes nothing: the collective half of ``_write_weights``.
+
+        ``save_adapter`` gathers split adapter tensors to the writer (paddlenlp_ext/parallel) and
+        ``save_pretrained(merge_tensor_parallel=True, is_main_process=False)`` gathers the model's;
+        both write only on the writer, so the checkpoint holds the complete weights, not rank 0's shard.
+        """
+        if self.weights_io is not None:
+            return  # prefix tuning refuses tensor parallel at config time
+        if self.adapter_config is not None:
+            adapter_api.save_adapter(self.model, self.adapter_config, output_dir)
+        else:
+            self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB",
+                                       merge_tensor_parallel=True, is_main_process=False)
+
+    def checkpoint_staging(self, final: str) -> Optional[str]:
+        # Several processes (each writes its own files, no barrier after) and async saves (files
+        # arrive later) write in place; the marker still tells complete from cut short.
+        if self.args.world_size > 1 or "async_save" in (self.args.unified_checkpoint_config or ""):
+            marker = os.path.join(final, CHECKPOINT_COMPLETE_NAME)
+            if self.args.should_save and os.path.isfile(marker):
+                os.remove(marker)  # rewritten in place: incomplete until marked again
+            return None
+        root = staging_root(final)
+        shutil.rmtree(root, ignore_errors=True)
+        return root
+
+    def before_checkpoint(self) -> None:
+        # every rank: the counters are summed over ranks (a collective), written by the main process
+        names = sorted(self.run_counters())
+        self._totals_at_checkpoint = {
+            "global_step": self.state.global_step, "loss_sum": self.loss_sum(),
+            "train_time_s": round(self.train_time_so_far(), 3),
+            "counters": dict(zip(names, sum_over_ranks([getattr(self, n) for n in names]))),
+        }
+
+    def on_checkpoint_written(self, written: str, final: str) -> None:
         for extra in self.checkpoint_extras:
-            extra(checkpoint_dir, self.state)
-        with open(os.path.join(checkpoint_dir, CHECKPOINT_COMPLETE_NAME), "w") as f:
+            extra(written, self.state)
+        # the settings this checkpoint was trained with: a resume under others is refused (config.resume)
+        resolved = os.path.join(self.args.output_dir, RESOLVED_CONFIG_NAME)
+        if os.path.isfile(resolved):
+            shutil.copyfile(resolved, os.path.join(written, RESOLVED_CONFIG_NAME))
+        if self._totals_at_checkpoint is not None:
+            write_run_totals(written, self._totals_at_checkpoint)
+        with open(os.path.join(written, CHECKPOINT_COMPLETE_NAME), "w") as f:
             f.write(f"global_step {self.state.global_step}\n")
+        if written != final:
+            publish_checkpoint(written, final)
+        for path in rotate_checkpoints(self.args.output_dir, self.args.save_total_limit,
+                                       self.state.best_model_checkpoint):
+            logger.info(f"Deleted older checkpoint {path} (save_total_limit={self.args.save_total_limit})")
+
+    def checkpoint_save_failed(self, final: str, staging: Optional[str], error: OSError) -> Exception:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        return SaveError(save_failure_message(final, error, self.args.output_dir, is_checkpoint=True))
 
     def amp_excluded_layers(self, model) -> list:
         # quantized bases keep fp32 scales / code books under O2 (their codes are integers anyway)

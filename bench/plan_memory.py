@@ -1,0 +1,202 @@
+"""Calibration of the memory planner (paddlenlp_ext.planner) against real CPU runs through the CLI.
+
+    .venv/bin/python bench/plan_memory.py [--runs full-0.3b,lora-0.8b,nf4-0.8b] [--steps 2] [--json out.json]
+
+Every run is ``llm/run_finetune.py`` in its own process, one after the other, under
+``/usr/bin/time -f %M`` (the kernel's peak RSS of that child alone):
+
+    full-0.3b  full fine-tuning of a 296,784,896-parameter random-weight Llama (hidden 1024, 18 layers,
+               intermediate 2816, 16 heads, vocab 32000; built once into build/llama-0.3b)
+    lora-0.8b  LoRA r=8 on the 839,444,480-parameter Llama of bench/big_model.py (build/llama-0.8b)
+    nf4-0.8b   the same LoRA on the nf4 + double-quantized base (QLoRA)
+
+all at batch 1 x 256 tokens (every row padded to 256), fp32 (the CPU build has no bf16 matmul),
+AdamW, no recompute, ``--max_steps 2 --save_strategy no --do_eval false``.  Next to each measured
+peak the planner's estimate for the same config and overrides (``target="cpu"``) and the ratio;
+target: every ratio within 1 +- 0.15.  The planner's framework-overhead term on CPU is the
+Paddle + PaddleNLP runtime (RSS before the model is built: imports, tokenizer, data), measured
+here in every run and printed next to the constant the planner uses.
+
+The runs take minutes each and 2-8 GB of RAM: the script waits (up to --wait_s) until
+MemAvailable exceeds the planner's estimate + 2 GiB before starting a run, and refuses if it never
+does.  The models and data are built once by bench/big_model.py (in subprocesses, so this process
+never imports paddle).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+CLI = os.path.join("llm", "run_finetune.py")
+TIME_BIN = "/usr/bin/time"
+GiB = 2**30
+TARGET = 0.15  # |planned / measured - 1| <= 0.15
+MARGIN = 2 * GiB  # free memory wanted beyond the planned peak before a run starts
+
+SMALL_DIR = os.path.join(ROOT, "build", "llama-0.3b")
+BIG_DIR = os.path.join(ROOT, "build", "llama-0.8b")
+DATA_DIR = os.path.join(ROOT, "build", "alpaca_en_demo")
+SMALL_SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=18, num_attention_heads=16,
+                   num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
+
+LORA = ["--lora", "true", "--lora_rank", "8"]
+# name -> (base config, model dir, extra overrides, what it is)
+RUNS = {
+    "full-0.3b": ("llm/config/tiny/sft_argument.json", SMALL_DIR, [], "full fine-tuning, 0.30B Llama"),
+    "lora-0.8b": ("llm/config/tiny/lora_argument.json", BIG_DIR, LORA, "LoRA r=8, 0.84B Llama"),
+    "nf4-0.8b": ("llm/config/tiny/lora_argument.json", BIG_DIR,
+                 LORA + ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
+                 "QLoRA nf4 + double quant, LoRA r=8, 0.84B Llama"),
+}
+
+BUILD_SMALL = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "bench"))
+import big_model
+from paddlenlp.transformers import LlamaConfig
+model_dir, shape = sys.argv[2], json.loads(sys.argv[3])
+if not os.path.isfile(os.path.join(model_dir, big_model.MARKER)):
+    os.makedirs(model_dir, exist_ok=True)
+    cfg = LlamaConfig(architectures=["LlamaForCausalLM"], **shape)
+    shapes = big_model.lazy_shapes(cfg)
+    n_shards, total = big_model.write_shards(model_dir, shapes)
+    cfg.save_pretrained(model_dir)
+    big_model.write_tokenizer(model_dir)
+    n = sum(int(__import__("numpy").prod(s)) for s in shapes.values())
+    json.dump({"params": n, "shards": n_shards, "total_bytes": total}, open(os.path.join(model_dir, big_model.MARKER), "w"))
+print(open(os.path.join(model_dir, big_model.MARKER)).read())
+"""
+
+
+def common_overrides(model_dir, out_dir, steps):
+    return ["--model_name_or_path", model_dir, "--dataset_name_or_path", DATA_DIR, "--output_dir", out_dir,
+            "--max_steps", str(steps), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
+            "--max_length", "256", "--src_length", "128", "--pad_to_max_length", "true", "--zero_padding", "false",
+            "--do_train", "true", "--do_eval", "false", "--eval_before_train", "false",
+            "--evaluation_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0"]
+
+
+def ensure_models():
+    """Build the 0.84B model + data (bench/big_model.py) and the 0.3B model, each in a subprocess."""
+    for cmd in ([sys.executable, os.path.join(ROOT, "bench", "big_model.py"), "--model_dir", BIG_DIR,
+                 "--data_dir", DATA_DIR],
+                [sys.executable, "-c", BUILD_SMALL, ROOT, SMALL_DIR, json.dumps(SMALL_SHAPE)]):
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"model build failed: {' '.join(cmd[:3])}\n{r.stderr[-3000:]}")
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def wait_for_memory(need, wait_s):
+    t0 = time.time()
+    while mem_available() < need:
+        if time.time() - t0 > wait_s:
+            sys.exit(f"refusing to start: MemAvailable {mem_available() / GiB:.1f} GiB < {need / GiB:.1f} GiB needed "
+                     f"(planned peak + {MARGIN / GiB:.0f} GiB) for {wait_s} s; other jobs hold the memory")
+        time.sleep(15)
+
+
+def plan(config, overrides):
+    from paddlenlp_ext.planner import estimate_for_run, load_plan_config
+
+    return estimate_for_run(load_plan_config(os.path.join(ROOT, config), overrides), target="cpu", world_size=1)
+
+
+def run_one(name, work, steps, wait_s):
+    config, model_dir, extra, _ = RUNS[name]
+    out_dir = os.path.join(work, name)
+    overrides = common_overrides(model_dir, out_dir, steps) + extra
+    est = plan(config, overrides)
+    wait_for_memory(est.per_device_bytes + MARGIN, wait_s)
+    time_file, log_path = os.path.join(work, name + ".time"), os.path.join(work, name + ".log")
+    cmd = [TIME_BIN, "-f", "%M", "-o", time_file, sys.executable, CLI, config] + overrides
+    print(f"[{name}] python {CLI} {config} {' '.join(overrides)}", flush=True)
+    t0, load0 = time.time(), os.getloadavg()[0]
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        tail = open(log_path, errors="replace").read()[-3000:]
+        sys.exit(f"[{name}] failed (exit {rc}):\n{tail}")
+    with open(os.path.join(out_dir, "run_summary.json")) as f:
+        summary = json.load(f)
+    with open(time_file) as f:
+        peak = int(f.read().split()[-1]) * 1024  # %M is KiB
+    rec = {"run": name, "peak_rss_bytes": peak, "runtime_bytes": summary["rss_before_model_bytes"],
+           "after_load_bytes": summary["rss_after_load_bytes"], "planned_bytes": est.per_device_bytes,
+           "planned_breakdown": dict(est.breakdown), "ratio": est.per_device_bytes / peak,
+           "wall_s": round(time.time() - t0, 1), "loadavg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+           "trainable_params": summary.get("trainable_params"), "total_params": summary.get("total_params")}
+    print(f"[{name}] peak {peak / GiB:.2f} GiB, planned {est.per_device_bytes / GiB:.2f} GiB "
+          f"(x{rec['ratio']:.3f}) in {rec['wall_s']} s", flush=True)
+    return rec
+
+
+def gib(x):
+    return f"{x / GiB:.2f}"
+
+
+def report(records, runtime_constant):
+    print("\nGiB (2^30 bytes). measured = peak RSS of the CLI child (/usr/bin/time -f %M); planned = "
+          "paddlenlp_ext.planner (target cpu)\n")
+    print("| run | what | measured peak | planned | planned / measured | within +-15% |")
+    print("|---|---|---|---|---|---|")
+    for r in records:
+        ok = abs(r["ratio"] - 1) <= TARGET
+        print(f"| {r['run']} | {RUNS[r['run']][3]} | {gib(r['peak_rss_bytes'])} | {gib(r['planned_bytes'])} | "
+              f"{r['ratio']:.3f} | {'PASS' if ok else 'FAIL'} |")
+    print("\nBreakdown (planned) and the measured parts the CLI reports (runtime = RSS before the model; "
+          "model = RSS after load/adapters/trainer setup - runtime; step = peak - RSS after load):\n")
+    keys = list(records[0]["planned_breakdown"]) if records else []
+    print("| run | " + " | ".join(keys) + " | measured runtime | measured model | measured step |")
+    print("|---|" + "---|" * (len(keys) + 3))
+    for r in records:
+        b = r["planned_breakdown"]
+        print(f"| {r['run']} | " + " | ".join(gib(b[k]) for k in keys) +
+              f" | {gib(r['runtime_bytes'])} | {gib(r['after_load_bytes'] - r['runtime_bytes'])} | "
+              f"{gib(r['peak_rss_bytes'] - r['after_load_bytes'])} |")
+    runtimes = [r["runtime_bytes"] for r in records]
+    if runtimes:
+        print(f"\nframework overhead on CPU: the planner uses {gib(runtime_constant)} GiB; measured runtime in these "
+              f"runs {min(runtimes) / GiB:.2f}-{max(runtimes) / GiB:.2f} GiB")
+    worst = max((abs(r["ratio"] - 1) for r in records), default=0)
+    print(f"worst |planned/measured - 1| = {worst:.3f} (target <= {TARGET}: {'PASS' if worst <= TARGET else 'FAIL'})")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--wait_s", type=int, default=600, help="how long to wait for free memory before a run")
+    p.add_argument("--json", help="write the records here")
+    a = p.parse_args()
+    names = [n.strip() for n in a.runs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        p.error(f"unknown run(s) {unknown}; choose from {list(RUNS)}")
+    print("command: .venv/bin/python bench/plan_memory.py " + " ".join(sys.argv[1:]), flush=True)
+    ensure_models()
+    from paddlenlp_ext.planner.memory import CPU_RUNTIME_BYTES
+
+    with tempfile.TemporaryDirectory() as work:
+        records = [run_one(n, work, a.steps, a.wait_s) for n in names]
+    report(records, CPU_RUNTIME_BYTES)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(records, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

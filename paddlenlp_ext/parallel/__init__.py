@@ -1,0 +1,64 @@
+"""Tensor parallelism for adapters and quantized bases, and its CPU simulation.
+
+Owns everything that knows a linear is split over a model-parallel group:
+
+* :mod:`.collectives` -- the small interface a tensor-parallel layer talks
+  through (identity / all-reduce / all-gather / split + a plain gather for
+  checkpoints); :class:`FleetCollectives` calls fleet's ``mp_ops`` (through
+  :mod:`paddlenlp_ext.integrations.mp_ops`).
+* :mod:`.shard` -- which tensor-parallel linears are supported
+  (Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear``) and one rank's
+  :class:`ShardSpec` of them.
+* :mod:`.adapter_layers` -- LoRA (rsLoRA, LoRA+) and VeRA on those layers,
+  picked by ``adapters.apply_adapters`` for tensor-parallel targets; PiSSA and
+  LoKr are refused.
+* :mod:`.quantized` -- :class:`QuantizedParallelLinear`, the QLoRA base that
+  quantizes each rank's weight shard (``quant.quantize_model`` uses it).
+* :mod:`.checkpoint` -- complete adapter checkpoints from sharded models
+  (gather on save, offline unshard).
+* :mod:`.simulate` -- N ranks in one CPU process (:class:`SimulatedGroup`): the
+  same layer classes with simulated collectives, how all of the above is tested
+  on machines whose Paddle build cannot run fleet's tensor parallelism.
+
+Never imports training or data.  Names load lazily (importing the package
+imports nothing heavy).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Collectives": "collectives",
+    "FleetCollectives": "collectives",
+    "collectives_for": "collectives",
+    "ShardSpec": "shard",
+    "shard_spec": "shard",
+    "ParallelLoRALinear": "adapter_layers",
+    "ParallelVeRALinear": "adapter_layers",
+    "PARALLEL_METHODS": "adapter_layers",
+    "QuantizedParallelLinear": "quantized",
+    "full_adapter_state_dict": "checkpoint",
+    "unshard_adapter_states": "checkpoint",
+    "adapter_split_axes": "checkpoint",
+    "SimulatedGroup": "simulate",
+    "SimulatedCollectives": "simulate",
+    "SimulatedProcessGroup": "simulate",
+    "SimulationError": "simulate",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,68 @@
+"""The fine-tuning loss normalized by the label tokens of the whole global batch.
+
+PaddleNLP's criterion returns each micro-batch's mean over its own tokens with
+``loss > 0`` (a token the model predicts with probability 1.0 in fp32 is not
+counted), so data parallel and gradient accumulation average means of
+different sizes.  :func:`global_token_loss` returns instead
+
+    sum of the micro-batch's token losses x ranks x accumulation / N
+
+with ``N`` the label tokens of the whole global batch
+(:mod:`paddlenlp_ext.data.global_batches` tags every index with it).  PaddleNLP
+then divides by the accumulation steps and data parallel averages over ranks,
+so the gradient is (sum over every label token of the global batch) / N, the
+same for any layout; the logged loss is the global batch's token mean.
+
+``lm_head`` runs only on the supervised positions where the model splits into
+body + head (:func:`paddlenlp_ext.models.heads.split_lm_head`); a model wrapped
+for data parallel (``paddle.DataParallel`` has no ``config``) takes its own
+forward, which is what arms its gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+import paddle
+import paddle.nn.functional as F
+
+from ..models.heads import split_lm_head
+
+IGNORE_INDEX = -100
+
+
+def _logits_of(outputs):
+    if isinstance(outputs, paddle.Tensor):
+        return outputs
+    if isinstance(outputs, dict):
+        return outputs["logits"]
+    return outputs[0]
+
+
+def supervised_logits(model, inputs, labels: paddle.Tensor):
+    """(logits [T, V], targets [T]) at the ``T`` positions whose label is not -100."""
+    flat_labels = labels.reshape([-1])  # [B*S]
+    index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
+    targets = paddle.gather(flat_labels, index)  # [T]
+    split = split_lm_head(model)
+    if split is not None:
+        body, head = split
+        hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
+        b, s, h = hidden.shape
+        rows = paddle.gather(hidden.reshape([b * s, h]), index, axis=0)  # [T, H]
+        return head(rows.unsqueeze(0))[0], targets  # [T, V], [T]
+    logits = _logits_of(model(**inputs, return_dict=True))  # [B, S, V]
+    v = logits.shape[-1]
+    return paddle.gather(logits.reshape([-1, v]), index, axis=0), targets  # [T, V], [T]
+
+
+def global_token_loss(model, inputs, global_tokens: int, ranks: int, accumulation: int) -> paddle.Tensor:
+    """Scalar loss whose gradient, after PaddleNLP's /accumulation and the ranks' mean, is sum / N.
+
+    ``inputs`` holds ``labels`` and the model's other inputs (ids, positions, mask).
+    """
+    model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+    logits, targets = supervised_logits(model, model_inputs, inputs["labels"])
+    if targets.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
+        return logits.sum() * 0.0
+    with paddle.amp.auto_cast(False):
+        total = F.cross_entropy(logits.astype("float32"), targets.unsqueeze(-1), reduction="sum")  # []
+    return total * (float(ranks * accumulation) / max(int(global_tokens), 1))

@@ -1,0 +1,212 @@
+"""Build the model of a run: load (streamed, quantized as configured), then adapters or the prefix.
+
+``build_model`` is shared by ``training.run`` (fine-tuning) and ``dpo.run``;
+``load_model`` also by ``llm/tools/check_packing.py``.  What it built, with the
+method and parameter counts the console and run_summary.json report, is a
+:class:`BuiltModel`.
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, Optional
+
+from ..config.parse import ConfigError, RunConfig
+from ..models.families import DROPOUT_KEYS, dropout_config_updates
+
+
+def model_dtype(args) -> str:
+    # As PaddleNLP's run_finetune: low-precision weights only with O2; O1 keeps fp32 weights + autocast.
+    if args.fp16_opt_level == "O2":
+        if args.fp16:
+            return "float16"
+        if args.bf16:
+            return "bfloat16"
+    return "float32"
+
+
+def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = None):
+    """(model, quantization stats or None).
+
+    A pretrained model is streamed tensor by tensor (``models.loading``): the
+    targeted Linear weights are quantized as they arrive and every other
+    tensor is materialized once, in the run's dtype, so neither the fp32
+    model (QLoRA) nor two copies (bf16/fp16 O2) ever exist whole.  A shape,
+    file or block-size problem is a ConfigError naming the tensor/file (exit 2).
+    """
+    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+    from paddlenlp.utils.log import logger
+
+    from ..models.checkpoint import CheckpointError
+
+    m, d = cfg.model, cfg.data
+    dtype = model_dtype(args)
+    config = AutoConfig.from_pretrained(
+        m.model_name_or_path,
+        dtype=dtype,
+        tensor_parallel_degree=args.tensor_parallel_degree,
+        tensor_parallel_rank=args.tensor_parallel_rank,
+        tensor_parallel_output=bool(args.tensor_parallel_output),
+    )
+    config.use_flash_attention = m.use_flash_attention
+    config.recompute = args.recompute
+    from ..models.llm_meta import apply_llm_meta, on_gpu
+
+    apply_llm_meta(cfg, config, on_gpu=on_gpu())
+    config.seq_length = cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length
+    # only dropout the family really reads (config.parse refused the others)
+    dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
+    for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
+        setattr(config, attr, value)
+    for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
+        if getattr(m, key) is not None:
+            setattr(config, key, getattr(m, key))
+    where = f"{cfg.source or 'config'}: model_name_or_path {m.model_name_or_path!r}"
+    # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and
+    # fusing q/k/v or gate/up of an unfused checkpoint at load time.
+    fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
+    if m.continue_training and (args.tensor_parallel_degree > 1 or fused):
+        model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
+    elif m.continue_training:
+        from ..models.loading import load_model_streaming
+
+        try:
+            return load_model_streaming(m.model_name_or_path, config, dtype, quantization=quantization, logger=logger)
+        except (CheckpointError, ValueError) as e:  # names the tensor / file / layer and what to do
+            raise ConfigError([f"{where}: {e}"], before_load=False) from e
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init (continue_training=false)
+    if not quantization:
+        return model, None
+    from ..quant import quantize_model
+
+    try:
+        stats = quantize_model(model, quantization["weight_quantize_algo"], block_size=quantization["weight_blocksize"],
+                               double_quant=quantization["weight_double_quant"],
+                               double_quant_block_size=quantization["weight_double_quant_block_size"])
+    except ValueError as e:  # a layer shape the format cannot take: the message says what to do
+        raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
+                          before_load=False) from e
+    return model, stats
+
+
+def resolve_quantization(cfg: RunConfig) -> Optional[Dict[str, Any]]:
+    """The config's quantization, or (with lora_path) the one the adapter was trained on."""
+    quant = quantization_dict(cfg)
+    if quant is None and cfg.model.lora_path:
+        from ..adapters import AdapterConfig
+        from .console import current
+
+        # An adapter trained on a quantized base is evaluated/continued on the same quantized base.
+        quant = AdapterConfig.load(cfg.model.lora_path).quantization
+        if quant:
+            current().line(f"derived setting: base quantized as in {cfg.model.lora_path}: {json.dumps(quant)}")
+    return quant
+
+
+@dataclasses.dataclass
+class BuiltModel:
+    """What :func:`build_model` made: the model ready for the trainer and its facts for the summary."""
+    model: Any
+    adapter_config: Any
+    quantization: Optional[Dict[str, Any]]
+    load_stats: Optional[Dict[str, Any]]
+    prefix_io: Any
+    prefix_info: Optional[Dict[str, Any]]
+    method: str
+    trainable: int
+    total: int
+    rss_before_model: int
+    rss_after_load: int
+
+    def summary(self) -> Dict[str, Any]:
+        out = {"rss_before_model_bytes": self.rss_before_model, "rss_after_load_bytes": self.rss_after_load,
+               "method": self.method, "trainable_params": self.trainable, "total_params": self.total}
+        if self.load_stats is not None:
+            out["quantization" if self.quantization else "load"] = self.load_stats
+        if self.prefix_info is not None:
+            out["prefix"] = self.prefix_info
+        return out
+
+
+def build_model(cfg: RunConfig, args) -> BuiltModel:
+    """Load (streamed; quantized as configured), then apply adapters (new, or lora_path) or the
+    prefix; logs the method and trainable parameters.  Shared by run_finetune and run_dpo."""
+    from paddlenlp.trainer import set_seed
+    from paddlenlp.utils.log import logger
+
+    from .callbacks import current_rss_bytes
+
+    rss_before_model = current_rss_bytes()
+    quantization = resolve_quantization(cfg)
+    model, load_stats = load_model(cfg, args, quantization)
+    if load_stats is not None and load_stats.get("params_quantized"):
+        load_stats["bytes_per_param"] = load_stats["bytes_quantized"] / load_stats["params_quantized"]
+    if load_stats is not None:
+        logger.info(f"{'quantized base weights' if quantization else 'loaded'}: {json.dumps(load_stats, default=str)}")
+
+    adapter_config = None
+    if cfg.model.lora_path or cfg.adapter_method or cfg.model.neftune:
+        from .. import adapters as adapter_api
+    if cfg.model.lora_path:
+        # continue training (or evaluate) a saved adapter; its own config wins
+        adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
+    elif cfg.adapter_method:
+        adapter_config = adapter_config_from_run(cfg, getattr(model.config, "model_type", None))
+        # adapter init depends on the seed only, not on how many random numbers the load path drew
+        # (the streaming loader draws none; from_pretrained's random init did)
+        set_seed(args.seed)
+        adapter_api.apply_adapters(model, adapter_config)
+    prefix_io = prefix_info = None
+    if cfg.model.prefix_tuning:  # the frozen model behind trained key/value prefixes (paddlenlp_ext.prefix)
+        from ..prefix.io import attach_prefix
+
+        set_seed(args.seed)
+        model, prefix_io, prefix_info = attach_prefix(model, cfg.model, model_dtype(args))
+    from ..adapters import count_parameters
+
+    trainable, total = count_parameters(model)
+    method = describe_method(cfg, adapter_config)
+    logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
+    return BuiltModel(model, adapter_config, quantization, load_stats, prefix_io, prefix_info, method, trainable,
+                      total, rss_before_model, current_rss_bytes())
+
+
+def adapter_config_from_run(cfg: RunConfig, model_type: Optional[str] = None):
+    from ..adapters.config import adapter_config_from_args
+
+    return adapter_config_from_args({**dataclasses.asdict(cfg.model), "quantization": quantization_dict(cfg),
+                                     "model_type": model_type})
+
+
+def quantization_dict(cfg: RunConfig) -> Optional[Dict[str, Any]]:
+    m = cfg.model
+    if not m.weight_quantize_algo:
+        return None
+    return {
+        "weight_quantize_algo": m.weight_quantize_algo,
+        "weight_blocksize": m.weight_blocksize,
+        "weight_double_quant": m.weight_double_quant,
+        "weight_double_quant_block_size": m.weight_double_quant_block_size,
+    }
+
+
+def describe_method(cfg: RunConfig, adapter_config=None) -> str:
+    """'full', 'lora', 'lora+rslora+pissa', 'vera', with '+neftune' / '+nf4' suffixes.
+
+    Describes what runs: the adapter's own config when one was built or loaded
+    (``lora_path``), else full fine-tuning."""
+    m = cfg.model
+    a = adapter_config
+    parts = [a.method if a is not None else ("prefix_tuning" if m.prefix_tuning else "full")]
+    if m.prefix_tuning and m.prefix_projection:
+        parts.append("prefix_projection")
+    if a is not None and a.method == "lora":
+        parts += [k for k in ("rslora", "pissa") if getattr(a, k)]
+        if a.lora_plus_scale != 1.0:
+            parts.append(f"lora_plus_scale={a.lora_plus_scale:g}")
+    if m.neftune:
+        parts.append("neftune")
+    quant = (a.quantization if a is not None else None) or quantization_dict(cfg)
+    if quant:
+        parts.append(quant["weight_quantize_algo"])
+    return "+".join(parts)

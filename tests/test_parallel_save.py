@@ -1,0 +1,66 @@
+"""Saving under tensor parallel: every model-parallel rank joins the gather, one writes.
+
+Fleet tensor parallel cannot run on CPU, so this checks the decision logic of
+TrainerBoundary._save / FinetuneTrainer.join_weights_gather; the gather itself
+(adapters) is checked by simulation in tests/test_tp_sim.py.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from paddlenlp_ext.training import trainer as trainer_mod
+
+
+def bare_trainer(**args):
+    t = object.__new__(trainer_mod.FinetuneTrainer)
+    t.args = SimpleNamespace(output_dir="/out", **args)
+    t.weights_io, t.adapter_config = None, None
+    return t
+
+
+@pytest.mark.parametrize("should_save,tp,model_state,expect", [
+    (True, 1, True, "write"), (True, 2, True, "write"),
+    (False, 2, True, "join"),  # another tensor-parallel rank of the writing replica: gathers, writes nothing
+    (False, 1, True, None),  # data-parallel rank: nothing to gather
+    (False, 2, False, None),  # a tensor-parallel rank of another data-parallel replica
+])  # fmt: skip
+def test_who_writes_and_who_joins(should_save, tp, model_state, expect):
+    t = bare_trainer(should_save=should_save, tensor_parallel_degree=tp, should_save_model_state=model_state)
+    calls = []
+    t.owns_saving = lambda: True
+    t.save_weights = lambda d: calls.append(("write", d))
+    t.join_weights_gather = lambda d: calls.append(("join", d))
+    t._save("/out/checkpoint-3")
+    assert calls == ([(expect, "/out/checkpoint-3")] if expect else [])
+
+
+class RecordingModel:
+    def __init__(self):
+        self.calls = []
+        self.config = SimpleNamespace(save_pretrained=lambda d: None)
+
+    def save_pretrained(self, d, **kw):
+        self.calls.append(kw)
+
+
+def test_joining_rank_gathers_without_writing(monkeypatch):
+    t = bare_trainer(should_save=False, tensor_parallel_degree=2)
+    t.model = RecordingModel()
+    t.join_weights_gather("/out")
+    assert t.model.calls == [dict(safe_serialization=True, max_shard_size="4GB", merge_tensor_parallel=True,
+                                  is_main_process=False)]
+    seen = []
+    monkeypatch.setattr(trainer_mod.adapter_api, "save_adapter", lambda m, c, d: seen.append((m, c, d)))
+    t.adapter_config = "cfg"
+    t.join_weights_gather("/out")
+    assert seen == [(t.model, "cfg", "/out")]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_writer_merges_tensor_parallel_shards(tp, monkeypatch):
+    t = bare_trainer(should_save=True, tensor_parallel_degree=tp)
+    t.model, t.tokenizer = RecordingModel(), None
+    monkeypatch.setattr(trainer_mod.paddle, "save", lambda *a, **k: None)
+    t._write_weights("/out")
+    assert t.model.calls[-1]["merge_tensor_parallel"] is (tp > 1)
