@@ -112,7 +112,8 @@ def wait_for_memory(need, wait_s):
 def plan(config, overrides):
     from paddlenlp_ext.planner import estimate_for_run, load_plan_config
 
-    return estimate_for_run(load_plan_config(os.path.join(ROOT, config), overrides), target="cpu", world_size=1)
+    cfg, _ = load_plan_config(os.path.join(ROOT, config), overrides)
+    return estimate_for_run(cfg, target="cpu", world_size=1)
 
 
 def run_one(name, work, steps, wait_s):

@@ -227,7 +227,7 @@ def test_paddlenlp_merge_location_and_flags(pnlp, tiny_model_dir, tmp_path, caps
     # refusals exit 1 with the reason
     rc = _run_script(PNLP_MERGE_CLI, ["--model_name_or_path", tiny_model_dir, "--lora_path", pnlp["vera"][0],
                                       "--output_path", tmp_path / "v"])
-    assert rc == 1 and "vera_A" in capsys.readouterr().err and not (tmp_path / "v").exists()
+    assert rc == 2 and "vera_A" in capsys.readouterr().err and not (tmp_path / "v").exists()
 
 
 def test_rslora_scaling(pnlp, tiny_model_dir, tmp_path):
