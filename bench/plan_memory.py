@@ -17,6 +17,10 @@ target: every ratio within 1 +- 0.15.  The planner's framework-overhead term on 
 Paddle + PaddleNLP runtime (RSS before the model is built: imports, tokenizer, data), measured
 here in every run and printed next to the constant the planner uses.
 
+``--gpu_table`` prints instead (no runs, no paddle) the planner's table for Llama-2 7B/13B/70B on GPUs
+(full bf16 O2 AdamW, LoRA and QLoRA nf4 from llm/config/llama/*_argument.json at batch 1 x 1024 with
+recompute and flash attention) across common layouts, next to LLaMA-Factory's published estimates.
+
 The runs take minutes each and 2-8 GB of RAM: the script waits (up to --wait_s) until
 MemAvailable exceeds the planner's estimate + 2 GiB before starting a run, and refuses if it never
 does.  The models and data are built once by bench/big_model.py (in subprocesses, so this process
@@ -149,6 +153,42 @@ def gib(x):
     return f"{x / GiB:.2f}"
 
 
+# LLaMA-Factory README "Hardware Requirement" (hiyouga/LLaMA-Factory@7638f1070e6ffc0303e30fcdf3d68006334c323d):
+# Full 32-bit (AMP) 18x GB, Full 16-bit 8x, LoRA 16-bit 2x, QLoRA 4-bit x/2 for x billion parameters
+LLAMA_FACTORY = {"7b": ("120 / 60", "16", "6"), "13b": ("240 / 120", "32", "12"), "70b": ("1200 / 600", "160", "48")}
+GPU_METHODS = (("full bf16 O2", "sft_argument.json"), ("LoRA r=8 bf16", "lora_argument.json"),
+               ("QLoRA nf4+dq r=8", "qlora_argument.json"))
+
+
+def gpu_layouts():
+    from paddlenlp_ext.planner import Layout
+
+    return (("1 GPU", Layout()), ("8 x sharding stage2", Layout(sharding_stage=2, sharding_degree=8)),
+            ("8 x sharding stage3", Layout(sharding_stage=3, sharding_degree=8)), ("TP 2", Layout(tp=2)),
+            ("TP 4", Layout(tp=4)), ("TP 8", Layout(tp=8)), ("TP 4 x PP 2", Layout(tp=4, pp=2)),
+            ("TP 8 x PP 2", Layout(tp=8, pp=2)))
+
+
+def gpu_table():
+    from paddlenlp_ext.planner import estimate, inputs_from_run, load_plan_config
+
+    layouts = gpu_layouts()
+    print("GiB per device (2^30 bytes), planner target gpu; batch 1 x 1024 tokens, recompute, flash attention, "
+          "gradient_accumulation_steps 4 (PP: 2 micro-batches in flight on the first stage).  LLaMA-Factory: GB "
+          "total, its README's estimate (full: AMP / pure bf16)\n")
+    print("| model | method | " + " | ".join(n for n, _ in layouts) + " | LLaMA-Factory |")
+    print("|---|---|" + "---|" * (len(layouts) + 1))
+    for size in ("7b", "13b", "70b"):
+        for i, (label, config) in enumerate(GPU_METHODS):
+            cfg, _ = load_plan_config(os.path.join(ROOT, "llm", "config", "llama", config),
+                                      ["--model_name_or_path", f"meta-llama/Llama-2-{size}", "--max_length", "1024",
+                                       "--src_length", "512", "--per_device_train_batch_size", "1",
+                                       "--tensor_parallel_degree", "1", "--sharding", ""])
+            inp = inputs_from_run(cfg, target="gpu")
+            cells = [f"{estimate(inp, lay).per_device_bytes / GiB:.1f}" for _, lay in layouts]
+            print(f"| Llama-2-{size.upper()} | {label} | " + " | ".join(cells) + f" | {LLAMA_FACTORY[size][i]} |")
+
+
 def report(records, runtime_constant):
     print("\nGiB (2^30 bytes). measured = peak RSS of the CLI child (/usr/bin/time -f %M); planned = "
           "paddlenlp_ext.planner (target cpu)\n")
@@ -182,7 +222,12 @@ def main():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--wait_s", type=int, default=600, help="how long to wait for free memory before a run")
     p.add_argument("--json", help="write the records here")
+    p.add_argument("--gpu_table", action="store_true", help="print the Llama-2 GPU table (no runs) and exit")
     a = p.parse_args()
+    if a.gpu_table:
+        print("command: .venv/bin/python bench/plan_memory.py --gpu_table\n")
+        gpu_table()
+        return
     names = [n.strip() for n in a.runs.split(",") if n.strip()]
     unknown = [n for n in names if n not in RUNS]
     if unknown:

@@ -350,4 +350,4 @@ def test_show_summary_tabulates_fine_tuning_and_dpo_runs(tmp_path, capsys):
     assert len(lines) == 3 and lines[0].startswith("run ")
     assert re.search(r"sft +lora +18,688 +2\.1612 +7\.5000 -> 0\.7500 \(0\.100\) +0\.9020 +4,600 +0:50$", lines[1])
     assert re.search(r"dpo +lora +18,688 +0\.3800 +- -> 0\.7900 +0\.6250 +450 +0:02$", lines[2])
-    assert show_summary.main([str(tmp_path / "missing")]) == 1
+    assert show_summary.main([str(tmp_path / "missing")]) == 2  # bad input (docs/reliability.md)
