@@ -143,6 +143,19 @@ def find_split_files(dataset_dir: str, split: str) -> List[str]:
     return sorted(glob.glob(os.path.join(dataset_dir, split, "*.json")))
 
 
+
+def context_system(obj: dict):
+    """The optional system prompt of a data line: ``{"context": {"system": "..."}}`` -> ``"..."``, else None."""
+    context = obj.get("context")
+    if context is None:
+        return None
+    if not isinstance(context, dict):
+        raise ValueError("'context' must be an object such as {\"system\": \"...\"}")
+    system = context.get("system")
+    if system is not None and not isinstance(system, str):
+        raise ValueError("'context.system' must be a string")
+    return system
+
 def parse_line(line: str, origin: str) -> Example:
     """Validate one JSON line. Raises ValueError with the reason.
 
@@ -169,14 +182,7 @@ def parse_line(line: str, origin: str) -> Example:
     for i, t in enumerate(tgt):
         if not t.strip():
             raise ValueError(f"empty target (turn {i + 1}): there is nothing to learn from this line")
-    system = None
-    context = obj.get("context")
-    if context is not None:
-        if not isinstance(context, dict):
-            raise ValueError("'context' must be an object such as {\"system\": \"...\"}")
-        system = context.get("system")
-        if system is not None and not isinstance(system, str):
-            raise ValueError("'context.system' must be a string")
+    system = context_system(obj)
     return Example(src=src, tgt=tgt, system=system, origin=origin)
 
 

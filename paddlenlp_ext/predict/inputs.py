@@ -65,14 +65,9 @@ def parse_prompt(obj: Any) -> PromptRecord:
         raise ValueError(f"{len(src)} src turn(s) and {len(tgt)} tgt answer(s): give one answer per earlier turn "
                          f"({len(src) - 1}), optionally followed by the reference answer of the last turn "
                          f"({len(src)})")
-    system = None
-    context = obj.get("context")
-    if context is not None:
-        if not isinstance(context, dict):
-            raise ValueError("'context' must be an object such as {\"system\": \"...\"}")
-        system = context.get("system")
-        if system is not None and not isinstance(system, str):
-            raise ValueError("'context.system' must be a string")
+    from ..data.reader import context_system  # lazily, as read_prompts: flag errors come before any heavy import
+
+    system = context_system(obj)
     return PromptRecord(src=src, history=history, reference=reference, system=system, raw=obj)
 
 
