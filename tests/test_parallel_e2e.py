@@ -2,7 +2,7 @@
 
 Data parallel and sharding stage 1 run on CPU (``paddle.distributed.launch --nproc_per_node 2``,
 gloo); gradient accumulation 2 x 2 is compared with batch 4.  Per-step losses (relative) and the final
-weights (absolute) must equal the single-process run's within 1e-4, for LoRA and full fine-tuning.
+weights (absolute) must equal the single-process run's within 1e-4, for LoRA, full fine-tuning and LoRA-DPO.
 (PaddleNLP's own sampler and per-rank token means differ by 2e-3 to 7e-3 relative here.)
 """
 
@@ -32,12 +32,17 @@ METHODS = {"lora": ["--lora", "true", "--learning_rate", "1e-3"], "full": ["--lo
 def run(tmp_path, model_dir, method, layout):
     procs, per_device, accumulation, extra = LAYOUTS[layout]
     out = str(tmp_path / f"{method}_{layout}")
-    args = [os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"), "--model_name_or_path", model_dir,
-            "--dataset_name_or_path", DATA_DIR, "--output_dir", out, "--max_steps", "4", "--logging_steps", "1",
-            "--warmup_steps", "0", "--do_eval", "false", "--eval_before_train", "false",
-            "--per_device_train_batch_size", str(per_device), "--gradient_accumulation_steps", str(accumulation),
-            *METHODS[method], *extra]
-    script = os.path.join(ROOT, "llm", "run_finetune.py")
+    if method == "dpo_lora":  # packed preference rows; the loss is the global batch's pair mean
+        config, script = "dpo_lora_argument.json", "run_dpo.py"
+        keys = ["--learning_rate", "1e-3"]
+    else:
+        config, script = "lora_argument.json", "run_finetune.py"
+        keys = ["--dataset_name_or_path", DATA_DIR, "--eval_before_train", "false", *METHODS[method]]
+    args = [os.path.join(ROOT, "llm", "config", "tiny", config), "--model_name_or_path", model_dir,
+            "--output_dir", out, "--max_steps", "4", "--logging_steps", "1", "--warmup_steps", "0",
+            "--do_eval", "false", "--per_device_train_batch_size", str(per_device),
+            "--gradient_accumulation_steps", str(accumulation), *keys, *extra]
+    script = os.path.join(ROOT, "llm", script)
     if procs == 1:
         cmd = [sys.executable, script, *args]
     else:
@@ -65,10 +70,10 @@ def weights(out):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("layouts")
-    return tmp, {m: run(tmp, tiny_model_dir, m, "single") for m in METHODS}
+    return tmp, {m: run(tmp, tiny_model_dir, m, "single") for m in [*METHODS, "dpo_lora"]}
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", [*METHODS, "dpo_lora"])
 @pytest.mark.parametrize("layout", ["accumulation_2x2", "data_parallel_2", "sharding_stage1_2"])
 def test_layout_reproduces_one_process(reference, tiny_model_dir, method, layout):
     tmp, ref = reference
@@ -82,5 +87,5 @@ def test_layout_reproduces_one_process(reference, tiny_model_dir, method, layout
         np.testing.assert_allclose(w[name].astype(np.float64), ref_weights[name].astype(np.float64),
                                    rtol=0, atol=1e-4, err_msg=name)
     # the compared weights are trained ones: LoRA's B starts at 0, full fine-tuning moves the base
-    start = {k: np.zeros_like(v) for k, v in ref_weights.items()} if method == "lora" else weights(tiny_model_dir)
+    start = weights(tiny_model_dir) if method == "full" else {k: np.zeros_like(v) for k, v in ref_weights.items()}
     assert any(not np.allclose(ref_weights[k], start[k]) for k in ref_weights if k in start)

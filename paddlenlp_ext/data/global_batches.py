@@ -89,13 +89,11 @@ def label_token_counts(dataset) -> np.ndarray:
 
 
 class TaggedIndex(int):
-    """An example index that also carries its global batch's label-token count ``N``."""
+    """An example index that also carries its global batch's count ``N`` (an int, or a tuple of k counts)."""
 
-    global_label_tokens: int
-
-    def __new__(cls, index: int, global_label_tokens: int):
+    def __new__(cls, index: int, global_label_tokens):
         obj = super().__new__(cls, index)
-        obj.global_label_tokens = int(global_label_tokens)
+        obj.global_label_tokens = global_label_tokens
         return obj
 
 
@@ -151,13 +149,15 @@ class GlobalBatchSampler(paddle.io.DistributedBatchSampler):
         # EpochCallback at epoch start, before the Trainer starts iterating), which moves the counts
         counts = self._counts()
         for batch in global_batches(self.n, self.global_batch, self.seed, self.epoch, self.drop_last):
-            total = int(counts[batch].sum())
+            # [n] counts give one N per global batch; [n, k] counts (e.g. DPO's pairs and chosen tokens) give k
+            summed = np.asarray(counts)[batch].sum(axis=0)
+            total = int(summed) if np.ndim(summed) == 0 else tuple(int(x) for x in summed)
             for micro in rank_micro_batches(batch, self.per_device, self.accumulation, self.ranks, self.rank):
                 yield [TaggedIndex(i, total) for i in micro]
 
 
 class GlobalTokensCollator:
-    """Wraps a collator: takes ``N`` out of the items and puts it in the batch as a 0-d int64 array.
+    """Wraps a collator: takes ``N`` out of the items and puts it in the batch as an int64 array (0-d, or [k]).
 
     >>> inner = lambda items: {"n_items": len(items)}
     >>> GlobalTokensCollator(inner)([{"a": 1, GLOBAL_TOKENS_KEY: 9}, {"a": 2, GLOBAL_TOKENS_KEY: 9}])

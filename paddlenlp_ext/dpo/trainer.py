@@ -130,11 +130,16 @@ class DPOTrainer(FinetuneTrainer):
             logger.info(f"DPO: reference model updated with the policy's weights at step {step}")
 
     def label_counts(self, dataset):
-        # the preference loss is a mean over pairs, not tokens: the global order is used, N is not
-        return np.zeros(len(dataset), dtype=np.int64)
+        """[n, 2]: pairs and chosen answer tokens of every row, so the global batch carries both totals."""
+        counts = np.zeros((len(dataset), 2), dtype=np.int64)
+        for i in range(len(dataset)):
+            row = dataset[i]
+            counts[i] = (int(row["num_pairs"]), int((np.asarray(row["logp_segment"]) % 2 == 0).sum()))
+        return counts
 
     def compute_loss(self, model, inputs, return_outputs=False):
-        inputs.pop(GLOBAL_TOKENS_KEY, None)
+        # [2]: pairs and chosen tokens of the whole global batch (data/global_batches.py), while training
+        global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)
         o = self.dpo_config
         training = model.training
         if training:
@@ -156,7 +161,16 @@ class DPOTrainer(FinetuneTrainer):
             self.loss_type, chosen, rejected, ref_chosen, ref_rejected, beta=o.beta,
             label_smoothing=o.label_smoothing, simpo_gamma=o.simpo_gamma, dpop_lambda=o.dpop_lambda,
             reference_free=o.reference_free)
-        loss = combine_losses(pref, sft, o.pref_loss_ratio, o.sft_loss_ratio)
+        if training and global_counts is not None:
+            # the global batch's pair mean and chosen-token mean (not a mean of per-micro-batch means):
+            # after PaddleNLP's /accumulation and data parallel's mean over ranks, one process's gradient
+            pairs, chosen_total = (int(x) for x in np.asarray(global_counts.numpy()).reshape([-1]))
+            scale = float(self.args.dataset_world_size * self.args.gradient_accumulation_steps)
+            loss = pref.astype("float32").sum() * (o.pref_loss_ratio * scale / max(pairs, 1))
+            if o.sft_loss_ratio:
+                loss = loss + sft * chosen_tokens.sum() * (o.sft_loss_ratio * scale / max(chosen_total, 1))
+        else:
+            loss = combine_losses(pref, sft, o.pref_loss_ratio, o.sft_loss_ratio)
         metrics = pair_metrics(chosen_rewards, rejected_rewards, chosen, rejected, loss_type=self.loss_type)
         metrics[f"{self.loss_type}_loss"] = float(pref.astype("float32").mean()) * o.pref_loss_ratio
         metrics["sft_loss"] = float(sft)
