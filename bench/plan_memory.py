@@ -9,8 +9,9 @@ Every run is ``llm/run_finetune.py`` in its own process, one after the other, un
                intermediate 2816, 16 heads, vocab 32000; built once into build/llama-0.3b)
     lora-0.8b  LoRA r=8 on the 839,444,480-parameter Llama of bench/big_model.py (build/llama-0.8b)
     nf4-0.8b   the same LoRA on the nf4 + double-quantized base (QLoRA)
+    lora-0.8b-512-rc  the LoRA run at 512 tokens with recompute (settings the activation fit never saw)
 
-all at batch 1 x 256 tokens (every row padded to 256), fp32 (the CPU build has no bf16 matmul),
+all (but the last) at batch 1 x 256 tokens (every row padded to 256), fp32 (the CPU build has no bf16 matmul),
 AdamW, no recompute, ``--max_steps 2 --save_strategy no --do_eval false``.  Next to each measured
 peak the planner's estimate for the same config and overrides (``target="cpu"``) and the ratio;
 target: every ratio within 1 +- 0.15.  The planner's framework-overhead term on CPU is the
@@ -57,10 +58,15 @@ RUNS = {
     "nf4-0.8b": ("llm/config/tiny/lora_argument.json", BIG_DIR,
                  LORA + ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
                  "QLoRA nf4 + double quant, LoRA r=8, 0.84B Llama"),
+    # a point outside the activation fit's settings: twice the tokens, and recompute
+    "lora-0.8b-512-rc": ("llm/config/tiny/lora_argument.json", BIG_DIR,
+                         LORA + ["--max_length", "512", "--src_length", "256", "--recompute", "true"],
+                         "LoRA r=8, 0.84B Llama, batch 1 x 512, recompute"),
 }
 
 BUILD_SMALL = r"""
 import json, os, sys
+import numpy as np
 sys.path.insert(0, os.path.join(sys.argv[1], "bench"))
 import big_model
 from paddlenlp.transformers import LlamaConfig
@@ -72,8 +78,9 @@ if not os.path.isfile(os.path.join(model_dir, big_model.MARKER)):
     n_shards, total = big_model.write_shards(model_dir, shapes)
     cfg.save_pretrained(model_dir)
     big_model.write_tokenizer(model_dir)
-    n = sum(int(__import__("numpy").prod(s)) for s in shapes.values())
-    json.dump({"params": n, "shards": n_shards, "total_bytes": total}, open(os.path.join(model_dir, big_model.MARKER), "w"))
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    with open(os.path.join(model_dir, big_model.MARKER), "w") as f:
+        json.dump({"params": n, "shards": n_shards, "total_bytes": total}, f)
 print(open(os.path.join(model_dir, big_model.MARKER)).read())
 """
 
@@ -142,7 +149,8 @@ def run_one(name, work, steps, wait_s):
     rec = {"run": name, "peak_rss_bytes": peak, "runtime_bytes": summary["rss_before_model_bytes"],
            "after_load_bytes": summary["rss_after_load_bytes"], "planned_bytes": est.per_device_bytes,
            "planned_breakdown": dict(est.breakdown), "ratio": est.per_device_bytes / peak,
-           "wall_s": round(time.time() - t0, 1), "loadavg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+           "wall_s": round(time.time() - t0, 1),
+           "loadavg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "trainable_params": summary.get("trainable_params"), "total_params": summary.get("total_params")}
     print(f"[{name}] peak {peak / GiB:.2f} GiB, planned {est.per_device_bytes / GiB:.2f} GiB "
           f"(x{rec['ratio']:.3f}) in {rec['wall_s']} s", flush=True)

@@ -64,3 +64,22 @@ def test_writer_merges_tensor_parallel_shards(tp, monkeypatch):
     monkeypatch.setattr(trainer_mod.paddle, "save", lambda *a, **k: None)
     t._write_weights("/out")
     assert t.model.calls[-1]["merge_tensor_parallel"] is (tp > 1)
+
+
+def test_which_adapters_run_tensor_parallel():
+    """LoRA/VeRA (and QLoRA bases) pass the config check under TP; PiSSA, LoKr, sequence parallel and fused
+    projections are refused naming the key to change."""
+    from paddlenlp_ext.config.environment import tensor_parallel_adapter_problems
+
+    m = SimpleNamespace(pissa=False, fuse_attention_qkv=False, fuse_attention_ffn=False)
+    tp2 = {"tensor_parallel_degree": 2}
+    assert tensor_parallel_adapter_problems(tp2, m, ["lora"], "c.json") == []
+    assert tensor_parallel_adapter_problems(tp2, m, ["vera"], "c.json") == []
+    assert tensor_parallel_adapter_problems({"tensor_parallel_degree": 1}, m, ["lokr"], "c.json") == []
+    assert "lokr" in tensor_parallel_adapter_problems(tp2, m, ["lokr"], "c.json")[0]
+    assert "pissa=false" in tensor_parallel_adapter_problems(tp2, SimpleNamespace(**{**vars(m), "pissa": True}),
+                                                             ["lora"], "c.json")[0]
+    assert "sequence_parallel=false" in tensor_parallel_adapter_problems({**tp2, "sequence_parallel": True}, m,
+                                                                         ["lora"], "c.json")[0]
+    fused = SimpleNamespace(**{**vars(m), "fuse_attention_qkv": True})
+    assert "fuse_attention_qkv=false" in tensor_parallel_adapter_problems(tp2, fused, ["lora"], "c.json")[0]

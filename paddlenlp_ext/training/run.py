@@ -154,6 +154,8 @@ def start_run(cfg: RunConfig):
     for key, note in cfg.derived.items():
         current().line(f"derived setting: {key} = {note}")
     set_seed(args.seed)
+    if args.do_train:
+        print_memory_plan(cfg)
     if args.do_train and args.resume_from_checkpoint:
         check_complete_checkpoint(args.resume_from_checkpoint, cfg)
     tokenizer = load_tokenizer(cfg)
@@ -161,6 +163,29 @@ def start_run(cfg: RunConfig):
     if cfg.data.lazy and args.do_train and args.resume_from_checkpoint:
         resume_cursor, resume_step = lazy_resume_point(args)
     return args, tokenizer, resume_cursor, resume_step
+
+
+def print_memory_plan(cfg: RunConfig) -> None:
+    """One console line with the planner's per-device estimate (docs/parallel.md); a warning when it
+    exceeds this device's memory (the GPU's, else the host's)."""
+    import paddle
+    from paddlenlp.utils.log import logger
+
+    from ..models.llm_meta import on_gpu
+    from ..planner import PlanError, estimate_for_run, format_one_line, host_memory_bytes
+    from .console import current
+
+    try:
+        estimate = estimate_for_run(cfg)
+    except PlanError as e:
+        logger.warning(f"memory plan unavailable: {e}")
+        return
+    total = paddle.device.cuda.get_device_properties().total_memory if on_gpu() else host_memory_bytes()
+    line = format_one_line(estimate, device_memory=total)
+    if total and estimate.per_device_bytes > total:
+        logger.warning(line)
+    else:
+        current().line(line)
 
 
 def attach_data_callbacks(trainer, train_dataset, cfg: RunConfig, args, resume_step: int) -> None:

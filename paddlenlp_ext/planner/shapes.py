@@ -1,0 +1,162 @@
+"""Model shapes for planning: read from a config.json (no weights) or a built-in well-known model.
+
+A decoder of the Llama / Qwen2 kind is described by ``hidden_size``, ``intermediate_size``,
+``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``vocab_size`` and
+``tie_word_embeddings``.  Its parameters, for hidden h, intermediate i, L layers, V tokens and
+kv width k = num_key_value_heads * h / num_attention_heads:
+
+    per layer  q, o: h*h each;  k, v: h*k each;  gate, up, down: h*i each;  2 RMSNorms: 2*h
+               (+ q/k/v biases h + 2*k for Qwen2)
+    model      embeddings V*h, final norm h, lm_head V*h (0 when tied)
+
+Llama-2-7B (h 4096, i 11008, L 32, V 32000): 32 * 202,383,360 + 2 * 131,072,000 + 4096
+= 6,738,415,616, the published count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Tuple
+
+
+class PlanError(ValueError):
+    """A config or model shape the planner cannot plan for; the message names the key and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    model_type: str = "llama"
+    #: Qwen2's q/k/v projections carry a bias (Llama's do not)
+    qkv_bias: bool = False
+    #: where the shape came from (a config.json path or "built-in: NAME")
+    source: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def layer_linears(self, fuse_qkv: bool = False, fuse_ffn: bool = False) -> List[Tuple[str, int, int]]:
+        """``(sublayer suffix, in_features, out_features)`` of the Linear layers of one decoder layer,
+        named as PaddleNLP names them (``self_attn.q_proj`` ... or the fused ``qkv_proj`` / ``gate_up_fused_proj``)."""
+        h, k, i = self.hidden_size, self.kv_dim, self.intermediate_size
+        attn = [("self_attn.qkv_proj", h, h + 2 * k)] if fuse_qkv else \
+            [("self_attn.q_proj", h, h), ("self_attn.k_proj", h, k), ("self_attn.v_proj", h, k)]
+        mlp = [("mlp.gate_up_fused_proj", h, 2 * i)] if fuse_ffn else [("mlp.gate_proj", h, i), ("mlp.up_proj", h, i)]
+        return attn + [("self_attn.o_proj", h, h)] + mlp + [("mlp.down_proj", i, h)]
+
+    def layer_name(self, index: int, suffix: str) -> str:
+        """``llama.layers.3.self_attn.q_proj``: the full sublayer name that target_modules regexes match."""
+        return f"{self.model_type}.layers.{index}.{suffix}"
+
+    @property
+    def layer_linear_params(self) -> int:
+        return sum(a * b for _, a, b in self.layer_linears())
+
+    @property
+    def layer_other_params(self) -> int:
+        """Per layer, besides the linear weights: the two RMSNorm weights and Qwen2's q/k/v biases."""
+        return 2 * self.hidden_size + ((self.hidden_size + 2 * self.kv_dim) if self.qkv_bias else 0)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        per_layer = self.layer_linear_params + self.layer_other_params
+        return self.num_hidden_layers * per_layer + self.embedding_params + self.hidden_size + self.lm_head_params
+
+
+def _llama(h, i, layers, heads, kv, vocab=32000, tie=False, model_type="llama", bias=False) -> ModelShape:
+    return ModelShape(h, i, layers, heads, kv, vocab, tie, model_type, bias)
+
+
+#: Well-known shapes (their config.json values), so a plan needs no download.  Keys are matched
+#: case-insensitively after dropping an "org/" prefix and a "-hf" / "-chat" / "-instruct" suffix.
+BUILTIN_SHAPES: Dict[str, ModelShape] = {
+    "llama-2-7b": _llama(4096, 11008, 32, 32, 32),
+    "llama-2-13b": _llama(5120, 13824, 40, 40, 40),
+    "llama-2-70b": _llama(8192, 28672, 80, 64, 8),
+    "qwen2-0.5b": _llama(896, 4864, 24, 14, 2, 151936, True, "qwen2", True),
+    "qwen2-1.5b": _llama(1536, 8960, 28, 12, 2, 151936, True, "qwen2", True),
+    "qwen2-7b": _llama(3584, 18944, 28, 28, 4, 152064, False, "qwen2", True),
+}
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def builtin_key(name: str) -> Optional[str]:
+    """``"meta-llama/Llama-2-7b-chat-hf"`` -> ``"llama-2-7b"``; None when not a built-in shape."""
+    key = name.strip().rstrip("/").split("/")[-1].lower()
+    key = re.sub(r"(-(hf|chat|instruct))+$", "", key)
+    return key if key in BUILTIN_SHAPES else None
+
+
+def shape_from_config(cfg: dict, where: str) -> ModelShape:
+    """A ModelShape from the dict of a HF-style / PaddleNLP config.json; PlanError names a missing or bad key."""
+    problems = []
+    values = {}
+    for key in _REQUIRED + ("num_key_value_heads",):
+        v = cfg.get(key, cfg.get("num_attention_heads") if key == "num_key_value_heads" else None)
+        if v is None:
+            problems.append(f"{where}: {key} is missing")
+        elif isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            problems.append(f"{where}: {key} must be a positive integer, got {v!r}")
+        else:
+            values[key] = v
+    if not problems:
+        if values["hidden_size"] % values["num_attention_heads"]:
+            problems.append(f"{where}: hidden_size {values['hidden_size']} is not a multiple of num_attention_heads "
+                            f"{values['num_attention_heads']}")
+        if values["num_attention_heads"] % values["num_key_value_heads"]:
+            problems.append(f"{where}: num_attention_heads {values['num_attention_heads']} is not a multiple of "
+                            f"num_key_value_heads {values['num_key_value_heads']}")
+    if problems:
+        raise PlanError("; ".join(problems))
+    model_type = str(cfg.get("model_type") or "llama")
+    # Qwen2 always has q/k/v biases; HF Llama configs say so with attention_bias
+    bias = model_type == "qwen2" or bool(cfg.get("attention_bias", False))
+    return ModelShape(values["hidden_size"], values["intermediate_size"], values["num_hidden_layers"],
+                      values["num_attention_heads"], values["num_key_value_heads"], values["vocab_size"],
+                      bool(cfg.get("tie_word_embeddings", False)), model_type, bias, source=where)
+
+
+def read_model_shape(name_or_path: str) -> ModelShape:
+    """The shape of ``name_or_path``: a directory with config.json, a config.json file, or a built-in name."""
+    if not name_or_path:
+        raise PlanError("model_name_or_path is not set; pass --model_name_or_path DIR (a directory with config.json) "
+                        f"or one of the built-in shapes: {', '.join(BUILTIN_SHAPES)}")
+    path = os.path.join(name_or_path, "config.json") if os.path.isdir(name_or_path) else name_or_path
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as e:
+            raise PlanError(f"{path}: cannot read the model config: {e}") from None
+        if not isinstance(cfg, dict):
+            raise PlanError(f"{path}: a model config.json must be a JSON object")
+        return shape_from_config(cfg, path)
+    key = builtin_key(name_or_path)
+    if key is not None:
+        return replace(BUILTIN_SHAPES[key], source=f"built-in: {key}")
+    raise PlanError(f"model_name_or_path {name_or_path!r} is not a directory with config.json (no weights are "
+                    f"needed, only config.json) and not a built-in shape ({', '.join(BUILTIN_SHAPES)}); pass "
+                    "--model_name_or_path DIR")
