@@ -118,3 +118,11 @@ def test_too_few_examples_for_one_global_batch_with_drop_last():
     with pytest.raises(ValueError, match="dataloader_drop_last"):
         gb.global_batches(3, 4, seed=0, epoch=0, drop_last=True)
     assert gb.global_batches(3, 4, seed=0, epoch=0, drop_last=False) == [[2, 1, 0, 2]]  # padded by wrapping
+
+
+def test_tagged_indices_survive_pickling_to_dataloader_workers():
+    import pickle
+
+    for n in (17, (5, 7)):
+        t = pickle.loads(pickle.dumps(gb.TaggedIndex(3, n)))
+        assert isinstance(t, gb.TaggedIndex) and int(t) == 3 and t.global_label_tokens == n

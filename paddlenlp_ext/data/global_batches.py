@@ -91,10 +91,14 @@ def label_token_counts(dataset) -> np.ndarray:
 class TaggedIndex(int):
     """An example index that also carries its global batch's count ``N`` (an int, or a tuple of k counts)."""
 
-    def __new__(cls, index: int, global_label_tokens):
+    def __new__(cls, index: int, global_label_tokens=None):
         obj = super().__new__(cls, index)
         obj.global_label_tokens = global_label_tokens
         return obj
+
+    def __reduce__(self):
+        # DataLoader workers (dataloader_num_workers > 0) receive indices pickled
+        return TaggedIndex, (int(self), self.global_label_tokens)
 
 
 class GlobalTokensView:
