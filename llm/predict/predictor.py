@@ -21,17 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from paddlenlp_ext.predict.inputs import PredictInputError, read_prompts  # noqa: E402
 from paddlenlp_ext.predict.options import DECODE_STRATEGIES, DEVICES, DTYPES, PredictOptions, check_options  # noqa
+from paddlenlp_ext.cli.common import str2bool  # noqa: E402
 
 EXIT_BAD_INPUT = 2
-
-
-def str2bool(v):
-    s = str(v).strip().lower()
-    if s in ("1", "true", "t", "yes", "y", "on"):
-        return True
-    if s in ("0", "false", "f", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {v!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,15 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from paddlenlp_ext.adapters.config import AdapterConfig  # noqa: E402
 from paddlenlp_ext.merge import EXIT_ERROR, MergeError, merge_adapter_checkpoint, report_merge  # noqa: E402
-
-
-def strtobool(v):  # paddlenlp.trainer.argparser.strtobool
-    s = str(v).strip().lower()
-    if s in ("y", "yes", "t", "true", "on", "1"):
-        return True
-    if s in ("n", "no", "f", "false", "off", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {v!r}")
+from paddlenlp_ext.cli.common import str2bool  # noqa: E402  (PaddleNLP's strtobool values)
 
 
 def parse_arguments(argv=None):
@@ -38,7 +30,7 @@ def parse_arguments(argv=None):
     p.add_argument("--lora_path", required=True, help="adapter directory (ours or PaddleNLP's lora_config.json)")
     p.add_argument("--output_path", "--merge_lora_model_path", dest="output_path", required=True,
                    help="output directory (must be empty or absent unless --overwrite)")
-    p.add_argument("--safe_serialization", type=strtobool, default=False,
+    p.add_argument("--safe_serialization", type=str2bool, default=False,
                    help="true: model.safetensors; false (PaddleNLP's default): model_state.pdparams")
     p.add_argument("--device", default=None, choices=["gpu", "npu", "cpu"], help="device of the verification only")
     p.add_argument("--low_gpu_mem", default=None, help="accepted for compatibility; has no effect")

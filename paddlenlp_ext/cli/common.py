@@ -22,6 +22,20 @@ EXIT_INPUT_ERROR = 2
 EXIT_CONFIG_ERROR = EXIT_INPUT_ERROR  # the older name
 
 
+def str2bool(v) -> bool:
+    """argparse type for PaddleNLP-style boolean flags: ``--flag true`` / ``--flag 0`` / ``--flag yes``."""
+    import argparse
+
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "t", "yes", "y", "on"):
+        return True
+    if s in ("0", "false", "f", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {v!r}")
+
+
 def split_argv(argv: List[str]) -> Tuple[Optional[str], List[str]]:
     """``["cfg.json", "--lora", "true"]`` -> ``("cfg.json", ["--lora", "true"])``."""
     if argv and not argv[0].startswith("--"):

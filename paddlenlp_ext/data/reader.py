@@ -21,7 +21,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 MAX_REPORTED = 20  # problems listed before the error is raised
 
@@ -186,21 +186,21 @@ def parse_line(line: str, origin: str) -> Example:
     return Example(src=src, tgt=tgt, system=system, origin=origin)
 
 
-def read_examples(files: List[str]) -> List[Example]:
-    """Read every line of ``files``; reports up to MAX_REPORTED bad lines at once.
+def parse_json_lines(files: Sequence[str], parse: Callable[[str, str], Any]) -> List[Any]:
+    """``parse(line, "file:line")`` for every non-empty line of ``files``, in order.
 
-    A file ``f`` with the lines ``{"src": "a", "tgt": "b"}``, an empty line, and ``{"src": "a"}``
-    raises ``DataError`` with ``f:3: missing key 'tgt'`` (empty lines are skipped, nothing else is);
-    without line 3 it returns ``[Example(src=['a'], tgt=['b'], system=None, origin='f:1')]``.
+    A ``ValueError`` from ``parse`` is a problem ``file:line: message``; a file that is not UTF-8 or
+    cannot be read is one problem for that file.  All problems are raised together as one DataError
+    (the first MAX_REPORTED listed, the rest counted): nothing is dropped silently.
     """
-    examples, problems, extra = [], [], 0
+    parsed, problems, extra = [], [], 0
     for path in files:
         try:
             for lineno, line in read_utf8_lines(path):
                 if not line.strip():
                     continue
                 try:
-                    examples.append(parse_line(line, f"{path}:{lineno}"))
+                    parsed.append(parse(line, f"{path}:{lineno}"))
                 except ValueError as e:
                     if len(problems) < MAX_REPORTED:
                         problems.append(f"{path}:{lineno}: {e}")
@@ -210,6 +210,17 @@ def read_examples(files: List[str]) -> List[Example]:
             problems += e.problems
     if problems:
         raise DataError(problems, extra)
+    return parsed
+
+
+def read_examples(files: List[str]) -> List[Example]:
+    """Read every line of ``files``; reports up to MAX_REPORTED bad lines at once.
+
+    A file ``f`` with the lines ``{"src": "a", "tgt": "b"}``, an empty line, and ``{"src": "a"}``
+    raises ``DataError`` with ``f:3: missing key 'tgt'`` (empty lines are skipped, nothing else is);
+    without line 3 it returns ``[Example(src=['a'], tgt=['b'], system=None, origin='f:1')]``.
+    """
+    examples = parse_json_lines(files, parse_line)
     if not examples:
         raise DataError([f"{', '.join(files)}: no examples (the file is empty)"])
     return examples

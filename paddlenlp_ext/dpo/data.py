@@ -23,7 +23,7 @@ from numbers import Real
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..data.binpack import DEFAULT_GROUP_SIZE
-from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, read_utf8_lines
+from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, parse_json_lines
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
 
@@ -124,25 +124,7 @@ def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
     """
     if not files:
         raise DataError(["no preference data files found"])
-    out: List[PreferenceExample] = []
-    problems: List[str] = []
-    extra = 0
-    for path in files:
-        try:  # UTF-8 with or without a BOM; another encoding is one problem naming file:line and iconv
-            for lineno, line in read_utf8_lines(path):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(parse_preference_line(line, f"{path}:{lineno}"))
-                except ValueError as e:
-                    if len(problems) < MAX_REPORTED:
-                        problems.append(f"{path}:{lineno}: {e}")
-                    else:
-                        extra += 1
-        except DataError as e:
-            problems += e.problems
-    if problems:
-        raise DataError(problems, extra)
+    out: List[PreferenceExample] = parse_json_lines(files, parse_preference_line)
     if not out:
         raise DataError([f"{', '.join(files)}: no preference pairs (the file is empty)"])
     return out

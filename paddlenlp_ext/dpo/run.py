@@ -14,7 +14,8 @@ from types import SimpleNamespace
 from typing import Any, Dict
 
 from ..config.parse import ConfigError, RunConfig
-from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, write_run_summary
+from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, train_and_save, \
+    write_run_summary
 
 
 def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
@@ -77,27 +78,14 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         summary["eval_before_train"] = metrics
         current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
     if args.do_train:
-        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        train_time = trainer.train_time_s  # the whole run: the parts before a resume included
-        trainer.save_model()
-        metrics = dict(result.metrics)
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
-        if cfg.data.lazy:
-            data.reports["train"]["stream"] = data.train.report()
+        train_time = train_and_save(trainer, cfg, args, data, summary)
         tokens, answer_tokens = trainer.global_token_counts()
         from ..training.trainer import sum_over_ranks
 
         pairs, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_real_tokens])
-        summary.update(train_loss=metrics.get("train_loss"), global_steps=result.global_step,
-                       train_time_s=round(train_time, 3), row_tokens_trained=tokens,
-                       answer_tokens_trained=answer_tokens, pairs_trained=pairs, tokens_trained=real,
-                       row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
+        summary.update(row_tokens_trained=tokens, answer_tokens_trained=answer_tokens, pairs_trained=pairs,
+                       tokens_trained=real, row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
                        pairs_per_second=round(pairs / max(train_time, 1e-9), 3))
-        if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
-            summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
-                           best_metric={args.metric_for_best_model: trainer.state.best_metric})
     if args.do_eval:
         metrics = trainer.evaluate()
         trainer.log_metrics("eval", metrics)

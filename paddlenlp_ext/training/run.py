@@ -165,6 +165,27 @@ def start_run(cfg: RunConfig):
     return args, tokenizer, resume_cursor, resume_step
 
 
+def train_and_save(trainer, cfg: RunConfig, args, data, summary: Dict[str, Any]) -> float:
+    """The training half every run shares (fine-tuning and DPO): train (resuming if asked), save the
+    final weights, train metrics and state, note the lazy stream and the best checkpoint in ``summary``.
+    Returns the seconds trained over the whole run (the parts before a resume included)."""
+    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.save_model()
+    metrics = dict(result.metrics)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    if cfg.data.lazy:
+        data.reports["train"]["stream"] = data.train.report()
+    summary.update(train_loss=metrics.get("train_loss"), global_steps=result.global_step,
+                   train_time_s=round(trainer.train_time_s, 3))
+    if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        # the weights in output_dir (and evaluated after training) are this checkpoint's
+        summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
+                       best_metric={args.metric_for_best_model: trainer.state.best_metric})
+    return trainer.train_time_s
+
+
 def print_memory_plan(cfg: RunConfig) -> None:
     """One console line with the planner's per-device estimate (docs/parallel.md); a warning when it
     exceeds this device's memory (the GPU's, else the host's)."""
@@ -246,29 +267,14 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
 
     if args.do_train:
-        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        train_time = trainer.train_time_s  # the whole run: the parts before a resume included
-        trainer.save_model()
-        metrics = dict(result.metrics)
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
-        if cfg.data.lazy:
-            data.reports["train"]["stream"] = data.train.report()
+        train_time = train_and_save(trainer, cfg, args, data, summary)
         tokens, supervised = trainer.global_token_counts()
         summary.update(
-            train_loss=metrics.get("train_loss"),
-            global_steps=result.global_step,
-            train_time_s=round(train_time, 3),
             tokens_trained=tokens,
             supervised_tokens_trained=supervised,
             supervised_token_fraction=round(supervised / max(tokens, 1), 4),
             tokens_per_second=round(tokens / max(train_time, 1e-9), 2),
         )
-        if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
-            # the weights in output_dir (and evaluated below) are this checkpoint's
-            summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
-                           best_metric={args.metric_for_best_model: trainer.state.best_metric})
     if args.do_eval:
         metrics = trainer.evaluate()
         if cfg.data.eval_with_do_generation and args.should_save:
