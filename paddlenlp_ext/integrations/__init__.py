@@ -18,6 +18,8 @@ Modules:
     training_args        TrainingArguments class built on PaddleNLP's, and its fix-ups
     flashmask            the fusion_ops patch that routes FlashMask attention to our CPU kernel
     mp_ops               fleet's model-parallel collectives, and building TP layers without fleet.init
+    sharding             sharding stage 2/3: Paddle's partition and slice parameters (for the simulation),
+                         the weight-decay rule made to answer for stage 3's "slice@" parameters
     lazy_init            lazy parameter skeletons for the streaming loader
     logging              PaddleNLP's logger routed to train.log / the console, its tqdm/printer callbacks
                          replaced, the run-long VisualDL writer

@@ -1,4 +1,4 @@
-"""Tensor parallelism for adapters and quantized bases, and its CPU simulation.
+"""Tensor parallelism for adapters and quantized bases, and CPU simulations of TP and sharding 2/3.
 
 Owns everything that knows a linear is split over a model-parallel group:
 
@@ -19,6 +19,9 @@ Owns everything that knows a linear is split over a model-parallel group:
 * :mod:`.simulate` -- N ranks in one CPU process (:class:`SimulatedGroup`): the
   same layer classes with simulated collectives, how all of the above is tested
   on machines whose Paddle build cannot run fleet's tensor parallelism.
+* :mod:`.sharding_sim` -- sharding stages 2 and 3 (GPU-only) simulated as their
+  partitioned optimizer step: Paddle's own partition and slice parameters
+  (through :mod:`paddlenlp_ext.integrations.sharding`), k replicas in one process.
 
 Never imports training or data.  Names load lazily (importing the package
 imports nothing heavy).
@@ -46,6 +49,7 @@ _LAZY = {
     "SimulatedCollectives": "simulate",
     "SimulatedProcessGroup": "simulate",
     "SimulationError": "simulate",
+    "simulate_sharded_training": "sharding_sim",
 }
 
 __all__ = sorted(_LAZY)

@@ -31,6 +31,7 @@ from ..data.global_batches import GLOBAL_TOKENS_KEY, GlobalBatchSampler, GlobalT
 # (the run died while saving) and must not be resumed from.  Re-exported here for training.run.
 from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
 from ..config.parse import ConfigError
+from ..integrations.sharding import slice_aware_decay
 from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss
@@ -84,6 +85,11 @@ class FinetuneTrainer(TrainerBoundary):
         return paddle.io.DataLoader(GlobalTokensView(dataset), batch_sampler=sampler,
                                     collate_fn=GlobalTokensCollator(self.data_collator),
                                     num_workers=a.dataloader_num_workers)
+
+    def create_optimizer(self, lr_scheduler=None):
+        # Sharding stage 3 steps parameters renamed "slice@" + name; PaddleNLP's weight-decay rule asks by
+        # name and would leave every one of them undecayed (tests/test_sharding_sim.py).
+        return slice_aware_decay(super().create_optimizer(lr_scheduler))
 
     # -- forward ---------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False):
