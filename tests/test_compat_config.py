@@ -103,8 +103,10 @@ def test_llm_meta_keys_are_accepted_and_pipeline_ones_refused(tmp_path, base):
                                        "use_fused_rope": True}), ["--no_recompute_layers", "0,1"])
     assert cfg.training["no_recompute_layers"] == [0, 1]
     assert cfg.training["recompute_granularity"] == "core_attn"
-    p = problems(write(tmp_path, {**base, "virtual_pp_degree": 2, "recompute_granularity": "half"}))
-    assert "virtual_pp_degree=2 is a pipeline-parallel setting" in p
+    p = problems(write(tmp_path, {**base, "virtual_pp_degree": 2, "pp_recompute_interval": 2,
+                                  "recompute_granularity": "half"}))
+    assert "virtual_pp_degree=2 needs pipeline_parallel_degree > 2" in p
+    assert "pp_recompute_interval=2 is not read by PaddleNLP's Llama/Qwen2 pipeline models" in p
     assert "recompute_granularity: must be one of full, full_attn, core_attn" in p
 
 

@@ -14,6 +14,7 @@ from paddlenlp_ext.training import trainer as trainer_mod
 
 def bare_trainer(**args):
     t = object.__new__(trainer_mod.FinetuneTrainer)
+    args.setdefault("pipeline_parallel_degree", 1)
     t.args = SimpleNamespace(output_dir="/out", **args)
     t.weights_io, t.adapter_config = None, None
     return t
@@ -24,9 +25,13 @@ def bare_trainer(**args):
     (False, 2, True, "join"),  # another tensor-parallel rank of the writing replica: gathers, writes nothing
     (False, 1, True, None),  # data-parallel rank: nothing to gather
     (False, 2, False, None),  # a tensor-parallel rank of another data-parallel replica
+    (False, (1, 2), True, "join"),  # a later pipeline stage of the writing replica: sends its adapters
+    (False, (1, 2), False, None),  # a pipeline stage of another data-parallel replica
 ])  # fmt: skip
 def test_who_writes_and_who_joins(should_save, tp, model_state, expect):
-    t = bare_trainer(should_save=should_save, tensor_parallel_degree=tp, should_save_model_state=model_state)
+    tp, pp = tp if isinstance(tp, tuple) else (tp, 1)
+    t = bare_trainer(should_save=should_save, tensor_parallel_degree=tp, pipeline_parallel_degree=pp,
+                     should_save_model_state=model_state)
     calls = []
     t.owns_saving = lambda: True
     t.save_weights = lambda d: calls.append(("write", d))

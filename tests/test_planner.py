@@ -211,10 +211,14 @@ def test_suggestion_is_the_fewest_devices_then_sharding_first():
     out = suggest(lora70, parse_size("80GB"))
     # the frozen 70B base is 128.6 GiB in bf16: on 2 devices only PP 2 fits (TP 2 needs 81.2 GiB: the layer
     # inputs kept by recompute are replicated on TP ranks; stage 3 over 2 holds half the base + 2 gathered
-    # layers), which paddlenlp_ext cannot run; on 4 devices sharding stage 3 (it slices the frozen base too)
-    # comes before TP 4
-    assert out[0].estimate.layout == Layout(pp=2) and not out[0].supported
-    assert out[1].estimate.layout == Layout(sharding_stage=3, sharding_degree=4) and out[1].supported
+    # layers), which paddlenlp_ext runs for LoRA, so it is the only suggestion
+    assert out[0].estimate.layout == Layout(pp=2) and out[0].supported and len(out) == 1
+    # full fine-tuning does not run pipeline parallel here: the PP layout is listed as PaddleNLP's, then the
+    # smallest layout this toolkit runs follows
+    full70 = inputs_from_run(plan_cfg(os.path.join(LLAMA, "sft_argument.json"), "--model_name_or_path",
+                                      "Llama-2-70b", "--sharding", ""), target="gpu")
+    out = suggest(full70, parse_size("80GB"), max_devices=64)
+    assert out and out[-1].supported and all(not o.supported and o.estimate.layout.pp > 1 for o in out[:-1])
     assert suggest(seven_b_full(per_device_train_batch_size=512, recompute="false"), parse_size("8GB"),
                    max_devices=8) == []
 
@@ -240,8 +244,12 @@ def test_llama_configs_plan_on_this_machine_with_their_own_values():
     assert cfg.training["fp16_opt_level"] == "O2" and cfg.training["tensor_parallel_degree"] == 4
     assert cfg.model.model_name_or_path == "Llama-2-7b" and cfg.data.dataset_name_or_path == "./data"
     cfg, notes = load_plan_config(os.path.join(LLAMA, "lora_argument.json"),
+                                  ["--model_name_or_path", "Llama-2-7b", "--pipeline_parallel_degree", "2",
+                                   "--tensor_parallel_degree", "1"])
+    assert cfg.training["pipeline_parallel_degree"] == 2 and not any("pipeline" in n for n in notes)  # runs here
+    cfg, notes = load_plan_config(os.path.join(LLAMA, "sft_argument.json"),
                                   ["--model_name_or_path", "Llama-2-7b", "--pipeline_parallel_degree", "2"])
-    assert cfg.training["pipeline_parallel_degree"] == 2 and any("pipeline" in n for n in notes)
+    assert cfg.training["pipeline_parallel_degree"] == 2 and any("pipeline" in n for n in notes)  # PaddleNLP's
     with pytest.raises(ConfigError) as e:  # a real problem is still a config error, and only it is reported
         load_plan_config(os.path.join(LLAMA, "lora_argument.json"), ["--lora_rnak", "4"])
     assert len(e.value.problems) == 1 and "--lora_rnak: unknown key 'lora_rnak'" in e.value.problems[0]

@@ -34,6 +34,8 @@ METHODS: Dict[str, type] = {
 }
 
 _MODEL_CONFIG_ATTR = "_paddlenlp_ext_adapter_config"
+# {sublayer name: the plain model's name} of a model that names its sublayers otherwise (a pipeline stage)
+_LAYER_NAMES_ATTR = "_paddlenlp_ext_layer_names"
 
 
 def layer_class(config: AdapterConfig) -> type:
@@ -45,8 +47,14 @@ def layer_class(config: AdapterConfig) -> type:
 
 # --------------------------------------------------------------------- helpers
 def iter_adapter_layers(model: nn.Layer) -> List[Tuple[str, AdapterLayer]]:
-    """``[(module_name, adapter_layer)]`` in model order."""
-    return [(n, l) for n, l in model.named_sublayers() if isinstance(l, AdapterLayer)]
+    """``[(module_name, adapter_layer)]`` in model order; names are the plain model's (also on a pipeline stage)."""
+    names = getattr(model, _LAYER_NAMES_ATTR, None) or {}
+    return [(names.get(n, n), l) for n, l in model.named_sublayers() if isinstance(l, AdapterLayer)]
+
+
+def holds_part_of_model(model: nn.Layer) -> bool:
+    """True for a pipeline stage: it holds the adapters of its own layers only."""
+    return getattr(model, _LAYER_NAMES_ATTR, None) is not None
 
 
 def _parent_and_attr(model: nn.Layer, name: str) -> Tuple[nn.Layer, str]:
@@ -82,7 +90,7 @@ def get_adapter_config(model: nn.Layer) -> Optional[AdapterConfig]:
 
 # ------------------------------------------------------------------- applying
 def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool = True,
-                   collectives: Any = None) -> Dict[str, Any]:  # fmt: skip
+                   collectives: Any = None, layer_names: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:  # fmt: skip
     """Wrap every linear sublayer whose full name ``re.fullmatch``-es one of
     ``config.target_modules`` (default: linears inside ``...layers.<i>.``) in
     the adapter layer for ``config``, freeze every base parameter and return
@@ -99,12 +107,23 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     ``collectives`` (a :class:`paddlenlp_ext.parallel.Collectives`) is given.
     PiSSA, LoKr and sequence-parallel / other tensor-parallel classes raise
     NotImplementedError naming the module.
+
+    ``layer_names`` (a pipeline stage, whose sublayers are named by position):
+    ``{sublayer name: the plain model's name}``.  Targets are matched, and
+    adapters named and saved, by the plain names, so ``target_modules`` and
+    checkpoints are the same as on one device; the stage holds only its own
+    layers' adapters (``holds_part_of_model``).  VeRA is refused there: its
+    shared projections are sized over every adapted layer of the model.
     """
     if not isinstance(config, AdapterConfig):
         raise TypeError(f"config must be an AdapterConfig, got {type(config).__name__}")
     config.validate()
     if iter_adapter_layers(model):
         raise AdapterError("model already has adapter layers; apply_adapters() must be called on a plain base model")
+    if layer_names is not None and config.method == "vera":
+        raise NotImplementedError("VeRA on a pipeline stage: its shared projections are sized over every adapted "
+                                  "layer of the whole model, which one stage does not see")
+    plain = dict(layer_names or {})
     patterns = [re.compile(p) for p in config.resolved_target_modules]
     matched: List[Tuple[str, nn.Layer]] = []
     linear_names: List[str] = []
@@ -116,8 +135,8 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
         if tp:
             tp_names.append(name)
         if tp or is_linear_like(layer):
-            linear_names.append(name)
-        if not any(p.fullmatch(name) for p in patterns):
+            linear_names.append(plain.get(name, name))
+        if not any(p.fullmatch(plain.get(name, name)) for p in patterns):
             continue
         if tp:
             from ..parallel.adapter_layers import check_parallel_target
@@ -153,11 +172,13 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
             new = cls(layer, config, init_weights=init_weights, shared=shared)
         _replace(model, name, new)
     setattr(model, _MODEL_CONFIG_ATTR, config)
+    if layer_names is not None:
+        setattr(model, _LAYER_NAMES_ATTR, plain)
 
     trainable, total = count_parameters(model)
     return {
         "method": config.layer_type,
-        "adapted_modules": [n for n, _ in matched],
+        "adapted_modules": [plain.get(n, n) for n, _ in matched],
         "trainable_params": trainable,
         "total_params": total,
     }
@@ -182,7 +203,9 @@ def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: s
     Tensor-parallel adapters are saved complete: the split tensors are gathered
     over the model-parallel group -- a collective, so EVERY rank of the group must
     call ``save_adapter`` -- and rank 0 of the group writes the files (the other
-    ranks write nothing and return the same paths)."""
+    ranks write nothing and return the same paths).  A pipeline stage gathers every
+    stage's adapters over the pipeline group (every stage must call ``save_adapter``)
+    and the first stage writes them."""
     from safetensors.numpy import save_file
 
     layers = iter_adapter_layers(model)
@@ -208,6 +231,11 @@ def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: s
         from ..parallel.checkpoint import full_adapter_state_dict, is_checkpoint_writer
 
         state, write = full_adapter_state_dict(model), is_checkpoint_writer(model)
+    if holds_part_of_model(model):  # a pipeline stage: every stage's adapters, gathered (a collective)
+        from ..parallel.pipeline import gather_stage_states
+
+        state, first_stage = gather_stage_states(model, state)
+        write = write and first_stage
     w_path = os.path.join(output_dir, WEIGHTS_NAME)
     if not write:
         return {"config": os.path.join(output_dir, CONFIG_NAME), "weights": w_path}
@@ -239,7 +267,8 @@ def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
     layers = dict(iter_adapter_layers(model))
     expected = {f"{n}.{s}": shape for n, layer in layers.items() for s, shape in layer.saved_shapes().items()}
     missing = sorted(k for k in expected if k not in state)
-    unexpected = sorted(k for k in state if k not in expected)
+    # a pipeline stage takes its own layers' tensors from the complete adapter
+    unexpected = [] if holds_part_of_model(model) else sorted(k for k in state if k not in expected)
     if missing or unexpected:
         raise AdapterError(
             f"adapter weights do not match the model: missing keys {missing[:10]}"
@@ -287,14 +316,15 @@ def load_adapter_weights(model: nn.Layer, adapter_dir: str) -> AdapterConfig:
     return saved
 
 
-def load_adapter(model: nn.Layer, adapter_dir: str) -> AdapterConfig:
+def load_adapter(model: nn.Layer, adapter_dir: str, layer_names: Optional[Mapping[str, str]] = None) -> AdapterConfig:
     """Apply the adapters described by ``adapter_dir/adapter_config.json`` to a
     fresh (original) base model and load ``adapter_model.safetensors``.  For
     PiSSA the base weights become ``W - s*A0@B0`` (no SVD).  On error the model
-    is left partially wrapped and should be discarded."""
+    is left partially wrapped and should be discarded.  ``layer_names``: as
+    :func:`apply_adapters` (a pipeline stage loads its own layers' tensors)."""
     config = AdapterConfig.load(adapter_dir)
     state = read_adapter_tensors(adapter_dir)
-    apply_adapters(model, config, init_weights=False)
+    apply_adapters(model, config, init_weights=False, layer_names=layer_names)
     load_adapter_state_dict(model, state)
     return config
 

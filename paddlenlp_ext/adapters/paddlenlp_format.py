@@ -14,7 +14,8 @@ is always read as ours.
 PaddleNLP's format (``LoRAModel.save_pretrained``, paddlenlp 3.0.0b4)::
 
     lora_config.json            LoRAConfig.to_dict() + "scaling"
-    lora_model_state.pdparams   paddle.save of the trainable state dict, or the trainer's
+    lora_model_state.pdparams   paddle.save of the trainable state dict (under pipeline parallel one
+                                lora_model_state.ppXX.pdparams per stage, read together), or the trainer's
                                 peft_model.safetensors[.index.json] / peft_model.pdparams.index.json shards
     config.json                 the base model's config (model_type, quantization_config)
 
@@ -311,6 +312,10 @@ def paddlenlp_weight_files(directory: str) -> List[str]:
     for name in (SAFE_PEFT_WEIGHTS_NAME, LORA_WEIGHTS_NAME):
         if os.path.isfile(os.path.join(directory, name)):
             return [os.path.join(directory, name)]
+    # saved under pipeline parallel: one file per stage, each with the plain model's keys of its layers
+    pp = sorted(n for n in os.listdir(directory) if re.fullmatch(r"lora_model_state\.pp\d+\.pdparams", n))
+    if pp:
+        return [os.path.join(directory, n) for n in pp]
     tp = sorted(n for n in os.listdir(directory) if re.fullmatch(r"lora_model_state\.tp\d+\.pdparams", n))
     hint = (f" (found per-rank files {tp}: save with merge_tensor_parallel=True)" if tp else "")
     raise FileNotFoundError(

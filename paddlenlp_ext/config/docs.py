@@ -72,9 +72,11 @@ def render() -> str:
         "Passed to PaddleNLP's `TrainingArguments` with PaddleNLP's meaning and default. Notes:\n",
         "- `evaluation_strategy: \"no\"` with `do_eval: true` evaluates once after training (PaddleNLP would silently switch to `steps`).",
         "- `fp16`/`bf16` with `fp16_opt_level: O2` load the weights in that dtype; `O1` keeps fp32 weights and autocasts.",
-        "- `pipeline_parallel_degree`, `sep_parallel_degree`, `context_parallel_degree` > 1 are not supported yet; "
-        "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters "
-        "(GPU; the adapters are verified by CPU simulation, see docs/parallel.md).",
+        "- `sep_parallel_degree`, `context_parallel_degree` > 1 are not supported yet; "
+        "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters; "
+        "`pipeline_parallel_degree` > 1 (with `virtual_pp_degree`) for LoRA / rsLoRA / LoRA+ / LoKr adapters on a "
+        "Llama or Qwen2 float base (GPU; both verified by CPU simulation, see docs/parallel.md); "
+        "`sharding` stage2/stage3 run on GPU (their optimizer step is verified by simulation).",
         "",
         _table(sorted((s for s in specs.values() if s.group == "training" and s.name not in ours), key=lambda s: s.name)),
         "",

@@ -118,3 +118,53 @@ def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
             p.append(f"{where}: {key}=true with tensor_parallel_degree={tp} and {methods[0]} adapters is not "
                      f"supported (a rank's shard of the fused projection interleaves its parts); set {key}=false")
     return p
+
+
+def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) -> List[str]:
+    """Pipeline parallel runs LoRA (rsLoRA, LoRA+) and LoKr adapters on PaddleNLP's *ForCausalLMPipe
+    (paddlenlp_ext/parallel/pipeline.py, verified by simulation); the rest is refused, naming the key."""
+    pp, vpp = int(t.get("pipeline_parallel_degree", 1) or 1), int(t.get("virtual_pp_degree", 1) or 1)
+    p: List[str] = []
+    if pp <= 1:
+        if vpp > 1:
+            p.append(f"{where}: virtual_pp_degree={vpp} needs pipeline_parallel_degree > 2")
+        return p
+    head = f"{where}: pipeline_parallel_degree={pp}"
+    if dpo:
+        return [f"{head} is not supported for DPO yet (the chosen/rejected log-probs are computed on the last stage "
+                "only); use sharding or data parallel"]
+    if m.prefix_tuning:
+        p.append(f"{head} with prefix_tuning is not supported (the prefix key/values would have to travel between "
+                 "stages); use lora=true or pipeline_parallel_degree=1")
+    elif not methods:
+        p.append(f"{head} runs adapters only (lora=true or lokr=true): full fine-tuning under pipeline parallel is "
+                 "not supported yet (each stage would save only its own layers); for full fine-tuning of a large "
+                 "model use sharding: stage2 / stage3, or set pipeline_parallel_degree=1")
+    elif "vera" in methods:
+        p.append(f"{head} with vera=true is not supported (VeRA's shared projections span every adapted layer of "
+                 "the model, which one stage does not hold); use lora=true or pipeline_parallel_degree=1")
+    if m.pissa:
+        p.append(f"{head} with pissa=true is not supported yet; set pissa=false or pipeline_parallel_degree=1")
+    if m.neftune:
+        p.append(f"{head} with neftune=true is not supported (the noise needs each batch's example lengths, "
+                 "which the pipeline schedule does not pass to the first stage); set neftune=false")
+    if m.weight_quantize_algo:
+        p.append(f"{head} with weight_quantize_algo is not supported yet (quantized bases are built by the "
+                 "streaming loader, which does not build pipeline stages); remove weight_quantize_algo or set "
+                 "pipeline_parallel_degree=1")
+    tp = int(t.get("tensor_parallel_degree", 1) or 1)
+    if tp > 1:
+        p.append(f"{head} with tensor_parallel_degree={tp} is not supported for adapters yet (each is verified "
+                 "alone); use one of them")
+    if d.zero_padding and not m.flash_mask:
+        p.append(f"{head} with zero_padding needs flash_mask=true (PaddleNLP's pipeline layers pass packed rows' "
+                 "masks as FlashMask start rows); set flash_mask=true and use_flash_attention=true")
+    if vpp > 1:
+        if pp <= 2:
+            p.append(f"{where}: virtual_pp_degree={vpp} needs pipeline_parallel_degree > 2 (Paddle's interleaved "
+                     f"schedule); got {pp}")
+        acc = int(t.get("gradient_accumulation_steps", 1) or 1)
+        if acc < 2 * pp:
+            p.append(f"{where}: virtual_pp_degree={vpp} needs gradient_accumulation_steps >= 2 x "
+                     f"pipeline_parallel_degree = {2 * pp} (Paddle's interleaved schedule); got {acc}")
+    return p

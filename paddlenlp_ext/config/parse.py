@@ -16,7 +16,8 @@ from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_c
 from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
 from ..data.reader import DataError, find_split_files, read_utf8_text
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
-from .environment import DPO_HINT, DPO_KEYS, environment_problems, tensor_parallel_adapter_problems
+from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
+                          tensor_parallel_adapter_problems)
 from .fields import FieldSpec, all_fields
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
 from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
@@ -398,8 +399,7 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: lazy=true streams the data without knowing its length; set max_steps > 0")
     if not do_train and not do_eval:
         p.append(f"{where}: nothing to do: set do_train and/or do_eval to true")
-    if t.get("pipeline_parallel_degree", 1) > 1:
-        p.append(f"{where}: pipeline_parallel_degree > 1 is not supported yet in paddlenlp_ext")
+    p += pipeline_parallel_problems(t, m, d, methods, where, dpo=cfg.dpo is not None)
     for key in ("sep_parallel_degree", "context_parallel_degree"):
         if t.get(key, 1) > 1:
             p.append(f"{where}: {key} > 1 is not supported yet in paddlenlp_ext")

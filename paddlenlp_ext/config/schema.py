@@ -186,12 +186,13 @@ class ExtraTrainingArgument:
     use_fused_dropout_add: bool = _f(
         False, "GPT-3 fused dropout + add (PaddleNLP's GPT only): Llama and Qwen2 do not read it; a notice says so.",
         llm_meta="gpt_only")
-    virtual_pp_degree: int = _unsupported(
-        1, "Virtual pipeline stages per rank.", "a pipeline-parallel setting; pipeline_parallel_degree > 1 is not "
-        "supported yet")
+    virtual_pp_degree: int = _f(
+        1, "Virtual pipeline stages (model chunks) per pipeline rank: Paddle's interleaved schedule (needs "
+        "pipeline_parallel_degree > 2 and gradient_accumulation_steps >= 2 x pipeline_parallel_degree).",
+        min=1, llm_meta="model_config")
     pp_recompute_interval: int = _unsupported(
-        1, "Recompute interval of pipeline stages.", "a pipeline-parallel setting; pipeline_parallel_degree > 1 is "
-        "not supported yet")
+        1, "Recompute interval of pipeline stages.", "not read by PaddleNLP's Llama/Qwen2 pipeline models "
+        "(they recompute per decoder layer: set recompute=true)")
     offload_recompute_inputs: bool = _unsupported(
         False, "Offload recompute inputs to host memory.", "not read by PaddleNLP's Llama/Qwen2 models")
     tensor_parallel_rank: int = _unsupported(

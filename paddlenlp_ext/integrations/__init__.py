@@ -20,6 +20,7 @@ Modules:
     mp_ops               fleet's model-parallel collectives, and building TP layers without fleet.init
     sharding             sharding stage 2/3: Paddle's partition and slice parameters (for the simulation),
                          the weight-decay rule made to answer for stage 3's "slice@" parameters
+    pipeline             PaddleNLP's *ForCausalLMPipe: plain layer names, loss / inputs hooks, simulated stages
     lazy_init            lazy parameter skeletons for the streaming loader
     logging              PaddleNLP's logger routed to train.log / the console, its tqdm/printer callbacks
                          replaced, the run-long VisualDL writer

@@ -234,8 +234,10 @@ class TrainerBoundary(Trainer):
         target = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
             self.save_weights(target)
-        elif self.args.tensor_parallel_degree > 1 and self.args.should_save_model_state:
-            # the split weights are gathered to the writer: every tensor-parallel rank takes part
+        elif ((self.args.tensor_parallel_degree > 1 or self.args.pipeline_parallel_degree > 1)
+              and self.args.should_save_model_state):
+            # the split weights (or the pipeline stages' adapters) are gathered to the writer: every
+            # tensor-parallel / pipeline rank takes part
             self.join_weights_gather(target)
 
     def _save_checkpoint(self, model, metrics=None):

@@ -1,6 +1,7 @@
-"""Tensor parallelism for adapters and quantized bases, and CPU simulations of TP and sharding 2/3.
+"""Tensor and pipeline parallelism for adapters (and quantized bases), and their CPU simulations.
 
-Owns everything that knows a linear is split over a model-parallel group:
+Owns everything that knows the model is split over devices (a linear over a
+model-parallel group, the layers over pipeline stages):
 
 * :mod:`.collectives` -- the small interface a tensor-parallel layer talks
   through (identity / all-reduce / all-gather / split + a plain gather for
@@ -19,6 +20,11 @@ Owns everything that knows a linear is split over a model-parallel group:
 * :mod:`.simulate` -- N ranks in one CPU process (:class:`SimulatedGroup`): the
   same layer classes with simulated collectives, how all of the above is tested
   on machines whose Paddle build cannot run fleet's tensor parallelism.
+* :mod:`.pipeline` -- adapters on a pipeline stage (PaddleNLP's
+  ``*ForCausalLMPipe``): plain layer names, the pipeline group
+  (:class:`FleetPipelineGroup`) and the checkpoint gathered to the first stage;
+  :mod:`.pipeline_sim` -- N stages in one CPU process (PaddleNLP's own stage
+  classes, activations sent and gradients received by hand).
 * :mod:`.sharding_sim` -- sharding stages 2 and 3 (GPU-only) simulated as their
   partitioned optimizer step: Paddle's own partition and slice parameters
   (through :mod:`paddlenlp_ext.integrations.sharding`), k replicas in one process.
@@ -50,6 +56,12 @@ _LAZY = {
     "SimulatedProcessGroup": "simulate",
     "SimulationError": "simulate",
     "simulate_sharded_training": "sharding_sim",
+    "FleetPipelineGroup": "pipeline",
+    "attach_pipeline_group": "pipeline",
+    "prepare_stage_for_adapters": "pipeline",
+    "build_stages": "pipeline_sim",
+    "run_pipeline": "pipeline_sim",
+    "SimulatedPipelineGroup": "pipeline_sim",
 }
 
 __all__ = sorted(_LAZY)

@@ -34,12 +34,14 @@ TOLERATED = {
     "chat_template": re.compile(r"chat_template file .* not found"),
     # a checkpoint to resume from changes nothing in the memory of a step
     "resume": re.compile(r"resume_from_checkpoint"),
-    "pipeline": re.compile(r"pipeline_parallel_degree > 1 is not supported yet"),
+    # methods / combinations paddlenlp_ext does not run pipeline parallel (PaddleNLP's pipeline does)
+    "pipeline": re.compile(r"pipeline_parallel_degree=\d+ (runs adapters only|with |is not supported)"),
 }
 
 #: notes for the plan when a layout runs in PaddleNLP but not (yet) in paddlenlp_ext
 UNSUPPORTED_NOTES = {
-    "pipeline": "pipeline_parallel_degree > 1 does not run in paddlenlp_ext yet (the plan is for PaddleNLP's pipeline)",
+    "pipeline": "this method or combination does not run with pipeline_parallel_degree > 1 in paddlenlp_ext (LoRA "
+                "family and LoKr adapters do, docs/parallel.md); the plan is for PaddleNLP's pipeline",
 }
 
 
@@ -103,7 +105,8 @@ def load_plan_config(path: str, overrides: Sequence[str] = (), mode: str = "sft"
         neutral += ["--device", "cpu"]
     if "pipeline" in kinds:
         restore_training["pipeline_parallel_degree"] = _as_int(raw.get("pipeline_parallel_degree"))
-        neutral += ["--pipeline_parallel_degree", "1"]
+        restore_training["virtual_pp_degree"] = _as_int(raw.get("virtual_pp_degree"))
+        neutral += ["--pipeline_parallel_degree", "1", "--virtual_pp_degree", "1"]
     for kind, key in (("tokenizer_dir", "tokenizer_name_or_path"), ("chat_template", "chat_template"),
                       ("resume", "resume_from_checkpoint")):
         if kind in kinds:

@@ -54,6 +54,19 @@ def supervised_logits(model, inputs, labels: paddle.Tensor):
     return paddle.gather(logits.reshape([-1, v]), index, axis=0), targets  # [T, V], [T]
 
 
+def token_loss_sum(logits: paddle.Tensor, targets: paddle.Tensor) -> paddle.Tensor:
+    """Sum of the cross-entropies of ``logits`` [T, V] at ``targets`` [T], in float32 ([] ; 0 when T = 0)."""
+    if targets.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
+        return logits.sum() * 0.0
+    with paddle.amp.auto_cast(False):
+        return F.cross_entropy(logits.astype("float32"), targets.unsqueeze(-1), reduction="sum")  # []
+
+
+def global_scale(ranks: int, accumulation: int, global_tokens: int) -> float:
+    """The factor that turns a micro-batch's loss sum into its share of the global token mean."""
+    return float(ranks * accumulation) / max(int(global_tokens), 1)
+
+
 def global_token_loss(model, inputs, global_tokens: int, ranks: int, accumulation: int) -> paddle.Tensor:
     """Scalar loss whose gradient, after PaddleNLP's /accumulation and the ranks' mean, is sum / N.
 
@@ -61,8 +74,4 @@ def global_token_loss(model, inputs, global_tokens: int, ranks: int, accumulatio
     """
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
     logits, targets = supervised_logits(model, model_inputs, inputs["labels"])
-    if targets.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
-        return logits.sum() * 0.0
-    with paddle.amp.auto_cast(False):
-        total = F.cross_entropy(logits.astype("float32"), targets.unsqueeze(-1), reduction="sum")  # []
-    return total * (float(ranks * accumulation) / max(int(global_tokens), 1))
+    return token_loss_sum(logits, targets) * global_scale(ranks, accumulation, global_tokens)

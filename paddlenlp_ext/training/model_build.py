@@ -61,6 +61,8 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         if getattr(m, key) is not None:
             setattr(config, key, getattr(m, key))
     where = f"{cfg.source or 'config'}: model_name_or_path {m.model_name_or_path!r}"
+    if args.pipeline_parallel_degree > 1:  # this rank's stage of PaddleNLP's *ForCausalLMPipe
+        return load_pipeline_stage(m, config, dtype, args, where), None
     # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and
     # fusing q/k/v or gate/up of an unfused checkpoint at load time.
     fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
@@ -87,6 +89,59 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
                           before_load=False) from e
     return model, stats
+
+
+#: model_type -> PaddleNLP pipeline class name (paddlenlp.transformers)
+PIPELINE_CLASSES = {"llama": "LlamaForCausalLMPipe", "qwen2": "Qwen2ForCausalLMPipe"}
+
+
+def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int, vpp: int) -> Optional[str]:
+    """Why a model cannot be cut into ``pp`` x ``vpp`` pipeline chunks, or None.
+
+    >>> pipeline_layout_problem("llama", 32, 4, 2) is None
+    True
+    >>> pipeline_layout_problem("llama", 30, 4, 2)
+    'num_hidden_layers=30 is not a multiple of pipeline_parallel_degree x virtual_pp_degree = 8 (Paddle cuts the interleaved chunks by whole decoder layers)'
+    """
+    if model_type not in PIPELINE_CLASSES:
+        return (f"model_type {model_type!r} has no pipeline model here; pipeline_parallel_degree > 1 supports "
+                f"{sorted(PIPELINE_CLASSES)}")
+    if num_layers < pp * vpp:
+        return f"num_hidden_layers={num_layers} is fewer than pipeline_parallel_degree x virtual_pp_degree = {pp * vpp}"
+    if vpp > 1 and num_layers % (pp * vpp):
+        return (f"num_hidden_layers={num_layers} is not a multiple of pipeline_parallel_degree x virtual_pp_degree = "
+                f"{pp * vpp} (Paddle cuts the interleaved chunks by whole decoder layers)")
+    return None
+
+
+def load_pipeline_stage(m, config, dtype: str, args, where: str):
+    """This rank's stage of PaddleNLP's pipeline model (its own layers' weights only)."""
+    import paddlenlp.transformers as transformers
+
+    vpp = int(getattr(config, "virtual_pp_degree", 1) or 1)
+    problem = pipeline_layout_problem(getattr(config, "model_type", None), int(config.num_hidden_layers),
+                                      args.pipeline_parallel_degree, vpp)
+    if problem:
+        raise ConfigError([f"{where}: {problem}"], before_load=False)
+    cls = getattr(transformers, PIPELINE_CLASSES[config.model_type])
+    if m.continue_training:
+        return cls.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
+    return cls.from_config(config, dtype=dtype)
+
+
+def prepare_pipeline_stage(model, args) -> Optional[Dict[str, str]]:
+    """For a pipeline stage: install the pipeline inputs and loss, attach the pipeline group, and return
+    the plain names of its layers (for the adapters); None for any other model."""
+    from ..integrations.pipeline import is_pipeline_model
+
+    if not is_pipeline_model(model):
+        return None
+    from ..parallel.pipeline import FleetPipelineGroup, attach_pipeline_group, prepare_stage_for_adapters
+    from .pipeline import install_pipeline_training
+
+    install_pipeline_training(model, args.dataset_world_size, args.gradient_accumulation_steps)
+    attach_pipeline_group(model, FleetPipelineGroup())
+    return prepare_stage_for_adapters(model)
 
 
 def resolve_quantization(cfg: RunConfig) -> Optional[Dict[str, Any]]:
@@ -145,17 +200,18 @@ def build_model(cfg: RunConfig, args) -> BuiltModel:
         logger.info(f"{'quantized base weights' if quantization else 'loaded'}: {json.dumps(load_stats, default=str)}")
 
     adapter_config = None
+    layer_names = prepare_pipeline_stage(model, args)  # None unless pipeline parallel
     if cfg.model.lora_path or cfg.adapter_method or cfg.model.neftune:
         from .. import adapters as adapter_api
     if cfg.model.lora_path:
         # continue training (or evaluate) a saved adapter; its own config wins
-        adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path)
+        adapter_config = adapter_api.load_adapter(model, cfg.model.lora_path, layer_names=layer_names)
     elif cfg.adapter_method:
         adapter_config = adapter_config_from_run(cfg, getattr(model.config, "model_type", None))
         # adapter init depends on the seed only, not on how many random numbers the load path drew
         # (the streaming loader draws none; from_pretrained's random init did)
         set_seed(args.seed)
-        adapter_api.apply_adapters(model, adapter_config)
+        adapter_api.apply_adapters(model, adapter_config, layer_names=layer_names)
     prefix_io = prefix_info = None
     if cfg.model.prefix_tuning:  # the frozen model behind trained key/value prefixes (paddlenlp_ext.prefix)
         from ..prefix.io import attach_prefix

@@ -92,12 +92,21 @@ class FinetuneTrainer(TrainerBoundary):
         return slice_aware_decay(super().create_optimizer(lr_scheduler))
 
     # -- forward ---------------------------------------------------------
+    def _count_trained(self, inputs, real) -> None:
+        if real is not None:
+            self.trained_tokens += int(real.sum())
+        self.trained_supervised_tokens += int((inputs["labels"] != -100).sum())
+
+    def training_pipeline_step(self, model, inputs):
+        # pipeline parallel: PaddleNLP runs the micro-batch through the stages (training/pipeline.py), not
+        # compute_loss; the token counters are kept here
+        self._count_trained(inputs, inputs.pop(REAL_TOKENS_KEY, None))
+        return super().training_pipeline_step(model, inputs)
+
     def compute_loss(self, model, inputs, return_outputs=False):
         real = inputs.pop(REAL_TOKENS_KEY, None)  # [batch, seq] 1 = example token
         if model.training:
-            if real is not None:
-                self.trained_tokens += int(real.sum())
-            self.trained_supervised_tokens += int((inputs["labels"] != -100).sum())
+            self._count_trained(inputs, real)
             if self.neftune_hook is not None:
                 self.neftune_hook.set_token_lengths(
                     adapter_api.token_lengths_from_batch(
@@ -388,12 +397,30 @@ class TokenAccuracy:
         return correct / total if total else None
 
 
+def _data_replicas() -> int:
+    """Processes that see the same batches: the tensor- and pipeline-parallel ranks of one data rank."""
+    from paddle.distributed import fleet
+
+    try:
+        hcg = fleet.get_hybrid_communicate_group()
+    except (AssertionError, AttributeError):  # fleet not initialized: plain data parallel
+        return 1
+    if hcg is None:
+        return 1
+    data = hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size()
+    return max(1, paddle.distributed.get_world_size() // max(1, data))
+
+
 def sum_over_ranks(counts):
-    """Integer counters summed over data-parallel ranks (unchanged in a single process)."""
+    """Integer counters summed over data-parallel (and sharding) ranks (unchanged in a single process).
+
+    All ranks take part in the all-reduce; the tensor- and pipeline-parallel ranks of one data rank
+    counted the same batches, so the sum is divided by their number."""
     if paddle.distributed.get_world_size() > 1:
         t = paddle.to_tensor(counts, dtype="int64")
         paddle.distributed.all_reduce(t)
-        counts = [int(x) for x in t.numpy()]
+        replicas = _data_replicas()
+        counts = [int(x) // replicas for x in t.numpy()]
     return list(counts)
 
 

@@ -1,0 +1,97 @@
+"""Adapters on pipeline-parallel models: naming, the pipeline group, complete checkpoints.
+
+A pipeline stage (one rank of PaddleNLP's ``*ForCausalLMPipe``) holds some
+decoder layers, so it holds the adapters of those layers only.  What this
+module adds:
+
+* :func:`prepare_stage_for_adapters` -- the stage's ``{sublayer name: plain
+  model name}`` map (``adapters.apply_adapters(layer_names=...)`` matches
+  ``target_modules`` and names tensors by the plain names, so configs and
+  checkpoints are the same as on one device);
+* :class:`PipelineGroup` -- what a stage needs from the pipeline group to save:
+  its stage index and ``all_gather_object``; :class:`FleetPipelineGroup` asks
+  fleet's hybrid group (GPU runs), the simulation brings its own
+  (:mod:`.pipeline_sim`); :func:`attach_pipeline_group` puts it on the model;
+* :func:`gather_stage_states` -- every stage's adapter tensors gathered to one
+  complete state (keys must not repeat across stages); the first stage writes
+  it (``adapters.save_adapter``), so a pipeline checkpoint holds the same tensors
+  as the single-device one and merge / ``lora_path`` read it unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Tuple
+
+import numpy as np
+
+from ..adapters.base import AdapterError, to_numpy_f32
+
+__all__ = ["PipelineGroup", "FleetPipelineGroup", "attach_pipeline_group", "pipeline_group_of",
+           "gather_stage_states", "prepare_stage_for_adapters"]
+
+_GROUP_ATTR = "_paddlenlp_ext_pipeline_group"
+
+
+class PipelineGroup:
+    """The pipeline group as one stage sees it."""
+
+    stage: int
+    num_stages: int
+
+    def all_gather_object(self, obj: Any) -> List[Any]:  # pragma: no cover - interface
+        """Every stage's ``obj``, in stage order (a collective: every stage calls it)."""
+        raise NotImplementedError
+
+
+class FleetPipelineGroup(PipelineGroup):
+    """fleet's pipeline group of this process (``fleet.init`` with ``pp_degree > 1``)."""
+
+    def __init__(self):
+        from paddle.distributed import fleet
+
+        hcg = fleet.get_hybrid_communicate_group()
+        self._group = hcg.get_pipe_parallel_group()
+        self.stage = int(hcg.get_stage_id())
+        self.num_stages = int(hcg.get_pipe_parallel_world_size())
+
+    def all_gather_object(self, obj: Any) -> List[Any]:
+        import paddle.distributed as dist
+
+        out: List[Any] = []
+        dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+
+def attach_pipeline_group(model: Any, group: PipelineGroup) -> None:
+    setattr(model, _GROUP_ATTR, group)
+
+
+def pipeline_group_of(model: Any) -> PipelineGroup:
+    group = getattr(model, _GROUP_ATTR, None)
+    if group is None:
+        raise AdapterError("this pipeline stage has no pipeline group attached (parallel.attach_pipeline_group): "
+                           "its adapters cannot be saved complete")
+    return group
+
+
+def gather_stage_states(model: Any, state: Mapping[str, Any]) -> Tuple[Dict[str, np.ndarray], bool]:
+    """(every stage's adapter tensors in stage order, whether this is the first stage)."""
+    group = pipeline_group_of(model)
+    mine = {k: np.ascontiguousarray(to_numpy_f32(v)) for k, v in state.items()}
+    parts = group.all_gather_object(mine)
+    if len(parts) != group.num_stages:
+        raise AdapterError(f"pipeline gather returned {len(parts)} states for {group.num_stages} stages")
+    out: Dict[str, np.ndarray] = {}
+    for stage, part in enumerate(parts):
+        repeated = sorted(set(part) & set(out))
+        if repeated:
+            raise AdapterError(f"pipeline stage {stage} holds adapter tensors another stage holds too: {repeated[:5]}")
+        out.update(part)
+    return out, group.stage == 0
+
+
+def prepare_stage_for_adapters(model: Any) -> Dict[str, str]:
+    """``{sublayer name: plain model name}`` of a pipeline stage, for ``apply_adapters(layer_names=...)``."""
+    from ..integrations.pipeline import pipeline_layer_names
+
+    return pipeline_layer_names(model)
