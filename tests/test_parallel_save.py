@@ -72,11 +72,11 @@ def test_writer_merges_tensor_parallel_shards(tp, monkeypatch):
 
 
 def test_which_adapters_run_tensor_parallel():
-    """LoRA/VeRA (and QLoRA bases) pass the config check under TP; PiSSA, LoKr, sequence parallel and fused
-    projections are refused naming the key to change."""
+    """LoRA/VeRA (and QLoRA bases) pass the config check under TP, LoRA/VeRA under sequence parallel too; PiSSA,
+    LoKr, sequence parallel with a quantized base and fused projections are refused naming the key to change."""
     from paddlenlp_ext.config.environment import tensor_parallel_adapter_problems
 
-    m = SimpleNamespace(pissa=False, fuse_attention_qkv=False, fuse_attention_ffn=False)
+    m = SimpleNamespace(pissa=False, fuse_attention_qkv=False, fuse_attention_ffn=False, weight_quantize_algo=None)
     tp2 = {"tensor_parallel_degree": 2}
     assert tensor_parallel_adapter_problems(tp2, m, ["lora"], "c.json") == []
     assert tensor_parallel_adapter_problems(tp2, m, ["vera"], "c.json") == []
@@ -84,7 +84,9 @@ def test_which_adapters_run_tensor_parallel():
     assert "lokr" in tensor_parallel_adapter_problems(tp2, m, ["lokr"], "c.json")[0]
     assert "pissa=false" in tensor_parallel_adapter_problems(tp2, SimpleNamespace(**{**vars(m), "pissa": True}),
                                                              ["lora"], "c.json")[0]
-    assert "sequence_parallel=false" in tensor_parallel_adapter_problems({**tp2, "sequence_parallel": True}, m,
-                                                                         ["lora"], "c.json")[0]
+    sp2 = {**tp2, "sequence_parallel": True}
+    assert tensor_parallel_adapter_problems(sp2, m, ["lora"], "c.json") == []  # tests/test_sp_sim.py
+    quant = SimpleNamespace(**{**vars(m), "weight_quantize_algo": "nf4"})
+    assert "sequence_parallel=false" in tensor_parallel_adapter_problems(sp2, quant, ["lora"], "c.json")[0]
     fused = SimpleNamespace(**{**vars(m), "fuse_attention_qkv": True})
     assert "fuse_attention_qkv=false" in tensor_parallel_adapter_problems(tp2, fused, ["lora"], "c.json")[0]

@@ -73,7 +73,8 @@ def render() -> str:
         "- `evaluation_strategy: \"no\"` with `do_eval: true` evaluates once after training (PaddleNLP would silently switch to `steps`).",
         "- `fp16`/`bf16` with `fp16_opt_level: O2` load the weights in that dtype; `O1` keeps fp32 weights and autocasts.",
         "- `sep_parallel_degree`, `context_parallel_degree` > 1 are not supported yet; "
-        "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters; "
+        "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters "
+        "(`sequence_parallel` too, except QLoRA); "
         "`pipeline_parallel_degree` > 1 (with `virtual_pp_degree`) for LoRA / rsLoRA / LoRA+ / LoKr adapters on a "
         "Llama or Qwen2 float base (GPU; both verified by CPU simulation, see docs/parallel.md); "
         "`sharding` stage2/stage3 run on GPU (their optimizer step is verified by simulation).",

@@ -99,7 +99,8 @@ def environment_problems(cfg, where: str) -> List[str]:
 
 
 def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
-    """LoRA (rsLoRA, LoRA+), VeRA and QLoRA bases run tensor parallel (paddlenlp_ext/parallel); the rest is refused."""
+    """LoRA (rsLoRA, LoRA+), VeRA and QLoRA bases run tensor parallel, LoRA and VeRA sequence parallel too
+    (paddlenlp_ext/parallel); the rest is refused."""
     tp = t.get("tensor_parallel_degree", 1)
     if tp <= 1 or not methods:
         return []
@@ -110,9 +111,10 @@ def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
     if m.pissa:
         p.append(f"{where}: tensor_parallel_degree={tp} with pissa=true is not supported (PiSSA's initialisation "
                  "is an SVD of each whole weight); set pissa=false or tensor_parallel_degree=1")
-    if t.get("sequence_parallel", False):
-        p.append(f"{where}: sequence_parallel=true with {methods[0]} adapters is not supported (tensor-parallel "
-                 "adapters wrap ColumnParallelLinear/RowParallelLinear only); set sequence_parallel=false")
+    if t.get("sequence_parallel", False) and m.weight_quantize_algo:
+        p.append(f"{where}: sequence_parallel=true with weight_quantize_algo is not supported (the quantized "
+                 "tensor-parallel base communicates as a plain Column/RowParallelLinear); set "
+                 "sequence_parallel=false")
     for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
         if getattr(m, key):
             p.append(f"{where}: {key}=true with tensor_parallel_degree={tp} and {methods[0]} adapters is not "

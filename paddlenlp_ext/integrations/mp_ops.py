@@ -11,6 +11,11 @@ Two jobs, both on private names of ``paddle.distributed.fleet``:
   ``mp_allreduce``  ``_mp_allreduce``: forward all-reduce (sum, in place on its input), backward identity
   ``c_concat``      ``_c_concat``: all-gather along the last axis (its grad op takes this rank's slice)
 
+  and, for sequence parallelism, the PyLayers Paddle's ``ColumnSequenceParallelLinear`` /
+  ``RowSequenceParallelLinear`` use (``paddle.distributed.fleet.utils.sequence_parallel_utils``;
+  they communicate over the hybrid group's model-parallel group): ``seq_all_gather``
+  (``AllGatherOp``), ``seq_reduce_scatter`` (``ReduceScatterOp``), ``seq_scatter`` (``ScatterOp``).
+
   They need a GPU/XPU build: Paddle 3.3's CPU build has no ``c_identity``
   kernel, and gloo refuses ``all_reduce`` on the calculation stream.
   ``_c_split`` is deliberately not used: its dynamic-mode backward gathers the
@@ -41,18 +46,29 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.base import topology
 from paddle.distributed.fleet.layers.mpu import mp_ops
 from paddle.distributed.fleet.layers.mpu.random import MODEL_PARALLEL_RNG, get_rng_state_tracker
+from paddle.distributed.fleet.utils import sequence_parallel_utils
 
 from .versions import check_versions
 
 check_versions()
 
-__all__ = ["c_identity", "mp_allreduce", "c_concat", "model_parallel_construction", "is_installed", "RELIED_ON"]
+__all__ = ["c_identity", "mp_allreduce", "c_concat", "seq_all_gather", "seq_reduce_scatter", "seq_scatter",
+           "model_parallel_construction", "is_installed", "RELIED_ON"]
 
 RELIED_ON = [
     ("paddle.distributed.fleet.layers.mpu.mp_ops", "_c_identity", ("tensor", "group", "skip_c_identity_dynamic")),
     ("paddle.distributed.fleet.layers.mpu.mp_ops", "_mp_allreduce",
      ("tensor", "op", "group", "use_calc_stream", "use_model_parallel", "skip_c_identity_dynamic")),
     ("paddle.distributed.fleet.layers.mpu.mp_ops", "_c_concat", ("tensor", "group")),
+    ("paddle.distributed.fleet.utils.sequence_parallel_utils.AllGatherOp", "forward", ("ctx", "input")),
+    ("paddle.distributed.fleet.utils.sequence_parallel_utils.ReduceScatterOp", "forward", ("ctx", "input")),
+    ("paddle.distributed.fleet.utils.sequence_parallel_utils.ScatterOp", "forward", ("ctx", "input")),
+    ("paddle.distributed.fleet.utils.sequence_parallel_utils.ColumnSequenceParallelLinear", "__init__",
+     ("self", "in_features", "out_features", "weight_attr", "has_bias", "gather_output", "fuse_matmul_bias",
+      "mp_group", "name")),
+    ("paddle.distributed.fleet.utils.sequence_parallel_utils.RowSequenceParallelLinear", "__init__",
+     ("self", "in_features", "out_features", "weight_attr", "has_bias", "input_is_parallel", "fuse_matmul_bias",
+      "mp_group", "name")),
     ("paddle.distributed.fleet.base.topology", "_HYBRID_PARALLEL_GROUP", None),
     ("paddle.distributed.fleet.layers.mpu.random", "MODEL_PARALLEL_RNG", None),
     ("paddle.distributed.fleet.layers.mpu.random.RNGStatesTracker", "add", ("self", "name", "seed")),
@@ -67,10 +83,31 @@ RELIED_ON = [
 ]  # fmt: skip
 
 
+#: (method, attribute it must still assign): checked by tests/test_integrations.py
+RELIED_ON_ATTRIBUTES = [
+    ("paddle.distributed.fleet.fleet.Fleet._init_hybrid_parallel_env", "_hcg"),
+]
+
+
 # ------------------------------------------------------------------ collectives
 def c_identity(x: paddle.Tensor, group: Any) -> paddle.Tensor:
     """Forward: ``x``.  Backward: the input gradient all-reduced (sum) over ``group``."""
     return mp_ops._c_identity(x, group=group)
+
+
+def seq_all_gather(x: paddle.Tensor) -> paddle.Tensor:
+    """Sequence parallel: forward all-gather along axis 0, backward reduce-scatter (fleet's ``AllGatherOp``)."""
+    return sequence_parallel_utils.AllGatherOp.apply(x)
+
+
+def seq_reduce_scatter(x: paddle.Tensor) -> paddle.Tensor:
+    """Sequence parallel: forward reduce-scatter along axis 0, backward all-gather (``ReduceScatterOp``)."""
+    return sequence_parallel_utils.ReduceScatterOp.apply(x)
+
+
+def seq_scatter(x: paddle.Tensor) -> paddle.Tensor:
+    """Sequence parallel: forward this rank's slice of axis 0, backward all-gather (``ScatterOp``)."""
+    return sequence_parallel_utils.ScatterOp.apply(x)
 
 
 def mp_allreduce(x: paddle.Tensor, group: Any) -> paddle.Tensor:
@@ -125,7 +162,7 @@ def model_parallel_construction(group: Any, seed: int = 2024) -> Iterator[None]:
     ``seed + group.rank`` seeds the ``model_parallel_rng`` state the layers draw their
     weights from, as fleet seeds it differently per model-parallel rank.
     """
-    if topology._HYBRID_PARALLEL_GROUP is not None:
+    if topology._HYBRID_PARALLEL_GROUP is not None or getattr(fleet.fleet, "_hcg", None) is not None:
         raise RuntimeError(
             "model_parallel_construction: fleet is initialized (a hybrid-parallel group exists); "
             "build the model normally, the real group is used"
@@ -134,6 +171,7 @@ def model_parallel_construction(group: Any, seed: int = 2024) -> Iterator[None]:
         raise RuntimeError("model_parallel_construction blocks do not nest (one rank is built at a time)")
     fleet_obj = fleet.fleet
     had_strategy = hasattr(fleet_obj, "_user_defined_strategy")
+    had_hcg = hasattr(fleet_obj, "_hcg")
     tracker = get_rng_state_tracker()
     rng_seed = int(seed) + int(group.rank)
     add_rng = MODEL_PARALLEL_RNG not in tracker.states_
@@ -146,11 +184,17 @@ def model_parallel_construction(group: Any, seed: int = 2024) -> Iterator[None]:
                 _default_strategy.append(fleet.DistributedStrategy())
             fleet_obj._user_defined_strategy = _default_strategy[0]
         topology._HYBRID_PARALLEL_GROUP = _SimulatedHybridGroup(group)
+        # Paddle's sequence-parallel linears ask fleet.get_hybrid_communicate_group() instead
+        fleet_obj._hcg = topology._HYBRID_PARALLEL_GROUP
         if add_rng:
             tracker.add(MODEL_PARALLEL_RNG, rng_seed)
         yield
     finally:
         topology._HYBRID_PARALLEL_GROUP = None
+        if had_hcg:
+            fleet_obj._hcg = None
+        elif hasattr(fleet_obj, "_hcg"):
+            del fleet_obj._hcg
         if not had_strategy and hasattr(fleet_obj, "_user_defined_strategy"):
             del fleet_obj._user_defined_strategy
         if add_rng:

@@ -8,7 +8,8 @@ model-parallel group, the layers over pipeline stages):
   checkpoints); :class:`FleetCollectives` calls fleet's ``mp_ops`` (through
   :mod:`paddlenlp_ext.integrations.mp_ops`).
 * :mod:`.shard` -- which tensor-parallel linears are supported
-  (Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear``) and one rank's
+  (Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear`` and their
+  sequence-parallel versions) and one rank's
   :class:`ShardSpec` of them.
 * :mod:`.adapter_layers` -- LoRA (rsLoRA, LoRA+) and VeRA on those layers,
   picked by ``adapters.apply_adapters`` for tensor-parallel targets; PiSSA and

@@ -24,6 +24,24 @@ row parallel (W split along in; PaddleNLP's ``RowParallelLoRALinear``)::
     y  += u @ B * s  |  (u @ Bvera^T) * b       (B [r, out], b [out] replicated)
     y  += bias                                  (once, after the reductions)
 
+sequence parallel (``sequence_parallel=true``: Paddle's Column/RowSequenceParallelLinear;
+activations between them are this rank's part of the sequence, axis 0, ``S / N`` rows)::
+
+    column:  x_g = seq_all_gather(x)                         [S / N, ...] -> [S, ...]
+             y_i = x_g @ W_i (+ b_i) + identity(u(scale_grad(x_g, 1 / N))) @ B_i * s   (u as above)
+    row:     y   = seq_reduce_scatter(x_i @ W_i)             [S, ..., out] -> [S / N, ..., out]
+             y  += seq_scatter(all_reduce(u(x_i)) @ B * s)   (the full-sequence branch, this rank's rows)
+             y  += bias
+
+``seq_all_gather``'s backward reduce-scatters the input gradient (the column
+input gradient summed over ranks, as ``identity`` does without sequence
+parallelism).  After ``identity(u)`` every rank holds the branch's complete
+input gradient, which that sum would count N times: ``scale_grad`` (forward
+identity, backward x 1/N) leaves it counted once, while A and d keep their
+complete gradients.  ``seq_scatter``'s backward all-gathers, so the replicated B (row)
+gets the gradient of the whole sequence on every rank, like without sequence
+parallelism.
+
 ``identity`` sums the gradient over the ranks in backward, so the replicated A
 (column) and d get the complete gradient on every rank; after the row-parallel
 all-reduce every rank holds the same ``u`` and output gradient, so B, d and b
@@ -56,7 +74,7 @@ from ..adapters.base import AdapterError, to_numpy_f32
 from ..adapters.config import AdapterConfig
 from ..adapters.lora import LoRALinear
 from ..adapters.vera import VeRALinear
-from .collectives import Collectives, collectives_for
+from .collectives import Collectives, collectives_for, scale_grad
 from .shard import COLUMN, ROW, local_product, output_bias, shard_spec
 
 
@@ -144,9 +162,31 @@ class ParallelAdapterMixin:
         h = x if x.dtype == self._param_dtype else x.astype(self._param_dtype)
         return self.dropout(h)
 
+    def _add(self, out: paddle.Tensor, delta: paddle.Tensor) -> paddle.Tensor:
+        return out + (delta if delta.dtype == out.dtype else delta.astype(out.dtype))
+
+    def _sequence_parallel_forward(self, x: paddle.Tensor, active: bool) -> paddle.Tensor:
+        spec, comm, base = self.shard, self.collectives, self.base_layer
+        if spec.kind == COLUMN:
+            x_g = comm.seq_all_gather(x)  # [S / N, ..., in] -> [S, ..., in]
+            out = local_product(base, x_g)  # [S, ..., out / N]
+            if active:
+                h = scale_grad(x_g, 1.0 / comm.world_size)  # the branch's input gradient is complete on every rank
+                u = self._branch_mid(self._branch_in(self._adapter_input(h)))  # [S, ..., r], same on every rank
+                out = self._add(out, self._branch_out(comm.identity(u)))  # [S, ..., out / N]
+            return out
+        out = comm.seq_reduce_scatter(local_product(base, x))  # [S, ..., in / N] -> [S / N, ..., out]
+        if active:
+            u = self._branch_mid(comm.all_reduce(self._branch_in(self._adapter_input(x))))  # [S, ..., r]
+            out = self._add(out, comm.seq_scatter(self._branch_out(u)))  # [S, ..., out] -> [S / N, ..., out]
+        bias = output_bias(base)
+        return out + bias.astype(out.dtype) if bias is not None else out
+
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         spec, comm, base = self.shard, self.collectives, self.base_layer
         active = not (self.merged or self.disabled)
+        if spec.sequence_parallel:
+            return self._sequence_parallel_forward(x, active)
         if spec.kind == COLUMN:
             out = local_product(base, comm.identity(x))  # [..., in] -> [..., out / N]
             if active:

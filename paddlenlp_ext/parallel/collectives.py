@@ -14,6 +14,19 @@ split         this rank's slice of ``x``, last axis       all-gather of the rank
 
 (``identity`` / ``all_reduce`` / ``all_gather`` are fleet's ``c_identity`` /
 ``mp_allreduce`` / ``c_concat``; ``split`` is what ``c_split`` means.)
+
+Sequence parallelism (``sequence_parallel=true``) cuts the activations along
+their first axis (the sequence) between the tensor-parallel linears; its three
+operations are fleet's ``AllGatherOp`` / ``ReduceScatterOp`` / ``ScatterOp``
+(``paddle.distributed.fleet.utils.sequence_parallel_utils``):
+
+==================  ====================================  ===========================================
+method              forward                               backward (of the input gradient)
+==================  ====================================  ===========================================
+seq_all_gather      concat of every rank's ``x``, axis 0  sum over the ranks, this rank's slice (axis 0)
+seq_reduce_scatter  sum over the ranks, this rank's slice concat of every rank's gradient, axis 0
+seq_scatter         this rank's slice of ``x``, axis 0    concat of every rank's gradient, axis 0
+==================  ====================================  ===========================================
 :meth:`Collectives.gather_tensor` is a plain all-gather along any axis, without
 autograd, for writing complete checkpoints.
 
@@ -63,6 +76,18 @@ class Collectives(abc.ABC):
         """Forward this rank's slice of the last axis, backward all-gather."""
 
     @abc.abstractmethod
+    def seq_all_gather(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Forward all-gather along axis 0, backward reduce-scatter (sequence parallel)."""
+
+    @abc.abstractmethod
+    def seq_reduce_scatter(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Forward reduce-scatter along axis 0, backward all-gather (sequence parallel)."""
+
+    @abc.abstractmethod
+    def seq_scatter(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Forward this rank's slice of axis 0, backward all-gather (sequence parallel)."""
+
+    @abc.abstractmethod
     def gather_tensor(self, t: paddle.Tensor, axis: int) -> paddle.Tensor:
         """Every rank's ``t`` concatenated along ``axis`` (rank order), no autograd."""
 
@@ -70,6 +95,24 @@ class Collectives(abc.ABC):
         """This rank's slice of the last axis of ``x`` (no communication)."""
         width = check_divisible(int(x.shape[-1]), self.world_size, "split of the last axis")
         return x[..., self.rank * width:(self.rank + 1) * width]
+
+
+class _ScaleGrad(PyLayer):
+    """Forward ``x``; backward the gradient times ``factor`` (no communication)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = float(factor)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * ctx.factor
+
+
+def scale_grad(x: paddle.Tensor, factor: float) -> paddle.Tensor:
+    """``x`` whose gradient is multiplied by ``factor`` on the way back."""
+    return _ScaleGrad.apply(x, factor)
 
 
 class _SplitLastAxis(PyLayer):
@@ -114,6 +157,23 @@ class FleetCollectives(Collectives):
 
     def split(self, x):
         return _SplitLastAxis.apply(x, self)
+
+    # fleet's sequence-parallel ops communicate over the hybrid group's model-parallel group, which is
+    # this layer's group in a fleet run (Paddle's own sequence-parallel linears rely on the same)
+    def seq_all_gather(self, x):
+        from ..integrations import mp_ops
+
+        return mp_ops.seq_all_gather(x)
+
+    def seq_reduce_scatter(self, x):
+        from ..integrations import mp_ops
+
+        return mp_ops.seq_reduce_scatter(x)
+
+    def seq_scatter(self, x):
+        from ..integrations import mp_ops
+
+        return mp_ops.seq_scatter(x)
 
     @paddle.no_grad()
     def gather_tensor(self, t, axis):

@@ -13,10 +13,14 @@ Paddle orientation: a linear's weight is ``[in_features, out_features]``.
 
 Supported bases: exactly Paddle's ``paddle.distributed.fleet.meta_parallel``
 ``ColumnParallelLinear`` / ``RowParallelLinear`` (what PaddleNLP's
-``linear_utils`` hands its models on GPU/CPU), and this package's
-:class:`~.quantized.QuantizedParallelLinear`.  Sequence-parallel, MC2,
-refined-recompute and vendor (XPU) subclasses communicate differently and are
-refused with a clear error (:func:`shard_spec`).  ``mp_async_allreduce`` /
+``linear_utils`` hands its models on GPU/CPU), their sequence-parallel
+versions ``ColumnSequenceParallelLinear`` / ``RowSequenceParallelLinear``
+(``paddle.distributed.fleet.utils.sequence_parallel_utils``: the column input
+and the row output are this rank's part of the sequence, axis 0;
+``ShardSpec.sequence_parallel``), and this package's
+:class:`~.quantized.QuantizedParallelLinear`.  MC2, refined-recompute and
+vendor (NPU/XPU) subclasses communicate differently and are refused with a
+clear error (:func:`shard_spec`).  ``mp_async_allreduce`` /
 ``mp_skip_c_identity`` / ``fuse_matmul_bias`` of the base only change how fleet
 overlaps or fuses the same math; the wrappers use the plain ops.
 """
@@ -45,6 +49,7 @@ class ShardSpec:
     out_features: int
     gather_output: bool = False
     input_is_parallel: bool = True
+    sequence_parallel: bool = False  # column input / row output cut along axis 0 (the sequence)
 
     def __post_init__(self):
         if self.kind not in (COLUMN, ROW):
@@ -89,6 +94,13 @@ def _fleet_types() -> Tuple[type, type]:
     return ColumnParallelLinear, RowParallelLinear
 
 
+def _sequence_parallel_types() -> Tuple[type, type]:
+    from paddle.distributed.fleet.utils.sequence_parallel_utils import (ColumnSequenceParallelLinear,
+                                                                        RowSequenceParallelLinear)
+
+    return ColumnSequenceParallelLinear, RowSequenceParallelLinear
+
+
 def _built(layer: nn.Layer) -> None:
     missing = [a for a in ("weight", "world_size", "model_parallel_group") if not hasattr(layer, a)]
     if missing:
@@ -100,9 +112,9 @@ def _built(layer: nn.Layer) -> None:
 
 def unsupported_reason(layer: nn.Layer) -> str:
     name = type(layer).__name__
-    hint = ("set sequence_parallel=False" if "Sequence" in name
-            else "only Paddle's ColumnParallelLinear / RowParallelLinear (paddle.distributed.fleet.meta_parallel) "
-                 "are supported")  # fmt: skip
+    hint = ("only Paddle's ColumnParallelLinear / RowParallelLinear (paddle.distributed.fleet.meta_parallel) and "
+            "ColumnSequenceParallelLinear / RowSequenceParallelLinear (fleet.utils.sequence_parallel_utils) are "
+            "supported")  # fmt: skip
     return (f"{name} is a tensor-parallel linear this package has no tensor-parallel layer for "
             f"(it communicates differently); {hint}")  # fmt: skip
 
@@ -113,23 +125,26 @@ def shard_spec(layer: nn.Layer) -> ShardSpec:
     if isinstance(spec, ShardSpec):
         return spec
     column, row = _fleet_types()
-    if type(layer) is column:
+    column_sp, row_sp = _sequence_parallel_types()
+    if type(layer) in (column, column_sp):
         _built(layer)
         ws = int(layer.world_size)
         in_f, out_local = (int(s) for s in layer.weight.shape)
         return ShardSpec(COLUMN, int(layer.model_parallel_group.rank) if ws > 1 else 0, ws, in_f, out_local * ws,
-                         gather_output=bool(layer.gather_output))  # fmt: skip
-    if type(layer) is row:
+                         gather_output=bool(layer.gather_output),
+                         sequence_parallel=type(layer) is column_sp)  # fmt: skip
+    if type(layer) in (row, row_sp):
         _built(layer)
         ws = int(layer.world_size)
         return ShardSpec(ROW, int(layer.rank) if ws > 1 else 0, ws, int(layer.in_features), int(layer.out_features),
-                         input_is_parallel=bool(layer.input_is_parallel))  # fmt: skip
+                         input_is_parallel=bool(layer.input_is_parallel),
+                         sequence_parallel=type(layer) is row_sp)  # fmt: skip
     raise NotImplementedError(unsupported_reason(layer))
 
 
 def is_supported(layer: nn.Layer) -> bool:
-    column, row = _fleet_types()
-    return isinstance(getattr(layer, "tp_spec", None), ShardSpec) or type(layer) in (column, row)
+    types = _fleet_types() + _sequence_parallel_types()
+    return isinstance(getattr(layer, "tp_spec", None), ShardSpec) or type(layer) in types
 
 
 def local_product(layer: nn.Layer, x_local: paddle.Tensor) -> paddle.Tensor:

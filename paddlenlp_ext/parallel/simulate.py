@@ -137,6 +137,57 @@ class _SplitN(PyLayer):
         return tuple(full.clone() if n else None for n in ctx.needs)
 
 
+class _SeqAllGatherN(PyLayer):
+    """fleet ``AllGatherOp`` on N ranks: out_i = concat_j x_j (axis 0); grad x_i = slice i of sum_j grad out_j."""
+
+    @staticmethod
+    def forward(ctx, *xs):
+        ctx.needs, ctx.rows = _needs_grad(xs), int(xs[0].shape[0])
+        full = paddle.concat(list(xs), axis=0)  # N x [s, ...] -> [N * s, ...]
+        ctx.shape, ctx.dtype = full.shape, full.dtype
+        return tuple(full.clone() for _ in xs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        total, s = _rank_sum([_grad(g, ctx.shape, ctx.dtype) for g in grads]), ctx.rows
+        return tuple(total[i * s:(i + 1) * s].clone() if n else None for i, n in enumerate(ctx.needs))
+
+
+class _SeqReduceScatterN(PyLayer):
+    """fleet ``ReduceScatterOp`` on N ranks: out_i = slice i of sum_j x_j (axis 0); grad x_i = concat_j grad out_j."""
+
+    @staticmethod
+    def forward(ctx, *xs):
+        ctx.needs = _needs_grad(xs)
+        s = check_divisible(int(xs[0].shape[0]), len(xs), "reduce-scatter of the first axis")
+        total = _rank_sum(xs)  # [S, ...]
+        outs = tuple(total[i * s:(i + 1) * s].clone() for i in range(len(xs)))  # [S / N, ...]
+        ctx.shape, ctx.dtype = outs[0].shape, outs[0].dtype
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        full = paddle.concat([_grad(g, ctx.shape, ctx.dtype) for g in grads], axis=0)  # [S, ...]
+        return tuple(full.clone() if n else None for n in ctx.needs)
+
+
+class _SeqScatterN(PyLayer):
+    """fleet ``ScatterOp`` on N ranks: out_i = slice i of x_i (axis 0); grad x_i = concat_j grad out_j."""
+
+    @staticmethod
+    def forward(ctx, *xs):
+        ctx.needs = _needs_grad(xs)
+        s = check_divisible(int(xs[0].shape[0]), len(xs), "scatter of the first axis")
+        outs = tuple(x[i * s:(i + 1) * s].clone() for i, x in enumerate(xs))  # [S, ...] -> [S / N, ...]
+        ctx.shape, ctx.dtype = outs[0].shape, outs[0].dtype
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        full = paddle.concat([_grad(g, ctx.shape, ctx.dtype) for g in grads], axis=0)  # [S, ...]
+        return tuple(full.clone() if n else None for n in ctx.needs)
+
+
 def _apply_all(layer_cls) -> Callable[[List[paddle.Tensor]], List[paddle.Tensor]]:
     return lambda xs: list(layer_cls.apply(*xs))
 
@@ -184,6 +235,15 @@ class SimulatedCollectives(Collectives):
 
     def split(self, x):
         return self._call("split", x, _apply_all(_SplitN))
+
+    def seq_all_gather(self, x):
+        return self._call("seq_all_gather", x, _apply_all(_SeqAllGatherN))
+
+    def seq_reduce_scatter(self, x):
+        return self._call("seq_reduce_scatter", x, _apply_all(_SeqReduceScatterN))
+
+    def seq_scatter(self, x):
+        return self._call("seq_scatter", x, _apply_all(_SeqScatterN))
 
     def gather_tensor(self, t, axis):
         def combine(ts):

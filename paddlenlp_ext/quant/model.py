@@ -102,7 +102,8 @@ def select_targets(
         if not name or any(n in name for n in NEVER_TARGET_PARTS) or not _matches(name, pats):
             continue
         if isinstance(layer, tp_types):
-            if not is_supported(layer):
+            # QuantizedParallelLinear communicates as a plain Column/RowParallelLinear, not sequence parallel
+            if not is_supported(layer) or "SequenceParallel" in type(layer).__name__:
                 raise ValueError(
                     f"layer '{name}' is a tensor-parallel {type(layer).__name__}: tensor-parallel QLoRA "
                     "(weight_quantize_algo with tensor_parallel_degree > 1) is not supported yet for it "
