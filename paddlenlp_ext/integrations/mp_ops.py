@@ -145,6 +145,17 @@ class _SimulatedHybridGroup:
         )
 
 
+def restore_fleet(had_hcg: bool, had_strategy: bool) -> None:
+    """Undo a simulation's ``fleet.fleet._hcg`` / ``_user_defined_strategy`` (kept if they existed before)."""
+    f = fleet.fleet
+    if had_hcg:
+        f._hcg = None
+    elif hasattr(f, "_hcg"):
+        del f._hcg
+    if not had_strategy and hasattr(f, "_user_defined_strategy"):
+        del f._user_defined_strategy
+
+
 _installed: list = []
 _default_strategy: list = []  # one DistributedStrategy, made on first use (making one logs a line)
 
@@ -191,12 +202,7 @@ def model_parallel_construction(group: Any, seed: int = 2024) -> Iterator[None]:
         yield
     finally:
         topology._HYBRID_PARALLEL_GROUP = None
-        if had_hcg:
-            fleet_obj._hcg = None
-        elif hasattr(fleet_obj, "_hcg"):
-            del fleet_obj._hcg
-        if not had_strategy and hasattr(fleet_obj, "_user_defined_strategy"):
-            del fleet_obj._user_defined_strategy
+        restore_fleet(had_hcg, had_strategy)
         if add_rng:
             tracker.states_.pop(MODEL_PARALLEL_RNG, None)
             tracker.seeds_.discard(rng_seed)

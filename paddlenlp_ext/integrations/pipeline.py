@@ -39,6 +39,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.base import topology
 from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import PipelineLayer
 
+from .mp_ops import restore_fleet
 from .versions import check_versions
 
 check_versions()
@@ -167,12 +168,7 @@ def pipeline_stage_construction(num_stages: int, stage_id: int) -> Iterator[None
             paddle.distributed.ParallelEnv._device_id = 0  # a CPU build never sets it
         yield
     finally:
-        if had_hcg:
-            f._hcg = None
-        elif hasattr(f, "_hcg"):
-            del f._hcg
-        if not had_strategy and hasattr(f, "_user_defined_strategy"):
-            del f._user_defined_strategy
+        restore_fleet(had_hcg, had_strategy)
         if not had_device and "_device_id" in vars(paddle.distributed.ParallelEnv):
             del paddle.distributed.ParallelEnv._device_id
         _active.clear()
