@@ -62,6 +62,20 @@ def test_joining_rank_gathers_without_writing(monkeypatch):
     assert seen == [(t.model, "cfg", "/out")]
 
 
+def test_pipeline_full_fine_tuning_every_stage_writes_its_layers(monkeypatch):
+    """Full fine-tuning under pipeline parallel: the first stage (writer) and a later stage (joining) both
+    call save_stage_weights (each writes its layers; the collective gives the first stage the index)."""
+    seen = []
+    monkeypatch.setattr(trainer_mod, "save_stage_weights", lambda m, d: seen.append((m, d)))
+    monkeypatch.setattr(trainer_mod.paddle, "save", lambda *a, **k: None)
+    for should_save in (True, False):
+        t = bare_trainer(should_save=should_save, tensor_parallel_degree=1, pipeline_parallel_degree=2)
+        t.model, t.tokenizer = RecordingModel(), None
+        (t._write_weights if should_save else t.join_weights_gather)("/out")
+        assert seen[-1] == (t.model, "/out") and t.model.calls == []  # never the single-device save_pretrained
+    assert len(seen) == 2
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_writer_merges_tensor_parallel_shards(tp, monkeypatch):
     t = bare_trainer(should_save=True, tensor_parallel_degree=tp)

@@ -56,6 +56,11 @@ def build_pair(tiny_dir, family, method, stages, virtual=1, **extra):
     paddle.seed(3)
     single = single_cls(config)
     plain = {k: v.numpy() for k, v in single.state_dict().items()}
+    if method == "full":  # full fine-tuning: every weight trains, no adapters
+        parts = build_stages(pipe_cls, config, stages)
+        for stage in parts:
+            stage.set_state_dict({k: paddle.to_tensor(v) for k, v in plain.items()})
+        return single, parts
     paddle.seed(4)
     apply_adapters(single, adapter_config(method))
     with paddle.no_grad():  # B (or LoKr's second factor) starts at 0: make every gradient non-trivial
@@ -104,8 +109,11 @@ def batch(kind, vocab, seed=0):
 
 
 def adapter_grads(model):
+    """Adapter gradients by plain name; with no adapters (full fine-tuning) every weight's gradient."""
     from paddlenlp_ext.adapters.api import iter_adapter_layers
 
+    if not iter_adapter_layers(model):
+        return {k: v.grad.numpy() for k, v in model.state_dict().items() if v.grad is not None}
     out = {}
     for name, layer in iter_adapter_layers(model):
         for pname, p in layer.named_parameters():
@@ -144,6 +152,8 @@ def compare(single, stages, kind, ranks=2, accumulation=3):
     ("llama", "lora", 2, 1, "padded"),
     ("llama", "rslora", 4, 1, "padded"),
     ("llama", "lokr", 2, 1, "padded"),
+    ("llama", "full", 2, 1, "packed_flash"),
+    ("qwen2", "full", 4, 1, "padded"),
     ("llama", "lora", 2, 2, "padded"),
     ("llama", "lora", 2, 1, "packed_flash"),
     ("llama", "lora", 4, 1, "packed_dense"),
@@ -154,11 +164,13 @@ def test_stages_reproduce_the_single_model(request, family, method, stages, virt
     tiny_dir = request.getfixturevalue("tiny_model_dir" if family == "llama" else "tiny_qwen2_dir")
     single, parts = build_pair(tiny_dir, family, method, stages, virtual,
                                use_flash_attention=kind == "packed_flash")
-    # every stage holds only its own layers' adapters, named as in the plain model
+    # every stage holds only its own layers (and their adapters), named as in the plain model
     from paddlenlp_ext.adapters.api import iter_adapter_layers
 
-    per_stage = [sorted({n.split(".")[2] for n, _ in iter_adapter_layers(p)}) for p in parts]
+    per_stage = [sorted({n.split(".")[2] for n in p.state_dict() if n.split(".")[1] == "layers"}) for p in parts]
     assert sum(len(s) for s in per_stage) == LAYERS and all(per_stage)
+    if method != "full":
+        assert [sorted({n.split(".")[2] for n, _ in iter_adapter_layers(p)}) for p in parts] == per_stage
     grads = compare(single, parts, kind)
     assert max(float(np.abs(g).max()) for g in grads.values()) > 1e-4  # the comparison can fail
 
@@ -309,8 +321,11 @@ def test_config_accepts_lora_family_and_lokr(monkeypatch):
                        "2", "--gradient_accumulation_steps", "8", processes=4) == []
 
 
+def test_config_accepts_full_fine_tuning(monkeypatch):
+    assert pp_problems(monkeypatch, "sft_argument.json") == []
+
+
 @pytest.mark.parametrize("config,overrides,expect", [
-    ("sft_argument.json", [], "runs adapters only"),
     ("lora_argument.json", ["--lora", "false", "--vera", "true"], "vera=true is not supported"),
     ("lora_argument.json", ["--pissa", "true"], "pissa=true"),
     ("lora_argument.json", ["--neftune", "true"], "neftune=true"),
@@ -328,7 +343,7 @@ def test_config_refuses_with_the_key_to_change(monkeypatch, config, overrides, e
 
 def test_config_refuses_tensor_x_pipeline_for_adapters(monkeypatch):
     problems = pp_problems(monkeypatch, "lora_argument.json", "--tensor_parallel_degree", "2", processes=4)
-    assert any("tensor_parallel_degree=2 is not supported for adapters yet" in p for p in problems), problems
+    assert any("tensor_parallel_degree=2 is not supported yet" in p for p in problems), problems
 
 
 def test_a_run_builds_and_wires_its_stage(tiny_model_dir):
@@ -365,3 +380,36 @@ def test_a_run_builds_and_wires_its_stage(tiny_model_dir):
     assert {n.split(".")[2] for n, _ in iter_adapter_layers(stage)} == {str(last)}
     assert prepare_pipeline_stage(plain_model := AutoModelForCausalLM.from_pretrained(tiny_model_dir), args) is None
     assert not hasattr(plain_model, "_paddlenlp_ext_pipeline_group")
+
+
+def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tiny_model_dir):
+    """Each stage writes its own layers; the first adds the plain class's config and one index: the directory
+    loads with LlamaForCausalLM.from_pretrained and equals the single model, also when saved again over it."""
+    import json
+
+    from paddlenlp.transformers import LlamaForCausalLM
+
+    from paddlenlp_ext.parallel.pipeline import INDEX_NAME, attach_pipeline_group, save_stage_weights
+    from paddlenlp_ext.parallel.pipeline_sim import SimulatedPipelineGroup, run_stages_in_threads
+
+    single, parts = build_pair(tiny_model_dir, "llama", "full", 2)
+    want = {k: v.numpy() for k, v in single.state_dict().items()}
+    for round_ in range(2):
+        with paddle.no_grad():  # round 2: new values, written over round 1's files
+            for stage in parts:
+                for k, v in stage.state_dict().items():
+                    v.set_value(paddle.to_tensor(want[k] + round_))
+        group = SimulatedPipelineGroup(2)
+        for s, stage in enumerate(parts):
+            attach_pipeline_group(stage, group.view(s))
+        shard = "40KB" if round_ == 0 else "60KB"  # fewer shards the second time: the first save's extra go
+        run_stages_in_threads(2, lambda s: save_stage_weights(parts[s], str(tmp_path / "out"), max_shard_size=shard))
+        index = json.load(open(tmp_path / "out" / INDEX_NAME))
+        assert set(index["weight_map"]) == set(want)
+        files = set(index["weight_map"].values())
+        assert len(files) > 2  # several shards per stage
+        assert {n for n in os.listdir(tmp_path / "out") if n.endswith(".safetensors")} == files
+        assert json.load(open(tmp_path / "out" / "config.json"))["architectures"] == ["LlamaForCausalLM"]
+        loaded = LlamaForCausalLM.from_pretrained(str(tmp_path / "out"))
+        for k, v in loaded.state_dict().items():
+            np.testing.assert_array_equal(v.numpy(), want[k] + round_, err_msg=k)

@@ -213,12 +213,12 @@ def test_suggestion_is_the_fewest_devices_then_sharding_first():
     # inputs kept by recompute are replicated on TP ranks; stage 3 over 2 holds half the base + 2 gathered
     # layers), which paddlenlp_ext runs for LoRA, so it is the only suggestion
     assert out[0].estimate.layout == Layout(pp=2) and out[0].supported and len(out) == 1
-    # full fine-tuning does not run pipeline parallel here: the PP layout is listed as PaddleNLP's, then the
+    # prefix tuning does not run pipeline parallel here: a PP layout is listed as PaddleNLP's, then the
     # smallest layout this toolkit runs follows
-    full70 = inputs_from_run(plan_cfg(os.path.join(LLAMA, "sft_argument.json"), "--model_name_or_path",
-                                      "Llama-2-70b", "--sharding", ""), target="gpu")
-    out = suggest(full70, parse_size("80GB"), max_devices=64)
-    assert out and out[-1].supported and all(not o.supported and o.estimate.layout.pp > 1 for o in out[:-1])
+    pt70 = inputs_from_run(plan_cfg(os.path.join(LLAMA, "pt_argument.json"), "--model_name_or_path",
+                                    "Llama-2-70b", "--sharding", ""), target="gpu")
+    out = suggest(pt70, parse_size("80GB"), max_devices=64)
+    assert [(o.estimate.layout.pp, o.supported) for o in out] == [(2, False), (1, True)]
     assert suggest(seven_b_full(per_device_train_batch_size=512, recompute="false"), parse_size("8GB"),
                    max_devices=8) == []
 

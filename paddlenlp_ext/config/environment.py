@@ -123,8 +123,9 @@ def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
 
 
 def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) -> List[str]:
-    """Pipeline parallel runs LoRA (rsLoRA, LoRA+) and LoKr adapters on PaddleNLP's *ForCausalLMPipe
-    (paddlenlp_ext/parallel/pipeline.py, verified by simulation); the rest is refused, naming the key."""
+    """Pipeline parallel runs full fine-tuning and LoRA (rsLoRA, LoRA+) / LoKr adapters on PaddleNLP's
+    *ForCausalLMPipe (paddlenlp_ext/parallel/pipeline.py, verified by simulation); the rest is refused,
+    naming the key."""
     pp, vpp = int(t.get("pipeline_parallel_degree", 1) or 1), int(t.get("virtual_pp_degree", 1) or 1)
     p: List[str] = []
     if pp <= 1:
@@ -138,10 +139,6 @@ def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) 
     if m.prefix_tuning:
         p.append(f"{head} with prefix_tuning is not supported (the prefix key/values would have to travel between "
                  "stages); use lora=true or pipeline_parallel_degree=1")
-    elif not methods:
-        p.append(f"{head} runs adapters only (lora=true or lokr=true): full fine-tuning under pipeline parallel is "
-                 "not supported yet (each stage would save only its own layers); for full fine-tuning of a large "
-                 "model use sharding: stage2 / stage3, or set pipeline_parallel_degree=1")
     elif "vera" in methods:
         p.append(f"{head} with vera=true is not supported (VeRA's shared projections span every adapted layer of "
                  "the model, which one stage does not hold); use lora=true or pipeline_parallel_degree=1")
@@ -156,8 +153,8 @@ def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) 
                  "pipeline_parallel_degree=1")
     tp = int(t.get("tensor_parallel_degree", 1) or 1)
     if tp > 1:
-        p.append(f"{head} with tensor_parallel_degree={tp} is not supported for adapters yet (each is verified "
-                 "alone); use one of them")
+        p.append(f"{head} with tensor_parallel_degree={tp} is not supported yet (each is verified alone); use "
+                 "one of them")
     if d.zero_padding and not m.flash_mask:
         p.append(f"{head} with zero_padding needs flash_mask=true (PaddleNLP's pipeline layers pass packed rows' "
                  "masks as FlashMask start rows); set flash_mask=true and use_flash_attention=true")

@@ -12,6 +12,11 @@ module adds:
   its stage index and ``all_gather_object``; :class:`FleetPipelineGroup` asks
   fleet's hybrid group (GPU runs), the simulation brings its own
   (:mod:`.pipeline_sim`); :func:`attach_pipeline_group` puts it on the model;
+* :func:`save_stage_weights` -- full fine-tuning: every stage writes its own
+  layers' weights (PaddleNLP's ``save_pretrained`` with variant ``ppXX``, keys
+  already the plain model's), and the first stage writes ``config.json`` (with
+  the plain model class) and one ``model.safetensors.index.json`` naming every
+  stage's files, so the directory loads as a single-device checkpoint;
 * :func:`gather_stage_states` -- every stage's adapter tensors gathered to one
   complete state (keys must not repeat across stages); the first stage writes
   it (``adapters.save_adapter``), so a pipeline checkpoint holds the same tensors
@@ -20,6 +25,10 @@ module adds:
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+import re
 from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
@@ -27,7 +36,10 @@ import numpy as np
 from ..adapters.base import AdapterError, to_numpy_f32
 
 __all__ = ["PipelineGroup", "FleetPipelineGroup", "attach_pipeline_group", "pipeline_group_of",
-           "gather_stage_states", "prepare_stage_for_adapters"]
+           "gather_stage_states", "prepare_stage_for_adapters", "save_stage_weights", "INDEX_NAME"]
+
+#: the index a single-device ``from_pretrained`` reads (PaddleNLP's SAFE_WEIGHTS_INDEX_NAME)
+INDEX_NAME = "model.safetensors.index.json"
 
 _GROUP_ATTR = "_paddlenlp_ext_pipeline_group"
 
@@ -95,3 +107,52 @@ def prepare_stage_for_adapters(model: Any) -> Dict[str, str]:
     from ..integrations.pipeline import pipeline_layer_names
 
     return pipeline_layer_names(model)
+
+
+def _stage_files(output_dir: str, variant: str) -> Dict[str, List[str]]:
+    """``{file: [keys]}`` of the weight files ``save_pretrained(variant=variant)`` wrote."""
+    from safetensors import safe_open
+
+    pattern = re.compile(rf"model\.{re.escape(variant)}(-\d{{5}}-of-\d{{5}})?\.safetensors")
+    out = {}
+    for name in sorted(os.listdir(output_dir)):
+        if pattern.fullmatch(name):
+            with safe_open(os.path.join(output_dir, name), "np") as f:
+                out[name] = list(f.keys())
+    return out
+
+
+def save_stage_weights(model: Any, output_dir: str, max_shard_size: str = "4GB") -> None:
+    """Write this stage's weights into ``output_dir``; the first stage adds config and the whole index.
+
+    A collective over the pipeline group: every stage calls it with the same ``output_dir``.
+    """
+    group = pipeline_group_of(model)
+    variant = f"pp{group.stage:02d}"
+    os.makedirs(output_dir, exist_ok=True)
+    for name in _stage_files(output_dir, variant):  # an earlier save's shards (their number may differ)
+        os.remove(os.path.join(output_dir, name))
+    # is_main_process=False: the stage writes its weights only (the config says the Pipe class)
+    model.save_pretrained(output_dir, safe_serialization=True, max_shard_size=max_shard_size, variant=variant,
+                          is_main_process=False)
+    files = _stage_files(output_dir, variant)
+    total = sum(int(np.prod(t.shape)) * t.element_size() for t in model.state_dict().values())
+    parts = group.all_gather_object((files, total))
+    if group.stage != 0:
+        return
+    weight_map: Dict[str, str] = {}
+    for stage, (stage_files, _) in enumerate(parts):
+        for name, keys in stage_files.items():
+            for k in keys:
+                if k in weight_map:
+                    raise AdapterError(f"pipeline stage {stage} saved {k!r}, which another stage saved too")
+                weight_map[k] = name
+    index = {"metadata": {"total_size": sum(t for _, t in parts)}, "weight_map": dict(sorted(weight_map.items()))}
+    with open(os.path.join(output_dir, INDEX_NAME), "w", encoding="utf-8") as f:
+        f.write(json.dumps(index, indent=2) + "\n")
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__.removesuffix("Pipe")]  # LlamaForCausalLMPipe -> LlamaForCausalLM
+    config.save_pretrained(output_dir)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(output_dir)

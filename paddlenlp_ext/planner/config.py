@@ -35,13 +35,13 @@ TOLERATED = {
     # a checkpoint to resume from changes nothing in the memory of a step
     "resume": re.compile(r"resume_from_checkpoint"),
     # methods / combinations paddlenlp_ext does not run pipeline parallel (PaddleNLP's pipeline does)
-    "pipeline": re.compile(r"pipeline_parallel_degree=\d+ (runs adapters only|with |is not supported)"),
+    "pipeline": re.compile(r"pipeline_parallel_degree=\d+ (with |is not supported)"),
 }
 
 #: notes for the plan when a layout runs in PaddleNLP but not (yet) in paddlenlp_ext
 UNSUPPORTED_NOTES = {
-    "pipeline": "this method or combination does not run with pipeline_parallel_degree > 1 in paddlenlp_ext (LoRA "
-                "family and LoKr adapters do, docs/parallel.md); the plan is for PaddleNLP's pipeline",
+    "pipeline": "this method or combination does not run with pipeline_parallel_degree > 1 in paddlenlp_ext (full "
+                "fine-tuning, LoRA family and LoKr do, docs/parallel.md); the plan is for PaddleNLP's pipeline",
 }
 
 

@@ -27,16 +27,17 @@ class Suggestion:
 
 def supported(inp: PlanInputs, layout: Layout) -> str:
     """Why paddlenlp_ext cannot run ``layout`` yet ("" when it can).  Tensor parallelism runs full
-    fine-tuning, LoRA (rsLoRA, LoRA+), VeRA and quantized bases; pipeline parallelism LoRA (rsLoRA,
-    LoRA+) and LoKr adapters on a float base (paddlenlp_ext/parallel, docs/parallel.md)."""
+    fine-tuning, LoRA (rsLoRA, LoRA+), VeRA and quantized bases; pipeline parallelism full fine-tuning
+    and LoRA (rsLoRA, LoRA+) / LoKr adapters on a float base (paddlenlp_ext/parallel, docs/parallel.md)."""
     m = inp.params
     if layout.pp > 1:
-        if m.method not in ("lora", "lokr"):
-            return f"pipeline parallelism with {m.method} does not run in paddlenlp_ext (LoRA family and LoKr do)"
+        if m.method not in ("full", "lora", "lokr"):
+            return (f"pipeline parallelism with {m.method} does not run in paddlenlp_ext (full fine-tuning, LoRA "
+                    "family and LoKr do)")
         if m.pissa or m.quantized_linears:
             return "pipeline parallelism with pissa or a quantized base does not run in paddlenlp_ext"
         if layout.tp > 1:
-            return "tensor x pipeline parallelism with adapters does not run in paddlenlp_ext yet"
+            return "tensor x pipeline parallelism does not run in paddlenlp_ext yet"
     if layout.tp > 1 and inp.params.method in ("lokr", "prefix"):
         return f"tensor parallelism with {inp.params.method} does not run in paddlenlp_ext"
     if layout.tp > 1 and inp.params.pissa:

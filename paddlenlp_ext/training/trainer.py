@@ -33,6 +33,7 @@ from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
 from ..config.parse import ConfigError
 from ..integrations.sharding import slice_aware_decay
 from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
+from ..parallel.pipeline import save_stage_weights
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss
 from .resume import (clean_stale_staging, publish_checkpoint, read_run_totals, resume_command, rotate_checkpoints,
@@ -241,13 +242,17 @@ class FinetuneTrainer(TrainerBoundary):
             adapter_api.save_adapter(self.model, self.adapter_config, output_dir)
             # the base model's config travels with the adapter (merge checks model_type)
             self.model.config.save_pretrained(output_dir)
+        elif self.args.pipeline_parallel_degree > 1:
+            # every stage writes its own layers; this one (the first) also the config and the whole index
+            save_stage_weights(self.model, output_dir)
         else:
             # under tensor parallel every rank joins the gather (join_weights_gather); this one writes
             self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB",
                                        merge_tensor_parallel=self.args.tensor_parallel_degree > 1)
 
     def join_weights_gather(self, output_dir: str) -> None:
-        """A tensor-parallel rank that writes nothing: the collective half of ``_write_weights``.
+        """A tensor-parallel rank that writes nothing (or a later pipeline stage): the collective half of
+        ``_write_weights``.
 
         ``save_adapter`` gathers split adapter tensors to the writer (paddlenlp_ext/parallel) and
         ``save_pretrained(merge_tensor_parallel=True, is_main_process=False)`` gathers the model's;
@@ -257,6 +262,8 @@ class FinetuneTrainer(TrainerBoundary):
             return  # prefix tuning refuses tensor parallel at config time
         if self.adapter_config is not None:
             adapter_api.save_adapter(self.model, self.adapter_config, output_dir)
+        elif self.args.pipeline_parallel_degree > 1:
+            save_stage_weights(self.model, output_dir)  # a later stage: its own layers' files
         else:
             self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB",
                                        merge_tensor_parallel=True, is_main_process=False)
