@@ -321,8 +321,9 @@ def test_config_accepts_lora_family_and_lokr(monkeypatch):
                        "2", "--gradient_accumulation_steps", "8", processes=4) == []
 
 
-def test_config_accepts_full_fine_tuning(monkeypatch):
+def test_config_accepts_full_fine_tuning_and_packed_rows(monkeypatch):
     assert pp_problems(monkeypatch, "sft_argument.json") == []
+    assert pp_problems(monkeypatch, "lora_argument.json", "--zero_padding", "true", "--flash_mask", "false") == []
 
 
 @pytest.mark.parametrize("config,overrides,expect", [
@@ -330,7 +331,8 @@ def test_config_accepts_full_fine_tuning(monkeypatch):
     ("lora_argument.json", ["--pissa", "true"], "pissa=true"),
     ("lora_argument.json", ["--neftune", "true"], "neftune=true"),
     ("lora_argument.json", ["--weight_quantize_algo", "nf4"], "weight_quantize_algo"),
-    ("lora_argument.json", ["--zero_padding", "true", "--flash_mask", "false"], "needs flash_mask=true"),
+    ("lora_argument.json", ["--do_eval", "true", "--eval_with_do_generation", "true"],
+     "eval_with_do_generation=true is not supported"),
     ("lora_argument.json", ["--virtual_pp_degree", "2"], "needs pipeline_parallel_degree > 2"),
     ("lora_argument.json", ["--pipeline_parallel_degree", "4", "--virtual_pp_degree", "2"],
      "gradient_accumulation_steps >= 2 x pipeline_parallel_degree = 8"),

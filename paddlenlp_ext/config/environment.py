@@ -155,9 +155,10 @@ def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) 
     if tp > 1:
         p.append(f"{head} with tensor_parallel_degree={tp} is not supported yet (each is verified alone); use "
                  "one of them")
-    if d.zero_padding and not m.flash_mask:
-        p.append(f"{head} with zero_padding needs flash_mask=true (PaddleNLP's pipeline layers pass packed rows' "
-                 "masks as FlashMask start rows); set flash_mask=true and use_flash_attention=true")
+    if d.eval_with_do_generation:
+        p.append(f"{head} with eval_with_do_generation=true is not supported (a pipeline stage cannot generate "
+                 "on its own); set eval_with_do_generation=false and run llm/predict/predictor.py on the saved "
+                 "model")
     if vpp > 1:
         if pp <= 2:
             p.append(f"{where}: virtual_pp_degree={vpp} needs pipeline_parallel_degree > 2 (Paddle's interleaved "
