@@ -415,3 +415,16 @@ def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tin
         loaded = LlamaForCausalLM.from_pretrained(str(tmp_path / "out"))
         for k, v in loaded.state_dict().items():
             np.testing.assert_array_equal(v.numpy(), want[k] + round_, err_msg=k)
+    # resuming: a fresh stage takes its own layers' tensors from the checkpoint (the trainer's loader)
+    from types import SimpleNamespace
+
+    from paddlenlp_ext.parallel.pipeline_sim import build_stages
+    from paddlenlp_ext.training.trainer import FinetuneTrainer
+
+    fresh = build_stages(classes("llama")[1], model_config(tiny_model_dir), 2)[1]
+    FinetuneTrainer._load_full_safetensors(SimpleNamespace(model=fresh), str(tmp_path / "out"))
+    for k, v in fresh.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), want[k] + 1, err_msg=k)
+    os.remove(tmp_path / "out" / sorted(set(index["weight_map"].values()))[-1])  # a stage-1 shard lost
+    with pytest.raises((ValueError, FileNotFoundError, OSError)):
+        FinetuneTrainer._load_full_safetensors(SimpleNamespace(model=fresh), str(tmp_path / "out"))

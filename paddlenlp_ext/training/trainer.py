@@ -338,17 +338,22 @@ class FinetuneTrainer(TrainerBoundary):
         return True
 
     def _load_full_safetensors(self, directory: str):
-        from safetensors.numpy import load_file
+        """Load this process's weights tensor by tensor (a pipeline stage reads only its own layers'
+        tensors, never the whole checkpoint)."""
+        from safetensors import safe_open
 
-        state = {}
-        for path in safetensors_files(directory):
-            state.update(load_file(path))
         own = self.model.state_dict()
-        missing = sorted(set(own) - set(state))
+        where = {}  # name -> file, from the headers only
+        for path in safetensors_files(directory):
+            with safe_open(path, "np") as f:
+                where.update({name: path for name in f.keys() if name in own})
+        missing = sorted(set(own) - set(where))
         if missing:
             raise ValueError(f"checkpoint {directory} lacks {len(missing)} weights, e.g. {missing[:3]}")
-        for name, tensor in own.items():
-            tensor.set_value(paddle.to_tensor(state[name]).astype(tensor.dtype))
+        for path in sorted(set(where.values())):
+            with safe_open(path, "np") as f:
+                for name in (n for n, p in where.items() if p == path):
+                    own[name].set_value(paddle.to_tensor(f.get_tensor(name)).astype(own[name].dtype))
         logger.info(f"Loaded model weights from {directory}")
 
 
