@@ -11,6 +11,7 @@ PaddleNLP's own LoRAModel (forward and merge()), never from the code under test.
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -333,7 +334,7 @@ def _config_problems(tiny_model_dir, tmp_path, keys):
 
 UNSUPPORTED = [("use_mora", True), ("lora_use_mixer", True), ("trainable_bias", "lora"), ("pissa", True),
                ("loraga", True), ("do_qat", True), ("trainable_modules", [".*embed_tokens.*"]),
-               ("enable_lora_list", [[True, False, True]]), ("tensor_parallel_degree", 2), ("use_dora", True),
+               ("enable_lora_list", [[True, False, True]]), ("tensor_parallel_degree", "2"), ("use_dora", True),
                ("lora_alpha", -1), ("scaling", 4.0)]
 
 
@@ -378,3 +379,107 @@ def test_config_validation_reads_paddlenlp_config(pnlp, tiny_model_dir, tmp_path
     empty.mkdir()
     p = _config_problems(tiny_model_dir, tmp_path, {"lora": True, "lora_path": str(empty)})
     assert "has no adapter_config.json (nor PaddleNLP's lora_config.json" in p
+
+
+# ------------------------------------------------------------ saved per tensor-parallel rank
+def _tp_split(src, dst, n, pp=False):
+    """PaddleNLP's per-rank save of the adapter in ``src`` under tensor_parallel_degree n: column targets keep A
+    and split B along axis 1, row targets (o_proj, down_proj) split A along axis 0 and keep B
+    (ColumnParallelLoRALinear / RowParallelLoRALinear); with ``pp`` each rank's file is cut in two stages."""
+    import paddle
+
+    full = {k: v.numpy() for k, v in paddle.load(os.path.join(src, "lora_model_state.pdparams")).items()}
+    os.makedirs(dst)
+    for name in os.listdir(src):
+        if name != "lora_model_state.pdparams":
+            shutil.copy(os.path.join(src, name), dst)
+    cfg = json.load(open(os.path.join(dst, "lora_config.json")))
+    cfg["tensor_parallel_degree"] = n
+    json.dump(cfg, open(os.path.join(dst, "lora_config.json"), "w"))
+    for r in range(n):
+        state = {}
+        for k, v in full.items():
+            row = any(t in k for t in ("o_proj", "down_proj"))
+            axis = (0 if k.endswith("lora_A") else None) if row else (1 if k.endswith("lora_B") else None)
+            state[k] = v if axis is None else np.split(v, n, axis=axis)[r]
+        stages = [dict(state)] if not pp else [{k: v for k, v in state.items() if ".layers.0." in k},
+                                               {k: v for k, v in state.items() if ".layers.0." not in k}]
+        for s, part in enumerate(stages):
+            name = f"lora_model_state.tp{r:02d}_pp{s:02d}.pdparams" if pp else f"lora_model_state.tp{r:02d}.pdparams"
+            paddle.save({k: paddle.to_tensor(v) for k, v in part.items()}, os.path.join(dst, name))
+    return full
+
+
+@pytest.mark.parametrize("n,pp", [(2, False), (4, True)])
+def test_tensor_parallel_shards_are_joined(pnlp, tiny_model_dir, tmp_path, n, pp):
+    """merge and lora_path read PaddleNLP's per-rank files as the complete adapter: the same merged weights."""
+    from paddlenlp_ext.adapters import read_adapter_tensors
+
+    d, factors = pnlp["lora"]
+    sharded = str(tmp_path / "tp")
+    full = _tp_split(d, sharded, n, pp)
+    got = read_adapter_tensors(sharded)
+    assert set(got) == set(full)
+    for k in full:
+        np.testing.assert_array_equal(got[k], full[k])
+    merged = {}
+    for which in (d, sharded):
+        out = tmp_path / f"merged_{len(merged)}"
+        merge_adapter_checkpoint(tiny_model_dir, which, str(out), verify=False)
+        merged[which] = _read_st(str(out))
+    assert all(np.array_equal(merged[d][k], merged[sharded][k]) for k in merged[d])
+
+
+def test_tensor_parallel_shards_refusals(pnlp, tmp_path):
+    import paddle
+
+    from paddlenlp_ext.adapters import read_adapter_tensors
+
+    d, _ = pnlp["lora"]
+    sharded = str(tmp_path / "tp")
+    _tp_split(d, sharded, 2)
+    os.remove(os.path.join(sharded, "lora_model_state.tp00.pdparams"))
+    with pytest.raises(PaddleNLPAdapterError, match=r"ranks \[1\] are not 0..0"):
+        read_adapter_tensors(sharded)
+    bad = str(tmp_path / "bad")
+    _tp_split(d, bad, 2)
+    path = os.path.join(bad, "lora_model_state.tp01.pdparams")
+    state = paddle.load(path)
+    key = next(k for k in state if "q_proj.lora_A" in k)  # replicated on column targets
+    state[key] = state[key] + 1.0
+    paddle.save(state, path)
+    with pytest.raises(PaddleNLPAdapterError, match=rf"{re.escape(key)} should be the same on every"):
+        read_adapter_tensors(bad)
+    cfg = json.load(open(os.path.join(bad, "lora_config.json")))
+    cfg["tensor_parallel_degree"] = 4
+    json.dump(cfg, open(os.path.join(bad, "lora_config.json"), "w"))
+    with pytest.raises(PaddleNLPAdapterError, match="2 tensor-parallel rank files but lora_config.json says"):
+        read_adapter_tensors(bad)
+
+
+def test_tensor_parallel_split_rules():
+    import doctest
+
+    from paddlenlp_ext.adapters import paddlenlp_tp
+
+    assert doctest.testmod(paddlenlp_tp, verbose=False).failed == 0
+    with pytest.raises(PaddleNLPAdapterError, match="fused projection"):
+        paddlenlp_tp.split_axis("llama.layers.0.self_attn.qkv_proj.lora_B")
+    with pytest.raises(PaddleNLPAdapterError, match="does not know how PaddleNLP splits 'lm_head'"):
+        paddlenlp_tp.split_axis("lm_head.lora_B")
+
+
+def test_pipeline_stage_files_are_read_together(pnlp, tmp_path):
+    """PaddleNLP's LoRA saved under pipeline parallel: lora_model_state.ppXX.pdparams, one per stage."""
+    import paddle
+
+    d, _ = pnlp["lora"]
+    full = {k: v.numpy() for k, v in paddle.load(os.path.join(d, "lora_model_state.pdparams")).items()}
+    staged = tmp_path / "pp"
+    shutil.copytree(d, staged)
+    os.remove(staged / "lora_model_state.pdparams")
+    for s, part in enumerate(({k: v for k, v in full.items() if ".layers.0." in k},
+                              {k: v for k, v in full.items() if ".layers.0." not in k})):
+        paddle.save({k: paddle.to_tensor(v) for k, v in part.items()}, str(staged / f"lora_model_state.pp{s:02d}.pdparams"))
+    got = read_adapter_tensors(str(staged))
+    assert set(got) == set(full) and all(np.array_equal(got[k], full[k]) for k in full)

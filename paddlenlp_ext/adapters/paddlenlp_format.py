@@ -36,12 +36,15 @@ or an evaluation gives PaddleNLP's numbers):
 * ignored (no effect on the saved weights or the math): ``merge_weights``,
   ``dtype``, ``head_dim``, ``use_quick_lora`` (a fused kernel for
   ``x@(W + s*A@B)``), ``lorapro`` (an optimizer), ``mixer_num``;
-* tensors become float32 (bf16 / fp16 files are widened exactly).
+* tensors become float32 (bf16 / fp16 files are widened exactly);
+* saved per tensor-parallel rank (``lora_model_state.tpXX[_ppYY].pdparams``,
+  ``tensor_parallel_degree > 1``): joined into one complete adapter
+  (:mod:`.paddlenlp_tp`).
 
 Refused (``PaddleNLPAdapterError``, a ``ValueError``): VeRA directories,
 ``pissa``, ``loraga``, ``use_mora``, ``lora_use_mixer``, ``trainable_bias``,
 ``trainable_modules``, ``enable_lora_list``, ``do_qat``,
-``tensor_parallel_degree > 1``, ``lora_alpha <= 0``, unknown keys with a
+``lora_alpha <= 0``, unknown keys with a
 non-empty value, and state keys other than ``lora_A`` / ``lora_B``;
 ``REFUSED_LORA_KEYS`` and ``VERA_REFUSAL`` say why.
 
@@ -215,10 +218,8 @@ def load_paddlenlp_config(directory: str) -> AdapterConfig:
         refuse(unknown[0], "paddlenlp_ext does not know this key (a newer PaddleNLP feature?) and will not guess "
                            "what it changes")
     tp = d.get("tensor_parallel_degree", -1)
-    if isinstance(tp, int) and tp > 1:
-        refuse("tensor_parallel_degree", "the adapter was saved split per tensor-parallel rank "
-               "(lora_model_state.tpXX.pdparams); load it with PaddleNLP at that degree and save it again with "
-               "LoRAModel.save_pretrained(dir, merge_tensor_parallel=True)")
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int)):
+        refuse("tensor_parallel_degree", "it must be an integer")
     alpha = d.get("lora_alpha", 8)  # PaddleNLP's defaults
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0 or math.isinf(alpha):
         # (our -1 means "2 * r"; PaddleNLP would have scaled by a negative number)
@@ -296,6 +297,13 @@ def _read_pdparams(path: str) -> Dict[str, np.ndarray]:
     return out
 
 
+def _single_weights(directory: str) -> bool:
+    """A merged (not per-rank) PaddleNLP save is in ``directory``."""
+    names = (SAFE_PEFT_WEIGHTS_INDEX_NAME, PADDLE_PEFT_WEIGHTS_INDEX_NAME, SAFE_PEFT_WEIGHTS_NAME, LORA_WEIGHTS_NAME)
+    return any(os.path.isfile(os.path.join(directory, n)) for n in names) or any(
+        re.fullmatch(r"lora_model_state\.pp\d+\.pdparams", n) for n in os.listdir(directory))
+
+
 def paddlenlp_weight_files(directory: str) -> List[str]:
     """The weight files PaddleNLP's ``LoRAModel.from_pretrained`` would read, in its order of preference."""
     for index in (SAFE_PEFT_WEIGHTS_INDEX_NAME, PADDLE_PEFT_WEIGHTS_INDEX_NAME):
@@ -316,11 +324,14 @@ def paddlenlp_weight_files(directory: str) -> List[str]:
     pp = sorted(n for n in os.listdir(directory) if re.fullmatch(r"lora_model_state\.pp\d+\.pdparams", n))
     if pp:
         return [os.path.join(directory, n) for n in pp]
-    tp = sorted(n for n in os.listdir(directory) if re.fullmatch(r"lora_model_state\.tp\d+\.pdparams", n))
-    hint = (f" (found per-rank files {tp}: save with merge_tensor_parallel=True)" if tp else "")
+    from .paddlenlp_tp import tp_shard_files
+
+    tp = tp_shard_files(directory)  # saved per tensor-parallel rank: read_paddlenlp_tensors joins them
+    if tp:
+        return [path for rank in sorted(tp) for path in tp[rank]]
     raise FileNotFoundError(
         f"no PaddleNLP LoRA weights in {directory}: expected {LORA_WEIGHTS_NAME}, {SAFE_PEFT_WEIGHTS_INDEX_NAME}, "
-        f"{SAFE_PEFT_WEIGHTS_NAME} or {PADDLE_PEFT_WEIGHTS_INDEX_NAME}{hint}"
+        f"{SAFE_PEFT_WEIGHTS_NAME}, {PADDLE_PEFT_WEIGHTS_INDEX_NAME} or per-rank lora_model_state.tpXX.pdparams"
     )
 
 
@@ -341,14 +352,27 @@ def read_paddlenlp_tensors(directory: str, config: Optional[AdapterConfig] = Non
     rank ``config.r``.  Raises ``PaddleNLPAdapterError`` naming file and key."""
     if config is None:
         config = load_paddlenlp_config(directory)
-    tensors: Dict[str, np.ndarray] = {}
+    from .paddlenlp_tp import join_tp_shards, tp_shard_files
+
+    ranks = tp_shard_files(directory) if not _single_weights(directory) else {}
+    groups = [ranks[r] for r in sorted(ranks)] or [paddlenlp_weight_files(directory)]
+    rank_states: List[Dict[str, np.ndarray]] = []
     where: Dict[str, str] = {}
-    for path in paddlenlp_weight_files(directory):
-        part = _read_safetensors(path) if path.endswith(".safetensors") else _read_pdparams(path)
-        for k, v in part.items():
-            if k in tensors:
-                raise PaddleNLPAdapterError(f"tensor {k!r} is in both {where[k]} and {path}")
-            tensors[k], where[k] = v, path
+    for files in groups:  # one group of files per tensor-parallel rank (one group when not split)
+        tensors: Dict[str, np.ndarray] = {}
+        for path in files:
+            part = _read_safetensors(path) if path.endswith(".safetensors") else _read_pdparams(path)
+            for k, v in part.items():
+                if k in tensors:
+                    raise PaddleNLPAdapterError(f"tensor {k!r} is in both {where[k]} and {path}")
+                tensors[k] = v
+                where.setdefault(k, path)
+        rank_states.append(tensors)
+    degree = _read_json(os.path.join(directory, LORA_CONFIG_NAME)).get("tensor_parallel_degree", -1) or -1
+    if ranks and len(ranks) != max(int(degree), 1):
+        raise PaddleNLPAdapterError(f"{directory}: {len(ranks)} tensor-parallel rank files but {LORA_CONFIG_NAME} "
+                                    f"says tensor_parallel_degree={degree}")
+    tensors = join_tp_shards(rank_states, directory) if ranks else rank_states[0]
     if not tensors:
         raise PaddleNLPAdapterError(f"the PaddleNLP LoRA weights in {directory} hold no tensors")
     patterns = [re.compile(p) for p in config.resolved_target_modules]
