@@ -415,6 +415,14 @@ def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tin
         loaded = LlamaForCausalLM.from_pretrained(str(tmp_path / "out"))
         for k, v in loaded.state_dict().items():
             np.testing.assert_array_equal(v.numpy(), want[k] + round_, err_msg=k)
+    from paddlenlp.transformers import AutoConfig
+
+    from paddlenlp_ext.models.loading import load_model_streaming
+
+    streamed, _ = load_model_streaming(str(tmp_path / "out"), AutoConfig.from_pretrained(str(tmp_path / "out")),
+                                       "float32")
+    for k, v in streamed.state_dict().items():  # our streaming loader (training, predict) reads it too
+        np.testing.assert_array_equal(v.numpy(), want[k] + 1, err_msg=k)
     # resuming: a fresh stage takes its own layers' tensors from the checkpoint (the trainer's loader)
     from types import SimpleNamespace
 
