@@ -17,6 +17,7 @@ import re
 from functools import lru_cache
 from typing import Dict, List
 
+from .problems import Problem, tagged
 from .schema import DPOArgument
 
 #: Keys of PaddleNLP's DPO scripts (llm/alignment/dpo: DPOConfig, DPODataArgument), read by llm/run_dpo.py.
@@ -76,15 +77,17 @@ def environment_problems(cfg, where: str) -> List[str]:
     elif device not in SUPPORTED_DEVICES:
         p.append(f"{where}: device={device!r} is not a Paddle device; use cpu or gpu")
     elif device == "gpu" and "device" in cfg.explicit and cpu_only:
-        p.append(f"{where}: device=gpu but the installed Paddle {build['version']} is a CPU build; install "
-                 "paddlepaddle-gpu (make setup PADDLE_PACKAGE=paddlepaddle-gpu) or set device to cpu")
+        p.append(Problem(f"{where}: device=gpu but the installed Paddle {build['version']} is a CPU build; install "
+                         "paddlepaddle-gpu (make setup PADDLE_PACKAGE=paddlepaddle-gpu) or set device to cpu",
+                         "device"))
     if cpu_only or device == "cpu":
         if t.get("fp16"):
-            p.append(f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); set fp16 false "
-                     "(bf16 with fp16_opt_level O1, or fp32, run on CPU)")
+            p.append(Problem(f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); set fp16 "
+                             "false (bf16 with fp16_opt_level O1, or fp32, run on CPU)", "gpu_fp16"))
         if t.get("bf16") and t.get("fp16_opt_level", "O1") == "O2":
-            p.append(f"{where}: bf16=true with fp16_opt_level=O2 needs a GPU (bf16 weights have no CPU matmul/"
-                     "optimizer kernels); on CPU set fp16_opt_level O1 (bf16 autocast, fp32 weights) or bf16 false")
+            p.append(Problem(f"{where}: bf16=true with fp16_opt_level=O2 needs a GPU (bf16 weights have no CPU "
+                             "matmul/optimizer kernels); on CPU set fp16_opt_level O1 (bf16 autocast, fp32 weights) "
+                             "or bf16 false", "gpu_bf16_o2"))
     n = world_size()
     degrees = {k: int(t.get(k, 1) or 1) for k in PARALLEL_KEYS}
     product = 1
@@ -92,9 +95,9 @@ def environment_problems(cfg, where: str) -> List[str]:
         product *= max(v, 1)
     if product > 1 and n % product != 0:
         used = " x ".join(f"{k}={v}" for k, v in degrees.items() if v > 1)
-        p.append(f"{where}: {used} needs a multiple of {product} processes but this run has {n}; launch with "
+        p.append(Problem(f"{where}: {used} needs a multiple of {product} processes but this run has {n}; launch with "
                  f"python -m paddle.distributed.launch --nproc_per_node {product} (GPUs: --gpus 0,...,{product - 1}) "
-                 "llm/run_finetune.py CONFIG.json, or set the degree to 1")
+                 "llm/run_finetune.py CONFIG.json, or set the degree to 1", "launch"))
     return p
 
 
@@ -134,31 +137,33 @@ def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) 
         return p
     head = f"{where}: pipeline_parallel_degree={pp}"
     if dpo:
-        return [f"{head} is not supported for DPO yet (the chosen/rejected log-probs are computed on the last stage "
-                "only); use sharding or data parallel"]
+        return [Problem(f"{head} is not supported for DPO yet (the chosen/rejected log-probs are computed on the last "
+                        "stage only); use sharding or data parallel", "pipeline")]
+    refused: List[str] = []  # methods / combinations PaddleNLP's pipeline runs but this toolkit does not
     if m.prefix_tuning:
-        p.append(f"{head} with prefix_tuning is not supported (the prefix key/values would have to travel between "
-                 "stages); use lora=true or pipeline_parallel_degree=1")
+        refused.append(f"{head} with prefix_tuning is not supported (the prefix key/values would have to travel "
+                       "between stages); use lora=true or pipeline_parallel_degree=1")
     elif "vera" in methods:
-        p.append(f"{head} with vera=true is not supported (VeRA's shared projections span every adapted layer of "
-                 "the model, which one stage does not hold); use lora=true or pipeline_parallel_degree=1")
+        refused.append(f"{head} with vera=true is not supported (VeRA's shared projections span every adapted layer "
+                       "of the model, which one stage does not hold); use lora=true or pipeline_parallel_degree=1")
     if m.pissa:
-        p.append(f"{head} with pissa=true is not supported yet; set pissa=false or pipeline_parallel_degree=1")
+        refused.append(f"{head} with pissa=true is not supported yet; set pissa=false or pipeline_parallel_degree=1")
     if m.neftune:
-        p.append(f"{head} with neftune=true is not supported (the noise needs each batch's example lengths, "
-                 "which the pipeline schedule does not pass to the first stage); set neftune=false")
+        refused.append(f"{head} with neftune=true is not supported (the noise needs each batch's example lengths, "
+                       "which the pipeline schedule does not pass to the first stage); set neftune=false")
     if m.weight_quantize_algo:
-        p.append(f"{head} with weight_quantize_algo is not supported yet (quantized bases are built by the "
-                 "streaming loader, which does not build pipeline stages); remove weight_quantize_algo or set "
-                 "pipeline_parallel_degree=1")
+        refused.append(f"{head} with weight_quantize_algo is not supported yet (quantized bases are built by the "
+                       "streaming loader, which does not build pipeline stages); remove weight_quantize_algo or set "
+                       "pipeline_parallel_degree=1")
     tp = int(t.get("tensor_parallel_degree", 1) or 1)
     if tp > 1:
-        p.append(f"{head} with tensor_parallel_degree={tp} is not supported yet (each is verified alone); use "
-                 "one of them")
+        refused.append(f"{head} with tensor_parallel_degree={tp} is not supported yet (each is verified alone); "
+                       "use one of them")
     if d.eval_with_do_generation:
-        p.append(f"{head} with eval_with_do_generation=true is not supported (a pipeline stage cannot generate "
-                 "on its own); set eval_with_do_generation=false and run llm/predict/predictor.py on the saved "
-                 "model")
+        refused.append(f"{head} with eval_with_do_generation=true is not supported (a pipeline stage cannot "
+                       "generate on its own); set eval_with_do_generation=false and run llm/predict/predictor.py "
+                       "on the saved model")
+    p += tagged(refused, "pipeline")
     if vpp > 1:
         if pp <= 2:
             p.append(f"{where}: virtual_pp_degree={vpp} needs pipeline_parallel_degree > 2 (Paddle's interleaved "

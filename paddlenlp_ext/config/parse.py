@@ -16,6 +16,7 @@ from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_c
 from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
 from ..data.reader import DataError, find_split_files, read_utf8_text
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
+from .problems import Problem, tagged
 from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
                           tensor_parallel_adapter_problems)
 from .fields import FieldSpec, all_fields
@@ -288,7 +289,7 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         raise ConfigError(problems)
     _derive(cfg)
     # after _derive: the checkpoint's settings are compared with the derived ones (e.g. lora_alpha)
-    problems = resume_problems(cfg, where, training_defaults(mode == "dpo"))
+    problems = tagged(resume_problems(cfg, where, training_defaults(mode == "dpo")), "resume")
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -356,14 +357,14 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if m.weight_quantize_algo and m.pissa:
         p.append(f"{where}: pissa rewrites the base weights and cannot be used with weight_quantize_algo")
     if m.model_name_or_path and not os.path.isfile(os.path.join(m.model_name_or_path, "config.json")):
-        p.append(
+        p.append(Problem(
             f"{where}: model_name_or_path {m.model_name_or_path!r} is not a model directory (no config.json); "
-            "point it at a local directory with config.json, weights and tokenizer files"
-        )
+            "point it at a local directory with config.json, weights and tokenizer files", "model_dir"))
     if m.tokenizer_name_or_path and not os.path.isdir(m.tokenizer_name_or_path):
-        p.append(f"{where}: tokenizer_name_or_path {m.tokenizer_name_or_path!r} is not a directory")
+        p.append(Problem(f"{where}: tokenizer_name_or_path {m.tokenizer_name_or_path!r} is not a directory",
+                         "tokenizer_dir"))
     if d.chat_template and not os.path.isfile(d.chat_template):
-        p.append(f"{where}: chat_template file {d.chat_template!r} not found")
+        p.append(Problem(f"{where}: chat_template file {d.chat_template!r} not found", "chat_template"))
     g = cfg.generate
     if (g.top_k, g.top_p) != (1, 1.0) and not d.eval_with_do_generation:
         p.append(f"{where}: top_k/top_p only apply with eval_with_do_generation=true; set it or remove them")
@@ -382,14 +383,14 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: dataset_name_or_path is required with do_train or do_eval")
     elif d.dataset_name_or_path:
         if not os.path.isdir(d.dataset_name_or_path):
-            p.append(f"{where}: dataset_name_or_path {d.dataset_name_or_path!r} is not a directory")
+            p.append(Problem(f"{where}: dataset_name_or_path {d.dataset_name_or_path!r} is not a directory",
+                             "data_dir"))
         else:
             for flag, split in ((do_train, "train"), (do_eval, "dev")):
                 if flag and not find_split_files(d.dataset_name_or_path, split):
-                    p.append(
+                    p.append(Problem(
                         f"{where}: {d.dataset_name_or_path!r} has no {split}.json or {split}/*.json "
-                        f"(needed by do_{'train' if split == 'train' else 'eval'})"
-                    )
+                        f"(needed by do_{'train' if split == 'train' else 'eval'})", "data_dir"))
     if do_train and t.get("max_steps", -1) <= 0 and t.get("num_train_epochs", 3.0) <= 0:
         p.append(f"{where}: do_train needs max_steps > 0 or num_train_epochs > 0")
     if d.zero_padding and (d.pad_to_multiple_of or d.pad_to_max_length):

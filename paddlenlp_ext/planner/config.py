@@ -3,11 +3,11 @@
 A plan is made on a laptop for a GPU cluster: the config's model and data directories need not
 exist here, bf16 O2 is fine although this Paddle build is CPU-only, and tensor_parallel_degree 4
 needs no 4-process launch.  So the config is parsed by ``load_config`` (unknown keys, types, ranges
-and every cross-check still apply: exit 2 naming the key), and only the problems listed in
-``TOLERATED`` -- the machine, the launch, the file system, and layouts paddlenlp_ext cannot run
-yet but PaddleNLP can -- are set aside: the config is parsed again with neutral values for those
-keys, and the original values are put back on the result.  tests/test_planner.py checks that
-every pattern still matches what ``load_config`` says.
+and every cross-check still apply: exit 2 naming the key), and only the problems of the kinds in
+``TOLERATED`` (``config.problems``: the checks tag what they found) -- the machine, the launch, the
+file system, and layouts paddlenlp_ext cannot run yet but PaddleNLP can -- are set aside: the
+config is parsed again with neutral values for those keys, and the original values are put back on
+the result.  No problem is recognised by its wording.
 """
 
 from __future__ import annotations
@@ -15,28 +15,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import tempfile
 from typing import List, Sequence, Tuple
 
 from ..config.environment import PARALLEL_KEYS
 from ..config.parse import ConfigError, RunConfig, load_config, parse_overrides, read_json_config
+from ..config.problems import kind_of
 from .shapes import read_model_shape
 
-#: load_config problems a plan does not care about -> what is set aside (see the module doc)
-TOLERATED = {
-    "launch": re.compile(r"needs a multiple of \d+ processes but this run has \d+"),
-    "gpu_precision": re.compile(r"(fp16=true|bf16=true with fp16_opt_level=O2) needs a GPU"),
-    "device": re.compile(r"device=gpu but the installed Paddle .* is a CPU build"),
-    "model_dir": re.compile(r"model_name_or_path .* is not a model directory"),
-    "data_dir": re.compile(r"dataset_name_or_path .* (is not a directory|has no (train|dev)\.json)"),
-    "tokenizer_dir": re.compile(r"tokenizer_name_or_path .* is not a directory"),
-    "chat_template": re.compile(r"chat_template file .* not found"),
-    # a checkpoint to resume from changes nothing in the memory of a step
-    "resume": re.compile(r"resume_from_checkpoint"),
-    # methods / combinations paddlenlp_ext does not run pipeline parallel (PaddleNLP's pipeline does)
-    "pipeline": re.compile(r"pipeline_parallel_degree=\d+ (with |is not supported)"),
-}
+#: the kinds of load_config problems (config.problems.Problem.kind) a plan does not care about: the
+#: machine, the launch, the file system, and layouts PaddleNLP runs but paddlenlp_ext does not (yet)
+TOLERATED = ("launch", "gpu_fp16", "gpu_bf16_o2", "device", "model_dir", "data_dir", "tokenizer_dir",
+             "chat_template", "resume", "pipeline")
 
 #: notes for the plan when a layout runs in PaddleNLP but not (yet) in paddlenlp_ext
 UNSUPPORTED_NOTES = {
@@ -82,24 +72,21 @@ def load_plan_config(path: str, overrides: Sequence[str] = (), mode: str = "sft"
         problems = e.problems
     kinds = {}
     for p in problems:
-        kind = next((k for k, rx in TOLERATED.items() if rx.search(p)), None)
-        if kind is None:
-            real = [q for q in problems if not any(rx.search(q) for rx in TOLERATED.values())]
-            raise ConfigError(real) from None
-        kinds.setdefault(kind, []).append(p)
+        kinds.setdefault(kind_of(p), []).append(p)
+    if any(k not in TOLERATED for k in kinds):
+        raise ConfigError([q for q in problems if kind_of(q) not in TOLERATED]) from None
     raw = _raw(path, overrides)
     neutral: List[str] = []
     restore_training = {}
     world = 1
     for key in PARALLEL_KEYS:
         world *= max(1, _as_int(raw.get(key, 1)))
-    for p in kinds.get("gpu_precision", []):
-        if "fp16=true needs a GPU" in p:
-            restore_training["fp16"] = True
-            neutral += ["--fp16", "false"]
-        else:  # bf16=true with fp16_opt_level=O2
-            restore_training["fp16_opt_level"] = "O2"
-            neutral += ["--fp16_opt_level", "O1"]
+    if "gpu_fp16" in kinds:
+        restore_training["fp16"] = True
+        neutral += ["--fp16", "false"]
+    if "gpu_bf16_o2" in kinds:
+        restore_training["fp16_opt_level"] = "O2"
+        neutral += ["--fp16_opt_level", "O1"]
     if "device" in kinds:
         restore_training["device"] = "gpu"
         neutral += ["--device", "cpu"]
