@@ -297,15 +297,9 @@ def _read_pdparams(path: str) -> Dict[str, np.ndarray]:
     return out
 
 
-def _single_weights(directory: str) -> bool:
-    """A merged (not per-rank) PaddleNLP save is in ``directory``."""
-    names = (SAFE_PEFT_WEIGHTS_INDEX_NAME, PADDLE_PEFT_WEIGHTS_INDEX_NAME, SAFE_PEFT_WEIGHTS_NAME, LORA_WEIGHTS_NAME)
-    return any(os.path.isfile(os.path.join(directory, n)) for n in names) or any(
-        re.fullmatch(r"lora_model_state\.pp\d+\.pdparams", n) for n in os.listdir(directory))
-
-
-def paddlenlp_weight_files(directory: str) -> List[str]:
-    """The weight files PaddleNLP's ``LoRAModel.from_pretrained`` would read, in its order of preference."""
+def paddlenlp_weight_files(directory: str) -> List[List[str]]:
+    """The weight files PaddleNLP's ``LoRAModel.from_pretrained`` would read, in its order of preference,
+    as one group per tensor-parallel rank (a single group unless it was saved per rank)."""
     for index in (SAFE_PEFT_WEIGHTS_INDEX_NAME, PADDLE_PEFT_WEIGHTS_INDEX_NAME):
         path = os.path.join(directory, index)
         if os.path.isfile(path):
@@ -316,19 +310,19 @@ def paddlenlp_weight_files(directory: str) -> List[str]:
             missing = [f for f in files if not os.path.isfile(f)]
             if missing:
                 raise PaddleNLPAdapterError(f"{path} names shard files that do not exist: {missing}")
-            return files
+            return [files]
     for name in (SAFE_PEFT_WEIGHTS_NAME, LORA_WEIGHTS_NAME):
         if os.path.isfile(os.path.join(directory, name)):
-            return [os.path.join(directory, name)]
+            return [[os.path.join(directory, name)]]
     # saved under pipeline parallel: one file per stage, each with the plain model's keys of its layers
     pp = sorted(n for n in os.listdir(directory) if re.fullmatch(r"lora_model_state\.pp\d+\.pdparams", n))
     if pp:
-        return [os.path.join(directory, n) for n in pp]
+        return [[os.path.join(directory, n) for n in pp]]
     from .paddlenlp_tp import tp_shard_files
 
     tp = tp_shard_files(directory)  # saved per tensor-parallel rank: read_paddlenlp_tensors joins them
     if tp:
-        return [path for rank in sorted(tp) for path in tp[rank]]
+        return [tp[rank] for rank in sorted(tp)]
     raise FileNotFoundError(
         f"no PaddleNLP LoRA weights in {directory}: expected {LORA_WEIGHTS_NAME}, {SAFE_PEFT_WEIGHTS_INDEX_NAME}, "
         f"{SAFE_PEFT_WEIGHTS_NAME}, {PADDLE_PEFT_WEIGHTS_INDEX_NAME} or per-rank lora_model_state.tpXX.pdparams"
@@ -352,27 +346,28 @@ def read_paddlenlp_tensors(directory: str, config: Optional[AdapterConfig] = Non
     rank ``config.r``.  Raises ``PaddleNLPAdapterError`` naming file and key."""
     if config is None:
         config = load_paddlenlp_config(directory)
-    from .paddlenlp_tp import join_tp_shards, tp_shard_files
+    from .paddlenlp_tp import join_tp_shards
 
-    ranks = tp_shard_files(directory) if not _single_weights(directory) else {}
-    groups = [ranks[r] for r in sorted(ranks)] or [paddlenlp_weight_files(directory)]
+    groups = paddlenlp_weight_files(directory)  # one group of files per tensor-parallel rank
     rank_states: List[Dict[str, np.ndarray]] = []
-    where: Dict[str, str] = {}
-    for files in groups:  # one group of files per tensor-parallel rank (one group when not split)
+    where: Dict[str, str] = {}  # key -> the (first rank's) file holding it, for messages
+    for files in groups:
         tensors: Dict[str, np.ndarray] = {}
+        seen: Dict[str, str] = {}
         for path in files:
             part = _read_safetensors(path) if path.endswith(".safetensors") else _read_pdparams(path)
             for k, v in part.items():
                 if k in tensors:
-                    raise PaddleNLPAdapterError(f"tensor {k!r} is in both {where[k]} and {path}")
-                tensors[k] = v
+                    raise PaddleNLPAdapterError(f"tensor {k!r} is in both {seen[k]} and {path}")
+                tensors[k], seen[k] = v, path
                 where.setdefault(k, path)
         rank_states.append(tensors)
-    degree = _read_json(os.path.join(directory, LORA_CONFIG_NAME)).get("tensor_parallel_degree", -1) or -1
-    if ranks and len(ranks) != max(int(degree), 1):
-        raise PaddleNLPAdapterError(f"{directory}: {len(ranks)} tensor-parallel rank files but {LORA_CONFIG_NAME} "
-                                    f"says tensor_parallel_degree={degree}")
-    tensors = join_tp_shards(rank_states, directory) if ranks else rank_states[0]
+    if len(groups) > 1:
+        degree = _read_json(os.path.join(directory, LORA_CONFIG_NAME)).get("tensor_parallel_degree", -1) or -1
+        if len(groups) != max(int(degree), 1):
+            raise PaddleNLPAdapterError(f"{directory}: {len(groups)} tensor-parallel rank files but "
+                                        f"{LORA_CONFIG_NAME} says tensor_parallel_degree={degree}")
+    tensors = join_tp_shards(rank_states, directory) if len(groups) > 1 else rank_states[0]
     if not tensors:
         raise PaddleNLPAdapterError(f"the PaddleNLP LoRA weights in {directory} hold no tensors")
     patterns = [re.compile(p) for p in config.resolved_target_modules]
