@@ -6,7 +6,6 @@ CLI prints at start; ``llm/tools/plan_memory.py`` uses the same functions (``pla
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Optional, Tuple
@@ -15,7 +14,7 @@ from ..config.environment import paddle_build, world_size as launched_world_size
 from ..prefix.config import ModelFacts, PrefixConfigError, prefix_config_for_model
 from .memory import GiB, Estimate, Layout, PlanInputs, estimate
 from .params import AdapterSpec, Group, QuantSpec, account
-from .shapes import ModelShape, PlanError, read_model_shape
+from .shapes import ModelShape, PlanError, read_json_object, read_model_shape
 
 
 def plan_target(cfg, target: Optional[str] = None) -> str:
@@ -88,11 +87,7 @@ def _saved_adapter(path: str, model_type: str) -> Tuple[AdapterSpec, Optional[di
     for name, paddlenlp in (("adapter_config.json", False), ("lora_config.json", True)):
         full = os.path.join(path, name)
         if os.path.isfile(full):
-            try:
-                with open(full, encoding="utf-8") as f:
-                    d = json.load(f)
-            except (OSError, ValueError) as e:
-                raise PlanError(f"lora_path: cannot read {full}: {e}") from None
+            d = read_json_object(full, "the lora_path adapter config")
             if paddlenlp:  # PaddleNLP's LoRAConfig keys
                 targets = d.get("target_modules")
                 return AdapterSpec("lora", int(d.get("r", 8)), float(d.get("lora_dropout", 0.0) or 0.0),

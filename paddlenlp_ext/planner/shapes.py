@@ -139,6 +139,18 @@ def shape_from_config(cfg: dict, where: str) -> ModelShape:
                       bool(cfg.get("tie_word_embeddings", False)), model_type, bias, source=where)
 
 
+def read_json_object(path: str, what: str) -> dict:
+    """The JSON object in ``path``; PlanError naming ``path`` and ``what`` it is when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: cannot read {what}: {e}") from None
+    if not isinstance(d, dict):
+        raise PlanError(f"{path}: {what} must be a JSON object")
+    return d
+
+
 def read_model_shape(name_or_path: str) -> ModelShape:
     """The shape of ``name_or_path``: a directory with config.json, a config.json file, or a built-in name."""
     if not name_or_path:
@@ -146,14 +158,7 @@ def read_model_shape(name_or_path: str) -> ModelShape:
                         f"or one of the built-in shapes: {', '.join(BUILTIN_SHAPES)}")
     path = os.path.join(name_or_path, "config.json") if os.path.isdir(name_or_path) else name_or_path
     if os.path.isfile(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                cfg = json.load(f)
-        except (OSError, ValueError) as e:
-            raise PlanError(f"{path}: cannot read the model config: {e}") from None
-        if not isinstance(cfg, dict):
-            raise PlanError(f"{path}: a model config.json must be a JSON object")
-        return shape_from_config(cfg, path)
+        return shape_from_config(read_json_object(path, "the model config"), path)
     key = builtin_key(name_or_path)
     if key is not None:
         return replace(BUILTIN_SHAPES[key], source=f"built-in: {key}")
