@@ -259,6 +259,8 @@ def test_pipeline_inputs_cast_what_the_layers_tell_apart_by_dtype():
               "position_ids": paddle.arange(4, dtype="int32").unsqueeze(0), GLOBAL_TOKENS_KEY: paddle.to_tensor(4)}]
     first, last = pipeline_inputs(micro * 2)
     assert first[1] is None and len(first[0]) == 2
+    with pytest.raises(ValueError, match=r"keys no pipeline stage takes: \['chosen_labels'\]"):
+        pipeline_inputs([{**micro[0], "chosen_labels": paddle.ones([1, 4], "int64")}])
     assert first[2][0].dtype == paddle.int32 and first[3][0].dtype == paddle.int64
     assert len(last) == 2 and [int(n) for n in last[1]] == [4, 4]
 

@@ -29,10 +29,13 @@ import paddle.nn as nn
 
 from ..data.global_batches import GLOBAL_TOKENS_KEY
 from .loss import IGNORE_INDEX, global_scale, token_loss_sum
+from .trainer import REAL_TOKENS_KEY
 
 __all__ = ["FIRST_STAGE_KEYS", "pipeline_inputs", "PipelineCriterion", "install_pipeline_training"]
 
 FIRST_STAGE_KEYS = ("input_ids", "attention_mask", "attn_mask_startend_row_indices", "position_ids")
+#: what a stage never needs: the trainer counts the real tokens (training_pipeline_step) before the pipeline
+NOT_SENT = (REAL_TOKENS_KEY,)
 _DTYPES = {"attn_mask_startend_row_indices": "int32", "position_ids": "int64"}
 
 
@@ -55,6 +58,12 @@ def pipeline_inputs(batches: Union[Dict[str, Any], Sequence[Dict[str, Any]]]) ->
     >>> pipeline_inputs({"input_ids": "A", "labels": "L"})
     [('A', None, None, None), 'L']
     """
+    known = set(FIRST_STAGE_KEYS) | {"labels", GLOBAL_TOKENS_KEY, *NOT_SENT}
+    for b in [batches] if isinstance(batches, dict) else batches:
+        unknown = sorted(set(b) - known)
+        if unknown:  # a key no stage would receive: refuse rather than train without it
+            raise ValueError(f"pipeline parallel: the batch has keys no pipeline stage takes: {unknown} "
+                             f"(the first stage takes {list(FIRST_STAGE_KEYS)}, the last labels)")
     if isinstance(batches, dict):
         first = tuple(_cast(k, batches.get(k)) for k in FIRST_STAGE_KEYS)
         labels, n = batches.get("labels"), batches.get(GLOBAL_TOKENS_KEY)
