@@ -19,7 +19,7 @@ from paddle.distributed.fleet.utils.sequence_parallel_utils import (ColumnSequen
 from paddlenlp_ext.adapters import AdapterConfig, LoRALinear, VeRALinear
 from paddlenlp_ext.parallel import ParallelLoRALinear, ParallelVeRALinear, SimulatedGroup
 from paddlenlp_ext.parallel.simulate import SimulatedCollectives
-from test_tp_sim import EXPECTED_AXES, IN, OUT, R, assert_close, np_gather, np_shard
+from test_tp_sim import EXPECTED_AXES, IN, OUT, R, assert_close, build_tp_bases, np_gather, np_shard
 
 SEQ, BATCH = 8, 3
 
@@ -42,19 +42,9 @@ def tensors(method, seed=0):
 def run_case(kind, n, variant, collectives_cls=None):
     v = VARIANTS[variant]
     method, t = v["method"], tensors(v["method"])
-    sim = SimulatedGroup(n)
-
-    def make(r):
-        g = sim.process_group(r)
-        if kind == "column":
-            return ColumnSequenceParallelLinear(IN, OUT, has_bias=True, gather_output=False, mp_group=g)
-        return RowSequenceParallelLinear(IN, OUT, has_bias=True, input_is_parallel=True, mp_group=g)
-
-    bases = sim.build(make)
-    axis = 1 if kind == "column" else 0
-    for r, b in enumerate(bases):
-        b.weight.set_value(np_shard(t["W"], axis, r, n))
-        b.bias.set_value(np_shard(t["bias"], 0, r, n) if kind == "column" else t["bias"])
+    # gather_output=False / input_is_parallel=True: what Paddle's sequence-parallel linears require
+    sim, bases = build_tp_bases(kind, n, t, kind == "row", sequence_parallel=True)
+    assert type(bases[0]) is (ColumnSequenceParallelLinear if kind == "column" else RowSequenceParallelLinear)
     cfg = AdapterConfig(**v["cfg"])
     ref_base = paddle.nn.Linear(IN, OUT)
     ref_base.weight.set_value(t["W"])

@@ -102,15 +102,21 @@ def case_tensors(method, seed=0):
     return t
 
 
-def build_tp_bases(kind, n, t, opt, quant=None, seed=7):
-    """Paddle's Column/RowParallelLinear on n simulated ranks, holding the test's shards of W and bias."""
+def build_tp_bases(kind, n, t, opt, quant=None, seed=7, sequence_parallel=False):
+    """Paddle's Column/RowParallelLinear (or, ``sequence_parallel``, their sequence-parallel versions) on n
+    simulated ranks, holding the test's shards of W and bias."""
     sim = SimulatedGroup(n)
+    column, row = ColumnParallelLinear, RowParallelLinear
+    if sequence_parallel:
+        from paddle.distributed.fleet.utils import sequence_parallel_utils as spu
+
+        column, row = spu.ColumnSequenceParallelLinear, spu.RowSequenceParallelLinear
 
     def make(r):
         g = sim.process_group(r)
         if kind == "column":
-            return ColumnParallelLinear(IN, OUT, has_bias=True, gather_output=opt, mp_group=g)
-        return RowParallelLinear(IN, OUT, has_bias=True, input_is_parallel=opt, mp_group=g)
+            return column(IN, OUT, has_bias=True, gather_output=opt, mp_group=g)
+        return row(IN, OUT, has_bias=True, input_is_parallel=opt, mp_group=g)
 
     bases = sim.build(make, seed=seed)
     axis = 1 if kind == "column" else 0
