@@ -20,8 +20,8 @@ setup(
         "psutil",
     ],
     extras_require={
-        # The interoperability judges (tests): transformers/peft on PyTorch's CPU build, the openai client.
+        # The interoperability judges (tests): transformers/peft on PyTorch's CPU build, the openai client, selenium (Debian chromium).
         # torch is pinned exactly: a looser range pulls a CUDA build of several GB.
-        "test": ["pytest", "torch==2.13.0", "transformers==4.55.4", "peft", "openai"],
+        "test": ["pytest", "torch==2.13.0", "transformers==4.55.4", "peft", "openai", "selenium"],
     },
 )
