@@ -3,7 +3,8 @@
     python llm/tools/merge_lora_params.py --model_name_or_path BASE_DIR --lora_path ADAPTER_DIR \
         --output_path OUT_DIR [--safe_serialization False] [--device gpu|npu|cpu] [--low_gpu_mem True]
 
-Takes PaddleNLP's flags (``--output_path``, or the older ``--merge_lora_model_path``; without
+Takes PaddleNLP's flags (``--output_path``, or the older ``--merge_lora_model_path``, or
+``--merge_model_path`` as llm/merge_lora_params.py spells it; without
 ``--model_name_or_path`` the adapter's ``base_model_name_or_path`` is used, as older PaddleNLP did)
 and either adapter format: this project's, or PaddleNLP's lora_config.json + lora_model_state.pdparams.
 As in PaddleNLP, ``--safe_serialization`` defaults to False (``model_state.pdparams``).
@@ -28,7 +29,7 @@ def parse_arguments(argv=None):
     p.add_argument("--model_name_or_path", default=None, help="local directory of the ORIGINAL base model "
                    "(default: base_model_name_or_path of the adapter config)")
     p.add_argument("--lora_path", required=True, help="adapter directory (ours or PaddleNLP's lora_config.json)")
-    p.add_argument("--output_path", "--merge_lora_model_path", dest="output_path", required=True,
+    p.add_argument("--output_path", "--merge_lora_model_path", "--merge_model_path", dest="output_path", required=True,
                    help="output directory (must be empty or absent unless --overwrite)")
     p.add_argument("--safe_serialization", type=str2bool, default=False,
                    help="true: model.safetensors; false (PaddleNLP's default): model_state.pdparams")
@@ -37,6 +38,12 @@ def parse_arguments(argv=None):
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="compare merged vs base + adapter logits on random probes (default on)")
+    # Unknown flags first: argparse would otherwise report a missing required flag and never the typo.
+    known = {s for action in p._actions for s in action.option_strings}
+    flags = [a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
+             if a.startswith("--") and a.split("=")[0] not in known]
+    if flags:
+        p.error(f"unknown flag(s): {', '.join(flags)} (see --help)")
     return p.parse_args(argv)
 
 

@@ -20,6 +20,7 @@ from .problems import Problem, tagged
 from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
                           tensor_parallel_adapter_problems)
 from .fields import FieldSpec, all_fields
+from .json_errors import describe_json_error
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
 from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
@@ -102,8 +103,8 @@ def read_json_config(path: str) -> Dict[str, Any]:
         raise ConfigError(e.problems) from None
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates(path))
-    except json.JSONDecodeError as e:
-        raise ConfigError([f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}"])
+    except json.JSONDecodeError as e:  # names the line of a trailing comma or a comment, not the next brace
+        raise ConfigError([describe_json_error(path, text, e)]) from None
     except ValueError as e:
         raise ConfigError([f"{path}: {e}"])
     if not isinstance(obj, dict):
