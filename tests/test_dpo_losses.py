@@ -6,7 +6,6 @@ paper formulas; parity tests call PaddleNLP 3.0.0b4's own
 """
 
 import math
-
 import zlib
 
 import numpy as np
