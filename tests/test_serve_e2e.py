@@ -12,13 +12,13 @@ import os
 import shutil
 import threading
 import time
-import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 
 from conftest import ROOT
+from paddlenlp_ext.serve.process import post
 
 pytestmark = pytest.mark.slow
 
@@ -168,46 +168,17 @@ def test_stop_sequence_seed_and_sampling(client, expected):
     assert a != expected["base"], "temperature 1.5 sampled the greedy answer: sampling is not applied"
 
 
-def post(url, body, raw=False):
-    data = body if raw else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 MSG = [{"role": "user", "content": "hi"}]
-MALFORMED = [
-    ("/v1/chat/completions", b"{not json", True),
-    ("/v1/chat/completions", b"\xff\xfe", True),
-    ("/v1/chat/completions", [1, 2], False),
-    ("/v1/chat/completions", {"model": "nope", "messages": MSG}, False),
-    ("/v1/chat/completions", {"messages": MSG}, False),
-    ("/v1/chat/completions", {"model": "base"}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "max_tokens": -5}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "max_tokens": 10 ** 9}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": [{"role": "user", "content": "x " * 500000}]}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "max_tokens": "ten"}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": [{"role": "wizard", "content": "hi"}]}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": [{"role": "assistant", "content": "hi"}]}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "temperature": 3}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "top_p": 0}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "stream": "yes"}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "n": 3}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, False),
-    ("/v1/chat/completions", {"model": "base", "messages": "hello"}, False),
-    ("/v1/completions", {"model": "base", "prompt": [1, 2, 3]}, False),
-    ("/v1/completions", {"model": "base", "prompt": "hi", "bogus_option": 1}, False),
-    ("/v1/chat/completions", b"x" * (5 * 1024 * 1024), True),
-]
 
 
 def test_malformed_requests_get_openai_errors_and_the_server_lives(server, client, expected):
-    for path, body, raw in MALFORMED:
-        status, err = post(server.url + path, body, raw)
-        assert 400 <= status < 500, (path, str(body)[:80], status, err)
+    from paddlenlp_ext.serve.process import malformed_requests
+
+    cases = malformed_requests("base")
+    assert len(cases) >= 20
+    for what, path, body in cases:
+        status, err = post(server.url + path, body)
+        assert 400 <= status < 500, (what, status, err)
         assert set(err["error"]) == {"message", "type", "param", "code"}, err
         assert err["error"]["message"], err
     assert post(server.url + "/nowhere", {})[0] == 404
@@ -279,10 +250,8 @@ def test_chat_page_in_headless_chromium(server, expected, tmp_path):
         wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("done"))
         answer = driver.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")[-1].text
         assert answer.strip() == expected["sql"].strip()  # innerText of pre-wrap text: same words
-        shot = os.environ.get("SERVE_SCREENSHOT")
-        if shot:
-            driver.save_screenshot(shot)
-        # stop: a long answer, aborted while it streams; the server notices and drops the row
+        # second turn, with a system prompt: a long answer, stopped while it streams (the server drops the row)
+        driver.find_element(By.ID, "system").send_keys("Answer in one line.")
         driver.find_element(By.ID, "max-tokens").clear()
         driver.find_element(By.ID, "max-tokens").send_keys("400")
         driver.find_element(By.ID, "input").send_keys("and then?")
@@ -291,6 +260,10 @@ def test_chat_page_in_headless_chromium(server, expected, tmp_path):
                    and d.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")[-1].text)
         driver.find_element(By.ID, "stop").click()
         wait.until(lambda d: d.find_element(By.ID, "status").text == "stopped")
+        assert len(driver.find_elements(By.CSS_SELECTOR, ".msg.user")) == 2
+        shot = os.environ.get("SERVE_SCREENSHOT")  # docs/serve.png: SERVE_SCREENSHOT=docs/serve.png pytest ...
+        if shot:
+            driver.save_screenshot(shot)
     finally:
         driver.quit()
     deadline = time.time() + 30

@@ -30,7 +30,7 @@ from typing import Any, Callable, Deque, List, Optional
 import numpy as np
 
 from .protocol import ApiError, GenRequest
-from .textstream import TextAssembler
+from .textstream import IncrementalDecoder, TextAssembler, first_stop
 
 _log = logging.getLogger("paddlenlp_ext.serve")
 _ids = itertools.count(1)
@@ -70,13 +70,17 @@ class BatchStreamer:
 
     def __init__(self, jobs: List[Job], tokenizer, eos_ids: List[int]):
         self.jobs, self.tokenizer, self.eos_ids = jobs, tokenizer, set(eos_ids)
-        self.ids: List[List[int]] = [[] for _ in jobs]
+        self.rows = [IncrementalDecoder(self.decode) for _ in jobs]
         self.text = [TextAssembler(j.req.stop) for j in jobs]
         self.reason: List[Optional[str]] = [None] * len(jobs)
 
-    def decode(self, i: int) -> str:
+    @property
+    def ids(self) -> List[List[int]]:
+        return [r.ids for r in self.rows]
+
+    def decode(self, ids: List[int]) -> str:
         # as the predictor decodes an answer: special tokens out, spaces as the tokenizer made them
-        return self.tokenizer.decode(self.ids[i], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def put(self, value) -> None:
         tokens = np.asarray(value.numpy() if hasattr(value, "numpy") else value).reshape(-1)  # [B]
@@ -90,13 +94,14 @@ class BatchStreamer:
             if t in self.eos_ids:
                 self.finish(i, "stop")
                 continue
-            self.ids[i].append(t)
-            delta, stopped = self.text[i].update(self.decode(i))
-            if delta:
-                job.emit("delta", delta)
-            if stopped:
-                self.finish(i, "stop")
-            elif len(self.ids[i]) >= job.max_new_tokens:
+            if self.rows[i].add(t):
+                delta, stopped = self.text[i].update(self.rows[i].text)
+                if delta:
+                    job.emit("delta", delta)
+                if stopped:
+                    self.finish(i, "stop")
+                    continue
+            if len(self.rows[i].ids) >= job.max_new_tokens:
                 self.finish(i, "length")
         if all(r is not None for r in self.reason):
             raise BatchDone()
@@ -108,13 +113,16 @@ class BatchStreamer:
                 self.finish(i, "length")
 
     def finish(self, i: int, reason: str) -> None:
-        full = self.decode(i)
-        delta, stopped = self.text[i].update(full, final=True)
+        """End row i: the answer is the decoding of all its tokens (the predictor's), cut at a stop sequence."""
+        full = self.decode(self.rows[i].ids)
+        cut = first_stop(full, self.jobs[i].req.stop)
+        answer = full if cut is None else full[:cut]
+        delta, _ = self.text[i].update(full, final=True)
         if delta:
             self.jobs[i].emit("delta", delta)
-        self.reason[i] = "stop" if stopped else reason
+        self.reason[i] = "stop" if cut is not None else reason
         self.jobs[i].finished = True
-        self.jobs[i].emit("done", self.reason[i], len(self.jobs[i].prompt_ids), len(self.ids[i]), self.text[i].text)
+        self.jobs[i].emit("done", self.reason[i], len(self.jobs[i].prompt_ids), len(self.rows[i].ids), answer)
 
 
 class Scheduler:

@@ -95,8 +95,9 @@ def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
         c = req.conversation
         rec = PromptRecord(src=c.src, history=c.history, system=c.system, origin="messages")
         try:
-            # src_length = limit - 1: the whole prompt may take all but one token; `truncated` says it did not fit
-            p = build_prompt(rec, s.tokenizer, limit - 1, limit, s.use_template)
+            # src_length = limit: nothing is cut unless the prompt alone fills the context (`truncated`);
+            # max_length unbounded so build_prompt leaves the refusal to the checks below
+            p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template)
         except PredictInputError as e:  # the chat template refused the conversation
             raise ApiError(400, str(e), "messages", "invalid_value") from e
         ids, too_long = p.ids, p.truncated

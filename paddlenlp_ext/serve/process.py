@@ -7,10 +7,14 @@
 
 The ready line ``[serve] ready on http://HOST:PORT`` is what ``start`` waits for; a server that
 exits first raises RuntimeError with its output.
+
+``malformed_requests`` are the requests every server must refuse with a 4xx OpenAI-style error
+(tests/test_serve_e2e.py and bench/serve.py send them); ``post`` sends one with the standard library.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,7 +22,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional
+import urllib.error
+import urllib.request
+from typing import Any, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "llm", "predict", "server.py")
@@ -81,3 +87,47 @@ class ServerProcess:
                 self.terminate(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def post(url: str, body: Any, timeout: float = 120.0) -> Tuple[int, Any]:
+    """(status, decoded JSON) of a POST; ``body`` bytes are sent as they are, anything else as JSON."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def malformed_requests(model: str) -> List[Tuple[str, str, Any]]:
+    """[(what, path, body)]: 21 requests a server must refuse with a 4xx JSON error and survive."""
+    msg = [{"role": "user", "content": "hi"}]
+    chat = "/v1/chat/completions"
+
+    def ok(**kw):
+        return {"model": model, "messages": msg, **kw}
+
+    return [
+        ("bad JSON", chat, b"{not json"),
+        ("not UTF-8", chat, b"\xff\xfe"),
+        ("body not an object", chat, [1, 2]),
+        ("unknown model", chat, {"model": "no-such-model", "messages": msg}),
+        ("no model", chat, {"messages": msg}),
+        ("no messages", chat, {"model": model}),
+        ("negative max_tokens", chat, ok(max_tokens=-5)),
+        ("huge max_tokens", chat, ok(max_tokens=10 ** 9)),
+        ("1 MB prompt", chat, {"model": model, "messages": [{"role": "user", "content": "x " * 500000}]}),
+        ("max_tokens of the wrong type", chat, ok(max_tokens="ten")),
+        ("bad role", chat, {"model": model, "messages": [{"role": "wizard", "content": "hi"}]}),
+        ("no user turn to answer", chat, {"model": model, "messages": [{"role": "assistant", "content": "hi"}]}),
+        ("temperature out of range", chat, ok(temperature=3)),
+        ("top_p 0", chat, ok(top_p=0)),
+        ("stream not a boolean", chat, ok(stream="yes")),
+        ("n > 1 (not supported)", chat, ok(n=3)),
+        ("five stop sequences", chat, ok(stop=["a", "b", "c", "d", "e"])),
+        ("messages a string", chat, {"model": model, "messages": "hello"}),
+        ("token-id prompt", "/v1/completions", {"model": model, "prompt": [1, 2, 3]}),
+        ("unknown parameter", "/v1/completions", {"model": model, "prompt": "hi", "bogus_option": 1}),
+        ("5 MB body", chat, b"x" * (5 * 1024 * 1024)),
+    ]

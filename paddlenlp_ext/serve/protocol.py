@@ -43,7 +43,9 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> Dict[str, Any]:
-        """>>> ApiError(400, "bad", "top_p", "invalid_value").body()["error"]["type"]
+        """OpenAI's error object.
+
+        >>> ApiError(400, "bad", "top_p", "invalid_value").body()["error"]["type"]
         'invalid_request_error'
         """
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
@@ -212,7 +214,9 @@ def parse_sampling(body: Dict[str, Any], default: Sampling) -> Sampling:
 
 
 def parse_stop(value: Any) -> List[str]:
-    """>>> parse_stop("\\n"), parse_stop(None), parse_stop(["a", "b"])
+    """The stop sequences as a list.
+
+    >>> parse_stop("\\n"), parse_stop(None), parse_stop(["a", "b"])
     (['\\n'], [], ['a', 'b'])
     """
     if value is None:

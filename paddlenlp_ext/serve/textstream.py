@@ -72,3 +72,33 @@ class TextAssembler:
             return "", self.stopped
         delta, self.text = decoded[len(self.text):], decoded
         return delta, self.stopped
+
+
+class IncrementalDecoder:
+    """Text of a growing token list, decoding only its last few tokens per step (a full decode of every
+    row at every step would cost O(length) each time; the tokenizer's decode is pure Python).
+
+    The new text is ``decode(ids[prefix:]) - decode(ids[prefix:read])``: the window starts a few tokens
+    back, so a word-initial space or a multi-token character decodes as it does in the whole sequence.
+    A window ending in U+FFFD (an incomplete UTF-8 sequence) waits for more tokens.
+
+    >>> d = IncrementalDecoder(lambda ids: "".join(chr(96 + i) for i in ids))
+    >>> d.add(1), d.add(2), d.text
+    ('a', 'b', 'ab')
+    """
+
+    def __init__(self, decode):
+        self.decode, self.ids, self.text = decode, [], ""
+        self.prefix = self.read = 0
+
+    def add(self, token: int) -> str:
+        """Append a token; the text it completes (maybe empty)."""
+        self.ids.append(token)
+        before = self.decode(self.ids[self.prefix:self.read])
+        now = self.decode(self.ids[self.prefix:])
+        if len(now) <= len(before) or now.endswith("\ufffd") or not now.startswith(before):
+            return ""
+        delta = now[len(before):]
+        self.prefix, self.read = self.read, len(self.ids)
+        self.text += delta
+        return delta
