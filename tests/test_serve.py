@@ -203,3 +203,35 @@ def test_stop_sequence_and_cancel_end_rows_early(served):
     assert streamed == done[4] == full[:full.find(stop)] and done[1] == "stop"
     assert done[3] < 30 and cancelled == [], "the cancelled row still got events"
     assert stats["rows"] == 2
+
+
+# ------------------------------------------------------------------ the HTTP layer in process (no model)
+class _BrokenTokenizer:
+    def __call__(self, text, **kw):
+        raise RuntimeError("tokenizer exploded")
+
+
+def test_http_errors_are_openai_shaped_even_for_bugs(tiny_model_dir):
+    """Routes, bad bodies and an internal failure (a tokenizer that raises) all answer OpenAI's error JSON."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from paddlenlp_ext.predict.options import PredictOptions
+    from paddlenlp_ext.serve.app import build_app
+    from paddlenlp_ext.serve.engine import Scheduler
+
+    model = serve_models.ServedModel(name="m", options=PredictOptions(tiny_model_dir, max_length=64),
+                                     session=SimpleNamespace(tokenizer=_BrokenTokenizer(), use_template=False))
+    client = TestClient(build_app([model], Scheduler([model]), GREEDY), raise_server_exceptions=False)
+    assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+    for method, path, body, status in (("post", "/v1/chat/completions", b"[", 400),
+                                       ("post", "/v1/completions", b'{"model": "x", "prompt": "a"}', 404),
+                                       ("get", "/v1/chat/completions", None, 405),
+                                       ("get", "/nowhere", None, 404),
+                                       ("post", "/v1/completions", b'{"model": "m", "prompt": "a"}', 500)):
+        r = getattr(client, method)(path, content=body) if body is not None else getattr(client, method)(path)
+        assert r.status_code == status, (path, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+    assert "tokenizer exploded" in r.json()["error"]["message"]
+    assert "chat.js" in client.get("/").text and "getReader" in client.get("/static/chat.js").text

@@ -185,15 +185,52 @@ def test_malformed_requests_get_openai_errors_and_the_server_lives(server, clien
     assert chat(client, "base", stream=False)[0] == expected["base"]  # still answering, still right
 
 
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}system: {{ m['content'] }}\n{% elif m['role'] == "
+            "'user' %}user: {{ m['content'] }}\nbot: {% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}")
+
+
 @pytest.fixture(scope="module")
-def small_server(tiny_model_dir):
-    """One request at a time and a queue of one: the third concurrent request has no room."""
+def template_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve_template") / "template.jinja"
+    path.write_text(TEMPLATE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small_server(tiny_model_dir, template_file):
+    """A chat template; one request at a time and a queue of one: the third concurrent request has no room."""
     from paddlenlp_ext.serve.process import ServerProcess
 
     srv = ServerProcess(["--model_name_or_path", tiny_model_dir, "--max_length", "512", "--max_batch_size", "1",
-                         "--max_queue", "1", "--batch_wait_ms", "0"])
+                         "--max_queue", "1", "--batch_wait_ms", "0", "--chat_template", template_file])
     with srv:
         yield srv
+
+
+def test_chat_template_multi_turn_matches_the_predictor(small_server, tiny_model_dir, template_file,
+                                                                        tmp_path):
+    import openai
+
+    client = openai.OpenAI(base_url=small_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    q1, a1, q2 = "type#coat*color#red", "A red coat.", "type#skirt*color#blue"
+    messages = [{"role": "user", "content": q1}, {"role": "assistant", "content": a1}, {"role": "user", "content": q2}]
+    r = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=NEW_TOKENS, temperature=0)
+    n = r.usage.prompt_tokens
+    # PaddleNLP's jinja rendering gets no system context: a system message would be dropped, so it is refused
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-llama", messages=[{"role": "system", "content": "Be brief."}] +
+                                       messages, max_tokens=1)
+    assert e.value.body["code"] == "system_message_unsupported"
+    data = tmp_path / "p.json"
+    data.write_text(json.dumps({"src": [q1, q2], "tgt": [a1]}) + "\n")
+    spec = importlib.util.spec_from_file_location("predictor_cli", PREDICTOR)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main(["--model_name_or_path", tiny_model_dir, "--data_file", str(data), "--output_file",
+                     str(tmp_path / "out.json"), "--chat_template", template_file, "--decode_strategy",
+                     "greedy_search", "--src_length", str(n), "--max_length", str(n + NEW_TOKENS)]) == 0
+    expected_text = json.loads((tmp_path / "out.json").read_text())["output"]
+    assert r.choices[0].message.content == expected_text
 
 
 def test_full_queue_answers_429(small_server):

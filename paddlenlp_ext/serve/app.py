@@ -155,6 +155,11 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
                 405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return error_response(ApiError(e.status_code, what, None, "not_found" if e.status_code == 404 else None))
 
+    @app.exception_handler(500)
+    async def _internal(request: Request, e: Exception):
+        # a bug, not the client's fault: still an OpenAI-style body (uvicorn logs the traceback)
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}", None, "internal"))
+
     @app.get("/v1/models")
     async def list_models():
         return model_cards(models, started)

@@ -101,6 +101,8 @@ def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
         except PredictInputError as e:  # the chat template refused the conversation
             raise ApiError(400, str(e), "messages", "invalid_value") from e
         ids, too_long = p.ids, p.truncated
+        if c.system is not None and s.use_template and not too_long:
+            _refuse_dropped_system(rec, ids, s, limit)
         if too_long:
             ids = _untruncated_length(rec, s)
     else:
@@ -117,6 +119,19 @@ def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
                        f"{len(ids) + req.max_tokens} ({len(ids)} in the prompt, {req.max_tokens} for the answer). "
                        f"Use max_tokens {room} or less.", "max_tokens", "context_length_exceeded")
     return ids
+
+
+def _refuse_dropped_system(rec: PromptRecord, ids: List[int], session, limit: int) -> None:
+    """400 when the prompt is the same without the system message: the chat template never received it
+    (PaddleNLP's jinja path takes no system context), and answering as if it had would be wrong."""
+    from ..predict.prompts import build_prompt
+
+    bare = build_prompt(dataclasses.replace(rec, system=None), session.tokenizer, limit, 2 ** 62, True)
+    if bare.ids == ids:
+        raise ApiError(400, "this model's chat template does not receive the system message (PaddleNLP renders "
+                       "jinja chat templates without a system context), so it would be dropped; leave the system "
+                       "message out, or put its text in the first user message", "messages[0]",
+                       "system_message_unsupported")
 
 
 def _untruncated_length(rec: PromptRecord, session) -> int:
