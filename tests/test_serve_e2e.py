@@ -111,6 +111,17 @@ def chat(client, model, stream, **kw):
     return text, chunks
 
 
+def health(server):
+    return json.load(urllib.request.urlopen(server.url + "/health"))
+
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("model", ["base", "sql", "poem"])
 def test_openai_client_gets_the_predictors_text(client, expected, model):
     text, r = chat(client, model, stream=False)
@@ -144,11 +155,11 @@ def test_concurrent_requests_for_different_adapters_are_batched_and_correct(clie
     """Requests for three names in flight at once: each gets its own model's answer, and same-name
     requests share a generation batch."""
     names = ["base", "sql", "poem"] * 6
-    before = json.load(urllib.request.urlopen(server.url + "/health"))
+    before = health(server)
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
         got = list(pool.map(lambda m: chat(client, m, stream=m == "sql")[0], names))
     assert got == [expected[m] for m in names]
-    after = json.load(urllib.request.urlopen(server.url + "/health"))
+    after = health(server)
     assert after["rows"] - before["rows"] == len(names)
     assert after["batches"] - before["batches"] < len(names), "requests were served one after another"
     assert after["largest_batch"] >= 2
@@ -245,12 +256,13 @@ def test_full_queue_answers_429(small_server):
 
 def test_sigterm_finishes_requests_in_flight(small_server):
     results = []
-    body = {"model": "tiny-llama", "messages": MSG, "max_tokens": 60, "temperature": 0}
+    body = {"model": "tiny-llama", "messages": MSG, "max_tokens": 100, "temperature": 0}
     threads = [threading.Thread(target=lambda: results.append(post(small_server.url + "/v1/chat/completions", body)))
-               for _ in range(2)]  # one generating, one queued
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
+               for _ in range(2)]
+    threads[0].start()
+    wait_for(lambda: health(small_server)["running"] == 1)  # the first is generating ...
+    threads[1].start()
+    wait_for(lambda: health(small_server)["queue"] == 1)  # ... and the second is queued behind it
     code = small_server.terminate()
     for t in threads:
         t.join(60)

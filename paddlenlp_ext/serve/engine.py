@@ -136,7 +136,7 @@ class Scheduler:
         self.closing = False
         self.ready = threading.Event()
         self.load_error: Optional[BaseException] = None
-        self.stats = {"batches": 0, "rows": 0, "largest_batch": 0}
+        self.stats = {"batches": 0, "rows": 0, "largest_batch": 0, "running": 0}  # running: rows generating now
         self.thread = threading.Thread(target=self._main, name="paddle-generation", daemon=True)
 
     # ---------------------------------------------------------------- event-loop side
@@ -209,6 +209,7 @@ class Scheduler:
             paddle.seed(sampling.seed)
         streamer = BatchStreamer(jobs, s.tokenizer, s.eos_ids)
         t0 = time.time()
+        self.stats["running"] = len(jobs)
         try:
             generate_batch(s.model, [Prompt(ids=j.prompt_ids, max_new_tokens=j.max_new_tokens) for j in jobs], o,
                            s.eos_ids, s.pad_id, streamer=streamer)
@@ -220,6 +221,8 @@ class Scheduler:
                 if not j.finished:
                     j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
             return
+        finally:
+            self.stats["running"] = 0
         streamer.end()
         self.stats["batches"] += 1
         self.stats["rows"] += len(jobs)
