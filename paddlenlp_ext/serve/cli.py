@@ -17,15 +17,15 @@ import sys
 from typing import List, Optional
 
 from ..predict.inputs import PredictInputError
-from ..predict.options import DECODE_STRATEGIES, DEVICES, DTYPES, PredictOptions
+from ..predict.options import PredictOptions, add_generation_flags
 
 EXIT_BAD_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = PredictOptions(model_name_or_path="")
     p = argparse.ArgumentParser(description="OpenAI-compatible server + chat page over a (fine-tuned) model. "
-                                            "See docs/serve.md.")
+                                            "The decoding flags apply to requests that give neither temperature "
+                                            "nor top_p. See docs/serve.md.")
     p.add_argument("--model_name_or_path", required=True, help="local base model directory (as for the predictor)")
     p.add_argument("--served_model_name", default=None, help="the base's model name (default: its directory name)")
     p.add_argument("--lora_path", "--prefix_path", dest="lora_path", action="append", default=[],
@@ -39,17 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long the first waiting request waits for others to join its batch")
     p.add_argument("--drain_timeout", type=float, default=300.0,
                    help="on SIGTERM, seconds to wait for requests in flight before exiting")
-    p.add_argument("--max_length", type=int, default=None, help="prompt + answer in tokens (default 2048, at most "
-                   "max_position_embeddings)")
-    p.add_argument("--decode_strategy", choices=DECODE_STRATEGIES, default=d.decode_strategy,
-                   help="for requests that give neither temperature nor top_p")
-    p.add_argument("--top_k", type=int, default=d.top_k, help="1 = greedy (default)")
-    p.add_argument("--top_p", type=float, default=d.top_p)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--repetition_penalty", type=float, default=d.repetition_penalty)
-    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
-    p.add_argument("--device", choices=DEVICES, default=None, help="default: gpu if Paddle has one, else cpu")
-    p.add_argument("--chat_template", default=None, help="chat template file given to training, if any")
+    add_generation_flags(p)  # the predictor's: --max_length, decoding, --dtype, --device, --chat_template
     return p
 
 
