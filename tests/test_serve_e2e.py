@@ -179,6 +179,23 @@ def test_stop_sequence_seed_and_sampling(client, expected):
     assert a != expected["base"], "temperature 1.5 sampled the greedy answer: sampling is not applied"
 
 
+def test_a_client_that_hangs_up_is_not_generated_for(server):
+    """A non-streaming request whose connection closes: the server drops its row instead of finishing it."""
+    import re
+    import socket
+
+    host, port = server.url.split("//")[1].split(":")
+    body = json.dumps({"model": "poem", "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 480})
+    before = server.log().count("cancelled")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        wait_for(lambda: health(server)["running"] == 1)
+    wait_for(lambda: server.log().count("cancelled") > before)
+    tokens = [int(n) for n in re.findall(r"for poem, (\d+) new tokens in [\d.]+s, 1 cancelled", server.log())]
+    assert tokens and tokens[-1] < 480, "the row ran to its max_tokens after its client hung up"
+
+
 MSG = [{"role": "user", "content": "hi"}]
 
 
