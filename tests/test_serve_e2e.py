@@ -9,7 +9,6 @@ import concurrent.futures
 import importlib.util
 import json
 import os
-import shutil
 import threading
 import time
 import urllib.request
