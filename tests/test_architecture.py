@@ -43,6 +43,8 @@ IMPORT_RULES = {
     "predict": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "planner": {"paddle", "paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.adapters"},
     "parallel": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer"},
+    "serve": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.adapters",
+              "paddlenlp.trainer"},
 }
 
 
@@ -84,6 +86,10 @@ BROAD_EXCEPT_ALLOWED = {
         "MERGE_VERIFY_FAILED and the run exits 3 (the output is marked, not deleted)",
     ("merge/writer.py", "_drain"):
         "writer thread: the exception is stored and re-raised in the caller by the next write()/close()",
+    ("serve/engine.py", "_main"):
+        "generation thread: a failure to load the models is stored and reported (or re-raised) by the main thread",
+    ("serve/engine.py", "_run"):
+        "generation thread: a failed batch answers each of its requests with a 500 error and the server goes on",
 }
 
 

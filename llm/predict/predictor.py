@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from paddlenlp_ext.predict.inputs import PredictInputError, read_prompts  # noqa: E402
-from paddlenlp_ext.predict.options import DECODE_STRATEGIES, DEVICES, DTYPES, PredictOptions, check_options  # noqa
+from paddlenlp_ext.predict.options import PredictOptions, add_generation_flags, check_options  # noqa: E402
 from paddlenlp_ext.cli.common import str2bool  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -39,18 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=d.batch_size)
     p.add_argument("--src_length", type=int, default=None,
                    help="longest prompt in tokens (default 1024, at most max_length/2)")
-    p.add_argument("--max_length", type=int, default=None, help="prompt + answer in tokens (default 2048, at most "
-                   "max_position_embeddings)")
-    p.add_argument("--decode_strategy", choices=DECODE_STRATEGIES, default=d.decode_strategy)
-    p.add_argument("--top_k", type=int, default=d.top_k, help="1 = greedy (default); 0 = no top-k filter")
-    p.add_argument("--top_p", type=float, default=d.top_p)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--repetition_penalty", type=float, default=d.repetition_penalty)
-    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
-    p.add_argument("--device", choices=DEVICES, default=None, help="default: gpu if Paddle has one, else cpu")
+    add_generation_flags(p)  # --max_length, decoding, --dtype, --device, --chat_template (shared with server.py)
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--chat", type=str2bool, nargs="?", const=True, default=False, help="interactive session")
-    p.add_argument("--chat_template", default=None, help="chat template file given to training, if any")
     return p
 
 

@@ -82,9 +82,13 @@ def cut_answer(tokens: Sequence[int], budget: int, eos_ids: Sequence[int]) -> Li
 
 def generate_batch(model, prompts: Sequence[Prompt], o: PredictOptions, eos_ids: List[int], pad_id: int,
                    streamer: Optional[BaseStreamer] = None) -> List[List[int]]:
-    """One generate() call for the prompts; each row's answer token ids (EOS and padding removed)."""
-    if streamer is not None and len(prompts) != 1:
-        raise ValueError("streaming prints one sequence: call generate_batch with a single prompt")
+    """One generate() call for the prompts; each row's answer token ids (EOS and padding removed).
+
+    ``streamer.put`` gets every row's next token [B, 1]: ``TokenPrinter`` shows one sequence, so it takes
+    a single prompt; a streamer for batches (``serve.engine.BatchStreamer``) may end the call early by
+    raising from ``put``, which propagates."""
+    if isinstance(streamer, TokenPrinter) and len(prompts) != 1:
+        raise ValueError("TokenPrinter prints one sequence: call generate_batch with a single prompt")
     ids, mask, pos = left_padded([p.ids for p in prompts])
     budget = max(p.max_new_tokens for p in prompts)
     cfg = generation_config(o, budget, eos_ids, pad_id)

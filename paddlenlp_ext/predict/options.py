@@ -11,6 +11,7 @@ Meanings are PaddleNLP's (llm/docs/predict/inference.md):
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -143,3 +144,19 @@ def check_options(o: PredictOptions) -> Tuple[PredictOptions, List[str], List[st
     output_file = o.output_file or (DEFAULT_OUTPUT_FILE if o.data_file else None)
     return (dataclasses.replace(o, src_length=src_length, max_length=max_length, output_file=output_file),
             problems, notes)
+
+
+def add_generation_flags(p: argparse.ArgumentParser) -> None:
+    """The flags the predictor and the server (``llm/predict/server.py``) share: lengths, decoding, dtype,
+    device, chat template (PaddleNLP's names and defaults)."""
+    d = PredictOptions(model_name_or_path="")
+    p.add_argument("--max_length", type=int, default=None, help="prompt + answer in tokens (default 2048, at most "
+                   "max_position_embeddings)")
+    p.add_argument("--decode_strategy", choices=DECODE_STRATEGIES, default=d.decode_strategy)
+    p.add_argument("--top_k", type=int, default=d.top_k, help="1 = greedy (default); 0 = no top-k filter")
+    p.add_argument("--top_p", type=float, default=d.top_p)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--repetition_penalty", type=float, default=d.repetition_penalty)
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument("--device", choices=DEVICES, default=None, help="default: gpu if Paddle has one, else cpu")
+    p.add_argument("--chat_template", default=None, help="chat template file given to training, if any")

@@ -1,0 +1,172 @@
+"""Benchmark: llm/predict/server.py under 32 concurrent clients vs the same requests one at a time.
+
+    .venv/bin/python bench/serve.py [--model build/tiny-llama] [--clients 32] [--rounds 2] [--max_tokens 32]
+                                    [--deadline 300]
+
+1. Starts the server in a subprocess on a free loopback port (``--port 0``) with the model
+   (the tiny demo model by default, built if absent).
+2. Sends ``clients x rounds`` greedy chat requests (distinct prompts, ``max_tokens`` each) ONE AT
+   A TIME, then the same requests from ``clients`` concurrent clients (each client sends its
+   ``rounds`` requests back to back).  Each request has a timeout and the whole run a deadline,
+   so it always stops by itself.
+3. Reports errors (any non-200 or a concurrent answer that differs from the sequential one --
+   greedy decoding must not depend on the batch), throughput (requests/s, tokens/s) of both
+   ways, the speed-up, p50/p95 latency, and the server's batch count.
+4. Sends the malformed requests of ``serve.process.malformed_requests`` (bad JSON, unknown
+   model, negative max_tokens, a 1 MB prompt, ...): each must get a 4xx OpenAI-style JSON error,
+   and the server must still answer afterwards.
+5. Stops the server with SIGTERM (it must exit 0).  Exit code 0 only if every check passed.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from paddlenlp_ext.serve.process import ServerProcess, malformed_requests, post  # noqa: E402
+
+WORDS = ["dress", "shirt", "skirt", "coat", "jeans", "boots", "scarf", "hat"]
+COLORS = ["blue", "red", "black", "white"]
+
+
+def prompts(n):
+    return [f"type#{WORDS[i % len(WORDS)]}*color#{COLORS[(i // len(WORDS)) % len(COLORS)]}*n#{i}" for i in range(n)]
+
+
+def percentile(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q / 100.0 * len(s) + 0.5)) - 1))]
+
+
+def one(url, model, text, max_tokens, timeout):
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0}
+    t0 = time.time()
+    try:
+        status, r = post(url + "/v1/chat/completions", body, timeout=timeout)
+    except OSError as e:  # timeout, reset: counted as an error
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "seconds": time.time() - t0}
+    if status != 200:
+        return {"ok": False, "error": f"{status}: {r}", "seconds": time.time() - t0}
+    return {"ok": True, "text": r["choices"][0]["message"]["content"], "tokens": r["usage"]["completion_tokens"],
+            "seconds": time.time() - t0}
+
+
+def run_sequential(url, model, texts, a, deadline):
+    out = []
+    for t in texts:
+        if time.time() > deadline:
+            out.append({"ok": False, "error": "deadline", "seconds": 0.0})
+            continue
+        out.append(one(url, model, t, a.max_tokens, a.timeout))
+    return out
+
+
+def run_concurrent(url, model, texts, a, deadline):
+    per_client = [texts[c::a.clients] for c in range(a.clients)]
+
+    def client(mine):
+        return [one(url, model, t, a.max_tokens, a.timeout) if time.time() < deadline
+                else {"ok": False, "error": "deadline", "seconds": 0.0} for t in mine]
+
+    with concurrent.futures.ThreadPoolExecutor(a.clients) as pool:
+        results = list(pool.map(client, per_client))
+    out = [None] * len(texts)
+    for c, rs in enumerate(results):
+        for k, r in enumerate(rs):
+            out[c + k * a.clients] = r
+    return out
+
+
+def summary(name, results, seconds):
+    ok = [r for r in results if r["ok"]]
+    tokens = sum(r["tokens"] for r in ok)
+    lat = [r["seconds"] for r in ok] or [0.0]
+    row = {"requests": len(results), "errors": len(results) - len(ok), "seconds": round(seconds, 2),
+           "req_per_s": round(len(ok) / seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
+           "p50_s": round(percentile(lat, 50), 3), "p95_s": round(percentile(lat, 95), 3)}
+    print(f"{name:<12} {row['requests']:>8} {row['errors']:>6} {row['seconds']:>8.2f} {row['req_per_s']:>8.2f} "
+          f"{row['tokens_per_s']:>9.1f} {row['p50_s']:>7.3f} {row['p95_s']:>7.3f}")
+    return row
+
+
+def check_refusals(url, model):
+    bad = []
+    for what, path, body in malformed_requests(model):
+        try:
+            status, err = post(url + path, body, timeout=60)
+        except OSError as e:
+            bad.append(f"{what}: {type(e).__name__}: {e}")
+            continue
+        fine = 400 <= status < 500 and isinstance(err, dict) and set(err.get("error", {})) >= {
+            "message", "type", "param", "code"}
+        print(f"  {status}  {what:<32} {err.get('error', {}).get('code') if isinstance(err, dict) else err}")
+        if not fine:
+            bad.append(f"{what}: {status} {err}")
+    return bad
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=os.path.join(ROOT, "build", "tiny-llama"))
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=2, help="requests per client")
+    p.add_argument("--max_tokens", type=int, default=32)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole benchmark")
+    a = p.parse_args()
+    if a.model == os.path.join(ROOT, "build", "tiny-llama"):
+        from paddlenlp_ext.models.tiny import ensure_tiny_model
+
+        ensure_tiny_model(a.model, os.path.join(ROOT, "llm", "data", "advertise"))
+    deadline = time.time() + a.deadline
+    texts = prompts(a.clients * a.rounds)
+    problems = []
+    with ServerProcess(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
+                        "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients)]) as server:
+        print(f"server: {server.url}  model: {a.model}  requests: {len(texts)} (greedy, max_tokens {a.max_tokens})")
+        one(server.url, "bench", "warm-up", 4, a.timeout)
+        print(f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
+              f"{'p95 s':>7}")
+        t0 = time.time()
+        seq = run_sequential(server.url, "bench", texts, a, deadline)
+        s_row = summary("one-by-one", seq, time.time() - t0)
+        before = json.load(urllib.request.urlopen(server.url + "/health"))
+        t0 = time.time()
+        con = run_concurrent(server.url, "bench", texts, a, deadline)
+        c_row = summary(f"{a.clients} clients", con, time.time() - t0)
+        after = json.load(urllib.request.urlopen(server.url + "/health"))
+        differ = sum(1 for x, y in zip(seq, con) if x["ok"] and y["ok"] and x["text"] != y["text"])
+        speedup = c_row["req_per_s"] / max(s_row["req_per_s"], 1e-9)
+        print(f"speed-up: {speedup:.2f}x; concurrent requests ran in {after['batches'] - before['batches']} "
+              f"batch(es) (largest {after['largest_batch']}); answers differing from one-by-one: {differ}")
+        errors = s_row["errors"] + c_row["errors"]
+        if errors:
+            problems.append(f"{errors} request(s) failed: " + "; ".join(
+                r["error"] for r in seq + con if not r["ok"])[:500])
+        if differ:
+            problems.append(f"{differ} concurrent answer(s) differ from the same request alone")
+        if speedup < 2.0:
+            problems.append(f"concurrent throughput is only {speedup:.2f}x one-by-one (want >= 2x)")
+        print("malformed requests:")
+        problems += check_refusals(server.url, "bench")
+        alive = one(server.url, "bench", texts[0], a.max_tokens, a.timeout)
+        print(f"after them the server answers: {alive['ok'] and alive['text'] == seq[0].get('text')}")
+        if not (alive["ok"] and alive["text"] == seq[0].get("text")):
+            problems.append("the server does not answer (or answers differently) after the malformed requests")
+        code = server.terminate()
+        print(f"SIGTERM: exit code {code}")
+        if code != 0:
+            problems.append(f"the server exited {code} on SIGTERM")
+    print("result: " + ("OK" if not problems else "FAILED\n  " + "\n  ".join(problems)))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The served models: one base and its adapters, each under its own name, loaded by the predictor's code.
+
+``--lora_path NAME=DIR`` (repeatable) serves the base + that adapter as model ``NAME``; the base
+is served as ``--served_model_name`` (default: its directory's name).  Each name gets a
+``predict.session.Session`` from ``predict.session.load_session`` -- the loader of
+``llm/predict/predictor.py``, so the server takes every model and adapter the predictor takes
+(LoRA family, VeRA, LoKr, QLoRA, PaddleNLP's LoRA, prefix tuning).  An adapter is merged into
+its own copy of the base in memory, as the predictor merges it, so requests for different
+names never share a batch and never see each other's weights; memory is (1 + adapters) x base.
+
+Prompts are built by ``predict.prompts.build_prompt`` (the predictor's and training's layout,
+the chat template when the model has one), except that a conversation that does not fit is
+refused (400) instead of truncated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..predict.inputs import PredictInputError, PromptRecord
+from ..predict.options import PredictOptions, check_options
+from .protocol import ApiError, GenRequest, Sampling
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+@dataclass
+class ServedModel:
+    name: str
+    options: PredictOptions  # the predictor's options for this name (its --lora_path)
+    parent: Optional[str] = None  # the base's served name, for an adapter
+    session: Any = None  # predict.session.Session, once loaded
+
+
+def split_lora_arg(value: str) -> Tuple[str, str]:
+    """``NAME=DIR`` -> (NAME, DIR); a bare ``DIR`` is named after its last folder.
+
+    >>> split_lora_arg("sql=out/lora"), split_lora_arg("out/my-lora/")
+    (('sql', 'out/lora'), ('my-lora', 'out/my-lora/'))
+    """
+    name, sep, path = value.partition("=")
+    if sep and name and not os.path.exists(value):
+        return name, path
+    return os.path.basename(os.path.normpath(value)), value
+
+
+def plan_models(base: PredictOptions, served_name: Optional[str], lora_args: List[str]) -> Tuple[List[ServedModel],
+                                                                                               List[str]]:
+    """(models, problems): every name and directory checked with the predictor's checks, before anything loads."""
+    problems: List[str] = []
+    name = served_name or os.path.basename(os.path.normpath(base.model_name_or_path))
+    # the server answers one conversation per request: the predictor's chat mode
+    opts, base_problems, _ = check_options(dataclasses.replace(base, chat=True, lora_path=None))
+    problems += base_problems
+    models = [ServedModel(name=name, options=opts)]
+    for arg in lora_args:
+        adapter_name, path = split_lora_arg(arg)
+        o, p, _ = check_options(dataclasses.replace(base, chat=True, lora_path=path))
+        problems += [f"--lora_path {arg}: {x}" if not x.startswith("--lora_path") else x for x in p]
+        models.append(ServedModel(name=adapter_name, options=o, parent=name))
+    seen = set()
+    for m in models:
+        if not NAME_RE.match(m.name):
+            problems.append(f"model name {m.name!r}: use letters, digits and . _ : / - (at most 128 characters)")
+        if m.name in seen:
+            problems.append(f"model name {m.name!r} is served twice; name each adapter: --lora_path NAME=DIR")
+        seen.add(m.name)
+    return models, problems
+
+
+def load_models(models: List[ServedModel]) -> None:
+    """Load the tokenizer once and a session per name (the predictor's loaders); PredictInputError on bad input."""
+    from ..predict.session import load_session, load_tokenizer
+
+    tokenizer, use_template = load_tokenizer(models[0].options)
+    for m in models:
+        m.session = load_session(m.options, tokenizer, use_template)
+
+
+def default_sampling(o: PredictOptions) -> Sampling:
+    """The server's decoding flags as the sampling of a request that gives neither temperature nor top_p."""
+    return Sampling(greedy=o.greedy, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)
+
+
+def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
+    """The request's prompt as token ids; ApiError 400 when it does not fit the context with room to answer."""
+    from ..predict.prompts import build_prompt
+
+    s, limit = model.session, model.options.max_length
+    if req.kind == "chat":
+        c = req.conversation
+        rec = PromptRecord(src=c.src, history=c.history, system=c.system, origin="messages")
+        try:
+            # src_length = limit: nothing is cut unless the prompt alone fills the context (`truncated`);
+            # max_length unbounded so build_prompt leaves the refusal to the checks below
+            p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template)
+        except PredictInputError as e:  # the chat template refused the conversation
+            raise ApiError(400, str(e), "messages", "invalid_value") from e
+        ids, too_long = p.ids, p.truncated
+        if c.system is not None and s.use_template and not too_long:
+            _refuse_dropped_system(rec, ids, s, limit)
+        if too_long:
+            ids = _untruncated_length(rec, s)
+    else:
+        ids = list(s.tokenizer(req.prompt, return_attention_mask=False)["input_ids"])
+        too_long = len(ids) >= limit
+    if too_long:
+        n = ids if isinstance(ids, int) else len(ids)
+        raise ApiError(400, f"this model's maximum context length is {limit} tokens (prompt + answer); the "
+                       f"{'messages are' if req.kind == 'chat' else 'prompt is'} {n} tokens. Shorten it.",
+                       "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+    room = limit - len(ids)
+    if req.max_tokens is not None and req.max_tokens > room:
+        raise ApiError(400, f"this model's maximum context length is {limit} tokens; you requested "
+                       f"{len(ids) + req.max_tokens} ({len(ids)} in the prompt, {req.max_tokens} for the answer). "
+                       f"Use max_tokens {room} or less.", "max_tokens", "context_length_exceeded")
+    return ids
+
+
+def _refuse_dropped_system(rec: PromptRecord, ids: List[int], session, limit: int) -> None:
+    """400 when the prompt is the same without the system message: the chat template never received it
+    (PaddleNLP's jinja path takes no system context), and answering as if it had would be wrong."""
+    from ..predict.prompts import build_prompt
+
+    bare = build_prompt(dataclasses.replace(rec, system=None), session.tokenizer, limit, 2 ** 62, True)
+    if bare.ids == ids:
+        raise ApiError(400, "this model's chat template does not receive the system message (PaddleNLP renders "
+                       "jinja chat templates without a system context), so it would be dropped; leave the system "
+                       "message out, or put its text in the first user message", "messages[0]",
+                       "system_message_unsupported")
+
+
+def _untruncated_length(rec: PromptRecord, session) -> int:
+    """How many tokens the whole conversation takes (for the error message)."""
+    from ..data.reader import Example
+    from ..data.tokenize import encode_turns
+    from ..predict.prompts import PLACEHOLDER_ANSWER
+
+    prefix, turns = encode_turns(Example(src=rec.src, tgt=rec.history + [PLACEHOLDER_ANSWER], system=rec.system),
+                                 session.tokenizer, session.use_template)
+    return len(prefix) + sum(len(s) + len(t) for s, t in turns[:-1]) + len(turns[-1][0])
+
+
+def model_cards(models: List[ServedModel], created: int) -> Dict[str, Any]:
+    """``GET /v1/models``: OpenAI's list, plus what each name is (base directory, adapter)."""
+    return {"object": "list", "data": [
+        {"id": m.name, "object": "model", "created": created, "owned_by": "paddlenlp_ext",
+         "root": m.options.model_name_or_path, "parent": m.parent, "adapter": m.options.lora_path,
+         "max_model_len": m.options.max_length} for m in models]}
