@@ -18,7 +18,11 @@ setup(
         "numpy<2",
         "sentencepiece",
         "psutil",
+        "jinja2",  # chat templates (tokenizer_config.json)
+        "fastapi",  # llm/predict/server.py
+        "uvicorn",
     ],
+    package_data={"paddlenlp_ext.serve": ["static/*"]},  # the chat page (not a Python package)
     extras_require={
         # The interoperability judges (tests): transformers/peft on PyTorch's CPU build, the openai client, selenium (Debian chromium).
         # torch is pinned exactly: a looser range pulls a CUDA build of several GB.
