@@ -213,3 +213,16 @@ def test_dpo_lm_head_split_takes_the_qwen3_body(tiny_qwen3_dir):
     ids = paddle.to_tensor(np.arange(1, 9)[None])
     hidden = body(input_ids=ids)[0]
     np.testing.assert_allclose(head(hidden).numpy(), logits_of(model, ids.numpy()), atol=1e-6)
+
+
+def test_support_docstring_and_no_paddle_import():
+    import doctest
+    import subprocess
+    import sys
+
+    from paddlenlp_ext.models.qwen3 import support
+
+    assert doctest.testmod(support).failed == 0
+    code = "import sys, paddlenlp_ext.models.qwen3.support; print('paddle' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # config validation can read the refusals without paddle

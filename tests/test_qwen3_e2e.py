@@ -17,8 +17,9 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--max_steps", "20", "--per_device_train_batch_size", "8", "--logging_steps", "5",
-        "--eval_before_train", "false", "--do_eval", "false")
+FAST = ("--per_device_train_batch_size", "8", "--logging_steps", "5", "--eval_before_train", "false",
+        "--do_eval", "false")
+STEPS20 = ("--max_steps", "20")
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
@@ -40,11 +41,12 @@ def runs(tiny_qwen3_dir, tmp_path_factory):
     """name -> output dir, trained once per module (lazily)."""
     base, done = tmp_path_factory.mktemp("qwen3"), {}
     specs = {
-        "lora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", FAST),
-        "qlora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", FAST + ("--weight_quantize_algo", "nf4")),
+        "lora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", FAST + STEPS20),
+        "qlora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
+                  FAST + STEPS20 + ("--weight_quantize_algo", "nf4")),
         "full_packed_flashmask": ("llm/run_finetune.py", "llm/config/tiny/sft_argument.json",
-                                  FAST + ("--max_steps", "12", "--zero_padding", "true", "--greedy_zero_padding", "true",
-                                          "--use_flash_attention", "true", "--flash_mask", "true")),
+                                  FAST + ("--max_steps", "12", "--zero_padding", "true", "--greedy_zero_padding",
+                                          "true", "--use_flash_attention", "true", "--flash_mask", "true")),
         "dpo": ("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
                 ("--max_steps", "5", "--per_device_train_batch_size", "4", "--do_eval", "false")),
     }
@@ -143,3 +145,12 @@ def test_merge_then_predict_equals_adapter_predict(runs, tiny_qwen3_dir, tmp_pat
     read = lambda f: [json.loads(x)["output"] for x in (tmp_path / f).read_text().splitlines()]  # noqa: E731
     with_adapter, from_merged = read("a.json"), read("m.json")
     assert len(with_adapter) == 2 and all(with_adapter) and with_adapter == from_merged
+
+
+def test_unsupported_setting_is_refused_with_exit_2(tiny_qwen3_dir, tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "llm/run_finetune.py"), "llm/config/tiny/lora_argument.json",
+           "--model_name_or_path", tiny_qwen3_dir, "--output_dir", str(tmp_path / "o"), "--fuse_attention_qkv", "true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "model_type qwen3 does not support fuse_attention_qkv=true" in r.stdout + r.stderr
+    assert not (tmp_path / "o" / "adapter_model.safetensors").exists()

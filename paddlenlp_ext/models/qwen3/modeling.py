@@ -50,22 +50,9 @@ from paddlenlp.transformers.qwen2.modeling import (
 from paddlenlp.transformers.refined_recompute import get_skip_recompute_ops
 
 from .configuration import Qwen3Config
+from .support import unsupported_settings
 
 __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3PretrainedModel", "Qwen3Model", "Qwen3ForCausalLM"]
-
-
-def unsupported_settings(config) -> list:
-    """The Qwen3 settings this implementation refuses (each names the key to change)."""
-    problems = []
-    if getattr(config, "use_sliding_window", False):
-        problems.append("use_sliding_window=true (Qwen3's sliding-window layers are not implemented; set it false)")
-    if getattr(config, "rope_scaling", None):
-        problems.append(f"rope_scaling={config.rope_scaling!r} (only plain RoPE is implemented; remove rope_scaling)")
-    if getattr(config, "fuse_attention_qkv", False):
-        problems.append("fuse_attention_qkv=true (q_norm/k_norm need q, k, v apart; set fuse_attention_qkv false)")
-    if getattr(config, "refined_recompute", None):
-        problems.append("refined_recompute (not implemented for Qwen3's attention; remove it)")
-    return problems
 
 
 class Qwen3HeadRMSNorm(nn.Layer):
