@@ -156,6 +156,15 @@ def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
     assert np.abs(got - ref).max() > 1e-3  # and really quantized
 
 
+def test_registration_leaves_the_other_families_alone(tiny_model_dir, tiny_qwen2_dir):
+    register_qwen3()
+    register_qwen3()  # idempotent
+    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
+
+    for d, cls in ((tiny_model_dir, LlamaForCausalLM), (tiny_qwen2_dir, Qwen2ForCausalLM)):
+        assert type(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(d))) is cls
+
+
 def test_hf_name_mappings_cover_every_parameter():
     """PaddleNLP's convert_from_torch mapping (``_get_name_mappings``) names exactly our parameters."""
     for kw in (dict(), dict(attention_bias=True), dict(tie_word_embeddings=True)):
@@ -178,21 +187,28 @@ def test_unimplemented_settings_are_refused_by_name(key, value, message):
         Qwen3ForCausalLM(Qwen3Config(**SIZES, **{key: value}))
 
 
-def test_packed_flashmask_row_matches_examples_one_by_one():
+@pytest.mark.parametrize("recompute", [None, ("full", False), ("full_attn", True), ("core_attn", False)])
+def test_packed_flashmask_row_matches_examples_one_by_one(recompute):
     """A packed row (FlashMask start rows + restarting position ids, our CPU kernel via the fusion_ops patch)
-    gives the loss and every gradient of the examples run alone through the dense path."""
+    gives the loss and every gradient of the examples run alone through the dense path; with recompute
+    too (``core_attn`` recomputes inside our attention forward)."""
     from test_flashmask_patch import LENGTHS, assert_match, make_examples, packed_loss_and_grads, \
         separate_loss_and_grads  # noqa: I001
 
     from paddlenlp_ext.integrations.flashmask import cpu_flashmask
 
     kw = {**SIZES, "vocab_size": 128, "max_position_embeddings": 128}
+    rc = {} if recompute is None else dict(recompute=True, recompute_granularity=recompute[0],
+                                            recompute_use_reentrant=recompute[1])
     paddle.seed(7)
-    model = Qwen3ForCausalLM(Qwen3Config(**kw, use_flash_attention=True))
+    model = Qwen3ForCausalLM(Qwen3Config(**kw, use_flash_attention=True, **rc))
     ref = Qwen3ForCausalLM(Qwen3Config(**kw, use_flash_attention=False))
     ref.set_state_dict(model.state_dict())
     model.train()
     ref.train()
+    if recompute is not None:
+        model.recompute_enable()
+        assert model.qwen3.layers[0].self_attn.enable_recompute and model.qwen3.enable_recompute
     examples = make_examples()
     assert len(examples) == len(LENGTHS)
     with cpu_flashmask():
