@@ -1,4 +1,4 @@
-"""Qwen3 decoder layers under tensor parallelism, on the N-rank CPU simulation (paddlenlp_ext.parallel).
+"""Qwen3 decoder layers under tensor (and sequence) parallelism, on the N-rank CPU simulation.
 
 As tests/test_tp_sim.py does for Llama: two Qwen3DecoderLayers built with tensor_parallel_degree=n (Paddle's
 Column/RowParallelLinear, heads split across ranks, head_dim 32 != hidden / heads), LoRA applied by
@@ -20,12 +20,15 @@ from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adap
 from paddlenlp_ext.parallel import SimulatedGroup, adapter_split_axes, unshard_adapter_states
 
 
-def qwen3_config(tp, rank):
+B, S = 2, 6
+
+
+def qwen3_config(tp, rank, sequence_parallel=False):
     from paddlenlp_ext.models.qwen3 import Qwen3Config
 
     return Qwen3Config(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=32, num_hidden_layers=2, vocab_size=64, tensor_parallel_degree=tp,
-                       tensor_parallel_rank=rank)
+                       tensor_parallel_rank=rank, sequence_parallel=sequence_parallel and tp > 1, seq_length=S)
 
 
 class TwoLayers(paddle.nn.Layer):
@@ -46,8 +49,10 @@ def norm_params(m):
     return {n: p for n, p in m.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))}
 
 
-@pytest.mark.parametrize("n", [2])
-def test_qwen3_decoder_layers_match_single_device_with_lora_and_trained_head_norms(n):
+@pytest.mark.parametrize("n,sp", [(2, False), (2, True)])
+def test_qwen3_decoder_layers_match_single_device_with_lora_and_trained_head_norms(n, sp):
+    """sp: sequence parallel -- rank i takes and returns rows [i*B*S/n, (i+1)*B*S/n) of the [B*S, hidden]
+    activations (PaddleNLP's layout after its ScatterOp), and Paddle's sequence-parallel linears gather them."""
     from paddlenlp.transformers.qwen2.modeling import Qwen2Model
 
     paddle.seed(0)
@@ -56,11 +61,14 @@ def test_qwen3_decoder_layers_match_single_device_with_lora_and_trained_head_nor
     for p in norm_params(ref).values():  # not all ones: the norms' scale matters
         p.set_value((1 + 0.3 * rng.standard_normal(p.shape)).astype("float32"))
     sim = SimulatedGroup(n)
-    tps = sim.build(lambda r: TwoLayers(qwen3_config(n, r)))
+    tps = sim.build(lambda r: TwoLayers(qwen3_config(n, r, sp)))
     full = ref.state_dict()
     for r, m in enumerate(tps):
         load_full_weights(m, full, r, n)
         assert list(m.layers[0].self_attn.q_proj.weight.shape) == [64, 4 * 32 // n]  # heads split, not hidden
+        kinds = {type(m.layers[0].self_attn.q_proj).__name__, type(m.layers[1].mlp.down_proj).__name__}
+        assert kinds == ({"ColumnSequenceParallelLinear", "RowSequenceParallelLinear"} if sp else
+                         {"ColumnParallelLinear", "RowParallelLinear"})
     cfg = AdapterConfig(target_modules=[r".*_proj"], r=4, alpha=8)
     apply_adapters(ref, cfg)
     for m in tps:
@@ -73,26 +81,30 @@ def test_qwen3_decoder_layers_match_single_device_with_lora_and_trained_head_nor
         for p in norm_params(m).values():
             p.stop_gradient = False
 
-    b, s = 2, 5
-    mask = Qwen2Model._prepare_decoder_attention_mask(None, (b, s), 0, "float32")
-    x = rng.standard_normal((b, s, 64)).astype("float32")
-    g = paddle.to_tensor(rng.standard_normal((b, s, 64)).astype("float32"))
+    mask = Qwen2Model._prepare_decoder_attention_mask(None, (B, S), 0, "float32")
+    x = rng.standard_normal((B, S, 64)).astype("float32")
+    g_np = rng.standard_normal((B, S, 64)).astype("float32")
+    g = paddle.to_tensor(g_np)
+
+    def rank_part(a, r):  # what rank r holds of a [B, S, ...] activation
+        return np_shard(a.reshape([B * S, -1]), 0, r, n) if sp else a
 
     def run_tp():
         for m in tps:
             m.clear_gradients()
-        xs = [paddle.to_tensor(x, stop_gradient=False) for _ in range(n)]
+        xs = [paddle.to_tensor(rank_part(x, r), stop_gradient=False) for r in range(n)]
         ys = sim.run(lambda r: tps[r](xs[r], mask))
-        paddle.autograd.backward([(y * g).sum() for y in ys])
+        paddle.autograd.backward([(y * paddle.to_tensor(rank_part(g_np, r))).sum() for r, y in enumerate(ys)])
         return ys, xs
 
     xr = paddle.to_tensor(x, stop_gradient=False)
     y_ref = ref(xr, mask)
     (y_ref * g).sum().backward()
     ys, xs = run_tp()
+    assert list(ys[0].shape) == ([B * S // n, 64] if sp else [B, S, 64])
     for r in range(n):
-        assert_close(ys[r].numpy(), y_ref.numpy(), f"rank {r} output")
-        assert_close(xs[r].grad.numpy(), xr.grad.numpy(), f"rank {r} input grad")
+        assert_close(ys[r].numpy(), rank_part(y_ref.numpy(), r), f"rank {r} output")
+        assert_close(xs[r].grad.numpy(), rank_part(xr.grad.numpy(), r), f"rank {r} input grad")
         for name, p in norm_params(tps[r]).items():
             assert_close(p.grad.numpy(), norm_params(ref)[name].grad.numpy(), f"rank {r} grad {name}")
 
