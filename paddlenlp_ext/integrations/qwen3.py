@@ -1,4 +1,4 @@
-"""Qwen3 (``paddlenlp_ext.models.qwen3``) made known to PaddleNLP 3.0.0b4's Auto classes.
+"""Qwen3 and Qwen3-MoE (``paddlenlp_ext.models.qwen3``) made known to PaddleNLP 3.0.0b4's Auto classes.
 
 PaddleNLP has no public way to add a model family to ``AutoModelForCausalLM``;
 its ``_get_model_class_from_config`` finds the class by matching the config's
@@ -7,7 +7,7 @@ its ``_get_model_class_from_config`` finds the class by matching the config's
 ``_name_mapping`` and imports ``paddlenlp.transformers.<module>.modeling``.
 :func:`register_qwen3` therefore
 
-* registers ``Qwen3Config`` for ``model_type: "qwen3"`` (``AutoConfig.register``, public),
+* registers ``Qwen3Config`` for ``model_type: "qwen3"`` (``Qwen3MoeConfig``: ``"qwen3_moe"``) (``AutoConfig.register``, public),
   and Qwen2's tokenizers for it (``AutoTokenizer.register``, public);
 * adds ``"Qwen3" -> "qwen3"`` to ``MAPPING_NAMES`` and the ``Qwen3Model`` /
   ``Qwen3ForCausalLM`` entries to ``AutoModel`` / ``AutoModelForCausalLM``'s
@@ -77,7 +77,12 @@ RELIED_ON = [
 #: sys.modules aliases the Auto classes import from
 _MODULES = {"paddlenlp.transformers.qwen3": "paddlenlp_ext.models.qwen3",
             "paddlenlp.transformers.qwen3.modeling": "paddlenlp_ext.models.qwen3.modeling",
-            "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration"}
+            "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration",
+            "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
+            "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
+            "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe"}
+#: MAPPING_NAMES key (architecture prefix) -> model_type / module name
+_FAMILIES = {"Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe"}
 
 
 def is_registered() -> bool:
@@ -94,14 +99,17 @@ def register_qwen3() -> None:
 
     from paddlenlp.transformers import Qwen2Tokenizer, Qwen2TokenizerFast
 
-    from ..models.qwen3 import Qwen3Config
+    from ..models.qwen3 import Qwen3Config, Qwen3MoeConfig
 
     for alias, real in _MODULES.items():
         sys.modules.setdefault(alias, importlib.import_module(real))
-    AutoConfig.register("qwen3", Qwen3Config, exist_ok=True)
-    AutoTokenizer.register(Qwen3Config, slow_tokenizer_class=Qwen2Tokenizer, fast_tokenizer_class=Qwen2TokenizerFast,
-                           exist_ok=True)
-    for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):
-        auto_cls._name_mapping["Qwen3Model_Import_Class"] = "Qwen3" + task
-        auto_cls._name_mapping["Qwen3" + task] = "qwen3"
+    for model_type, config_cls in (("qwen3_moe", Qwen3MoeConfig), ("qwen3", Qwen3Config)):
+        AutoConfig.register(model_type, config_cls, exist_ok=True)
+        AutoTokenizer.register(config_cls, slow_tokenizer_class=Qwen2Tokenizer,
+                               fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True)
+    for prefix, module in _FAMILIES.items():
+        for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):
+            auto_cls._name_mapping[f"{prefix}Model_Import_Class"] = prefix + task
+            auto_cls._name_mapping[prefix + task] = module
+    auto_modeling.MAPPING_NAMES["Qwen3Moe"] = "qwen3_moe"
     auto_modeling.MAPPING_NAMES["Qwen3"] = "qwen3"  # last: is_registered() means all of the above is done

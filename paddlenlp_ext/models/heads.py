@@ -18,7 +18,7 @@ what ``lm_head`` returns, so they take the full forward.
 from typing import Any, Optional, Tuple
 
 #: model_type -> attribute of the ``*ForCausalLM`` holding the decoder body (PaddleNLP's base_model_prefix)
-BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 
 
 def split_lm_head(model: Any) -> Optional[Tuple[Any, Any]]:

@@ -63,12 +63,12 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         if getattr(m, key) is not None:
             setattr(config, key, getattr(m, key))
     where = f"{cfg.source or 'config'}: model_name_or_path {m.model_name_or_path!r}"
-    if getattr(config, "model_type", None) == "qwen3":  # before any weight is read
+    if getattr(config, "model_type", None) in ("qwen3", "qwen3_moe"):  # before any weight is read
         from ..models.qwen3.support import unsupported_settings
 
         refused = unsupported_settings(config)
         if refused:
-            raise ConfigError([f"{where}: model_type qwen3 does not support {p}" for p in refused])
+            raise ConfigError([f"{where}: model_type {config.model_type} does not support {p}" for p in refused])
     if args.pipeline_parallel_degree > 1:  # this rank's stage of PaddleNLP's *ForCausalLMPipe
         return load_pipeline_stage(m, config, dtype, args, where), None
     # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and

@@ -212,14 +212,14 @@ class Qwen3Attention(Qwen2Attention):
 class Qwen3DecoderLayer(Qwen2DecoderLayer):
     """Qwen2's decoder layer (forward inherited) with :class:`Qwen3Attention`."""
 
-    def __init__(self, config: Qwen3Config, layerwise_recompute: bool = False, skip_recompute_ops=None):
+    def __init__(self, config: Qwen3Config, layerwise_recompute: bool = False, skip_recompute_ops=None, mlp=None):
         nn.Layer.__init__(self)
         skip_recompute_ops = skip_recompute_ops or {}
         self.config = config
         self.skip_recompute_ops = skip_recompute_ops
         self.hidden_size = config.hidden_size
         self.self_attn = Qwen3Attention(config, layerwise_recompute, skip_recompute_ops=skip_recompute_ops)
-        self.mlp = Qwen2MLP(config, skip_recompute_ops=skip_recompute_ops)
+        self.mlp = mlp if mlp is not None else Qwen2MLP(config, skip_recompute_ops=skip_recompute_ops)
         self.input_layernorm = Qwen2RMSNorm(config)
         self.post_attention_layernorm = Qwen2RMSNorm(config)
         self.enable_recompute = False
@@ -233,6 +233,11 @@ class Qwen3PretrainedModel(Qwen2PretrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"self_attn.rotary_emb.inv_freq"]
 
     @classmethod
+    def _mlp_linear_names(cls, config, layer_idx: int) -> tuple:
+        """The Linear layers of decoder layer ``layer_idx``'s MLP (Qwen3-MoE's sparse layers differ)."""
+        return ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+    @classmethod
     def _get_name_mappings(cls, config: Qwen3Config) -> list:
         """transformers' names -> ours (PaddleNLP's ``convert_from_torch``): ``model.`` -> ``qwen3.``, Linear
         weights transposed."""
@@ -240,17 +245,17 @@ class Qwen3PretrainedModel(Qwen2PretrainedModel):
         for i in range(config.num_hidden_layers):
             pre = f"layers.{i}."
             for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                         *cls._mlp_linear_names(config, i)):
                 model_mappings.append([f"{pre}{name}.weight", None, "transpose"])
                 if config.attention_bias and name.startswith("self_attn"):
                     model_mappings.append([f"{pre}{name}.bias"])
             for name in ("self_attn.q_norm", "self_attn.k_norm", "input_layernorm", "post_attention_layernorm"):
                 model_mappings.append([f"{pre}{name}.weight"])
         init_name_mappings(mappings=model_mappings)
-        if "Qwen3Model" not in (config.architectures or []):
+        if not any(a.endswith("Model") for a in (config.architectures or [])):
             for mapping in model_mappings:
                 mapping[0] = "model." + mapping[0]
-                mapping[1] = "qwen3." + mapping[1]
+                mapping[1] = f"{cls.base_model_prefix}." + mapping[1]
             if not config.tie_word_embeddings:
                 model_mappings.append(["lm_head.weight", "lm_head.weight", "transpose"])
         return [StateDictNameMapping(*m, index=i) for i, m in enumerate(model_mappings)]
@@ -260,8 +265,10 @@ class Qwen3PretrainedModel(Qwen2PretrainedModel):
 class Qwen3Model(Qwen3PretrainedModel, Qwen2Model):
     """Qwen2Model (forward, masks, recompute inherited) with :class:`Qwen3DecoderLayer` layers."""
 
-    def __init__(self, config: Qwen3Config):
+    def __init__(self, config: Qwen3Config, decoder_layer=None):
+        """``decoder_layer(i, layerwise_recompute=, skip_recompute_ops=)`` builds layer i (Qwen3-MoE's differ)."""
         PretrainedModel.__init__(self, config)
+        decoder_layer = decoder_layer or (lambda i, **kw: Qwen3DecoderLayer(config, **kw))
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
         self.hidden_size = config.hidden_size
@@ -279,23 +286,25 @@ class Qwen3Model(Qwen3PretrainedModel, Qwen2Model):
         else:
             self.embed_tokens = nn.Embedding(self.vocab_size, self.hidden_size)
         self.layers = nn.LayerList([
-            Qwen3DecoderLayer(config, layerwise_recompute=i not in self.no_recompute_layers,
-                              skip_recompute_ops=get_skip_recompute_ops(config, i))
+            decoder_layer(i, layerwise_recompute=i not in self.no_recompute_layers,
+                          skip_recompute_ops=get_skip_recompute_ops(config, i))
             for i in range(config.num_hidden_layers)
         ])
         self.norm = Qwen2RMSNorm(config)
 
 
 class Qwen3ForCausalLM(Qwen3PretrainedModel, Qwen2ForCausalLM):
-    """Qwen2ForCausalLM (forward, generation hooks inherited) over :class:`Qwen3Model`, held as ``self.qwen3``."""
+    """Qwen2ForCausalLM (forward, generation hooks inherited) over :class:`Qwen3Model`, held as ``self.qwen3``
+    (the attribute is ``base_model_prefix``: ``qwen3_moe`` for Qwen3-MoE)."""
 
     _tied_weights_keys = ["lm_head.weight"]
 
-    def __init__(self, config: Qwen3Config):
+    def __init__(self, config: Qwen3Config, body=None):
         PretrainedModel.__init__(self, config)
-        self.qwen3 = Qwen3Model(config)
+        body = body if body is not None else Qwen3Model(config)
+        setattr(self, self.base_model_prefix, body)
         if config.tie_word_embeddings:
-            self.lm_head = Qwen2LMHead(config, embedding_weights=self.qwen3.embed_tokens.weight, transpose_y=True)
+            self.lm_head = Qwen2LMHead(config, embedding_weights=body.embed_tokens.weight, transpose_y=True)
             self.tie_weights()
         else:
             self.lm_head = Qwen2LMHead(config)
@@ -305,7 +314,7 @@ class Qwen3ForCausalLM(Qwen3PretrainedModel, Qwen2ForCausalLM):
     @property
     def qwen2(self):
         # Qwen2ForCausalLM's forward and embedding accessors call ``self.qwen2``: the body is ``self.qwen3``
-        return self.qwen3
+        return getattr(self, self.base_model_prefix)
 
     def set_decoder(self, decoder):
-        self.qwen3 = decoder
+        setattr(self, self.base_model_prefix, decoder)

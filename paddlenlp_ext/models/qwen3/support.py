@@ -32,4 +32,11 @@ def unsupported_settings(config: Any) -> List[str]:
         problems.append("fuse_attention_qkv=true (q_norm/k_norm need q, k, v apart; set fuse_attention_qkv false)")
     if get("refined_recompute"):
         problems.append("refined_recompute (not implemented for Qwen3's attention; remove refined_recompute)")
+    if get("model_type") == "qwen3_moe":
+        if get("output_router_logits"):
+            problems.append("output_router_logits=true (the router's load-balancing loss is not implemented; "
+                            "set output_router_logits false)")
+        if int(get("tensor_parallel_degree") or 1) > 1:
+            problems.append(f"tensor_parallel_degree={get('tensor_parallel_degree')} (the experts are not split "
+                            "across ranks; set tensor_parallel_degree 1)")
     return problems
