@@ -156,3 +156,22 @@ def test_lora_trains_through_the_cli_and_merges(tiny_qwen3_moe_dir, tmp_path):
                         tiny_qwen3_moe_dir, "--lora_path", str(out), "--merge_model_path", str(tmp_path / "merged")],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert m.returncode == 0 and "verify: passed" in m.stdout + m.stderr, m.stderr[-3000:]
+
+
+def test_packed_flashmask_row_matches_examples_one_by_one():
+    """Routing is per token, so a packed row (FlashMask start rows, our CPU kernel) is exact here too."""
+    from test_flashmask_patch import assert_match, make_examples, packed_loss_and_grads, separate_loss_and_grads
+
+    from paddlenlp_ext.integrations.flashmask import cpu_flashmask
+
+    kw = {**SIZES, "vocab_size": 128}
+    paddle.seed(3)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**kw, use_flash_attention=True))
+    ref = Qwen3MoeForCausalLM(Qwen3MoeConfig(**kw, use_flash_attention=False))
+    ref.set_state_dict(model.state_dict())
+    model.train()
+    ref.train()
+    with cpu_flashmask():
+        packed = packed_loss_and_grads(model, make_examples())
+    assert any(".experts." in k for k in packed[1]) and any(".mlp.gate." in k for k in packed[1])
+    assert_match(packed, separate_loss_and_grads(ref, make_examples()))
