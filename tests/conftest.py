@@ -36,6 +36,22 @@ def tiny_qwen2_dir():
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_dir():
+    """A tiny Qwen3ForCausalLM (ours) with the tiny Llama's sizes and tokenizer, head_dim 32 != 64 / 4."""
+    from paddlenlp_ext.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(os.path.join(ROOT, "build", "tiny-qwen3"), DATA_DIR, family="qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir():
+    """A tiny Qwen3MoeForCausalLM (ours): the tiny Qwen3 with 4 experts (top 2) in layer 0, layer 1 dense."""
+    from paddlenlp_ext.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(os.path.join(ROOT, "build", "tiny-qwen3-moe"), DATA_DIR, family="qwen3_moe")
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     from paddlenlp.transformers import AutoTokenizer
 

@@ -70,6 +70,9 @@ def lazy_skeleton(config: Any, dtype: str) -> paddle.nn.Layer:
     *is* ``llama.embed_tokens.weight`` with ``tie_word_embeddings``).  Buffers are
     built normally (they are small: rotary tables).
     """
+    from .qwen3 import register_qwen3
+
+    register_qwen3()
     with no_init_weights(), paddle.LazyGuard():
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 

@@ -99,7 +99,9 @@ def verify_merge(
     from paddlenlp.transformers import AutoModelForCausalLM
 
     from ..adapters import load_adapter
+    from ..integrations.qwen3 import register_qwen3
 
+    register_qwen3()  # our model families (Qwen3) known to AutoModelForCausalLM
     paddle.set_device(device)
     restore = _quiet_paddlenlp()
     vocab = int(base_cfg.get("vocab_size") or 0)

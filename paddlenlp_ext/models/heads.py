@@ -10,15 +10,15 @@ Qwen2's 152k).
 
 Only families whose forward is exactly ``logits = lm_head(body(...)[0])`` when
 no labels are given are listed (checked by reading PaddleNLP 3.0.0b4's
-``LlamaForCausalLM`` and ``Qwen2ForCausalLM``; ``tests/test_dpo_packing.py``
-compares the two paths).  Sequence parallel and tensor-parallel logits change
+``LlamaForCausalLM`` and ``Qwen2ForCausalLM``, whose forward our ``Qwen3ForCausalLM``
+inherits; ``tests/test_dpo_packing.py`` and ``tests/test_qwen3.py`` compare the two paths).  Sequence parallel and tensor-parallel logits change
 what ``lm_head`` returns, so they take the full forward.
 """
 
 from typing import Any, Optional, Tuple
 
 #: model_type -> attribute of the ``*ForCausalLM`` holding the decoder body (PaddleNLP's base_model_prefix)
-BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2"}
+BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 
 
 def split_lm_head(model: Any) -> Optional[Tuple[Any, Any]]:

@@ -1,4 +1,4 @@
-"""Build a tiny Llama-architecture model directory for the demo and the tests.
+"""Build a tiny Llama-architecture (or Qwen2 / Qwen3) model directory for the demo and the tests.
 
 Random init (seeded) + a SentencePiece tokenizer trained on the bundled data,
 saved exactly like a real PaddleNLP model directory (config.json,
@@ -27,6 +27,13 @@ TINY_DEFAULTS = dict(
     # decoder's linear layers) cannot lower the loss much on a random base.
     initializer_range=0.2,
 )
+
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+#: Qwen3's own keys: head_dim deliberately != hidden_size / num_attention_heads (64 / 4 = 16)
+QWEN3_DEFAULTS = dict(head_dim=32, attention_bias=False)
+#: Qwen3-MoE: 4 experts, top 2; layer 1 of 2 stays dense (mlp_only_layers), so both MLP kinds are present
+QWEN3_MOE_DEFAULTS = dict(QWEN3_DEFAULTS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                          norm_topk_prob=True, mlp_only_layers=[1])
 
 
 def _corpus(data_dir: str):
@@ -64,7 +71,10 @@ def train_sentencepiece(data_dir: str, vocab_size: int) -> bytes:
 def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 512, seed: int = 0,
                      spm_model: Optional[str] = None, family: str = "llama", **overrides) -> str:
     """Write a random-init tiny LlamaForCausalLM (``family="qwen2"``: Qwen2ForCausalLM, same
-    sizes and SentencePiece tokenizer) + tokenizer to ``out_dir``; returns out_dir.
+    sizes and SentencePiece tokenizer; ``family="qwen3"``: our Qwen3ForCausalLM, same sizes but
+    ``head_dim=32`` != hidden / heads, so code that assumes ``hidden // heads`` fails on it;
+    ``family="qwen3_moe"``: the same with 4 experts, top 2, layer 1 dense)
+    + tokenizer to ``out_dir``; returns out_dir.
 
     The tokenizer is trained on ``data_dir``'s *.json lines, or taken from an
     existing SentencePiece ``spm_model`` (e.g. the real Llama 2 tokenizer, for
@@ -87,9 +97,20 @@ def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 51
         tokenizer.save_pretrained(out_dir)  # copies the sentencepiece model while tmp exists
     kw: Dict = dict(TINY_DEFAULTS)
     kw.update(overrides)
-    if family not in ("llama", "qwen2"):
-        raise ValueError(f"tiny model family must be llama or qwen2, got {family!r}")
-    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if family == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"tiny model family must be one of {sorted(TINY_FAMILIES)}, got {family!r}")
+    if family == "qwen3":
+        from .qwen3 import Qwen3Config, Qwen3ForCausalLM
+
+        kw = {**QWEN3_DEFAULTS, **kw}
+        config_cls, model_cls = Qwen3Config, Qwen3ForCausalLM
+    elif family == "qwen3_moe":
+        from .qwen3 import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        kw = {**QWEN3_MOE_DEFAULTS, **kw}
+        config_cls, model_cls = Qwen3MoeConfig, Qwen3MoeForCausalLM
+    else:
+        config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
     config = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,

@@ -74,6 +74,9 @@ def load_tokenizer(o: PredictOptions):
     from paddlenlp.transformers import AutoTokenizer
 
     from ..data.tokenize import resolve_chat_template
+    from ..integrations.qwen3 import register_qwen3
+
+    register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(o.model_name_or_path)
@@ -117,9 +120,11 @@ def _quantization(lora_path: Optional[str]) -> Optional[Dict[str, Any]]:
 def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
     from paddlenlp.transformers import AutoConfig
 
+    from ..integrations.qwen3 import register_qwen3
     from ..models.checkpoint import CheckpointError
     from ..models.loading import load_model_streaming
 
+    register_qwen3()
     config = AutoConfig.from_pretrained(o.model_name_or_path, dtype=o.dtype)
     # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)
     config.use_flash_attention = False

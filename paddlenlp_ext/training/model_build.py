@@ -36,8 +36,10 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
     from paddlenlp.utils.log import logger
 
+    from ..integrations.qwen3 import register_qwen3
     from ..models.checkpoint import CheckpointError
 
+    register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
     m, d = cfg.model, cfg.data
     dtype = model_dtype(args)
     config = AutoConfig.from_pretrained(
@@ -61,6 +63,12 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         if getattr(m, key) is not None:
             setattr(config, key, getattr(m, key))
     where = f"{cfg.source or 'config'}: model_name_or_path {m.model_name_or_path!r}"
+    if getattr(config, "model_type", None) in ("qwen3", "qwen3_moe"):  # before any weight is read
+        from ..models.qwen3.support import unsupported_settings
+
+        refused = unsupported_settings(config)
+        if refused:
+            raise ConfigError([f"{where}: model_type {config.model_type} does not support {p}" for p in refused])
     if args.pipeline_parallel_degree > 1:  # this rank's stage of PaddleNLP's *ForCausalLMPipe
         return load_pipeline_stage(m, config, dtype, args, where), None
     # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and

@@ -50,6 +50,10 @@ def write_resolved_config(cfg: RunConfig, output_dir: str) -> str:
 def load_tokenizer(cfg: RunConfig):
     from paddlenlp.transformers import AutoTokenizer
 
+    from ..integrations.qwen3 import register_qwen3
+
+    register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
+
     path = cfg.model.tokenizer_name_or_path or cfg.model.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:

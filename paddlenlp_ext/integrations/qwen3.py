@@ -1,0 +1,115 @@
+"""Qwen3 and Qwen3-MoE (``paddlenlp_ext.models.qwen3``) made known to PaddleNLP 3.0.0b4's Auto classes.
+
+PaddleNLP has no public way to add a model family to ``AutoModelForCausalLM``;
+its ``_get_model_class_from_config`` finds the class by matching the config's
+``architectures[0]`` against the keys of ``auto.modeling.MAPPING_NAMES``
+(``"Qwen2" -> "qwen2"``), then looks the task class up in the Auto class's
+``_name_mapping`` and imports ``paddlenlp.transformers.<module>.modeling``.
+:func:`register_qwen3` therefore
+
+* registers ``Qwen3Config`` for ``model_type: "qwen3"`` (``Qwen3MoeConfig``: ``"qwen3_moe"``) (``AutoConfig.register``, public),
+  and Qwen2's tokenizers for it (``AutoTokenizer.register``, public);
+* adds ``"Qwen3" -> "qwen3"`` to ``MAPPING_NAMES`` and the ``Qwen3Model`` /
+  ``Qwen3ForCausalLM`` entries to ``AutoModel`` / ``AutoModelForCausalLM``'s
+  ``_name_mapping``;
+* makes ``paddlenlp.transformers.qwen3`` / ``.qwen3.modeling`` /
+  ``.qwen3.configuration`` resolve to our package (``sys.modules``), which is
+  where the Auto classes import the class from.
+
+All additions are new keys: no PaddleNLP behaviour for another family changes,
+so this is a registration done once (idempotent), not a patch in a context.
+``AutoModelForCausalLMPipe`` is deliberately not registered (no Qwen3 pipeline
+model: pipeline parallelism is refused for qwen3).
+
+``RELIED_ON`` also lists the Qwen2 pieces ``models/qwen3/modeling.py`` builds on
+(constructors and forwards whose call shapes the subclasses depend on).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from paddlenlp.transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+from paddlenlp.transformers.auto import modeling as auto_modeling
+
+from .versions import check_versions
+
+check_versions()
+
+__all__ = ["register_qwen3", "is_registered", "RELIED_ON"]
+
+RELIED_ON = [
+    ("paddlenlp.transformers.auto.modeling", "MAPPING_NAMES", None),
+    ("paddlenlp.transformers.AutoModelForCausalLM", "_name_mapping", None),
+    ("paddlenlp.transformers.AutoModel", "_name_mapping", None),
+    ("paddlenlp.transformers.AutoModelForCausalLM", "_get_model_class_from_config",
+     ("pretrained_model_name_or_path", "config_file_path", "config")),
+    ("paddlenlp.transformers.AutoConfig", "register", ("model_type", "config", "exist_ok")),
+    ("paddlenlp.transformers.AutoTokenizer", "register",
+     ("config_class", "slow_tokenizer_class", "fast_tokenizer_class", "exist_ok")),
+    # the Qwen2 pieces the Qwen3 subclasses call or inherit
+    ("paddlenlp.transformers.qwen2.modeling", "scaled_dot_product_attention",
+     ("query_states", "config", "key_states", "value_states", "attention_mask", "output_attentions",
+      "attn_mask_startend_row_indices", "training", "sequence_parallel", "skip_recompute")),
+    ("paddlenlp.transformers.qwen2.modeling", "apply_rotary_pos_emb", ("q", "k", "cos", "sin", "position_ids")),
+    ("paddlenlp.transformers.qwen2.modeling", "repeat_kv", ("hidden_states", "n_rep")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2RotaryEmbedding", "__init__",
+     ("self", "dim", "max_position_embeddings", "base")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2DecoderLayer", "forward",
+     ("self", "hidden_states", "position_ids", "attention_mask", "output_attentions", "past_key_value", "use_cache",
+      "attn_mask_startend_row_indices", "kwargs")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2Attention", "forward",
+     ("self", "hidden_states", "position_ids", "past_key_value", "attention_mask", "output_attentions", "use_cache",
+      "attn_mask_startend_row_indices", "kwargs")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2MLP", "__init__", ("self", "config", "is_shared", "skip_recompute_ops")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2LMHead", "__init__",
+     ("self", "config", "embedding_weights", "transpose_y")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2Model", "forward",
+     ("self", "input_ids", "position_ids", "attention_mask", "inputs_embeds", "use_cache", "past_key_values",
+      "output_attentions", "output_hidden_states", "return_dict", "attn_mask_startend_row_indices")),
+    ("paddlenlp.transformers.qwen2.modeling.Qwen2ForCausalLM", "forward",
+     ("self", "input_ids", "position_ids", "attention_mask", "inputs_embeds", "labels", "use_cache",
+      "past_key_values", "output_attentions", "output_hidden_states", "return_dict",
+      "attn_mask_startend_row_indices")),
+    ("paddlenlp.transformers.refined_recompute", "get_skip_recompute_ops", ("config", "layer_idx")),
+]  # fmt: skip
+
+#: sys.modules aliases the Auto classes import from
+_MODULES = {"paddlenlp.transformers.qwen3": "paddlenlp_ext.models.qwen3",
+            "paddlenlp.transformers.qwen3.modeling": "paddlenlp_ext.models.qwen3.modeling",
+            "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration",
+            "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
+            "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
+            "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe"}
+#: MAPPING_NAMES key (architecture prefix) -> model_type / module name
+_FAMILIES = {"Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe"}
+
+
+def is_registered() -> bool:
+    return auto_modeling.MAPPING_NAMES.get("Qwen3") == "qwen3"
+
+
+def register_qwen3() -> None:
+    """Make ``model_type: "qwen3"`` / ``architectures: ["Qwen3ForCausalLM"]`` resolve to our classes in
+    ``AutoConfig``, ``AutoModel``, ``AutoModelForCausalLM`` (``from_pretrained`` / ``from_config``) and
+    ``AutoTokenizer`` (Qwen2's tokenizers).  Idempotent."""
+    if is_registered():
+        return
+    import importlib
+
+    from paddlenlp.transformers import Qwen2Tokenizer, Qwen2TokenizerFast
+
+    from ..models.qwen3 import Qwen3Config, Qwen3MoeConfig
+
+    for alias, real in _MODULES.items():
+        sys.modules.setdefault(alias, importlib.import_module(real))
+    for model_type, config_cls in (("qwen3_moe", Qwen3MoeConfig), ("qwen3", Qwen3Config)):
+        AutoConfig.register(model_type, config_cls, exist_ok=True)
+        AutoTokenizer.register(config_cls, slow_tokenizer_class=Qwen2Tokenizer,
+                               fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True)
+    for prefix, module in _FAMILIES.items():
+        for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):
+            auto_cls._name_mapping[f"{prefix}Model_Import_Class"] = prefix + task
+            auto_cls._name_mapping[prefix + task] = module
+    auto_modeling.MAPPING_NAMES["Qwen3Moe"] = "qwen3_moe"
+    auto_modeling.MAPPING_NAMES["Qwen3"] = "qwen3"  # last: is_registered() means all of the above is done
