@@ -210,8 +210,8 @@ def test_template_never_supervises_tool_results_and_cuts_to_max_length():
     (feat,), _, _ = r(conv)
     words = labelled_words(tok, feat)
     assert '{"t":' not in words and "CALL" in words and words[-1] == "</s>"
-    with pytest.raises(ValueError, match="no supervised token remains within max_length=4"):
-        shift_and_fit([1, 5, 6, 7, 8], [False] * 4 + [True], 4, "g:1")
+    with pytest.raises(ValueError, match="g:1: no supervised token within max_length=4"):
+        shift_and_fit([1, 5, 6, 7, 8, 9], [True] + [False] * 5, 4, "g:1")
 
 
 def test_text_features_split_long_documents_never_drop():
@@ -225,3 +225,60 @@ def test_text_features_split_long_documents_never_drop():
     assert feats2 == feats and truncated
     with pytest.raises(ValueError, match="w.txt:1: a raw text record; set autoregressive: true"):
         Renderer(tok, 8, 3, False)(TextDoc("a", origin="w.txt:1"))
+
+
+def test_preference_forms(tmp_path):
+    from paddlenlp_ext.dpo.data import read_preference_files
+
+    lf = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "Name a color."}],
+          "chosen": {"from": "gpt", "value": "Blue."}, "rejected": {"from": "gpt", "value": "No."}}
+    oa = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                       {"role": "user", "content": "bye?"}],
+          "chosen": [{"role": "assistant", "content": "Bye!"}], "rejected": {"role": "assistant", "content": "No"}}
+    path = write(tmp_path, "p.json", [lf, oa], array=True)
+    a, b = read_preference_files([path])
+    assert (a.system, a.src, a.tgt, a.chosen, a.rejected) == ("s", ["Name a color."], [], "Blue.", "No.")
+    assert (b.src, b.tgt, b.chosen, b.rejected, b.origin) == (["hi", "bye?"], ["hello"], "Bye!", "No", f"{path}:22")
+    bad = write(tmp_path, "bad.jsonl", [{**lf, "rejected": {"from": "gpt", "value": " "}}])
+    with pytest.raises(DataError, match=r"bad.jsonl:1: 'rejected' is empty"):
+        read_preference_files([bad])
+
+
+def mixture_cfg(tmp_path, **data):
+    from types import SimpleNamespace
+
+    from paddlenlp_ext.config.schema import DataArgument, ModelArgument
+
+    return SimpleNamespace(data=DataArgument(**data), model=ModelArgument(model_name_or_path=str(tmp_path)))
+
+
+def test_mixture_shares_and_determinism(tmp_path):
+    from paddlenlp_ext.data.pipeline import tokenize_split
+
+    a = write(tmp_path, "a.jsonl", [{"instruction": f"a{i}", "output": "x"} for i in range(900)])
+    b = tmp_path / "b"
+    b.mkdir()
+    write(b, "train.json", [{"src": f"b{i}", "tgt": "y"} for i in range(900)])
+    cfg = mixture_cfg(tmp_path, dataset_name_or_path=f"{a},{b}", dataset_weights=[0.7, 0.3],
+                      mix_strategy="interleave_over", max_length=16)
+    tok = Tok()
+    feats, report = tokenize_split(cfg, tok, "train", False, seed=3)
+    first = [tok.vocab.get("x") in f["labels"] for f in feats[:1000]]
+    assert abs(sum(first) / 1000 - 0.7) <= 0.02
+    assert report["mixture"]["per_source"] == {a: 2099, str(b): 900}  # a oversampled until b is used whole
+    again, _ = tokenize_split(cfg, tok, "train", False, seed=3)
+    assert again == feats  # a pure function of the data, weights, strategy and seed: a resume replays it
+    cfg.data.mix_strategy = "interleave_under"
+    under, report = tokenize_split(cfg, tok, "train", False, seed=3)
+    assert report["mixture"]["per_source"] == {a: 900, str(b): 386}  # stops when a runs out
+
+
+def test_mixture_config_checks(tmp_path):
+    from paddlenlp_ext.config.data_checks import dataset_path_problems
+
+    a = write(tmp_path, "a.jsonl", [{"text": "t"}])
+    d = mixture_cfg(tmp_path, dataset_name_or_path=f"{a},{tmp_path}/missing", dataset_weights=[1.0],
+                    lazy=True).data
+    msgs = "\n".join(dataset_path_problems(d, True, False, "cfg.json"))
+    assert "missing' is not a directory or a data file" in msgs and "has 1 values for 2 source(s)" in msgs
+    assert "need mix_strategy interleave_under" in msgs and "lazy=true streams one source" in msgs

@@ -111,8 +111,15 @@ class ModelArgument:
 class DataArgument:
     dataset_name_or_path: Optional[str] = _f(
         None, "Directory with train.json/dev.json (or .jsonl/.parquet/.txt) or train/*, dev/*; or one data file "
-        "(the train split). Formats: docs/data.md."
+        "(the train split); several sources separated by commas mix (mix_strategy). Formats: docs/data.md."
     )
+    dataset_weights: Optional[List[float]] = _f(
+        None, "Proportions of the sources when dataset_name_or_path lists several (comma-separated), e.g. [0.7, 0.3]; "
+        "needs mix_strategy interleave_under or interleave_over.")
+    mix_strategy: str = _f(
+        "concat", "How several sources are combined: concat, interleave_under (draw by dataset_weights until the "
+        "first source runs out) or interleave_over (until every source is used whole, oversampling).",
+        choices=("concat", "interleave_under", "interleave_over"))
     dataset_format: str = _f(
         "auto", "Record format of the data files: auto (detected per file from its records), paddlenlp (src/tgt), "
         "alpaca, sharegpt, messages (OpenAI) or text.",

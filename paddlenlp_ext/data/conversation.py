@@ -87,18 +87,24 @@ def conversation_tokens(conv: Conversation, tokenizer, source: str, special: Dic
 
 
 def shift_and_fit(ids: List[int], mask: List[bool], max_length: int, origin: str) -> Tuple[Dict, bool]:
-    """Tokens + flags -> ``{"input_ids", "labels"}`` shifted, cut to ``max_length`` (the start is kept).
+    """Tokens + flags -> ``{"input_ids", "labels"}`` shifted, cut to ``max_length`` tokens.
+
+    A longer conversation keeps its start; if no supervised token would remain there (a long tool list
+    or prompt), it keeps its end instead (the last answer).  Either way it is counted as truncated.
 
     >>> shift_and_fit([1, 5, 6, 2], [False, False, True, True], 8, "f:1")
     ({'input_ids': [1, 5, 6], 'labels': [-100, 6, 2]}, False)
+    >>> shift_and_fit([1, 5, 5, 5, 6, 2], [False, False, False, False, True, True], 3, "f:1")
+    ({'input_ids': [5, 6], 'labels': [6, 2]}, True)
     """
     truncated = len(ids) > max_length
-    ids, mask = ids[:max_length], mask[:max_length]
-    labels = [t if m else IGNORE_INDEX for t, m in zip(ids[1:], mask[1:])]
-    if not any(x != IGNORE_INDEX for x in labels):
-        raise ValueError(f"{origin}: no supervised token" + (f" remains within max_length={max_length}; raise "
-                         "max_length" if truncated else " (every assistant turn has loss_weight 0)"))
-    return {"input_ids": ids[:-1], "labels": labels}, truncated
+    for window in (slice(0, max_length), slice(max(len(ids) - max_length, 0), len(ids))):
+        w_ids, w_mask = ids[window], mask[window]
+        labels = [t if m else IGNORE_INDEX for t, m in zip(w_ids[1:], w_mask[1:])]
+        if any(x != IGNORE_INDEX for x in labels):
+            return {"input_ids": w_ids[:-1], "labels": labels}, truncated
+    raise ValueError(f"{origin}: no supervised token" + (f" within max_length={max_length}; raise max_length"
+                     if truncated else " (every assistant turn has loss_weight 0)"))
 
 
 def to_example(conv: Conversation) -> Example:

@@ -13,6 +13,7 @@ from .chat_template import find_template, special_tokens_of
 from .conversation import Renderer
 from .formats.detect import parse_stream_line, read_items
 from .formats.files import streamable
+from .mixture import mixture_order, split_sources
 from .reader import DataError, dataset_files
 from .streaming import StreamingPackedDataset
 from .tokenize import TokenizeStats, length_histogram, resolve_chat_template
@@ -60,15 +61,35 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
     return out, stats, sources
 
 
-def tokenize_split(cfg, tokenizer, split: str, use_template: bool, renderer: Optional[Renderer] = None):
+def tokenize_split(cfg, tokenizer, split: str, use_template: bool, renderer: Optional[Renderer] = None, seed: int = 0):
+    """One split, tokenized.  Several sources (comma-separated ``dataset_name_or_path``): the train split is
+    their mixture (:mod:`.mixture`, by ``dataset_weights`` / ``mix_strategy`` and ``seed``), dev splits are
+    concatenated."""
     d = cfg.data
     renderer = renderer or make_renderer(cfg, tokenizer, use_template)
-    files = dataset_files(d.dataset_name_or_path, split)
-    items, formats = read_items(files, d.dataset_format, d.dataset_columns)
-    features, stats, sources = tokenize_items(items, renderer, formats)
+    per_source, files, formats, stats = [], [], {}, TokenizeStats()
+    sources = split_sources(d.dataset_name_or_path)
+    for src in sources:
+        src_files = dataset_files(src, split)
+        if not src_files:
+            continue  # config checks: a needed split exists in every source
+        items, src_formats = read_items(src_files, d.dataset_format, d.dataset_columns)
+        feats, src_stats, by_file = tokenize_items(items, renderer, src_formats)
+        per_source.append(feats)
+        files += src_files
+        formats.update(by_file)
+        stats.merge(src_stats)
+    if len(per_source) > 1 and split == "train":
+        order = mixture_order([len(f) for f in per_source], d.dataset_weights, d.mix_strategy, seed)
+        features = [per_source[s][i] for s, i in order]
+    else:
+        order, features = None, [f for feats in per_source for f in feats]
     report = {"files": files, **stats.as_dict(), "length_histogram": length_histogram(stats.lengths, d.max_length)}
-    if any(fmt != "paddlenlp" for fmt in formats.values()) or d.autoregressive:
-        report.update(sources=sources, template="jinja" if renderer.jinja else "paddlenlp" if use_template else "none")
+    if any(v["format"] != "paddlenlp" for v in formats.values()) or d.autoregressive or len(sources) > 1:
+        report.update(sources=formats, template="jinja" if renderer.jinja else "paddlenlp" if use_template else "none")
+    if order is not None:
+        report["mixture"] = {"strategy": d.mix_strategy, "rows": len(order),
+                             "per_source": {src: sum(1 for s, _ in order if s == k) for k, src in enumerate(sources)}}
     return features, report
 
 
@@ -95,7 +116,7 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
         reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
                             "packing": ("greedy" if d.greedy_zero_padding else "in_order") if d.zero_padding else "none"}
     elif do_train:
-        train, reports["train"] = tokenize_split(cfg, tokenizer, "train", use_template, renderer)
+        train, reports["train"] = tokenize_split(cfg, tokenizer, "train", use_template, renderer, seed)
     if do_eval:
         dev, reports["dev"] = tokenize_split(cfg, tokenizer, "dev", use_template, renderer)
     for r in reports.values():
