@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..data.binpack import DEFAULT_GROUP_SIZE
 from ..data.formats import preference
-from ..data.formats.files import iter_records
+from ..data.formats.files import parse_records
 from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
@@ -137,24 +137,8 @@ def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
     """
     if not files:
         raise DataError(["no preference data files found"])
-    out: List[PreferenceExample] = []
-    problems, extra = [], 0
-    for path in files:  # .json (array or lines), .jsonl, .parquet: each record with its line
-        try:
-            for line, record, problem in iter_records(path):
-                try:
-                    if problem:
-                        raise ValueError(problem)
-                    out.append(preference_from_obj(record, f"{path}:{line}"))
-                except ValueError as e:
-                    if len(problems) < MAX_REPORTED:
-                        problems.append(f"{path}:{line}: {e}")
-                    else:
-                        extra += 1
-        except DataError as e:
-            problems += e.problems
-    if problems:
-        raise DataError(problems, extra)
+    # .json (array or lines), .jsonl, .parquet: each record with its line, every bad one listed
+    out: List[PreferenceExample] = parse_records(files, preference_from_obj)
     if not out:
         raise DataError([f"{', '.join(files)}: no preference pairs (the file is empty)"])
     return out

@@ -82,6 +82,14 @@ def parse_arguments(args: Any, where: str) -> Dict[str, Any]:
     raise ValueError(f"{where}: tool call arguments must be a JSON object (or its JSON text), got {args!r:.80}")
 
 
+def json_text(text: str, where: str, what: str, hint: str) -> Any:
+    """``json.loads(text)``; invalid JSON -> ValueError ``"{where}: {what} is not valid JSON (...); {hint}"``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: {what} is not valid JSON ({e.msg} at column {e.colno}); {hint}") from None
+
+
 def parse_tools(tools: Any, where: str) -> Optional[List[Dict[str, Any]]]:
     """``tools`` given as a list of JSON schemas or as its JSON text -> the list (None if absent/empty).
 
@@ -91,11 +99,7 @@ def parse_tools(tools: Any, where: str) -> Optional[List[Dict[str, Any]]]:
     if tools is None or tools == "" or tools == []:
         return None
     if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: 'tools' is not valid JSON ({e.msg} at column {e.colno}); give a JSON list "
-                             "of function schemas") from None
+        tools = json_text(tools, where, "'tools'", "give a JSON list of function schemas")
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):

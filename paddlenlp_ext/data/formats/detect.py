@@ -13,10 +13,10 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..reader import MAX_REPORTED, DataError
+from ..reader import DataError
 from . import alpaca, messages, paddlenlp, sharegpt, text
 from .convo import Conversation, check_turns
-from .files import iter_records
+from .files import parse_records
 
 FORMATS = {"paddlenlp": paddlenlp, "messages": messages, "sharegpt": sharegpt, "alpaca": alpaca, "text": text}
 EXPECTED = ("paddlenlp {src, tgt}; messages {messages: [{role, content}]}; sharegpt {conversations: [{from, value}]}; "
@@ -71,33 +71,20 @@ def read_items(files: List[str], fmt: str = "auto", columns: Optional[Dict[str, 
 
     All bad records are reported together in one :class:`DataError` (the first MAX_REPORTED listed,
     the rest counted), each as ``file:line: reason``: nothing is dropped silently."""
-    items, formats, problems, extra = [], {}, [], 0
-    for path in files:
-        file_fmt = fmt
-        try:
-            for line, record, problem in iter_records(path):
-                origin = f"{path}:{line}"
-                try:
-                    if problem:
-                        raise ValueError(f"{origin}: {problem}")
-                    if file_fmt == "auto":  # the file's format is its first record's
-                        file_fmt = detect_format(record, columns) or "auto"
-                        if file_fmt == "auto":
-                            raise _no_format(record, origin)
-                    items.append(parse_record(record, file_fmt, origin, columns, check))
-                except ValueError as e:
-                    if len(problems) < MAX_REPORTED:
-                        problems.append(str(e))
-                    else:
-                        extra += 1
-        except DataError as e:
-            problems += e.problems
-        formats[path] = file_fmt
-    if problems:
-        raise DataError(problems, extra)
+    formats: Dict[str, str] = {}
+
+    def parse(record, origin):
+        path = origin.rsplit(":", 1)[0]
+        if formats.setdefault(path, fmt) == "auto":  # the file's format is its first record's
+            formats[path] = detect_format(record, columns) or "auto"
+            if formats[path] == "auto":
+                raise _no_format(record, origin)
+        return parse_record(record, formats[path], origin, columns, check)
+
+    items = parse_records(files, parse)
     if not items:
         raise DataError([f"{', '.join(files)}: no examples (the file is empty)"])
-    return items, formats
+    return items, {f: formats.get(f, fmt) for f in files}
 
 
 def parse_stream_line(line: str, origin: str, fmt: str = "auto", columns: Optional[Dict[str, str]] = None):

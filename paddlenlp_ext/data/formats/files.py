@@ -13,9 +13,9 @@ record could not be read (invalid JSON on that line); the caller reports it with
 
 import json
 import os
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from ..reader import DataError, read_utf8_lines, read_utf8_text
+from ..reader import MAX_REPORTED, DataError, read_utf8_lines, read_utf8_text
 
 EXTENSIONS = (".json", ".jsonl", ".txt", ".parquet")
 
@@ -99,3 +99,31 @@ def _parquet(path: str) -> Iterator[Tuple[int, Any, Optional[str]]]:
         raise DataError([f"{path}: cannot read the parquet file: {e}"]) from e
     for i, row in enumerate(table.to_pylist(), 1):
         yield i, row, None
+
+
+def parse_records(files: Sequence[str], parse: Callable[[Any, str], Any]) -> List[Any]:
+    """``parse(record, "file:line")`` for every record of ``files``, in order.
+
+    A ``ValueError`` is a problem ``file:line: reason`` (the prefix is added when the message lacks it);
+    all problems are raised together as one DataError (the first MAX_REPORTED listed, the rest counted):
+    nothing is dropped silently."""
+    out, problems, extra = [], [], 0
+    for path in files:
+        try:
+            for line, record, problem in iter_records(path):
+                origin = f"{path}:{line}"
+                try:
+                    if problem:
+                        raise ValueError(problem)
+                    out.append(parse(record, origin))
+                except ValueError as e:
+                    msg = str(e)
+                    if len(problems) < MAX_REPORTED:
+                        problems.append(msg if msg.startswith(f"{origin}:") else f"{origin}: {msg}")
+                    else:
+                        extra += 1
+        except DataError as e:  # not UTF-8 / unreadable / a broken JSON array: listed with the others
+            problems += e.problems
+    if problems:
+        raise DataError(problems, extra)
+    return out

@@ -18,9 +18,7 @@ Worked example (glaive_toolcall_en_demo.json's shape)::
        tools [{"type": "function", "function": {"name": "w", "parameters": {}}}]
 """
 
-import json
-
-from .convo import DEFAULT_COLUMNS, DEFAULT_TAGS, Conversation, Message, loss_flag, parse_tools, tool_call
+from .convo import DEFAULT_COLUMNS, DEFAULT_TAGS, Conversation, Message, json_text, loss_flag, parse_tools, tool_call
 
 
 def matches(record, columns=None) -> bool:
@@ -32,11 +30,7 @@ def function_calls(value, where):
     """A ``function_call`` turn's value -> tool calls: ``'{"name": "f", "arguments": {}}'`` ->
     ``[{"type": "function", "function": {"name": "f", "arguments": {}}}]`` (a JSON list gives several)."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: the function call is not valid JSON ({e.msg} at column {e.colno}); write "
-                             "{\"name\": ..., \"arguments\": {...}}") from None
+        value = json_text(value, where, "the function call", "write {\"name\": ..., \"arguments\": {...}}")
     calls = value if isinstance(value, list) else [value]
     if not calls or not all(isinstance(c, dict) for c in calls):
         raise ValueError(f"{where}: a function call must be {{\"name\": ..., \"arguments\": {{...}}}} or a list of them")
