@@ -130,9 +130,8 @@ def test_role_order_the_template_refuses_names_the_line(template_dir, tmp_path):
     (tmp_path / "t.jinja").write_text(tpl)
     with pytest.raises(DataError, match=r"chat.jsonl:2: could not tokenize: the chat template cannot render this "
                                         r"conversation: only one user turn"):
-        our_features(template_dir, tmp_path, [MESSAGES and {"messages": MESSAGES[1:3] + [
-            {"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}], "tools": TOOLS}, bad],
-            chat_template=str(tmp_path / "t.jinja"))
+        our_features(template_dir, tmp_path, [{"messages": MESSAGES, "tools": TOOLS}, bad],
+                     chat_template=str(tmp_path / "t.jinja"))
 
 
 def test_named_templates_pick_tool_use():
