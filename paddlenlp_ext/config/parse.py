@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
 from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
 from ..data.reader import DataError, find_split_files, read_utf8_text
+from .data_checks import data_format_problems, dataset_path_problems
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
 from .problems import Problem, tagged
 from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
@@ -383,20 +384,13 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     elif (do_train or do_eval) and not d.dataset_name_or_path:
         p.append(f"{where}: dataset_name_or_path is required with do_train or do_eval")
     elif d.dataset_name_or_path:
-        if not os.path.isdir(d.dataset_name_or_path):
-            p.append(Problem(f"{where}: dataset_name_or_path {d.dataset_name_or_path!r} is not a directory",
-                             "data_dir"))
-        else:
-            for flag, split in ((do_train, "train"), (do_eval, "dev")):
-                if flag and not find_split_files(d.dataset_name_or_path, split):
-                    p.append(Problem(
-                        f"{where}: {d.dataset_name_or_path!r} has no {split}.json or {split}/*.json "
-                        f"(needed by do_{'train' if split == 'train' else 'eval'})", "data_dir"))
+        p += dataset_path_problems(d, do_train, do_eval, where)  # config/data_checks.py
     if do_train and t.get("max_steps", -1) <= 0 and t.get("num_train_epochs", 3.0) <= 0:
         p.append(f"{where}: do_train needs max_steps > 0 or num_train_epochs > 0")
     if d.zero_padding and (d.pad_to_multiple_of or d.pad_to_max_length):
         p.append(f"{where}: pad_to_multiple_of/pad_to_max_length apply to batch padding; with zero_padding every "
                  "row is already max_length long (choose max_length instead)")
+    p += data_format_problems(d, where)  # config/data_checks.py
     if d.lazy and do_train and t.get("max_steps", -1) <= 0:
         p.append(f"{where}: lazy=true streams the data without knowing its length; set max_steps > 0")
     if not do_train and not do_eval:

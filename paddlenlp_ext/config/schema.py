@@ -12,7 +12,7 @@ configs work.  Field metadata drives validation and docs:
 """
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 QUANT_ALGOS = ("weight_only_int8", "weight_only_int4", "nf4", "fp4")
 
@@ -110,8 +110,25 @@ class ModelArgument:
 @dataclass
 class DataArgument:
     dataset_name_or_path: Optional[str] = _f(
-        None, "Directory with train.json/dev.json (JSON lines) or train/*.json, dev/*.json."
+        None, "Directory with train.json/dev.json (or .jsonl/.parquet/.txt) or train/*, dev/*; or one data file "
+        "(the train split); several sources separated by commas mix (mix_strategy). Formats: docs/data.md."
     )
+    dataset_weights: Optional[List[float]] = _f(
+        None, "Proportions of the sources when dataset_name_or_path lists several (comma-separated), e.g. [0.7, 0.3]; "
+        "needs mix_strategy interleave_under or interleave_over.")
+    mix_strategy: str = _f(
+        "concat", "How several sources are combined: concat, interleave_under (draw by dataset_weights until the "
+        "first source runs out) or interleave_over (until every source is used whole, oversampling).",
+        choices=("concat", "interleave_under", "interleave_over"))
+    dataset_format: str = _f(
+        "auto", "Record format of the data files: auto (detected per file from its records), paddlenlp (src/tgt), "
+        "alpaca, sharegpt, messages (OpenAI) or text.",
+        choices=("auto", "paddlenlp", "alpaca", "sharegpt", "messages", "text"))
+    dataset_columns: Optional[Dict[str, str]] = _f(
+        None, "Renamed fields, as LLaMA-Factory's dataset_info.json columns/tags: e.g. {\"prompt\": \"question\", "
+        "\"response\": \"answer\", \"user_tag\": \"user\"} (docs/data.md lists the names).")
+    train_on_prompt: bool = _f(
+        False, "Supervise the prompt tokens too (everything but tool results); default: assistant turns only.")
     src_length: int = _f(1024, "Maximum source (prompt) tokens; longer prompts are truncated.", gt=0)
     max_length: int = _f(2048, "Maximum tokens of an example (prompt + target); also the packed row length.", gt=1)
     zero_padding: bool = _f(False, "Pack examples into rows of max_length instead of padding each batch.")
@@ -136,7 +153,9 @@ class DataArgument:
     intokens: Optional[bool] = _f(
         None, "Deprecated PaddleNLP name of zero_padding (older configs); sets zero_padding, with a notice.")
     task_name: Optional[str] = _unsupported(None, "Sub-task of a hub dataset.", "not supported: datasets are local directories")
-    autoregressive: bool = _unsupported(False, "Unsupervised (pretraining-style) loss on every token.")
+    autoregressive: bool = _f(
+        False, "Continued pretraining on raw text (.txt lines or {\"text\"} records): every token supervised, long "
+        "documents split into max_length rows.")
     use_pose_convert: bool = _unsupported(False, "PoSE data conversion.")
 
 

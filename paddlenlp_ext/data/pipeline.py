@@ -9,9 +9,14 @@ import numpy as np
 from .collate import PackedCollator, PaddingCollator
 from .binpack import batch_padding_ratio
 from .packing import PackedDataset
-from .reader import DataError, find_split_files, read_examples
+from .chat_template import find_template, special_tokens_of
+from .conversation import Renderer
+from .formats.detect import parse_stream_line, read_items
+from .formats.files import streamable
+from .mixture import mixture_order, split_sources
+from .reader import DataError, dataset_files
 from .streaming import StreamingPackedDataset
-from .tokenize import length_histogram, resolve_chat_template, tokenize_example, tokenize_examples
+from .tokenize import TokenizeStats, length_histogram, resolve_chat_template
 
 
 @dataclass
@@ -22,15 +27,69 @@ class BuiltData:
     reports: Dict[str, Dict] = field(default_factory=dict)
 
 
-def tokenize_split(cfg, tokenizer, split: str, use_template: bool):
+def make_renderer(cfg, tokenizer, use_template: bool) -> Renderer:
+    """The run's :class:`~.conversation.Renderer`: the jinja template (``chat_template`` key, or the tokenizer
+    directory's ``tokenizer_config.json`` / ``chat_template.jinja``) and the loss keys."""
+    d, m = cfg.data, cfg.model
+    tok_dir = m.tokenizer_name_or_path or m.model_name_or_path
+    templates = {has_tools: find_template(tok_dir, d.chat_template, has_tools) for has_tools in (False, True)}
+    return Renderer(tokenizer, d.src_length, d.max_length, use_template, templates, special_tokens_of(tokenizer),
+                    train_on_prompt=d.train_on_prompt, autoregressive=d.autoregressive)
+
+
+def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
+    """Items -> (features, report); a failure is a DataError naming the item's ``file:line``.
+
+    The report counts, per source file, its format, the records read and how many were truncated
+    (``sources``), besides the totals of :class:`~.tokenize.TokenizeStats`."""
+    stats = TokenizeStats()
+    sources = {f: {"format": fmt, "examples": 0, "truncated": 0} for f, fmt in formats.items()}
+    out = []
+    for item in items:
+        try:
+            feats, truncated, dropped = renderer(item)
+        except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised with the record's file:line
+            msg = str(e)
+            raise DataError([msg if msg.startswith(item.origin) else f"{item.origin}: could not tokenize: {msg}"]) from e
+        for k, feat in enumerate(feats):
+            stats.add(feat, truncated and k == 0, dropped if k == 0 else 0)
+        src = sources.get(item.origin.rsplit(":", 1)[0])
+        if src is not None:
+            src["examples"] += 1
+            src["truncated"] += int(truncated)
+        out.extend(feats)
+    return out, stats, sources
+
+
+def tokenize_split(cfg, tokenizer, split: str, use_template: bool, renderer: Optional[Renderer] = None, seed: int = 0):
+    """One split, tokenized.  Several sources (comma-separated ``dataset_name_or_path``): the train split is
+    their mixture (:mod:`.mixture`, by ``dataset_weights`` / ``mix_strategy`` and ``seed``), dev splits are
+    concatenated."""
     d = cfg.data
-    files = find_split_files(d.dataset_name_or_path, split)
-    examples = read_examples(files)
-    try:
-        features, stats = tokenize_examples(examples, tokenizer, d.src_length, d.max_length, use_template)
-    except ValueError as e:  # "file:line: could not tokenize: ...": bad input, exit 2 like any data error
-        raise DataError([str(e)]) from e
+    renderer = renderer or make_renderer(cfg, tokenizer, use_template)
+    per_source, files, formats, stats = [], [], {}, TokenizeStats()
+    sources = split_sources(d.dataset_name_or_path)
+    for src in sources:
+        src_files = dataset_files(src, split)
+        if not src_files:
+            continue  # config checks: a needed split exists in every source
+        items, src_formats = read_items(src_files, d.dataset_format, d.dataset_columns)
+        feats, src_stats, by_file = tokenize_items(items, renderer, src_formats)
+        per_source.append(feats)
+        files += src_files
+        formats.update(by_file)
+        stats.merge(src_stats)
+    if len(per_source) > 1 and split == "train":
+        order = mixture_order([len(f) for f in per_source], d.dataset_weights, d.mix_strategy, seed)
+        features = [per_source[s][i] for s, i in order]
+    else:
+        order, features = None, [f for feats in per_source for f in feats]
     report = {"files": files, **stats.as_dict(), "length_histogram": length_histogram(stats.lengths, d.max_length)}
+    if any(v["format"] != "paddlenlp" for v in formats.values()) or d.autoregressive or len(sources) > 1:
+        report.update(sources=formats, template="jinja" if renderer.jinja else "paddlenlp" if use_template else "none")
+    if order is not None:
+        report["mixture"] = {"strategy": d.mix_strategy, "rows": len(order),
+                             "per_source": {src: sum(1 for s, _ in order if s == k) for k, src in enumerate(sources)}}
     return features, report
 
 
@@ -41,20 +100,25 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
     d = cfg.data
     use_template = resolve_chat_template(tokenizer, d.chat_template)
     reports, train, dev = {}, None, None
+    renderer = make_renderer(cfg, tokenizer, use_template)
     if do_train and d.lazy:
-        files = find_split_files(d.dataset_name_or_path, "train")
+        files = dataset_files(d.dataset_name_or_path, "train")
+        whole = [f for f in files if not streamable(f)]
+        if whole:
+            raise DataError([f"{whole[0]}: lazy=true streams JSON lines and .txt files; this file is a JSON array or "
+                             "parquet (read whole): convert it to JSON lines or set lazy=false"])
         train = StreamingPackedDataset(
-            files, partial(_tokenize_streamed, tokenizer=tokenizer, src_length=d.src_length, max_length=d.max_length,
-                           use_chat_template=use_template),
+            files, partial(_tokenize_streamed, renderer=renderer),
             d.max_length, tokenizer.pad_token_id, greedy=d.greedy_zero_padding, group_size=d.greedy_group_size,
             seed=seed, start=resume_cursor, packed=d.zero_padding,
+            parse=partial(parse_stream_line, fmt=d.dataset_format, columns=d.dataset_columns),
         )
         reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
                             "packing": ("greedy" if d.greedy_zero_padding else "in_order") if d.zero_padding else "none"}
     elif do_train:
-        train, reports["train"] = tokenize_split(cfg, tokenizer, "train", use_template)
+        train, reports["train"] = tokenize_split(cfg, tokenizer, "train", use_template, renderer, seed)
     if do_eval:
-        dev, reports["dev"] = tokenize_split(cfg, tokenizer, "dev", use_template)
+        dev, reports["dev"] = tokenize_split(cfg, tokenizer, "dev", use_template, renderer)
     for r in reports.values():
         r["chat_template"] = use_template
     if d.zero_padding:
@@ -73,13 +137,13 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
     return BuiltData(train=train, dev=dev, collator=collator, reports=reports)
 
 
-def _tokenize_streamed(example, **kwargs):
-    """``tokenize_example`` for the lazy stream: a failure is a DataError naming the example's
-    file:line, as in memory (``tokenize_examples``)."""
+def _tokenize_streamed(item, renderer):
+    """The renderer for the lazy stream: a failure is a DataError naming the record's file:line, as in memory."""
     try:
-        return tokenize_example(example, **kwargs)
-    except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised with the example's file:line
-        raise DataError([f"{example.origin}: could not tokenize: {e}"]) from e
+        return renderer(item)
+    except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised with the record's file:line
+        msg = str(e)
+        raise DataError([msg if msg.startswith(item.origin) else f"{item.origin}: could not tokenize: {msg}"]) from e
 
 
 def batch_padding_report(features, batch_size: int, seed: int) -> Dict:

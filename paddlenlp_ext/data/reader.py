@@ -136,11 +136,27 @@ def read_utf8_text(path: str) -> str:
 
 
 def find_split_files(dataset_dir: str, split: str) -> List[str]:
-    """``train`` -> ``[dir/train.json]`` or sorted ``dir/train/*.json`` (or [])."""
-    single = os.path.join(dataset_dir, f"{split}.json")
-    if os.path.isfile(single):
-        return [single]
-    return sorted(glob.glob(os.path.join(dataset_dir, split, "*.json")))
+    """``train`` -> ``[dir/train.json]`` or sorted ``dir/train/*.json`` (or []).
+
+    Other data files are found the same way when there is no ``.json``: ``dir/train.jsonl``,
+    ``dir/train.parquet``, ``dir/train.txt``, then ``dir/train/*.{json,jsonl,parquet,txt}``.
+    """
+    for ext in SPLIT_EXTENSIONS:
+        single = os.path.join(dataset_dir, f"{split}{ext}")
+        if os.path.isfile(single):
+            return [single]
+    return sorted(f for ext in SPLIT_EXTENSIONS for f in glob.glob(os.path.join(dataset_dir, split, f"*{ext}")))
+
+
+SPLIT_EXTENSIONS = (".json", ".jsonl", ".parquet", ".txt")
+
+
+def dataset_files(path: str, split: str) -> List[str]:
+    """The files of ``split`` for ``dataset_name_or_path``: a directory as :func:`find_split_files`;
+    a single data file is the train split (``[path]``) and has no dev split (``[]``)."""
+    if os.path.isfile(path):
+        return [path] if split == "train" else []
+    return find_split_files(path, split)
 
 
 
@@ -166,6 +182,11 @@ def parse_line(line: str, origin: str) -> Example:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})")
+    return example_from_obj(obj, origin)
+
+
+def example_from_obj(obj, origin: str) -> Example:
+    """:func:`parse_line` after JSON decoding: ``{"src": "a", "tgt": "b"}`` -> ``Example(['a'], ['b'])``."""
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object with 'src' and 'tgt'")
     for key in ("src", "tgt"):

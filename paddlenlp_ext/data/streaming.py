@@ -77,11 +77,14 @@ class StreamingPackedDataset(IterableDataset):
 
     def __init__(self, files: List[str], tokenize: Callable, max_length: int, pad_token_id: int, greedy: bool,
                  group_size: int, seed: int, start: Optional[Cursor] = None, log_size: int = 64,
-                 packed: bool = True, row_format: Optional["RowFormat"] = None):
+                 packed: bool = True, row_format: Optional["RowFormat"] = None, parse: Optional[Callable] = None):
         super().__init__()
         self.packed = packed  # False: yield tokenized examples (shuffled per group) for batch padding
         # how lines parse and features become rows: SFT examples by default, preference pairs for DPO
         self.fmt = row_format or SFT_ROWS
+        if parse is not None:  # another record parser (dataset formats) with the same rows
+            self.fmt = RowFormat(parse=parse, length=self.fmt.length, supervised=self.fmt.supervised,
+                                 build_row=self.fmt.build_row)
         self.files = list(files)
         self.tokenize = tokenize  # Example -> (feature, truncated, dropped_rounds)
         self.max_length = max_length
@@ -117,7 +120,8 @@ class StreamingPackedDataset(IterableDataset):
                     try:
                         ex = self.fmt.parse(text, f"{path}:{lineno}")
                     except ValueError as e:
-                        raise DataError([f"{path}:{lineno}: {e}"])
+                        msg = str(e)
+                        raise DataError([msg if msg.startswith(f"{path}:{lineno}:") else f"{path}:{lineno}: {msg}"])
                     yield ex, Cursor(fi, off, lineno, epoch)
             fi, off, lineno = fi + 1, 0, 0
             if fi == len(self.files):
@@ -142,9 +146,10 @@ class StreamingPackedDataset(IterableDataset):
                 self.stats["examples"] += 1
                 self.stats["truncated_examples"] += int(truncated)
                 self.stats["dropped_rounds"] += dropped
-                feats.append(feat)
+                # a tokenizer may return several rows for one record (a long text document, autoregressive)
+                feats.extend(feat if isinstance(feat, list) else [feat])
                 next_cursor = after
-                if len(feats) == self.group_size:
+                if len(feats) >= self.group_size:
                     break
             packs = self._pack(feats)
             order = np.random.RandomState([self.seed, group_index]).permutation(len(packs))

@@ -38,6 +38,12 @@ class TokenizeStats:
         self.supervised_tokens += sum(1 for x in ex["labels"] if x != IGNORE_INDEX)
         self.lengths.append(n)
 
+    def merge(self, other: "TokenizeStats") -> None:
+        """Add another split's counts (several sources)."""
+        for key in ("examples", "truncated_examples", "dropped_rounds", "tokens", "supervised_tokens"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.lengths += other.lengths
+
     def as_dict(self) -> Dict:
         return {
             "examples": self.examples,

@@ -23,7 +23,9 @@ from numbers import Real
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..data.binpack import DEFAULT_GROUP_SIZE
-from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, parse_json_lines
+from ..data.formats import preference
+from ..data.formats.files import parse_records
+from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
 
@@ -50,7 +52,13 @@ class PreferenceExample:
     origin: str = ""  # "file:line"
 
 
-def _problems_of(obj) -> Tuple[List[str], Optional[PreferenceExample]]:
+def _problems_of(obj, origin: str = "") -> Tuple[List[str], Optional[PreferenceExample]]:
+    if preference.matches(obj):  # LLaMA-Factory / OpenAI forms: conversations or messages + chosen / rejected
+        try:
+            system, src, tgt, chosen, rejected = preference.convert(obj, origin)
+        except ValueError as e:
+            return [str(e)[len(origin) + 2:] if str(e).startswith(f"{origin}: ") else str(e)], None
+        return [], PreferenceExample(src=src, tgt=tgt, chosen=chosen, rejected=rejected, system=system)
     if not isinstance(obj, dict):
         return ["expected a JSON object with 'src', 'tgt', 'response' and 'sort'"], None
     missing = [k for k in ("src", "tgt", "response", "sort") if k not in obj]
@@ -108,7 +116,12 @@ def parse_preference_line(line: str, origin: str) -> PreferenceExample:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})")
-    problems, ex = _problems_of(obj)
+    return preference_from_obj(obj, origin)
+
+
+def preference_from_obj(obj, origin: str) -> PreferenceExample:
+    """:func:`parse_preference_line` after JSON decoding (any record of a JSON array, JSON lines or parquet)."""
+    problems, ex = _problems_of(obj, origin)
     if problems:
         raise ValueError("; ".join(problems))
     ex.origin = origin
@@ -124,7 +137,8 @@ def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
     """
     if not files:
         raise DataError(["no preference data files found"])
-    out: List[PreferenceExample] = parse_json_lines(files, parse_preference_line)
+    # .json (array or lines), .jsonl, .parquet: each record with its line, every bad one listed
+    out: List[PreferenceExample] = parse_records(files, preference_from_obj)
     if not out:
         raise DataError([f"{', '.join(files)}: no preference pairs (the file is empty)"])
     return out
