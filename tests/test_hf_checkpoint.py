@@ -170,3 +170,13 @@ def test_merge_reader_presents_the_same_tensors_as_the_loader(tmp_path):
         assert np.array_equal(arr, sd[ent.name].numpy()), ent.name  # bf16 as uint16 bits on both sides
         pool.release(buf)
     src.close()
+
+
+def test_llama3_rope_scaling_and_rope_theta_match_transformers(tmp_path):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16}
+    d = save_hf_model(str(tmp_path / "l3"), "llama", rope_scaling=rope, rope_theta=500000.0)
+    model, _ = ours(d)
+    np.testing.assert_allclose(our_logits(model), hf_logits(hf_model(d)), atol=1e-4, rtol=0)
+    plain = save_hf_model(str(tmp_path / "plain"), "llama", rope_theta=500000.0)  # same weights (seed), no scaling
+    assert np.abs(our_logits(ours(plain)[0]) - our_logits(model)).max() > 1e-3  # the scaling is not ignored
