@@ -115,16 +115,23 @@ def test_tied_qwen2_has_no_lm_head_and_untied_lm_head_is_transposed(fp32_dirs):
     assert head.transpose and head.shape == (64, 320)
 
 
+def test_tied_llama_like_llama_3_2_matches_transformers(tmp_path):
+    d = save_hf_model(str(tmp_path / "tied"), "llama", tie=True)
+    assert "lm_head.weight" not in find_checkpoint(d).tensors
+    np.testing.assert_allclose(our_logits(ours(d)[0]), hf_logits(hf_model(d)), atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("change,match", [
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling.rope_type='yarn'.*silently ignored"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"lacks \['high_freq_factor'"),
     ({"sliding_window": 16}, r"sliding_window=16.*max_length.*<= 16"),
     ({"head_dim": 32}, r"head_dim=32"),
     ({"attention_bias": True}, r"attention_bias=true"),
+    ({"tie_word_embeddings": True}, r"mistral has its own lm_head"),
 ])
 def test_config_settings_paddlenlp_would_compute_otherwise_are_refused(fp32_dirs, tmp_path, change, match,
                                                                       monkeypatch):
-    family = "mistral" if "sliding_window" in change else "llama"
+    family = "mistral" if {"sliding_window", "tie_word_embeddings"} & set(change) else "llama"
     d = str(tmp_path / "m")
     shutil.copytree(fp32_dirs[family], d)
     edit_config(d, **change)

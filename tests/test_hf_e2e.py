@@ -77,7 +77,7 @@ def predictions(model_dir, prompts, out, *extra):
 
 @pytest.fixture(scope="module")
 def lora_runs():
-    return {}  # family -> output dir of its LoRA run (the merge test reuses llama's)
+    return {}  # family -> output dir of its LoRA run (the merge test reuses them)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
@@ -98,10 +98,11 @@ def test_lora_and_nf4_finetune(hf_dirs, lora_runs, tmp_path, family):
     loss_fell(qlora)
 
 
-def test_merge_into_the_transformers_base_and_predict(hf_dirs, lora_runs, tmp_path):
-    if "llama" not in lora_runs:
-        pytest.skip("needs test_lora_and_nf4_finetune[llama]'s adapter")
-    base, lora = hf_dirs["llama"], lora_runs["llama"]
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_merge_into_the_transformers_base_and_predict(hf_dirs, lora_runs, tmp_path, family):
+    if family not in lora_runs:
+        pytest.skip(f"needs test_lora_and_nf4_finetune[{family}]'s adapter")
+    base, lora = hf_dirs[family], lora_runs[family]
     merged = str(tmp_path / "merged")
     m = run([MERGE, "--model_name_or_path", base, "--lora_path", lora, "--merge_model_path", merged, "--device", "cpu"])
     info = json.load(open(os.path.join(merged, "merge_info.json")))
