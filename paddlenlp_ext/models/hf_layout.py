@@ -41,19 +41,25 @@ class HFLayoutError(ValueError):
     """A transformers-layout checkpoint this loader cannot read as it is; the message says what to change."""
 
 
-def read_config_json(model_dir: str) -> Dict[str, Any]:
-    """The ``config.json`` of ``model_dir`` as a dict ({} when there is none)."""
-    path = os.path.join(model_dir, "config.json")
+def read_json_dict(path: str, error=None) -> Dict[str, Any]:
+    """The JSON object in ``path`` ({} when the file does not exist); ``error`` (default
+    :class:`HFLayoutError`) names the file when it is not a readable JSON object."""
+    error = error or HFLayoutError
     if not os.path.isfile(path):
         return {}
     try:
         with open(path, "r", encoding="utf-8") as f:
-            cfg = json.load(f)
+            obj = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFLayoutError(f"{path}: not readable JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(cfg, dict):
-        raise HFLayoutError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
-    return cfg
+        raise error(f"{path}: not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise error(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_config_json(model_dir: str) -> Dict[str, Any]:
+    """The ``config.json`` of ``model_dir`` as a dict ({} when there is none)."""
+    return read_json_dict(os.path.join(model_dir, "config.json"))
 
 
 def looks_hf(names: Iterable[str]) -> bool:

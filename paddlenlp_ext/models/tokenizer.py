@@ -16,7 +16,6 @@ spelling, as Llama 3 ships) is PaddleNLP's ``PretrainedTokenizerFast``.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict
 
@@ -39,15 +38,9 @@ def uses_fast_file(path: str) -> bool:
 
 
 def _tokenizer_config(path: str) -> Dict[str, Any]:
-    p = os.path.join(path, "tokenizer_config.json")
-    if not os.path.isfile(p):
-        return {}
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerLoadError(f"{p}: not readable JSON ({type(e).__name__}: {e})") from None
-    return cfg if isinstance(cfg, dict) else {}
+    from .hf_layout import read_json_dict
+
+    return read_json_dict(os.path.join(path, "tokenizer_config.json"), TokenizerLoadError)
 
 
 def load_tokenizer(path: str):
