@@ -155,3 +155,29 @@ def test_an_unknown_class_without_vocabulary_files_is_refused(tmp_path):
 def test_sentencepiece_directories_keep_the_slow_tokenizer(tiny_model_dir):
     assert not uses_fast_file(tiny_model_dir)
     assert "Fast" not in type(load_tokenizer(tiny_model_dir)).__name__
+
+
+def test_chat_template_in_tokenizer_config_reaches_paddlenlps_chat_code(tmp_path):
+    """The fast tokenizer exposes tokenizer_config.json's chat_template to PaddleNLP's chat code
+    (apply_chat_template / encode_chat_inputs); rendering equals transformers'."""
+    d = build(str(tmp_path / "t"), "qwen2")
+    path = os.path.join(d, "tokenizer_config.json")
+    cfg = json.load(open(path))
+    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    json.dump(cfg, open(path, "w"))
+    ours, ref = load_tokenizer(d), transformers.AutoTokenizer.from_pretrained(d)
+    msgs = [{"role": "user", "content": "你好"}]
+    text = ours.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    src, tgt = ours.encode_chat_inputs([["你好", "hi"]])["conversations"][0]
+    assert src == ref(text, add_special_tokens=False)["input_ids"]
+    assert tgt == ref("hi<|im_end|>\n", add_special_tokens=False)["input_ids"]
+
+
+def test_hf_layout_docstring_examples():
+    import doctest
+
+    from paddlenlp_ext.models import hf_layout
+
+    assert doctest.testmod(hf_layout).failed == 0
