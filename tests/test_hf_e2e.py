@@ -6,13 +6,14 @@ tiny model (bf16, sharded) plus a tokenizer.json-only tokenizer.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from conftest import DATA_DIR, ROOT
-from hf_models import save_hf_model
+from hf_models import edit_config, save_hf_model
 from test_hf_tokenizer import build as build_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -132,6 +133,11 @@ def test_dpo_on_a_transformers_directory(hf_dirs, tmp_path):
     assert losses and losses[-1] < losses[0]
 
 
-def test_tensor_parallel_on_a_transformers_directory_is_refused(hf_dirs, tmp_path):
+def test_what_paddlenlp_would_compute_otherwise_is_refused_with_exit_2(hf_dirs, tmp_path):
     r = finetune(hf_dirs["llama"], str(tmp_path / "o"), "--fuse_attention_qkv", "true", check=False)
     assert r.returncode == 2 and "transformers-layout checkpoint" in r.stderr and "Traceback" not in r.stderr
+    d = tmp_path / "yarn"
+    shutil.copytree(hf_dirs["llama"], d)
+    edit_config(str(d), rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    r = finetune(str(d), str(tmp_path / "o2"), check=False)
+    assert r.returncode == 2 and "rope_scaling.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr
