@@ -127,6 +127,7 @@ def test_tied_llama_like_llama_3_2_matches_transformers(tmp_path):
     ({"sliding_window": 16}, r"sliding_window=16.*max_length.*<= 16"),
     ({"head_dim": 32}, r"head_dim=32"),
     ({"attention_bias": True}, r"attention_bias=true"),
+    ({"hidden_act": "gelu"}, r"hidden_act='gelu'.*always computes SwiGLU"),
     ({"tie_word_embeddings": True}, r"mistral has its own lm_head"),
 ])
 def test_config_settings_paddlenlp_would_compute_otherwise_are_refused(fp32_dirs, tmp_path, change, match,

@@ -149,6 +149,9 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
     if mt == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         out.append(f"config.json {key}=true: PaddleNLP's llama has no bias in its projections")
+    if mt == "llama" and config.get("hidden_act", "silu") != "silu":
+        out.append(f"config.json hidden_act={config.get('hidden_act')!r}: PaddleNLP's llama always computes SwiGLU "
+                   "(silu) in its MLP and ignores hidden_act")
     if mt == "mistral" and config.get("tie_word_embeddings"):
         out.append("config.json tie_word_embeddings=true: PaddleNLP's mistral has its own lm_head and never ties it "
                    "to the embeddings (the checkpoint stores no lm_head.weight)")
