@@ -180,7 +180,7 @@ def stream_merge(
                 for ent in writer.order if writer else shard:
                     weight_map[ent.name] = fname
                     mod = module_of.get(ent.name)
-                    if mod is None and writer is not None and ckpt.fmt == "safetensors":
+                    if mod is None and writer is not None and ckpt.fmt == "safetensors" and not ent.transpose:
                         writer.copy(ent)  # untouched tensor: byte copy in the kernel
                         src.skip(ent)
                         continue

@@ -35,6 +35,8 @@ class TensorEntry:
     shape: Tuple[int, ...]
     nbytes: int
     offset: int = -1  # absolute byte offset of the data (safetensors only)
+    transpose: bool = False  # stored [out, in] (transformers' nn.Linear): ``shape`` is Paddle's [in, out]
+    source_name: Optional[str] = None  # the name in the file when it differs (transformers layout)
 
     @property
     def numel(self) -> int:
@@ -143,6 +145,11 @@ class Checkpoint:
     index_file: Optional[str] = None
 
     @property
+    def hf_layout(self) -> bool:
+        """Whether the files are in transformers layout (entries renamed, Linear weights transposed on read)."""
+        return any(e.source_name is not None for e in self.entries)
+
+    @property
     def total_bytes(self) -> int:
         return sum(e.nbytes for e in self.entries)
 
@@ -187,11 +194,33 @@ class Checkpoint:
                     )
             if not entries:
                 raise MergeError(f"{path}: the checkpoint holds no tensors")
+            if fmt == "safetensors":
+                entries = _to_paddle_layout(d, entries)
             return cls(d, fmt, files, entries, path if is_index else None)
         raise MergeError(
             f"no model weights found in {d}: expected one of {SAFE_WEIGHTS_INDEX_NAME}, {SAFE_WEIGHTS_NAME}, "
             f"{PADDLE_WEIGHTS_INDEX_NAME}, {PADDLE_WEIGHTS_NAME}"
         )
+
+
+def _to_paddle_layout(d: str, entries: List[TensorEntry]) -> List[TensorEntry]:
+    """A transformers-layout checkpoint's entries under PaddleNLP's names and shapes (transposed on read);
+    PaddleNLP-layout entries unchanged.  The merged model is written in PaddleNLP's layout."""
+    from ..models import hf_layout
+
+    try:
+        model_type = hf_layout.detect_layout([e.name for e in entries], hf_layout.read_config_json(d), where=d)
+    except hf_layout.HFLayoutError as e:
+        raise MergeError(str(e)) from None
+    if model_type is None:
+        return entries
+    out = []
+    for e in entries:
+        name, transpose = hf_layout.paddle_name(e.name, model_type)
+        transpose = transpose and len(e.shape) == 2
+        out.append(TensorEntry(name, e.file, e.dtype, hf_layout.converted_shape(e.shape, transpose), e.nbytes,
+                               e.offset, transpose=transpose, source_name=e.name))
+    return out
 
 
 class BufferPool:
@@ -254,18 +283,24 @@ class TensorSource:
             if f is None:
                 f = self._open[ent.file] = open(ent.file, "rb", buffering=0)
             dt = np.dtype(NP_OF_TAG[ent.dtype])
+            # transformers' Linear weight: read as stored ([out, in]) into a fresh array, then transposed
+            # into the (pooled) destination as ent.shape ([in, out])
+            stored = np.empty(ent.shape[::-1], dtype=dt) if ent.transpose else None
             if pool is not None:
                 buf = pool.acquire(ent.nbytes)
                 arr = buf[: ent.nbytes].view(dt).reshape(ent.shape)  # a view of the pooled bytes: ent.shape
             else:
                 arr = np.empty(ent.shape, dtype=dt)
-            view = memoryview(arr.reshape(-1)).cast("B")
+            view = memoryview((stored if stored is not None else arr).reshape(-1)).cast("B")
             got = 0
             while got < ent.nbytes:
                 n = os.preadv(f.fileno(), [view[got:]], ent.offset + got)
                 if n <= 0:
                     raise MergeError(f"{ent.file}: short read for tensor {ent.name!r} (truncated file?)")
                 got += n
+            if stored is not None:
+                np.copyto(arr, stored.T)
+                del stored
         self.skip(ent)
         return arr, buf
 

@@ -9,7 +9,11 @@ from a local directory (in its order of preference):
 * ``model_state.pdparams``
 
 and :func:`iter_tensors`, which yields ``(name, numpy array, file)`` one at a
-time.  bfloat16 tensors arrive as ``uint16`` arrays of their bits (safetensors
+time.  A safetensors checkpoint in Hugging Face transformers layout
+(``model.layers.N...`` names, Linear weights [out, in]; :mod:`.hf_layout`) is
+presented in PaddleNLP's layout: :func:`find_checkpoint` renames its tensors (and
+reports the transposed shapes) and :func:`iter_tensors` transposes each Linear
+weight right after reading it, so callers see only PaddleNLP names and shapes.  bfloat16 tensors arrive as ``uint16`` arrays of their bits (safetensors
 tags ``BF16`` and ``U16`` -- PaddleNLP's ``save_pretrained`` writes bf16 as
 ``U16`` -- and ``paddle.load(..., return_numpy=True)``): Paddle's convention,
 ``paddle.to_tensor`` of a uint16 array is bfloat16.
@@ -75,6 +79,8 @@ class TensorInfo:
     dtype: Optional[str] = None  # safetensors tag
     offset: int = -1  # absolute byte offset of the data (safetensors)
     nbytes: int = 0
+    source_name: Optional[str] = None  # the name in the file when it differs (transformers layout)
+    transpose: bool = False  # stored [out, in] (transformers' nn.Linear): transposed when read
 
 
 @dataclass
@@ -91,6 +97,7 @@ class Checkpoint:
     files: List[str]
     index_file: Optional[str] = None
     tensors: Dict[str, TensorInfo] = field(default_factory=dict)
+    hf_model_type: Optional[str] = None  # set when the files are in transformers layout (converted on read)
 
     @property
     def names_known(self) -> bool:
@@ -153,7 +160,41 @@ def _read_index(path: str) -> Dict[str, str]:
 
 
 def find_checkpoint(model_dir: str) -> Checkpoint:
-    """Locate and validate the weights of ``model_dir`` (reads headers and indexes, no tensor data)."""
+    """Locate and validate the weights of ``model_dir`` (reads headers and indexes, no tensor data).
+
+    A transformers-layout checkpoint comes back renamed to PaddleNLP's names and
+    shapes (``hf_model_type`` set; the transposes happen in :func:`iter_tensors`).
+    """
+    ckpt = _find_files(model_dir)
+    if ckpt.fmt == "safetensors":
+        _to_paddle_layout(ckpt)
+    return ckpt
+
+
+def _to_paddle_layout(ckpt: Checkpoint) -> None:
+    """Rename a transformers-layout checkpoint's tensors in place (no data read); PaddleNLP layout: untouched."""
+    from . import hf_layout
+
+    try:
+        config = hf_layout.read_config_json(ckpt.directory)
+        model_type = hf_layout.detect_layout(ckpt.tensors, config, where=ckpt.directory)
+    except hf_layout.HFLayoutError as e:
+        raise CheckpointError(str(e)) from None
+    if model_type is None:
+        return
+    converted: Dict[str, TensorInfo] = {}
+    for key, info in ckpt.tensors.items():
+        name, transpose = hf_layout.paddle_name(key, model_type)
+        transpose = transpose and len(info.shape) == 2
+        if name in converted:
+            raise CheckpointError(f"{info.file}: tensors {converted[name].source_name!r} and {key!r} both map to "
+                                  f"{name!r}; the checkpoint mixes transformers and PaddleNLP names")
+        converted[name] = TensorInfo(name, info.file, hf_layout.converted_shape(info.shape, transpose), info.dtype,
+                                     info.offset, info.nbytes, source_name=key, transpose=transpose)
+    ckpt.tensors, ckpt.hf_model_type = converted, model_type
+
+
+def _find_files(model_dir: str) -> Checkpoint:
     if not os.path.isdir(model_dir):
         raise CheckpointError(f"model directory {model_dir!r} does not exist")
     for fmt, name, is_index in LAYOUTS:
@@ -257,8 +298,11 @@ def iter_tensors(ckpt: Checkpoint, skip: Optional[set] = None) -> Iterator[Tuple
             fd = os.open(path, os.O_RDONLY)
             try:
                 for info in infos:
-                    arr = np.empty(info.shape, dtype=NP_OF_TAG[info.dtype])
+                    # as stored: [out, in] for a transformers Linear weight, else the tensor's shape
+                    arr = np.empty(info.shape[::-1] if info.transpose else info.shape, dtype=NP_OF_TAG[info.dtype])
                     _pread_into(fd, arr, info.offset, info)
+                    if info.transpose:  # [out, in] -> Paddle's [in, out]; the stored copy is dropped at once
+                        arr = np.ascontiguousarray(arr.T)
                     yield info.name, arr, path
                     del arr
             finally:

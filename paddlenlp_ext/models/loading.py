@@ -222,6 +222,19 @@ def _check_tied_copy(param, arr, key: str, first: str, path: str) -> None:
         )
 
 
+def _check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int]) -> None:
+    """Refuse a transformers config.json that PaddleNLP's model would silently compute otherwise."""
+    from . import hf_layout
+
+    raw = hf_layout.read_config_json(model_dir)
+    if raw.get("model_type") != getattr(config, "model_type", None):
+        raise CheckpointError(f"{model_dir}: the checkpoint is a transformers {raw.get('model_type')!r} model, but the "
+                              f"config given builds {getattr(config, 'model_type', None)!r}")
+    problems = hf_layout.config_problems(raw, max_seq_len)
+    if problems:
+        raise CheckpointError(f"{model_dir} (transformers layout): " + "; ".join(problems))
+
+
 def _replace(model, name: str, new) -> None:
     parent = model
     *path, attr = name.split(".")
@@ -237,6 +250,7 @@ def load_model_streaming(
     quantization: Optional[Dict[str, Any]] = None,
     target_modules: Optional[Sequence[str]] = None,
     logger: Optional[Any] = None,
+    max_seq_len: Optional[int] = None,
 ) -> Tuple[Any, Dict[str, Any]]:
     """Load the causal LM of ``model_dir`` tensor by tensor, quantizing target Linears on arrival.
 
@@ -252,6 +266,9 @@ def load_model_streaming(
         target_modules: layers to quantize (regexes, as ``quantize_model``);
             default: the family's decoder linears.
         logger: object with ``.info``/``.warning`` (default: this module's logger).
+        max_seq_len: the longest sequence the caller will feed; a transformers-layout
+            checkpoint whose sliding window is shorter is refused (see
+            :func:`.hf_layout.config_problems`; None: any window is refused).
 
     Returns ``(model, stats)``; stats: ``quantized_layers``, ``params_quantized``,
     ``bytes_quantized`` (codes + scales), ``tensors_loaded``, ``files`` (names
@@ -271,6 +288,8 @@ def load_model_streaming(
     t0, rss0 = time.perf_counter(), _rss()
     quant = _check_quantization(quantization)
     ckpt = find_checkpoint(model_dir)
+    if ckpt.hf_model_type is not None:
+        _check_hf_config(model_dir, config, max_seq_len)
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         raise ValueError("load_model_streaming does not split checkpoints for tensor parallelism "
                          f"(tensor_parallel_degree={config.tensor_parallel_degree}): load with from_pretrained")
@@ -304,7 +323,8 @@ def load_model_streaming(
         _precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip)
 
     place = _device_place() if quant else None
-    stats: Dict[str, Any] = {"format": ckpt.fmt, "quantized_layers": 0, "params_quantized": 0, "bytes_quantized": 0,
+    stats: Dict[str, Any] = {"format": ckpt.fmt, "layout": "transformers" if ckpt.hf_model_type else "paddlenlp",
+                             "quantized_layers": 0, "params_quantized": 0, "bytes_quantized": 0,
                              "tensors_loaded": 0, "files": []}
     filled: Dict[int, str] = {}  # id(param) -> the key that filled it
     current, n_files = None, len(ckpt.files)

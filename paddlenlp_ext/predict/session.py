@@ -71,15 +71,14 @@ def pick_device(requested: Optional[str]) -> str:
 
 def load_tokenizer(o: PredictOptions):
     """(tokenizer, use_template): the model's tokenizer, with --chat_template loaded as training loads it."""
-    from paddlenlp.transformers import AutoTokenizer
-
     from ..data.tokenize import resolve_chat_template
     from ..integrations.qwen3 import register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
+    from ..models.tokenizer import load_tokenizer as load_any_tokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(o.model_name_or_path)
+        tokenizer = load_any_tokenizer(o.model_name_or_path)  # tokenizer.json-only directories included
     except (OSError, ValueError, KeyError) as e:
         raise PredictInputError(f"--model_name_or_path {o.model_name_or_path}: cannot load its tokenizer "
                                 f"({type(e).__name__}: {e}); the directory needs the tokenizer files training "
@@ -129,7 +128,8 @@ def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
     # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)
     config.use_flash_attention = False
     try:
-        model, _ = load_model_streaming(o.model_name_or_path, config, o.dtype, quantization=quantization, logger=_log)
+        model, _ = load_model_streaming(o.model_name_or_path, config, o.dtype, quantization=quantization, logger=_log,
+                                        max_seq_len=o.max_length)
     except (CheckpointError, ValueError) as e:  # names the tensor / file and what to do
         raise PredictInputError(f"--model_name_or_path {o.model_name_or_path}: {e}") from e
     return model

@@ -69,18 +69,21 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         refused = unsupported_settings(config)
         if refused:
             raise ConfigError([f"{where}: model_type {config.model_type} does not support {p}" for p in refused])
+    fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
+    if m.continue_training and (args.pipeline_parallel_degree > 1 or args.tensor_parallel_degree > 1 or fused):
+        refuse_hf_layout(m.model_name_or_path, where)  # PaddleNLP's own loaders below read only its layout
     if args.pipeline_parallel_degree > 1:  # this rank's stage of PaddleNLP's *ForCausalLMPipe
         return load_pipeline_stage(m, config, dtype, args, where), None
     # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and
     # fusing q/k/v or gate/up of an unfused checkpoint at load time.
-    fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
     if m.continue_training and (args.tensor_parallel_degree > 1 or fused):
         model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
     elif m.continue_training:
         from ..models.loading import load_model_streaming
 
         try:
-            return load_model_streaming(m.model_name_or_path, config, dtype, quantization=quantization, logger=logger)
+            return load_model_streaming(m.model_name_or_path, config, dtype, quantization=quantization, logger=logger,
+                                        max_seq_len=config.seq_length)
         except (CheckpointError, ValueError) as e:  # names the tensor / file / layer and what to do
             raise ConfigError([f"{where}: {e}"], before_load=False) from e
     else:
@@ -97,6 +100,23 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
                           before_load=False) from e
     return model, stats
+
+
+def refuse_hf_layout(model_dir: str, where: str) -> None:
+    """ConfigError (exit 2) when ``model_dir`` holds a transformers-layout checkpoint: tensor/pipeline
+    parallel and load-time q/k/v fusion load through PaddleNLP's from_pretrained, which reads only its own
+    layout (it would leave every weight at its random init)."""
+    from ..models.checkpoint import CheckpointError, find_checkpoint
+
+    try:
+        hf = find_checkpoint(model_dir).hf_model_type
+    except CheckpointError as e:
+        raise ConfigError([f"{where}: {e}"]) from e
+    if hf is not None:
+        raise ConfigError([f"{where} is a Hugging Face transformers-layout checkpoint, which only the streaming "
+                           "loader converts; tensor_parallel_degree / pipeline_parallel_degree > 1 and "
+                           "fuse_attention_qkv / fuse_attention_ffn load with PaddleNLP's own loader. Run "
+                           "single-device without fuse_* keys, or save the model once in PaddleNLP's layout"])
 
 
 #: model_type -> PaddleNLP pipeline class name (paddlenlp.transformers)

@@ -48,14 +48,18 @@ def write_resolved_config(cfg: RunConfig, output_dir: str) -> str:
 
 
 def load_tokenizer(cfg: RunConfig):
-    from paddlenlp.transformers import AutoTokenizer
+    from ..models.tokenizer import TokenizerLoadError
+    from ..models.tokenizer import load_tokenizer as load_any_tokenizer
 
     from ..integrations.qwen3 import register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
 
     path = cfg.model.tokenizer_name_or_path or cfg.model.model_name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = load_any_tokenizer(path)  # tokenizer.json-only directories included
+    except TokenizerLoadError as e:
+        raise ConfigError([f"{cfg.source or 'config'}: tokenizer of {path!r}: {e}"]) from e
     if tokenizer.pad_token_id is None:
         # Padding positions never carry loss or attention from real tokens; any id works.
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token

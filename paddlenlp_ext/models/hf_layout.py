@@ -1,0 +1,177 @@
+"""Hugging Face (transformers) checkpoint layout: detection, tensor-name rules, config refusals.
+
+Owns the one table of how a transformers checkpoint of a decoder family maps
+onto PaddleNLP's model of the same ``model_type`` (:data:`HF_FAMILIES`), the
+rule that decides a checkpoint is in transformers layout (:func:`detect_layout`:
+its tensor names, read from the safetensors headers), the per-tensor rename and
+transpose (:func:`paddle_name`), and the ``config.json`` settings that would make
+PaddleNLP's model compute something else than transformers' (:func:`config_problems`).
+
+No paddle here: the streaming loader (:mod:`.checkpoint`), the merge reader and
+the config-time checks all read it.  The conversion itself happens while
+streaming: each tensor is renamed when the headers are read and transposed
+right after its bytes are read, so no second copy of the model ever exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+#: transformers' base-model prefix (``LlamaForCausalLM.model``)
+HF_PREFIX = "model."
+
+#: model_type -> PaddleNLP's ``base_model_prefix`` (what ``model.`` becomes). Every other
+#: name (``lm_head.weight``) keeps its name.  Qwen3's ``self_attn.{q,k}_norm.weight`` map like
+#: any other: ``model.layers.N.self_attn.q_norm.weight`` -> ``qwen3.layers.N.self_attn.q_norm.weight``.
+HF_FAMILIES: Dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "qwen3": "qwen3"}
+
+#: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]
+_LINEAR_WEIGHT = re.compile(r"(^|\.)((q|k|v|o|gate|up|down)_proj|lm_head)\.weight$")
+
+#: rope_scaling types PaddleNLP 3.0.0b4 implements from an HF ``rope_scaling`` dict, per family
+#: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; the others never read it)
+_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",)}
+_LLAMA3_ROPE_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
+
+
+class HFLayoutError(ValueError):
+    """A transformers-layout checkpoint this loader cannot read as it is; the message says what to change."""
+
+
+def read_json_dict(path: str, error=None) -> Dict[str, Any]:
+    """The JSON object in ``path`` ({} when the file does not exist); ``error`` (default
+    :class:`HFLayoutError`) names the file when it is not a readable JSON object."""
+    error = error or HFLayoutError
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{path}: not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise error(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_config_json(model_dir: str) -> Dict[str, Any]:
+    """The ``config.json`` of ``model_dir`` as a dict ({} when there is none)."""
+    return read_json_dict(os.path.join(model_dir, "config.json"))
+
+
+def looks_hf(names: Iterable[str]) -> bool:
+    """Whether tensor names are transformers' (``model.layers.N...``, ``model.embed_tokens.weight``).
+
+    >>> looks_hf(["model.embed_tokens.weight", "lm_head.weight"])
+    True
+    >>> looks_hf(["llama.embed_tokens.weight", "lm_head.weight"])
+    False
+    """
+    return any(n.startswith(HF_PREFIX + "layers.") or n == HF_PREFIX + "embed_tokens.weight" for n in names)
+
+
+def detect_layout(names: Iterable[str], config: Mapping[str, Any], where: str = "checkpoint") -> Optional[str]:
+    """The ``model_type`` whose transformers layout ``names`` are in, or None for PaddleNLP's layout.
+
+    ``config`` is the directory's config.json; its ``convert_from_torch: true``
+    (PaddleNLP's from_pretrained flag) asserts the transformers layout, so
+    PaddleNLP-layout names under it are refused rather than guessed.
+    """
+    names = list(names)
+    model_type = config.get("model_type")
+    hf = looks_hf(names)
+    if config.get("convert_from_torch") and not hf:
+        raise HFLayoutError(f"{where}: config.json sets convert_from_torch=true, but the tensor names are not in "
+                            f"transformers layout (e.g. {sorted(names)[:2]}); remove convert_from_torch")
+    if not hf:
+        return None
+    if model_type not in HF_FAMILIES:
+        raise HFLayoutError(
+            f"{where}: the tensor names are in Hugging Face transformers layout ('model.layers.N...'), which is "
+            f"read for model_type {sorted(HF_FAMILIES)}; config.json says model_type={model_type!r}. Convert the "
+            "checkpoint to PaddleNLP's layout (PaddleNLP from_pretrained(..., convert_from_torch=True) + "
+            "save_pretrained) or use a supported family"
+        )
+    return model_type
+
+
+def paddle_name(hf_name: str, model_type: str) -> Tuple[str, bool]:
+    """(PaddleNLP name, whether the tensor is transposed) of a transformers tensor name.
+
+    >>> paddle_name("model.layers.0.self_attn.q_proj.weight", "qwen2")
+    ('qwen2.layers.0.self_attn.q_proj.weight', True)
+    >>> paddle_name("model.layers.0.self_attn.q_proj.bias", "qwen2")
+    ('qwen2.layers.0.self_attn.q_proj.bias', False)
+    >>> paddle_name("lm_head.weight", "llama"), paddle_name("model.embed_tokens.weight", "llama")
+    (('lm_head.weight', True), ('llama.embed_tokens.weight', False))
+    """
+    name = HF_FAMILIES[model_type] + "." + hf_name[len(HF_PREFIX):] if hf_name.startswith(HF_PREFIX) else hf_name
+    return name, bool(_LINEAR_WEIGHT.search(hf_name))
+
+
+def converted_shape(shape: Tuple[int, ...], transpose: bool) -> Tuple[int, ...]:
+    """The shape after the conversion: ``(out, in)`` -> ``(in, out)`` for a transposed Linear weight."""
+    return tuple(reversed(shape)) if transpose else tuple(shape)
+
+
+def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None) -> List[str]:
+    """What in a transformers ``config.json`` PaddleNLP's model of the family would ignore or compute otherwise.
+
+    Each entry names the key and what to do.  ``max_seq_len``: the longest
+    sequence the run feeds (a sliding window shorter than it changes attention).
+
+    >>> config_problems({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    ["config.json rope_scaling.rope_type='yarn': PaddleNLP's llama implements rope_scaling only for rope_type 'llama3' (other types would be silently ignored); remove rope_scaling or use a checkpoint without it"]
+    """
+    mt = config.get("model_type")
+    out: List[str] = []
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    head_dim = config.get("head_dim")
+    if mt in ("llama", "qwen2", "mistral") and head_dim is not None and hidden and heads and head_dim * heads != hidden:
+        out.append(f"config.json head_dim={head_dim}: PaddleNLP's {mt} derives head_dim as hidden_size / "
+                   f"num_attention_heads = {hidden // heads}; a checkpoint with an explicit other head_dim cannot load")
+    rope = config.get("rope_scaling")
+    if rope:
+        rtype = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+        allowed = ("default",) + _ROPE_TYPES.get(mt, ())
+        if rtype not in allowed:
+            what = (f"implements rope_scaling only for rope_type {', '.join(repr(a) for a in allowed[1:])}"
+                    if allowed[1:] else "does not read rope_scaling")
+            out.append(f"config.json rope_scaling.rope_type={rtype!r}: PaddleNLP's {mt} {what} (other types would be "
+                       "silently ignored); remove rope_scaling or use a checkpoint without it")
+        elif rtype == "llama3":
+            absent = [k for k in _LLAMA3_ROPE_KEYS if k not in rope]
+            if absent:
+                out.append(f"config.json rope_scaling (rope_type 'llama3') lacks {absent}")
+    if mt == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
+        key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
+        out.append(f"config.json {key}=true: PaddleNLP's llama has no bias in its projections")
+    if mt == "llama" and config.get("hidden_act", "silu") != "silu":
+        out.append(f"config.json hidden_act={config.get('hidden_act')!r}: PaddleNLP's llama always computes SwiGLU "
+                   "(silu) in its MLP and ignores hidden_act")
+    if mt == "mistral" and config.get("tie_word_embeddings"):
+        out.append("config.json tie_word_embeddings=true: PaddleNLP's mistral has its own lm_head and never ties it "
+                   "to the embeddings (the checkpoint stores no lm_head.weight)")
+    if mt == "qwen2" and config.get("attention_bias") is False:
+        out.append("config.json attention_bias=false: PaddleNLP's qwen2 always has q/k/v biases")
+    window = _active_sliding_window(config)
+    if window is not None and (max_seq_len is None or max_seq_len > window):
+        seq = "an unbounded length" if max_seq_len is None else f"max length {max_seq_len}"
+        out.append(f"config.json sliding_window={window}: PaddleNLP's {mt} attends over the whole sequence, but "
+                   f"transformers limits attention to the last {window} tokens; with {seq} the two differ. Keep "
+                   f"max_length (or the prediction length) <= {window}")
+    return out
+
+
+def _active_sliding_window(config: Mapping[str, Any]) -> Optional[int]:
+    """The sliding window transformers applies for this config, or None."""
+    window = config.get("sliding_window")
+    if not window:
+        return None
+    mt = config.get("model_type")
+    if mt in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
+        return None
+    return int(window)
