@@ -28,7 +28,7 @@ PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2"
 def test_every_paddlenlp_decoder_family_has_a_row():
     assert PADDLENLP_DECODERS | {"qwen3"} == set(FAMILIES)
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
-    assert trainable == {"llama", "qwen2", "qwen3", "mistral", "gemma", "chatglm_v2", "qwen", "bloom", "gpt", "opt"}
+    assert trainable == {"llama", "qwen2", "qwen3", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt"}
     for f in FAMILIES.values():  # a packing family must be able to express the packed mask and positions
         if f.supports("packing"):
             assert "position_ids" in f.masks and ("dense" in f.masks or "startend" in f.masks), f.model_type
@@ -50,6 +50,27 @@ def test_targets_match_every_decoder_linear_and_nothing_else(family, n):
            and not any(part in name for part in NEVER_TARGET_PARTS)]
     assert len(hit) == n, (hit, linears)
     assert all(re.search(r"\.(layers|h)\.\d+\.", name) for name in hit)
+
+
+@pytest.mark.parametrize("family", list(TINY_FAMILIES))
+def test_every_decoder_linear_gets_a_gradient_unless_the_family_is_refused(family):
+    """A backward through PaddleNLP's forward reaches every target Linear's weight; bloom's does not (refused)."""
+    import numpy as np
+    import paddle
+    import paddlenlp.transformers as T
+
+    config_cls, model_cls, sizes = TINY_FAMILIES[family]
+    paddle.seed(0)
+    model = getattr(T, model_cls)(getattr(T, config_cls)(vocab_size=64, **{"initializer_range": 0.2, **sizes}))
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 60, (1, 8)))
+    (model(input_ids=ids, return_dict=True).logits ** 2).mean().backward()  # [1, 8, 64] -> []
+    targets = decoder_linear_targets(family)
+    zero = [n for n, layer in model.named_sublayers() if isinstance(layer, paddle.nn.Linear)
+            and any(re.fullmatch(p, n) for p in targets) and float(layer.weight.grad.abs().max()) == 0.0]
+    if family == "bloom":
+        assert len(zero) == 8 and row("bloom").refused  # every block weight: the reason bloom is refused
+    else:
+        assert zero == []
 
 
 def model_dir(tmp_path, model_type, **extra):
@@ -75,7 +96,7 @@ def problems(tmp_path, model_type, *overrides, mode="sft"):
     return []
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma", "chatglm_v2", "qwen", "bloom", "gpt"])
+@pytest.mark.parametrize("family", ["mistral", "gemma", "chatglm_v2", "qwen", "gpt"])
 def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
     assert problems(tmp_path, family, "--lora", "true", "--zero_padding", "true") == []
     assert problems(tmp_path, family, "--zero_padding", "true") == []  # full fine-tuning
@@ -87,7 +108,8 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
      ["mistral models do not take FlashMask start rows", "set flash_mask=false"]),
     ("chatglm_v2", ["--use_flash_attention", "true"], ["set use_flash_attention=false for chatglm_v2"]),
     ("opt", ["--lora", "true", "--zero_padding", "true"], ["opt models build their own causal mask", "set zero_padding=false"]),
-    ("bloom", ["--lora", "true", "--tensor_parallel_degree", "2"], ["bloom models", "set tensor_parallel_degree=1"]),
+    ("gpt", ["--lora", "true", "--tensor_parallel_degree", "2"], ["gpt models", "set tensor_parallel_degree=1"]),
+    ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
     ("gemma", ["--pipeline_parallel_degree", "2"], ["gemma models", "set pipeline_parallel_degree=1"]),
     ("qwen3", ["--pipeline_parallel_degree", "2"], ["qwen3 has no pipeline model", "set pipeline_parallel_degree=1"]),
     ("codegen", ["--lora", "true"], ["codegen shifts labels inside its forward", "t+2"]),
@@ -128,14 +150,14 @@ def test_config_without_model_type_is_refused(tmp_path):
 
 
 def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
-    assert feature_problem("llama", "dpo") is None and feature_problem("qwen3", "dpo") is None
-    assert "preference training (llm/run_dpo.py) is not verified" in feature_problem("mistral", "dpo")
+    assert feature_problem("llama", "dpo") is None and feature_problem("mistral", "dpo") is None
+    assert "preference training (llm/run_dpo.py) is not verified" in feature_problem("opt", "dpo")
     dpo = tmp_path / "dpo"
     dpo.mkdir()
     (dpo / "train.jsonl").write_text(json.dumps({"src": ["q"], "tgt": [], "response": ["a", "b"], "sort": [1, 0]}) + "\n")
-    text = "\n".join(map(str, problems(tmp_path, "gemma", "--train_dataset_path", str(dpo / "train.jsonl"),
+    text = "\n".join(map(str, problems(tmp_path, "opt", "--train_dataset_path", str(dpo / "train.jsonl"),
                                        mode="dpo")))
-    assert "gemma models: preference training" in text
+    assert "opt models: preference training" in text
 
 
 def test_hf_layout_flag_is_set_for_the_families_the_loader_reads():
@@ -163,7 +185,7 @@ def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512))
     assert qwen3.layer_other_params == 2 * 64 + 2 * 32  # two RMSNorms + q/k norms of head_dim
     with pytest.raises(PlanError, match="Llama-layout families"):
-        read_model_shape(model_dir(tmp_path, "bloom", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+        read_model_shape(model_dir(tmp_path, "gpt", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                                    num_attention_heads=4, vocab_size=512))
 
 
@@ -181,3 +203,14 @@ def test_docs_models_md_is_current():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "tools", "models_doc.py"), "--check"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_predictor_refuses_a_refused_family(tmp_path):
+    from paddlenlp_ext.predict.options import PredictOptions, check_options
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text('{"src": "hi"}\n', encoding="utf-8")
+    _, found, _ = check_options(PredictOptions(model_dir(tmp_path, "mixtral"), data_file=str(prompts)))
+    assert any("mixtral" in p and "MoE" in p for p in found), found
+    _, found, _ = check_options(PredictOptions(model_dir(tmp_path, "mistral"), data_file=str(prompts)))
+    assert not any("mistral" in p for p in found), found

@@ -37,7 +37,7 @@ EVIDENCE = {
 NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
               "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
               "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",
-              "hf_checkpoint": "test_hf_checkpoint.py"}
+              "dpo": _E2E + "test_lora_dpo_trains_and_packs_exactly", "hf_checkpoint": "test_hf_checkpoint.py"}
 
 
 def table() -> str:

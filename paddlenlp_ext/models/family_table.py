@@ -27,10 +27,10 @@ models built by its own ``*Config`` / ``*ForCausalLM`` classes (hidden 64, 2 lay
   (``models/hf_layout.py``; :func:`hf_layout_problem` is the refusal otherwise).
 * ``refused``: the whole family is refused, with this reason.
 
-    >>> row("bloom").targets
+    >>> row("qwen").targets
     ('.*\\\\.h\\\\.\\\\d+\\\\..*',)
-    >>> feature_problem("chatglm_v2", "flash_mask")[:55]
-    'chatglm_v2 models do not take FlashMask start rows (Pa'
+    >>> feature_problem("chatglm_v2", "flash_mask")[:50]
+    'chatglm_v2 models do not take FlashMask start rows'
 """
 
 from dataclasses import dataclass, field
@@ -61,6 +61,8 @@ FEATURES = {
 _ALL = frozenset(FEATURES)
 #: a dense-mask decoder whose forward takes no FlashMask start rows: everything but FlashMask, TP and PP
 _DENSE = frozenset({"lora", "qlora", "full", "packing", "merge", "predict"})
+#: ... and preference training, whose pair rows need the packed mask
+_DENSE_DPO = _DENSE | {"dpo"}
 
 
 @dataclass(frozen=True)
@@ -107,12 +109,14 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("qwen3", features=_ALL - {"pp"}, planner="llama", hf_layout=True, qk_norm=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
            refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"}),
-    Family("mistral", planner="llama", hf_layout=True, refusals=_no_flashmask("mistral")),
-    Family("gemma", planner="llama", refusals=_no_flashmask("gemma")),
-    Family("chatglm_v2", refusals=_no_flashmask("chatglm_v2")),
-    Family("qwen", targets=H_BLOCKS, refusals=_no_flashmask("qwen")),
-    Family("bloom", targets=H_BLOCKS, refusals=_no_flashmask("bloom")),
-    Family("gpt", sets_ignore_index=True, refusals=_no_flashmask("gpt")),
+    Family("mistral", features=_DENSE_DPO, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral")),
+    Family("gemma", features=_DENSE_DPO, planner="llama", refusals=_no_flashmask("gemma")),
+    Family("chatglm_v2", features=_DENSE_DPO, refusals=_no_flashmask("chatglm_v2")),
+    Family("qwen", features=_DENSE_DPO, targets=H_BLOCKS, refusals=_no_flashmask("qwen")),
+    Family("bloom", targets=H_BLOCKS, refused=(
+        "PaddleNLP 3.0.0b4's bloom blocks pass no gradient to their weights on Paddle 3.3 (every q/k/v, dense and "
+        "MLP weight gets a zero gradient; only embeddings, norms and biases would train); use another family")),
+    Family("gpt", features=_DENSE_DPO, sets_ignore_index=True, refusals=_no_flashmask("gpt")),
     Family("opt", masks=frozenset(), features=_DENSE - {"packing"}, refusals={
         **_no_flashmask("opt"),
         "flash_mask": ("opt models swallow FlashMask start rows and position ids through **kwargs (they would "
@@ -132,8 +136,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("jamba", refused=_MOE.format("its MoE routing")),
     Family("deepseek_v2", refused=_MOE.format("a concat shape in MLA")),
     Family("deepseek_v3", refused=_MOE.format("a concat shape in MLA")),
-    Family("gptj", targets=H_BLOCKS, refused="PaddleNLP 3.0.0b4's Auto classes cannot build gptj models; use another family"),
-    Family("rw", targets=H_BLOCKS, refused="PaddleNLP 3.0.0b4's Auto classes cannot build rw (Falcon) models; use another family"),
+    Family("gptj", targets=H_BLOCKS,
+           refused="PaddleNLP 3.0.0b4 Auto classes cannot build gptj models; use another family"),
+    Family("rw", targets=H_BLOCKS,
+           refused="PaddleNLP 3.0.0b4 Auto classes cannot build rw (Falcon) models; use another family"),
     Family("mamba", masks=frozenset(), refused=("mamba is a state-space model with no attention mask (packing is "
                                                 "impossible) and its fine-tuning is not verified here; use another "
                                                 "family")),
@@ -155,8 +161,8 @@ def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> O
 
     >>> family_problem("llama") is None
     True
-    >>> family_problem("gptj")[:45]
-    'gptj: PaddleNLP 3.0.0b4\\'s Auto classes cannot'
+    >>> family_problem("gptj")[:38]
+    'gptj: PaddleNLP 3.0.0b4 Auto classes c'
     >>> family_problem("falcon")[:40]
     "model_type 'falcon' is not in the model-"
     """
@@ -179,8 +185,8 @@ def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
 
     >>> feature_problem("qwen2", "flash_mask") is None
     True
-    >>> feature_problem("bloom", "tp")
-    'bloom models: tensor_parallel_degree > 1 is not verified on this family; set tensor_parallel_degree=1'
+    >>> feature_problem("gpt", "tp")
+    'gpt models: tensor_parallel_degree > 1 is not verified on this family; set tensor_parallel_degree=1'
     """
     f = row(model_type) or GENERIC
     if f.refused is not None:
@@ -211,8 +217,8 @@ def hf_layout_problem(model_type: Optional[str]) -> Optional[str]:
 
     >>> hf_layout_problem("mistral") is None
     True
-    >>> hf_layout_problem("bloom")[:60]
-    'bloom: Hugging Face (transformers-layout) checkpoints are re'
+    >>> hf_layout_problem("gpt")[:58]
+    'gpt: Hugging Face (transformers-layout) checkpoints are re'
     """
     f = row(model_type)
     if f is not None and f.hf_layout:
@@ -228,7 +234,7 @@ def planner_layout_problem(model_type: Optional[str]) -> Optional[str]:
 
     >>> planner_layout_problem("gemma") is None
     True
-    >>> planner_layout_problem("bloom")[:52]
+    >>> planner_layout_problem("gpt")[:52]
     'the memory planner models the Llama-layout families '
     """
     f = row(model_type)

@@ -127,6 +127,9 @@ def builtin_key(name: str) -> Optional[str]:
 
 def shape_from_config(cfg: dict, where: str) -> ModelShape:
     """A ModelShape from the dict of a HF-style / PaddleNLP config.json; PlanError names a missing or bad key."""
+    layout = planner_layout_problem(str(cfg.get("model_type") or "llama"))  # the family table's layouts
+    if layout:
+        raise PlanError(f"{where}: {layout}")
     problems = []
     values = {}
     for key in _REQUIRED + ("num_key_value_heads",):
@@ -147,9 +150,6 @@ def shape_from_config(cfg: dict, where: str) -> ModelShape:
     if problems:
         raise PlanError("; ".join(problems))
     model_type = str(cfg.get("model_type") or "llama")
-    layout = planner_layout_problem(model_type)  # the family table says which families have this layout
-    if layout:
-        raise PlanError(f"{where}: {layout}")
     family = row(model_type)
     # Qwen2 always has q/k/v biases (the table); HF Llama configs say so with attention_bias
     bias = family.qkv_bias or bool(cfg.get("attention_bias", False))
