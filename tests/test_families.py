@@ -151,6 +151,7 @@ def test_config_without_model_type_is_refused(tmp_path):
 
 def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
     assert feature_problem("llama", "dpo") is None and feature_problem("mistral", "dpo") is None
+    assert "gpt models apply dropout in training" in feature_problem("gpt", "dpo")
     assert "preference training (llm/run_dpo.py) is not verified" in feature_problem("opt", "dpo")
     dpo = tmp_path / "dpo"
     dpo.mkdir()
@@ -174,7 +175,8 @@ def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
     assert decoder_linear_targets("qwen") == list(row("qwen").targets)
     assert PIPELINE_CLASSES == {"llama": "LlamaForCausalLMPipe", "qwen2": "Qwen2ForCausalLMPipe"}
     assert dropout_problem("qwen2", "attention_probs_dropout_prob", 0.1, flash=False) is None
-    assert dropout_problem("gpt", "hidden_dropout_prob", 0.1, flash=False)  # not verified there: refused
+    assert dropout_problem("qwen", "hidden_dropout_prob", 0.1, flash=False)  # no such field verified: refused
+    assert dropout_problem("gpt", "hidden_dropout_prob", 0.1, flash=False) is None  # GPT reads it itself
     # gemma: explicit head_dim (q width heads x head_dim, not hidden_size)
     gemma = read_model_shape(model_dir(tmp_path, "gemma", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=1, head_dim=32, vocab_size=512,

@@ -96,6 +96,9 @@ def _no_flashmask(name: str) -> Dict[str, str]:
                                 f"use_flash_attention=false for {name}")}
 
 
+_OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
+                "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
+
 _MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
         "way. Use a dense model (llama, qwen2, qwen3, mistral, ...)")
 
@@ -116,8 +119,13 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("bloom", targets=H_BLOCKS, refused=(
         "PaddleNLP 3.0.0b4's bloom blocks pass no gradient to their weights on Paddle 3.3 (every q/k/v, dense and "
         "MLP weight gets a zero gradient; only embeddings, norms and biases would train); use another family")),
-    Family("gpt", features=_DENSE_DPO, sets_ignore_index=True, refusals=_no_flashmask("gpt")),
-    Family("opt", masks=frozenset(), features=_DENSE - {"packing"}, refusals={
+    # gpt and opt read PaddleNLP's dropout keys themselves (default 0.1 in their configs)
+    Family("gpt", sets_ignore_index=True, dropout=dict(_OWN_DROPOUT), refusals={
+        **_no_flashmask("gpt"),
+        "dpo": ("gpt models apply dropout in training (hidden_dropout_prob / attention_probs_dropout_prob, 0.1 by "
+                "default), so the DPO policy and its adapters-off reference disagree before any step; use "
+                "llm/run_finetune.py")}),
+    Family("opt", masks=frozenset(), features=_DENSE - {"packing"}, dropout=dict(_OWN_DROPOUT), refusals={
         **_no_flashmask("opt"),
         "flash_mask": ("opt models swallow FlashMask start rows and position ids through **kwargs (they would "
                        "train on a wrong mask); set flash_mask=false and zero_padding=false"),
