@@ -216,3 +216,22 @@ def test_predictor_refuses_a_refused_family(tmp_path):
     assert any("mixtral" in p and "MoE" in p for p in found), found
     _, found, _ = check_options(PredictOptions(model_dir(tmp_path, "mistral"), data_file=str(prompts)))
     assert not any("mistral" in p for p in found), found
+
+
+def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tmp_path):
+    """gemma in transformers layout (model.layers.N... names) is refused before loading; its PaddleNLP layout is not."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    def write(d, prefix):
+        save_file({f"{prefix}.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), "float32"),
+                   f"{prefix}.embed_tokens.weight": np.zeros((8, 4), "float32")}, str(d / "model.safetensors"))
+
+    hf = tmp_path / "m_gemma"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma"}), encoding="utf-8")
+    write(hf, "model")
+    text = "\n".join(map(str, problems(tmp_path, "gemma", "--lora", "true")))
+    assert "gemma: Hugging Face (transformers-layout) checkpoints are read for llama, mistral, qwen2, qwen3" in text
+    write(hf, "gemma")
+    assert problems(tmp_path, "gemma", "--lora", "true") == []

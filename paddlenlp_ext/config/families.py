@@ -10,7 +10,7 @@ import os
 from typing import List, Optional
 
 from ..models.families import read_model_type
-from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem
+from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, row
 
 
 def unlisted_allowed() -> bool:
@@ -62,8 +62,36 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     if whole is not None:
         return [f"{where}: model_name_or_path {path!r}: {whole}"]
     problems = []
+    if getattr(cfg.model, "continue_training", True):
+        layout = checkpoint_layout_problem(path, model_type)
+        if layout:
+            problems.append(f"{where}: model_name_or_path {path!r}: {layout}")
     for feature in requested_features(cfg, mode):
         why = feature_problem(model_type, feature)
         if why is not None:
             problems.append(f"{where}: {why}")
     return problems
+
+
+def checkpoint_layout_problem(model_dir: str, model_type: str) -> Optional[str]:
+    """A transformers-layout checkpoint of a family whose HF layout is not read (``Family.hf_layout``), or None.
+
+    PaddleNLP names every tensor ``<model_type>.`` (the body) or ``lm_head.``; a checkpoint with tensor names
+    (safetensors headers / index) and none of them so named is another layout (``model.layers.N...``,
+    ``transformer.h.N...``).  Families the Hugging Face loader reads are left to it.
+
+    Worked example: a gemma directory whose safetensors holds ``model.layers.0.self_attn.q_proj.weight`` ...
+    -> "gemma: Hugging Face (transformers-layout) checkpoints are read for llama, mistral, qwen2, qwen3 only; ..."
+    """
+    family = row(model_type)
+    if family is None or family.hf_layout:
+        return None
+    from ..models.checkpoint import CheckpointError, find_checkpoint
+
+    try:
+        names = list(find_checkpoint(model_dir).tensors)
+    except CheckpointError:
+        return None  # no weights / a broken index: the loader names the file
+    if not names or any(n.startswith((f"{model_type}.", "lm_head.")) for n in names):
+        return None
+    return hf_layout_problem(model_type)
