@@ -106,7 +106,9 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
 @pytest.mark.parametrize("family, overrides, needles", [
     ("mistral", ["--use_flash_attention", "true", "--flash_mask", "true"],
      ["mistral models do not take FlashMask start rows", "set flash_mask=false"]),
-    ("chatglm_v2", ["--use_flash_attention", "true"], ["set use_flash_attention=false for chatglm_v2"]),
+    ("chatglm_v2", ["--use_flash_attention", "true"], ["with use_flash_attention=true chatglm_v2 models ignore the "
+                                                       "attention mask", "set use_flash_attention=false"]),
+    ("opt", ["--use_flash_attention", "true"], ["opt models: use_flash_attention", "set use_flash_attention=false"]),
     ("opt", ["--lora", "true", "--zero_padding", "true"], ["opt models build their own causal mask", "set zero_padding=false"]),
     ("gpt", ["--lora", "true", "--tensor_parallel_degree", "2"], ["gpt models", "set tensor_parallel_degree=1"]),
     ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),

@@ -157,6 +157,11 @@ def test_check_packing_exact_or_refused(models, capsys, family):
         result = json.loads(out[out.index("{"):])
         assert result["ok"] and result["packs"] < result["examples"], result  # several examples share a row
         assert result["loss_abs_diff"] <= 1e-5 and result["grad_max_rel_diff"] <= 1e-5, result
+        if row(family).supports("flash_attention"):  # its use_flash_attention path honours the dense mask too
+            assert main("llm/tools/check_packing.py", *args, "--use_flash_attention", "true") == 0
+            out = capsys.readouterr().out
+            result = json.loads(out[out.index("{"):])
+            assert result["ok"] and result["grad_max_rel_diff"] <= 1e-5, result
     else:
         r = cli("llm/tools/check_packing.py", *args)
         assert r.returncode == 2 and "set zero_padding=false" in r.stderr and family in r.stderr, r.stderr[-2000:]
