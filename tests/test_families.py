@@ -28,13 +28,14 @@ PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2"
 def test_every_paddlenlp_decoder_family_has_a_row():
     assert PADDLENLP_DECODERS | {"qwen3"} == set(FAMILIES)
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
-    assert trainable == {"llama", "qwen2", "qwen3", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt"}
+    assert trainable == {"llama", "qwen2", "qwen3", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt", "codegen"}
     for f in FAMILIES.values():  # a packing family must be able to express the packed mask and positions
         if f.supports("packing"):
             assert "position_ids" in f.masks and ("dense" in f.masks or "startend" in f.masks), f.model_type
         if f.supports("flash_mask"):
             assert "startend" in f.masks, f.model_type
-        assert not (f.shifts_labels and f.refused is None), f.model_type  # our labels are already shifted
+        if f.shifts_labels:  # our labels are already shifted: such a family never packs (no positions either)
+            assert not f.supports("packing") and not f.supports("dpo"), f.model_type
 
 
 @pytest.mark.parametrize("family, n", [("mistral", 14), ("gemma", 14), ("chatglm_v2", 8), ("qwen", 10), ("bloom", 8),
@@ -114,7 +115,8 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
     ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
     ("gemma", ["--pipeline_parallel_degree", "2"], ["gemma models", "set pipeline_parallel_degree=1"]),
     ("qwen3", ["--pipeline_parallel_degree", "2"], ["qwen3 has no pipeline model", "set pipeline_parallel_degree=1"]),
-    ("codegen", ["--lora", "true"], ["codegen shifts labels inside its forward", "t+2"]),
+    ("codegen", ["--lora", "true", "--zero_padding", "true"], ["codegen models take no position_ids",
+                                                                "set zero_padding=false"]),
     ("yuan", [], ["yuan builds its own attention mask from eod_token"]),
     ("mixtral", [], ["MoE code on Paddle 3.3", "routing_weights"]),
     ("gptj", [], ["Auto classes cannot build gptj"]),
@@ -237,3 +239,27 @@ def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tm
     assert "gemma: Hugging Face (transformers-layout) checkpoints are read for llama, mistral, qwen2, qwen3" in text
     write(hf, "gemma")
     assert problems(tmp_path, "gemma", "--lora", "true") == []
+
+
+def test_codegen_never_gets_our_shifted_labels():
+    """codegen's forward shifts labels again; the run's eval loss is computed from its logits instead."""
+    import numpy as np
+    import paddle
+    import paddle.nn.functional as F
+    import paddlenlp.transformers as T
+
+    from paddlenlp_ext.training.loss import shifts_labels_itself, token_mean_loss
+
+    config_cls, model_cls, sizes = TINY_FAMILIES["codegen"]
+    paddle.seed(0)
+    model = getattr(T, model_cls)(getattr(T, config_cls)(vocab_size=64, **sizes))
+    model.eval()
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 60, (2, 7)))
+    labels = paddle.concat([ids[:, 1:], paddle.full([2, 1], -100, dtype=ids.dtype)], axis=1)  # position i -> t+1
+    loss, _ = token_mean_loss(model, {"input_ids": ids, "labels": labels})
+    logits = model(input_ids=ids, return_dict=True).logits  # [2, 7, 64]
+    ref = F.cross_entropy(logits[:, :-1].reshape([-1, 64]), labels[:, :-1].reshape([-1, 1]))  # 12 tokens
+    assert abs(float(loss) - float(ref)) < 1e-5
+    own = model(input_ids=ids, labels=labels, return_dict=True).loss  # its own shift: predicts t+2
+    assert abs(float(own) - float(ref)) > 1e-2
+    assert shifts_labels_itself(model)

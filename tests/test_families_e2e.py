@@ -26,16 +26,17 @@ from paddlenlp_ext.models.family_table import row
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ["mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt"]
+FAMILIES = ["mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt", "codegen"]
 DPO_CFG = os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json")
 LORA_CFG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
 SFT_CFG = os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json")
 FAST = ["--max_steps", "12", "--per_device_train_batch_size", "8", "--logging_steps", "2", "--eval_before_train",
         "false", "--do_eval", "false", "--src_length", "96", "--max_length", "128"]
 #: Linear layers inside the 2 decoder blocks of each tiny model (q/k/v/o + 3 MLP; fused qkv + dense + 2 MLP; ...)
-DECODER_LINEARS = {"mistral": 14, "gemma": 14, "chatglm_v2": 8, "qwen": 10, "gpt": 12, "opt": 12}
+DECODER_LINEARS = {"mistral": 14, "gemma": 14, "chatglm_v2": 8, "qwen": 10, "gpt": 12, "opt": 12, "codegen": 8}
 #: gpt also evaluates: its criterion must skip our -100 label padding (the run sets config.ignore_index)
-EXTRA = {"gpt": ("--do_eval", "true")}
+#: codegen also evaluates: it shifts labels itself, so the run computes its eval loss without handing it labels
+EXTRA = {"gpt": ("--do_eval", "true"), "codegen": ("--do_eval", "true")}
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
 
 
@@ -70,7 +71,7 @@ def losses(out):
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("families")
-    return {f: build_family_model(f, str(base / f), tiny_model_dir) for f in FAMILIES + ["codegen", "bloom"]}
+    return {f: build_family_model(f, str(base / f), tiny_model_dir) for f in FAMILIES + ["bloom"]}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,9 @@ def test_lora_trains(lora_runs, family):
     assert_learns(out)
     if family in EXTRA:
         with open(os.path.join(out, "eval_results.json"), encoding="utf-8") as f:
-            assert 0 < json.load(f)["eval_loss"] < 20
+            # evaluated on the same kind of data, so close to the last training loss (a label shifted twice, or the
+            # padding scored, would be far off)
+            assert abs(json.load(f)["eval_loss"] - losses(out)[-1]) < 1.0
     from safetensors import safe_open
 
     with safe_open(os.path.join(out, "adapter_model.safetensors"), "np") as f:
@@ -187,7 +190,7 @@ def test_merge_then_predict(models, lora_runs, tmp_path, family):
     ("opt", ["--zero_padding", "true"], "set zero_padding=false"),
     ("gpt", ["--tensor_parallel_degree", "2"], "set tensor_parallel_degree=1"),
     ("bloom", [], "bloom blocks pass no gradient"),
-    ("codegen", [], "codegen shifts labels"),
+    ("codegen", ["--zero_padding", "true"], "codegen models take no position_ids"),
 ])
 def test_refused_cells_exit_2_before_loading(models, tmp_path, family, args, needle):
     r = cli("llm/run_finetune.py", LORA_CFG, "--model_name_or_path", models[family], "--output_dir", tmp_path / "o",

@@ -141,9 +141,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                     "each other; set zero_padding=false")}),
     Family("chatglm", refused="chatglm (ChatGLM-6B v1) needs a per-example prefix-LM 4-D attention mask, which the "
            "data pipeline does not build (without it PaddleNLP's forward fails); use chatglm_v2 or another family"),
-    Family("codegen", targets=H_BLOCKS, shifts_labels=True, masks=frozenset(), refused=(
-        "codegen shifts labels inside its forward while our data is already shifted (it would learn token t+2), "
-        "and takes no position ids; use another family")),
+    # codegen shifts labels inside its forward: the run never passes it labels (training.loss.token_mean_loss)
+    Family("codegen", targets=H_BLOCKS, shifts_labels=True, masks=frozenset(), features=_DENSE - {"packing"},
+           refusals={"packing": ("codegen models take no position_ids (packed examples would continue each "
+                                 "other's positions); set zero_padding=false")}),
     Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
                             "(packed and one-by-one losses differ); training it is not verified here; use another "
                             "family")),
