@@ -76,9 +76,9 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
 def checkpoint_layout_problem(model_dir: str, model_type: str) -> Optional[str]:
     """A transformers-layout checkpoint of a family whose HF layout is not read (``Family.hf_layout``), or None.
 
-    PaddleNLP names every tensor ``<model_type>.`` (the body) or ``lm_head.``; a checkpoint with tensor names
-    (safetensors headers / index) and none of them so named is another layout (``model.layers.N...``,
-    ``transformer.h.N...``).  Families the Hugging Face loader reads are left to it.
+    PaddleNLP names every body tensor ``<base_model_prefix>.`` (``Family.body_prefix``: the model_type but for
+    codegen); a checkpoint with tensor names (safetensors headers / index) and none of them so named is another
+    layout (``model.layers.N...``, ``transformer.h.N...``).  Families the Hugging Face loader reads are left to it.
 
     Worked example: a gemma directory whose safetensors holds ``model.layers.0.self_attn.q_proj.weight`` ...
     -> "gemma: Hugging Face (transformers-layout) checkpoints are read for llama, mistral, qwen2, qwen3 only; ..."
@@ -92,6 +92,6 @@ def checkpoint_layout_problem(model_dir: str, model_type: str) -> Optional[str]:
         names = list(find_checkpoint(model_dir).tensors)
     except CheckpointError:
         return None  # no weights / a broken index: the loader names the file
-    if not names or any(n.startswith((f"{model_type}.", "lm_head.")) for n in names):
+    if not names or any(n.startswith(f"{family.body_prefix}.") for n in names):
         return None
     return hf_layout_problem(model_type)

@@ -78,11 +78,17 @@ class Family:
     qkv_bias: bool = False
     qk_norm: bool = False
     hf_layout: bool = False
+    #: PaddleNLP's base_model_prefix: every body tensor is named ``<body>.`` (the model_type unless given)
+    body: str = ""
     #: our config key -> the model config attribute that the model really reads (config.parse refuses the others)
     dropout: Dict[str, str] = field(default_factory=dict)
     #: feature -> why it is refused on this family and what to change (else a default message)
     refusals: Dict[str, str] = field(default_factory=dict)
     refused: Optional[str] = None
+
+    @property
+    def body_prefix(self) -> str:
+        return self.body or self.model_type
 
     def supports(self, feature: str) -> bool:
         return self.refused is None and feature in self.features
@@ -142,7 +148,7 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("chatglm", refused="chatglm (ChatGLM-6B v1) needs a per-example prefix-LM 4-D attention mask, which the "
            "data pipeline does not build (without it PaddleNLP's forward fails); use chatglm_v2 or another family"),
     # codegen shifts labels inside its forward: the run never passes it labels (training.loss.token_mean_loss)
-    Family("codegen", targets=H_BLOCKS, shifts_labels=True, masks=frozenset(), features=_DENSE - {"packing"},
+    Family("codegen", targets=H_BLOCKS, body="transformer", shifts_labels=True, masks=frozenset(), features=_DENSE - {"packing"},
            refusals={"packing": ("codegen models take no position_ids (packed examples would continue each "
                                  "other's positions); set zero_padding=false")}),
     Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
