@@ -110,7 +110,8 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
     ("chatglm_v2", ["--use_flash_attention", "true"], ["with use_flash_attention=true chatglm_v2 models ignore the "
                                                        "attention mask", "set use_flash_attention=false"]),
     ("opt", ["--use_flash_attention", "true"], ["opt models: use_flash_attention", "set use_flash_attention=false"]),
-    ("opt", ["--lora", "true", "--zero_padding", "true"], ["opt models build their own causal mask", "set zero_padding=false"]),
+    ("opt", ["--lora", "true", "--zero_padding", "true"],
+     ["opt models build their own causal mask", "set zero_padding=false"]),
     ("gpt", ["--lora", "true", "--tensor_parallel_degree", "2"], ["gpt models", "set tensor_parallel_degree=1"]),
     ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
     ("gemma", ["--pipeline_parallel_degree", "2"], ["gemma models", "set pipeline_parallel_degree=1"]),
@@ -159,7 +160,8 @@ def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
     assert "preference training (llm/run_dpo.py) is not verified" in feature_problem("opt", "dpo")
     dpo = tmp_path / "dpo"
     dpo.mkdir()
-    (dpo / "train.jsonl").write_text(json.dumps({"src": ["q"], "tgt": [], "response": ["a", "b"], "sort": [1, 0]}) + "\n")
+    row_json = json.dumps({"src": ["q"], "tgt": [], "response": ["a", "b"], "sort": [1, 0]})
+    (dpo / "train.jsonl").write_text(row_json + "\n")
     text = "\n".join(map(str, problems(tmp_path, "opt", "--train_dataset_path", str(dpo / "train.jsonl"),
                                        mode="dpo")))
     assert "opt models: preference training" in text

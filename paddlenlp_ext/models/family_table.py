@@ -118,7 +118,8 @@ _MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain
 FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("llama", features=_ALL, pipeline_class="LlamaForCausalLMPipe", planner="llama", hf_layout=True,
            masks=frozenset({"dense", "startend", "position_ids"})),
-    Family("qwen2", features=_ALL, pipeline_class="Qwen2ForCausalLMPipe", planner="llama", hf_layout=True, qkv_bias=True,
+    Family("qwen2", features=_ALL, pipeline_class="Qwen2ForCausalLMPipe", planner="llama", hf_layout=True,
+           qkv_bias=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
            dropout={"attention_probs_dropout_prob": "attention_dropout"}),
     # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
@@ -148,7 +149,8 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("chatglm", refused="chatglm (ChatGLM-6B v1) needs a per-example prefix-LM 4-D attention mask, which the "
            "data pipeline does not build (without it PaddleNLP's forward fails); use chatglm_v2 or another family"),
     # codegen shifts labels inside its forward: the run never passes it labels (training.loss.token_mean_loss)
-    Family("codegen", targets=H_BLOCKS, body="transformer", shifts_labels=True, masks=frozenset(), features=_DENSE - {"packing"},
+    Family("codegen", targets=H_BLOCKS, body="transformer", shifts_labels=True, masks=frozenset(),
+           features=_DENSE - {"packing"},
            refusals={"packing": ("codegen models take no position_ids (packed examples would continue each "
                                  "other's positions); set zero_padding=false")}),
     Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
