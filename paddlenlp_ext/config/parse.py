@@ -405,6 +405,10 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     from ..prefix.config import config_problems as prefix_problems
 
     p += prefix_problems(m, d, t, where)
+    # the model family x what the config asks for (models/family_table.py; docs/models.md)
+    from .families import family_problems
+
+    p += family_problems(cfg, where, mode="dpo" if cfg.dpo is not None else "sft")
     return p
 
 

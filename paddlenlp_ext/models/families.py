@@ -14,11 +14,11 @@ import json
 import os
 from typing import Dict, Optional
 
-#: model_type -> {our config key: model config attribute that the model reads}
-DROPOUT_FIELDS: Dict[str, Dict[str, str]] = {
-    "llama": {},
-    "qwen2": {"attention_probs_dropout_prob": "attention_dropout"},
-}
+from .family_table import FAMILIES
+
+#: model_type -> {our config key: model config attribute that the model reads} (the family table's
+#: ``dropout``; a family whose fields are not verified has none, so setting a dropout key is refused)
+DROPOUT_FIELDS: Dict[str, Dict[str, str]] = {k: dict(f.dropout) for k, f in FAMILIES.items()}
 #: dropout fields that PaddleNLP's fused/flash attention path ignores
 FLASH_IGNORES = {"attention_dropout"}
 

@@ -13,16 +13,15 @@ pattern may also match containers (``llama.layers.0.mlp``).
 
 from typing import Dict, List, Optional, Tuple
 
+from .family_table import FAMILIES, LAYERS_BLOCKS
+
 # Every Linear inside the numbered decoder blocks: q/k/v/o (or fused qkv) and the
 # MLP projections.  Embeddings and lm_head are outside the blocks and never match.
-_DECODER_BLOCKS = (r".*layers\.\d+\..*",)
+_DECODER_BLOCKS = LAYERS_BLOCKS
 
-#: model_type (config.json) -> target patterns.  Families not listed use the
-#: same decoder-block pattern (it holds for every PaddleNLP decoder named ``layers``).
-DECODER_LINEAR_TARGETS: Dict[str, Tuple[str, ...]] = {
-    "llama": _DECODER_BLOCKS,
-    "qwen2": _DECODER_BLOCKS,
-}
+#: model_type (config.json) -> target patterns, from the family table (models/family_table.py).
+#: Families not listed use the decoder-block pattern ``layers.N``.
+DECODER_LINEAR_TARGETS: Dict[str, Tuple[str, ...]] = {k: f.targets for k, f in FAMILIES.items()}
 
 #: Sublayer names containing these are never adapted or quantized, even when a
 #: user pattern matches them (tied embeddings / output head stay full precision).

@@ -11,6 +11,9 @@ kv width k = num_key_value_heads * h / num_attention_heads:
 
 Llama-2-7B (h 4096, i 11008, L 32, V 32000): 32 * 202,383,360 + 2 * 131,072,000 + 4096
 = 6,738,415,616, the published count.
+
+Which families have this layout, and their biases / explicit ``head_dim`` (q width heads * head_dim) /
+q-k norms, is the family table's (``models/family_table.py``); another family is a PlanError.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import os
 import re
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
+
+from ..models.family_table import planner_layout_problem, row
 
 
 class PlanError(ValueError):
@@ -40,10 +45,19 @@ class ModelShape:
     qkv_bias: bool = False
     #: where the shape came from (a config.json path or "built-in: NAME")
     source: str = ""
+    #: config.json's head_dim when the family states it (gemma, qwen3); 0: hidden_size / num_attention_heads
+    explicit_head_dim: int = 0
+    #: per-head RMSNorm weights on q and k (qwen3): 2 x head_dim per layer
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of q (and of o's input): num_attention_heads x head_dim (hidden_size unless head_dim is explicit)."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -52,11 +66,11 @@ class ModelShape:
     def layer_linears(self, fuse_qkv: bool = False, fuse_ffn: bool = False) -> List[Tuple[str, int, int]]:
         """``(sublayer suffix, in_features, out_features)`` of the Linear layers of one decoder layer,
         named as PaddleNLP names them (``self_attn.q_proj`` ... or the fused ``qkv_proj`` / ``gate_up_fused_proj``)."""
-        h, k, i = self.hidden_size, self.kv_dim, self.intermediate_size
-        attn = [("self_attn.qkv_proj", h, h + 2 * k)] if fuse_qkv else \
-            [("self_attn.q_proj", h, h), ("self_attn.k_proj", h, k), ("self_attn.v_proj", h, k)]
+        h, q, k, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        attn = [("self_attn.qkv_proj", h, q + 2 * k)] if fuse_qkv else \
+            [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, k), ("self_attn.v_proj", h, k)]
         mlp = [("mlp.gate_up_fused_proj", h, 2 * i)] if fuse_ffn else [("mlp.gate_proj", h, i), ("mlp.up_proj", h, i)]
-        return attn + [("self_attn.o_proj", h, h)] + mlp + [("mlp.down_proj", i, h)]
+        return attn + [("self_attn.o_proj", q, h)] + mlp + [("mlp.down_proj", i, h)]
 
     def layer_name(self, index: int, suffix: str) -> str:
         """``llama.layers.3.self_attn.q_proj``: the full sublayer name that target_modules regexes match."""
@@ -68,8 +82,9 @@ class ModelShape:
 
     @property
     def layer_other_params(self) -> int:
-        """Per layer, besides the linear weights: the two RMSNorm weights and Qwen2's q/k/v biases."""
-        return 2 * self.hidden_size + ((self.hidden_size + 2 * self.kv_dim) if self.qkv_bias else 0)
+        """Per layer, besides the linear weights: the two RMSNorm weights, Qwen2's q/k/v biases, Qwen3's q/k norms."""
+        return (2 * self.hidden_size + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
+                + (2 * self.head_dim if self.qk_norm else 0))
 
     @property
     def embedding_params(self) -> int:
@@ -112,6 +127,9 @@ def builtin_key(name: str) -> Optional[str]:
 
 def shape_from_config(cfg: dict, where: str) -> ModelShape:
     """A ModelShape from the dict of a HF-style / PaddleNLP config.json; PlanError names a missing or bad key."""
+    layout = planner_layout_problem(str(cfg.get("model_type") or "llama"))  # the family table's layouts
+    if layout:
+        raise PlanError(f"{where}: {layout}")
     problems = []
     values = {}
     for key in _REQUIRED + ("num_key_value_heads",):
@@ -123,7 +141,7 @@ def shape_from_config(cfg: dict, where: str) -> ModelShape:
         else:
             values[key] = v
     if not problems:
-        if values["hidden_size"] % values["num_attention_heads"]:
+        if not cfg.get("head_dim") and values["hidden_size"] % values["num_attention_heads"]:
             problems.append(f"{where}: hidden_size {values['hidden_size']} is not a multiple of num_attention_heads "
                             f"{values['num_attention_heads']}")
         if values["num_attention_heads"] % values["num_key_value_heads"]:
@@ -132,11 +150,16 @@ def shape_from_config(cfg: dict, where: str) -> ModelShape:
     if problems:
         raise PlanError("; ".join(problems))
     model_type = str(cfg.get("model_type") or "llama")
-    # Qwen2 always has q/k/v biases; HF Llama configs say so with attention_bias
-    bias = model_type == "qwen2" or bool(cfg.get("attention_bias", False))
+    family = row(model_type)
+    # Qwen2 always has q/k/v biases (the table); HF Llama configs say so with attention_bias
+    bias = family.qkv_bias or bool(cfg.get("attention_bias", False))
+    head_dim = cfg.get("head_dim") or 0
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0:
+        raise PlanError(f"{where}: head_dim must be a positive integer, got {head_dim!r}")
     return ModelShape(values["hidden_size"], values["intermediate_size"], values["num_hidden_layers"],
                       values["num_attention_heads"], values["num_key_value_heads"], values["vocab_size"],
-                      bool(cfg.get("tie_word_embeddings", False)), model_type, bias, source=where)
+                      bool(cfg.get("tie_word_embeddings", False)), model_type, bias, source=where,
+                      explicit_head_dim=head_dim, qk_norm=family.qk_norm)
 
 
 def read_json_object(path: str, what: str) -> dict:

@@ -107,6 +107,13 @@ def check_options(o: PredictOptions) -> Tuple[PredictOptions, List[str], List[st
     if o.data_file and not os.path.isfile(o.data_file):
         problems.append(f"--data_file {o.data_file}: no such file")
     cfg = _model_config(o.model_name_or_path, problems)
+    if cfg.get("model_type"):  # a family the table refuses (docs/models.md) is refused here too
+        from ..config.families import unlisted_allowed
+        from ..models.family_table import family_problem
+
+        why = family_problem(cfg.get("model_type"), allow_unlisted=unlisted_allowed())
+        if why:
+            problems.append(f"--model_name_or_path {o.model_name_or_path}: {why}")
     mpe = cfg.get("max_position_embeddings")
     src_length, max_length = _lengths(o, mpe if isinstance(mpe, int) and mpe > 0 else None,
                                       os.path.join(o.model_name_or_path, "config.json"), problems)

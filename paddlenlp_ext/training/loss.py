@@ -75,3 +75,24 @@ def global_token_loss(model, inputs, global_tokens: int, ranks: int, accumulatio
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
     logits, targets = supervised_logits(model, model_inputs, inputs["labels"])
     return token_loss_sum(logits, targets) * global_scale(ranks, accumulation, global_tokens)
+
+
+def shifts_labels_itself(model) -> bool:
+    """The model's forward shifts ``labels`` again (codegen; the family table's ``shifts_labels``)."""
+    from ..models.family_table import row
+
+    family = row(getattr(getattr(model, "config", None), "model_type", None))
+    return family is not None and family.shifts_labels
+
+
+def token_mean_loss(model, inputs):
+    """(token-mean cross-entropy over labels != -100, model outputs) with our already-shifted labels kept
+    from the model: position i predicts labels[i].  For families that would shift them a second time."""
+    labels = inputs["labels"]  # [B, S]
+    outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, return_dict=True)
+    logits = _logits_of(outputs)  # [B, S, V]
+    flat = labels.reshape([-1])  # [B*S]
+    index = paddle.nonzero(flat != IGNORE_INDEX).reshape([-1])  # [T]
+    rows = paddle.gather(logits.reshape([-1, logits.shape[-1]]), index, axis=0)  # [T, V]
+    total = token_loss_sum(rows, paddle.gather(flat, index))
+    return total / max(int(index.shape[0]), 1), outputs

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 
 from ..config.parse import ConfigError, RunConfig
 from ..models.families import DROPOUT_KEYS, dropout_config_updates
+from ..models.family_table import FAMILIES, row
 
 
 def model_dtype(args) -> str:
@@ -59,6 +60,12 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
+    family = row(getattr(config, "model_type", None))
+    if family is not None and family.sets_ignore_index:
+        from .loss import IGNORE_INDEX
+
+        # as PaddleNLP's run_finetune: the criterion must skip the -100 label padding we write (GPT's default is 0)
+        config.ignore_index = IGNORE_INDEX
     for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
         if getattr(m, key) is not None:
             setattr(config, key, getattr(m, key))
@@ -119,8 +126,9 @@ def refuse_hf_layout(model_dir: str, where: str) -> None:
                            "single-device without fuse_* keys, or save the model once in PaddleNLP's layout"])
 
 
-#: model_type -> PaddleNLP pipeline class name (paddlenlp.transformers)
-PIPELINE_CLASSES = {"llama": "LlamaForCausalLMPipe", "qwen2": "Qwen2ForCausalLMPipe"}
+#: model_type -> PaddleNLP pipeline class name (paddlenlp.transformers), for the families whose pipeline
+#: path the table marks verified (models/family_table.py)
+PIPELINE_CLASSES = {k: f.pipeline_class for k, f in FAMILIES.items() if f.supports("pp") and f.pipeline_class}
 
 
 def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int, vpp: int) -> Optional[str]:

@@ -35,7 +35,7 @@ from ..integrations.sharding import slice_aware_decay
 from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
 from ..parallel.pipeline import save_stage_weights
 from .errors import SaveError, TrainingInterrupted
-from .loss import global_token_loss
+from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
 from .resume import (clean_stale_staging, publish_checkpoint, read_run_totals, resume_command, rotate_checkpoints,
                      save_failure_message, staging_root, write_run_totals)
 from .signals import InterruptCallback, StopRequest, stop_on_signals
@@ -119,10 +119,14 @@ class FinetuneTrainer(TrainerBoundary):
             a = self.args
             return global_token_loss(model, inputs, int(global_tokens), a.dataset_world_size,
                                      a.gradient_accumulation_steps)
-        if model.training or "labels" not in inputs:
+        own = "labels" in inputs and shifts_labels_itself(model)  # codegen: never hand it our shifted labels
+        if (model.training or "labels" not in inputs) and not own:
             return super().compute_loss(model, inputs, return_outputs=return_outputs)
         labels = inputs["labels"]  # [batch, seq], already shifted: position i predicts labels[i]
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True)
+        loss, outputs = token_mean_loss(model, inputs) if own else \
+            super().compute_loss(model, inputs, return_outputs=True)
+        if model.training:
+            return (loss, outputs) if return_outputs else loss
         self.eval_accuracy.update(logits_of(outputs), labels)
         return (loss, outputs) if return_outputs else loss
 

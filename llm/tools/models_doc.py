@@ -1,0 +1,81 @@
+"""Write the family x feature table of docs/models.md from the family table.
+
+    python llm/tools/models_doc.py            # rewrite the table between the markers in docs/models.md
+    python llm/tools/models_doc.py --check    # exit 1 when docs/models.md is not current
+
+Each cell is "yes (the test that backs it)" or "refused: <the config-time message>" (paddlenlp_ext/models/
+family_table.py decides; tests/test_families.py checks this file is current).
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from paddlenlp_ext.models.family_table import FAMILIES, feature_problem  # noqa: E402
+
+DOC = os.path.join(ROOT, "docs", "models.md")
+BEGIN, END = "<!-- family table: llm/tools/models_doc.py -->", "<!-- end of family table -->"
+COLUMNS = [("lora", "LoRA"), ("qlora", "QLoRA"), ("full", "full"), ("packing", "packing"), ("flash_mask", "FlashMask"),
+           ("dpo", "DPO"), ("tp", "TP"), ("pp", "PP"), ("merge", "merge"), ("predict", "predict"),
+           ("hf_checkpoint", "HF checkpoint")]
+
+_E2E = "test_families_e2e.py::"
+#: the tests behind each "yes" (tests/...); llama and qwen2 by the suites that have long run them
+EVIDENCE = {
+    "llama": {"lora": "test_methods_e2e.py", "qlora": "test_qlora_e2e.py", "full": "test_e2e.py",
+              "packing": "test_packing_e2e.py", "flash_mask": "test_packing_e2e.py, test_flashmask_patch.py",
+              "dpo": "test_dpo_e2e.py", "tp": "test_tp_sim.py, test_parallel_e2e.py", "pp": "test_pipeline_sim.py",
+              "merge": "test_merge.py", "predict": "test_predict.py", "hf_checkpoint": "test_hf_checkpoint.py"},
+    "qwen2": {"lora": "test_compat_e2e.py", "qlora": "test_compat_e2e.py", "full": "test_compat_e2e.py",
+              "packing": "test_dpo_packing.py, test_pipeline_sim.py", "flash_mask": "test_flashmask_patch.py",
+              "dpo": "test_dpo_packing.py", "tp": "test_parallel_e2e.py", "pp": "test_pipeline_sim.py",
+              "merge": "test_merge.py", "predict": "test_predict.py", "hf_checkpoint": "test_hf_checkpoint.py"},
+    "qwen3": {**{k: "the qwen3 tests" for k, _ in COLUMNS}, "hf_checkpoint": "test_hf_checkpoint.py"},
+}
+NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
+              "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
+              "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",
+              "dpo": _E2E + "test_lora_dpo_trains_and_packs_exactly", "hf_checkpoint": "test_hf_checkpoint.py"}
+
+
+def table() -> str:
+    rows = ["| family | " + " | ".join(h for _, h in COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    whole = []
+    for name, fam in FAMILIES.items():
+        if fam.refused is not None:
+            whole.append(f"| {name} | refused: {fam.refused} |")
+            continue
+        cells = []
+        for feature, _ in COLUMNS:
+            why = feature_problem(name, feature)
+            cells.append(f"yes ({EVIDENCE.get(name, NEW_FAMILY)[feature]})" if why is None else f"refused: {why}")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",
+             "| family | refused |", "|---|---|", *whole]
+    return "\n".join(rows)
+
+
+def render(text: str) -> str:
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+
+
+def main(argv) -> int:
+    with open(DOC, encoding="utf-8") as f:
+        text = f.read()
+    new = render(text)
+    if "--check" in argv:
+        if new != text:
+            print(f"{DOC} is not current; run python llm/tools/models_doc.py", file=sys.stderr)
+            return 1
+        return 0
+    with open(DOC, "w", encoding="utf-8") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""Config-time refusals from the model-family table (``models/family_table.py``), without importing paddle.
+
+The model's ``model_type`` is read from ``model_name_or_path/config.json``; a family the
+table refuses, a model_type not in the table (unless ``PADDLENLP_EXT_UNLISTED_MODEL=1``),
+and every feature the config asks for that the table marks unsupported on the family
+become problems of the all-at-once config report (exit 2), before any model loads.
+"""
+
+import os
+from typing import List, Optional
+
+from ..models.families import read_model_type
+from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, row
+
+
+def unlisted_allowed() -> bool:
+    """The user's explicit opt-in to train a model_type that is not in the table."""
+    return os.environ.get(UNLISTED_ENV, "") == "1"
+
+
+def requested_features(cfg, mode: str) -> List[str]:
+    """The table features (``family_table.FEATURES``) a RunConfig asks for.
+
+    Worked example: lora=true, zero_padding=true, flash_mask=false, tensor_parallel_degree=2 in
+    fine-tuning mode -> ``["lora", "packing", "tp"]``.
+    """
+    m, d, t = cfg.model, cfg.data, cfg.training
+    out = []
+    adapter = m.lora or m.vera or m.lokr or bool(m.lora_path)
+    if adapter:
+        out.append("lora")
+    elif not m.prefix_tuning and t.get("do_train", False):
+        out.append("full")
+    if m.weight_quantize_algo:
+        out.append("qlora")
+    if d.zero_padding:
+        out.append("packing")
+    if m.use_flash_attention:
+        out.append("flash_attention")
+    if m.flash_mask:
+        out.append("flash_mask")
+    if mode == "dpo":
+        out.append("dpo")
+    if int(t.get("tensor_parallel_degree", 1) or 1) > 1:
+        out.append("tp")
+    if int(t.get("pipeline_parallel_degree", 1) or 1) > 1:
+        out.append("pp")
+    return out
+
+
+def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str] = None) -> List[str]:
+    """Problems of running ``cfg`` on its model's family (empty when the table allows everything asked)."""
+    path = cfg.model.model_name_or_path
+    if model_type is None:
+        if not path or not os.path.isfile(os.path.join(path, "config.json")):
+            return []  # reported elsewhere (not a model directory)
+        model_type = read_model_type(path)
+        if model_type is None:
+            return [f"{where}: {os.path.join(path, 'config.json')} has no model_type; add it (e.g. \"llama\") so the "
+                    "family's targets, masks and labels are known"]
+    whole = family_problem(model_type, allow_unlisted=unlisted_allowed())
+    if whole is not None:
+        return [f"{where}: model_name_or_path {path!r}: {whole}"]
+    problems = []
+    if getattr(cfg.model, "continue_training", True):
+        layout = checkpoint_layout_problem(path, model_type)
+        if layout:
+            problems.append(f"{where}: model_name_or_path {path!r}: {layout}")
+    for feature in requested_features(cfg, mode):
+        why = feature_problem(model_type, feature)
+        if why is not None:
+            problems.append(f"{where}: {why}")
+    return problems
+
+
+def checkpoint_layout_problem(model_dir: str, model_type: str) -> Optional[str]:
+    """A transformers-layout checkpoint of a family whose HF layout is not read (``Family.hf_layout``), or None.
+
+    PaddleNLP names every body tensor ``<base_model_prefix>.`` (``Family.body_prefix``: the model_type but for
+    codegen); a checkpoint with tensor names (safetensors headers / index) and none of them so named is another
+    layout (``model.layers.N...``, ``transformer.h.N...``).  Families the Hugging Face loader reads are left to it.
+
+    Worked example: a gemma directory whose safetensors holds ``model.layers.0.self_attn.q_proj.weight`` ...
+    -> "gemma: Hugging Face (transformers-layout) checkpoints are read for llama, mistral, qwen2, qwen3 only; ..."
+    """
+    family = row(model_type)
+    if family is None or family.hf_layout:
+        return None
+    from ..models.checkpoint import CheckpointError, find_checkpoint
+
+    try:
+        names = list(find_checkpoint(model_dir).tensors)
+    except CheckpointError:
+        return None  # no weights / a broken index: the loader names the file
+    if not names or any(n.startswith(f"{family.body_prefix}.") for n in names):
+        return None
+    return hf_layout_problem(model_type)

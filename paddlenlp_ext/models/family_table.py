@@ -1,0 +1,277 @@
+"""The model-family table: one row per PaddleNLP causal-LM ``model_type`` (and ours, qwen3).
+
+Paddle-free, so ``config/`` reads it before anything loads.  Each row states what
+the code of that family does, as measured on PaddleNLP 3.0.0b4 with tiny random
+models built by its own ``*Config`` / ``*ForCausalLM`` classes (hidden 64, 2 layers;
+``tests/test_families_e2e.py`` runs every supported cell through the CLI):
+
+* ``targets``: the decoder Linear patterns (``re.fullmatch`` on sublayer names;
+  every Linear inside the numbered decoder blocks).  Read by ``models.targets``,
+  hence by adapters and quantization.
+* ``shifts_labels``: the forward shifts ``labels`` itself (codegen); our data is
+  already shifted, so such a family would learn token t+2.
+* ``sets_ignore_index``: the config carries ``ignore_index`` (GPT: 0) that the
+  model's criterion uses; the run sets it to -100, the label padding we write.
+* ``masks``: the mask forms the forward honours: ``dense`` (a [B, 1, L, L]
+  attention_mask), ``startend`` (FlashMask start rows), ``position_ids``.
+  Packing needs ``dense`` (or ``startend`` with flash_mask) and ``position_ids``.
+* ``features``: what the toolkit runs on the family (:data:`FEATURES`); a feature
+  not listed is refused at config time with ``refusals[feature]`` or a default
+  message naming the key to change.
+* ``pipeline_class``: PaddleNLP's ``*ForCausalLMPipe`` the pipeline path builds.
+* ``planner``: ``"llama"`` when the memory planner's Llama-layout shape holds
+  (q/k/v/o + gate/up/down under ``<model_type>.layers.N``; ``head_dim`` from
+  config.json when given, as gemma and qwen3 do), else None; ``qkv_bias`` and
+  ``qk_norm`` (per-head q/k RMSNorm weights) complete the per-layer count.
+* ``hf_layout``: a transformers-layout checkpoint of this family is read
+  (``models/hf_layout.py``; :func:`hf_layout_problem` is the refusal otherwise).
+* ``refused``: the whole family is refused, with this reason.
+
+    >>> row("qwen").targets
+    ('.*\\\\.h\\\\.\\\\d+\\\\..*',)
+    >>> feature_problem("chatglm_v2", "flash_mask")[:50]
+    'chatglm_v2 models do not take FlashMask start rows'
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, Optional, Tuple
+
+#: every Linear inside blocks named ``layers.N`` (llama, qwen2, mistral, ..., encoder/decoder.layers.N)
+LAYERS_BLOCKS = (r".*layers\.\d+\..*",)
+#: GPT-2 style blocks named ``h.N`` (qwen, bloom)
+H_BLOCKS = (r".*\.h\.\d+\..*",)
+
+#: the features a config can ask for, and the key that asks (in refusal messages)
+FEATURES = {
+    "lora": "lora/vera/lokr",
+    "qlora": "weight_quantize_algo",
+    "full": "lora",  # full fine-tuning = no adapter method
+    "packing": "zero_padding",
+    "flash_attention": "use_flash_attention",
+    "flash_mask": "flash_mask",
+    "dpo": "llm/run_dpo.py",
+    "tp": "tensor_parallel_degree",
+    "pp": "pipeline_parallel_degree",
+    "merge": "llm/merge_lora_params.py",
+    "predict": "llm/predict/predictor.py",
+    "hf_checkpoint": "model_name_or_path",
+}
+
+#: what llama and qwen2 have run for a long time (tests/test_e2e.py, test_dpo_e2e.py, test_parallel_e2e.py, ...)
+_ALL = frozenset(FEATURES)
+#: a dense-mask decoder whose forward takes no FlashMask start rows: everything but FlashMask, TP and PP
+_DENSE = frozenset({"lora", "qlora", "full", "packing", "merge", "predict"})
+#: ... and preference training, whose pair rows need the packed mask
+_DENSE_DPO = _DENSE | {"dpo"}
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    targets: Tuple[str, ...] = LAYERS_BLOCKS
+    shifts_labels: bool = False
+    sets_ignore_index: bool = False
+    masks: FrozenSet[str] = frozenset({"dense", "position_ids"})
+    features: FrozenSet[str] = _DENSE
+    pipeline_class: Optional[str] = None
+    planner: Optional[str] = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    hf_layout: bool = False
+    #: PaddleNLP's base_model_prefix: every body tensor is named ``<body>.`` (the model_type unless given)
+    body: str = ""
+    #: our config key -> the model config attribute that the model really reads (config.parse refuses the others)
+    dropout: Dict[str, str] = field(default_factory=dict)
+    #: feature -> why it is refused on this family and what to change (else a default message)
+    refusals: Dict[str, str] = field(default_factory=dict)
+    refused: Optional[str] = None
+
+    @property
+    def body_prefix(self) -> str:
+        return self.body or self.model_type
+
+    def supports(self, feature: str) -> bool:
+        return self.refused is None and feature in self.features
+
+
+def _no_flashmask(name: str, ignores_mask_under_flash: str = "") -> Dict[str, str]:
+    """Refusals of a family whose forward takes no FlashMask start rows; ``ignores_mask_under_flash``: the
+    measured packing error when its use_flash_attention path drops the dense mask (else that path is run)."""
+    out = {"flash_mask": (f"{name} models do not take FlashMask start rows (PaddleNLP's {name} forward has no "
+                          "attn_mask_startend_row_indices input); set flash_mask=false (zero padding then passes a "
+                          "dense 4-D mask)")}
+    if ignores_mask_under_flash:
+        out["flash_attention"] = (f"with use_flash_attention=true {name} models ignore the attention mask "
+                                  f"({ignores_mask_under_flash}); set use_flash_attention=false")
+    return out
+
+
+#: the dense families whose use_flash_attention path honours the dense mask (check_packing exact)
+_DENSE_DPO_FA = _DENSE | {"dpo", "flash_attention"}
+
+_OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
+                "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
+
+_MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
+        "way. Use a dense model (llama, qwen2, qwen3, mistral, ...)")
+
+FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
+    Family("llama", features=_ALL, pipeline_class="LlamaForCausalLMPipe", planner="llama", hf_layout=True,
+           masks=frozenset({"dense", "startend", "position_ids"})),
+    Family("qwen2", features=_ALL, pipeline_class="Qwen2ForCausalLMPipe", planner="llama", hf_layout=True,
+           qkv_bias=True,
+           masks=frozenset({"dense", "startend", "position_ids"}),
+           dropout={"attention_probs_dropout_prob": "attention_dropout"}),
+    # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
+    Family("qwen3", features=_ALL - {"pp"}, planner="llama", hf_layout=True, qk_norm=True,
+           masks=frozenset({"dense", "startend", "position_ids"}),
+           refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"}),
+    Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral")),
+    Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma")),
+    Family("chatglm_v2", features=_DENSE_DPO, refusals=_no_flashmask(
+        "chatglm_v2", "packed vs one-by-one gradients differ by 61% in check_packing")),
+    Family("qwen", features=_DENSE_DPO_FA, targets=H_BLOCKS, refusals=_no_flashmask("qwen")),
+    Family("bloom", targets=H_BLOCKS, refused=(
+        "PaddleNLP 3.0.0b4's bloom blocks pass no gradient to their weights on Paddle 3.3 (every q/k/v, dense and "
+        "MLP weight gets a zero gradient; only embeddings, norms and biases would train); use another family")),
+    # gpt and opt read PaddleNLP's dropout keys themselves (default 0.1 in their configs)
+    Family("gpt", sets_ignore_index=True, dropout=dict(_OWN_DROPOUT), refusals={
+        **_no_flashmask("gpt", "packed vs one-by-one gradients differ by 23% in check_packing"),
+        "dpo": ("gpt models apply dropout in training (hidden_dropout_prob / attention_probs_dropout_prob, 0.1 by "
+                "default), so the DPO policy and its adapters-off reference disagree before any step; use "
+                "llm/run_finetune.py")}),
+    Family("opt", masks=frozenset(), features=_DENSE - {"packing"}, dropout=dict(_OWN_DROPOUT), refusals={
+        **_no_flashmask("opt"),
+        "flash_mask": ("opt models swallow FlashMask start rows and position ids through **kwargs (they would "
+                       "train on a wrong mask); set flash_mask=false and zero_padding=false"),
+        "packing": ("opt models build their own causal mask and take no position ids, so packed examples would see "
+                    "each other; set zero_padding=false")}),
+    Family("chatglm", refused="chatglm (ChatGLM-6B v1) needs a per-example prefix-LM 4-D attention mask, which the "
+           "data pipeline does not build (without it PaddleNLP's forward fails); use chatglm_v2 or another family"),
+    # codegen shifts labels inside its forward: the run never passes it labels (training.loss.token_mean_loss)
+    Family("codegen", targets=H_BLOCKS, body="transformer", shifts_labels=True, masks=frozenset(),
+           features=_DENSE - {"packing"},
+           refusals={"packing": ("codegen models take no position_ids (packed examples would continue each "
+                                 "other's positions); set zero_padding=false")}),
+    Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
+                            "(packed and one-by-one losses differ); training it is not verified here; use another "
+                            "family")),
+    Family("qwen2_moe", refused=_MOE.format("an int64/int32 mix in the gate")),
+    Family("mixtral", refused=_MOE.format("a broadcast in routing_weights[top_x, idx]")),
+    Family("jamba", refused=_MOE.format("its MoE routing")),
+    Family("deepseek_v2", refused=_MOE.format("a concat shape in MLA")),
+    Family("deepseek_v3", refused=_MOE.format("a concat shape in MLA")),
+    Family("gptj", targets=H_BLOCKS,
+           refused="PaddleNLP 3.0.0b4 Auto classes cannot build gptj models; use another family"),
+    Family("rw", targets=H_BLOCKS,
+           refused="PaddleNLP 3.0.0b4 Auto classes cannot build rw (Falcon) models; use another family"),
+    Family("mamba", masks=frozenset(), refused=("mamba is a state-space model with no attention mask (packing is "
+                                                "impossible) and its fine-tuning is not verified here; use another "
+                                                "family")),
+)}
+
+#: set PADDLENLP_EXT_UNLISTED_MODEL=1 to train a model_type that is not in the table (generic row, at your own risk)
+UNLISTED_ENV = "PADDLENLP_EXT_UNLISTED_MODEL"
+#: the row an unlisted model_type gets with the opt-in: decoder blocks named layers.N, dense mask, no FlashMask/TP/PP
+GENERIC = Family("unlisted", features=_DENSE - {"qlora"})
+
+
+def row(model_type: Optional[str]) -> Optional[Family]:
+    """The table's row of ``model_type`` (None when it is not in the table)."""
+    return FAMILIES.get(model_type or "")
+
+
+def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> Optional[str]:
+    """Why ``model_type`` cannot be fine-tuned at all here, or None.
+
+    >>> family_problem("llama") is None
+    True
+    >>> family_problem("gptj")[:38]
+    'gptj: PaddleNLP 3.0.0b4 Auto classes c'
+    >>> family_problem("falcon")[:40]
+    "model_type 'falcon' is not in the model-"
+    """
+    f = row(model_type)
+    if f is None:
+        if allow_unlisted:
+            return None
+        return (f"model_type {model_type!r} is not in the model-family table (docs/models.md lists "
+                f"{', '.join(sorted(k for k, v in FAMILIES.items() if v.refused is None))}); set the environment "
+                f"variable {UNLISTED_ENV}=1 to train it anyway with the generic decoder row")
+    if f.refused is not None:
+        return f"{f.model_type}: {f.refused}"
+    return None
+
+
+def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
+    """Why ``feature`` (a key of :data:`FEATURES`) is refused on this family, or None.
+
+    An unlisted model_type (allowed by the opt-in) gets :data:`GENERIC`'s answer.
+
+    >>> feature_problem("qwen2", "flash_mask") is None
+    True
+    >>> feature_problem("gpt", "tp")
+    'gpt models: tensor_parallel_degree > 1 is not verified on this family; set tensor_parallel_degree=1'
+    """
+    f = row(model_type) or GENERIC
+    if f.refused is not None:
+        return f"{f.model_type}: {f.refused}"
+    if feature in f.features:
+        return None
+    if feature in f.refusals:
+        return f.refusals[feature]
+    key = FEATURES[feature]
+    name = f"{model_type} models" if f is not GENERIC else f"model_type {model_type!r} (not in the table)"
+    if feature == "dpo":
+        return f"{name}: preference training (llm/run_dpo.py) is not verified on this family; use llm/run_finetune.py"
+    if feature == "hf_checkpoint":
+        return hf_layout_problem(model_type)
+    if feature == "qlora":
+        return f"{name}: {key} (QLoRA) is not verified on this family; remove {key}"
+    if feature == "flash_mask":
+        return f"{name}: FlashMask start rows are not verified on this family; set flash_mask=false"
+    value = {"tp": "tensor_parallel_degree > 1", "pp": "pipeline_parallel_degree > 1"}.get(feature, f"{key}")
+    fix = {"tp": "set tensor_parallel_degree=1", "pp": "set pipeline_parallel_degree=1",
+           "flash_attention": "set use_flash_attention=false", "packing": "set zero_padding=false"}.get(
+        feature, f"change {key}")
+    return f"{name}: {value} is not verified on this family; {fix}"
+
+
+def hf_layout_problem(model_type: Optional[str]) -> Optional[str]:
+    """Why a transformers-layout (Hugging Face) checkpoint of ``model_type`` is refused, or None.
+
+    >>> hf_layout_problem("mistral") is None
+    True
+    >>> hf_layout_problem("gpt")[:58]
+    'gpt: Hugging Face (transformers-layout) checkpoints are re'
+    """
+    f = row(model_type)
+    if f is not None and f.hf_layout:
+        return None
+    readable = ", ".join(sorted(k for k, v in FAMILIES.items() if v.hf_layout))
+    return (f"{model_type}: Hugging Face (transformers-layout) checkpoints are read for {readable} only; convert the "
+            "checkpoint to PaddleNLP's layout (PaddleNLP's from_pretrained(..., convert_from_torch=True) then "
+            "save_pretrained) and point model_name_or_path at that directory")
+
+
+def planner_layout_problem(model_type: Optional[str]) -> Optional[str]:
+    """Why the memory planner cannot model ``model_type``'s shapes, or None (a Llama-layout family).
+
+    >>> planner_layout_problem("gemma") is None
+    True
+    >>> planner_layout_problem("gpt")[:52]
+    'the memory planner models the Llama-layout families '
+    """
+    f = row(model_type)
+    if f is not None and f.planner == "llama":
+        return None
+    known = ", ".join(k for k, v in FAMILIES.items() if v.planner == "llama")
+    return (f"the memory planner models the Llama-layout families ({known}); {model_type!r} "
+            f"{'is not in the model-family table' if f is None else 'has other layer names and shapes'}, "
+            "so no plan is made for it")
+
+
+def pipeline_class(model_type: Optional[str]) -> Optional[str]:
+    """PaddleNLP's pipeline class name of the family (None: pipeline parallel is refused)."""
+    f = row(model_type)
+    return f.pipeline_class if f is not None and f.supports("pp") else None
