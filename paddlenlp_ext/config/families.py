@@ -86,10 +86,12 @@ def checkpoint_layout_problem(model_dir: str, model_type: str) -> Optional[str]:
     family = row(model_type)
     if family is None or family.hf_layout:
         return None
-    from ..models.checkpoint import CheckpointError, find_checkpoint
+    from ..models.checkpoint import CheckpointError, HFLayoutCheckpointError, find_checkpoint
 
     try:
         names = list(find_checkpoint(model_dir).tensors)
+    except HFLayoutCheckpointError:  # transformers names on a family the loader does not convert
+        return hf_layout_problem(model_type)
     except CheckpointError:
         return None  # no weights / a broken index: the loader names the file
     if not names or any(n.startswith(f"{family.body_prefix}.") for n in names):

@@ -69,6 +69,10 @@ class CheckpointError(ValueError):
     """A checkpoint that does not fit the model or is damaged; the message names the file and tensor."""
 
 
+class HFLayoutCheckpointError(CheckpointError):
+    """A transformers-layout checkpoint that is not read as it is (its family's, or a contradictory config)."""
+
+
 @dataclass
 class TensorInfo:
     """What is known about one checkpoint tensor before reading it (``shape``/``dtype`` None: not yet known)."""
@@ -179,7 +183,7 @@ def _to_paddle_layout(ckpt: Checkpoint) -> None:
         config = hf_layout.read_config_json(ckpt.directory)
         model_type = hf_layout.detect_layout(ckpt.tensors, config, where=ckpt.directory)
     except hf_layout.HFLayoutError as e:
-        raise CheckpointError(str(e)) from None
+        raise HFLayoutCheckpointError(str(e)) from None
     if model_type is None:
         return
     converted: Dict[str, TensorInfo] = {}

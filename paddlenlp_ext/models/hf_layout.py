@@ -20,13 +20,16 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from .family_table import FAMILIES
+
 #: transformers' base-model prefix (``LlamaForCausalLM.model``)
 HF_PREFIX = "model."
 
 #: model_type -> PaddleNLP's ``base_model_prefix`` (what ``model.`` becomes). Every other
 #: name (``lm_head.weight``) keeps its name.  Qwen3's ``self_attn.{q,k}_norm.weight`` map like
 #: any other: ``model.layers.N.self_attn.q_norm.weight`` -> ``qwen3.layers.N.self_attn.q_norm.weight``.
-HF_FAMILIES: Dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "qwen3": "qwen3"}
+# model_type -> PaddleNLP's body prefix, for the families the table marks ``hf_layout`` (one place says which)
+HF_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if f.hf_layout}
 
 #: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]
 _LINEAR_WEIGHT = re.compile(r"(^|\.)((q|k|v|o|gate|up|down)_proj|lm_head)\.weight$")
