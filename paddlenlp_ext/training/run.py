@@ -265,7 +265,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports}
-    if args.do_eval and args.eval_before_train:
+    if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
         metrics = trainer.evaluate()
         summary["eval_loss_before_train"] = metrics["eval_loss"]
         current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
