@@ -19,6 +19,7 @@ from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
 from .problems import Problem, blame_command_line, tagged
 from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
                           tensor_parallel_adapter_problems)
+from .device import apply_cpu_device
 from .fields import FieldSpec, all_fields
 from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems
@@ -462,6 +463,7 @@ def _apply_aliases(cfg: RunConfig) -> None:
         from .dpo import apply_dpo_aliases
 
         apply_dpo_aliases(cfg)
+    apply_cpu_device(cfg)  # device=cpu: a GPU config's precision and parallel degrees made CPU-ready (config.device)
     d, t = cfg.data, cfg.training
     if d.intokens is not None and "zero_padding" not in cfg.explicit:
         d.zero_padding = d.intokens

@@ -61,7 +61,7 @@ def resolve_from_root(values: Dict[str, object], config_path: Optional[str], cwd
 def missing_path_text(key: str, value: str) -> str:
     """What to say about a path that does not exist; a hub id gets the download hint.
 
-    >>> missing_path_text("model_name_or_path", "meta-llama/Llama-2-7b").split(";")[1].strip()
+    >>> missing_path_text("model_name_or_path", "meta-llama/Llama-2-7b").split("; ", 1)[1]
     'models are never downloaded; download it first (e.g. `huggingface-cli download meta-llama/Llama-2-7b --local-dir Llama-2-7b`) and give that directory'
     """
     text = f"{key} {value!r} does not exist (looked for {os.path.abspath(value)})"
