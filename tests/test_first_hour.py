@@ -151,7 +151,7 @@ def test_gpu_config_from_llm_dir_with_device_cpu_trains(tiny_model_dir, tmp_path
            tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--device", "cpu", "--output_dir",
            str(tmp_path / "o"), "--max_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "2",
            "--per_device_eval_batch_size", "8", "--max_length", "64", "--src_length", "32", "--save_strategy", "no",
-           "--do_eval", "false"]
+           "--do_eval", "false", "--load_best_model_at_end", "false"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=LLM)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "derived setting: tensor_parallel_degree = 1 (device=cpu, 1 process; was 4)" in r.stdout
@@ -168,3 +168,62 @@ def test_eval_only_run_evaluates_once(tiny_model_dir, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "before training" not in r.stdout and re.search(r"eval loss: +\d+\.\d{4}", r.stdout), r.stdout
+
+
+# -- the predictor's chat on a terminal -------------------------------------------------------------------
+def scripted_session(tok, answers):
+    from test_predict import ScriptedModel
+
+    from paddlenlp_ext.predict.options import PredictOptions
+    from paddlenlp_ext.predict.session import Session
+
+    model = ScriptedModel(answers, tok.eos_token_id)
+    session = Session(model=model, tokenizer=tok, use_template=False, eos_ids=[tok.eos_token_id], pad_id=0,
+                      device="cpu", description="scripted")
+    return session, PredictOptions("unused", src_length=64, max_length=128, decode_strategy="greedy_search")
+
+
+def test_chat_escapes_control_bytes_but_keeps_newlines_and_saves_the_exact_text(tiny_tokenizer, tmp_path):
+    import io
+
+    from paddlenlp_ext.predict.run import chat
+
+    tok = tiny_tokenizer
+    weird = tok.convert_tokens_to_ids(["<0x1B>", "<0x07>", "<0x00>", "<0x08>", "<0x0A>", "<0x09>"])
+    red = tok("red", add_special_tokens=False)["input_ids"]
+    session, o = scripted_session(tok, [red + weird + red])
+    o.output_file = str(tmp_path / "chat.json")
+    out = io.StringIO()
+    assert chat(session, o, io.StringIO("type#coat\n"), out) == 1
+    shown = out.getvalue()
+    assert "red\\x1b\\x07\\x00\\x08\n\tred" in shown.replace(" ", "")
+    assert not any(c in shown for c in "\x1b\x07\x00\x08")
+    saved = json.loads((tmp_path / "chat.json").read_text())["output"]
+    assert "\x1b\x07\x00\x08\n\t" in saved  # the file keeps what the model said
+
+
+class FakeTTY:
+    def isatty(self):
+        return True
+
+
+def test_ctrl_d_on_a_terminal_prints_a_newline_and_ends_the_chat(tiny_tokenizer, monkeypatch):
+    import builtins
+    import io
+
+    from paddlenlp_ext.predict.run import chat
+
+    session, o = scripted_session(tiny_tokenizer, [])
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stdin", tty)
+    monkeypatch.delitem(sys.modules, "readline", raising=False)
+
+    def ctrl_d(prompt):
+        out.write(prompt)
+        raise EOFError
+
+    monkeypatch.setattr(builtins, "input", ctrl_d)
+    out = io.StringIO()
+    assert chat(session, o, tty, out) == 0
+    assert out.getvalue().endswith("user> \n")  # the shell's prompt starts on a line of its own
+    assert "readline" in sys.modules  # input() edits the line and keeps the history (Up arrow)
