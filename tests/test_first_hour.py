@@ -227,3 +227,44 @@ def test_ctrl_d_on_a_terminal_prints_a_newline_and_ends_the_chat(tiny_tokenizer,
     assert chat(session, o, tty, out) == 0
     assert out.getvalue().endswith("user> \n")  # the shell's prompt starts on a line of its own
     assert "readline" in sys.modules  # input() edits the line and keeps the history (Up arrow)
+
+
+# -- the docs show what the program prints --------------------------------------------------------------
+def doc_block_after(doc: str, first_line: str) -> str:
+    with open(os.path.join(ROOT, "docs", doc), encoding="utf-8") as f:
+        text = f.read()
+    start = text.index(first_line)
+    return text[start:text.index("```", start)]
+
+
+def test_parallel_md_plan_memory_sample_is_the_program_output():
+    block = doc_block_after("parallel.md", "$ python llm/tools/plan_memory.py llm/config/llama/lora_argument.json")
+    argv = ["llm/config/llama/lora_argument.json", "--model_name_or_path", "meta-llama/Llama-2-13b",
+            "--device_memory", "24GB"]
+    r = subprocess.run([sys.executable, os.path.join(LLM, "tools", "plan_memory.py")] + argv, capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert block.split("\n", 2)[2] == r.stdout
+
+
+def test_logging_md_console_sample_has_the_memory_plan_line():
+    from paddlenlp_ext.planner import estimate_for_run, format_one_line
+
+    block = doc_block_after("logging.md", "derived setting: lora_alpha")
+    line = format_one_line(estimate_for_run(load_config(os.path.join(LLM, "config/tiny/lora_argument.json"))))
+    assert line + " -- fits in" in block  # the free memory after it is the machine's
+    assert block.index("derived setting") < block.index("memory plan:") < block.index("model tiny-llama")
+
+
+def test_demo_configs_both_write_visualdl_records():
+    for name in ("sft_argument.json", "lora_argument.json"):
+        cfg = load_config(os.path.join(LLM, "config/tiny", name))
+        assert cfg.training.get("report_to", "visualdl") in ("visualdl", ["visualdl"]), name
+
+
+def test_final_table_of_a_resumed_run_says_the_train_time_spans_the_resume():
+    from paddlenlp_ext.training.console import final_table
+
+    rows = final_table({"train_time_s": 5.51, "train_time_before_resume_s": 2.2, "wall_time_s": 4.6}, "out", [])
+    assert "  time:" in rows[0] and rows[0].endswith("train 0:06 (0:02 of it before the resume), this process 0:05")
+    assert final_table({"train_time_s": 5.51, "wall_time_s": 6.0}, "out", [])[0].endswith("train 0:06, total 0:06")

@@ -63,8 +63,10 @@ def test_resume_overwrite_and_eval_only_are_allowed(tmp_path, cfg_file):
         str(tmp_path / "o" / "checkpoint-10")
     assert load_config(cfg_file, ["--overwrite_output_dir", "true"]).training["overwrite_output_dir"] is True
     assert load_config(cfg_file, ["--do_train", "false", "--do_eval", "true"]).training["do_train"] is False
-    with pytest.raises(ConfigError, match="choose one of the two keys"):
-        load_config(cfg_file, ["--overwrite_output_dir", "true", "--resume_from_checkpoint", "true"])
+    both = load_config(cfg_file, ["--overwrite_output_dir", "true", "--resume_from_checkpoint", "true"])
+    assert both.training["overwrite_output_dir"] is False  # the resume wins, as in PaddleNLP: nothing is removed
+    assert both.training["resume_from_checkpoint"] == str(tmp_path / "o" / "checkpoint-10")
+    assert "resume_from_checkpoint continues the earlier run" in both.derived["overwrite_output_dir"]
 
 
 def test_only_results_or_only_incomplete_checkpoints_still_count(tmp_path):

@@ -12,6 +12,11 @@ it says what it wants:
   the run removes before it trains (every ``checkpoint-*`` and, in a directory
   written by paddlenlp_ext, the earlier results), said on the console.
 
+With both keys the resume wins, as in PaddleNLP (whose ``overwrite_output_dir`` only
+turns off finding the last checkpoint): nothing is removed, said as a derived setting
+(:func:`resume_overrides_overwrite`), so the resume command printed after a SIGTERM
+works with a config that sets ``overwrite_output_dir: true``.
+
 Evaluation-only runs (``do_train: false``) read the directory and are never refused.
 """
 
@@ -41,15 +46,8 @@ def earlier_run_problems(training: dict, where: str) -> List[str]:
     if not out or not training.get("do_train", False) or not os.path.isdir(out):
         return []
     resume, overwrite = training.get("resume_from_checkpoint"), training.get("overwrite_output_dir", False)
-    if overwrite and resume is not None:
-        inside = resume is True or os.path.abspath(str(resume)).startswith(os.path.abspath(out) + os.sep)
-        if inside:
-            return [f"{where}: overwrite_output_dir=true removes the checkpoints of output_dir {out!r} "
-                    f"({os.path.abspath(out)}) that resume_from_checkpoint={resume!r} would continue from; "
-                    "choose one of the two keys"]
-        return []
     if overwrite or resume is not None:
-        return []
+        return []  # with both, the resume wins (as in PaddleNLP): resume_overrides_overwrite
     found = _describe_checkpoints(out)
     if os.path.isfile(os.path.join(out, RUN_SUMMARY_NAME)):
         found.append(RUN_SUMMARY_NAME)
@@ -61,6 +59,16 @@ def earlier_run_problems(training: dict, where: str) -> List[str]:
     return [f"{where}: output_dir {out!r} ({os.path.abspath(out)}) already holds a run ({', '.join(found)}); "
             f"{cont}, or overwrite_output_dir: true to start over (removes the earlier checkpoints and results "
             "first), or choose another output_dir"]
+
+
+def resume_overrides_overwrite(cfg) -> None:
+    """``overwrite_output_dir`` and ``resume_from_checkpoint`` both set: turn the overwrite off (nothing of the
+    run being resumed is removed) and note it as a derived setting."""
+    t = cfg.training
+    if t.get("overwrite_output_dir") and t.get("resume_from_checkpoint") is not None and t.get("do_train"):
+        t["overwrite_output_dir"] = False
+        cfg.derived["overwrite_output_dir"] = ("False (resume_from_checkpoint continues the earlier run; nothing "
+                                               "in output_dir is removed)")
 
 
 def earlier_run_entries(output_dir: Optional[str]) -> List[str]:

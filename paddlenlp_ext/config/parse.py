@@ -22,7 +22,7 @@ from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_par
 from .device import apply_cpu_device
 from .fields import FieldSpec, all_fields
 from .json_errors import describe_json_error
-from .output_dir import earlier_run_problems
+from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
 from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
@@ -463,6 +463,7 @@ def _apply_aliases(cfg: RunConfig) -> None:
         from .dpo import apply_dpo_aliases
 
         apply_dpo_aliases(cfg)
+    resume_overrides_overwrite(cfg)
     apply_cpu_device(cfg)  # device=cpu: a GPU config's precision and parallel degrees made CPU-ready (config.device)
     d, t = cfg.data, cfg.training
     if d.intokens is not None and "zero_padding" not in cfg.explicit:

@@ -120,7 +120,7 @@ def clear_earlier_run(cfg, rank: int) -> List[str]:
     from ..config.output_dir import earlier_run_entries
 
     t = cfg.training
-    if rank != 0 or not (t.get("do_train") and t.get("overwrite_output_dir")):
+    if rank != 0 or not (t.get("do_train") and t.get("overwrite_output_dir")) or t.get("resume_from_checkpoint"):
         return []
     out = t.get("output_dir")
     names = earlier_run_entries(out)
