@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import DATA_DIR, ROOT
+from test_reliability import cfg_file  # noqa: F401  (the fixture: a LoRA config into tmp_path/o)
 from paddlenlp_ext.config.output_dir import earlier_run_entries, earlier_run_problems
 from paddlenlp_ext.config.parse import ConfigError, load_config
 from paddlenlp_ext.training import console as con
@@ -35,15 +36,6 @@ def earlier_run(out, steps=(5, 10), summary=True, complete=True):
     if summary:
         (out / "run_summary.json").write_text("{}")
     (out / "loss.png").write_bytes(b"png")
-
-
-@pytest.fixture
-def cfg_file(tmp_path, tiny_model_dir):
-    cfg = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR, "output_dir": str(tmp_path / "o"),
-           "do_train": True, "max_length": 64, "src_length": 32, "lora": True}
-    p = tmp_path / "cfg.json"
-    p.write_text(json.dumps(cfg))
-    return str(p)
 
 
 def test_training_into_an_earlier_run_is_refused_naming_dir_checkpoint_and_keys(tmp_path, cfg_file):
