@@ -151,8 +151,12 @@ def run_logging(cfg, stream=None):
     file_logger.info(f"===== run started: {' '.join(sys.argv)} (log_level {logging.getLevelName(level).lower()})")
     activate(console)
     if removed:
+        checkpoints = [n for n in removed if n.startswith("checkpoint-")]
+        rest = len(removed) - len(checkpoints)
+        what = checkpoints + ([f"{rest} other file{'s' if rest > 1 else ''} of it"] if rest else [])
         console.line(f"overwrite_output_dir: removed the earlier run from {os.path.abspath(output_dir)}: "
-                     f"{', '.join(removed)}")
+                     f"{', '.join(what)} (train.log lists them)")
+        logging.getLogger(FILE_LOGGER_NAME).info(f"overwrite_output_dir removed: {', '.join(removed)}")
     try:
         with warnings_to_log(file_logger, show_library=level <= logging.INFO):
             # imports paddlenlp (and paddle): after the warnings hook, so import-time warnings land in train.log,
