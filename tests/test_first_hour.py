@@ -268,3 +268,12 @@ def test_final_table_of_a_resumed_run_says_the_train_time_spans_the_resume():
     rows = final_table({"train_time_s": 5.51, "train_time_before_resume_s": 2.2, "wall_time_s": 4.6}, "out", [])
     assert "  time:" in rows[0] and rows[0].endswith("train 0:06 (0:02 of it before the resume), this process 0:05")
     assert final_table({"train_time_s": 5.51, "wall_time_s": 6.0}, "out", [])[0].endswith("train 0:06, total 0:06")
+
+
+def test_device_cpu_in_the_file_next_to_gpu_settings_is_still_refused(tiny_model_dir, tmp_path):
+    cfg = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR, "output_dir": str(tmp_path / "o"),
+           "do_train": True, "device": "cpu", "bf16": True, "fp16_opt_level": "O2"}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="fp16_opt_level=O2 needs a GPU"):
+        load_config(str(tmp_path / "c.json"))
+    assert load_config(str(tmp_path / "c.json"), ["--device", "cpu"]).training["bf16"] is False

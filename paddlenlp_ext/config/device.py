@@ -1,17 +1,17 @@
-"""``device: cpu``: run a GPU config (PaddleNLP's bf16-O2, tensor-parallel defaults) on this CPU (no paddle).
+"""``--device cpu``: run a GPU config (PaddleNLP's bf16-O2, tensor-parallel defaults) on this CPU (no paddle).
 
 PaddleNLP's shipped configs assume GPUs: ``bf16`` with ``fp16_opt_level O2`` (bf16
-weights, no CPU kernels) and ``tensor_parallel_degree: 4`` etc.  Given ``device: cpu``
-explicitly (``--device cpu`` on the command line, or in the file), the config layer
-makes the few changes such a run needs on a CPU and prints each one as a derived
-setting, instead of refusing them one by one:
+weights, no CPU kernels) and ``tensor_parallel_degree: 4`` etc.  Given ``--device cpu``
+on the command line, the config layer makes the few changes such a run needs on a
+CPU and prints each one as a derived setting, instead of refusing them one by one:
 
 * ``bf16`` / ``fp16`` with ``fp16_opt_level O2`` -> fp32 (``bf16 false``, ``fp16 false``);
   ``fp16`` alone -> false (Paddle's CPU build has no fp16 kernels); bf16 O1 (autocast) is kept;
 * parallel degrees whose product exceeds the processes of this launch -> 1
   (tensor, pipeline, sep, context): one process trains the whole model.
 
-Without ``device: cpu`` nothing changes, and the refusals (environment.py) name the keys.
+A file that itself says ``device: cpu`` next to GPU-only settings contradicts itself and is
+refused (environment.py names the keys); so is a GPU config without ``--device cpu``.
 """
 
 from typing import Dict
@@ -43,10 +43,10 @@ def cpu_changes(training: Dict[str, object], processes: int) -> Dict[str, object
 
 
 def apply_cpu_device(cfg) -> None:
-    """Apply :func:`cpu_changes` to ``cfg`` (a RunConfig) when ``device: cpu`` was given; each change is a
-    derived setting (printed at the start of the run)."""
+    """Apply :func:`cpu_changes` to ``cfg`` (a RunConfig; called when ``--device`` came from the command
+    line) if it is cpu; each change is a derived setting (printed at the start of the run)."""
     t = cfg.training
-    if t.get("device") != "cpu" or "device" not in cfg.explicit:
+    if t.get("device") != "cpu":
         return
     n = world_size()
     for key, value in cpu_changes(t, n).items():

@@ -295,6 +295,8 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         cfg.derived[key] = (f"{full} ({raw[key][0]!r} is not in the current directory {os.getcwd()}; "
                             "found from the repository root, where the shipped configs' paths start)")
     _apply_aliases(cfg)
+    if "device" in raw and raw["device"][1]:  # --device cpu: this GPU config made CPU-ready (config.device)
+        apply_cpu_device(cfg)
     problems += blame_command_line(_cross_checks(cfg, where), [k for k, r in raw.items() if r[1]], path)
     if problems:
         raise ConfigError(problems)
@@ -464,7 +466,6 @@ def _apply_aliases(cfg: RunConfig) -> None:
 
         apply_dpo_aliases(cfg)
     resume_overrides_overwrite(cfg)
-    apply_cpu_device(cfg)  # device=cpu: a GPU config's precision and parallel degrees made CPU-ready (config.device)
     d, t = cfg.data, cfg.training
     if d.intokens is not None and "zero_padding" not in cfg.explicit:
         d.zero_padding = d.intokens
