@@ -163,3 +163,19 @@ def test_cli_run_twice_is_refused_then_overwrite_starts_over(tiny_model_dir, tmp
     assert re.search(rf"overwrite_output_dir: removed the earlier run from {re.escape(str(out))}: checkpoint-2, "
                      r"\d+ other files of it", over.stdout), over.stdout
     assert not [n for n in os.listdir(out) if n.startswith("checkpoint-")]  # a later resume cannot pick them up
+
+
+def test_loss_plot_with_one_logged_loss_draws_a_dot_and_says_why(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from paddlenlp_ext.training.plot import write_loss_plot
+
+    notes, markers = [], []
+    text, plot = Axes.text, Axes.plot
+    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **k: notes.append(s) or text(self, x, y, s, *a, **k))
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **k: markers.append(k.get("marker")) or plot(self, *a, **k))
+    write_loss_plot(str(tmp_path / "one.png"), {3: 7.5}, {})
+    assert notes == ["one train loss logged (step 3): lower logging_steps for a curve"] and markers == ["o"]
+    notes.clear(), markers.clear()
+    write_loss_plot(str(tmp_path / "two.png"), {3: 7.5, 6: 7.0}, {})
+    assert notes == [] and markers == [None]
