@@ -45,7 +45,7 @@ def runs(tiny_qwen3_dir, tmp_path_factory):
         "qlora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
                   FAST + STEPS20 + ("--weight_quantize_algo", "nf4")),
         "full_packed_flashmask": ("llm/run_finetune.py", "llm/config/tiny/sft_argument.json",
-                                  FAST + ("--max_steps", "12", "--zero_padding", "true", "--greedy_zero_padding",
+                                  FAST + ("--max_steps", "10", "--zero_padding", "true", "--greedy_zero_padding",
                                           "true", "--use_flash_attention", "true", "--flash_mask", "true")),
         "dpo": ("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
                 ("--max_steps", "5", "--per_device_train_batch_size", "4", "--do_eval", "false")),

@@ -101,6 +101,10 @@ def test_kill_9_after_checkpoint_10_then_resume_true(reference, tmp_path):
         f"being written: {out / 'checkpoint-15'}))" in log, log[-3000:]
     assert_same_run(out, reference)
     assert not [n for n in os.listdir(out) if n.startswith(".saving-")]
+    # train_time_s spans the whole run, wall_time_s this process: the summary says how much came before
+    s = summary(out)
+    assert 0 < s["train_time_before_resume_s"] < s["train_time_s"]
+    assert "of it before the resume), this process" in r.stdout
 
 
 def test_sigterm_mid_run_saves_and_prints_the_resume_command(reference, tmp_path):

@@ -20,7 +20,8 @@ def dataset_path_problems(d, do_train: bool, do_eval: bool, where: str) -> List[
                 p.append(Problem(f"{where}: dataset_name_or_path {src!r} is one file (the train split); do_eval "
                                  "needs a directory with train and dev files", "data_dir"))
         elif not os.path.isdir(src):
-            p.append(Problem(f"{where}: dataset_name_or_path {src!r} is not a directory or a data file", "data_dir"))
+            p.append(Problem(f"{where}: dataset_name_or_path {src!r} is not a directory or a data file (looked for "
+                             f"{os.path.abspath(src)})", "data_dir"))
         else:
             for flag, split in ((do_train, "train"), (do_eval, "dev")):
                 if flag and not find_split_files(src, split):

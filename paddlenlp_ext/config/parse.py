@@ -17,11 +17,14 @@ from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_setti
 from ..data.reader import DataError, find_split_files, read_utf8_text
 from .data_checks import data_format_problems, dataset_path_problems
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
-from .problems import Problem, tagged
+from .problems import Problem, blame_command_line, tagged
 from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
                           tensor_parallel_adapter_problems)
+from .device import apply_cpu_device
 from .fields import FieldSpec, all_fields
 from .json_errors import describe_json_error
+from .output_dir import earlier_run_problems, resume_overrides_overwrite
+from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
 from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
@@ -277,6 +280,10 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         if spec.required and values.get(name) is None:
             problems.append(f"{where}: required key {name!r} is missing")
 
+    # the shipped configs' input paths also resolve from llm/ (config.paths)
+    from_root = resolve_from_root({k: v for k, v in values.items() if not raw[k][1]}, path)
+    values.update(from_root)
+
     groups = {}
     for gname, cls in (("model", ModelArgument), ("data", DataArgument), ("generate", GenerateArgument)):
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
@@ -285,8 +292,13 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     dpo = DPOArgument(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if mode == "dpo" else None
     cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
                     explicit=set(values), dpo=dpo)
+    for key, full in from_root.items():
+        cfg.derived[key] = (f"{full} ({raw[key][0]!r} is not in the current directory {os.getcwd()}; "
+                            "found from the repository root, where the shipped configs' paths start)")
     _apply_aliases(cfg)
-    problems += _cross_checks(cfg, where)
+    if "device" in raw and raw["device"][1]:  # --device cpu: this GPU config made CPU-ready (config.device)
+        apply_cpu_device(cfg)
+    problems += blame_command_line(_cross_checks(cfg, where), [k for k, r in raw.items() if r[1]], path)
     if problems:
         raise ConfigError(problems)
     _derive(cfg)
@@ -358,15 +370,16 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: weight_double_quant applies to nf4/fp4 block scales, not to {m.weight_quantize_algo}")
     if m.weight_quantize_algo and m.pissa:
         p.append(f"{where}: pissa rewrites the base weights and cannot be used with weight_quantize_algo")
-    if m.model_name_or_path and not os.path.isfile(os.path.join(m.model_name_or_path, "config.json")):
-        p.append(Problem(
-            f"{where}: model_name_or_path {m.model_name_or_path!r} is not a model directory (no config.json); "
-            "point it at a local directory with config.json, weights and tokenizer files", "model_dir"))
+    if m.model_name_or_path and model_dir_text("model_name_or_path", m.model_name_or_path):
+        p.append(Problem(f"{where}: {model_dir_text('model_name_or_path', m.model_name_or_path)}", "model_dir"))
     if m.tokenizer_name_or_path and not os.path.isdir(m.tokenizer_name_or_path):
-        p.append(Problem(f"{where}: tokenizer_name_or_path {m.tokenizer_name_or_path!r} is not a directory",
+        p.append(Problem(f"{where}: {missing_path_text('tokenizer_name_or_path', m.tokenizer_name_or_path)}"
+                         if not os.path.exists(m.tokenizer_name_or_path) else f"{where}: tokenizer_name_or_path "
+                         f"{m.tokenizer_name_or_path!r} is not a directory ({os.path.abspath(m.tokenizer_name_or_path)})",
                          "tokenizer_dir"))
     if d.chat_template and not os.path.isfile(d.chat_template):
-        p.append(Problem(f"{where}: chat_template file {d.chat_template!r} not found", "chat_template"))
+        p.append(Problem(f"{where}: chat_template file {d.chat_template!r} not found (looked for "
+                         f"{os.path.abspath(d.chat_template)})", "chat_template"))
     g = cfg.generate
     if (g.top_k, g.top_p) != (1, 1.0) and not d.eval_with_do_generation:
         p.append(f"{where}: top_k/top_p only apply with eval_with_do_generation=true; set it or remove them")
@@ -401,6 +414,7 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
             p.append(f"{where}: {key} > 1 is not supported yet in paddlenlp_ext")
     p += tensor_parallel_adapter_problems(t, m, methods, where)
     p += output_dir_problems(t.get("output_dir"), where)
+    p += earlier_run_problems(t, where)  # before resume_from_checkpoint=true is resolved to a path
     # prefix tuning: combinations, prefix_path and the model family (paddlenlp_ext/prefix/config.py)
     from ..prefix.config import config_problems as prefix_problems
 
@@ -449,6 +463,7 @@ def _apply_aliases(cfg: RunConfig) -> None:
         from .dpo import apply_dpo_aliases
 
         apply_dpo_aliases(cfg)
+    resume_overrides_overwrite(cfg)
     d, t = cfg.data, cfg.training
     if d.intokens is not None and "zero_padding" not in cfg.explicit:
         d.zero_padding = d.intokens

@@ -13,6 +13,7 @@ apart without matching the wording.
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, List, Optional
 
 __all__ = ["Problem", "kind_of", "tagged", "KINDS"]
@@ -52,3 +53,19 @@ def kind_of(problem: str) -> Optional[str]:
 def tagged(problems: Iterable[str], kind: str) -> List[str]:
     """``problems`` as :class:`Problem` s of ``kind``."""
     return [Problem(p, kind) for p in problems]
+
+
+def blame_command_line(problems: List[str], cli_keys: List[str], path: Optional[str]) -> List[str]:
+    """Cross-key problems reported against the config file name the keys given on the command line.
+
+    ``["c.json: src_length (300) must not exceed max_length (256)"]`` with ``--max_length 256`` ->
+    ``["c.json: src_length (300) must not exceed max_length (256) [max_length from the command line]"]``.
+    """
+    if path is None or not cli_keys:
+        return problems  # already reported against the command line
+    out = []
+    for problem in problems:
+        named = [k for k in cli_keys if re.search(rf"(?<![\w-]){re.escape(k)}(?!\w)", problem)]
+        text = f"{problem} [{', '.join(named)} from the command line]" if named else problem
+        out.append(Problem(text, kind_of(problem)) if kind_of(problem) else text)
+    return out

@@ -12,7 +12,9 @@
   run, so it is refused with every differing key listed.
 """
 
+import errno
 import os
+import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from .checkpoints import RESOLVED_CONFIG_NAME, is_complete, latest_complete_checkpoint, read_json_file
@@ -78,10 +80,27 @@ def output_dir_problems(path: Optional[str], where: str) -> List[str]:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         return [f"{where}: output_dir {path!r} cannot be created: {probe!r} is a file, not a directory"]
-    if not os.access(probe, os.W_OK | os.X_OK):
-        what = "is not writable" if probe == os.path.abspath(path) else f"cannot be created in {probe!r}"
-        return [f"{where}: output_dir {path!r} {what} (permission denied); choose a directory you can write to"]
+    error = write_probe_error(probe)
+    if error is not None:
+        what = f"is not writable ({probe})" if probe == os.path.abspath(path) else f"cannot be created in {probe!r}"
+        return [f"{where}: output_dir {path!r} {what}: {error}; choose a directory you can write to"]
     return []
+
+
+def write_probe_error(directory: str) -> Optional[str]:
+    """None when a file can really be created in ``directory`` (and is removed again), else why not:
+    ``"read-only file system (EROFS)"``, ``"permission denied (EACCES)"``, ...  A real write, since
+    ``os.access`` says yes to root everywhere and knows nothing of /proc or read-only mounts."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
+    except OSError as e:
+        name = errno.errorcode.get(e.errno, "?")
+        reason = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}.get(
+            e.errno, e.strerror or str(e))
+        return f"{reason} ({name})"
+    os.close(fd)
+    os.remove(tmp)
+    return None
 
 
 def resume_settings(cfg, training_defaults: Dict[str, Any]) -> Dict[str, Any]:

@@ -73,7 +73,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,
                                "loss_type": trainer.loss_type, "reference": trainer.reference}
-    if args.do_eval and args.eval_before_train:
+    if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
         metrics = trainer.evaluate()
         summary["eval_before_train"] = metrics
         current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ..config.paths import model_dir_text
+
 DECODE_STRATEGIES = ("greedy_search", "sampling")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "gpu")
@@ -68,8 +70,7 @@ def adapter_kind(path: str) -> Optional[str]:
 def _model_config(model_dir: str, problems: List[str]) -> dict:
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
-        problems.append(f"--model_name_or_path {model_dir}: no config.json there (give a local PaddleNLP model "
-                        "directory: config.json, weights, tokenizer files; models are never downloaded)")
+        problems.append(f"--{model_dir_text('model_name_or_path', model_dir)}")  # names the absolute path tried
         return {}
     try:
         with open(path, encoding="utf-8") as f:

@@ -42,11 +42,23 @@ def shorten(text: str, lines: int = SHOW_LINES, width: int = SHOW_WIDTH) -> List
     return out
 
 
+def terminal_safe(text: str) -> str:
+    r"""Model text as the console may show it: control characters (a weak model's NUL, BEL, BS, ESC
+    sequences that move the cursor or recolour the terminal, CR, DEL, C1 codes) become visible
+    escapes; newlines and tabs stay.  Files (``--output_file``) keep the exact text.
+
+    >>> terminal_safe("ok\x00\x1b[2Jbye\x07\tx\n\x08\x7f\x9b")
+    'ok\\x00\\x1b[2Jbye\\x07\tx\n\\x08\\x7f\\x9b'
+    """
+    return "".join(c if c in "\n\t" or not (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F) else f"\\x{ord(c):02x}"
+                   for c in text)
+
+
 def show_pair(rec: PromptRecord, answer: str, write: Callable[[str], None]) -> None:
     earlier = f"[{len(rec.src) - 1} earlier turn(s)] " if len(rec.src) > 1 else ""
     for tag, text in (("> ", earlier + rec.src[-1]), ("< ", answer)):
         for i, line in enumerate(shorten(text)):
-            write((tag if i == 0 else "  ") + line + "\n")
+            write((tag if i == 0 else "  ") + terminal_safe(line) + "\n")
 
 
 def output_row(rec: PromptRecord, answer: str) -> dict:
@@ -120,7 +132,9 @@ def _read_line(stdin: IO, out: IO, prompt: str) -> Optional[str]:
     if stdin is sys.stdin and stdin.isatty():
         try:
             return input(prompt)
-        except EOFError:
+        except EOFError:  # Ctrl-D: end the prompt's line, so the shell's prompt starts on its own
+            out.write("\n")
+            out.flush()
             return None
     line = stdin.readline()
     if line == "":
@@ -135,6 +149,8 @@ def chat(session, o: PredictOptions, stdin: Optional[IO] = None, out: Optional[I
     answered turn is saved (``chat_turn_row``).  ``stdin`` / ``out`` default to sys.stdin / sys.stdout
     as they are at call time."""
     stdin, out = stdin or sys.stdin, out or sys.stdout
+    if stdin is sys.stdin and stdin.isatty():
+        import readline  # noqa: F401  (importing it gives input() line editing and Up/Down history)
 
     def write(text: str) -> None:
         out.write(text)
@@ -189,7 +205,7 @@ def _chat_loop(session, o: PredictOptions, stdin: IO, out: IO, write: Callable[[
         if prompt.dropped_rounds:
             write(f"[chat] ({prompt.dropped_rounds} earlier turn(s) left out to fit --src_length {o.src_length})\n")
         write("model> ")
-        printer = TokenPrinter(session.tokenizer, session.eos_ids, write)
+        printer = TokenPrinter(session.tokenizer, session.eos_ids, lambda piece: write(terminal_safe(piece)))
         ids = generate_batch(session.model, [prompt], o, session.eos_ids, session.pad_id, streamer=printer)[0]
         answer = decode(session.tokenizer, ids)
         if record is not None:

@@ -104,6 +104,14 @@ class ConsoleProgress(TrainerCallback):
         self._last_tokens = self.tokens()
 
     def on_step_end(self, args, state, control, **kwargs):
+        # the last step always logs (its loss averages the steps since the last logging step), so a run
+        # shorter than logging_steps still prints a progress line and puts a point in loss.png
+        if state.global_step >= state.max_steps and str(getattr(args.logging_strategy, "value",
+                                                                args.logging_strategy)) == "steps":
+            control.should_log = True
+        self._draw_bar(state)
+
+    def _draw_bar(self, state):
         if self.console.bar and state.is_world_process_zero:
             elapsed, eta = self._pace(state)
             self.console.show_bar(progress_bar(state.global_step, state.max_steps, elapsed, eta, self._last_loss,
@@ -120,6 +128,7 @@ class ConsoleProgress(TrainerCallback):
             extra = {name: logs[k] for k, name in self.EXTRA_KEYS.items() if k in logs}
             self.console.line(progress_line(state.global_step, state.max_steps, logs["loss"],
                                             logs.get("learning_rate"), rate, elapsed, eta, extra))
+            self._draw_bar(state)  # on_step_end drew the bar before this step's loss was logged
         elif "eval_loss" in logs:
             accuracy = logs.get("eval_accuracy", logs.get("eval_rewards/accuracies"))
             acc = f"  accuracy {format_float(accuracy)}" if accuracy is not None else ""

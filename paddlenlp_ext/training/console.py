@@ -166,8 +166,10 @@ def final_table(summary: Dict[str, Any], output_dir: str, outputs: List[str]) ->
         metric = ", ".join(f"{k} {format_float(v)}" for k, v in (summary.get("best_metric") or {}).items())
         rows.append(("best model", f"{os.path.basename(summary['best_model_checkpoint'])} ({metric})"))
     train_time = summary.get("train_time_s")
-    time_text = (f"train {format_duration(train_time)}, " if train_time is not None else "") + \
-        f"total {format_duration(summary.get('wall_time_s'))}"
+    before = summary.get("train_time_before_resume_s")
+    resumed = f" ({format_duration(before)} of it before the resume)" if before else ""
+    time_text = (f"train {format_duration(train_time)}{resumed}, " if train_time is not None else "") + \
+        f"{'this process' if before else 'total'} {format_duration(summary.get('wall_time_s'))}"
     rows.append(("time", time_text))
     tokens = summary.get("tokens_trained")
     if tokens and train_time:

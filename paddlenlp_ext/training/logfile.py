@@ -23,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import warnings
+from typing import List
 
 from ..config.parse import ConfigError
 from .console import FILE_LOGGER_NAME, Console, activate, deactivate
@@ -111,12 +113,33 @@ def route_root_logger(file_handler: logging.Handler, console_level: int):
             h.removeFilter(console_filter)
 
 
+def clear_earlier_run(cfg, rank: int) -> List[str]:
+    """``overwrite_output_dir: true`` on a training run: remove the earlier run's checkpoints and results
+    (``config.output_dir.earlier_run_entries``) before this run writes anything, on the main process;
+    returns the names removed (the other processes return [])."""
+    from ..config.output_dir import earlier_run_entries
+
+    t = cfg.training
+    if rank != 0 or not (t.get("do_train") and t.get("overwrite_output_dir")) or t.get("resume_from_checkpoint"):
+        return []
+    out = t.get("output_dir")
+    names = earlier_run_entries(out)
+    for name in names:
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    return names
+
+
 @contextlib.contextmanager
 def run_logging(cfg, stream=None):
     """train.log, the console level and the active Console for the block (yields the Console)."""
     output_dir = cfg.training.get("output_dir") or "."
     level = console_level(cfg)
     rank = process_rank()
+    removed = clear_earlier_run(cfg, rank)
     os.makedirs(output_dir, exist_ok=True)
     handler = logging.FileHandler(os.path.join(output_dir, log_file_name(rank)), mode="a", encoding="utf-8")
     handler.setFormatter(logging.Formatter(FILE_FORMAT))
@@ -127,6 +150,13 @@ def run_logging(cfg, stream=None):
     console = Console(stream=stream, main=rank == 0, file_logger=file_logger)
     file_logger.info(f"===== run started: {' '.join(sys.argv)} (log_level {logging.getLevelName(level).lower()})")
     activate(console)
+    if removed:
+        checkpoints = [n for n in removed if n.startswith("checkpoint-")]
+        rest = len(removed) - len(checkpoints)
+        what = checkpoints + ([f"{rest} other file{'s' if rest > 1 else ''} of it"] if rest else [])
+        console.line(f"overwrite_output_dir: removed the earlier run from {os.path.abspath(output_dir)}: "
+                     f"{', '.join(what)} (train.log lists them)")
+        logging.getLogger(FILE_LOGGER_NAME).info(f"overwrite_output_dir removed: {', '.join(removed)}")
     try:
         with warnings_to_log(file_logger, show_library=level <= logging.INFO):
             # imports paddlenlp (and paddle): after the warnings hook, so import-time warnings land in train.log,

@@ -18,7 +18,8 @@ LOSS_PLOT_NAME = "loss.png"
 def write_loss_plot(path: str, train: Dict[int, float], evals: Dict[int, float], title: Optional[str] = None) -> str:
     """Train loss (line) and eval loss (markers) against the global step; returns ``path``.
 
-    ``train`` / ``evals``: step -> loss.  With no point at all the figure says so.
+    ``train`` / ``evals``: step -> loss.  With no point at all, or one train point (a run no longer
+    than ``logging_steps``), the figure says so.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -29,7 +30,12 @@ def write_loss_plot(path: str, train: Dict[int, float], evals: Dict[int, float],
     ax = fig.add_subplot(1, 1, 1)
     if train:
         steps = sorted(train)
-        ax.plot(steps, [train[s] for s in steps], label="train loss", color="tab:blue", linewidth=1.5)
+        # a single logged loss is a dot, not an invisible line; the figure says how to get a curve
+        ax.plot(steps, [train[s] for s in steps], label="train loss", color="tab:blue", linewidth=1.5,
+                marker="o" if len(steps) == 1 else None)
+        if len(steps) == 1:
+            ax.text(0.5, 0.5, f"one train loss logged (step {steps[0]}): lower logging_steps for a curve",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=9)
     if evals:
         steps = sorted(evals)
         ax.plot(steps, [evals[s] for s in steps], label="eval loss", color="tab:orange", marker="o",

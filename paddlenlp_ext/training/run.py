@@ -187,6 +187,9 @@ def train_and_save(trainer, cfg: RunConfig, args, data, summary: Dict[str, Any])
         data.reports["train"]["stream"] = data.train.report()
     summary.update(train_loss=metrics.get("train_loss"), global_steps=result.global_step,
                    train_time_s=round(trainer.train_time_s, 3))
+    if trainer.train_time_before:
+        # train_time_s covers the whole run; wall_time_s only this process: say how much came before
+        summary["train_time_before_resume_s"] = round(trainer.train_time_before, 3)
     if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
         # the weights in output_dir (and evaluated after training) are this checkpoint's
         summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
@@ -269,7 +272,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports}
-    if args.do_eval and args.eval_before_train:
+    if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
         metrics = trainer.evaluate()
         summary["eval_loss_before_train"] = metrics["eval_loss"]
         current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
