@@ -159,9 +159,10 @@ def build_model(model_dir, seed=0, verify=True):
     return info
 
 
-def write_data(data_dir, n_dev=DEV_EXAMPLES):
-    """Alpaca list -> train.json / dev.json JSON lines of {src, tgt}; returns (n_train, n_dev)."""
-    with open(ALPACA, encoding="utf-8") as f:
+def write_data(data_dir, n_dev=DEV_EXAMPLES, source=None):
+    """Alpaca list (``source``, default ALPACA) -> train.json / dev.json JSON lines of {src, tgt};
+    returns (n_train, n_dev)."""
+    with open(source or ALPACA, encoding="utf-8") as f:
         items = json.load(f)
     rows = []
     for it in items:

@@ -19,6 +19,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from paddlenlp_ext.cli.cpu_env import setup_cpu  # noqa: E402
+
+setup_cpu()  # MKL/OpenMP threads and MKL's code path, before anything imports paddle (docs/cpu.md)
+
 from paddlenlp_ext.predict.inputs import PredictInputError, read_prompts  # noqa: E402
 from paddlenlp_ext.predict.options import PredictOptions, add_generation_flags, check_options  # noqa: E402
 from paddlenlp_ext.cli.common import str2bool  # noqa: E402

@@ -10,6 +10,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from paddlenlp_ext.cli.cpu_env import setup_cpu  # noqa: E402
+
+setup_cpu()  # MKL/OpenMP threads and MKL's code path, before anything imports paddle (docs/cpu.md)
+
 from paddlenlp_ext.models.tiny import build_tiny_model, ensure_tiny_model  # noqa: E402
 
 

@@ -128,12 +128,14 @@ def _data_text(reports: Dict[str, Dict[str, Any]]) -> List[str]:
 
 
 def config_line(model_path: str, method: str, trainable: int, total: int,
-                reports: Dict[str, Dict[str, Any]]) -> str:
-    """``model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples, ...``"""
+                reports: Dict[str, Dict[str, Any]], cpu: Optional[str] = None) -> str:
+    """``model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples, ...``,
+    ending with ``| cpu: 2 threads (2 CPUs), MKL AVX2 code path (AMD CPU)`` when ``cpu`` is given
+    (``cli.cpu_env``'s decision)."""
     name = os.path.basename(os.path.normpath(model_path)) if model_path else "?"
     share = f" ({100.0 * trainable / total:.2f}%)" if total else ""
     parts = [f"model {name}", method, f"trainable {format_count(trainable)} / {format_count(total)}{share}"]
-    return " | ".join(parts + _data_text(reports))
+    return " | ".join(parts + _data_text(reports) + ([cpu] if cpu else []))
 
 
 def _eval_figures(summary: Dict[str, Any]):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List
 
+from ..cli import cpu_env
 from .console import config_line, current, final_table
 
 #: weight files in output_dir -> what the table calls them (first match wins)
@@ -38,7 +39,9 @@ def attach_reporting(trainer, cfg, args, built, reports: Dict[str, Dict[str, Any
                       enabled=args.should_save)
     trainer.add_callback(curve)
     console.finishers.append(curve.write)  # after the final evaluation, which comes after on_train_end
-    console.line(config_line(cfg.model.model_name_or_path, built.method, built.trainable, built.total, reports))
+    decision = cpu_env.current()
+    console.line(config_line(cfg.model.model_name_or_path, built.method, built.trainable, built.total, reports,
+                             cpu=decision.text if decision else None))
 
 
 def outputs_of(args) -> List[str]:

@@ -300,6 +300,17 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     return write_run_summary(args, summary, step_timer, wall_start)
 
 
+def cpu_setup_record() -> Dict[str, Any]:
+    """``cli.cpu_env``'s decision and the CPU math variables as this process has them now (after
+    paddle's import, which sets ``OMP_NUM_THREADS=1`` when it is unset)."""
+    from ..cli import cpu_env
+
+    decision = cpu_env.current()
+    record = decision.as_dict() if decision else {"enabled": None, "text": "cpu: set-up not run"}
+    record["env"] = {k: os.environ.get(k) for k in cpu_env.THREAD_VARS + cpu_env.CODE_PATH_VARS}
+    return record
+
+
 def write_run_summary(args, summary: Dict[str, Any], step_timer, wall_start: float) -> Dict[str, Any]:
     """Add step times, peak memory and wall time; write output_dir/run_summary.json (main process);
     then the final loss.png and the console's final table (``training.reporting``)."""
@@ -309,6 +320,7 @@ def write_run_summary(args, summary: Dict[str, Any], step_timer, wall_start: flo
         summary["step_times_s"] = step_timer.step_times
         summary["rss_after_first_step_bytes"] = step_timer.rss_after_first_step
     summary.update(peak_memory_bytes())
+    summary["cpu"] = cpu_setup_record()
     summary["wall_time_s"] = round(time.time() - wall_start, 3)
     if args.should_save:
         os.makedirs(args.output_dir, exist_ok=True)
