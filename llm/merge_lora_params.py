@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddlenlp_ext.cli.cpu_env import setup_cpu  # noqa: E402
+from paddlenlp_ext.cli.prelude import prepare_script  # noqa: E402
 
-setup_cpu()  # MKL/OpenMP threads and MKL's code path, before anything imports paddle (docs/cpu.md)
+prepare_script(__file__)  # this project's Python; CPU threads and MKL before paddle loads; import noise off
 
 from paddlenlp_ext.merge import EXIT_ERROR, MergeError, merge_adapter_checkpoint, report_merge  # noqa: E402
 from paddlenlp_ext.cli.common import str2bool  # noqa: E402

@@ -12,9 +12,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddlenlp_ext.cli.cpu_env import setup_cpu  # noqa: E402
+from paddlenlp_ext.cli.prelude import prepare_script  # noqa: E402
 
-setup_cpu()  # MKL/OpenMP threads and MKL's code path, before anything imports paddle (docs/cpu.md)
+prepare_script(__file__)  # this project's Python; CPU threads and MKL before paddle loads; import noise off
 
 from paddlenlp_ext.cli.common import config_or_exit, run_or_exit_code  # noqa: E402
 

@@ -151,16 +151,16 @@ def test_every_entry_script_sets_up_the_cpu_before_importing_the_library():
         first_call = None
         for i, node in enumerate(tree.body):
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
-                    and getattr(node.value.func, "id", None) == "setup_cpu":
+                    and getattr(node.value.func, "id", None) == "prepare_script":
                 first_call = i
                 break
-        assert first_call is not None, f"{rel}: call setup_cpu() before importing paddlenlp_ext / paddle"
+        assert first_call is not None, f"{rel}: call prepare_script(__file__) before importing paddlenlp_ext / paddle"
         for node in tree.body[:first_call]:
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             for name in names:
-                assert not name.startswith(("paddle", "paddlenlp")) or name == "paddlenlp_ext.cli.cpu_env", \
-                    f"{rel}: imports {name} before setup_cpu()"
+                assert not name.startswith(("paddle", "paddlenlp")) or name == "paddlenlp_ext.cli.prelude", \
+                    f"{rel}: imports {name} before prepare_script()"
 
 
 # -- through the real CLI ---------------------------------------------------------------------
