@@ -24,7 +24,7 @@ DPO = os.path.join(ROOT, "llm", "run_dpo.py")
 MERGE = os.path.join(ROOT, "llm", "merge_lora_params.py")
 PREDICT = os.path.join(ROOT, "llm", "predict", "predictor.py")
 LORA_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
-TOKENIZER_STYLE = {"llama": "llama3", "qwen2": "qwen2", "mistral": "llama3"}
+TOKENIZER_STYLE = {"llama": "llama3", "qwen2": "qwen2", "mistral": "llama3", "qwen3": "qwen2"}
 
 
 def run(cmd, check=True):
@@ -81,7 +81,7 @@ def lora_runs():
     return {}  # family -> output dir of its LoRA run (the merge test reuses them)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
 def test_lora_and_nf4_finetune(hf_dirs, lora_runs, tmp_path, family):
     base = hf_dirs[family]
     lora = str(tmp_path / "lora")
@@ -99,7 +99,7 @@ def test_lora_and_nf4_finetune(hf_dirs, lora_runs, tmp_path, family):
     loss_fell(qlora)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
 def test_merge_into_the_transformers_base_and_predict(hf_dirs, lora_runs, tmp_path, family):
     if family not in lora_runs:
         pytest.skip(f"needs test_lora_and_nf4_finetune[{family}]'s adapter")
