@@ -47,7 +47,7 @@ def parse_arguments(argv=None):
     flags = [a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)
              if a.startswith("--") and a.split("=")[0] not in known]
     if flags:
-        p.error(f"unknown flag(s): {', '.join(flags)} (see --help)")
+        p.error(f"unrecognized arguments: {' '.join(flags)} (unknown flags; see --help)")
     return p.parse_args(argv)
 
 
