@@ -24,8 +24,7 @@ paddle.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_exports
 
 from .config import CONFIG_NAME, DEFAULT_TARGET_MODULES, WEIGHTS_NAME, AdapterConfig, AdapterConfigError
 
@@ -73,15 +72,4 @@ __all__ = ["AdapterConfig", "AdapterConfigError", "CONFIG_NAME", "WEIGHTS_NAME",
     _LAZY
 )
 
-
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -36,8 +36,7 @@ imports nothing heavy).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_exports
 
 _LAZY = {
     "Collectives": "collectives",
@@ -67,15 +66,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -19,6 +19,7 @@ lazily on first access.
 
 from __future__ import annotations
 
+from ..lazy import lazy_exports
 from . import codec, formats
 from .codec import *  # noqa: F401,F403  (re-export: the numpy API is defined once, in the modules' __all__)
 from .formats import *  # noqa: F401,F403
@@ -35,9 +36,4 @@ _LAZY = {
 __all__ = [*formats.__all__, *codec.__all__, *_LAZY]
 
 
-def __getattr__(name):  # PEP 562 lazy import of the paddle-side API
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)  # the paddle-side API, imported on first use
