@@ -144,3 +144,56 @@ def test_settings_transformers_would_compute_otherwise_are_refused(tiny_model_di
     with pytest.raises(ExportError, match="model_type='gpt'"):
         export_hf_model(str(d), str(tmp_path / "o2"), **QUIET)
     assert not os.path.exists(tmp_path / "o1") and not os.path.exists(tmp_path / "o2")
+
+
+# ------------------------------------------------------------------------------------------- PEFT adapters
+PEFT_KINDS = {
+    "lora": dict(lora=True, lora_rank=4),
+    "rslora": dict(lora=True, lora_rank=4, rslora=True, lora_alpha=6),
+    "lora_plus": dict(lora=True, lora_rank=4, lora_plus_scale=16.0),
+    "pissa": dict(lora=True, lora_rank=4, pissa=True),
+    "vera": dict(vera=True, vera_rank=4),
+    "lokr": dict(lokr=True, lokr_dim=2),
+    "lokr_both": dict(lokr=True, lokr_dim=1, lokr_decompose_both=True, lokr_alpha=3),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_bases(bases, tmp_path_factory):
+    """Our tiny bases exported in transformers layout (what PeftModel is applied to)."""
+    root = tmp_path_factory.mktemp("hf_bases")
+    return {fam: export_hf_model(d, str(root / fam), **QUIET).output_dir for fam, d in bases.items()}
+
+
+@pytest.mark.parametrize("kind", list(PEFT_KINDS))
+def test_peft_loads_the_exported_adapter_with_our_logits(kind, bases, hf_bases, tmp_path):
+    peft = pytest.importorskip("peft")
+    from paddlenlp_ext.export import export_peft_adapter
+
+    family = "qwen2" if kind == "lora_plus" else "llama"
+    model = make_adapter(bases[family], str(tmp_path / "ours"), seed=3, **PEFT_KINDS[kind])
+    want = our_logits(model)
+    cfg = export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "peft"), **QUIET)
+    assert cfg["peft_type"] == {"vera": "VERA", "lokr": "LOKR", "lokr_both": "LOKR"}.get(kind, "LORA")
+    base = hf_model(hf_bases[family])
+    no_adapter = torch_logits(base)
+    got = torch_logits(peft.PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval())
+    assert np.abs(want - no_adapter).max() > 1e-2  # the adapter matters, so the comparison below can fail
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_peft_names_shapes_and_refusals(bases, tmp_path):
+    from safetensors.numpy import load_file
+
+    from paddlenlp_ext.export import export_peft_adapter
+
+    make_adapter(bases["llama"], str(tmp_path / "ours"), lora=True, lora_rank=4)
+    cfg = export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "peft"), **QUIET)
+    t = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    assert t["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (4, 64)  # [r, in]
+    assert t["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"].shape == (64, 4)  # [out, r]
+    assert cfg["r"] == 4 and cfg["lora_alpha"] == 8.0 and len(cfg["target_modules"]) == 14
+    with pytest.raises(ExportError, match="not empty"):
+        export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "peft"), **QUIET)
+    with pytest.raises(ExportError, match="model_type 'gpt'"):
+        export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "p2"), model_type="gpt", **QUIET)
