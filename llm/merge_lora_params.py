@@ -71,7 +71,8 @@ def main(argv=None):
 
 
 def _merge_to_hf(args):
-    from paddlenlp_ext.export import ExportError, export_merged_hf
+    from paddlenlp_ext.export import ExportError, ExportVerifyFailed, export_merged_hf
+    from paddlenlp_ext.merge import EXIT_VERIFY_FAILED
 
     if not args.safe_serialization:
         print("error: --output_format hf writes safetensors (transformers' format); drop "
@@ -81,6 +82,9 @@ def _merge_to_hf(args):
         res = export_merged_hf(args.model_name_or_path, args.lora_path, args.merge_model_path,
                                max_shard_size=args.max_shard_size, overwrite=args.overwrite, verify=args.verify,
                                tolerance=args.tolerance, device=args.device)
+    except ExportVerifyFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_VERIFY_FAILED
     except (MergeError, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -197,3 +197,44 @@ def test_peft_names_shapes_and_refusals(bases, tmp_path):
         export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "peft"), **QUIET)
     with pytest.raises(ExportError, match="model_type 'gpt'"):
         export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "p2"), model_type="gpt", **QUIET)
+
+
+# ------------------------------------------------------------------------------------------- the CLIs
+def _run(script, *argv):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *argv], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_merge_to_hf_and_peft_export_load_in_transformers_and_peft(bases, tmp_path):
+    peft = pytest.importorskip("peft")
+    model = make_adapter(bases["qwen2"], str(tmp_path / "ours"), seed=5, lora=True, lora_rank=4, rslora=True)
+    want = our_logits(model)
+    r = _run("llm/merge_lora_params.py", "--model_name_or_path", bases["qwen2"], "--lora_path",
+             str(tmp_path / "ours"), "--merge_model_path", str(tmp_path / "merged"), "--output_format", "hf",
+             "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "verify: passed" in r.stdout
+    np.testing.assert_allclose(torch_logits(hf_model(str(tmp_path / "merged"))), want, atol=1e-4, rtol=0)
+
+    r = _run("llm/tools/export.py", "--format", "hf", "--model_name_or_path", bases["qwen2"], "--output_path",
+             str(tmp_path / "base"))
+    assert r.returncode == 0, r.stderr
+    r = _run("llm/tools/export.py", "--format", "peft", "--lora_path", str(tmp_path / "ours"), "--output_path",
+             str(tmp_path / "peft"), "--model_name_or_path", str(tmp_path / "base"))
+    assert r.returncode == 0, r.stderr
+    got = torch_logits(peft.PeftModel.from_pretrained(hf_model(str(tmp_path / "base")), str(tmp_path / "peft")))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+    # refusals: exit 2 with the reason, nothing written
+    r = _run("llm/tools/export.py", "--format", "peft", "--output_path", str(tmp_path / "x"))
+    assert r.returncode == 2 and "--lora_path" in r.stderr and not os.path.exists(tmp_path / "x")
+    r = _run("llm/merge_lora_params.py", "--model_name_or_path", bases["qwen2"], "--lora_path", str(tmp_path / "ours"),
+             "--merge_model_path", str(tmp_path / "y"), "--output_format", "hf", "--safe_serialization", "false")
+    assert r.returncode == 2 and "safetensors" in r.stderr and not os.path.exists(tmp_path / "y")

@@ -14,9 +14,9 @@ loader and the export read one table both ways.  Problems with the input raise
 :class:`ExportError` (the CLIs exit 2).  See docs/export.md.
 """
 
-from .hf_config import ExportError, hf_config_from_paddle, hf_generation_config
+from .hf_config import ExportError, ExportVerifyFailed, hf_config_from_paddle, hf_generation_config
 from .hf_model import ExportResult, export_hf_model, export_merged_hf
 from .peft_adapter import export_peft_adapter
 
-__all__ = ["ExportError", "ExportResult", "export_hf_model", "export_merged_hf", "export_peft_adapter",
+__all__ = ["ExportError", "ExportVerifyFailed", "ExportResult", "export_hf_model", "export_merged_hf", "export_peft_adapter",
            "hf_config_from_paddle", "hf_generation_config"]

@@ -18,6 +18,10 @@ class ExportError(ValueError):
     """The input cannot be exported as asked; the message says what to change."""
 
 
+class ExportVerifyFailed(ExportError):
+    """The merge before an export failed its verification: nothing was exported (CLIs exit 3)."""
+
+
 #: model_type -> transformers' causal-LM class name
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}

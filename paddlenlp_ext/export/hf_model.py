@@ -33,7 +33,7 @@ from ..merge.reader import BufferPool, Checkpoint, TensorEntry, TensorSource
 from ..merge.writer import (SafetensorsStreamWriter, TOKENIZER_PATTERNS, make_temp_dir, plan_shards, publish,
                             shard_file_names, write_json)
 from ..models.hf_layout import hf_name, read_json_dict
-from .hf_config import TORCH_DTYPE, ExportError, hf_config_from_paddle, hf_generation_config
+from .hf_config import TORCH_DTYPE, ExportError, ExportVerifyFailed, hf_config_from_paddle, hf_generation_config
 
 EXPORT_INFO_NAME = "export_info.json"
 
@@ -203,7 +203,7 @@ def export_merged_hf(base_dir: str, adapter_dir: str, out_dir: str, *, max_shard
     directory next to ``out_dir``) and export the merged model in transformers layout.
 
     A failed verification stops before the export: the merged model is kept in
-    ``<out_dir>.merged-unverified`` for inspection and :class:`ExportError` is raised.
+    ``<out_dir>.merged-unverified`` for inspection and :class:`ExportVerifyFailed` is raised.
     """
     from ..merge import merge_adapter_checkpoint
 
@@ -219,7 +219,7 @@ def export_merged_hf(base_dir: str, adapter_dir: str, out_dir: str, *, max_shard
             kept = os.path.abspath(out_dir) + ".merged-unverified"
             shutil.rmtree(kept, ignore_errors=True)
             os.rename(tmp, kept)
-            raise ExportError(f"the merged model failed verification ({merged.verify}); nothing exported, "
+            raise ExportVerifyFailed(f"the merged model failed verification ({merged.verify}); nothing exported, "
                               f"the merged model is kept in {kept}")
         res = export_hf_model(tmp, out_dir, max_shard_size=max_shard_size, overwrite=overwrite,
                               extra_dirs=[base_dir, adapter_dir], log=log)
