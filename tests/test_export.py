@@ -238,3 +238,54 @@ def test_cli_merge_to_hf_and_peft_export_load_in_transformers_and_peft(bases, tm
     r = _run("llm/merge_lora_params.py", "--model_name_or_path", bases["qwen2"], "--lora_path", str(tmp_path / "ours"),
              "--merge_model_path", str(tmp_path / "y"), "--output_format", "hf", "--safe_serialization", "false")
     assert r.returncode == 2 and "safetensors" in r.stderr and not os.path.exists(tmp_path / "y")
+
+
+def test_bf16_sharded_tied_transformers_checkpoint_roundtrips_bit_for_bit(tmp_path):
+    """transformers' own bf16, sharded, tied qwen2 checkpoint -> our reader -> export: every tensor
+    transformers saved comes back under its name with the same bits (transposes undone exactly)."""
+    from safetensors import safe_open
+
+    src = save_hf_model(str(tmp_path / "src"), "qwen2", dtype="bfloat16", max_shard_size="40KB")
+    out = str(tmp_path / "out")
+    res = export_hf_model(src, out, max_shard_size="40KB", **QUIET)
+    assert res.transposed > 0 and len(res.weight_files) > 2
+    assert json.load(open(os.path.join(out, "config.json")))["torch_dtype"] == "bfloat16"
+
+    def tensors(d):
+        index = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+        got = {}
+        for name, f in index.items():
+            with safe_open(os.path.join(d, f), "pt") as h:
+                got[name] = h.get_tensor(name)
+        return got
+
+    a, b = tensors(src), tensors(out)
+    assert set(a) == set(b) and "lm_head.weight" not in b  # tied: transformers stores no lm_head
+    for name in a:
+        assert a[name].dtype == b[name].dtype == torch.bfloat16 and torch.equal(a[name], b[name]), name
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    assert ref.config.tie_word_embeddings and ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()
+
+
+def test_doctests():
+    import doctest
+
+    from paddlenlp_ext.export import hf_config
+    from paddlenlp_ext.models import hf_layout
+
+    for mod in (hf_config, hf_layout):
+        assert doctest.testmod(mod).failed == 0
+
+
+def test_bf16_pdparams_output_of_a_full_finetune(tiny_model_dir, tmp_path):
+    """PaddleNLP's model_state.pdparams (bf16: read as raw uint16 bits) exports as BF16 safetensors."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    src = str(tmp_path / "pd")
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="bfloat16").save_pretrained(src,
+                                                                                           safe_serialization=False)
+    assert os.path.exists(os.path.join(src, "model_state.pdparams"))
+    out = str(tmp_path / "hf")
+    export_hf_model(src, out, **QUIET)
+    assert json.load(open(os.path.join(out, "config.json")))["torch_dtype"] == "bfloat16"
+    np.testing.assert_allclose(torch_logits(hf_model(out)), our_logits(ours(src)), atol=1e-4, rtol=0)

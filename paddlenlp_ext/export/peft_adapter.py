@@ -51,8 +51,9 @@ def _f32(name: str, arr: np.ndarray) -> np.ndarray:
 def peft_tensors(bundle: AdapterBundle, model_type: str) -> Dict[str, np.ndarray]:
     """PEFT's state dict (name -> float32 array) for the adapter in ``bundle``.
 
-    >>> # lora: {"llama.layers.0.mlp.up_proj": {"lora_A": [in, r], "lora_B": [r, out]}} ->
-    >>> # {"base_model.model.model.layers.0.mlp.up_proj.lora_A.weight": [r, in], "....lora_B.weight": [out, r]}
+    Example (LoRA, llama): module ``llama.layers.0.mlp.up_proj`` with ``lora_A`` [64, 4] and
+    ``lora_B`` [4, 176] gives ``base_model.model.model.layers.0.mlp.up_proj.lora_A.weight`` [4, 64]
+    and ``....lora_B.weight`` [176, 4].
     """
     cfg = bundle.config
     out: Dict[str, np.ndarray] = {}
