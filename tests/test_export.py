@@ -289,3 +289,21 @@ def test_bf16_pdparams_output_of_a_full_finetune(tiny_model_dir, tmp_path):
     export_hf_model(src, out, **QUIET)
     assert json.load(open(os.path.join(out, "config.json")))["torch_dtype"] == "bfloat16"
     np.testing.assert_allclose(torch_logits(hf_model(out)), our_logits(ours(src)), atol=1e-4, rtol=0)
+
+
+def test_jinja_chat_template_reaches_transformers(tiny_model_dir, tmp_path):
+    import shutil
+
+    from paddlenlp_ext.data.chat_template import render
+
+    src = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, src)
+    template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}" \
+               "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    (src / "chat_template.jinja").write_text(template)
+    out = str(tmp_path / "hf")
+    export_hf_model(str(src), out, **QUIET)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    tok = transformers.AutoTokenizer.from_pretrained(out, use_fast=False)
+    theirs = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert theirs == render(template, msgs, None, True, {}) == "<|system|>Be brief.\n<|user|>hi\n<|assistant|>"

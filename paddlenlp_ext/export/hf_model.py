@@ -9,7 +9,7 @@ becomes ``model.layers.0.self_attn.q_proj.weight`` [out, in].  Untransposed
 tensors are copied file to file in the kernel; a Linear weight is read, transposed
 and handed to the writer thread, so memory stays at a few tensors.  Next to the
 weights: config.json / generation_config.json (:mod:`.hf_config`) and the
-tokenizer files, with a chat template in tokenizer_config.json when the model has one.
+tokenizer files, with a jinja chat template in tokenizer_config.json when the model has one.
 
 ``export_merged_hf`` merges an adapter with the verified streaming merge into a
 temporary directory first, then exports that (two streaming passes; the
@@ -72,9 +72,9 @@ def _torch_dtype(entries: List[TensorEntry]) -> str:
     return TORCH_DTYPE[max(floats, key=lambda e: e.nbytes).dtype]
 
 
-def _copy_tokenizer(src_dirs: List[str], dst: str) -> List[str]:
-    """Copy the tokenizer files of the first directory that has any; put a ``chat_template``
-    file's template into tokenizer_config.json (where transformers reads it)."""
+def _copy_tokenizer(src_dirs: List[str], dst: str, log: Log) -> List[str]:
+    """Copy the tokenizer files of the first directory that has any; put a ``chat_template.jinja``
+    template into tokenizer_config.json (where transformers reads it)."""
     import fnmatch
 
     for d in src_dirs:
@@ -90,23 +90,17 @@ def _copy_tokenizer(src_dirs: List[str], dst: str) -> List[str]:
                 and "sentencepiece.bpe.model" in names:
             shutil.copy2(os.path.join(d, "sentencepiece.bpe.model"), os.path.join(dst, "tokenizer.model"))
             names.append("tokenizer.model")
-        template = _chat_template(d)
-        if template is not None and "chat_template" not in tok_cfg:
-            tok_cfg["chat_template"] = template
+        jinja = os.path.join(d, "chat_template.jinja")
+        if os.path.isfile(jinja) and "chat_template" not in tok_cfg:
+            with open(jinja, encoding="utf-8") as f:
+                tok_cfg["chat_template"] = f.read()
             write_json(os.path.join(dst, "tokenizer_config.json"), tok_cfg)
+        if "chat_template.json" in names and "chat_template" not in tok_cfg:
+            log("[export] note: chat_template.json is PaddleNLP's own template format (system / conversation "
+                "turns), which transformers does not read; the exported tokenizer has no chat template. Put a "
+                "jinja template in chat_template.jinja next to the model to export one")
         return names
     return []
-
-
-def _chat_template(d: str) -> Optional[str]:
-    """A chat template saved as ``chat_template.jinja`` or PaddleNLP's ``chat_template.json``."""
-    p = os.path.join(d, "chat_template.jinja")
-    if os.path.isfile(p):
-        with open(p, encoding="utf-8") as f:
-            return f.read()
-    obj = read_json_dict(os.path.join(d, "chat_template.json"), ExportError)
-    t = obj.get("chat_template")
-    return t if isinstance(t, str) else None
 
 
 def export_hf_model(model_dir: str, out_dir: str, *, max_shard_size="5GB", overwrite: bool = False,
@@ -134,7 +128,7 @@ def export_hf_model(model_dir: str, out_dir: str, *, max_shard_size="5GB", overw
         files, transposed = _stream(ckpt, rows, tmp, parse_size(max_shard_size), log)
         write_json(os.path.join(tmp, "config.json"), hf_cfg)
         write_json(os.path.join(tmp, "generation_config.json"), hf_generation_config(gen, hf_cfg))
-        tok = _copy_tokenizer([model_dir] + list(extra_dirs or []), tmp)
+        tok = _copy_tokenizer([model_dir] + list(extra_dirs or []), tmp, log)
         if not tok:
             log(f"[export] note: no tokenizer files in {[model_dir] + list(extra_dirs or [])}; "
                 "the output has weights and config only")
