@@ -116,7 +116,8 @@ def test_base_model_export_sharded_and_tokenizer(tiny_model_dir, tmp_path):
     from paddlenlp.transformers import AutoTokenizer
 
     text = "Hello world, this is a test."
-    theirs = transformers.AutoTokenizer.from_pretrained(out, use_fast=False)  # the fast converter needs a newer protobuf here
+    # use_fast=False: converting to a fast tokenizer needs a newer protobuf than this venv has
+    theirs = transformers.AutoTokenizer.from_pretrained(out, use_fast=False)
     assert theirs(text)["input_ids"] == AutoTokenizer.from_pretrained(tiny_model_dir)(text)["input_ids"]
     gen = json.load(open(os.path.join(out, "generation_config.json")))
     assert gen["eos_token_id"] == 2 and transformers.GenerationConfig.from_pretrained(out).eos_token_id == 2
@@ -149,7 +150,7 @@ def test_settings_transformers_would_compute_otherwise_are_refused(tiny_model_di
 # ------------------------------------------------------------------------------------------- PEFT adapters
 PEFT_KINDS = {
     "lora": dict(lora=True, lora_rank=4),
-    "rslora": dict(lora=True, lora_rank=4, rslora=True, lora_alpha=6),
+    "rslora": dict(lora=True, lora_rank=4, rslora=True, lora_alpha=6),  # on qwen3 (below)
     "lora_plus": dict(lora=True, lora_rank=4, lora_plus_scale=16.0),
     "pissa": dict(lora=True, lora_rank=4, pissa=True),
     "vera": dict(vera=True, vera_rank=4),
@@ -170,7 +171,7 @@ def test_peft_loads_the_exported_adapter_with_our_logits(kind, bases, hf_bases, 
     peft = pytest.importorskip("peft")
     from paddlenlp_ext.export import export_peft_adapter
 
-    family = "qwen2" if kind == "lora_plus" else "llama"
+    family = {"lora_plus": "qwen2", "rslora": "qwen3"}.get(kind, "llama")
     model = make_adapter(bases[family], str(tmp_path / "ours"), seed=3, **PEFT_KINDS[kind])
     want = our_logits(model)
     cfg = export_peft_adapter(str(tmp_path / "ours"), str(tmp_path / "peft"), **QUIET)

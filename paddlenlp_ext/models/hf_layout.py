@@ -4,8 +4,9 @@ Owns the one table of how a transformers checkpoint of a decoder family maps
 onto PaddleNLP's model of the same ``model_type`` (:data:`HF_FAMILIES`), the
 rule that decides a checkpoint is in transformers layout (:func:`detect_layout`:
 its tensor names, read from the safetensors headers), the per-tensor rename and
-transpose (:func:`paddle_name`, and its inverse :func:`hf_name` for the export), and the ``config.json`` settings that would make
-PaddleNLP's model compute something else than transformers' (:func:`config_problems`).
+transpose (:func:`paddle_name`, and its inverse :func:`hf_name` for the export), and
+the ``config.json`` settings that would make PaddleNLP's model compute something
+else than transformers' (:func:`config_problems`).
 
 No paddle here: the streaming loader (:mod:`.checkpoint`), the merge reader and
 the config-time checks all read it.  The conversion itself happens while
