@@ -308,3 +308,15 @@ def test_jinja_chat_template_reaches_transformers(tiny_model_dir, tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(out, use_fast=False)
     theirs = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert theirs == render(template, msgs, None, True, {}) == "<|system|>Be brief.\n<|user|>hi\n<|assistant|>"
+
+
+def test_failed_verification_exports_nothing(bases, tmp_path):
+    """An impossible tolerance: the merge's verification fails, nothing is exported (the CLIs exit 3),
+    the merged model is kept next to the output for inspection."""
+    from paddlenlp_ext.export import ExportVerifyFailed
+
+    make_adapter(bases["llama"], str(tmp_path / "ours"), lora=True, lora_rank=4)
+    out = tmp_path / "hf"
+    with pytest.raises(ExportVerifyFailed, match="failed verification"):
+        export_merged_hf(bases["llama"], str(tmp_path / "ours"), str(out), tolerance=1e-12, device="cpu", **QUIET)
+    assert not out.exists() and (tmp_path / "hf.merged-unverified" / "MERGE_VERIFY_FAILED").exists()
