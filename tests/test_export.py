@@ -320,3 +320,23 @@ def test_failed_verification_exports_nothing(bases, tmp_path):
     with pytest.raises(ExportVerifyFailed, match="failed verification"):
         export_merged_hf(bases["llama"], str(tmp_path / "ours"), str(out), tolerance=1e-12, device="cpu", **QUIET)
     assert not out.exists() and (tmp_path / "hf.merged-unverified" / "MERGE_VERIFY_FAILED").exists()
+
+
+def test_paddlenlp_saved_lora_exports_to_peft(tiny_model_dir, hf_bases, tmp_path):
+    """An rsLoRA adapter saved by PaddleNLP's own LoRAModel (lora_config.json + lora_model_state.pdparams):
+    PEFT on the exported base gives PaddleNLP's logits."""
+    peft = pytest.importorskip("peft")
+    from paddlenlp.peft import LoRAModel
+    from test_paddlenlp_adapters import _base_model, _save_paddlenlp_lora
+
+    from paddlenlp_ext.export import export_peft_adapter
+
+    d = str(tmp_path / "pnlp")
+    _save_paddlenlp_lora(tiny_model_dir, d, seed=2, r=4, lora_alpha=8, rslora=True,
+                         target_modules=[".*q_proj.*", ".*v_proj.*"])
+    lm = LoRAModel.from_pretrained(_base_model(tiny_model_dir), d)
+    want = our_logits(lm)
+    cfg = export_peft_adapter(d, str(tmp_path / "peft"), model_type="llama", **QUIET)
+    assert cfg["use_rslora"] and len(cfg["target_modules"]) == 4
+    got = torch_logits(peft.PeftModel.from_pretrained(hf_model(hf_bases["llama"]), str(tmp_path / "peft")))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
