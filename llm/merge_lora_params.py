@@ -2,12 +2,13 @@
 
     python llm/merge_lora_params.py --model_name_or_path BASE_DIR --lora_path ADAPTER_DIR \
         --merge_model_path OUT_DIR [--device cpu|gpu] [--safe_serialization true|false] \
-        [--max_shard_size 1GB] [--verify|--no-verify] [--tolerance T] [--overwrite]
+        [--max_shard_size 1GB] [--verify|--no-verify] [--tolerance T] [--overwrite] [--output_format paddle|hf]
 
 Streams the base checkpoint one tensor at a time (memory ~ a few of the largest
 adapted tensors, never a shard or the whole model), writes a complete PaddleNLP
 model directory and, by default, checks that the merged model reproduces
-base + adapter.  See docs/merge.md.  ``--lora_path`` may also be a PaddleNLP
+base + adapter.  ``--output_format hf`` writes the merged model in Hugging Face
+transformers layout instead (docs/export.md).  See docs/merge.md.  ``--lora_path`` may also be a PaddleNLP
 adapter (lora_config.json); llm/tools/merge_lora_params.py takes PaddleNLP's flags.
 
 Exit codes: 0 ok; 1 bad input / output location (nothing written);
@@ -47,12 +48,17 @@ def parse_arguments(argv=None):
     p.add_argument("--tolerance", type=float, default=None,
                    help="max relative logit error for --verify (default: 1e-4 fp32, 2e-2 fp16, 5e-2 bf16)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--output_format", default="paddle", choices=["paddle", "hf"],
+                   help="paddle (default): PaddleNLP's layout; hf: transformers layout (model.layers.N..., "
+                   "[out, in] Linear weights, transformers config.json; safetensors only), see docs/export.md")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_arguments(argv)
     t0 = time.time()
+    if args.output_format == "hf":
+        return _merge_to_hf(args)
     try:
         result = merge_adapter_checkpoint(
             args.model_name_or_path, args.lora_path, args.merge_model_path,
@@ -66,6 +72,33 @@ def main(argv=None):
         print(f"error: writing the merged model failed: {e}", file=sys.stderr)
         return 1
     return report_merge(result, time.time() - t0)
+
+
+def _merge_to_hf(args):
+    from paddlenlp_ext.export import ExportError, ExportVerifyFailed, export_merged_hf
+    from paddlenlp_ext.merge import EXIT_VERIFY_FAILED
+
+    if not args.safe_serialization:
+        print("error: --output_format hf writes safetensors (transformers' format); drop "
+              "--safe_serialization false", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        res = export_merged_hf(args.model_name_or_path, args.lora_path, args.merge_model_path,
+                               max_shard_size=args.max_shard_size, overwrite=args.overwrite, verify=args.verify,
+                               tolerance=args.tolerance, device=args.device)
+    except ExportVerifyFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_VERIFY_FAILED
+    except (MergeError, ExportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as e:
+        print(f"error: writing the exported model failed: {e}", file=sys.stderr)
+        return 1
+    status = (res.merge.verify or {}).get("status", "not run")
+    print(f"[merge] merged {len(res.merge.modules_merged)} modules and exported them in transformers layout to "
+          f"{res.output_dir} ({len(res.weight_files)} file(s)); verify: {status}")
+    return res.merge.exit_code
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ IMPORT_RULES = {
     "kernels": {"paddlenlp", "paddlenlp_ext.training", "paddlenlp_ext.adapters", "paddlenlp_ext.data"},
     "quant": {"paddlenlp_ext.training", "paddlenlp_ext.adapters", "paddlenlp_ext.data", "paddlenlp.trainer"},
     "merge": {"paddlenlp_ext.training", "paddlenlp.trainer"},
+    "export": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.dpo", "paddlenlp.trainer"},
     "predict": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "planner": {"paddle", "paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.adapters"},
     "parallel": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer"},

@@ -4,8 +4,9 @@ Owns the one table of how a transformers checkpoint of a decoder family maps
 onto PaddleNLP's model of the same ``model_type`` (:data:`HF_FAMILIES`), the
 rule that decides a checkpoint is in transformers layout (:func:`detect_layout`:
 its tensor names, read from the safetensors headers), the per-tensor rename and
-transpose (:func:`paddle_name`), and the ``config.json`` settings that would make
-PaddleNLP's model compute something else than transformers' (:func:`config_problems`).
+transpose (:func:`paddle_name`, and its inverse :func:`hf_name` for the export), and
+the ``config.json`` settings that would make PaddleNLP's model compute something
+else than transformers' (:func:`config_problems`).
 
 No paddle here: the streaming loader (:mod:`.checkpoint`), the merge reader and
 the config-time checks all read it.  The conversion itself happens while
@@ -113,6 +114,20 @@ def paddle_name(hf_name: str, model_type: str) -> Tuple[str, bool]:
     """
     name = HF_FAMILIES[model_type] + "." + hf_name[len(HF_PREFIX):] if hf_name.startswith(HF_PREFIX) else hf_name
     return name, bool(_LINEAR_WEIGHT.search(hf_name))
+
+
+def hf_name(paddle_tensor_name: str, model_type: str) -> Tuple[str, bool]:
+    """(transformers name, whether the tensor is transposed) of a PaddleNLP tensor name: the inverse
+    of :func:`paddle_name`, from the same table, so an export writes what the loader reads.
+
+    >>> hf_name("qwen2.layers.0.self_attn.q_proj.weight", "qwen2")
+    ('model.layers.0.self_attn.q_proj.weight', True)
+    >>> hf_name("llama.norm.weight", "llama"), hf_name("lm_head.weight", "llama")
+    (('model.norm.weight', False), ('lm_head.weight', True))
+    """
+    body = HF_FAMILIES[model_type] + "."
+    name = HF_PREFIX + paddle_tensor_name[len(body):] if paddle_tensor_name.startswith(body) else paddle_tensor_name
+    return name, bool(_LINEAR_WEIGHT.search(name))
 
 
 def converted_shape(shape: Tuple[int, ...], transpose: bool) -> Tuple[int, ...]:

@@ -1,0 +1,100 @@
+"""transformers ``config.json`` / ``generation_config.json`` from a PaddleNLP model config.
+
+Pure dict code, no paddle.  PaddleNLP's config keys mostly share transformers'
+names; what differs is per family (which keys transformers reads, what our
+model computes regardless of a key).  A setting whose meaning would change in
+transformers (PaddleNLP's own ``rope_scaling_type``, ALiBi, ...) is refused
+with :class:`ExportError` rather than exported wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+from ..models.hf_layout import HF_FAMILIES, config_problems
+
+
+class ExportError(ValueError):
+    """The input cannot be exported as asked; the message says what to change."""
+
+
+class ExportVerifyFailed(ExportError):
+    """The merge before an export failed its verification: nothing was exported (CLIs exit 3)."""
+
+
+#: model_type -> transformers' causal-LM class name
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+
+#: keys every family's transformers config reads with the same meaning as PaddleNLP's
+_COMMON_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+                "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range")
+
+#: safetensors dtype tag -> transformers' torch_dtype string (U16 is how pdparams bf16 is tagged)
+TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "U16": "bfloat16"}
+
+#: generation settings transformers' GenerationConfig reads with the same meaning
+_GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p", "top_k",
+                    "repetition_penalty", "max_new_tokens")
+
+
+def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
+    """transformers config.json for PaddleNLP config ``cfg`` (a dict of its config.json).
+
+    >>> c = hf_config_from_paddle({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+    ...     "intermediate_size": 176, "rope_scaling_type": None, "num_key_value_heads": None}, "float32")
+    >>> c["architectures"], c["num_key_value_heads"], c["hidden_act"], c["rope_scaling"]
+    (['LlamaForCausalLM'], 4, 'silu', None)
+    """
+    mt = cfg.get("model_type")
+    if mt not in HF_FAMILIES or mt not in ARCHITECTURES:
+        raise ExportError(f"config.json model_type={mt!r}: the transformers-layout export covers "
+                          f"{sorted(set(HF_FAMILIES) & set(ARCHITECTURES))}")
+    out: Dict[str, Any] = {"architectures": [ARCHITECTURES[mt]], "model_type": mt, "torch_dtype": torch_dtype}
+    for k in _COMMON_KEYS:
+        if cfg.get(k) is not None:
+            out[k] = cfg[k]
+    out.setdefault("tie_word_embeddings", False)
+    if out.get("num_key_value_heads") is None:  # PaddleNLP: None = multi-head attention
+        out["num_key_value_heads"] = cfg.get("num_attention_heads")
+    if cfg.get("alibi"):
+        raise ExportError("config.json alibi=true: transformers' Llama has no ALiBi; this model cannot be exported")
+    rtype = cfg.get("rope_scaling_type")
+    if rtype not in (None, "", "none") and float(cfg.get("rope_scaling_factor") or 1.0) != 1.0:
+        raise ExportError(f"config.json rope_scaling_type={rtype!r} (factor {cfg.get('rope_scaling_factor')}): "
+                          "PaddleNLP's own RoPE scaling has no exact transformers equivalent; export a model "
+                          "trained without it")
+    rope = cfg.get("rope_scaling")
+    out["rope_scaling"] = dict(rope) if isinstance(rope, dict) else None
+    out["hidden_act"] = "silu" if mt == "llama" else cfg.get("hidden_act", "silu")
+    if mt == "llama":
+        out.update(attention_bias=False, mlp_bias=False)  # PaddleNLP's llama has no projection biases
+    if mt in ("qwen2", "qwen3"):
+        # our model attends over the whole sequence: the window stays off
+        out.update(use_sliding_window=False, sliding_window=cfg.get("sliding_window"),
+                   max_window_layers=cfg.get("max_window_layers", out["num_hidden_layers"]))
+    if mt == "mistral":
+        out["sliding_window"] = None  # PaddleNLP's mistral never applies a window (hf_layout.config_problems)
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
+    if mt == "qwen3":
+        out["head_dim"] = cfg.get("head_dim") or out["hidden_size"] // out["num_attention_heads"]
+        out["attention_bias"] = bool(cfg.get("attention_bias", False))
+    problems = config_problems(out, max_seq_len=out.get("max_position_embeddings"))
+    if problems:  # what our own loader would refuse to read back is refused on the way out too
+        raise ExportError("; ".join(problems))
+    return out
+
+
+def hf_generation_config(gen: Mapping[str, Any], hf_cfg: Mapping[str, Any]) -> Dict[str, Any]:
+    """generation_config.json: the token ids of the model config, then the sampling settings of
+    PaddleNLP's generation_config.json that transformers reads the same way.
+
+    >>> hf_generation_config({"max_length": 20, "top_p": 0.8, "use_cache": False}, {"eos_token_id": 2})
+    {'eos_token_id': 2, 'top_p': 0.8}
+    """
+    out = {k: hf_cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf_cfg.get(k) is not None}
+    for k in _GENERATION_KEYS:
+        if gen.get(k) is not None:
+            out[k] = gen[k]
+    return out
