@@ -20,6 +20,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from paddlenlp_ext.cli.prelude import prepare_script  # noqa: E402
+
+prepare_script(__file__)  # this project's Python; CPU threads and MKL before paddle loads; import noise off
+
 from paddlenlp_ext.merge import EXIT_ERROR, EXIT_VERIFY_FAILED, MergeError  # noqa: E402
 
 
