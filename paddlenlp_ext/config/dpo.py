@@ -41,23 +41,42 @@ DPO_BEST_METRICS = ("loss", "rewards/accuracies", "rewards/margins", "rewards/ch
                     "logps/chosen", "logps/rejected")
 
 
-def sft_key_problem(key: str, origin: str) -> Optional[str]:
-    """The message for an SFT-only key in a DPO config, or None if ``key`` is not one."""
+def sft_key_problem(key: str, origin: str, mode: str = "dpo") -> Optional[str]:
+    """The message for an SFT-only key in a DPO (or KTO) config, or None if ``key`` is not one."""
     if key not in SFT_ONLY_KEYS:
         return None
     instead = SFT_ONLY_KEYS[key]
     what = f"use {instead} instead" if instead else "it has no meaning for preference training; remove it"
-    return f"{origin}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a DPO config {what} (docs/dpo.md)"
+    doc = "docs/alignment.md" if mode == "kto" else "docs/dpo.md"
+    return f"{origin}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {mode.upper()} config {what} ({doc})"
+
+
+def apply_preference_aliases(cfg, name: str) -> None:
+    """What run_dpo.py and run_kto.py both rewrite: zero padding on by default, rslora_plus."""
+    o, m, d = cfg.dpo, cfg.model, cfg.data
+    if "zero_padding" not in cfg.explicit and "intokens" not in cfg.explicit and not d.zero_padding:
+        # PaddleNLP's run_dpo / run_kto always build a zero-padding stream (their data keys have no
+        # zero_padding; greedy_zero_padding picks the packer); zero_padding: false is our opt-out to one pair per row
+        d.zero_padding = True
+        cfg.derived["zero_padding"] = (f"True ({name} packs pairs into rows of max_seq_len, as PaddleNLP's "
+                                       f"run_{name.lower()})")
+    if o.rslora_plus:  # PaddleNLP's DPO / KTO shortcut for rsLoRA + LoRA+
+        for key, value in (("rslora", True), ("lora_plus_scale", 4.0), ("lora_alpha", 4)):
+            if key in cfg.explicit and getattr(m, key) != value:
+                continue  # the cross checks report the contradiction
+            if getattr(m, key) != value:
+                setattr(m, key, value)
+                cfg.derived[key] = f"{value} (rslora_plus=true)"
 
 
 def apply_dpo_aliases(cfg) -> None:
     """PaddleNLP's run_dpo.py rewrites, made visible as derived settings (before the cross checks)."""
-    o, m, d = cfg.dpo, cfg.model, cfg.data
-    if "zero_padding" not in cfg.explicit and "intokens" not in cfg.explicit and not d.zero_padding:
-        # PaddleNLP's run_dpo always builds a zero-padding stream (its DPO data keys have no zero_padding;
-        # greedy_zero_padding picks the packer); zero_padding: false is our opt-out to one pair per row
-        d.zero_padding = True
-        cfg.derived["zero_padding"] = "True (DPO packs pairs into rows of max_seq_len, as PaddleNLP's run_dpo)"
+    o = cfg.dpo
+    if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
+        from .kto import apply_kto_aliases
+
+        return apply_kto_aliases(cfg)
+    apply_preference_aliases(cfg, "DPO")
     if o.loss_type == "orpo":  # run_dpo.py: orpo = or + SFT term + no reference
         o.loss_type = "or"
         cfg.derived["loss_type"] = "or (from orpo: ORPO's odds-ratio term plus the SFT term)"
@@ -70,19 +89,15 @@ def apply_dpo_aliases(cfg) -> None:
     if o.loss_type in REFERENCE_FREE_ONLY and not o.reference_free:
         o.reference_free = True
         cfg.derived["reference_free"] = f"True (loss_type {o.loss_type} is reference free, as PaddleNLP sets it)"
-    if o.rslora_plus:  # PaddleNLP's DPO shortcut for rsLoRA + LoRA+
-        for key, value in (("rslora", True), ("lora_plus_scale", 4.0), ("lora_alpha", 4)):
-            if key in cfg.explicit and getattr(m, key) != value:
-                continue  # the cross checks report the contradiction
-            if getattr(m, key) != value:
-                setattr(m, key, value)
-                cfg.derived[key] = f"{value} (rslora_plus=true)"
 
 
 def dpo_problems(cfg, where: str) -> List[str]:
-    o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
+    o = cfg.dpo
+    if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
+        from .kto import kto_problems
+
+        return kto_problems(cfg, where)
     p: List[str] = []
-    methods = [k for k in ADAPTER_METHOD_KEYS if getattr(m, k)]
     if not 0.0 <= o.label_smoothing < 0.5:
         p.append(f"{where}: label_smoothing must be in [0, 0.5) (the probability that a label is flipped); "
                  f"got {o.label_smoothing}")
@@ -94,6 +109,14 @@ def dpo_problems(cfg, where: str) -> List[str]:
                  f"{', '.join(REFERENCE_FREE_CAPABLE)}")
     if o.pref_loss_ratio == 0 and o.sft_loss_ratio == 0:
         p.append(f"{where}: pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
+    return p + preference_problems(cfg, where, "DPO", DPO_BEST_METRICS)
+
+
+def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
+    """The checks DPO and KTO share: reference updates, lengths, adapters, parallelism, data files."""
+    o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
+    p: List[str] = []
+    methods = [k for k in ADAPTER_METHOD_KEYS if getattr(m, k)]
     if o.ref_model_update_steps == 0 or o.ref_model_update_steps < -1:
         p.append(f"{where}: ref_model_update_steps must be > 0 (sync every N steps) or -1 (never); "
                  f"got {o.ref_model_update_steps}")
@@ -120,21 +143,21 @@ def dpo_problems(cfg, where: str) -> List[str]:
                  "base with the adapters off is not the reference model; use lora without pissa, or "
                  "reference_free=true")
     if m.neftune:
-        p.append(f"{where}: neftune=true is not supported for DPO (it perturbs the policy's embeddings but not "
+        p.append(f"{where}: neftune=true is not supported for {name} (it perturbs the policy's embeddings but not "
                  "the reference's); remove it")
     if m.prefix_tuning or m.prefix_path:
-        p.append(f"{where}: prefix tuning is not supported for DPO yet; use lora, vera or lokr (or full "
+        p.append(f"{where}: prefix tuning is not supported for {name} yet; use lora, vera or lokr (or full "
                  "fine-tuning)")
     if t.get("tensor_parallel_degree", 1) > 1:
-        p.append(f"{where}: tensor_parallel_degree > 1 is not supported for DPO yet (the per-answer log-probs "
+        p.append(f"{where}: tensor_parallel_degree > 1 is not supported for {name} yet (the per-answer log-probs "
                  "need the whole vocabulary of logits)")
     if d.zero_padding and m.use_flash_attention and not m.flash_mask:
         p.append(f"{where}: zero_padding with use_flash_attention needs flash_mask=true (the pairs of a packed "
                  "row are separated by a start-row mask)")
     best = t.get("metric_for_best_model")
-    if best is not None and best.removeprefix("eval_") not in DPO_BEST_METRICS:
-        p.append(f"{where}: metric_for_best_model {best!r} is not a DPO eval metric; use one of "
-                 f"{', '.join(DPO_BEST_METRICS)}")
+    if best is not None and best.removeprefix("eval_") not in best_metrics:
+        p.append(f"{where}: metric_for_best_model {best!r} is not a {name} eval metric; use one of "
+                 f"{', '.join(best_metrics)}")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
     for flag, key, split in ((do_train, "train_dataset_path", "train"), (do_eval, "dev_dataset_path", "dev")):
         path = getattr(o, key)

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, DPOArgument, ExtraTrainingArgument
+from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, KTOArgument
 
 
 @dataclass
@@ -119,7 +119,7 @@ def _dataclass_specs(cls, group) -> Dict[str, FieldSpec]:
     return specs
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=4)
 def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
     """Every accepted key -> its FieldSpec (model, data, generate, training; with mode "dpo" also
     the ``dpo`` group of llm/run_dpo.py)."""
@@ -128,6 +128,8 @@ def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
         specs.update(_dataclass_specs(cls, group))
     if mode == "dpo":
         specs.update(_dataclass_specs(DPOArgument, "dpo"))
+    elif mode == "kto":  # the preference key group of llm/run_kto.py (held in RunConfig.dpo)
+        specs.update(_dataclass_specs(KTOArgument, "dpo"))
     training = _training_specs()
     training.update(_dataclass_specs(ExtraTrainingArgument, "training"))
     for name, spec in training.items():

@@ -26,7 +26,7 @@ from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
-from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
+from .schema import DataArgument, DPOArgument, GenerateArgument, KTOArgument, ModelArgument
 
 
 class ConfigError(Exception):
@@ -225,7 +225,8 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     """Parse and validate. Raises ConfigError listing every problem.
 
     ``mode="dpo"`` (llm/run_dpo.py) adds the DPO keys (``schema.DPOArgument``) and refuses the
-    fine-tuning-only data keys, naming the DPO key to use (``config.dpo``)."""
+    fine-tuning-only data keys, naming the DPO key to use (``config.dpo``); ``mode="kto"``
+    (llm/run_kto.py) the same with the KTO keys (``schema.KTOArgument``, in ``cfg.dpo``; ``config.kto``)."""
     from .dpo import sft_key_problem
 
     specs = all_fields(mode)
@@ -246,9 +247,13 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     values: Dict[str, Any] = {}
     for key, (value, from_cli, origin) in raw.items():
         spec = specs.get(key)
-        sft_only = sft_key_problem(key, origin) if mode == "dpo" else None
+        sft_only = sft_key_problem(key, origin, mode) if mode in ("dpo", "kto") else None
         if sft_only:
             problems.append(sft_only)
+            continue
+        if spec is None and mode == "kto" and key in DPO_KEYS:
+            problems.append(f"{origin}: {key!r} is a DPO (llm/run_dpo.py) key; KTO does not use it: remove it "
+                            "(the KTO keys are in docs/alignment.md)")
             continue
         if spec is None and key in DPO_KEYS:
             problems.append(f"{origin}: {key!r} is a DPO (preference training) key; llm/run_finetune.py does "
@@ -289,7 +294,8 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
-    dpo = DPOArgument(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if mode == "dpo" else None
+    pref_cls = {"dpo": DPOArgument, "kto": KTOArgument}.get(mode)  # the preference key group (config.dpo)
+    dpo = pref_cls(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if pref_cls else None
     cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
                     explicit=set(values), dpo=dpo)
     for key, full in from_root.items():
@@ -303,7 +309,7 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         raise ConfigError(problems)
     _derive(cfg)
     # after _derive: the checkpoint's settings are compared with the derived ones (e.g. lora_alpha)
-    problems = tagged(resume_problems(cfg, where, training_defaults(mode == "dpo")), "resume")
+    problems = tagged(resume_problems(cfg, where, training_defaults(mode != "sft")), "resume")
     if problems:
         raise ConfigError(problems)
     return cfg

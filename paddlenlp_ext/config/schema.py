@@ -268,3 +268,28 @@ class DPOArgument:
     buffer_size: int = _unsupported(1000, "Preloading buffer of PaddleNLP's streaming DPO data.",
                                     "not used: the data is read in memory")
     dpo_benchmark: bool = _unsupported(False, "PaddleNLP's DPO benchmark mode.")
+
+
+# Keys of llm/run_kto.py only (load_config(..., mode="kto"); held in RunConfig.dpo, the preference key
+# group): PaddleNLP's KTOConfig and KTODataArgument (llm/alignment/kto/kto_argument.py), same names and
+# defaults, plus ref_model_update_steps as in DPO.
+@dataclass
+class KTOArgument:
+    beta: float = _f(0.1, "Strength of the KL anchor to the reference model (KTO beta).", gt=0.0)
+    desirable_weight: float = _f(1.0, "Weight lambda_D of the desirable (label true) examples' loss.", min=0.0)
+    undesirable_weight: float = _f(1.0, "Weight lambda_U of the undesirable (label false) examples' loss.", min=0.0)
+    ref_model_update_steps: int = _f(
+        -1, "Copy the policy weights into the reference model every N optimizer steps (full fine-tuning "
+        "only); -1 = never.")
+    rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
+    train_dataset_path: Optional[str] = _f(
+        None, "KTO train data (messages + boolean label; docs/alignment.md): a file or a directory with train.json.")
+    dev_dataset_path: Optional[str] = _f(
+        None, "KTO dev data: a file or a directory with dev.json.")
+    max_seq_len: int = _f(4096, "Maximum tokens of prompt + completion + the mismatched (KL) completion; also the "
+                          "packed row length.", gt=2)
+    max_prompt_len: int = _f(2048, "Maximum prompt tokens (the prompt is truncated from the left first).", gt=0)
+
+    # not keys: what the preference code shared with DPO reads (KTO always has a reference model)
+    reference_free = False
+    loss_type = "kto"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from types import SimpleNamespace
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from ..config.parse import ConfigError, RunConfig
 from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, train_and_save, \
@@ -27,35 +27,48 @@ def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
                            resume_cursor=None)
 
 
-def run(cfg: RunConfig) -> Dict[str, Any]:
-    """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json)."""
+def _dpo_data(data_args, tokenizer, **kw):
+    from .data import build_preference_datasets
+
+    return build_preference_datasets(data_args, tokenizer, **kw)
+
+
+def _dpo_trainer(cfg, **kw):
+    from .trainer import DPOTrainer
+
+    return DPOTrainer(**kw, dpo_config=cfg.dpo)
+
+
+def run(cfg: RunConfig, build_data: Callable = _dpo_data, make_trainer: Callable = _dpo_trainer) -> Dict[str, Any]:
+    """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json).
+
+    ``build_data(data_args, tokenizer, do_train=, do_eval=, flash_mask=, seed=)`` and
+    ``make_trainer(cfg, **trainer_kwargs)`` are DPO's; ``kto.run`` passes KTO's."""
     if cfg.dpo is None:
-        raise ValueError("dpo.run.run needs a DPO config: load_config(path, overrides, mode='dpo')")
+        raise ValueError("dpo.run.run needs a preference config: load_config(path, overrides, mode='dpo' or 'kto')")
     from ..training.heap import limit_heap_retention
     from ..training.logfile import run_logging
 
     limit_heap_retention()
     with run_logging(cfg), library_patches(cfg):  # train.log and the console as in fine-tuning
-        return _run(cfg)
+        return _run(cfg, build_data, make_trainer)
 
 
-def _run(cfg: RunConfig) -> Dict[str, Any]:
+def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[str, Any]:
     from paddlenlp.utils.log import logger
 
     from ..data.reader import DataError
     from ..training.callbacks import StepTimer
     from ..training.console import current
     from ..training.reporting import attach_reporting
-    from .data import build_preference_datasets
-    from .trainer import DPOTrainer
 
     wall_start = time.time()
     args, tokenizer, resume_cursor, resume_step = start_run(cfg)
     data_args = preference_data_args(cfg)
     data_args.resume_cursor = resume_cursor  # lazy: the stream seeks to the checkpoint's cursor
     try:
-        data = build_preference_datasets(data_args, tokenizer, do_train=args.do_train,
-                                         do_eval=args.do_eval, flash_mask=cfg.model.flash_mask, seed=args.seed)
+        data = build_data(data_args, tokenizer, do_train=args.do_train, do_eval=args.do_eval,
+                          flash_mask=cfg.model.flash_mask, seed=args.seed)
     except ValueError as e:
         if isinstance(e, DataError):
             raise
@@ -64,9 +77,8 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         logger.info(f"data[{split}]: {json.dumps(report, default=str)}")
 
     built = build_model(cfg, args)
-    trainer = DPOTrainer(model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
-                         tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config,
-                         dpo_config=cfg.dpo)
+    trainer = make_trainer(cfg, model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
+                           tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config)
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_real_tokens)
     step_timer = StepTimer()

@@ -68,10 +68,16 @@ class DPOTrainer(FinetuneTrainer):
         self.trained_pairs = 0
         self.trained_real_tokens = 0  # row tokens minus padding
         self.loss_type = canonical_loss_type(dpo_config.loss_type)
-        if self.neftune_hook is not None or self.weights_io is not None:
-            raise ValueError("DPO does not support neftune or prefix tuning")
-        self.reference = reference_mode(dpo_config, self.adapter_config)
         self.normalize = bool(dpo_config.normalize_logps) or uses_average_logps(self.loss_type)
+        self._init_reference(reference_mode(dpo_config, self.adapter_config))
+        logger.info(f"DPO: loss_type {self.loss_type}, reference {self.reference}, "
+                    f"{'mean' if self.normalize else 'summed'} answer log-probs")
+
+    def _init_reference(self, mode: str) -> None:
+        """The reference model of ``mode`` (REFERENCE_MODES), dropout off; shared with KTOTrainer."""
+        if self.neftune_hook is not None or self.weights_io is not None:
+            raise ValueError(f"{type(self).__name__} does not support neftune or prefix tuning")
+        self.reference = mode
         disable_dropout(self.model)
         self.ref_model: Optional[nn.Layer] = None
         if self.reference == "copy":
@@ -80,12 +86,10 @@ class DPOTrainer(FinetuneTrainer):
             self.ref_model.eval()
             for p in self.ref_model.parameters():
                 p.stop_gradient = True
-        if dpo_config.ref_model_update_steps > 0 and self.reference != "copy":
+        if self.dpo_config.ref_model_update_steps > 0 and self.reference != "copy":
             raise ValueError("ref_model_update_steps > 0 needs full fine-tuning (a reference copy to update)")
         self._ref_synced_at = 0
         self._stored = defaultdict(lambda: defaultdict(list))
-        logger.info(f"DPO: loss_type {self.loss_type}, reference {self.reference}, "
-                    f"{'mean' if self.normalize else 'summed'} answer log-probs")
 
     # -- forward -----------------------------------------------------------
     @staticmethod
@@ -137,17 +141,21 @@ class DPOTrainer(FinetuneTrainer):
             counts[i] = (int(row["num_pairs"]), int((np.asarray(row["logp_segment"]) % 2 == 0).sum()))
         return counts
 
+    def _count_trained(self, inputs) -> None:
+        """A training micro-batch: sync the reference if due, count its tokens and pairs."""
+        self._maybe_sync_reference()
+        self.trained_tokens += int(inputs["input_ids"].shape[0] * inputs["input_ids"].shape[1])
+        self.trained_supervised_tokens += int(inputs["logp_token"].shape[0])
+        self.trained_pairs += int(inputs["num_pairs"])
+        self.trained_real_tokens += int(inputs["num_real_tokens"])
+
     def compute_loss(self, model, inputs, return_outputs=False):
         # [2]: pairs and chosen tokens of the whole global batch (data/global_batches.py), while training
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)
         o = self.dpo_config
         training = model.training
         if training:
-            self._maybe_sync_reference()
-            self.trained_tokens += int(inputs["input_ids"].shape[0] * inputs["input_ids"].shape[1])
-            self.trained_supervised_tokens += int(inputs["logp_token"].shape[0])
-            self.trained_pairs += int(inputs["num_pairs"])
-            self.trained_real_tokens += int(inputs["num_real_tokens"])
+            self._count_trained(inputs)
         ref_chosen, ref_rejected = self._reference_logps(model, inputs)
         forward = self._forward(model, inputs)
         chosen, rejected, chosen_tokens, rejected_tokens = self._answer_logps(forward, inputs)  # [N] each

@@ -1,0 +1,65 @@
+"""KTOTrainer: DPOTrainer's reference, forward and metric bookkeeping with the KTO loss.
+
+One step: the reference log-probs of every example's completion and of its mismatched
+completion (adapters disabled for LoRA, the frozen copy for full fine-tuning:
+``DPOTrainer._reference_logps``) -> the policy's (one forward over the packed rows) -> the KL
+reference point z0 (over this micro-batch's mismatched pairs, and over every data-parallel rank)
+-> :func:`~paddlenlp_ext.kto.losses.kto_loss`.  The loss is the mean over the examples of the
+global batch (as DPO's pair mean), so gradient accumulation and data parallel give the same
+gradient as one big batch (z0 aside, which is per micro-batch as in TRL).
+
+Metrics (logged at every logging step, averaged over micro-batches and ranks, ``eval_``
+prefixed in evaluation): rewards/chosen, rewards/rejected, logps/chosen, logps/rejected,
+loss/chosen, loss/rejected (chosen = desirable, rejected = undesirable examples), kl, kto_loss.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from paddlenlp.utils.log import logger
+
+from ..data.global_batches import GLOBAL_TOKENS_KEY
+from ..dpo.trainer import DPOTrainer
+from ..training.trainer import FinetuneTrainer
+from .losses import kl_reference_point, kto_loss, kto_metrics
+
+
+class KTOTrainer(DPOTrainer):
+    def __init__(self, *args, kto_config, **kwargs):
+        FinetuneTrainer.__init__(self, *args, **kwargs)  # DPOTrainer's own init reads the DPO loss keys
+        self.dpo_config = kto_config  # what the shared DPOTrainer methods read (ref_model_update_steps)
+        self.trained_pairs = 0  # examples (one pair row slot each)
+        self.trained_real_tokens = 0
+        self.loss_type = "kto"
+        self.normalize = False
+        self._init_reference("adapters" if self.adapter_config is not None else "copy")
+        logger.info(f"KTO: reference {self.reference}, beta {kto_config.beta}, desirable_weight "
+                    f"{kto_config.desirable_weight}, undesirable_weight {kto_config.undesirable_weight}")
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [2]: examples and completion tokens of the global batch
+        labels = inputs.pop("kto_label")  # [N] 1 desirable, 0 undesirable
+        o = self.dpo_config
+        training = model.training
+        if training:
+            self._count_trained(inputs)
+        ref_logps, ref_kl_logps = self._reference_logps(model, inputs)  # [N] each, no gradient
+        forward = self._forward(model, inputs)
+        logps, kl_logps, _, _ = self._answer_logps(forward, inputs)  # [N] each
+        z0 = kl_reference_point(kl_logps, ref_kl_logps, reduce_over_ranks=True)  # []
+        losses, rewards = kto_loss(logps, ref_logps, labels, z0, beta=o.beta, desirable_weight=o.desirable_weight,
+                                   undesirable_weight=o.undesirable_weight)  # [N], [N]
+        if training and global_counts is not None:
+            # the global batch's example mean: after PaddleNLP's /accumulation and data parallel's mean over
+            # ranks, one process's gradient is that of the whole global batch
+            examples = int(np.asarray(global_counts.numpy()).reshape([-1])[0])
+            scale = float(self.args.dataset_world_size * self.args.gradient_accumulation_steps)
+            loss = losses.sum() * (scale / max(examples, 1))
+        else:
+            loss = losses.mean()
+        metrics = kto_metrics(losses, rewards, logps, labels, z0)
+        metrics["kto_loss"] = float(losses.mean())
+        split = "train" if training else "eval"
+        for key, value in metrics.items():  # every rank stores; _averaged reduces over ranks
+            self._stored[split][key].append(value)
+        return (loss, {"logits": forward[0]}) if return_outputs else loss
