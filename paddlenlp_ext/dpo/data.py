@@ -277,6 +277,22 @@ class PreferenceData:
     reports: Dict[str, Dict] = field(default_factory=dict)
 
 
+def row_settings(data_args: Any, tokenizer) -> Tuple[int, int, Optional[str], bool, int]:
+    """``(max_seq_len, max_prompt_len, packing, use_chat_template, pad_token_id)`` of a preference run
+    (shared with KTO); ``packing`` is None, ``"in_order"`` (zero_padding) or ``"greedy"``."""
+    max_seq_len, max_prompt_len = int(data_args.max_seq_len), int(data_args.max_prompt_len)
+    if max_seq_len < 3 or max_prompt_len < 1:
+        raise ValueError(f"need max_seq_len >= 3 and max_prompt_len >= 1, got {max_seq_len} and {max_prompt_len}")
+    zero_padding = bool(getattr(data_args, "zero_padding", False))
+    greedy = bool(getattr(data_args, "greedy_zero_padding", False))
+    if greedy and not zero_padding:
+        raise ValueError("greedy_zero_padding=true needs zero_padding=true")
+    packing = ("greedy" if greedy else "in_order") if zero_padding else None
+    use_template = resolve_chat_template(tokenizer, getattr(data_args, "chat_template", None))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return max_seq_len, max_prompt_len, packing, use_template, pad
+
+
 def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
                               seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE) -> PreferenceData:
     """Datasets, collator and reports for DPO.
@@ -293,16 +309,8 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
     ``llm/data/dpo_tiny`` with max_seq_len 512 and zero_padding: ``.train`` holds rows of several
     pairs, ``.collator(rows)`` gives the contract batch, ``.reports["train"]`` the counts.
     """
-    max_seq_len, max_prompt_len = int(data_args.max_seq_len), int(data_args.max_prompt_len)
-    if max_seq_len < 3 or max_prompt_len < 1:
-        raise ValueError(f"need max_seq_len >= 3 and max_prompt_len >= 1, got {max_seq_len} and {max_prompt_len}")
-    zero_padding = bool(getattr(data_args, "zero_padding", False))
-    greedy = bool(getattr(data_args, "greedy_zero_padding", False))
-    if greedy and not zero_padding:
-        raise ValueError("greedy_zero_padding=true needs zero_padding=true")
-    packing = ("greedy" if greedy else "in_order") if zero_padding else None
-    use_template = resolve_chat_template(tokenizer, getattr(data_args, "chat_template", None))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    max_seq_len, max_prompt_len, packing, use_template, pad = row_settings(data_args, tokenizer)
+    zero_padding, greedy = packing is not None, packing == "greedy"
     out = PreferenceData(train=None, dev=None, collator=PreferenceCollator(pad, flash_mask, max_seq_len if packing else None))
     lazy = bool(getattr(data_args, "lazy", False))
     for split, wanted, path in (("train", do_train, getattr(data_args, "train_dataset_path", None)),

@@ -30,7 +30,8 @@ import numpy as np
 from ..data.formats import preference
 from ..data.formats.files import parse_records
 from ..data.reader import DataError
-from ..dpo.data import PreferenceData, PreferenceExample, resolve_split_files, tokenize_preference_examples
+from ..dpo.data import PreferenceData, PreferenceExample, resolve_split_files, row_settings, \
+    tokenize_preference_examples
 from ..dpo.pair_rows import PreferenceCollator, PreferenceDataset
 
 __all__ = ["kto_from_obj", "read_kto_files", "mismatched_pairs", "KTODataset", "KTOCollator",
@@ -148,15 +149,7 @@ def build_kto_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bo
                        seed: int = 0) -> PreferenceData:
     """Datasets, collator and reports for KTO (``data_args`` as :func:`~paddlenlp_ext.dpo.data.build_preference_datasets`;
     ``lazy`` is refused at config time).  Reports add ``desirable`` / ``undesirable`` counts."""
-    from ..data.tokenize import resolve_chat_template
-
-    max_seq_len, max_prompt_len = int(data_args.max_seq_len), int(data_args.max_prompt_len)
-    zero_padding, greedy = bool(data_args.zero_padding), bool(data_args.greedy_zero_padding)
-    if greedy and not zero_padding:
-        raise ValueError("greedy_zero_padding=true needs zero_padding=true")
-    packing = ("greedy" if greedy else "in_order") if zero_padding else None
-    use_template = resolve_chat_template(tokenizer, getattr(data_args, "chat_template", None))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    max_seq_len, max_prompt_len, packing, use_template, pad = row_settings(data_args, tokenizer)
     out = PreferenceData(train=None, dev=None, collator=KTOCollator(pad, flash_mask, max_seq_len if packing else None))
     for split, wanted, path in (("train", do_train, data_args.train_dataset_path),
                                 ("dev", do_eval, data_args.dev_dataset_path)):
