@@ -53,15 +53,16 @@ def test_lora_kto_starts_at_the_closed_form_and_learns(tiny_model_dir, tmp_path)
     assert (out / "adapter_model.safetensors").exists() or (out / "adapter_config.json").exists()
 
 
-def test_full_kto_with_frozen_reference_copy(tiny_model_dir, tmp_path):
+def test_full_kto_packed_with_flashmask_and_frozen_reference_copy(tiny_model_dir, tmp_path):
     out = tmp_path / "full"
     run_kto("llm/config/tiny/kto_argument.json", out, "--max_steps", "8", "--do_eval", "false",
-            "--zero_padding", "false")
+            "--use_flash_attention", "true", "--flash_mask", "true", "--per_device_train_batch_size", "2")
     logs = train_logs(out)
     assert abs(logs[0]["loss"] - 0.5) < 1e-5, logs[0]
     assert logs[-1]["loss"] < logs[0]["loss"], [h["loss"] for h in logs]
     s = json.loads((out / "run_summary.json").read_text())
-    assert s["reference"] == "copy" and s["data"]["train"]["packing"] == "none"
+    assert s["reference"] == "copy" and s["data"]["train"]["packing"] == "in_order"
+    assert s["data"]["train"]["rows"] < s["data"]["train"]["pairs"]  # several examples per row
 
 
 def test_bad_data_and_config_exit_2(tiny_model_dir, tmp_path):
