@@ -8,20 +8,31 @@ It runs before paddle is imported and, in this order,
    docs/cpu.md);
 3. silences what importing the libraries prints that is no news to a user (docs/logging.md):
    Paddle's "No ccache found" and setuptools' "replacing distutils" warnings, and Paddle's
-   stderr lecture about ``OMP_NUM_THREADS`` > 1, which step 2 sets on purpose.  Everything
-   else on stderr passes through untouched.
+   stderr lecture about ``OMP_NUM_THREADS`` > 1, which step 2 sets on purpose, and the
+   "Modified FLAGS detected" banner of a ``paddle.distributed.launch`` rank.  Everything
+   else on stderr passes through untouched;
+4. applies the console policy (``cli/console_policy.py``, docs/logging.md): Paddle's glog
+   INFO/WARNING lines off, the root logger at WARNING before ``import paddle`` raises it,
+   library-raised Python warnings off the console, and then (importing paddlenlp) PaddleNLP's
+   console handler at WARNING.  A training run's ``log_level`` and train.log take over from there
+   (``training/logfile.py``).
 """
 
 import sys
 import warnings
 
+from .console_policy import apply_before_import
 from .cpu_env import setup_cpu
 from .interpreter import require_project_interpreter
 
 #: warnings (message regexes) raised while paddle / paddlenlp import, never actionable for a user
 IMPORT_WARNINGS = ("No ccache found", "Setuptools is replacing distutils")
-#: lines paddle.base prints to stderr at import when OMP_NUM_THREADS > 1 (paddle/base/__init__.py)
-DROPPED_STDERR_PREFIXES = ("WARNING: OMP_NUM_THREADS set to", "PLEASE USE OMP_NUM_THREADS WISELY")
+#: lines paddle.base prints to stderr at import when OMP_NUM_THREADS > 1 (paddle/base/__init__.py), and
+#: the banner ``paddle.distributed.init_parallel_env`` writes on every rank of a launch listing the FLAGS
+#: that differ from their defaults (paddle/distributed/parallel.py ``_print_modified_flags``)
+DROPPED_STDERR_PREFIXES = ("WARNING: OMP_NUM_THREADS set to", "PLEASE USE OMP_NUM_THREADS WISELY",
+                           "======================= Modified FLAGS detected", "FLAGS(name=",
+                           "=" * 71 + "\n")
 
 
 class LineDroppingStream:
@@ -65,8 +76,12 @@ def quiet_import_noise() -> None:
 
 
 def prepare_script(script_file: str):
-    """Steps 1-3 above; returns the CPU decision (``cpu_env.CpuDecision``)."""
+    """Steps 1-4 above; returns the CPU decision (``cpu_env.CpuDecision``)."""
     require_project_interpreter(script_file)
     decision = setup_cpu()
     quiet_import_noise()
+    apply_before_import()
+    from ..integrations.logging import quiet_paddlenlp_console  # imports paddle: after steps 1-3
+
+    quiet_paddlenlp_console()
     return decision

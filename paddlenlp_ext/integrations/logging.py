@@ -44,10 +44,6 @@ RELIED_ON = [
     ("paddlenlp.trainer.Trainer", "add_callback", ("self", "callback")),
 ]
 
-#: Records from our own code shown on the console at any log level: what they say changes
-#: which weights end up in output_dir.
-CONSOLE_NOTICE_PREFIXES: Tuple[str, ...] = ("Loading best model from",)
-
 #: PaddleNLP warnings that are false for our runs: shown only at log_level info/debug (always in train.log).
 #: TrainingArguments warns it turned evaluation_strategy "no" into "steps" when do_eval is set;
 #: integrations.training_args.make_training_arguments puts "no" back (evaluate once, after training).
@@ -58,8 +54,9 @@ class ConsoleFilter(logging.Filter):
     """What of PaddleNLP's logger reaches the console.
 
     Records at ``level`` and above, each distinct warning once (repeats are in
-    train.log only), plus the notices of :data:`CONSOLE_NOTICE_PREFIXES`; the
-    warnings of :data:`SUPERSEDED_WARNINGS` only when ``level`` is INFO or lower.
+    train.log only); the warnings of :data:`SUPERSEDED_WARNINGS` only when
+    ``level`` is INFO or lower.  Notices we want shown whatever the level (the
+    best-model reload) are our own console lines, not PaddleNLP records.
     """
 
     def __init__(self, level: int):
@@ -70,7 +67,7 @@ class ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if record.levelno < self.level:
-            return record.levelno >= logging.INFO and message.startswith(CONSOLE_NOTICE_PREFIXES)
+            return False
         if self.level > logging.INFO and message.startswith(SUPERSEDED_WARNINGS):
             return False
         if record.levelno < logging.ERROR and self.level > logging.INFO:
@@ -81,21 +78,41 @@ class ConsoleFilter(logging.Filter):
         return True
 
 
+#: the filter :func:`quiet_paddlenlp_console` put on PaddleNLP's console handler (a run swaps it for its own)
+_POLICY_FILTER: list = []
+
+
+def quiet_paddlenlp_console(level: int = logging.WARNING) -> None:
+    """PaddleNLP's console handler shows what :class:`ConsoleFilter` passes at ``level`` (its INFO
+    chatter -- "Loading configuration file", "Model weights saved in", ... -- is no news to a user
+    of a tool; a training run routes it to train.log: :func:`route_paddlenlp_logger`)."""
+    console = paddlenlp_logger.handler
+    for old in _POLICY_FILTER:
+        console.removeFilter(old)
+    _POLICY_FILTER[:] = [ConsoleFilter(level)]
+    console.addFilter(_POLICY_FILTER[0])
+    console.setLevel(level)
+
+
 @contextlib.contextmanager
 def route_paddlenlp_logger(file_handler: logging.Handler, console_level: int):
     """Every PaddleNLP record to ``file_handler``; the console handler filtered by :class:`ConsoleFilter`."""
     std, console = paddlenlp_logger.logger, paddlenlp_logger.handler
     old_level, old_console_level = std.level, console.level
     console_filter = ConsoleFilter(console_level)
+    policy = list(_POLICY_FILTER)  # the run's filter and level decide while it lasts
+    for f in policy:
+        console.removeFilter(f)
     std.setLevel(logging.DEBUG)  # train.log gets the DEBUG argument dump whatever the console shows
     std.addHandler(file_handler)
-    # the handler's level is checked before its filter: notices below console_level must get through
-    console.setLevel(min(console_level, logging.INFO))
+    console.setLevel(console_level)
     console.addFilter(console_filter)
     try:
         yield console_filter
     finally:
         console.removeFilter(console_filter)
+        for f in policy:
+            console.addFilter(f)
         console.setLevel(old_console_level)
         std.removeHandler(file_handler)
         std.setLevel(old_level)

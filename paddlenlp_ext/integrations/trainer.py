@@ -42,7 +42,13 @@ weight files (``model_state.pdparams`` or a unified checkpoint), which our
 adapter / safetensors checkpoints are not (it warns and keeps the last weights,
 or fails).  When we own saving, ``train`` switches that flag off for the loop
 (best-checkpoint tracking depends on ``metric_for_best_model`` only) and
-reloads ``state.best_model_checkpoint`` through ``load_weights``.
+reloads ``state.best_model_checkpoint`` through ``load_weights``; the reload is
+announced as our own console line (PaddleNLP's INFO record goes to train.log).
+
+Resume: PaddleNLP draws a "Skipping the first batches" tqdm bar unless
+``args.disable_tqdm`` (the flag's only use inside ``train``; the progress
+callbacks were chosen when the Trainer was built): ``train`` sets it for the
+loop, so that bar is never drawn (our progress lines say where the run resumed).
 
 The signatures of the overridden methods are listed in ``RELIED_ON`` and
 checked by ``tests/test_integrations.py``.
@@ -165,15 +171,21 @@ class TrainerBoundary(Trainer):
         reload_best = bool(self.args.load_best_model_at_end) and self.owns_saving()
         if reload_best:
             self.args.load_best_model_at_end = False  # see the module docstring
+        disable_tqdm, self.args.disable_tqdm = self.args.disable_tqdm, True  # no "Skipping the first batches" bar
         try:
             output = super().train(resume_from_checkpoint=resume_from_checkpoint,
                                    ignore_keys_for_eval=ignore_keys_for_eval)
         finally:
+            self.args.disable_tqdm = disable_tqdm
             if reload_best:
                 self.args.load_best_model_at_end = True
         best = self.state.best_model_checkpoint
         if reload_best and best:
-            logger.info(f"Loading best model from {best} ({self.args.metric_for_best_model} = {self.state.best_metric})")
+            from ..training.console import current  # the run's console (lazy: training imports this module)
+
+            metric = self.state.best_metric
+            metric = f"{metric:.4f}" if isinstance(metric, float) else metric
+            current().line(f"Loading best model from {best} ({self.args.metric_for_best_model} = {metric})")
             self.load_weights(best)
         return output
 

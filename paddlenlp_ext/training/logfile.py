@@ -28,6 +28,7 @@ import sys
 import warnings
 from typing import List
 
+from ..cli.console_policy import is_library_file  # noqa: F401 (tests import it from here)
 from ..config.parse import ConfigError
 from .console import FILE_LOGGER_NAME, Console, activate, deactivate
 
@@ -56,19 +57,12 @@ def console_level(cfg) -> int:
     return LEVELS[str(value).lower()]
 
 
-def is_library_file(filename: str) -> bool:
-    """Code of an installed package or of Python itself (not this repository, not the user's scripts)."""
-    path = os.path.abspath(filename or "")
-    parts = path.split(os.sep)
-    if "site-packages" in parts or "dist-packages" in parts or path.startswith("<"):
-        return True
-    return any(path.startswith(os.path.join(p, "lib")) for p in {sys.prefix, sys.base_prefix})
-
-
 @contextlib.contextmanager
 def warnings_to_log(file_logger: logging.Logger, show_library: bool):
     """Python warnings into train.log; on the console too unless raised in library code (``show_library`` False)."""
-    original = warnings.showwarning
+    # under cli.console_policy's filter (it hides library warnings), show with the one it wraps
+    original = getattr(warnings.showwarning, "__wrapped__", warnings.showwarning)
+    previous = warnings.showwarning
     warnings_logger = file_logger.getChild("warnings")  # propagates to file_logger's train.log handler
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
@@ -80,7 +74,7 @@ def warnings_to_log(file_logger: logging.Logger, show_library: bool):
     try:
         yield
     finally:
-        warnings.showwarning = original
+        warnings.showwarning = previous
 
 
 class BelowLevel(logging.Filter):
@@ -97,18 +91,21 @@ class BelowLevel(logging.Filter):
 @contextlib.contextmanager
 def route_root_logger(file_handler: logging.Handler, console_level: int):
     """Records that reach the root logger (libraries' own loggers: matplotlib, visualdl, paddle) go to
-    train.log; its console handlers (``import paddle`` calls ``logging.basicConfig``) keep ``console_level``
-    and above."""
+    train.log at INFO and above; its console handlers (``cli.console_policy.install_root_handler``, or
+    paddle's) keep ``console_level`` and above."""
     root = logging.getLogger()
     console_filter = BelowLevel(console_level)
     handlers = list(root.handlers)
     for h in handlers:
         h.addFilter(console_filter)
+    old_level = root.level
+    root.setLevel(min(old_level or logging.INFO, logging.INFO, console_level))  # the policy leaves it at WARNING
     root.addHandler(file_handler)
     try:
         yield
     finally:
         root.removeHandler(file_handler)
+        root.setLevel(old_level)
         for h in handlers:
             h.removeFilter(console_filter)
 
