@@ -100,6 +100,7 @@ def test_finetune_console_is_ours_and_the_best_model_notice_is_our_line(lora_run
     assert "[    INFO] PaddleNLP - " in log  # PaddleNLP's records are in train.log, not gone
 
 
+@pytest.mark.slow  # a second training run; the fast suite keeps the first
 def test_resume_draws_no_skipping_bar(lora_run, tmp_path):
     """Resuming mid-epoch: PaddleNLP's "Skipping the first batches" bar is not drawn (stderr is a pipe)."""
     out, _ = lora_run
