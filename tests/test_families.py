@@ -26,9 +26,10 @@ PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2"
 
 
 def test_every_paddlenlp_decoder_family_has_a_row():
-    assert PADDLENLP_DECODERS | {"qwen3"} == set(FAMILIES)
+    assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} == set(FAMILIES)  # + our own families
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
-    assert trainable == {"llama", "qwen2", "qwen3", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt", "codegen"}
+    assert trainable == {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt",
+                         "codegen"}
     for f in FAMILIES.values():  # a packing family must be able to express the packed mask and positions
         if f.supports("packing"):
             assert "position_ids" in f.masks and ("dense" in f.masks or "startend" in f.masks), f.model_type
@@ -265,3 +266,16 @@ def test_codegen_never_gets_our_shifted_labels():
     own = model(input_ids=ids, labels=labels, return_dict=True).loss  # its own shift: predicts t+2
     assert abs(float(own) - float(ref)) > 1e-2
     assert shifts_labels_itself(model)
+
+
+def test_qwen3_moe_targets_attention_and_experts_never_the_router():
+    """The router's logits pick the experts: it is neither adapted nor quantized."""
+    import re
+
+    from paddlenlp_ext.models.targets import decoder_linear_targets
+
+    names = ["qwen3_moe.layers.0.self_attn.q_proj", "qwen3_moe.layers.0.self_attn.o_proj",
+             "qwen3_moe.layers.1.mlp.experts.3.down_proj", "qwen3_moe.layers.0.mlp.gate_proj",
+             "qwen3_moe.layers.1.mlp.gate", "qwen3_moe.layers.0.self_attn.q_norm", "lm_head"]
+    hit = [n for n in names if any(re.fullmatch(p, n) for p in decoder_linear_targets("qwen3_moe"))]
+    assert hit == names[:4]

@@ -125,7 +125,22 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
     Family("qwen3", features=_ALL - {"pp"}, planner="llama", hf_layout=True, qk_norm=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
+           dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"}),
+    # Qwen3-MoE (models/qwen3/moe.py): attention and every expert's MLP are the targets; the router
+    # (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits pick the experts.
+    Family("qwen3_moe", targets=(r".*layers\.\d+\.self_attn\.[qkvo]_proj",
+                                 r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj"),
+           features=frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge"}),
+           qk_norm=True,
+           masks=frozenset({"dense", "startend", "position_ids"}),
+           dropout={"attention_probs_dropout_prob": "attention_dropout"},
+           refusals={"dpo": "qwen3_moe preference training is not verified yet (tests/test_qwen3_moe.py covers "
+                            "SFT); use a dense model (qwen3) for DPO",
+                     "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
+                     "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
+                                "model (qwen3) to predict or serve",
+                     "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"}),
     Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral")),
     Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma")),
     Family("chatglm_v2", features=_DENSE_DPO, refusals=_no_flashmask(
