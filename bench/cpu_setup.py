@@ -133,6 +133,13 @@ def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: i
     err = proc.stderr.read()
     if proc.wait() != 0:
         sys.exit(f"{setting} run failed:\n" + "\n".join(tail) + "\n" + err[-4000:])
+    r = read_run(out_dir, marks)
+    return {"setting": setting, "cpu_line": cpu_text, **r, "env": r["summary"]["cpu"]["env"]}
+
+
+def read_run(out_dir: str, marks) -> dict:
+    """A finished CLI run's numbers: run_summary.json, the logged losses, and the CPU% between the
+    first and the last step line (``marks``: (wall time, process CPU seconds) at each step line)."""
     with open(os.path.join(out_dir, "run_summary.json")) as f:
         s = json.load(f)
     with open(os.path.join(out_dir, "trainer_state.json")) as f:
@@ -141,11 +148,10 @@ def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: i
     if len(marks) >= 2 and marks[-1][0] > marks[0][0]:
         cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
     steady = s["step_times_s"][1:] or s["step_times_s"]
-    return {"setting": setting, "cpu_line": cpu_text, "sup_tok_s": s["supervised_tokens_trained"] / s["train_time_s"],
-            "step_s": statistics.median(steady), "peak_rss_gib": s["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct,
-            "final_loss": losses[-1], "losses": losses, "supervised_tokens": s["supervised_tokens_trained"],
-            "train_time_s": s["train_time_s"], "env": s["cpu"]["env"]}
-
+    return {"sup_tok_s": s["supervised_tokens_trained"] / s["train_time_s"], "step_s": statistics.median(steady),
+            "peak_rss_gib": s["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct, "final_loss": losses[-1],
+            "losses": losses, "supervised_tokens": s["supervised_tokens_trained"], "train_time_s": s["train_time_s"],
+            "summary": s}
 
 def mean(rows, key):
     vals = [r[key] for r in rows if r[key] is not None]

@@ -124,6 +124,12 @@ def peak_memory_bytes() -> Dict[str, int]:
 def library_patches(cfg: RunConfig):
     """The integrations patches the configured model needs, active for the block only."""
     with contextlib.ExitStack() as patches:
+        from ..integrations.dense_attention import fast_dense_attention
+        from ..integrations.rotary import fast_rotary
+
+        # bit-identical rotary embeddings and dense-mask attention, cheaper on CPU (integrations/)
+        patches.enter_context(fast_rotary())
+        patches.enter_context(fast_dense_attention())
         if cfg.model.use_flash_attention:
             from ..integrations.flashmask import cpu_flashmask, native_flashmask_available
 

@@ -1,0 +1,93 @@
+"""Benchmark (issue 26 item 3): one training micro-step in-process, PaddleNLP's ops vs our bit-identical ones.
+
+    .venv/bin/python bench/step_inprocess.py MODEL_DIR [--seq 1024] [--repeats 3] [--packed]
+
+Loads MODEL_DIR (a PaddleNLP Llama, e.g. ``bench/cpu_setup.py``'s, or a 4-layer copy), puts LoRA
+r8 on every decoder linear, and times forward + backward of our SFT loss
+(``training.loss.global_token_loss``) on one row of ``--seq`` random tokens (``--packed``: four
+examples packed in the row, with PaddleNLP's dense block-diagonal mask), alternating **stock**
+(PaddleNLP's ``apply_rotary_pos_emb`` and ``scaled_dot_product_attention``) and **ours**
+(``integrations.rotary`` + ``integrations.dense_attention``, as ``training/run.py`` installs them).
+It prints the median times and asserts that loss and LoRA gradients are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model_dir")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--packed", action="store_true")
+    a = p.parse_args(argv)
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from paddlenlp_ext.adapters.api import apply_adapters
+    from paddlenlp_ext.adapters.config import AdapterConfig
+    from paddlenlp_ext.integrations.dense_attention import fast_dense_attention
+    from paddlenlp_ext.integrations.rotary import fast_rotary
+    from paddlenlp_ext.training.loss import global_token_loss
+
+    def build(ours):
+        with contextlib.ExitStack() as stack:
+            if ours:  # the attention function is bound when the layers are built
+                stack.enter_context(fast_dense_attention())
+            paddle.seed(0)
+            model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32")
+        apply_adapters(model, AdapterConfig(method="lora", r=8, alpha=16))
+        model.train()
+        return model
+
+    s = a.seq
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 32000, (1, s)))
+    labels = ids.clone()
+    labels[:, : s // 4] = -100
+    inputs = {"input_ids": ids, "labels": labels}
+    if a.packed:  # four examples: block-diagonal causal keep-mask [1, 1, s, s], positions restart
+        cuts = [0, s // 8, s // 2, (3 * s) // 4, s]
+        keep = np.zeros([1, 1, s, s], dtype=bool)
+        pos = np.zeros([1, s], dtype="int64")
+        for lo, hi in zip(cuts, cuts[1:]):
+            keep[0, 0, lo:hi, lo:hi] = np.tril(np.ones([hi - lo, hi - lo], dtype=bool))
+            pos[0, lo:hi] = np.arange(hi - lo)
+        inputs.update(attention_mask=paddle.to_tensor(keep), position_ids=paddle.to_tensor(pos))
+    else:
+        inputs["attention_mask"] = paddle.ones([1, s], dtype="int64")
+    models = {"stock": build(False), "ours": build(True)}
+    times, results = {"stock": [], "ours": []}, {}
+    for i in range(a.repeats + 1):  # the first round warms up
+        for name, model in models.items():
+            model.clear_gradients()
+            with fast_rotary() if name == "ours" else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                loss = global_token_loss(model, dict(inputs), int((labels != -100).sum()), 1, 1)
+                loss.backward()
+                dt = time.perf_counter() - t0
+            if i:
+                times[name].append(dt)
+            results[name] = (float(loss), {n: q.grad.numpy() for n, q in model.named_parameters() if not q.stop_gradient})
+    for name in times:
+        print(f"{name}: forward+backward {statistics.median(times[name]):.3f} s (median of {a.repeats}: "
+              f"{', '.join(f'{t:.3f}' for t in times[name])})")
+    print(f"ours / stock: {statistics.median(times['ours']) / statistics.median(times['stock']):.2f}x time")
+    (l0, g0), (l1, g1) = results["stock"], results["ours"]
+    assert l0 == l1 and all(np.array_equal(g0[n], g1[n]) for n in g0), "not bitwise equal"
+    print(f"loss {l0:.6f} and {len(g0)} LoRA gradients bitwise equal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
