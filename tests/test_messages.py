@@ -58,3 +58,25 @@ def test_paddlenlp_merge_script_names_an_unknown_flag(capsys):
     # without the check argparse reports the missing --output_path, never the typo
     args, err = _pnlp_merge_args(["--lora_path", "a", "--merge_model_pth", "out"], capsys)
     assert args is None and "unrecognized arguments: --merge_model_pth (unknown flags" in err
+
+
+def _doc_files():
+    import glob
+
+    return [f"{ROOT}/README.md", *sorted(glob.glob(f"{ROOT}/docs/*.md"))]
+
+
+def test_docs_name_no_machine_paths_and_no_brace_expansions():
+    """Issue 25 item 8: a command copied from the docs works on the reader's machine, in bash."""
+    import re
+
+    brace = re.compile(r"\S*\{[\w.-]+(,[\w.-]+)+\}\S*")  # bash expands {sft,lora}_x.json into two arguments
+    problems = []
+    for path in _doc_files():
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if re.search(r"(?<![\w.])/(work|home|root|Users)/", line):
+                    problems.append(f"{path}:{n}: machine path: {line.strip()}")
+                if line.lstrip().startswith((".venv/bin/python", "python ")) and brace.search(line):
+                    problems.append(f"{path}:{n}: brace expansion in a command: {line.strip()}")
+    assert not problems, "\n".join(problems)
