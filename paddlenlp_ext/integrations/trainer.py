@@ -180,13 +180,16 @@ class TrainerBoundary(Trainer):
             if reload_best:
                 self.args.load_best_model_at_end = True
         best = self.state.best_model_checkpoint
-        if reload_best and best:
+        if self.args.load_best_model_at_end and best:
             from ..training.console import current  # the run's console (lazy: training imports this module)
 
             metric = self.state.best_metric
             metric = f"{metric:.4f}" if isinstance(metric, float) else metric
+            # our line either way: when PaddleNLP reloaded it (a save we do not own), its INFO record of it is
+            # in train.log only (the console policy), yet which weights end up in output_dir is news
             current().line(f"Loading best model from {best} ({self.args.metric_for_best_model} = {metric})")
-            self.load_weights(best)
+            if reload_best:
+                self.load_weights(best)
         return output
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
