@@ -130,6 +130,7 @@ def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys)
 
 
 DPO_DATA_DIR = os.path.join(ROOT, "llm", "data", "dpo_tiny")
+KTO_DATA_DIR = os.path.join(ROOT, "llm", "data", "kto_tiny")
 
 
 def zoo_configs():
@@ -144,8 +145,11 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     raw = json.load(open(path))
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
                                                   raw.get("pipeline_parallel_degree", 1)))
-    dpo = "dpo" in os.path.basename(path)  # llm/run_dpo.py configs: the DPO keys (load_config mode "dpo")
-    data = ["--train_dataset_path", DPO_DATA_DIR, "--dev_dataset_path", DPO_DATA_DIR] if dpo else \
+    # llm/run_dpo.py / llm/run_kto.py configs: their keys (load_config modes "dpo", "kto")
+    mode = next((m for m in ("dpo", "kto") if os.path.basename(path).startswith(m)), "sft")
+    dpo = mode != "sft"
+    pref_data = KTO_DATA_DIR if mode == "kto" else DPO_DATA_DIR
+    data = ["--train_dataset_path", pref_data, "--dev_dataset_path", pref_data] if dpo else \
         ["--dataset_name_or_path", DATA_DIR]
     overrides = ["--model_name_or_path", tiny_model_dir, *data, "--output_dir", str(tmp_path)]
     if CPU_BUILD and (raw.get("bf16") or raw.get("fp16")):
@@ -153,5 +157,5 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     for key in ("lora_path", "prefix_path", "lokr_path"):
         if raw.get(key):
             overrides += [f"--{key}", "none"]
-    cfg = load_config(path, overrides, mode="dpo" if dpo else "sft")
+    cfg = load_config(path, overrides, mode=mode)
     assert cfg.training["do_train"] or cfg.training.get("do_eval")

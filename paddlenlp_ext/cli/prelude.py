@@ -75,13 +75,19 @@ def quiet_import_noise() -> None:
         sys.stderr = LineDroppingStream(sys.stderr, DROPPED_STDERR_PREFIXES)
 
 
-def prepare_script(script_file: str):
-    """Steps 1-4 above; returns the CPU decision (``cpu_env.CpuDecision``)."""
+def prepare_script(script_file: str, config_first: bool = False):
+    """Steps 1-4 above; returns the CPU decision (``cpu_env.CpuDecision``).
+
+    ``config_first``: the script validates its JSON config before loading any library (the training
+    CLIs: a config error exits 2 without importing paddle), so step 4 is left to the run, which routes
+    PaddleNLP's logger itself (``integrations.logging.route_paddlenlp_logger``).
+    """
     require_project_interpreter(script_file)
     decision = setup_cpu()
     quiet_import_noise()
     apply_before_import()
-    from ..integrations.logging import quiet_paddlenlp_console  # imports paddle: after steps 1-3
+    if not config_first:
+        from ..integrations.logging import quiet_paddlenlp_console  # imports paddle: after steps 1-3
 
-    quiet_paddlenlp_console()
+        quiet_paddlenlp_console()
     return decision
