@@ -8,6 +8,8 @@ import numpy as np
 import paddle
 import pytest
 
+from lora_grads import lora_model, loss_and_lora_grads, random_batch
+
 from paddlenlp_ext.integrations import dense_attention
 
 
@@ -69,29 +71,12 @@ def test_other_calls_go_to_paddlenlp(monkeypatch):
 
 
 def test_whole_model_loss_and_lora_gradients_are_bitwise_equal(tiny_model_dir):
-    from paddlenlp.transformers import AutoModelForCausalLM
-
-    from paddlenlp_ext.adapters.api import apply_adapters
-    from paddlenlp_ext.adapters.config import AdapterConfig
-    from paddlenlp_ext.training.loss import global_token_loss
-
     def loss_and_grads(patched):
         with dense_attention.fast_dense_attention() if patched else contextlib.nullcontext():
-            paddle.seed(0)
-            model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
-        apply_adapters(model, AdapterConfig(method="lora", r=4, alpha=8))
-        for name, p in model.named_parameters():
-            if name.endswith("lora_B"):
-                p.set_value(paddle.full(p.shape, 0.01, p.dtype))
-        model.train()
-        ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 200, (2, 11)))
-        labels = ids.clone()
-        labels[:, :3] = -100
-        inputs = {"input_ids": ids, "labels": labels, "attention_mask": _masks("packed", 2, 11) == 0,
+            model = lora_model(tiny_model_dir)
+        inputs = {**random_batch(2, 11, 3), "attention_mask": _masks("packed", 2, 11) == 0,
                   "position_ids": paddle.to_tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3], list(range(11))])}
-        loss = global_token_loss(model, inputs, 16, 1, 1)
-        loss.backward()
-        return float(loss), {n: p.grad.numpy() for n, p in model.named_parameters() if not p.stop_gradient}
+        return loss_and_lora_grads(model, inputs)
 
     calls = []
     original = dense_attention.scaled_dot_product_attention

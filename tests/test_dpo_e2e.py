@@ -9,30 +9,18 @@ import sys
 import pytest
 
 from conftest import ROOT
+from preference_cli import TINY, cli_runner, train_logs
 
 # end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
 pytestmark = pytest.mark.slow
 
-CLI = os.path.join(ROOT, "llm", "run_dpo.py")
 MERGE_CLI = os.path.join(ROOT, "llm", "merge_lora_params.py")
-TINY = os.path.join(ROOT, "build", "tiny-llama")
 DPO_DATA = os.path.join(ROOT, "llm", "data", "dpo_tiny")
 LORA_CONFIG = "llm/config/tiny/dpo_lora_argument.json"
 FULL_CONFIG = "llm/config/tiny/dpo_argument.json"
 
 
-def run_dpo(config, out, *overrides, check=True):
-    cmd = [sys.executable, CLI, os.path.join(ROOT, config), "--output_dir", str(out), "--model_name_or_path", TINY,
-           "--train_dataset_path", DPO_DATA, "--dev_dataset_path", DPO_DATA, *map(str, overrides)]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if check:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return r
-
-
-def train_logs(out):
-    state = json.loads((out / "trainer_state.json").read_text())
-    return [h for h in state["log_history"] if "loss" in h]
+run_dpo = cli_runner("run_dpo.py", DPO_DATA)
 
 
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",

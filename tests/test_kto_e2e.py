@@ -2,35 +2,21 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from conftest import ROOT
+from preference_cli import cli_runner, train_logs
 
 # end-to-end through the CLI: `make test-slow`
 pytestmark = pytest.mark.slow
 
-CLI = os.path.join(ROOT, "llm", "run_kto.py")
-TINY = os.path.join(ROOT, "build", "tiny-llama")
 KTO_DATA = os.path.join(ROOT, "llm", "data", "kto_tiny")
 METRICS = ("kl", "kto_loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "loss/chosen",
            "loss/rejected")
 
 
-def run_kto(config, out, *overrides, check=True):
-    cmd = [sys.executable, CLI, os.path.join(ROOT, config), "--output_dir", str(out), "--model_name_or_path", TINY,
-           "--train_dataset_path", KTO_DATA, "--dev_dataset_path", KTO_DATA, *map(str, overrides)]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if check:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return r
-
-
-def train_logs(out):
-    state = json.loads((out / "trainer_state.json").read_text())
-    return [h for h in state["log_history"] if "loss" in h]
+run_kto = cli_runner("run_kto.py", KTO_DATA)
 
 
 def test_lora_kto_starts_at_the_closed_form_and_learns(tiny_model_dir, tmp_path):

@@ -5,6 +5,8 @@ import numpy as np
 import paddle
 import pytest
 
+from lora_grads import lora_model, loss_and_lora_grads, random_batch
+
 from paddlenlp_ext.integrations import rotary
 
 
@@ -52,32 +54,10 @@ def test_context_installs_and_restores():
 
 
 def _loss_and_grads(model_dir, patched):
-    from paddlenlp.transformers import AutoModelForCausalLM
-
-    from paddlenlp_ext.adapters.api import apply_adapters
-    from paddlenlp_ext.adapters.config import AdapterConfig
-    from paddlenlp_ext.training.loss import global_token_loss
-
-    paddle.seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
-    apply_adapters(model, AdapterConfig(method="lora", r=4, alpha=8))
-    for name, p in model.named_parameters():  # B != 0 so that A's gradient is not trivially 0
-        if name.endswith("lora_B"):
-            p.set_value(paddle.full(p.shape, 0.01, p.dtype))
-    model.train()
-    ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 200, (2, 12)))
-    labels = ids.clone()
-    labels[:, :4] = -100
-    inputs = {"input_ids": ids, "labels": labels, "position_ids": paddle.to_tensor([list(range(12)),
-                                                                                    list(range(5)) + list(range(7))])}
-    if patched:
-        with rotary.fast_rotary():
-            loss = global_token_loss(model, inputs, 16, 1, 1)
-    else:
-        loss = global_token_loss(model, inputs, 16, 1, 1)
-    loss.backward()
-    grads = {n: p.grad.numpy() for n, p in model.named_parameters() if not p.stop_gradient}
-    return float(loss), grads
+    model = lora_model(model_dir)
+    inputs = {**random_batch(2, 12, 4), "position_ids": paddle.to_tensor([list(range(12)),
+                                                                          list(range(5)) + list(range(7))])}
+    return loss_and_lora_grads(model, inputs, rotary.fast_rotary() if patched else None)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_qwen2_dir"])

@@ -78,10 +78,7 @@ def main(argv=None) -> int:
     except ExportVerifyFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_VERIFY_FAILED
-    except ExportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except MergeError as e:
+    except (ExportError, MergeError) as e:  # bad input or a setting the format cannot express: nothing written
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as e:  # the output could not be written (disk full, permission): not the input's fault

@@ -107,3 +107,16 @@ def run_or_exit_code(run, *args) -> int:
         print(f"[paddlenlp_ext] {e}", file=sys.stderr, flush=True)
         return e.exit_code
     return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+
+
+def run_config_script(argv: List[str], usage: str, mode: str, runner: str) -> int:
+    """The whole ``main`` of a config-driven training script (run_finetune, run_dpo, run_kto).
+
+    The config is loaded and validated first (exit 2 on any problem, before paddle loads);
+    only then is ``runner`` (a module with ``run(cfg)``, e.g. ``"paddlenlp_ext.dpo.run"``)
+    imported, so a config error never pays for the heavy imports.  -> the exit code.
+    """
+    import importlib
+
+    cfg = config_or_exit(argv, usage, mode=mode)
+    return run_or_exit_code(importlib.import_module(runner).run, cfg)

@@ -111,10 +111,8 @@ def build_packed_row(
     total = sum(lens)
     if total > L:
         raise ValueError(f"packed examples total {total} tokens > max_length {L} (lengths {lens})")
-    input_ids = np.full(L, pad_token_id, dtype=np.int64)
+    input_ids, position_ids, start = new_row(L, pad_token_id)
     labels = np.full(L, IGNORE_INDEX, dtype=np.int64)
-    position_ids = np.empty(L, dtype=np.int64)
-    start = np.empty(L, dtype=np.int32)
     off = 0
     for ex, n in zip(examples, lens):
         end = off + n
@@ -123,15 +121,40 @@ def build_packed_row(
         position_ids[off:end] = np.arange(n)
         start[off:end] = end
         off = end
-    if off < L:
-        position_ids[off:] = np.arange(L - off)
-        start[off:] = off
+    pad_row_tail(position_ids, start, off)
     return {
         "input_ids": input_ids,
         "labels": labels,
         "position_ids": position_ids,
         "attn_mask_startend_row_indices": start,
     }
+
+
+def new_row(length: int, pad_token_id: int):
+    """The buffers of one packed row: ``(input_ids, position_ids, start_rows)``.
+
+    ``input_ids`` int64 is all ``pad_token_id``; ``position_ids`` int64 and the FlashMask
+    start rows int32 are left for the caller to fill (then :func:`pad_row_tail`).
+    Shared by SFT packing (:func:`build_packed_row`) and the preference rows (``dpo/pair_rows.py``).
+
+    Example: ``new_row(4, 0)[0].tolist()`` -> ``[0, 0, 0, 0]``; the others have shape ``(4,)``.
+    """
+    return (np.full(length, pad_token_id, dtype=np.int64), np.empty(length, dtype=np.int64),
+            np.empty(length, dtype=np.int32))
+
+
+def pad_row_tail(position_ids: np.ndarray, start: np.ndarray, off: int) -> None:
+    """Fill the padding tail ``[off:]`` of one row's position ids and start rows, in place.
+
+    Padding positions count from 0 again (as PaddleNLP's packed rows do); every padding
+    column's start row is ``off``, the first padding row: no real row attends to padding,
+    and a padding row attends to nothing (``j <= i < start[j]`` never holds for it).
+
+    Example: position_ids ``[0, 1, 2, x, x]``, start ``[3, 3, 3, x, x]``, off 3
+    -> position_ids ``[0, 1, 2, 0, 1]``, start ``[3, 3, 3, 3, 3]``.
+    """
+    position_ids[off:] = np.arange(len(position_ids) - off)
+    start[off:] = off
 
 
 def startend_to_dense_mask(start_rows) -> np.ndarray:

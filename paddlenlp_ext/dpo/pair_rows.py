@@ -33,7 +33,7 @@ from ..data.binpack import (
     padding_ratio,
     shuffle_packs,
 )
-from ..data.packed_row import startend_to_dense_mask
+from ..data.packed_row import new_row, pad_row_tail, startend_to_dense_mask
 
 __all__ = ["pair_length", "build_pair_row", "PreferenceDataset", "PreferenceCollator"]
 
@@ -75,9 +75,7 @@ def build_pair_row(pairs: Sequence[Mapping], max_length: Optional[int] = None, p
     L = total if max_length is None else check_capacity(max_length)
     if total > L:
         raise ValueError(f"pairs total {total} tokens > max_length {L} (lengths {lens})")
-    input_ids = np.full(L, pad_token_id, dtype=np.int64)
-    position_ids = np.empty(L, dtype=np.int64)
-    start = np.empty(L, dtype=np.int32)
+    input_ids, position_ids, start = new_row(L, pad_token_id)
     idx: List[int] = []
     tok: List[int] = []
     seg: List[int] = []
@@ -98,9 +96,7 @@ def build_pair_row(pairs: Sequence[Mapping], max_length: Optional[int] = None, p
         tok += list(p["rejected"])
         seg += [2 * k + 1] * R
         off = end
-    if off < L:
-        position_ids[off:] = np.arange(L - off)
-        start[off:] = off
+    pad_row_tail(position_ids, start, off)
     return {
         "input_ids": input_ids,
         "position_ids": position_ids,
@@ -222,8 +218,7 @@ class PreferenceCollator:
             ids[b, :n] = r["input_ids"][:n]
             pos[b, :n] = r["position_ids"][:n]
             start[b, :n] = r["attn_mask_startend_row_indices"][:n]
-            pos[b, n:] = np.arange(S - n)
-            start[b, n:] = n  # padding: nobody sees these columns, padding rows see nothing
+            pad_row_tail(pos[b], start[b], n)  # views: fills the batch row in place
             idx.append(np.asarray(r["logp_index"], dtype=np.int64) + b * S)
             tok.append(np.asarray(r["logp_token"], dtype=np.int64))
             seg.append(np.asarray(r["logp_segment"], dtype=np.int64) + 2 * pairs)

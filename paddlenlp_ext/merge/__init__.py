@@ -55,7 +55,7 @@ from .delta import CHUNK_ELEMENTS, MERGE_THREADS, add_delta_inplace, merge_dtype
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits, from_f32, to_f32
 from .formats import AdapterBundle, check_adapter_against_base, check_model_type
 from .pipeline import MergeResult, merge_adapter_checkpoint
-from .reader import BufferPool, Checkpoint, TensorEntry, TensorSource, read_safetensors_header
+from .reader import BufferPool, Checkpoint, TensorEntry, TensorSource
 from .verify import DEFAULT_TOLERANCE, estimate_verify_bytes, probe_inputs, verify_merge
 from .writer import MODEL_FILES, TOKENIZER_PATTERNS, SafetensorsStreamWriter, plan_shards, shard_file_names
 
@@ -66,6 +66,6 @@ __all__ = [
     "SAFE_WEIGHTS_NAME", "SafetensorsStreamWriter", "TOKENIZER_PATTERNS", "TensorEntry", "TensorSource",
     "VERIFY_FAILED_MARKER", "add_delta_inplace", "report_merge", "bf16_bits_to_f32", "check_adapter_against_base",
     "check_model_type", "estimate_verify_bytes", "f32_to_bf16_bits", "from_f32", "merge_adapter_checkpoint",
-    "merge_dtype", "parse_size", "plan_shards", "probe_inputs", "read_safetensors_header", "resolve_device",
+    "merge_dtype", "parse_size", "plan_shards", "probe_inputs", "resolve_device",
     "shard_file_names", "to_f32", "verify_merge",
 ]

@@ -1,7 +1,7 @@
 """Reading the base checkpoint: headers first, then one tensor at a time.
 
-Owns: ``TensorEntry`` (one tensor's metadata), the validated safetensors header
-parser, pdparams loading, ``Checkpoint.open`` (finds the weight layout of a
+Owns: ``TensorEntry`` (one tensor's metadata; safetensors headers are parsed by
+the loader's ``models.checkpoint.read_safetensors_header``), pdparams loading, ``Checkpoint.open`` (finds the weight layout of a
 PaddleNLP model directory and lists every tensor without reading data),
 ``TensorSource`` (positioned reads into reusable buffers) and ``BufferPool``.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -47,46 +46,19 @@ class TensorEntry:
         return np.dtype(NP_OF_TAG[self.dtype]).itemsize
 
 
-def read_safetensors_header(path: str) -> Tuple[Dict[str, Any], int]:
-    """(header dict, data start offset) of a safetensors file, validated against the file size."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise MergeError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > min(size - 8, 100 * 2**20):
-            raise MergeError(f"{path}: not a safetensors file (bad header length {n})")
-        try:
-            header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise MergeError(f"{path}: corrupt safetensors header: {e}") from None
-    start = 8 + n
-    for k, v in header.items():
-        if k == "__metadata__":
-            continue
-        b, e = v["data_offsets"]
-        if v["dtype"] not in NP_OF_TAG:
-            raise MergeError(f"{path}: tensor {k!r} has unsupported dtype {v['dtype']}")
-        if not (0 <= b <= e and start + e <= size):
-            raise MergeError(f"{path}: tensor {k!r} lies outside the file (truncated checkpoint?)")
-    return header, start
-
-
 def _safetensors_entries(path: str) -> List[TensorEntry]:
-    header, start = read_safetensors_header(path)
-    items = [(k, v) for k, v in header.items() if k != "__metadata__"]
-    # file order, so a shard is read front to back
-    items.sort(key=lambda kv: kv[1]["data_offsets"][0])
-    out = []
-    for k, v in items:
-        b, e = v["data_offsets"]
-        shape = tuple(int(s) for s in v["shape"])
-        ent = TensorEntry(k, path, v["dtype"], shape, int(e - b), start + int(b))
-        if ent.numel * ent.itemsize != ent.nbytes:
-            raise MergeError(f"{path}: tensor {k!r} byte size {ent.nbytes} does not match shape {list(shape)}")
-        out.append(ent)
-    return out
+    """Every tensor of a safetensors file in file order (so a shard is read front to back).
+
+    The header is parsed and validated by the loader's parser (one parser in the project),
+    with the merge's wider tag table.
+    """
+    from ..models.checkpoint import CheckpointError, read_safetensors_header
+
+    try:
+        infos = read_safetensors_header(path, tags=NP_OF_TAG)
+    except CheckpointError as e:
+        raise MergeError(str(e)) from None
+    return [TensorEntry(t.name, path, t.dtype, t.shape, t.nbytes, t.offset) for t in infos]
 
 
 def load_pdparams(path: str) -> Dict[str, np.ndarray]:

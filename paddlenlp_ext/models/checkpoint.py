@@ -115,8 +115,14 @@ class Checkpoint:
         return sum(os.path.getsize(f) for f in self.files)
 
 
-def read_safetensors_header(path: str) -> List[TensorInfo]:
-    """Every tensor of a safetensors file, in data order, validated against the file size."""
+def read_safetensors_header(path: str, tags: Optional[Dict[str, type]] = None) -> List[TensorInfo]:
+    """Every tensor of a safetensors file, in data order, validated against the file size.
+
+    ``tags``: the dtype tags accepted (tag -> numpy holder; default :data:`NP_OF_TAG`, what a
+    model loads); the merge passes its wider table.  The one header parser of the project:
+    the merge's reader uses it too (and turns :class:`CheckpointError` into its own error).
+    """
+    tags = NP_OF_TAG if tags is None else tags
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -140,12 +146,12 @@ def read_safetensors_header(path: str) -> List[TensorInfo]:
             tag, shape, (b, e) = v["dtype"], tuple(int(s) for s in v["shape"]), v["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: corrupt safetensors header entry for tensor {name!r}: {v!r}") from None
-        if tag not in NP_OF_TAG:
+        if tag not in tags:
             raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {tag}")
         numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
         if not (0 <= b <= e and start + e <= size):
             raise CheckpointError(f"{path}: tensor {name!r} lies outside the file (truncated checkpoint?)")
-        if numel * np.dtype(NP_OF_TAG[tag]).itemsize != e - b:
+        if numel * np.dtype(tags[tag]).itemsize != e - b:
             raise CheckpointError(f"{path}: tensor {name!r}: {e - b} bytes do not hold {tag} {list(shape)}")
         out.append(TensorInfo(name, path, shape, tag, start + int(b), int(e - b)))
     out.sort(key=lambda t: t.offset)  # read each file front to back
