@@ -178,11 +178,19 @@ def parse_line(line: str, origin: str) -> Example:
     >>> parse_line('{"src": "a", "tgt": "b"}', "f:1")
     Example(src=['a'], tgt=['b'], system=None, origin='f:1')
     """
+    return example_from_obj(json_line(line), origin)
+
+
+def json_line(line: str) -> Any:
+    """One JSON-lines record, or ValueError saying where the JSON breaks (the caller adds ``file:line``).
+
+    ``json_line('{"a": 1}')`` -> ``{'a': 1}``; ``json_line('{"a": }')`` -> ValueError
+    ``invalid JSON (Expecting value at column 7)``.
+    """
     try:
-        obj = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})")
-    return example_from_obj(obj, origin)
+        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
 
 
 def example_from_obj(obj, origin: str) -> Example:

@@ -16,7 +16,6 @@ Rows, masks, packing and the collator live in :mod:`.pair_rows`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from numbers import Real
@@ -25,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..data.binpack import DEFAULT_GROUP_SIZE
 from ..data.formats import preference
 from ..data.formats.files import parse_records
-from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files
+from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, json_line
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
 
@@ -112,11 +111,7 @@ def parse_preference_line(line: str, origin: str) -> PreferenceExample:
     >>> parse_preference_line('{"src": " q ", "tgt": [], "response": ["a", "b"], "sort": [0, 1]}', "f:1")
     PreferenceExample(src=['q'], tgt=[], chosen='b', rejected='a', system=None, origin='f:1')
     """
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})")
-    return preference_from_obj(obj, origin)
+    return preference_from_obj(json_line(line), origin)
 
 
 def preference_from_obj(obj, origin: str) -> PreferenceExample:

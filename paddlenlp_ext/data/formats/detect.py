@@ -9,11 +9,10 @@ of none, is a ``file:line`` problem naming the keys it has and the ones expected
 ``detect_format({"question": "a"})`` -> ``None``.
 """
 
-import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..reader import DataError
+from ..reader import DataError, json_line
 from . import alpaca, messages, paddlenlp, sharegpt, text
 from .convo import Conversation, check_turns
 from .files import parse_records
@@ -93,8 +92,4 @@ def parse_stream_line(line: str, origin: str, fmt: str = "auto", columns: Option
     path = origin.rsplit(":", 1)[0]
     if os.path.splitext(path)[1] == ".txt":
         return parse_record({"text": line.rstrip("\r\n")}, "text", origin, columns)
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    return parse_record(record, fmt, origin, columns)
+    return parse_record(json_line(line), fmt, origin, columns)

@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from ..reader import MAX_REPORTED, DataError, read_utf8_lines, read_utf8_text
+from ..reader import MAX_REPORTED, DataError, json_line, read_utf8_lines, read_utf8_text
 
 EXTENSIONS = (".json", ".jsonl", ".txt", ".parquet")
 
@@ -63,9 +63,9 @@ def iter_records(path: str) -> Iterator[Tuple[int, Any, Optional[str]]]:
 
 def _loads(line: str) -> Tuple[Any, Optional[str]]:
     try:
-        return json.loads(line), None
-    except json.JSONDecodeError as e:
-        return None, f"invalid JSON ({e.msg} at column {e.colno})"
+        return json_line(line), None
+    except ValueError as e:
+        return None, str(e)
 
 
 def _json_array(path: str) -> Iterator[Tuple[int, Any, Optional[str]]]:
