@@ -113,7 +113,7 @@ def test_llm_meta_keys_are_accepted_and_pipeline_ones_refused(tmp_path, base):
 def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys):
     """recompute keys always reach the model config; GPU fusions only on GPU (else a notice);
     GPT-only keys only get a notice.  No key is dropped without a word."""
-    from paddlenlp_ext.models.llm_meta import apply_llm_meta
+    from paddlenlp_ext.models.llm_meta import apply_llm_meta, llm_meta_notices
 
     cfg = load_config(write(tmp_path, {**base, "recompute": True, "recompute_granularity": "full_attn",
                                        "use_fused_rms_norm": True, "use_fused_linear": True}))
@@ -121,12 +121,23 @@ def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys)
     applied = apply_llm_meta(cfg, on_cpu, on_gpu=False)
     assert on_cpu.recompute_granularity == "full_attn" and applied["recompute_granularity"] == "full_attn"
     assert not hasattr(on_cpu, "use_fused_rms_norm") and not hasattr(on_cpu, "use_fused_linear")
-    err = capsys.readouterr().err
-    assert "notice: use_fused_rms_norm=True is a GPU-only fused kernel" in err
-    assert "notice: use_fused_linear=True is read by PaddleNLP's GPT models only" in err
+    notices = llm_meta_notices(cfg, on_gpu=False)
+    assert len(notices) == 2, notices
+    assert notices[0].startswith("notice: use_fused_rms_norm=True is a GPU-only fused kernel")
+    assert notices[1].startswith("notice: use_fused_linear=True is read by PaddleNLP's GPT models only")
     on_gpu = SimpleNamespace()
     apply_llm_meta(cfg, on_gpu, on_gpu=True)
     assert on_gpu.use_fused_rms_norm is True and not hasattr(on_gpu, "use_fused_linear")
+    assert llm_meta_notices(cfg, on_gpu=True) == [notices[1]]
+    assert capsys.readouterr().err == ""  # the console lines are the run's (training/model_build.py)
+
+
+def test_report_to_none_on_the_command_line_is_paddlenlps_none(tmp_path, base):
+    """``--report_to none`` is PaddleNLP's "no integration", not null (null is its default: VisualDL)."""
+    path = write(tmp_path, base)
+    assert load_config(path, ["--report_to", "none"]).training["report_to"] == ["none"]
+    assert load_config(path, ["--report_to", "null"]).training.get("report_to") is None
+    assert load_config(path, ["--report_to", "visualdl"]).training["report_to"] == ["visualdl"]
 
 
 DPO_DATA_DIR = os.path.join(ROOT, "llm", "data", "dpo_tiny")

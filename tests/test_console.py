@@ -94,6 +94,19 @@ def test_final_table_fine_tuning_and_dpo():
     assert "3.00 GiB RSS" in text and "tokens/s" not in text  # no train time: no rate
 
 
+def test_outputs_list_visualdl_only_when_this_run_reports_to_it(tmp_path):
+    """runs/ left by an earlier run is not this run's output when report_to is none."""
+    from paddlenlp_ext.training.reporting import outputs_of
+
+    for name in ("adapter_model.safetensors", "loss.png", "train.log"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "runs" / "Nov25").mkdir(parents=True)
+    args = SimpleNamespace(output_dir=str(tmp_path), logging_dir=str(tmp_path / "runs" / "Nov25"), report_to=[])
+    assert outputs_of(args) == ["adapter", "loss.png", "train.log", "run_summary.json"]
+    args.report_to = ["visualdl"]
+    assert outputs_of(args) == ["adapter", "loss.png", "train.log", "runs/ (VisualDL)", "run_summary.json"]
+
+
 def test_console_draws_lines_above_the_live_bar():
     class Terminal(io.StringIO):
         encoding = "utf-8"

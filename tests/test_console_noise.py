@@ -87,7 +87,7 @@ def lora_run(tiny_model_dir, tmp_path_factory):
             "--output_dir", out, "--max_steps", 4, "--logging_steps", 2, "--per_device_train_batch_size", 4,
             "--per_device_eval_batch_size", 16, "--eval_before_train", "false", "--evaluation_strategy", "steps",
             "--eval_steps", 2, "--save_strategy", "steps", "--save_steps", 2, "--load_best_model_at_end", "true",
-            "--metric_for_best_model", "loss", "--report_to", "none")
+            "--metric_for_best_model", "loss", "--report_to", "none", "--use_fused_rms_norm", "true")
     return out, r
 
 
@@ -98,6 +98,23 @@ def test_finetune_console_is_ours_and_the_best_model_notice_is_our_line(lora_run
     assert len(notice) == 1 and "/checkpoint-" in notice[0] and "(loss = 7." in notice[0], r.stdout
     log = (out / "train.log").read_text()
     assert "[    INFO] PaddleNLP - " in log  # PaddleNLP's records are in train.log, not gone
+
+
+def test_llm_meta_notice_is_a_console_line(lora_run):
+    """A GPU-only fusion set on a CPU run is said on stdout, as our line (and in train.log)."""
+    out, r = lora_run
+    notice = "notice: use_fused_rms_norm=True is a GPU-only fused kernel (same results, other speed); this run is " \
+        "on CPU, where the unfused ops run"
+    assert r.stdout.splitlines().count(notice) == 1, r.stdout
+    assert notice not in r.stderr and notice in (out / "train.log").read_text()
+
+
+def test_final_table_lists_only_what_was_written(lora_run):
+    """--report_to none: no VisualDL records, and the table's outputs do not claim any."""
+    out, r = lora_run
+    outputs = [line for line in r.stdout.splitlines() if line.strip().startswith("outputs:")]
+    assert len(outputs) == 1 and outputs[0].endswith(": adapter, loss.png, train.log, run_summary.json"), r.stdout
+    assert not (out / "runs").exists()
 
 
 @pytest.mark.slow  # a second training run; the fast suite keeps the first

@@ -34,6 +34,9 @@ class FieldSpec:
     llm_meta: Optional[str] = None
 
 
+#: keys whose command-line ``none`` is PaddleNLP's value "none", not null: ``--report_to none`` is no
+#: integration, while a null report_to is PaddleNLP's default (VisualDL).
+NONE_IS_A_VALUE = frozenset({"report_to"})
 # Allowed values of PaddleNLP training keys whose type is a plain str/enum.
 TRAINING_CHOICES = {
     "evaluation_strategy": ("no", "steps", "epoch"),

@@ -21,7 +21,7 @@ from .problems import Problem, blame_command_line, tagged
 from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
                           tensor_parallel_adapter_problems)
 from .device import apply_cpu_device
-from .fields import FieldSpec, all_fields
+from .fields import NONE_IS_A_VALUE, FieldSpec, all_fields
 from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
@@ -151,7 +151,7 @@ def _coerce(spec: FieldSpec, value: Any, from_cli: bool):
         return None, f"must not be null (expected {kind})"
     if from_cli and isinstance(value, str):
         low = value.strip().lower()
-        if low in ("none", "null") and spec.optional:
+        if (low == "null" or (low == "none" and spec.name not in NONE_IS_A_VALUE)) and spec.optional:
             return None, None
         if kind == "bool":
             if low in ("true", "1", "yes"):

@@ -52,9 +52,13 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     )
     config.use_flash_attention = m.use_flash_attention
     config.recompute = args.recompute
-    from ..models.llm_meta import apply_llm_meta, on_gpu
+    from ..models.llm_meta import apply_llm_meta, llm_meta_notices, on_gpu
+    from .console import current
 
-    apply_llm_meta(cfg, config, on_gpu=on_gpu())
+    gpu = on_gpu()
+    apply_llm_meta(cfg, config, on_gpu=gpu)
+    for notice in llm_meta_notices(cfg, on_gpu=gpu):  # a key set but not applied is said on the console
+        current().line(notice)
     config.seq_length = cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length
     # only dropout the family really reads (config.parse refused the others)
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
