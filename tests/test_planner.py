@@ -317,6 +317,36 @@ def test_cli_table_and_suggestion():
         assert row in r.stdout
 
 
+def test_with_overrides_keeps_the_users_keys_and_changes_only_the_suggested():
+    from paddlenlp_ext.planner.report import shell_word, with_overrides
+
+    user = ["--model_name_or_path", "m", "--sharding=stage1", "--lora", "--max_length", "1024"]
+    assert with_overrides(user, {"sharding": "stage3", "sharding_parallel_degree": 2}) == [
+        "--model_name_or_path", "m", "--sharding", "stage3", "--lora", "--max_length", "1024",
+        "--sharding_parallel_degree", "2"]
+    assert with_overrides([], {"sharding": ""}) == ["--sharding", ""]
+    assert [shell_word(w) for w in ("", "a b", "stage3")] == ['""', "'a b'", "stage3"]
+
+
+def test_suggested_command_keeps_the_overrides_and_its_plan_fits(capsys):
+    """The printed command, planned again on its own arguments, is the suggested layout and fits."""
+    import shlex
+
+    from paddlenlp_ext.planner.cli import main
+
+    config = os.path.join(LLAMA, "lora_argument.json")
+    own = ["--model_name_or_path", "meta-llama/Llama-2-13b", "--max_length", "1024", "--sharding", "stage1"]
+    assert main([config, *own, "--device_memory", "12GB"]) == 0
+    out = capsys.readouterr().out
+    command = next(line for line in out.splitlines() if "llm/run_finetune.py" in line)
+    words = shlex.split(command)
+    args = words[words.index("llm/run_finetune.py") + 1:]
+    assert args[0] == config and args[1:5] == own[:4], command  # the user's keys, in the user's order
+    assert "--device_memory" not in args and args[args.index("--sharding") + 1] == "stage3"
+    assert main([*args, "--device_memory", "12GB", "--world_size", words[words.index("--nproc_per_node") + 1]]) == 0
+    assert "-- fits" in capsys.readouterr().out
+
+
 def test_cli_json():
     r = tool(os.path.join(LLAMA, "qlora_argument.json"), "--model_name_or_path", "Llama-2-70b", "--json",
              "--device_memory", "48GB")

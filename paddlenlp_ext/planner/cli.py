@@ -76,5 +76,5 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(table(est))
         if device_memory:
             print()
-            print(suggestion_text(est, device_memory, suggestions, path))
+            print(suggestion_text(est, device_memory, suggestions, path, overrides))
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from .layout import Suggestion
 from .memory import GiB, Estimate
@@ -57,7 +57,10 @@ def table(est: Estimate) -> str:
     return "\n".join(lines)
 
 
-def suggestion_text(est: Estimate, device_memory: int, suggestions: List[Suggestion], config_path: str) -> str:
+def suggestion_text(est: Estimate, device_memory: int, suggestions: List[Suggestion], config_path: str,
+                    overrides: Sequence[str] = ()) -> str:
+    """The fit verdict and, per suggestion, the command that runs it: the user's config path and own
+    ``--key value`` overrides, with only the layout keys the suggestion changes replaced or added."""
     fits = est.per_device_bytes <= device_memory
     lines = [f"device memory {device_memory / GiB:.2f} GiB: this config ({est.layout.describe()}) needs "
              f"{est.per_device_bytes / GiB:.2f} GiB per device -- {'fits' if fits else 'does not fit'}"]
@@ -71,9 +74,8 @@ def suggestion_text(est: Estimate, device_memory: int, suggestions: List[Suggest
         head = "smallest layout that fits" if i == 0 else "smallest layout paddlenlp_ext runs today"
         lines.append(f"{head}: {lay.describe()}, {e.per_device_bytes / GiB:.2f} GiB per device"
                      + ("" if sg.supported else f" ({sg.why_not})"))
-        # only the keys that change; "" needs quotes on a shell command line
-        keys = " ".join(f"--{k} {v if v != '' else chr(34) * 2}" for k, v in lay.config_keys().items()
-                        if v != current[k])
+        changes = {k: v for k, v in lay.config_keys().items() if v != current[k]}  # only the keys that change
+        keys = " ".join(shell_word(w) for w in with_overrides(overrides, changes))
         if lay.devices == 1:
             launch = "python"
         else:
@@ -82,6 +84,39 @@ def suggestion_text(est: Estimate, device_memory: int, suggestions: List[Suggest
                       + (f" --ips HOST1,...,HOST{nodes}" if nodes > 1 else ""))
         lines.append(f"  {launch} llm/run_finetune.py {config_path} {keys}".rstrip())
     return "\n".join(lines)
+
+
+def with_overrides(overrides: Sequence[str], changes: Dict[str, object]) -> List[str]:
+    """The user's own ``--key value`` overrides with ``changes`` applied: a changed key's value is
+    replaced where the user gave it (``--key=value`` too), the other changed keys follow at the end.
+
+    ``with_overrides(["--model_name_or_path", "m", "--sharding", "stage1"], {"sharding": "stage3",
+    "sharding_parallel_degree": 2})`` -> ``["--model_name_or_path", "m", "--sharding", "stage3",
+    "--sharding_parallel_degree", "2"]``.
+    """
+    out, done, i = [], set(), 0
+    while i < len(overrides):
+        word = overrides[i]
+        key = word[2:].split("=", 1)[0] if word.startswith("--") else None
+        has_value = key is not None and "=" not in word and i + 1 < len(overrides) \
+            and not overrides[i + 1].startswith("--")
+        if key in changes:
+            out += [f"--{key}", str(changes[key])]
+            done.add(key)
+        else:
+            out += overrides[i:i + 1 + has_value]
+        i += 1 + has_value
+    for k, v in changes.items():
+        if k not in done:
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def shell_word(word: str) -> str:
+    """A word as typed on a shell command line: ``""`` for the empty value, quotes only where needed."""
+    import shlex
+
+    return '""' if word == "" else shlex.quote(word)
 
 
 def to_json(est: Estimate, device_memory: Optional[int] = None, suggestions: Optional[List[Suggestion]] = None,
