@@ -43,7 +43,9 @@ IMPORT_RULES = {
     "export": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.dpo", "paddlenlp.trainer"},
     "predict": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "planner": {"paddle", "paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.adapters"},
-    "parallel": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer"},
+    # parallel builds on the adapter layers (adapters.base); adapters.api calls parallel to save TP adapters
+    "parallel": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer",
+                 "paddlenlp_ext.adapters.api"},
     "serve": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.adapters",
               "paddlenlp.trainer"},
     "kto": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
@@ -151,3 +153,38 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
     assert list(swallowing_handlers(tree)) == [3]
     tree = ast.parse("from ..training import run\nimport paddle.nn\n")
     assert {"paddlenlp_ext.training.run", "paddle.nn"} <= set(imported_names(tree, "paddlenlp_ext.data.x"))
+
+
+def module_import_graph():
+    """{module: the paddlenlp_ext modules it imports anywhere in its file} (a package's name is its __init__)."""
+    def name(rel):
+        m = "paddlenlp_ext." + rel[:-3].replace(os.sep, ".")
+        return m[: -len(".__init__")] if m.endswith(".__init__") else m
+
+    found = {rel: name(rel) for rel, _ in modules()}
+    known = set(found.values())
+
+    def resolve(n):  # "paddlenlp_ext.adapters.api.save_adapter" -> "paddlenlp_ext.adapters.api"
+        while n and n not in known:
+            n = n.rpartition(".")[0]
+        return n
+
+    graph = {}
+    for rel, path in modules():
+        names = imported_names(ast.parse(read(path)), "paddlenlp_ext." + rel[:-3].replace(os.sep, "."))
+        graph[found[rel]] = {resolve(n) for n in names} - {found[rel], "", "paddlenlp_ext"}
+    return graph
+
+
+def cross_package_cycles(graph):
+    package = lambda m: m.split(".")[1]  # noqa: E731
+    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a]
+                   if a in graph.get(b, ()) and package(a) != package(b)})
+
+
+def test_no_import_cycle_between_packages():
+    """e.g. adapters/api.py <-> parallel/checkpoint.py: parallel reads adapter layers from adapters.base."""
+    assert cross_package_cycles(module_import_graph()) == []
+    sample = {"paddlenlp_ext.adapters.api": {"paddlenlp_ext.parallel.checkpoint"},
+              "paddlenlp_ext.parallel.checkpoint": {"paddlenlp_ext.adapters.api"}}
+    assert cross_package_cycles(sample) == [("paddlenlp_ext.adapters.api", "paddlenlp_ext.parallel.checkpoint")]

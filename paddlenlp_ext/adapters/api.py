@@ -11,11 +11,14 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
-from .base import (
+from .base import (  # noqa: F401  (iter_adapter_layers, holds_part_of_model: also this module's API)
+    _LAYER_NAMES_ATTR,
     AdapterError,
     AdapterLayer,
+    holds_part_of_model,
     is_linear_like,
     is_tensor_parallel_linear,
+    iter_adapter_layers,
     to_numpy_f32,
 )
 from .config import CONFIG_NAME, WEIGHTS_NAME, AdapterConfig
@@ -34,8 +37,6 @@ METHODS: Dict[str, type] = {
 }
 
 _MODEL_CONFIG_ATTR = "_paddlenlp_ext_adapter_config"
-# {sublayer name: the plain model's name} of a model that names its sublayers otherwise (a pipeline stage)
-_LAYER_NAMES_ATTR = "_paddlenlp_ext_layer_names"
 
 
 def layer_class(config: AdapterConfig) -> type:
@@ -46,17 +47,6 @@ def layer_class(config: AdapterConfig) -> type:
 
 
 # --------------------------------------------------------------------- helpers
-def iter_adapter_layers(model: nn.Layer) -> List[Tuple[str, AdapterLayer]]:
-    """``[(module_name, adapter_layer)]`` in model order; names are the plain model's (also on a pipeline stage)."""
-    names = getattr(model, _LAYER_NAMES_ATTR, None) or {}
-    return [(names.get(n, n), l) for n, l in model.named_sublayers() if isinstance(l, AdapterLayer)]
-
-
-def holds_part_of_model(model: nn.Layer) -> bool:
-    """True for a pipeline stage: it holds the adapters of its own layers only."""
-    return getattr(model, _LAYER_NAMES_ATTR, None) is not None
-
-
 def _parent_and_attr(model: nn.Layer, name: str) -> Tuple[nn.Layer, str]:
     parts = name.split(".")
     parent = model

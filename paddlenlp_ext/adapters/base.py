@@ -24,7 +24,7 @@ full sizes are in its ``shard`` spec.  The single-device classes refuse them.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -263,3 +263,22 @@ class AdapterLayer(nn.Layer):
             f"method={self.method}, in_features={self.in_features}, out_features={self.out_features}, "
             f"r={self.config.r}, merged={self.merged}"
         )
+
+
+# {sublayer name: the plain model's name} of a model that names its sublayers otherwise (a pipeline stage;
+# set by ``api.apply_adapters``)
+_LAYER_NAMES_ATTR = "_paddlenlp_ext_layer_names"
+
+
+def iter_adapter_layers(model: nn.Layer) -> List[Tuple[str, AdapterLayer]]:
+    """``[(module_name, adapter_layer)]`` in model order; names are the plain model's (also on a pipeline stage).
+
+    Here, not in ``api``, so that ``parallel/`` (which ``api`` calls to save tensor-parallel adapters) reads a
+    model's adapter layers without importing ``api`` back."""
+    names = getattr(model, _LAYER_NAMES_ATTR, None) or {}
+    return [(names.get(n, n), l) for n, l in model.named_sublayers() if isinstance(l, AdapterLayer)]
+
+
+def holds_part_of_model(model: nn.Layer) -> bool:
+    """True for a pipeline stage: it holds the adapters of its own layers only."""
+    return getattr(model, _LAYER_NAMES_ATTR, None) is not None

@@ -26,19 +26,13 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
-from ..adapters.base import AdapterError, to_numpy_f32
-
-
-def _layers(model: nn.Layer):
-    from ..adapters.api import iter_adapter_layers
-
-    return iter_adapter_layers(model)
+from ..adapters.base import AdapterError, iter_adapter_layers, to_numpy_f32
 
 
 def full_adapter_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
     """``{f"{module}.{suffix}": complete tensor}`` of every adapter layer (split tensors all-gathered)."""
     out: Dict[str, paddle.Tensor] = {}
-    for name, layer in _layers(model):
+    for name, layer in iter_adapter_layers(model):
         state = layer.full_adapter_state() if layer.tensor_parallel else layer.adapter_state_dict()
         for suffix, t in state.items():
             out[f"{name}.{suffix}"] = t
@@ -47,7 +41,7 @@ def full_adapter_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
 
 def is_checkpoint_writer(model: nn.Layer) -> bool:
     """True on the rank that writes the model's complete adapter (rank 0 of its model-parallel group)."""
-    ranks = {layer.shard.rank for _, layer in _layers(model) if layer.tensor_parallel}
+    ranks = {layer.shard.rank for _, layer in iter_adapter_layers(model) if layer.tensor_parallel}
     if len(ranks) > 1:
         raise AdapterError(f"the model's tensor-parallel adapter layers disagree on their rank: {sorted(ranks)}")
     return ranks in (set(), {0})
@@ -56,7 +50,7 @@ def is_checkpoint_writer(model: nn.Layer) -> bool:
 def adapter_split_axes(model: nn.Layer) -> Dict[str, Optional[int]]:
     """``{f"{module}.{suffix}": axis}`` along which each adapter tensor is split (None: replicated)."""
     out: Dict[str, Optional[int]] = {}
-    for name, layer in _layers(model):
+    for name, layer in iter_adapter_layers(model):
         axes = layer.split_axes() if layer.tensor_parallel else {s: None for s in layer.adapter_state_dict()}
         out.update({f"{name}.{s}": a for s, a in axes.items()})
     return out
