@@ -76,10 +76,12 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
 
 def build_prompts(records: Sequence[PromptRecord], tokenizer, o: PredictOptions, use_template: bool) -> List[Prompt]:
     """Every prompt's ids before the model loads; all bad prompts reported at once (file:line)."""
-    prompts, problems = [], []
+    from .session import prompt_template
+
+    prompts, problems, jinja = [], [], prompt_template(o)
     for rec in records:
         try:
-            prompts.append(build_prompt(rec, tokenizer, o.src_length, o.max_length, use_template))
+            prompts.append(build_prompt(rec, tokenizer, o.src_length, o.max_length, use_template, jinja))
         except PredictInputError as e:
             problems.append(str(e))
     if problems:
@@ -156,7 +158,7 @@ def chat(session, o: PredictOptions, stdin: Optional[IO] = None, out: Optional[I
         out.write(text)
         out.flush()
 
-    layout = "the tokenizer's chat template" if session.use_template else \
+    layout = "the tokenizer's chat template" if session.use_template or session.jinja else \
         "the training layout: [bos] + question + answer + eos + ..."
     write(f"[chat] {session.description}\n[chat] prompts use {layout}; {CHAT_HELP}\n")
     if o.output_file:
@@ -198,7 +200,8 @@ def _chat_loop(session, o: PredictOptions, stdin: IO, out: IO, write: Callable[[
             continue
         rec = PromptRecord(src=questions + [text], history=list(answers), origin=f"chat turn {len(questions) + 1}")
         try:
-            prompt = build_prompt(rec, session.tokenizer, o.src_length, o.max_length, session.use_template)
+            prompt = build_prompt(rec, session.tokenizer, o.src_length, o.max_length, session.use_template,
+                                  session.jinja)
         except PredictInputError as e:  # e.g. one question longer than the whole budget: say so, keep chatting
             write(f"[chat] {e}\n")
             continue

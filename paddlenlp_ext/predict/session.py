@@ -55,6 +55,7 @@ class Session:
     pad_id: int
     device: str
     description: str  # one line: base, dtype, device, adapter
+    jinja: Optional[str] = None  # the jinja chat template's source (prompt_template): it renders the prompts
 
 
 def pick_device(requested: Optional[str]) -> str:
@@ -90,6 +91,20 @@ def load_tokenizer(o: PredictOptions):
     except (OSError, ValueError, TemplateError) as e:  # unreadable file, bad JSON, jinja syntax error
         raise PredictInputError(f"--chat_template {o.chat_template}: {type(e).__name__}: {e}") from e
     return tokenizer, use_template
+
+
+def prompt_template(o: PredictOptions) -> Optional[str]:
+    """The jinja chat template the prompts are rendered with, found as training finds it
+    (``data.chat_template.find_template``: ``--chat_template FILE.jinja``, else the model directory's
+    ``tokenizer_config.json`` / ``chat_template.jinja``); None without one or for PaddleNLP's
+    ``chat_template.json`` (rendered by PaddleNLP)."""
+    from ..data.chat_template import find_template
+    from ..data.reader import DataError
+
+    try:
+        return find_template(o.model_name_or_path, o.chat_template)
+    except DataError as e:  # a bad tokenizer_config.json or template list: the file is named
+        raise PredictInputError(f"chat template: {e}") from e
 
 
 def matmul_supported(dtype: str) -> bool:
@@ -207,4 +222,4 @@ def load_session(o: PredictOptions, tokenizer, use_template: bool) -> Session:
     name = os.path.basename(os.path.normpath(o.model_name_or_path))
     return Session(model=model, tokenizer=tokenizer, use_template=use_template, eos_ids=eos_token_ids(tokenizer, model),
                    pad_id=int(pad if pad is not None else 0), device=device,
-                   description=f"{name} ({o.dtype}, {device}) + {what}")
+                   description=f"{name} ({o.dtype}, {device}) + {what}", jinja=prompt_template(o))

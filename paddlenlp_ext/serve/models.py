@@ -88,7 +88,7 @@ def default_sampling(o: PredictOptions) -> Sampling:
 
 def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
     """The request's prompt as token ids; ApiError 400 when it does not fit the context with room to answer."""
-    from ..predict.prompts import build_prompt
+    from ..predict.prompts import build_prompt, full_prompt_ids
 
     s, limit = model.session, model.options.max_length
     if req.kind == "chat":
@@ -97,14 +97,14 @@ def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
         try:
             # src_length = limit: nothing is cut unless the prompt alone fills the context (`truncated`);
             # max_length unbounded so build_prompt leaves the refusal to the checks below
-            p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template)
+            p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template, s.jinja)
         except PredictInputError as e:  # the chat template refused the conversation
             raise ApiError(400, str(e), "messages", "invalid_value") from e
         ids, too_long = p.ids, p.truncated
-        if c.system is not None and s.use_template and not too_long:
+        if c.system is not None and s.use_template and not s.jinja and not too_long:
             _refuse_dropped_system(rec, ids, s, limit)
         if too_long:
-            ids = _untruncated_length(rec, s)
+            ids = len(full_prompt_ids(rec, s.tokenizer, s.use_template, s.jinja))
     else:
         ids = list(s.tokenizer(req.prompt, return_attention_mask=False)["input_ids"])
         too_long = len(ids) >= limit
@@ -122,27 +122,16 @@ def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
 
 
 def _refuse_dropped_system(rec: PromptRecord, ids: List[int], session, limit: int) -> None:
-    """400 when the prompt is the same without the system message: the chat template never received it
-    (PaddleNLP's jinja path takes no system context), and answering as if it had would be wrong."""
+    """400 when the prompt is the same without the system message: PaddleNLP's ``chat_template.json``
+    has no system slot, so the message would be dropped and answering as if it had not been would be
+    wrong.  (A jinja template renders the system message as transformers does: never refused.)"""
     from ..predict.prompts import build_prompt
 
     bare = build_prompt(dataclasses.replace(rec, system=None), session.tokenizer, limit, 2 ** 62, True)
     if bare.ids == ids:
-        raise ApiError(400, "this model's chat template does not receive the system message (PaddleNLP renders "
-                       "jinja chat templates without a system context), so it would be dropped; leave the system "
-                       "message out, or put its text in the first user message", "messages[0]",
-                       "system_message_unsupported")
-
-
-def _untruncated_length(rec: PromptRecord, session) -> int:
-    """How many tokens the whole conversation takes (for the error message)."""
-    from ..data.reader import Example
-    from ..data.tokenize import encode_turns
-    from ..predict.prompts import PLACEHOLDER_ANSWER
-
-    prefix, turns = encode_turns(Example(src=rec.src, tgt=rec.history + [PLACEHOLDER_ANSWER], system=rec.system),
-                                 session.tokenizer, session.use_template)
-    return len(prefix) + sum(len(s) + len(t) for s, t in turns[:-1]) + len(turns[-1][0])
+        raise ApiError(400, "this model's chat template (PaddleNLP's chat_template.json) has no system slot, so "
+                       "the system message would be dropped; leave it out, or put its text in the first user "
+                       "message", "messages[0]", "system_message_unsupported")
 
 
 def model_cards(models: List[ServedModel], created: int) -> Dict[str, Any]:
