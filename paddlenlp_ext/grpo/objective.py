@@ -76,17 +76,20 @@ def global_token_loss(loss_tokens, global_tokens: int, world_size: int):
     return loss_tokens.sum() * (float(world_size) / max(int(global_tokens), 1))
 
 
-def step_metrics(rewards: np.ndarray, per_func: Dict[str, np.ndarray], group: int, kl, clipped,
-                 completion_lengths: np.ndarray) -> Dict[str, float]:
+def step_metrics(rewards: np.ndarray, per_func: Dict[str, np.ndarray], group: int, kl_mean: Optional[float],
+                 clip_ratio: float, completion_lengths: np.ndarray) -> Dict[str, float]:
     """This micro-batch's logged numbers (python floats): reward (mean), reward_std (mean of the groups'
-    ddof=1 std, as TRL), rewards/<function>, kl (token mean), clip_ratio (token mean),
-    completion_length (mean tokens, EOS included)."""
+    ddof=1 std, as TRL), rewards/<function>, kl and clip_ratio (token means of the global batch, given),
+    completion_length (mean tokens, EOS included).
+
+    >>> step_metrics(np.array([1.0, 0.0]), {"f": np.array([1.0, 0.0])}, 2, None, 0.25, np.array([3, 5]))
+    {'reward': 0.5, 'reward_std': 0.7071067811865476, 'completion_length': 4.0, 'clip_ratio': 0.25, 'rewards/f': 0.5}
+    """
     r = np.asarray(rewards, dtype=np.float64).reshape([-1, group])  # [n, G]
     out = {"reward": float(r.mean()), "reward_std": float(r.std(axis=1, ddof=1).mean()),
-           "completion_length": float(np.mean(completion_lengths)),
-           "clip_ratio": float(clipped.astype("float32").mean())}
-    if kl is not None:
-        out["kl"] = float(kl.detach().mean())
+           "completion_length": float(np.mean(completion_lengths)), "clip_ratio": float(clip_ratio)}
+    if kl_mean is not None:
+        out["kl"] = float(kl_mean)
     for name, values in per_func.items():
         out[f"rewards/{name}"] = float(np.mean(values))
     return out

@@ -32,7 +32,7 @@ def contains_keyword(prompts: List[str], completions: List[str], keyword: Sequen
     >>> contains_keyword(["q", "q"], ["Great for the gym.", "A calm day."], keyword=["gym", "gym"])
     [1.0, 0.0]
     """
-    return [1.0 if k.lower() in c.lower() else 0.0 for c, k in zip(completions, keyword)]
+    return [1.0 if str(k).lower() in c.lower() else 0.0 for c, k in zip(completions, keyword)]
 
 
 class RewardSet:

@@ -64,6 +64,15 @@ def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, An
     return out
 
 
+def show_reward_on_console(trainer) -> None:
+    """Each progress line also shows the step's mean reward and KL (after the learning rate)."""
+    from ..training.callbacks import ConsoleProgress
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ConsoleProgress):
+            callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl"}
+
+
 def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train as configured; returns the run summary (also output_dir/run_summary.json)."""
     if cfg.dpo is None or cfg.dpo.loss_type != "grpo":
@@ -104,6 +113,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
                           rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding)
     attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
+    show_reward_on_console(trainer)
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": {"train": report},

@@ -115,14 +115,19 @@ class GRPOTrainer(DPOTrainer):
         adv = paddle.to_tensor(advantages)[batch["logp_segment"]]  # [T]
         losses, kl, clipped = token_losses(logps, logps.detach(), adv, ref, epsilon=o.epsilon, beta=o.beta)  # [T] each
         local_tokens = int(batch["logp_token"].shape[0])
-        global_tokens, world = local_tokens, max(int(self.args.dataset_world_size), 1)
+        world = max(int(self.args.dataset_world_size), 1)
+        # the global batch's completion tokens, KL sum and clipped tokens (token means independent of the layout)
+        sums = np.asarray([local_tokens, float(kl.sum()) if kl is not None else 0.0,
+                           float(clipped.astype("float32").sum())], dtype=np.float64)  # [3]
         if world > 1:
-            count = paddle.to_tensor([local_tokens], dtype="int64")
-            paddle.distributed.all_reduce(count)
-            global_tokens = int(count.numpy()[0])
+            both = paddle.to_tensor(sums)
+            paddle.distributed.all_reduce(both)
+            sums = both.numpy()
+        global_tokens = int(round(sums[0]))
         loss = global_token_loss(losses, global_tokens, world)
         lengths = np.asarray([len(c) for c in completions], dtype=np.float64)
-        metrics = step_metrics(total, per_func, G, kl, clipped, lengths)
+        metrics = step_metrics(total, per_func, G, sums[1] / sums[0] if kl is not None else None, sums[2] / sums[0],
+                               lengths)
         self.trained_tokens += int(batch["input_ids"].shape[0] * batch["input_ids"].shape[1])
         self.trained_supervised_tokens += local_tokens
         self.trained_real_tokens += int(batch["num_real_tokens"])
