@@ -63,7 +63,7 @@ def test_reward_rises_after_sft(tiny_model_dir, tmp_path):
     sft = tmp_path / "sft"
     cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
            os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(sft),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "100",
+           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "60",
            "--do_eval", "false", "--eval_before_train", "false", "--report_to", "none"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -81,7 +81,7 @@ def test_reward_rises_after_sft(tiny_model_dir, tmp_path):
     assert len(summary["steps"]) == 50 and summary["completions_trained"] == 50 * 2 * 8
     for key in ("reward_std", "kl", "clip_ratio", "completion_length", "rewards/contains_keyword"):
         assert key in logs[-1], logs[-1]
-    assert logs[-1]["kl"] > 0 and 1 <= logs[-1]["completion_length"] <= 32
+    assert logs[-1]["kl"] > 0 and 1 <= logs[-1]["completion_length"] <= 20
     assert glob.glob(str(out / "runs" / "*" / "*"))  # VisualDL records
 
 
