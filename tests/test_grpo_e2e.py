@@ -102,12 +102,13 @@ def test_two_processes_reproduce_one(tmp_path, e_prompts):
             assert abs(x[key] - y[key]) < 1e-5, (key, x, y)
 
 
-def test_resume_is_exact(tmp_path, e_prompts):
-    """Steps 3 and 4 after resuming from checkpoint-2 equal the uninterrupted run's (sampling is seeded by step)."""
+def test_lora_resume_is_exact(tmp_path, e_prompts):
+    """LoRA (the reference is the base with the adapters off): steps 3 and 4 after resuming from checkpoint-2
+    equal the uninterrupted run's (sampling is seeded by the step)."""
     from safetensors.numpy import load_file
 
     common = (*SHORT, "--max_steps", "4", "--per_device_train_batch_size", "2", "--save_strategy", "steps",
-              "--save_steps", "2", "--report_to", "none")
+              "--save_steps", "2", "--report_to", "none", "--lora", "true", "--lora_rank", "4")
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     run_grpo(full, *common, data=e_prompts)
     resumed.mkdir()
@@ -118,7 +119,9 @@ def test_resume_is_exact(tmp_path, e_prompts):
     for x, y in zip(a[-2:], b[-2:]):
         for key in ("loss", "reward", "kl"):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (key, x, y)
-    wa, wb = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert json.loads((full / "run_summary.json").read_text())["reference"] == "adapters"
+    assert b[-1]["kl"] > 0  # the adapters moved the policy away from the base
+    wa, wb = (load_file(str(d / "adapter_model.safetensors")) for d in (full, resumed))
     assert max(float(abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6
 
 
