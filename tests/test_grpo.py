@@ -145,6 +145,11 @@ def test_reward_return_value_errors_name_the_key():
         with pytest.raises(ConfigError) as e:
             rewards(["p"] * 3, ["a", "b", "c"], {})
         assert f"reward_funcs[0] 'test_grpo:{name}'" in e.value.problems[0] and want in e.value.problems[0]
+    rewards = RewardSet(["paddlenlp_ext.grpo.rewards:contains_keyword"])
+    with pytest.raises(ConfigError) as e:  # the data has no "keyword" field
+        rewards(["p"], ["a"], {"topic": ["x"]})
+    assert "reward_funcs[0] 'paddlenlp_ext.grpo.rewards:contains_keyword' cannot be called as f(prompts=, " \
+           "completions=, topic=, ...)" in e.value.problems[0]
     rewards = RewardSet(["paddlenlp_ext.grpo.rewards:contains_keyword"] * 2, weights=[1.0, 0.5])
     total, per = rewards(["p", "p"], ["a gym day", "calm"], {"keyword": ["GYM", "gym"]})
     assert total.tolist() == [1.5, 0.0] and sorted(per) == ["contains_keyword_0", "contains_keyword_1"]

@@ -67,7 +67,12 @@ class RewardSet:
             if func is None:
                 values = self.scorer.score_texts(prompts, completions)
             else:
-                values = func(prompts=list(prompts), completions=list(completions), **columns)
+                try:
+                    values = func(prompts=list(prompts), completions=list(completions), **columns)
+                except TypeError as e:  # the signature does not take these arguments: a config problem
+                    raise ConfigError([f"{key} cannot be called as f(prompts=, completions=, "
+                                       f"{''.join(c + '=, ' for c in sorted(columns))}...): {e}; the reward "
+                                       "columns are the data records' other fields"]) from e
             per[name] = _checked(values, n, key)
             total += weight * per[name]
         return total, per

@@ -34,17 +34,26 @@ def build_prompts(cfg: RunConfig, tokenizer):
     use_template = resolve_chat_template(tokenizer, d.chat_template)
     renderer = make_renderer(cfg, tokenizer, use_template)
     renderer.src_length = renderer.max_length = 1 << 30  # the prompt keeps its end: render_prompt cuts
-    ids, problems = [], []
+    ids, problems, truncated = [], [], 0
     for rec in records:
         try:
-            ids.append(render_prompt(rec, renderer, o.max_prompt_len))
+            full = render_prompt(rec, renderer, 1 << 30)
+            truncated += int(len(full) > o.max_prompt_len)
+            ids.append(full[-o.max_prompt_len:])
         except (ValueError, TypeError, KeyError, IndexError, StopIteration) as e:  # re-raised with file:line
             problems.append(f"{rec.origin}: could not render the prompt: {e}")
     if problems:
         raise DataError(problems)
     dataset = PromptDataset(records, ids)
     report = {"files": files, "chat_template": use_template, "packing": "in_order" if d.zero_padding else "none",
-              "examples": len(dataset), "tokens": dataset.stats()["prompt_tokens"], **dataset.stats()}
+              "examples": len(dataset), "tokens": dataset.stats()["prompt_tokens"], **dataset.stats(),
+              "truncated_prompts": truncated}
+    if truncated:
+        from ..training.console import current
+
+        current().line(f"notice: {truncated} of {len(dataset)} prompts are longer than max_prompt_len "
+                       f"{o.max_prompt_len} and keep their last {o.max_prompt_len} tokens; raise max_prompt_len to "
+                       "keep them whole")
     return dataset, report
 
 
