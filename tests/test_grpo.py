@@ -209,7 +209,8 @@ def test_prompts_from_every_format(tmp_path, tiny_tokenizer):
         {"instruction": "type#shirt", "keyword": "d"},
     ])
     recs = read_prompts([path])
-    assert [r.text for r in recs] == ["type#shirt"] * 4 and [r.columns for r in recs] == [{"keyword": k} for k in "abcd"]
+    assert [r.text for r in recs] == ["type#shirt"] * 4
+    assert [r.columns for r in recs] == [{"keyword": k} for k in "abcd"]
     renderer = Renderer(tiny_tokenizer, 1 << 30, 1 << 30, False)
     want = [tiny_tokenizer.bos_token_id] + _encode(tiny_tokenizer, "type#shirt")
     assert all(render_prompt(r, renderer, 64) == want for r in recs)
