@@ -72,6 +72,10 @@ def apply_preference_aliases(cfg, name: str) -> None:
 def apply_dpo_aliases(cfg) -> None:
     """PaddleNLP's run_dpo.py rewrites, made visible as derived settings (before the cross checks)."""
     o = cfg.dpo
+    if o.loss_type == "grpo":  # llm/run_grpo.py (schema.GRPOArgument): config/grpo.py
+        from .grpo import apply_grpo_aliases
+
+        return apply_grpo_aliases(cfg)
     if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
         from .kto import apply_kto_aliases
 
@@ -93,6 +97,10 @@ def apply_dpo_aliases(cfg) -> None:
 
 def dpo_problems(cfg, where: str) -> List[str]:
     o = cfg.dpo
+    if o.loss_type == "grpo":  # llm/run_grpo.py (schema.GRPOArgument): config/grpo.py
+        from .grpo import grpo_problems
+
+        return grpo_problems(cfg, where)
     if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
         from .kto import kto_problems
 

@@ -33,7 +33,9 @@ RESUME_KEYS = {
               "fuse_attention_ffn"),
     "data": ("dataset_name_or_path", "src_length", "max_length", "zero_padding", "greedy_zero_padding",
              "greedy_group_size", "lazy", "chat_template"),
-    "dpo": ("train_dataset_path", "max_seq_len", "max_prompt_len"),
+    "dpo": ("train_dataset_path", "max_seq_len", "max_prompt_len",  # then GRPO's (a group has only its own)
+            "num_generations", "max_completion_length", "temperature", "top_p", "epsilon", "scale_rewards",
+            "reward_funcs", "reward_model_name_or_path", "reward_weights"),
     "training": ("seed", "per_device_train_batch_size", "gradient_accumulation_steps", "fp16", "bf16",
                  "fp16_opt_level", "tensor_parallel_degree"),
 }
@@ -111,7 +113,7 @@ def resume_settings(cfg, training_defaults: Dict[str, Any]) -> Dict[str, Any]:
         for key in keys:
             if group == "training":
                 value = cfg.training.get(key, training_defaults.get(key))
-            elif groups[group] is None:
+            elif groups[group] is None or not hasattr(groups[group], key):
                 continue
             else:
                 value = getattr(groups[group], key)

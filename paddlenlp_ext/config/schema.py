@@ -293,3 +293,41 @@ class KTOArgument:
     # not keys: what the preference code shared with DPO reads (KTO always has a reference model)
     reference_free = False
     loss_type = "kto"
+
+
+# Keys of llm/run_grpo.py only (load_config(..., mode="grpo"); held in RunConfig.dpo, the alignment key
+# group): TRL's GRPOConfig names (num_generations, max_completion_length, epsilon, beta, scale_rewards,
+# reward_weights, ...) plus PaddleNLP's data key names (train_dataset_path, max_prompt_len).
+@dataclass
+class GRPOArgument:
+    train_dataset_path: Optional[str] = _f(
+        None, "GRPO prompts (any data format: messages, alpaca, sharegpt, src/tgt; a trailing answer is dropped; "
+        "other fields go to the reward functions): a file or a directory with train.json.")
+    reward_funcs: Optional[List[str]] = _f(
+        None, "Reward functions \"package.module:function\", each f(prompts, completions, **columns) -> floats.")
+    reward_model_name_or_path: Optional[str] = _f(
+        None, "A reward model directory (llm/run_reward.py's export) scored after the reward functions.")
+    reward_weights: Optional[List[float]] = _f(
+        None, "Weight of each reward (reward_funcs in order, then the reward model); default 1 each.")
+    num_generations: int = _f(8, "G: completions sampled per prompt (the group of the advantages).", gt=1)
+    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts keep their end).", gt=0)
+    max_completion_length: int = _f(64, "Maximum tokens of a completion (its EOS included).", gt=0)
+    temperature: float = _f(1.0, "Sampling temperature of the completions (also applied to the scored logits).",
+                            gt=0.0)
+    top_p: float = _f(1.0, "Top-p (nucleus) of the completions' sampling; 1.0 = off.", gt=0.0)
+    beta: float = _f(0.04, "Weight of the k3 KL term to the reference model; 0 = no reference model.", min=0.0)
+    epsilon: float = _f(0.2, "Clipping range of the probability ratio (PPO's epsilon).", gt=0.0)
+    num_iterations: int = _f(1, "Optimizer steps per generated batch (TRL's mu); only 1 is supported.", gt=0)
+    scale_rewards: bool = _f(True, "Divide each group's centred rewards by its standard deviation (false: "
+                             "Dr. GRPO's unscaled advantages).")
+    rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
+
+    # not keys: what the alignment code shared with DPO reads
+    ref_model_update_steps = -1
+    reference_free = False
+    loss_type = "grpo"
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest prompt + completion sequence (a packed row's length; what the planner sizes)."""
+        return self.max_prompt_len + self.max_completion_length

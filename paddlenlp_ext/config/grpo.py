@@ -1,0 +1,128 @@
+"""The GRPO mode of ``load_config`` (``llm/run_grpo.py``), without importing paddle.
+
+``load_config(path, overrides, mode="grpo")`` accepts the GRPO keys (``schema.GRPOArgument``: TRL's
+GRPOConfig names) on top of the model / training keys, held in ``cfg.dpo`` (the alignment key group,
+so the model build, the planner and resume read one place as for DPO and KTO).  This module holds the
+GRPO rewrites (zero padding on, rslora_plus) and cross checks: the reward functions are imported here,
+so a missing module or function is reported before anything is loaded (exit 2, naming the key).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Callable, List, Tuple
+
+from .dpo import SFT_ONLY_KEYS, apply_preference_aliases
+
+#: fine-tuning keys with a GRPO counterpart
+GRPO_INSTEAD = {"dataset_name_or_path": "train_dataset_path", "src_length": "max_prompt_len",
+                "max_length": "max_completion_length (and max_prompt_len)", "intokens": "zero_padding"}
+REWARD_SCORER = "paddlenlp_ext.reward.scorer"
+
+
+def apply_grpo_aliases(cfg) -> None:
+    """Zero padding on unless the config says otherwise (rows of prompt + completion sequences), rslora_plus."""
+    apply_preference_aliases(cfg, "GRPO")
+    if "zero_padding" in cfg.derived:
+        cfg.derived["zero_padding"] = ("True (GRPO packs the prompt + completion sequences of a step into rows of "
+                                       "max_prompt_len + max_completion_length, separated by start-row masks)")
+
+
+def resolve_reward_func(spec: str) -> Tuple[Callable, str]:
+    """``"pkg.module:function"`` -> (the function, its display name); ValueError saying what is wrong.
+
+    >>> resolve_reward_func("paddlenlp_ext.grpo.rewards:contains_keyword")[1]
+    'contains_keyword'
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"{spec!r} is not \"package.module:function\"")
+    module_name, func_name = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{spec!r}: cannot import module {module_name!r} ({e}); is it on PYTHONPATH?") from None
+    func = getattr(module, func_name, None)
+    if func is None or not callable(func):
+        raise ValueError(f"{spec!r}: module {module_name!r} has no function {func_name!r}")
+    return func, func_name
+
+
+def reward_scorer_available() -> bool:
+    """True when this build has the reward-model scorer (``paddlenlp_ext.reward``, llm/run_reward.py)."""
+    try:
+        return importlib.util.find_spec(REWARD_SCORER) is not None
+    except ImportError:  # the paddlenlp_ext.reward package itself is absent
+        return False
+
+
+def grpo_problems(cfg, where: str) -> List[str]:
+    o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
+    p: List[str] = []
+    for key in sorted(cfg.explicit & (set(SFT_ONLY_KEYS) - {"top_p"})):
+        instead = GRPO_INSTEAD.get(key)
+        p.append(f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a GRPO config "
+                 + (f"use {instead} instead" if instead else "it has no meaning: remove it") + " (docs/alignment.md)")
+    funcs = list(o.reward_funcs or [])
+    for i, spec in enumerate(funcs):
+        try:
+            resolve_reward_func(spec)
+        except ValueError as e:
+            p.append(f"{where}: reward_funcs[{i}]: {e}")
+    n_rewards = len(funcs) + int(bool(o.reward_model_name_or_path))
+    if n_rewards == 0:
+        p.append(f"{where}: no reward: set reward_funcs (e.g. [\"paddlenlp_ext.grpo.rewards:contains_keyword\"]) "
+                 "and/or reward_model_name_or_path")
+    if o.reward_model_name_or_path:
+        if not reward_scorer_available():
+            p.append(f"{where}: reward_model_name_or_path needs the reward-model scorer ({REWARD_SCORER}, "
+                     "llm/run_reward.py), which this build does not have; use reward_funcs")
+        elif not os.path.isdir(o.reward_model_name_or_path):
+            p.append(f"{where}: reward_model_name_or_path {o.reward_model_name_or_path!r} is not a directory")
+    if o.reward_weights is not None and len(o.reward_weights) != n_rewards:
+        p.append(f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
+                 "(reward_funcs in order, then the reward model); give one weight each")
+    if o.num_iterations != 1:
+        p.append(f"{where}: num_iterations={o.num_iterations} is not supported (each generated batch is used for one "
+                 "optimizer step, so the old policy is the current one); set it to 1")
+    if not o.top_p <= 1.0:
+        p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
+    if t.get("gradient_accumulation_steps", 1) != 1:
+        p.append(f"{where}: gradient_accumulation_steps > 1 is not supported for GRPO yet (the loss is normalised "
+                 "over the completion tokens of the global batch, known only once every micro-batch has generated); "
+                 "raise per_device_train_batch_size instead")
+    for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
+        if t.get(key, 1) > 1:
+            p.append(f"{where}: {key} > 1 is not supported for GRPO (generation and the per-token log-probs run the "
+                     "whole model on each process); use data parallel (--nproc_per_node) or sharding")
+    if t.get("do_eval") or t.get("load_best_model_at_end") or t.get("metric_for_best_model"):
+        p.append(f"{where}: GRPO has no evaluation set or eval metric; set do_eval false and remove "
+                 "load_best_model_at_end / metric_for_best_model (the per-step rewards are logged)")
+    if not t.get("do_train", False):
+        p.append(f"{where}: GRPO only trains; set do_train true")
+    if d.lazy:
+        p.append(f"{where}: lazy=true is not supported for GRPO (prompts are read in memory); remove lazy")
+    if d.autoregressive:
+        p.append(f"{where}: autoregressive=true trains on raw text; GRPO needs prompts: remove it")
+    if m.neftune or m.prefix_tuning or m.prefix_path:
+        p.append(f"{where}: neftune and prefix tuning are not supported for GRPO; use lora (or full fine-tuning)")
+    if m.pissa and o.beta > 0:
+        p.append(f"{where}: pissa=true moves the base weights into the adapter, so the base with the adapters off is "
+                 "not the reference model; use lora without pissa, or beta=0")
+    if o.rslora_plus and not m.lora:
+        p.append(f"{where}: rslora_plus=true needs lora=true")
+    if d.zero_padding and m.use_flash_attention and not m.flash_mask:
+        p.append(f"{where}: zero_padding with use_flash_attention needs flash_mask=true (the sequences of a packed "
+                 "row are separated by a start-row mask)")
+    path = o.train_dataset_path
+    if not path:
+        p.append(f"{where}: train_dataset_path is required (the prompts)")
+    elif os.path.isdir(path):
+        from ..data.reader import find_split_files
+
+        if not find_split_files(path, "train"):
+            p.append(f"{where}: train_dataset_path {path!r} is a directory without train.json or train/*.json")
+    elif not os.path.isfile(path):
+        p.append(f"{where}: train_dataset_path {path!r} does not exist (a data file or a directory with train.json)")
+    return p

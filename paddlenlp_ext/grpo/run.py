@@ -1,0 +1,146 @@
+"""Build a GRPO run from a validated RunConfig (``load_config(..., mode="grpo")``), then train.
+
+Order as ``training.run`` and ``dpo.run``: training args -> tokenizer -> prompts (read, rendered)
+-> rewards -> model (streamed, quantized) -> adapters -> :class:`~paddlenlp_ext.grpo.trainer.GRPOTrainer`.
+The run summary adds the per-step rewards and the mean reward of the first and last ten steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+from typing import Any, Dict, List
+
+from ..config.parse import ConfigError, RunConfig
+from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, train_and_save, \
+    write_run_summary
+
+#: per-step metrics copied from the log history into run_summary.json
+STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length")
+
+
+def build_prompts(cfg: RunConfig, tokenizer):
+    """(PromptDataset, report): the train prompts rendered with the run's template (DataError naming file:line)."""
+    from ..data.pipeline import make_renderer
+    from ..data.reader import DataError
+    from ..data.tokenize import resolve_chat_template
+    from ..dpo.data import resolve_split_files
+    from .data import PromptDataset, read_prompts, render_prompt
+
+    o, d = cfg.dpo, cfg.data
+    files = resolve_split_files(o.train_dataset_path, "train")
+    records = read_prompts(files, d.dataset_format, d.dataset_columns)
+    use_template = resolve_chat_template(tokenizer, d.chat_template)
+    renderer = make_renderer(cfg, tokenizer, use_template)
+    renderer.src_length = renderer.max_length = 1 << 30  # the prompt keeps its end: render_prompt cuts
+    ids, problems, truncated = [], [], 0
+    for rec in records:
+        try:
+            full = render_prompt(rec, renderer, 1 << 30)
+            truncated += int(len(full) > o.max_prompt_len)
+            ids.append(full[-o.max_prompt_len:])
+        except (ValueError, TypeError, KeyError, IndexError, StopIteration) as e:  # re-raised with file:line
+            problems.append(f"{rec.origin}: could not render the prompt: {e}")
+    if problems:
+        raise DataError(problems)
+    dataset = PromptDataset(records, ids)
+    report = {"files": files, "chat_template": use_template, "packing": "in_order" if d.zero_padding else "none",
+              "examples": len(dataset), "tokens": dataset.stats()["prompt_tokens"], **dataset.stats(),
+              "truncated_prompts": truncated}
+    if truncated:
+        from ..training.console import current
+
+        current().line(f"notice: {truncated} of {len(dataset)} prompts are longer than max_prompt_len "
+                       f"{o.max_prompt_len} and keep their last {o.max_prompt_len} tokens; raise max_prompt_len to "
+                       "keep them whole")
+    return dataset, report
+
+
+def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, Any]:
+    """Per-step metrics and the mean reward of the first and last ``n`` logged steps.
+
+    >>> t = reward_trend([{"step": s, "reward": float(s), "loss": 0.0} for s in range(1, 5)], n=2)
+    >>> t["reward_first"], t["reward_last"]
+    (1.5, 3.5)
+    """
+    steps = [{k: e[k] for k in ("step",) + STEP_KEYS if k in e} for e in log_history if "reward" in e]
+    rewards = [s["reward"] for s in steps]
+    out: Dict[str, Any] = {"steps": steps}
+    if rewards:
+        out.update(reward_first=sum(rewards[:n]) / len(rewards[:n]), reward_last=sum(rewards[-n:]) / len(rewards[-n:]),
+                   reward_window=min(n, len(rewards)))
+    return out
+
+
+def show_reward_on_console(trainer) -> None:
+    """Each progress line also shows the step's mean reward and KL (after the learning rate)."""
+    from ..training.callbacks import ConsoleProgress
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ConsoleProgress):
+            callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl"}
+
+
+def run(cfg: RunConfig) -> Dict[str, Any]:
+    """Train as configured; returns the run summary (also output_dir/run_summary.json)."""
+    if cfg.dpo is None or cfg.dpo.loss_type != "grpo":
+        raise ValueError("grpo.run.run needs a GRPO config: load_config(path, overrides, mode='grpo')")
+    from ..training.heap import limit_heap_retention
+    from ..training.logfile import run_logging
+
+    limit_heap_retention()
+    with run_logging(cfg), library_patches(cfg):  # train.log and the console as in fine-tuning
+        return _run(cfg)
+
+
+def _run(cfg: RunConfig) -> Dict[str, Any]:
+    from paddlenlp.utils.log import logger
+
+    from ..data.reader import DataError
+    from ..training.callbacks import StepTimer
+    from ..training.console import current
+    from ..training.reporting import attach_reporting
+    from .data import prompt_collator
+    from .rewards import RewardSet
+    from .trainer import GRPOTrainer
+
+    wall_start = time.time()
+    o = cfg.dpo
+    args, tokenizer, _, resume_step = start_run(cfg)
+    try:
+        dataset, report = build_prompts(cfg, tokenizer)
+    except ValueError as e:
+        if isinstance(e, DataError):
+            raise
+        raise ConfigError([f"{cfg.source or 'config'}: {e}"]) from e
+    logger.info(f"data[train]: {json.dumps(report, default=str)}")
+    rewards = RewardSet(o.reward_funcs or [], o.reward_model_name_or_path, o.reward_weights)
+    built = build_model(cfg, args)
+    trainer = GRPOTrainer(model=built.model, args=args, train_dataset=dataset, tokenizer=tokenizer,
+                          data_collator=prompt_collator, adapter_config=built.adapter_config, grpo_config=o,
+                          rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding)
+    attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
+    attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
+    show_reward_on_console(trainer)
+    step_timer = StepTimer()
+    trainer.add_callback(step_timer)
+    summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": {"train": report},
+                               "loss_type": "grpo", "reference": trainer.reference, "rewards": rewards.names,
+                               "num_generations": o.num_generations}
+    train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
+    tokens, completion_tokens = trainer.global_token_counts()
+    from ..training.trainer import sum_over_ranks
+
+    completions, prompts, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_prompts,
+                                                 trainer.trained_real_tokens])
+    summary.update(row_tokens_trained=tokens, completion_tokens_trained=completion_tokens, prompts_trained=prompts,
+                   completions_trained=completions, tokens_trained=real,
+                   row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
+                   completions_per_second=round(completions / max(train_time, 1e-9), 3))
+    summary.update(reward_trend(trainer.state.log_history))
+    if "reward_first" in summary:
+        k = summary["reward_window"]
+        current().line(f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps "
+                       f"{summary['reward_last']:.4f}")
+    return write_run_summary(args, summary, step_timer, wall_start)

@@ -1,0 +1,76 @@
+"""G seeded completions per prompt from the KV-cache generation (PaddleNLP's ``model.generate``).
+
+The completions of prompt ``i`` at step ``s`` depend only on ``(seed, i, s)`` -- and, within the
+group, on the generation index -- never on the rank or on the other prompts of the batch: each
+prompt's group is one ``generate`` call of G identical rows (no padding) after
+``paddle.seed(group_seed(seed, i, s))``, and the global random state is restored afterwards, so
+the Trainer's own randomness is untouched.  Two data-parallel processes therefore sample exactly
+what one process samples, and a resumed run samples what the uninterrupted run did.
+
+A completion is cut after its first EOS (kept: the policy learns to stop) or at
+``max_completion_length`` tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import List, Sequence
+
+import numpy as np
+import paddle
+from paddlenlp.generation import GenerationConfig
+
+__all__ = ["group_seed", "cut_completion", "sample_groups"]
+
+
+def group_seed(seed: int, prompt_index: int, step: int) -> int:
+    """A 31-bit seed for one prompt's group at one step (a hash: neighbouring inputs do not collide).
+
+    >>> group_seed(42, 3, 7) == group_seed(42, 3, 7), group_seed(42, 3, 7) == group_seed(42, 7, 3)
+    (True, False)
+    """
+    digest = hashlib.sha256(f"grpo:{int(seed)}:{int(prompt_index)}:{int(step)}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def cut_completion(tokens: Sequence[int], budget: int, eos_ids: Sequence[int]) -> List[int]:
+    """Up to ``budget`` tokens, ending at (and including) the first EOS.
+
+    >>> cut_completion([5, 2, 0, 0], 4, [2]), cut_completion([5, 6, 7], 2, [2])
+    ([5, 2], [5, 6])
+    """
+    out: List[int] = []
+    for t in list(tokens)[:budget]:
+        out.append(int(t))
+        if int(t) in eos_ids:
+            break
+    return out
+
+
+def sample_groups(model, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int], *, group: int,
+                  step: int, seed: int, max_new_tokens: int, temperature: float, top_p: float,
+                  eos_ids: Sequence[int], pad_id: int) -> List[List[int]]:
+    """``group`` completions of every prompt (prompt k's at ``k * group .. k * group + group - 1``)."""
+    cfg = GenerationConfig(decode_strategy="sampling", max_new_tokens=int(max_new_tokens), max_length=0, top_k=0,
+                           top_p=float(top_p), temperature=float(temperature), repetition_penalty=1.0,
+                           eos_token_id=list(eos_ids) if len(eos_ids) > 1 else int(eos_ids[0]),
+                           pad_token_id=int(pad_id), use_cache=True)
+    was_training = model.training
+    state = paddle.get_rng_state()
+    out: List[List[int]] = []
+    model.eval()
+    try:
+        with paddle.no_grad():
+            for ids, index in zip(prompts, prompt_indices):
+                paddle.seed(group_seed(seed, index, step))
+                rows = paddle.to_tensor(np.tile(np.asarray(ids, dtype=np.int64)[None], [group, 1]))  # [G, P]
+                pos = paddle.to_tensor(np.tile(np.arange(len(ids), dtype=np.int64)[None], [group, 1]))  # [G, P]
+                mask = paddle.ones_like(rows)  # [G, P]
+                gen, _ = model.generate(input_ids=rows, attention_mask=mask, position_ids=pos, generation_config=cfg)
+                gen = gen.numpy()  # [G, <= max_new_tokens]; finished rows padded with pad_id
+                out += [cut_completion(gen[g], max_new_tokens, eos_ids) for g in range(group)]
+    finally:
+        paddle.set_rng_state(state)
+        if was_training:
+            model.train()
+    return out
