@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, KTOArgument
+from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, KTOArgument, RewardArgument
 
 
 @dataclass
@@ -130,6 +130,8 @@ def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
         specs.update(_dataclass_specs(DPOArgument, "dpo"))
     elif mode == "kto":  # the preference key group of llm/run_kto.py (held in RunConfig.dpo)
         specs.update(_dataclass_specs(KTOArgument, "dpo"))
+    elif mode == "reward":  # llm/run_reward.py's data keys (held in RunConfig.dpo)
+        specs.update(_dataclass_specs(RewardArgument, "dpo"))
     training = _training_specs()
     training.update(_dataclass_specs(ExtraTrainingArgument, "training"))
     for name, spec in training.items():
