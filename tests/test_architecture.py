@@ -47,6 +47,7 @@ IMPORT_RULES = {
     "serve": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.adapters",
               "paddlenlp.trainer"},
     "kto": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
+    "reward": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
 }
 
 

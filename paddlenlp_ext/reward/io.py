@@ -137,3 +137,19 @@ class RewardCheckpointIO:
         else:
             load_full_weights(model, checkpoint_dir)
         load_score_head(model, checkpoint_dir)
+
+
+def carry_reward_files(adapter_dir: str, dst: str) -> list:
+    """Merging a reward adapter (``llm/merge_lora_params.py``): copy its score head into the merged
+    directory and write its ``reward_config.json`` as a full model's, so the merged directory scores as the
+    adapter did.  Returns the names written ([] for an ordinary adapter)."""
+    import shutil
+
+    if not is_reward_dir(adapter_dir):
+        return []
+    info = read_reward_config(adapter_dir)
+    info.pop("kind", None)
+    info.update(adapter=False, merged_from=os.path.abspath(adapter_dir))
+    shutil.copy2(os.path.join(adapter_dir, SCORE_HEAD_FILE), os.path.join(dst, SCORE_HEAD_FILE))
+    write_reward_config(dst, info)
+    return [SCORE_HEAD_FILE, REWARD_CONFIG_NAME]
