@@ -12,7 +12,7 @@ LM) and is frozen for full fine-tuning: it gets no gradient from a reward loss.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 import paddle
 import paddle.nn as nn
@@ -79,12 +79,15 @@ def pairwise_loss(chosen: paddle.Tensor, rejected: paddle.Tensor) -> paddle.Tens
     return -F.log_sigmoid(chosen - rejected)  # [N]
 
 
-def pair_score_metrics(chosen: paddle.Tensor, rejected: paddle.Tensor) -> Dict[str, float]:
-    """Mean over the pairs: accuracy (chosen > rejected), margin, chosen and rejected scores
-    (DPO's metric names, so the console table and ``metric_for_best_model`` read them alike)."""
-    c = chosen.detach().astype("float32").numpy()
-    r = rejected.detach().astype("float32").numpy()
-    if c.size == 0:
-        return {}
-    return {"rewards/accuracies": float((c > r).mean()), "rewards/margins": float((c - r).mean()),
-            "rewards/chosen": float(c.mean()), "rewards/rejected": float(r.mean())}
+def pair_score_metrics(chosen: paddle.Tensor, rejected: paddle.Tensor) -> Dict[str, List[float]]:
+    """Per pair: accuracy (1.0 if chosen > rejected), margin, chosen and rejected score -- DPO's metric
+    names, so the console's final table and ``metric_for_best_model`` read them alike.  Lists, one value
+    per pair, so the trainer's means are over pairs (exact dev pair accuracy), not over batches.
+
+    >>> pair_score_metrics(paddle.to_tensor([2.0, 0.0]), paddle.to_tensor([1.0, 0.5]))["rewards/accuracies"]
+    [1.0, 0.0]
+    """
+    c = chosen.detach().astype("float32").numpy().reshape([-1])
+    r = rejected.detach().astype("float32").numpy().reshape([-1])
+    return {"rewards/accuracies": (c > r).astype("float64").tolist(), "rewards/margins": (c - r).tolist(),
+            "rewards/chosen": c.tolist(), "rewards/rejected": r.tolist()}

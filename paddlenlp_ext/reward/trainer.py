@@ -5,8 +5,8 @@ answer's last token (``score_index``) -> ``-log sigmoid(r_chosen - r_rejected)``
 is the mean over the pairs of the GLOBAL batch (pair counts from ``data/global_batches.py``), so
 gradient accumulation and data parallel give the gradient of one big batch, as DPO's pair mean.
 
-Metrics (logged at every logging step, averaged over micro-batches and ranks; ``eval_`` prefixed in
-evaluation): rewards/accuracies (chosen score > rejected), rewards/margins (chosen - rejected),
+Metrics (logged at every logging step, averaged over the pairs of every micro-batch since the previous
+log and over ranks; ``eval_`` prefixed in evaluation, so the dev pair accuracy is exact): rewards/accuracies (chosen score > rejected), rewards/margins (chosen - rejected),
 rewards/chosen, rewards/rejected (mean scores) -- DPO's names, so the console's final table and
 ``metric_for_best_model`` read them alike.  There is no reference model.
 """
@@ -58,6 +58,6 @@ class RewardTrainer(DPOTrainer):
         else:
             loss = losses.mean()
         split = "train" if training else "eval"
-        for key, value in pair_score_metrics(chosen, rejected).items():  # every rank stores; _averaged reduces
-            self._stored[split][key].append(value)
+        for key, values in pair_score_metrics(chosen, rejected).items():  # every rank stores; _averaged reduces
+            self._stored[split][key].extend(values)  # one value per pair: the logged means are over pairs
         return (loss, {"logits": scores}) if return_outputs else loss
