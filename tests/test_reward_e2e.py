@@ -24,6 +24,9 @@ DEMO = next((p for p in (os.path.join(os.path.dirname(ROOT), "shared", "data", "
                          "/work/shared/data/dpo_en_demo.json") if os.path.isfile(p)), None)
 
 
+SHORT = ("--max_steps", "12", "--max_seq_len", "256", "--max_prompt_len", "128", "--per_device_train_batch_size", "4")
+
+
 def run(script, *args, check=True):
     r = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
     if check:
@@ -44,7 +47,7 @@ def score(model_dir, input_file, out_file):
 
 def test_lora_reward_model_learns_and_scores(tiny_model_dir, tmp_path):
     out = tmp_path / "lora"
-    r = run_reward(LORA_CONFIG, out, "--max_steps", "12")
+    r = run_reward(LORA_CONFIG, out, *SHORT)
     s = json.loads((out / "run_summary.json").read_text())
     ev = s["eval"]
     assert s["loss_type"] == "reward" and s["method"] == "lora" and s["reference"] == "none"
@@ -69,7 +72,7 @@ def test_full_reward_model_learns(tiny_model_dir, tmp_path):
     from safetensors.numpy import load_file
 
     out = tmp_path / "full"
-    run_reward(FULL_CONFIG, out, "--max_steps", "12")
+    run_reward(FULL_CONFIG, out, *SHORT)
     ev = json.loads((out / "run_summary.json").read_text())["eval"]
     assert ev["eval_rewards/accuracies"] >= 0.75, ev
     weights = load_file(str(out / "model.safetensors"))
@@ -132,7 +135,8 @@ def test_dpo_en_demo_pair_accuracy_above_chance(tiny_model_dir, tmp_path):
     (data / "dev.json").write_text("\n".join(json.dumps(x) for x in rows[-60:]) + "\n")
     out = tmp_path / "out"
     run(CLI, os.path.join(ROOT, LORA_CONFIG), "--output_dir", out, "--model_name_or_path", TINY,
-        "--train_dataset_path", data, "--dev_dataset_path", data, "--max_steps", "30", "--learning_rate", "3e-3")
+        "--train_dataset_path", data, "--dev_dataset_path", data, "--max_steps", "30", "--learning_rate", "3e-3",
+        "--per_device_train_batch_size", "4")
     ev = json.loads((out / "run_summary.json").read_text())["eval"]
     print(f"dpo_en_demo: dev pair accuracy {ev['eval_rewards/accuracies']:.4f} on 60 held-out pairs")
     assert ev["eval_rewards/accuracies"] > 0.5
