@@ -16,8 +16,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
-from ..dpo.data import PreferenceData, read_preference_files, resolve_split_files, row_settings, \
-    tokenize_preference_examples
+from ..dpo.data import PreferenceData, build_preference_datasets
 from ..dpo.pair_rows import PreferenceCollator, PreferenceDataset
 
 __all__ = ["last_token_positions", "RewardDataset", "RewardCollator", "build_reward_datasets"]
@@ -72,22 +71,7 @@ class RewardCollator(PreferenceCollator):
 
 def build_reward_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
                           seed: int = 0) -> PreferenceData:
-    """Datasets, collator and reports (``data_args`` as :func:`~paddlenlp_ext.dpo.data.build_preference_datasets`;
-    ``lazy`` is refused at config time)."""
-    max_seq_len, max_prompt_len, packing, use_template, pad = row_settings(data_args, tokenizer)
-    out = PreferenceData(train=None, dev=None,
-                         collator=RewardCollator(pad, flash_mask, max_seq_len if packing else None))
-    for split, wanted, path in (("train", do_train, data_args.train_dataset_path),
-                                ("dev", do_eval, data_args.dev_dataset_path)):
-        if not wanted:
-            continue
-        if not path:
-            raise ValueError(f"{split}_dataset_path is not set")
-        files = resolve_split_files(path, split)
-        pairs, stats = tokenize_preference_examples(read_preference_files(files), tokenizer, max_seq_len,
-                                                    max_prompt_len, use_template)
-        ds = RewardDataset(pairs, max_seq_len, packing, pad, seed=seed, shuffle=(split == "train"))
-        out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
-                              **stats, **ds.stats()}
-        setattr(out, split, ds)
-    return out
+    """Datasets, collator and reports: :func:`~paddlenlp_ext.dpo.data.build_preference_datasets` with the
+    reward rows and batches (``lazy`` is refused at config time)."""
+    return build_preference_datasets(data_args, tokenizer, do_train=do_train, do_eval=do_eval, flash_mask=flash_mask,
+                                     seed=seed, dataset_cls=RewardDataset, collator_cls=RewardCollator)
