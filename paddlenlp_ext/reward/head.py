@@ -46,9 +46,11 @@ def attach_score_head(model, freeze_lm_head: bool = True) -> nn.Linear:
         setattr(model, SCORE_HEAD_ATTR, head)  # a sublayer: in model.parameters() (optimizer, AMP, resume)
     head.weight.stop_gradient = False
     if freeze_lm_head:
-        _, lm_head = split_lm_head(model)
+        body, lm_head = split_lm_head(model)
+        shared = {p.name for p in body.parameters()}  # tied word embeddings: the body's embedding still trains
         for p in lm_head.parameters():
-            p.stop_gradient = True
+            if p.name not in shared:
+                p.stop_gradient = True
     return head
 
 
