@@ -224,3 +224,20 @@ def test_reward_config_mode(tmp_path, tiny_model_dir):
     assert "'max_length' is a fine-tuning" in msg and "use max_seq_len instead" in msg
     assert "metric_for_best_model 'kl' is not a reward eval metric" in msg
     assert "neftune=true is not supported for reward" in msg
+
+
+def test_family_without_a_decoder_body_is_refused(tmp_path, tiny_model_dir):
+    import json
+    import shutil
+
+    from paddlenlp_ext.config.parse import ConfigError, load_config
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "gpt"
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as e:
+        load_config(LORA_CONFIG, ["--output_dir", str(tmp_path / "o"), "--model_name_or_path", str(model)],
+                    mode="reward")
+    assert "model_type 'gpt' cannot take a reward head here" in e.value.report()
