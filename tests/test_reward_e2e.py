@@ -107,6 +107,30 @@ def test_resume_is_exact(tiny_model_dir, tmp_path, config):
         assert max(float(abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6, name
 
 
+def test_sigterm_saves_a_scorable_checkpoint(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    from paddlenlp_ext.reward.scorer import RewardScorer
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, CLI, os.path.join(ROOT, LORA_CONFIG), "--output_dir", str(out), "--model_name_or_path",
+           TINY, "--train_dataset_path", DATA, "--dev_dataset_path", DATA, "--max_steps", "500", "--save_strategy",
+           "steps", "--save_steps", "3", "--do_eval", "false", "--per_device_train_batch_size", "2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.time() + 120
+    while not (out / "checkpoint-3" / "CHECKPOINT_COMPLETE").exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, stdout[-2000:] + stderr[-4000:]
+    assert "Traceback" not in stderr and "Resume with:" in stderr
+    saved = sorted(out.glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))[-1]
+    assert (saved / "CHECKPOINT_COMPLETE").exists() and (saved / "score_head.safetensors").exists()
+    scores = RewardScorer.from_pretrained(str(saved)).score_texts(["Tell me about the park."], ["It is lovely."])
+    assert scores.shape == (1,) and np.isfinite(scores).all()
+
+
 def test_bad_input_exits_2(tiny_model_dir, tmp_path):
     r = run_reward(LORA_CONFIG, tmp_path / "bad", "--beta", "0.1", "--lazy", "true", "--max_prompt_len", "600",
                    check=False)
