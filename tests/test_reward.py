@@ -241,3 +241,31 @@ def test_family_without_a_decoder_body_is_refused(tmp_path, tiny_model_dir):
         load_config(LORA_CONFIG, ["--output_dir", str(tmp_path / "o"), "--model_name_or_path", str(model)],
                     mode="reward")
     assert "model_type 'gpt' cannot take a reward head here" in e.value.report()
+
+
+#: the keys of PaddleNLP's llm/config/llama/rm_flashmask_argument.json (values for the tiny model)
+PADDLENLP_RM_CONFIG = {
+    "train_dataset_path": REWARD_TINY, "dev_dataset_path": REWARD_TINY, "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 8, "per_device_eval_batch_size": 1, "num_train_epochs": 1, "max_steps": 100,
+    "learning_rate": 1e-06, "warmup_steps": 10, "logging_steps": 1, "evaluation_strategy": "steps",
+    "save_strategy": "steps", "eval_steps": 100, "save_steps": 500, "max_seq_len": 4096, "max_prompt_len": 2048,
+    "bf16": False, "fp16_opt_level": "O2", "do_train": True, "do_eval": True, "disable_tqdm": True,
+    "load_best_model_at_end": True, "tensor_parallel_degree": 1, "sharding_parallel_degree": 1,
+    "sharding": "stage1", "use_flash_attention": True, "flash_mask": True, "recompute": False,
+    "recompute_granularity": "full", "benchmark": False, "unified_checkpoint": True, "autotuner_benchmark": False,
+}
+
+
+def test_paddlenlp_rm_config_keys_are_accepted(tmp_path, tiny_model_dir):
+    import json
+
+    from paddlenlp_ext.config.parse import ConfigError, load_config
+
+    path = tmp_path / "rm_flashmask_argument.json"
+    path.write_text(json.dumps(dict(PADDLENLP_RM_CONFIG, model_name_or_path=tiny_model_dir,
+                                    output_dir=str(tmp_path / "o"))))
+    cfg = load_config(str(path), mode="reward")
+    assert cfg.dpo.max_seq_len == 4096 and cfg.model.flash_mask and cfg.data.zero_padding
+    with pytest.raises(ConfigError) as e:  # PaddleNLP's value: 8-way tensor parallel
+        load_config(str(path), ["--tensor_parallel_degree", "8"], mode="reward")
+    assert "tensor_parallel_degree > 1 is not supported for reward" in e.value.report()

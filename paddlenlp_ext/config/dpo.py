@@ -155,8 +155,9 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
         p.append(f"{where}: prefix tuning is not supported for {name} yet; use lora, vera or lokr (or full "
                  "fine-tuning)")
     if t.get("tensor_parallel_degree", 1) > 1:
-        p.append(f"{where}: tensor_parallel_degree > 1 is not supported for {name} yet (the per-answer log-probs "
-                 "need the whole vocabulary of logits)")
+        why = "the score head is not split over ranks" if name == "reward" else \
+            "the per-answer log-probs need the whole vocabulary of logits"
+        p.append(f"{where}: tensor_parallel_degree > 1 is not supported for {name} yet ({why})")
     if d.zero_padding and m.use_flash_attention and not m.flash_mask:
         p.append(f"{where}: zero_padding with use_flash_attention needs flash_mask=true (the pairs of a packed "
                  "row are separated by a start-row mask)")
