@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
 from paddlenlp.utils.log import logger
 
 from ..data.global_batches import GLOBAL_TOKENS_KEY
@@ -49,14 +48,7 @@ class RewardTrainer(DPOTrainer):
         pairs = scores.reshape([-1, 2])  # [N, 2]
         chosen, rejected = pairs[:, 0], pairs[:, 1]  # [N] each
         losses = pairwise_loss(chosen, rejected)  # [N]
-        if training and global_counts is not None:
-            # the global batch's pair mean: after PaddleNLP's /accumulation and data parallel's mean over
-            # ranks, one process's gradient is that of the whole global batch
-            total = int(np.asarray(global_counts.numpy()).reshape([-1])[0])
-            scale = float(self.args.dataset_world_size * self.args.gradient_accumulation_steps)
-            loss = losses.sum() * (scale / max(total, 1))
-        else:
-            loss = losses.mean()
+        loss = self.global_pair_mean(losses, global_counts if training else None)  # the global batch's pair mean
         split = "train" if training else "eval"
         for key, values in pair_score_metrics(chosen, rejected).items():  # every rank stores; _averaged reduces
             self._stored[split][key].extend(values)  # one value per pair: the logged means are over pairs
