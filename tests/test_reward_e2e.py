@@ -80,6 +80,17 @@ def test_full_reward_model_learns(tiny_model_dir, tmp_path):
     assert load_file(str(out / "score_head.safetensors"))["score_head.weight"].shape == (64, 1)
 
 
+def test_qlora_nf4_reward_model_learns_and_scores(tiny_model_dir, tmp_path):
+    out = tmp_path / "qlora"
+    run_reward(LORA_CONFIG, out, *SHORT, "--weight_quantize_algo", "nf4")
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["method"] == "lora+nf4" and s["quantization"]["params_quantized"] > 0, s["method"]
+    ev = s["eval"]
+    assert ev["eval_rewards/accuracies"] >= 0.75, ev
+    _, scores = score(out, os.path.join(DATA, "dev.json"), tmp_path / "scores.jsonl")  # the base re-quantized
+    assert float(np.mean(scores[:, 0] > scores[:, 1])) == pytest.approx(ev["eval_rewards/accuracies"], abs=1e-9)
+
+
 def train_logs(out):
     state = json.loads((out / "trainer_state.json").read_text())
     return [h for h in state["log_history"] if "loss" in h]
