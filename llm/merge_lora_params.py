@@ -78,6 +78,10 @@ def _merge_to_hf(args):
     from paddlenlp_ext.export import ExportError, ExportVerifyFailed, export_merged_hf
     from paddlenlp_ext.merge import EXIT_VERIFY_FAILED
 
+    if os.path.isfile(os.path.join(args.lora_path, "reward_config.json")):
+        print(f"error: {args.lora_path} is a reward model (llm/run_reward.py): its score head has no transformers "
+              "causal-LM layout; merge it with --output_format paddle (the head is kept)", file=sys.stderr)
+        return EXIT_ERROR
     if not args.safe_serialization:
         print("error: --output_format hf writes safetensors (transformers' format); drop "
               "--safe_serialization false", file=sys.stderr)

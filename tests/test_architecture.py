@@ -50,6 +50,7 @@ IMPORT_RULES = {
               "paddlenlp.trainer"},
     "kto": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
     "grpo": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
+    "reward": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
 }
 
 

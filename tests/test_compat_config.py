@@ -156,8 +156,8 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     raw = json.load(open(path))
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
                                                   raw.get("pipeline_parallel_degree", 1)))
-    # llm/run_dpo.py / llm/run_kto.py / llm/run_grpo.py configs: their keys (load_config modes "dpo", "kto", "grpo")
-    mode = next((m for m in ("dpo", "kto", "grpo") if os.path.basename(path).startswith(m)), "sft")
+    # llm/run_dpo.py / llm/run_kto.py / llm/run_grpo.py / llm/run_reward.py configs: their keys (load_config modes "dpo", "kto", "grpo")
+    mode = next((m for m in ("dpo", "kto", "grpo", "reward") if os.path.basename(path).startswith(m)), "sft")
     dpo = mode != "sft"
     pref_data = KTO_DATA_DIR if mode == "kto" else DPO_DATA_DIR
     data = ["--train_dataset_path", pref_data, "--dev_dataset_path", pref_data] if dpo else \

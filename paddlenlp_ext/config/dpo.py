@@ -47,7 +47,7 @@ def sft_key_problem(key: str, origin: str, mode: str = "dpo") -> Optional[str]:
         return None
     instead = SFT_ONLY_KEYS[key]
     what = f"use {instead} instead" if instead else "it has no meaning for preference training; remove it"
-    doc = "docs/alignment.md" if mode == "kto" else "docs/dpo.md"
+    doc = "docs/alignment.md" if mode in ("kto", "reward") else "docs/dpo.md"
     return f"{origin}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {mode.upper()} config {what} ({doc})"
 
 
@@ -80,6 +80,8 @@ def apply_dpo_aliases(cfg) -> None:
         from .kto import apply_kto_aliases
 
         return apply_kto_aliases(cfg)
+    if o.loss_type == "reward":  # llm/run_reward.py (schema.RewardArgument): zero padding on, as PaddleNLP's
+        return apply_preference_aliases(cfg, "Reward")
     apply_preference_aliases(cfg, "DPO")
     if o.loss_type == "orpo":  # run_dpo.py: orpo = or + SFT term + no reference
         o.loss_type = "or"
@@ -105,6 +107,10 @@ def dpo_problems(cfg, where: str) -> List[str]:
         from .kto import kto_problems
 
         return kto_problems(cfg, where)
+    if o.loss_type == "reward":  # llm/run_reward.py (schema.RewardArgument): config/reward.py
+        from .reward import reward_problems
+
+        return reward_problems(cfg, where)
     p: List[str] = []
     if not 0.0 <= o.label_smoothing < 0.5:
         p.append(f"{where}: label_smoothing must be in [0, 0.5) (the probability that a label is flipped); "
@@ -157,8 +163,9 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
         p.append(f"{where}: prefix tuning is not supported for {name} yet; use lora, vera or lokr (or full "
                  "fine-tuning)")
     if t.get("tensor_parallel_degree", 1) > 1:
-        p.append(f"{where}: tensor_parallel_degree > 1 is not supported for {name} yet (the per-answer log-probs "
-                 "need the whole vocabulary of logits)")
+        why = "the score head is not split over ranks" if name == "reward" else \
+            "the per-answer log-probs need the whole vocabulary of logits"
+        p.append(f"{where}: tensor_parallel_degree > 1 is not supported for {name} yet ({why})")
     if d.zero_padding and m.use_flash_attention and not m.flash_mask:
         p.append(f"{where}: zero_padding with use_flash_attention needs flash_mask=true (the pairs of a packed "
                  "row are separated by a start-row mask)")

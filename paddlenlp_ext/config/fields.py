@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument
+from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument, RewardArgument
 
 
 @dataclass
@@ -135,6 +135,8 @@ def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
         specs.update(_dataclass_specs(KTOArgument, "dpo"))
     elif mode == "grpo":  # llm/run_grpo.py's keys (also held in RunConfig.dpo)
         specs.update(_dataclass_specs(GRPOArgument, "dpo"))
+    elif mode == "reward":  # llm/run_reward.py's data keys (held in RunConfig.dpo)
+        specs.update(_dataclass_specs(RewardArgument, "dpo"))
     training = _training_specs()
     training.update(_dataclass_specs(ExtraTrainingArgument, "training"))
     for name, spec in training.items():

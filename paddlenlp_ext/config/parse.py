@@ -26,7 +26,8 @@ from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
-from .schema import DataArgument, DPOArgument, GenerateArgument, GRPOArgument, KTOArgument, ModelArgument
+from .schema import (DataArgument, DPOArgument, GenerateArgument, GRPOArgument, KTOArgument, ModelArgument,
+                     RewardArgument)
 
 
 class ConfigError(Exception):
@@ -226,7 +227,8 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
 
     ``mode="dpo"`` (llm/run_dpo.py) adds the DPO keys (``schema.DPOArgument``) and refuses the
     fine-tuning-only data keys, naming the DPO key to use (``config.dpo``); ``mode="kto"``
-    (llm/run_kto.py) the same with the KTO keys (``schema.KTOArgument``, in ``cfg.dpo``; ``config.kto``)."""
+    (llm/run_kto.py) the same with the KTO keys (``schema.KTOArgument``, in ``cfg.dpo``; ``config.kto``), ``mode="reward"``
+    (llm/run_reward.py) with the reward-model keys (``schema.RewardArgument``, in ``cfg.dpo``; ``config.reward``)."""
     from .dpo import sft_key_problem
 
     specs = all_fields(mode)
@@ -247,11 +249,11 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     values: Dict[str, Any] = {}
     for key, (value, from_cli, origin) in raw.items():
         spec = specs.get(key)
-        sft_only = sft_key_problem(key, origin, mode) if mode in ("dpo", "kto") else None
+        sft_only = sft_key_problem(key, origin, mode) if mode in ("dpo", "kto", "reward") else None
         if sft_only:
             problems.append(sft_only)
             continue
-        if spec is None and mode in ("kto", "grpo") and key in DPO_KEYS:
+        if spec is None and mode in ("kto", "grpo", "reward") and key in DPO_KEYS:
             problems.append(f"{origin}: {key!r} is a DPO (llm/run_dpo.py) key; {mode.upper()} does not use it: remove "
                             f"it (the {mode.upper()} keys are in docs/alignment.md)")
             continue
@@ -294,7 +296,7 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
-    pref_cls = {"dpo": DPOArgument, "kto": KTOArgument, "grpo": GRPOArgument}.get(mode)  # held in cfg.dpo
+    pref_cls = {"dpo": DPOArgument, "kto": KTOArgument, "grpo": GRPOArgument, "reward": RewardArgument}.get(mode)  # cfg.dpo
     dpo = pref_cls(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if pref_cls else None
     cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
                     explicit=set(values), dpo=dpo)

@@ -331,3 +331,23 @@ class GRPOArgument:
     def max_seq_len(self) -> int:
         """The longest prompt + completion sequence (a packed row's length; what the planner sizes)."""
         return self.max_prompt_len + self.max_completion_length
+
+
+# Keys of llm/run_reward.py only (load_config(..., mode="reward"); held in RunConfig.dpo, the preference
+# key group): PaddleNLP's reward-model DataArgument (llm/alignment/rm/flashmask/reward_argument.py), same
+# names and defaults; its greedy_zero_padding, lazy, benchmark, autotuner_benchmark and model keys are
+# the fine-tuning ones of the same names.
+@dataclass
+class RewardArgument:
+    train_dataset_path: Optional[str] = _f(
+        None, "Reward train data (preference pairs, the DPO formats; docs/alignment.md): a file or a directory "
+        "with train.json.")
+    dev_dataset_path: Optional[str] = _f(None, "Reward dev data: a file or a directory with dev.json.")
+    max_seq_len: int = _f(4096, "Maximum tokens of prompt + chosen + rejected; also the packed row length.", gt=2)
+    max_prompt_len: int = _f(2048, "Maximum prompt tokens (the prompt is truncated from the left first).", gt=0)
+
+    # not keys: what the preference code shared with DPO reads (a reward model has no reference model)
+    reference_free = True
+    ref_model_update_steps = -1
+    rslora_plus = False
+    loss_type = "reward"

@@ -289,7 +289,8 @@ def row_settings(data_args: Any, tokenizer) -> Tuple[int, int, Optional[str], bo
 
 
 def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
-                              seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE) -> PreferenceData:
+                              seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE, dataset_cls=PreferenceDataset,
+                              collator_cls=PreferenceCollator) -> PreferenceData:
     """Datasets, collator and reports for DPO.
 
     ``data_args`` has ``train_dataset_path``, ``dev_dataset_path`` (a file, or a directory with
@@ -303,11 +304,14 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
     ``set_epoch``.  Otherwise one pair per row, padded per batch by the collator.  E.g. for
     ``llm/data/dpo_tiny`` with max_seq_len 512 and zero_padding: ``.train`` holds rows of several
     pairs, ``.collator(rows)`` gives the contract batch, ``.reports["train"]`` the counts.
+    ``dataset_cls`` / ``collator_cls``: subclasses adding keys to the rows and batches (reward models).
     """
     max_seq_len, max_prompt_len, packing, use_template, pad = row_settings(data_args, tokenizer)
     zero_padding, greedy = packing is not None, packing == "greedy"
-    out = PreferenceData(train=None, dev=None, collator=PreferenceCollator(pad, flash_mask, max_seq_len if packing else None))
+    out = PreferenceData(train=None, dev=None, collator=collator_cls(pad, flash_mask, max_seq_len if packing else None))
     lazy = bool(getattr(data_args, "lazy", False))
+    if lazy and dataset_cls is not PreferenceDataset:
+        raise ValueError(f"lazy=true streams DPO pair rows; {dataset_cls.__name__} needs the pairs in memory")
     for split, wanted, path in (("train", do_train, getattr(data_args, "train_dataset_path", None)),
                                 ("dev", do_eval, getattr(data_args, "dev_dataset_path", None))):
         if not wanted:
@@ -324,8 +328,8 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
             continue
         pairs, stats = tokenize_preference_examples(read_preference_files(files), tokenizer, max_seq_len,
                                                     max_prompt_len, use_template)
-        ds = PreferenceDataset(pairs, max_seq_len, packing, pad, group_size=group_size, seed=seed,
-                               shuffle=(split == "train"))
+        ds = dataset_cls(pairs, max_seq_len, packing, pad, group_size=group_size, seed=seed,
+                         shuffle=(split == "train"))
         out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
                               **stats, **ds.stats()}
         setattr(out, split, ds)

@@ -79,6 +79,9 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     built = build_model(cfg, args)
     trainer = make_trainer(cfg, model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
                            tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config)
+    from ..adapters import count_parameters
+
+    built.trainable, built.total = count_parameters(built.model)  # make_trainer may add layers (a reward head)
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_real_tokens)
     step_timer = StepTimer()

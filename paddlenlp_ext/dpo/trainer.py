@@ -149,6 +149,17 @@ class DPOTrainer(FinetuneTrainer):
         self.trained_pairs += int(inputs["num_pairs"])
         self.trained_real_tokens += int(inputs["num_real_tokens"])
 
+    def global_pair_mean(self, losses, global_counts):
+        """``losses`` [N] -> the mean over the pairs of the GLOBAL batch when ``global_counts`` (its [pairs,
+        chosen tokens], while training) is given, else over these pairs.  After PaddleNLP's /accumulation and
+        data parallel's mean over ranks, one process's gradient is then that of the whole global batch
+        (used by KTO and reward models, whose loss is a plain per-pair mean)."""
+        if global_counts is None:
+            return losses.mean()
+        total = int(np.asarray(global_counts.numpy()).reshape([-1])[0])
+        scale = float(self.args.dataset_world_size * self.args.gradient_accumulation_steps)
+        return losses.sum() * (scale / max(total, 1))
+
     def compute_loss(self, model, inputs, return_outputs=False):
         # [2]: pairs and chosen tokens of the whole global batch (data/global_batches.py), while training
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)

@@ -15,7 +15,6 @@ loss/chosen, loss/rejected (chosen = desirable, rejected = undesirable examples)
 
 from __future__ import annotations
 
-import numpy as np
 from paddlenlp.utils.log import logger
 
 from ..data.global_batches import GLOBAL_TOKENS_KEY
@@ -49,14 +48,7 @@ class KTOTrainer(DPOTrainer):
         z0 = kl_reference_point(kl_logps, ref_kl_logps, reduce_over_ranks=True)  # []
         losses, rewards = kto_loss(logps, ref_logps, labels, z0, beta=o.beta, desirable_weight=o.desirable_weight,
                                    undesirable_weight=o.undesirable_weight)  # [N], [N]
-        if training and global_counts is not None:
-            # the global batch's example mean: after PaddleNLP's /accumulation and data parallel's mean over
-            # ranks, one process's gradient is that of the whole global batch
-            examples = int(np.asarray(global_counts.numpy()).reshape([-1])[0])
-            scale = float(self.args.dataset_world_size * self.args.gradient_accumulation_steps)
-            loss = losses.sum() * (scale / max(examples, 1))
-        else:
-            loss = losses.mean()
+        loss = self.global_pair_mean(losses, global_counts if training else None)  # the global batch's example mean
         metrics = kto_metrics(losses, rewards, logps, labels, z0)
         metrics["kto_loss"] = float(losses.mean())
         split = "train" if training else "eval"

@@ -258,7 +258,9 @@ def copy_aux_files(base_dir: str, adapter_dir: str, dst: str) -> List[str]:
     for n in names:
         shutil.copy2(os.path.join(src, n), os.path.join(dst, n))
         copied.append(n)
-    return copied
+    from ..reward.io import carry_reward_files  # a reward adapter's score head stays with the merged model
+
+    return copied + carry_reward_files(adapter_dir, dst)
 
 
 def make_temp_dir(out_dir: str) -> str:
