@@ -21,16 +21,13 @@ from paddlenlp_ext.cli.prelude import prepare_script  # noqa: E402
 
 prepare_script(__file__, config_first=True)  # this project's Python; CPU threads and MKL before paddle loads; import noise off
 
-from paddlenlp_ext.cli.common import config_or_exit, run_or_exit_code  # noqa: E402
+from paddlenlp_ext.cli.common import run_config_script  # noqa: E402
 
 USAGE = "usage: python llm/run_reward.py CONFIG.json [--key value ...]"
 
 
 def main(argv):
-    cfg = config_or_exit(argv, USAGE, mode="reward")
-    from paddlenlp_ext.reward.run import run  # heavy imports only after the config is valid
-
-    return run_or_exit_code(run, cfg)
+    return run_config_script(argv, USAGE, mode="reward", runner="paddlenlp_ext.reward.run")
 
 
 if __name__ == "__main__":

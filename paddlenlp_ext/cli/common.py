@@ -110,7 +110,7 @@ def run_or_exit_code(run, *args) -> int:
 
 
 def run_config_script(argv: List[str], usage: str, mode: str, runner: str) -> int:
-    """The whole ``main`` of a config-driven training script (run_finetune, run_dpo, run_kto, run_grpo).
+    """The whole ``main`` of a config-driven training script (run_finetune, run_dpo, run_kto, run_grpo, run_reward).
 
     The config is loaded and validated first (exit 2 on any problem, before paddle loads);
     only then is ``runner`` (a module with ``run(cfg)``, e.g. ``"paddlenlp_ext.dpo.run"``)
