@@ -196,3 +196,24 @@ def test_launch_console_is_rank_0_and_ours(tiny_model_dir, tmp_path):
     assert r.stdout.count("step 2/2 (100%)") == 1 and r.stdout.count("summary:") == 1, r.stdout
     assert "Modified FLAGS" not in r.stdout + r.stderr
     assert (tmp_path / "log" / "workerlog.1").exists() and (tmp_path / "out" / "train.rank1.log").exists()
+
+
+@pytest.mark.slow  # three more training runs; the fast suite keeps SFT, DPO and the tools
+def test_alignment_scripts_console_is_ours(tiny_model_dir, tmp_path):
+    """run_kto, run_reward, run_grpo and reward_score print only our lines at the default level."""
+    short = ("--model_name_or_path", tiny_model_dir, "--max_steps", 2, "--logging_steps", 1)
+    runs = {
+        "run_kto": ("llm/run_kto.py", "llm/config/tiny/kto_lora_argument.json", *short, "--output_dir", tmp_path / "kto"),
+        "run_reward": ("llm/run_reward.py", "llm/config/tiny/reward_lora_argument.json", *short,
+                       "--output_dir", tmp_path / "reward"),
+        "run_grpo": ("llm/run_grpo.py", "llm/config/tiny/grpo_argument.json", *short, "--num_generations", 2,
+                     "--max_completion_length", 4, "--output_dir", tmp_path / "grpo"),
+    }
+    with ThreadPoolExecutor(2) as pool:  # two at a time: the machine's cores
+        results = dict(zip(runs, pool.map(lambda args: run(*args), runs.values())))
+    results["reward_score"] = run("llm/predict/reward_score.py", "--model_name_or_path", tmp_path / "reward",
+                                  "--input_file", "llm/data/reward_tiny/dev.json", "--output_file", tmp_path / "s.jsonl")
+    problems = [p for name, r in results.items() for p in console_problems(name, r)]
+    assert not problems, "\n".join(problems)
+    assert "pair accuracy" in results["reward_score"].stdout
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 32
