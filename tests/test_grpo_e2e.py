@@ -136,3 +136,21 @@ def test_bad_config_and_data_exit_2(tmp_path):
     r = run_grpo(tmp_path / "b", "--model_name_or_path", TINY, check=False, data=bad)
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"{bad}:2: fields ['extra', 'keyword'] differ from the first record's ['keyword']" in r.stderr
+
+
+def test_reward_model_from_run_reward(e_prompts, tmp_path):
+    """A reward model trained by llm/run_reward.py scores GRPO's completions, weighted with a function."""
+    rm = tmp_path / "rm"
+    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_reward.py"),
+           os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"), "--output_dir", str(rm),
+           "--model_name_or_path", TINY, "--max_steps", "3", "--do_eval", "false"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "grpo"
+    run_grpo(out, *SHORT, "--max_steps", "2", "--reward_model_name_or_path", rm, "--reward_weights", "[1.0, 0.25]",
+             data=e_prompts)
+    logs = step_logs(out)
+    assert len(logs) == 2
+    for h in logs:  # the logged means combine as the rewards do: function + 0.25 * reward model
+        assert h["rewards/reward_model"] != 0.0
+        assert h["reward"] == pytest.approx(h["rewards/contains_keyword"] + 0.25 * h["rewards/reward_model"], abs=1e-5)
