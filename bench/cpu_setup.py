@@ -107,7 +107,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: int) -> dict:
+def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: int, extra=()) -> dict:
+    """One ``llm/run_finetune.py`` run (``extra``: more ``--key value`` arguments, e.g. packing)."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS + CODE_PATH_VARS + (SWITCH,)}
     env["PYTHONPATH"] = ROOT
     if setting == "off":
@@ -117,7 +118,7 @@ def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: i
            "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4", "--learning_rate", "1e-4",
            "--warmup_steps", "0", "--lora_rank", "8", "--lora_alpha", "16", "--max_length", "1024",
            "--src_length", "1024", "--logging_steps", "1", "--do_eval", "false", "--eval_before_train", "false",
-           "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+           "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     marks, cpu_text, tail = [], None, []
     for line in proc.stdout:  # the step lines as they come, with the process's CPU time at that moment
@@ -151,6 +152,7 @@ def read_run(out_dir: str, marks) -> dict:
     return {"sup_tok_s": s["supervised_tokens_trained"] / s["train_time_s"], "step_s": statistics.median(steady),
             "peak_rss_gib": s["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct, "final_loss": losses[-1],
             "losses": losses, "supervised_tokens": s["supervised_tokens_trained"], "train_time_s": s["train_time_s"],
+            "padding": ((s.get("data") or {}).get("train") or {}).get("padding_ratio"),
             "summary": s}
 
 def mean(rows, key):

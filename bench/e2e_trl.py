@@ -2,7 +2,8 @@
 
     VENV/bin/python bench/e2e_trl.py '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
 
-Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only), trains
+Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only; ``"packing": true``:
+TRL's ``packing=True``, its default best-fit-decreasing padding-free rows of max_length), trains
 with LoRA r / alpha on every decoder linear, and writes ``DIR/result.json``: supervised tokens (the
 shifted labels that are not -100, counted in ``compute_loss``), train time, step times, per-step
 losses, peak RSS (``ru_maxrss``) and CPU% from the first to the last step end.
@@ -46,7 +47,7 @@ def main(spec):
     cfg = SFTConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
                     gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
                     lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
-                    max_length=spec["max_length"], packing=False, completion_only_loss=True, use_cpu=True,
+                    max_length=spec["max_length"], packing=bool(spec.get("packing")), completion_only_loss=True, use_cpu=True,
                     bf16=False, fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
     lora = LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
