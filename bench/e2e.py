@@ -15,6 +15,9 @@ run in its own process, interleaved (every toolkit of every case once, then agai
   ``flash_mask`` (on CPU: per-document attention, kernels/varlen.py); PaddleNLP its ``zero_padding`` +
   ``greedy_zero_padding`` (dense mask: its FlashMask has no CPU kernel); TRL ``packing=True``.
 * ``qlora``: ours with an nf4 base (``weight_quantize_algo nf4``); compare with ours in ``lora``.
+* ``dpo``: LoRA DPO (sigmoid, beta 0.1, reference = adapters off) on dpo_en_demo.json (``bench/dpo.py``'s
+  conversion), max_length 1024: ours ``llm/run_dpo.py`` vs TRL ``DPOTrainer`` (``bench/e2e_trl_dpo.py``;
+  prompt = the turns joined by newlines); pairs/s instead of supervised tokens/s.
 
 Ours runs as a user runs it (``llm/run_finetune.py`` with its CPU set-up).  **PaddleNLP** runs its own
 ``llm/run_finetune.py`` at 3.0.0b4 from ``--paddlenlp-llm DIR`` (or ``$PADDLENLP_LLM``): PaddleNLP's
@@ -49,16 +52,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from cpu_setup import (  # noqa: E402
-    CODE_PATH_VARS, MODEL_SHAPE, ROOT, SWITCH, THREAD_VARS, TOKENIZER_MODEL, cpu_seconds, ensure_data, ensure_model,
-    fmt, mean, run_once,
+    CODE_PATH_VARS, MODEL_SHAPE, ROOT, SHARED, SWITCH, THREAD_VARS, TOKENIZER_MODEL, cpu_seconds, ensure_data,
+    ensure_model, fmt, mean, run_once,
 )
 
 TRL_WORKER = os.path.join(HERE, "e2e_trl.py")
+TRL_DPO_WORKER = os.path.join(HERE, "e2e_trl_dpo.py")
+DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
+DPO_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json")
 PADDLENLP_WORKER = os.path.join(HERE, "e2e_paddlenlp.py")
 TRL_PACKAGES = ["torch==2.13.0", "transformers", "peft", "trl", "sentencepiece", "protobuf"]
 TRL_CHECK = "import torch, transformers, peft, trl, sentencepiece; print(trl.__version__)"
 STEPS_DEFAULT, RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 10, 8, 16, 1e-4, 1024, 4
-CASES = ("lora", "packed", "qlora")
+CASES = ("lora", "packed", "qlora", "dpo")
 OURS_ARGS = {"lora": [], "qlora": ["--weight_quantize_algo", "nf4"],
              "packed": ["--zero_padding", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
                         "--flash_mask", "true"]}
@@ -127,20 +133,43 @@ def paddlenlp_llm(given: str | None):
     return (None, f"{d} lacks {', '.join(missing)}") if missing else (os.path.abspath(d), None)
 
 
-def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool) -> dict:
+def ensure_dpo_data(scratch: str) -> str:
+    """dpo_en_demo.json as PaddleNLP preference lines (bench/dpo.py's converter), once."""
+    from dpo import convert_dpo_demo
+
+    out = os.path.join(scratch, "dpo")
+    if not os.path.isfile(os.path.join(out, "train.json")):
+        convert_dpo_demo(os.path.join(SHARED, "dpo_en_demo.json"), out)
+    return out
+
+
+def dpo_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
+    return ["--model_name_or_path", model_dir, "--train_dataset_path", data_dir, "--dev_dataset_path", data_dir,
+            "--output_dir", out_dir, "--overwrite_output_dir", "true", "--max_steps", str(steps),
+            "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", str(ACCUMULATION),
+            "--learning_rate", str(LR), "--warmup_steps", "0", "--lora_rank", str(RANK), "--lora_alpha", str(ALPHA),
+            "--max_seq_len", str(MAX_LENGTH), "--max_prompt_len", str(MAX_LENGTH // 2), "--logging_steps", "1",
+            "--do_eval", "false", "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+
+
+def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
             "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
             "packing": packing}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS}
-    r = subprocess.run([py, TRL_WORKER, json.dumps(spec)], capture_output=True, text=True, cwd=out_dir, env=env)
+    r = subprocess.run([py, TRL_DPO_WORKER if dpo else TRL_WORKER, json.dumps(spec)], capture_output=True, text=True,
+                       cwd=out_dir, env=env)
     if r.returncode != 0:
         sys.exit("TRL run failed:\n" + r.stdout[-2000:] + r.stderr[-4000:])
     with open(os.path.join(out_dir, "result.json")) as f:
         res = json.load(f)
     steady = res["step_times_s"] or [res["train_time_s"] / steps]
-    return {"toolkit": "TRL + PEFT", "detail": f"{res['torch_threads']} torch threads", "sup_tok_s":
-            res["supervised_tokens"] / res["train_time_s"], "step_s": statistics.median(steady),
+    sup = res.get("supervised_tokens")
+    return {"toolkit": "TRL + PEFT", "detail": f"{res['torch_threads']} torch threads",
+            "sup_tok_s": sup / res["train_time_s"] if sup else None,
+            "pairs_s": res["pairs"] / res["train_time_s"] if res.get("pairs") else None,
+            "step_s": statistics.median(steady),
             "peak_rss_gib": res["peak_rss_bytes"] / 2 ** 30, "cpu_pct": res["cpu_pct"], "final_loss": res["losses"][-1],
             "losses": res["losses"], "versions": res["versions"], "padding": res.get("padding")}
 
@@ -202,20 +231,21 @@ def run_paddlenlp(llm_dir: str, model_dir: str, data_dir: str, out_dir: str, ste
 def table(runs, case) -> list:
     rows = [r for r in runs if r["case"] == case]
     names = list(dict.fromkeys(r["toolkit"] for r in rows))
-    out = [f"### {case}", "", "| toolkit | runs | supervised tok/s | step time | peak RSS | CPU% in steps | padding "
-           "| final loss |", "|---|---|---|---|---|---|---|---|"]
+    key = "pairs_s" if case == "dpo" else "sup_tok_s"
+    out = [f"### {case}", "", f"| toolkit | runs | {'pairs/s' if case == 'dpo' else 'supervised tok/s'} | step time "
+           "| peak RSS | CPU% in steps | padding | final loss |", "|---|---|---|---|---|---|---|---|"]
     for name in names:
         rs = [r for r in rows if r["toolkit"] == name]
         pad = mean(rs, "padding")
-        out.append(f"| {name} ({rs[0]['detail']}) | {len(rs)} | {mean(rs, 'sup_tok_s'):.1f} "
-                   f"({', '.join(format(r['sup_tok_s'], '.1f') for r in rs)}) | {mean(rs, 'step_s'):.2f} s "
+        out.append(f"| {name} ({rs[0]['detail']}) | {len(rs)} | {mean(rs, key):.2f} "
+                   f"({', '.join(format(r[key], '.2f') for r in rs)}) | {mean(rs, 'step_s'):.2f} s "
                    f"| {mean(rs, 'peak_rss_gib'):.2f} GiB | {fmt(mean(rs, 'cpu_pct'), '.0f')}% "
                    f"| {'-' if pad is None else format(pad, '.1%')} | {mean(rs, 'final_loss'):.4f} |")
     ours = [r for r in rows if r["toolkit"].startswith("ours")]
     for name in names:
         other = [r for r in rows if r["toolkit"] == name]
         if ours and not name.startswith("ours"):
-            out.append(f"| ours / {name} | | {mean(ours, 'sup_tok_s') / mean(other, 'sup_tok_s'):.2f}x "
+            out.append(f"| ours / {name} | | {mean(ours, key) / mean(other, key):.2f}x "
                        f"| {mean(ours, 'step_s') / mean(other, 'step_s'):.2f}x "
                        f"| {mean(ours, 'peak_rss_gib') / mean(other, 'peak_rss_gib'):.2f}x | | | |")
     return out
@@ -254,6 +284,7 @@ def main(argv=None):
     model_dir = os.path.join(a.scratch, "llama-0.25b")
     info = ensure_model(model_dir)
     data_dir = ensure_data(a.scratch)
+    dpo_dir = ensure_dpo_data(a.scratch) if "dpo" in cases else None
     py, trl_why = trl_python(a.scratch, a.trl_python) if "trl" in toolkits else (None, "not asked")
     llm_dir, pn_why = paddlenlp_llm(a.paddlenlp_llm) if "paddlenlp" in toolkits else (None, "not asked")
     hf_dir = hf_copy(model_dir, os.path.join(a.scratch, "llama-0.25b-hf")) if py else None
@@ -268,24 +299,30 @@ def main(argv=None):
             plan.append((case, "ours"))
         if llm_dir and case in ("lora", "packed"):
             plan.append((case, "paddlenlp"))
-        if py and case in ("lora", "packed"):
+        if py and case in ("lora", "packed", "dpo"):
             plan.append((case, "trl"))
     runs = []
     for i in range(a.repeats):
         for case, who in plan:
             t0 = time.time()
             out_dir = os.path.join(a.scratch, f"{who}_{case}_{i}")
-            if who == "ours":
+            if who == "ours" and case == "dpo":
+                r = run_once("on", model_dir, dpo_dir, out_dir, a.steps, cli=DPO_CLI, config=DPO_CONFIG,
+                             args=dpo_args(model_dir, dpo_dir, out_dir, a.steps))
+                r.update(toolkit="ours", detail="llm/run_dpo.py")
+            elif who == "ours":
                 r = run_once("on", model_dir, data_dir, out_dir, a.steps, OURS_ARGS[case])
                 r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""))
             elif who == "paddlenlp":
                 r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, a.steps, case == "packed",
                                   a.paddlenlp_cpu_env)
             else:
-                r = run_trl(py, hf_dir, data_dir, out_dir, a.steps, case == "packed")
+                r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, a.steps, case == "packed",
+                            dpo=case == "dpo")
             r.update(case=case, repeat=i)
             runs.append({k: v for k, v in r.items() if k != "summary"})
-            print(f"  {case} {r['toolkit']} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
+            speed = f"{r['pairs_s']:.2f} pairs/s" if case == "dpo" else f"{r['sup_tok_s']:.1f} supervised tok/s"
+            print(f"  {case} {r['toolkit']} #{i + 1}: {speed}, step {r['step_s']:.2f} s, "
                   f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} "
                   f"({time.time() - t0:.0f} s)", flush=True)
     print()
