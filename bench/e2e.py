@@ -1,6 +1,6 @@
 """Benchmark (issue 26 item 1): our whole fine-tune vs PaddleNLP's own llm/run_finetune.py vs TRL + PEFT.
 
-    .venv/bin/python bench/e2e.py [--cases lora,packed] [--steps 10] [--repeats 2] [--scratch build/bench_e2e]
+    .venv/bin/python bench/e2e.py [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
         [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--json F]
 
 Every toolkit trains the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate
@@ -269,6 +269,8 @@ def main(argv=None):
     p.add_argument("--cases", default="lora,packed", help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--toolkits", default="ours,paddlenlp,trl")
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT)
+    p.add_argument("--packed-steps", type=int, help="optimizer steps of the packed case (default --steps): its "
+                                                     "steps hold ~5x the examples")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
     p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
@@ -305,19 +307,20 @@ def main(argv=None):
     for i in range(a.repeats):
         for case, who in plan:
             t0 = time.time()
+            steps = a.packed_steps if case == "packed" and a.packed_steps else a.steps
             out_dir = os.path.join(a.scratch, f"{who}_{case}_{i}")
             if who == "ours" and case == "dpo":
-                r = run_once("on", model_dir, dpo_dir, out_dir, a.steps, cli=DPO_CLI, config=DPO_CONFIG,
-                             args=dpo_args(model_dir, dpo_dir, out_dir, a.steps))
+                r = run_once("on", model_dir, dpo_dir, out_dir, steps, cli=DPO_CLI, config=DPO_CONFIG,
+                             args=dpo_args(model_dir, dpo_dir, out_dir, steps))
                 r.update(toolkit="ours", detail="llm/run_dpo.py")
             elif who == "ours":
-                r = run_once("on", model_dir, data_dir, out_dir, a.steps, OURS_ARGS[case])
+                r = run_once("on", model_dir, data_dir, out_dir, steps, OURS_ARGS[case])
                 r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""))
             elif who == "paddlenlp":
-                r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, a.steps, case == "packed",
+                r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, steps, case == "packed",
                                   a.paddlenlp_cpu_env)
             else:
-                r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, a.steps, case == "packed",
+                r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, steps, case == "packed",
                             dpo=case == "dpo")
             r.update(case=case, repeat=i)
             runs.append({k: v for k, v in r.items() if k != "summary"})

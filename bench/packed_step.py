@@ -3,8 +3,9 @@
     .venv/bin/python bench/packed_step.py MODEL_DIR [--rows 2] [--max-length 1024] [--repeats 3] [--json F]
 
 Tokenizes alpaca_en_demo (``../shared/data`` or /work/shared/data; else llm/data/advertise) with
-MODEL_DIR's tokenizer (our pipeline: ``data.tokenize.tokenize_examples``), packs the first examples
-greedily into ``--rows`` rows of ``--max-length`` (``data.packing.PackedDataset``), and times forward
+MODEL_DIR's tokenizer (our pipeline: ``data.tokenize.tokenize_examples``), packs the first 200 examples
+greedily into rows of ``--max-length`` (``data.packing.PackedDataset``), takes ``--rows`` of them evenly
+spaced over the packs (best-fit-decreasing puts the longest examples first), and times forward
 + backward of our SFT loss (``training.loss.global_token_loss``) with LoRA r8 on every decoder linear,
 per variant, interleaved over ``--repeats`` rounds after one warm-up round:
 
@@ -83,13 +84,14 @@ def main(argv=None):
     tok = AutoTokenizer.from_pretrained(a.model_dir)
     examples = load_examples(tok, a.max_length)
     ds = PackedDataset(examples[:200], a.max_length, tok.pad_token_id or 0, greedy=True, shuffle=False)
-    rows = [ds[i] for i in range(a.rows)]
-    used = [i for pack in ds.packs[: a.rows] for i in pack]
+    picked = sorted(set(int(x) for x in np.linspace(0, len(ds) - 1, a.rows)))  # long and short examples alike
+    rows = [ds[i] for i in picked]
+    used = [i for j in picked for i in ds.packs[j]]
     docs = [examples[i] for i in used]
     supervised = sum(int((np.asarray(d["labels"]) != -100).sum()) for d in docs)
     real = sum(len(d["input_ids"]) for d in docs)
-    print(f"{len(docs)} examples in {a.rows} rows of {a.max_length} ({real} tokens, {supervised} supervised, "
-          f"padding {1 - real / (a.rows * a.max_length):.1%}); lengths {sorted(len(d['input_ids']) for d in docs)}")
+    print(f"{len(docs)} examples in {len(rows)} rows of {a.max_length} ({real} tokens, {supervised} supervised, "
+          f"padding {1 - real / (len(rows) * a.max_length):.1%}); lengths {sorted(len(d['input_ids']) for d in docs)}")
 
     stack = contextlib.ExitStack()
     stack.enter_context(fast_rotary())
