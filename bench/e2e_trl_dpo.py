@@ -10,17 +10,15 @@ the base model with the adapters off) with LoRA r / alpha on every decoder linea
 """
 
 import json
-import os
-import resource
 import sys
-import time
+
+from e2e_trl import lora_config, step_marks, write_result
 
 
 def main(spec):
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     with open(spec["train"], encoding="utf-8") as f:
@@ -33,33 +31,14 @@ def main(spec):
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []
-
-    class StepMarks(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            marks.append((time.perf_counter(), ru.ru_utime + ru.ru_stime))
-
     cfg = DPOConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
                     gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
                     lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
                     max_length=spec["max_length"], beta=0.1, loss_type=["sigmoid"], use_cpu=True, bf16=False,
                     fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
-    lora = LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(data), processing_class=tok,
-                         peft_config=lora, callbacks=[StepMarks()])
-    out = trainer.train()
-    step_ends = [m[0] for m in marks]
-    cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0]) if len(marks) > 1 else None
-    result = {"pairs": spec["steps"] * spec["accumulation"], "train_time_s": out.metrics["train_runtime"],
-              "step_times_s": [b - a for a, b in zip(step_ends, step_ends[1:])], "cpu_pct": cpu_pct,
-              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-              "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-              "torch_threads": torch.get_num_threads(), "versions": {
-                  m.__name__: m.__version__ for m in (torch, __import__("transformers"), __import__("peft"),
-                                                      __import__("trl"))}}
-    with open(os.path.join(spec["out"], "result.json"), "w") as f:
-        json.dump(result, f, indent=2)
+                         peft_config=lora_config(spec), callbacks=[step_marks(marks)])
+    write_result(spec, trainer, trainer.train(), marks, pairs=spec["steps"] * spec["accumulation"])
 
 
 if __name__ == "__main__":
