@@ -107,17 +107,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: int) -> dict:
+def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
+    """``llm/run_finetune.py``'s arguments of these benchmarks (after the config file)."""
+    return ["--model_name_or_path", model_dir, "--dataset_name_or_path", data_dir,
+            "--output_dir", out_dir, "--overwrite_output_dir", "true", "--max_steps", str(steps),
+            "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4", "--learning_rate", "1e-4",
+            "--warmup_steps", "0", "--lora_rank", "8", "--lora_alpha", "16", "--max_length", "1024",
+            "--src_length", "1024", "--logging_steps", "1", "--do_eval", "false", "--eval_before_train", "false",
+            "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+
+
+def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: int, extra=(), cli=CLI,
+             config=CONFIG, args=None) -> dict:
+    """One run of our CLI (default ``llm/run_finetune.py`` with :func:`finetune_args`; ``extra``: more
+    ``--key value`` arguments, e.g. packing)."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS + CODE_PATH_VARS + (SWITCH,)}
     env["PYTHONPATH"] = ROOT
     if setting == "off":
         env[SWITCH] = "0"
-    cmd = [sys.executable, CLI, CONFIG, "--model_name_or_path", model_dir, "--dataset_name_or_path", data_dir,
-           "--output_dir", out_dir, "--overwrite_output_dir", "true", "--max_steps", str(steps),
-           "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4", "--learning_rate", "1e-4",
-           "--warmup_steps", "0", "--lora_rank", "8", "--lora_alpha", "16", "--max_length", "1024",
-           "--src_length", "1024", "--logging_steps", "1", "--do_eval", "false", "--eval_before_train", "false",
-           "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+    args = finetune_args(model_dir, data_dir, out_dir, steps) if args is None else args
+    cmd = [sys.executable, cli, config, *args, *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     marks, cpu_text, tail = [], None, []
     for line in proc.stdout:  # the step lines as they come, with the process's CPU time at that moment
@@ -148,9 +157,12 @@ def read_run(out_dir: str, marks) -> dict:
     if len(marks) >= 2 and marks[-1][0] > marks[0][0]:
         cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
     steady = s["step_times_s"][1:] or s["step_times_s"]
-    return {"sup_tok_s": s["supervised_tokens_trained"] / s["train_time_s"], "step_s": statistics.median(steady),
+    sup = s.get("supervised_tokens_trained", s.get("answer_tokens_trained"))  # DPO: the answers' tokens
+    return {"sup_tok_s": sup / s["train_time_s"], "step_s": statistics.median(steady),
+            "pairs_s": s["pairs_trained"] / s["train_time_s"] if s.get("pairs_trained") else None,
             "peak_rss_gib": s["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct, "final_loss": losses[-1],
-            "losses": losses, "supervised_tokens": s["supervised_tokens_trained"], "train_time_s": s["train_time_s"],
+            "losses": losses, "supervised_tokens": sup, "train_time_s": s["train_time_s"],
+            "padding": ((s.get("data") or {}).get("train") or {}).get("padding_ratio"),
             "summary": s}
 
 def mean(rows, key):

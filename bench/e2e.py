@@ -1,23 +1,37 @@
-"""Benchmark (issue 26 item 1, first part): our whole LoRA fine-tune vs TRL SFTTrainer + PEFT, same model and data.
+"""Benchmark (issue 26 item 1): our whole fine-tune vs PaddleNLP's own llm/run_finetune.py vs TRL + PEFT.
 
-    .venv/bin/python bench/e2e.py [--steps 5] [--repeats 2] [--scratch build/bench_e2e] [--trl-python PY] [--json F]
+    .venv/bin/python bench/e2e.py [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
+        [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--json F]
 
-Both toolkits train the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate 2816,
-16 layers, Llama-2 tokenizer, built with PaddleNLP and saved once more in the Hugging Face layout for
-transformers: names ``llama.*`` -> ``model.*``, Linear weights transposed), on the same alpaca {src, tgt}
-rows (TRL: prompt-completion rows, loss on the completion only, as ours), with LoRA r8 / alpha 16 on
-every decoder linear, lr 1e-4 linear decay, no warm-up, max_length 1024, batch 1 x accumulation 4,
-``--steps`` optimizer steps, fp32, no packing, in separate processes, interleaved (ours, TRL, ours, TRL).
-Ours runs as a user runs it (``llm/run_finetune.py`` with its CPU set-up); TRL with torch's default
-threads.
+Every toolkit trains the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate
+2816, 16 layers, Llama-2 tokenizer, built with PaddleNLP; for transformers saved once more in the
+Hugging Face layout: names ``llama.*`` -> ``model.*``, Linear weights transposed) on the same alpaca
+{src, tgt} rows, loss on the answer only, LoRA r8 / alpha 16 on every decoder linear, lr 1e-4 linear
+decay, no warm-up, max_length 1024, batch 1 x accumulation 4, ``--steps`` optimizer steps, fp32, each
+run in its own process, interleaved (every toolkit of every case once, then again).  Cases:
 
-TRL runs in its own venv (``SCRATCH/venv-trl``: ``python3 -m venv`` + ``pip install torch==2.13.0
-transformers peft trl sentencepiece protobuf``; ``--trl-python`` names an interpreter that has them).
-When it cannot be set up the TRL column is skipped with the reason.  Not here yet: PaddleNLP's own
-``llm/run_finetune.py`` column, packing, QLoRA and DPO (issue 26 item 1).
+* ``lora``: no packing.
+* ``packed``: ours ``zero_padding`` + ``greedy_zero_padding`` with ``use_flash_attention`` +
+  ``flash_mask`` (on CPU: per-document attention, kernels/varlen.py); PaddleNLP its ``zero_padding`` +
+  ``greedy_zero_padding`` (dense mask: its FlashMask has no CPU kernel); TRL ``packing=True``.
+* ``qlora``: ours with an nf4 base (``weight_quantize_algo nf4``); compare with ours in ``lora``.
+* ``dpo``: LoRA DPO (sigmoid, beta 0.1, reference = adapters off) on dpo_en_demo.json (``bench/dpo.py``'s
+  conversion), max_length 1024: ours ``llm/run_dpo.py`` vs TRL ``DPOTrainer`` (``bench/e2e_trl_dpo.py``;
+  prompt = the turns joined by newlines); pairs/s instead of supervised tokens/s.
 
-Printed: supervised tokens/s (supervised tokens over the training time), median step time (steps
-2..N), peak RSS, CPU% during the steps, final loss; the means and the ours/TRL ratios.
+Ours runs as a user runs it (``llm/run_finetune.py`` with its CPU set-up).  **PaddleNLP** runs its own
+``llm/run_finetune.py`` at 3.0.0b4 from ``--paddlenlp-llm DIR`` (or ``$PADDLENLP_LLM``): PaddleNLP's
+``llm/run_finetune.py`` and ``llm/utils/{__init__,argument,data}.py`` (they are not in the pip package;
+get them from the PaddleNLP repository at tag v3.0.0-beta4; they are not part of this repository),
+through ``bench/e2e_paddlenlp.py``, with Paddle's defaults (``--paddlenlp-cpu-env``: with the thread
+and MKL variables our CPU set-up chooses).  Without the directory the column is skipped, with the
+reason.  **TRL** runs in its own venv (``SCRATCH/venv-trl``: ``pip install torch==2.13.0 transformers
+peft trl sentencepiece protobuf``; ``--trl-python`` names an interpreter that has them) with torch's
+default threads, through ``bench/e2e_trl.py``; skipped with the reason when it cannot be set up.
+
+Printed per case and toolkit: supervised tokens/s (supervised tokens over the training time; each
+run's in brackets), median step time (steps 2..N), peak RSS, CPU% during the steps, padding (ours),
+final loss; then ours / each other toolkit, and packed / unpacked per toolkit.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -36,12 +51,24 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from cpu_setup import MODEL_SHAPE, ROOT, TOKENIZER_MODEL, ensure_data, ensure_model, fmt, mean, run_once  # noqa: E402
+from cpu_setup import (  # noqa: E402
+    CODE_PATH_VARS, MODEL_SHAPE, ROOT, SHARED, SWITCH, THREAD_VARS, TOKENIZER_MODEL, cpu_seconds, ensure_data,
+    ensure_model, fmt, mean, run_once,
+)
 
 TRL_WORKER = os.path.join(HERE, "e2e_trl.py")
+TRL_DPO_WORKER = os.path.join(HERE, "e2e_trl_dpo.py")
+DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
+DPO_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json")
+PADDLENLP_WORKER = os.path.join(HERE, "e2e_paddlenlp.py")
 TRL_PACKAGES = ["torch==2.13.0", "transformers", "peft", "trl", "sentencepiece", "protobuf"]
 TRL_CHECK = "import torch, transformers, peft, trl, sentencepiece; print(trl.__version__)"
-STEPS_DEFAULT, RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 5, 8, 16, 1e-4, 1024, 4
+STEPS_DEFAULT, RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 10, 8, 16, 1e-4, 1024, 4
+CASES = ("lora", "packed", "qlora", "dpo")
+OURS_ARGS = {"lora": [], "qlora": ["--weight_quantize_algo", "nf4"],
+             "packed": ["--zero_padding", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
+                        "--flash_mask", "true"]}
+PADDLENLP_STEP = re.compile(r"loss: ([0-9.eE+-]+), learning_rate: .*global_step: (\d+), interval_runtime: ([0-9.]+)")
 
 
 def hf_copy(paddle_dir: str, hf_dir: str) -> str:
@@ -96,80 +123,222 @@ def trl_python(scratch: str, given: str | None):
     return py, None
 
 
-def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int) -> dict:
+def paddlenlp_llm(given: str | None):
+    """(PaddleNLP's llm/ dir, None) or (None, why the column is skipped)."""
+    d = given or os.environ.get("PADDLENLP_LLM")
+    if not d:
+        return None, "no --paddlenlp-llm DIR (PaddleNLP's llm/run_finetune.py + llm/utils/ at v3.0.0-beta4)"
+    missing = [f for f in ("run_finetune.py", "utils/argument.py", "utils/data.py") if not os.path.isfile(
+        os.path.join(d, f))]
+    return (None, f"{d} lacks {', '.join(missing)}") if missing else (os.path.abspath(d), None)
+
+
+def ensure_dpo_data(scratch: str) -> str:
+    """dpo_en_demo.json as PaddleNLP preference lines (bench/dpo.py's converter), once."""
+    from dpo import convert_dpo_demo
+
+    out = os.path.join(scratch, "dpo")
+    if not os.path.isfile(os.path.join(out, "train.json")):
+        convert_dpo_demo(os.path.join(SHARED, "dpo_en_demo.json"), out)
+    return out
+
+
+def dpo_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
+    return ["--model_name_or_path", model_dir, "--train_dataset_path", data_dir, "--dev_dataset_path", data_dir,
+            "--output_dir", out_dir, "--overwrite_output_dir", "true", "--max_steps", str(steps),
+            "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", str(ACCUMULATION),
+            "--learning_rate", str(LR), "--warmup_steps", "0", "--lora_rank", str(RANK), "--lora_alpha", str(ALPHA),
+            "--max_seq_len", str(MAX_LENGTH), "--max_prompt_len", str(MAX_LENGTH // 2), "--logging_steps", "1",
+            "--do_eval", "false", "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+
+
+def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
-            "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA}
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    r = subprocess.run([py, TRL_WORKER, json.dumps(spec)], capture_output=True, text=True, cwd=out_dir, env=env)
+            "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
+            "packing": packing}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS}
+    r = subprocess.run([py, TRL_DPO_WORKER if dpo else TRL_WORKER, json.dumps(spec)], capture_output=True, text=True,
+                       cwd=out_dir, env=env)
     if r.returncode != 0:
         sys.exit("TRL run failed:\n" + r.stdout[-2000:] + r.stderr[-4000:])
     with open(os.path.join(out_dir, "result.json")) as f:
         res = json.load(f)
     steady = res["step_times_s"] or [res["train_time_s"] / steps]
-    return {"toolkit": f"TRL + PEFT ({res['torch_threads']} torch threads)", "sup_tok_s":
-            res["supervised_tokens"] / res["train_time_s"], "step_s": statistics.median(steady),
+    sup = res.get("supervised_tokens")
+    return {"toolkit": "TRL + PEFT", "detail": f"{res['torch_threads']} torch threads",
+            "sup_tok_s": sup / res["train_time_s"] if sup else None,
+            "pairs_s": res["pairs"] / res["train_time_s"] if res.get("pairs") else None,
+            "step_s": statistics.median(steady),
             "peak_rss_gib": res["peak_rss_bytes"] / 2 ** 30, "cpu_pct": res["cpu_pct"], "final_loss": res["losses"][-1],
-            "losses": res["losses"], "versions": res["versions"]}
+            "losses": res["losses"], "versions": res["versions"], "padding": res.get("padding")}
 
 
-def table(runs) -> str:
-    lines = ["| toolkit | runs | supervised tok/s | step time | peak RSS | CPU% in steps | final loss |",
-             "|---|---|---|---|---|---|---|"]
-    names = list(dict.fromkeys(r["toolkit"] for r in runs))
+def paddlenlp_env(cpu_env: bool) -> dict:
+    """Paddle's defaults as a user gets them, or (``cpu_env``) the variables our CPU set-up would set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SWITCH) + THREAD_VARS + CODE_PATH_VARS}
+    if cpu_env:
+        sys.path.insert(0, ROOT)
+        from paddlenlp_ext.cli.cpu_env import setup_cpu
+
+        probe = dict(env)
+        setup_cpu(probe)  # decides on a copy: this process's environment stays as it is
+        env.update({k: probe[k] for k in THREAD_VARS + CODE_PATH_VARS if k in probe})
+    return env
+
+
+def run_paddlenlp(llm_dir: str, model_dir: str, data_dir: str, out_dir: str, steps: int, packed: bool,
+                  cpu_env: bool) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    config = {"model_name_or_path": model_dir, "dataset_name_or_path": data_dir, "output_dir": out_dir,
+              "overwrite_output_dir": True, "per_device_train_batch_size": 1,
+              "gradient_accumulation_steps": ACCUMULATION, "max_steps": steps, "learning_rate": LR,
+              "warmup_steps": 0, "lr_scheduler_type": "linear", "logging_steps": 1, "save_strategy": "no",
+              "evaluation_strategy": "no", "src_length": MAX_LENGTH, "max_length": MAX_LENGTH, "do_train": True,
+              "do_eval": False, "seed": 42, "lora": True, "lora_rank": RANK, "disable_tqdm": True, "device": "cpu",
+              "zero_padding": packed, "greedy_zero_padding": packed}
+    cfg_path, result_path = os.path.join(out_dir, "bench_config.json"), os.path.join(out_dir, "bench_result.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config, f, indent=2)
+    proc = subprocess.Popen([sys.executable, PADDLENLP_WORKER, llm_dir, cfg_path, result_path], cwd=out_dir,
+                            env=paddlenlp_env(cpu_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marks, steps_seen, tail = [], [], []
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-40:]
+        m = PADDLENLP_STEP.search(line)
+        if m:
+            steps_seen.append((float(m.group(1)), float(m.group(3))))
+            try:
+                marks.append((time.perf_counter(), cpu_seconds(proc.pid)))
+            except OSError:
+                pass
+    if proc.wait() != 0:
+        sys.exit("PaddleNLP run failed:\n" + "\n".join(tail))
+    with open(result_path) as f:
+        res = json.load(f)
+    with open(os.path.join(out_dir, "train_results.json")) as f:
+        train_time = json.load(f)["train_runtime"]
+    cpu_pct = None
+    if len(marks) >= 2 and marks[-1][0] > marks[0][0]:
+        cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+    step_times = [t for _, t in steps_seen]
+    return {"toolkit": "PaddleNLP 3.0.0b4", "detail": "our CPU env" if cpu_env else "Paddle's defaults",
+            "sup_tok_s": res["supervised_tokens"] / train_time, "step_s": statistics.median(step_times[1:] or step_times),
+            "peak_rss_gib": res["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct, "final_loss": steps_seen[-1][0],
+            "losses": [x for x, _ in steps_seen], "padding": None}
+
+
+def table(runs, case) -> list:
+    rows = [r for r in runs if r["case"] == case]
+    names = list(dict.fromkeys(r["toolkit"] for r in rows))
+    key = "pairs_s" if case == "dpo" else "sup_tok_s"
+    out = [f"### {case}", "", f"| toolkit | runs | {'pairs/s' if case == 'dpo' else 'supervised tok/s'} | step time "
+           "| peak RSS | CPU% in steps | padding | final loss |", "|---|---|---|---|---|---|---|---|"]
     for name in names:
-        rows = [r for r in runs if r["toolkit"] == name]
-        lines.append(f"| {name} | {len(rows)} | {mean(rows, 'sup_tok_s'):.1f} "
-                     f"({', '.join(format(r['sup_tok_s'], '.1f') for r in rows)}) | {mean(rows, 'step_s'):.2f} s "
-                     f"| {mean(rows, 'peak_rss_gib'):.2f} GiB | {fmt(mean(rows, 'cpu_pct'), '.0f')}% "
-                     f"| {mean(rows, 'final_loss'):.4f} |")
-    if len(names) == 2:
-        a = [r for r in runs if r["toolkit"] == names[0]]
-        b = [r for r in runs if r["toolkit"] == names[1]]
-        lines.append(f"| ours / TRL | | {mean(a, 'sup_tok_s') / mean(b, 'sup_tok_s'):.2f}x "
-                     f"| {mean(a, 'step_s') / mean(b, 'step_s'):.2f}x "
-                     f"| {mean(a, 'peak_rss_gib') / mean(b, 'peak_rss_gib'):.2f}x | | |")
-    return "\n".join(lines)
+        rs = [r for r in rows if r["toolkit"] == name]
+        pad = mean(rs, "padding")
+        out.append(f"| {name} ({rs[0]['detail']}) | {len(rs)} | {mean(rs, key):.2f} "
+                   f"({', '.join(format(r[key], '.2f') for r in rs)}) | {mean(rs, 'step_s'):.2f} s "
+                   f"| {mean(rs, 'peak_rss_gib'):.2f} GiB | {fmt(mean(rs, 'cpu_pct'), '.0f')}% "
+                   f"| {'-' if pad is None else format(pad, '.1%')} | {mean(rs, 'final_loss'):.4f} |")
+    ours = [r for r in rows if r["toolkit"].startswith("ours")]
+    for name in names:
+        other = [r for r in rows if r["toolkit"] == name]
+        if ours and not name.startswith("ours"):
+            out.append(f"| ours / {name} | | {mean(ours, key) / mean(other, key):.2f}x "
+                       f"| {mean(ours, 'step_s') / mean(other, 'step_s'):.2f}x "
+                       f"| {mean(ours, 'peak_rss_gib') / mean(other, 'peak_rss_gib'):.2f}x | | | |")
+    return out
+
+
+def ratios_across(runs) -> list:
+    """packed / unpacked and qlora / lora supervised tok/s per toolkit, where both ran."""
+    out = []
+    for num, den in (("packed", "lora"), ("qlora", "lora")):
+        for name in dict.fromkeys(r["toolkit"] for r in runs):
+            a = [r for r in runs if r["toolkit"] == name and r["case"] == num]
+            b = [r for r in runs if r["toolkit"] == name and r["case"] == den]
+            if a and b:
+                out.append(f"{num} / {den}, {name}: {mean(a, 'sup_tok_s') / mean(b, 'sup_tok_s'):.2f}x supervised "
+                           f"tok/s, {mean(a, 'peak_rss_gib') / mean(b, 'peak_rss_gib'):.2f}x peak RSS")
+    return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="lora,packed", help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--toolkits", default="ours,paddlenlp,trl")
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT)
+    p.add_argument("--packed-steps", type=int, help="optimizer steps of the packed case (default --steps): its "
+                                                     "steps hold ~5x the examples")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
-    p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl (default: a venv "
-                                        "made in the scratch dir)")
+    p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
+    p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")
+    p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl")
     p.add_argument("--json", help="write the runs here")
     a = p.parse_args(argv)
+    cases = [c for c in a.cases.split(",") if c]
+    toolkits = set(a.toolkits.split(","))
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        p.error(f"unknown case(s) {bad}: choose from {CASES}")
     model_dir = os.path.join(a.scratch, "llama-0.25b")
     info = ensure_model(model_dir)
     data_dir = ensure_data(a.scratch)
-    py, why_not = trl_python(a.scratch, a.trl_python)
+    dpo_dir = ensure_dpo_data(a.scratch) if "dpo" in cases else None
+    py, trl_why = trl_python(a.scratch, a.trl_python) if "trl" in toolkits else (None, "not asked")
+    llm_dir, pn_why = paddlenlp_llm(a.paddlenlp_llm) if "paddlenlp" in toolkits else (None, "not asked")
     hf_dir = hf_copy(model_dir, os.path.join(a.scratch, "llama-0.25b-hf")) if py else None
     print(f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
-          f"{ACCUMULATION} at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32"
-          + ("" if py else f"\nTRL column skipped: {why_not}"), flush=True)
+          f"{ACCUMULATION} at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32, cases {cases}", flush=True)
+    for name, why in (("TRL", trl_why), ("PaddleNLP", pn_why)):
+        if why:
+            print(f"{name} column skipped: {why}", flush=True)
+    plan = []
+    for case in cases:
+        if "ours" in toolkits:
+            plan.append((case, "ours"))
+        if llm_dir and case in ("lora", "packed"):
+            plan.append((case, "paddlenlp"))
+        if py and case in ("lora", "packed", "dpo"):
+            plan.append((case, "trl"))
     runs = []
     for i in range(a.repeats):
-        t0 = time.time()
-        r = run_once("on", model_dir, data_dir, os.path.join(a.scratch, f"ours_{i}"), a.steps)
-        r["toolkit"] = "ours (llm/run_finetune.py)"
-        runs.append(r)
-        print(f"  ours #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, CPU "
-              f"{fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
-        if py:
+        for case, who in plan:
             t0 = time.time()
-            r = run_trl(py, hf_dir, data_dir, os.path.join(a.scratch, f"trl_{i}"), a.steps)
-            runs.append(r)
-            print(f"  TRL #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, CPU "
-                  f"{fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+            steps = a.packed_steps if case == "packed" and a.packed_steps else a.steps
+            out_dir = os.path.join(a.scratch, f"{who}_{case}_{i}")
+            if who == "ours" and case == "dpo":
+                r = run_once("on", model_dir, dpo_dir, out_dir, steps, cli=DPO_CLI, config=DPO_CONFIG,
+                             args=dpo_args(model_dir, dpo_dir, out_dir, steps))
+                r.update(toolkit="ours", detail="llm/run_dpo.py")
+            elif who == "ours":
+                r = run_once("on", model_dir, data_dir, out_dir, steps, OURS_ARGS[case])
+                r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""))
+            elif who == "paddlenlp":
+                r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, steps, case == "packed",
+                                  a.paddlenlp_cpu_env)
+            else:
+                r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, steps, case == "packed",
+                            dpo=case == "dpo")
+            r.update(case=case, repeat=i)
+            runs.append({k: v for k, v in r.items() if k != "summary"})
+            speed = f"{r['pairs_s']:.2f} pairs/s" if case == "dpo" else f"{r['sup_tok_s']:.1f} supervised tok/s"
+            print(f"  {case} {r['toolkit']} #{i + 1}: {speed}, step {r['step_s']:.2f} s, "
+                  f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
     print()
-    print(table(runs))
-    if py:
-        print("TRL side:", runs[1]["versions"])
+    for case in cases:
+        print("\n".join(table(runs, case)) + "\n")
+    print("\n".join(ratios_across(runs)))
+    versions = next((r["versions"] for r in runs if r.get("versions")), None)
+    if versions:
+        print("TRL side:", versions)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"runs": runs, "steps": a.steps, "trl_skipped": why_not}, f, indent=2)
+            json.dump({"runs": runs, "steps": a.steps, "trl_skipped": trl_why, "paddlenlp_skipped": pn_why,
+                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f, indent=2)
     return 0
 
 

@@ -2,7 +2,8 @@
 
     VENV/bin/python bench/e2e_trl.py '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
 
-Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only), trains
+Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only; ``"packing": true``:
+TRL's ``packing=True``, its default best-fit-decreasing padding-free rows of max_length), trains
 with LoRA r / alpha on every decoder linear, and writes ``DIR/result.json``: supervised tokens (the
 shifted labels that are not -100, counted in ``compute_loss``), train time, step times, per-step
 losses, peak RSS (``ru_maxrss``) and CPU% from the first to the last step end.
@@ -18,8 +19,7 @@ import time
 def main(spec):
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     if spec.get("threads"):
@@ -30,12 +30,6 @@ def main(spec):
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []  # (wall, process CPU seconds) at every optimizer step end
-
-    class StepMarks(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            marks.append((time.perf_counter(), ru.ru_utime + ru.ru_stime))
-
     supervised = [0]
 
     class CountingTrainer(SFTTrainer):
@@ -46,17 +40,40 @@ def main(spec):
     cfg = SFTConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
                     gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
                     lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
-                    max_length=spec["max_length"], packing=False, completion_only_loss=True, use_cpu=True,
+                    max_length=spec["max_length"], packing=bool(spec.get("packing")), completion_only_loss=True, use_cpu=True,
                     bf16=False, fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
-    lora = LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
+    trainer = CountingTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok,
+                              peft_config=lora_config(spec), callbacks=[step_marks(marks)])
+    write_result(spec, trainer, trainer.train(), marks, supervised_tokens=supervised[0])
+
+
+def lora_config(spec):
+    """LoRA r / alpha on every decoder linear, no dropout (as ours)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    trainer = CountingTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok, peft_config=lora,
-                              callbacks=[StepMarks()])
-    out = trainer.train()
+
+
+def step_marks(marks):
+    """A callback appending (wall time, process CPU seconds) to ``marks`` at every optimizer step end."""
+    from transformers import TrainerCallback
+
+    class StepMarks(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            marks.append((time.perf_counter(), ru.ru_utime + ru.ru_stime))
+
+    return StepMarks()
+
+
+def write_result(spec, trainer, out, marks, **extra):
+    """``OUT/result.json``: train time, step times, peak RSS, CPU% over the steps, losses, versions, ``extra``."""
+    import torch
     step_ends = [m[0] for m in marks]
     step_times = [b - a for a, b in zip(step_ends, step_ends[1:])]
     cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0]) if len(marks) > 1 else None
-    result = {"supervised_tokens": supervised[0], "train_time_s": out.metrics["train_runtime"],
+    result = {**extra, "train_time_s": out.metrics["train_runtime"],
               "step_times_s": step_times, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "cpu_pct": cpu_pct, "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
               "torch_threads": torch.get_num_threads(), "versions": {

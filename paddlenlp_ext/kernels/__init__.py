@@ -12,6 +12,8 @@ to it lives in ``paddlenlp_ext.integrations.flashmask``, not here.
   per-tile masks, call statistics.
 * :mod:`.blocksparse` -- FlashAttention-2 forward/backward over the schedule
   (a ``PyLayer``).
+* :mod:`.varlen`     -- packed documents (causal, one start row per column):
+  plain causal attention per document.
 * :mod:`.reference`   -- dense O(seq^2) reference for tests and benchmarks;
   deliberately not re-exported here.
 """

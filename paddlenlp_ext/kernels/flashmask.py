@@ -6,7 +6,9 @@ layout, the column-wise ``startend_row_indices`` mask forms, GQA/MQA) with
 ordinary Paddle ops so packed-sequence training runs on CPU and in unit tests.
 This module checks the arguments the way Paddle does and wires the pieces:
 bounds -> row intervals (``bounds``), tile schedule (``schedule``),
-block-sparse forward/backward (``blocksparse``).
+block-sparse forward/backward (``blocksparse``).  Packed rows of whole documents
+(causal, one start row per column, fp32, no lse asked) take ``varlen`` instead:
+dense causal attention per document, sum(n_i^2) scores instead of a tile walk.
 
 The tile schedule is built from host copies of the bounds (``.numpy()``), so
 this is a dynamic-graph implementation; it is meant for CPU, not for
@@ -22,6 +24,7 @@ import paddle
 from .blocksparse import FlashMaskFn
 from .bounds import check_bound_count, window_to_startend
 from .schedule import BLOCK_SIZE, build_plan
+from .varlen import document_segments, varlen_causal_attention
 
 __all__ = ["flashmask_attention", "tiled_flashmask_attention"]
 
@@ -77,6 +80,12 @@ def flashmask_attention(
             "paddlenlp_ext.kernels.flashmask_attention: dropout > 0 is not implemented on the CPU path; "
             "use dropout=0.0 (or training=False)."
         )
+    segments = None if return_softmax_lse or block_mask is not None or window_size is not None else \
+        _document_layout(query, key, value, startend_row_indices, causal)
+    if segments is not None:  # packed documents: attention per document (kernels/varlen.py)
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(query.shape[-1])
+        out = varlen_causal_attention(query, key, value, segments, scale)
+        return out if not return_seed_offset else [out, paddle.zeros([2], dtype="int64")]
     out, lse = tiled_flashmask_attention(
         query, key, value, startend_row_indices,
         causal=causal, window_size=window_size, softmax_scale=softmax_scale, block_mask=block_mask,
@@ -87,6 +96,19 @@ def flashmask_attention(
     if return_seed_offset:
         outputs.append(paddle.zeros([2], dtype="int64"))
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _document_layout(query, key, value, sri, causal):
+    """The per-row document segments when the bounds are causal LTS describing packed documents
+    (fp32, equal q/k lengths, one bound row for all heads), else None (the block-sparse kernel runs)."""
+    if sri is None or not causal or query.dtype != paddle.float32 or sri.ndim != 4 or sri.shape[-1] != 1 \
+            or sri.shape[1] != 1 or sri.shape[0] != query.shape[0] or query.shape[1] != key.shape[1] \
+            or sri.shape[2] != key.shape[1] or sri.dtype not in (paddle.int32, paddle.int64):
+        return None  # not the packed-documents form: the general kernel (and its argument checks) run
+    _check_qkv(query, key, value)
+    rows = sri[:, 0, :, 0].numpy()  # [b, L]: host copy, as the tile schedule also makes
+    segments = [document_segments(r) for r in rows]
+    return None if any(s is None for s in segments) else segments
 
 
 def tiled_flashmask_attention(

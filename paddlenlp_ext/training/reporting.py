@@ -40,8 +40,23 @@ def attach_reporting(trainer, cfg, args, built, reports: Dict[str, Dict[str, Any
     trainer.add_callback(curve)
     console.finishers.append(curve.write)  # after the final evaluation, which comes after on_train_end
     decision = cpu_env.current()
-    console.line(config_line(cfg.model.model_name_or_path, built.method, built.trainable, built.total, reports,
-                             cpu=decision.text if decision else None))
+    line = config_line(cfg.model.model_name_or_path, built.method, built.trainable, built.total, reports,
+                       cpu=decision.text if decision else None)
+    notice = packing_notice(cfg, args, built.model)
+    console.line(line + (f" | {notice}" if notice else ""))
+
+
+def packing_notice(cfg, args, model):
+    """config.packing_payoff's notice for this fine-tune (None for DPO: not measured there)."""
+    import paddle
+
+    from ..config.packing_payoff import packing_payoff
+
+    if cfg.dpo is not None:
+        return None
+    config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
+    return packing_payoff(bool(cfg.data.zero_padding), bool(cfg.model.flash_mask), args.per_device_train_batch_size,
+                          getattr(config, "hidden_size", None), on_cpu=paddle.get_device().startswith("cpu"))
 
 
 def outputs_of(args) -> List[str]:

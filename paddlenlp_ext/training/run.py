@@ -138,7 +138,7 @@ def library_patches(cfg: RunConfig):
             # accepts our [batch, 1, seq, 1] start-row layout.
             patches.enter_context(cpu_flashmask())
             path = "Paddle's native kernels (fp16/bf16)" if native_flashmask_available() else \
-                "paddlenlp_ext.kernels.flashmask_attention (block-sparse, CPU)"
+                "paddlenlp_ext.kernels.flashmask_attention (block-sparse, CPU; packed documents: per document)"
             print(f"[paddlenlp_ext] attention: use_flash_attention via {path}", file=sys.stderr)
         yield
 

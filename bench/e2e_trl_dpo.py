@@ -1,0 +1,45 @@
+"""bench/e2e.py's TRL DPO side: one DPOTrainer + PEFT LoRA run, in the TRL venv's interpreter (torch, not paddle).
+
+    VENV/bin/python bench/e2e_trl_dpo.py '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
+
+Reads PaddleNLP preference lines ({"src": [...], "tgt": [...], "response": [chosen, rejected], "sort": [1, 0]},
+as ``bench/dpo.py`` converts dpo_en_demo.json) as TRL rows {prompt, chosen, rejected} (the turns before the
+answer joined by newlines; no chat template, as ours), trains DPO (sigmoid loss, beta 0.1, the reference =
+the base model with the adapters off) with LoRA r / alpha on every decoder linear, and writes
+``DIR/result.json``: pairs, train time, step times, per-step losses, peak RSS, CPU%.
+"""
+
+import json
+import sys
+
+from e2e_trl import lora_config, step_marks, write_result
+
+
+def main(spec):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    with open(spec["train"], encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    data = []
+    for r in rows:
+        turns = [t for pair in zip(r["src"], r["tgt"] + [None]) for t in pair if t is not None]
+        chosen, rejected = (r["response"] if r["sort"][0] > r["sort"][1] else r["response"][::-1])
+        data.append({"prompt": "\n".join(turns) + "\n", "chosen": chosen, "rejected": rejected})
+    tok = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
+    marks = []
+    cfg = DPOConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
+                    gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
+                    lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
+                    max_length=spec["max_length"], beta=0.1, loss_type=["sigmoid"], use_cpu=True, bf16=False,
+                    fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(data), processing_class=tok,
+                         peft_config=lora_config(spec), callbacks=[step_marks(marks)])
+    write_result(spec, trainer, trainer.train(), marks, pairs=spec["steps"] * spec["accumulation"])
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
