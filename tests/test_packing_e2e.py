@@ -153,7 +153,7 @@ def test_cli_trains_with_zero_padding_and_flash_mask_on_cpu(tiny_model_dir, tmp_
                      "--per_device_train_batch_size", "2", "--zero_padding", "true", "--greedy_zero_padding", "true",
                      "--use_flash_attention", "true", "--flash_mask", "true")
     s = summary(out)
-    assert "flashmask_attention (block-sparse, CPU)" in r.stderr
+    assert "flashmask_attention (block-sparse, CPU; packed documents: per document)" in r.stderr
     train = s["data"]["train"]
     assert train["packing"] == "greedy" and train["packs"] < train["examples"]
     assert s["eval_loss"] < 0.8 * s["eval_loss_before_train"]
