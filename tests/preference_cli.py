@@ -31,3 +31,23 @@ def train_logs(out):
     """The training log records (those with a loss) of a run's trainer_state.json."""
     state = json.loads((out / "trainer_state.json").read_text())
     return [h for h in state["log_history"] if "loss" in h]
+
+
+def resume_from_copy(run, config, whole, resumed, step, *common):
+    """Run ``config`` whole, copy its ``checkpoint-<step>`` into a fresh ``resumed`` dir and resume
+    there with the same ``common`` overrides.  -> (whole's train logs, resumed's train logs)."""
+    import shutil
+
+    run(config, whole, *common)
+    resumed.mkdir()
+    shutil.copytree(whole / f"checkpoint-{step}", resumed / f"checkpoint-{step}")
+    run(config, resumed, *common, "--resume_from_checkpoint", resumed / f"checkpoint-{step}")
+    return train_logs(whole), train_logs(resumed)
+
+
+def max_weight_diff(a_dir, b_dir, name):
+    """Largest absolute difference between the tensors of ``name`` in two output dirs."""
+    from safetensors.numpy import load_file
+
+    wa, wb = load_file(str(a_dir / name)), load_file(str(b_dir / name))
+    return max(float(abs(wa[k] - wb[k]).max()) for k in wa)

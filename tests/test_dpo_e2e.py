@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from preference_cli import TINY, cli_runner, train_logs
+from preference_cli import TINY, cli_runner, max_weight_diff, resume_from_copy, train_logs
 
 # end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
 pytestmark = pytest.mark.slow
@@ -140,25 +140,15 @@ def test_adapters_disabled_gives_the_base_model():
 def test_lazy_packed_stream_resumes_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     """lazy: true (PaddleNLP's flashmask dpo.json) streams the pairs; resuming from a checkpoint seeks
     the stream to its stored cursor, so steps 7..12 see the same rows and end at the same adapter."""
-    import shutil
-
-    from safetensors.numpy import load_file
-
     common = ("--lazy", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
               "--flash_mask", "true", "--max_seq_len", "256", "--max_prompt_len", "128", "--per_device_train_batch_size", "2",
               "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "6", "--do_eval", "false",
               "--warmup_steps", "0")
-    full = tmp_path / "full"
-    run_dpo(LORA_CONFIG, full, *common)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    a, b = resume_from_copy(run_dpo, LORA_CONFIG, full, resumed, 6, *common)
     assert (full / "checkpoint-6" / "data_state.json").exists()
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copytree(full / "checkpoint-6", resumed / "checkpoint-6")
-    run_dpo(LORA_CONFIG, resumed, *common, "--resume_from_checkpoint", resumed / "checkpoint-6")
-    a, b = train_logs(full), train_logs(resumed)
     assert [h["step"] for h in b][-1] == 12
     assert b[-1]["loss"] == pytest.approx(a[-1]["loss"], rel=1e-5)
-    wa, wb = load_file(str(full / "adapter_model.safetensors")), load_file(str(resumed / "adapter_model.safetensors"))
-    assert max(float(abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6
+    assert max_weight_diff(full, resumed, "adapter_model.safetensors") < 1e-6
     summary = json.loads((full / "run_summary.json").read_text())
     assert summary["data"]["train"]["lazy"] and summary["pairs_trained"] > 12 * 2  # several pairs per row

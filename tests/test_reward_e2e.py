@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from preference_cli import max_weight_diff, resume_from_copy
 
 pytestmark = pytest.mark.slow
 
@@ -91,31 +91,18 @@ def test_qlora_nf4_reward_model_learns_and_scores(tiny_model_dir, tmp_path):
     assert float(np.mean(scores[:, 0] > scores[:, 1])) == pytest.approx(ev["eval_rewards/accuracies"], abs=1e-9)
 
 
-def train_logs(out):
-    state = json.loads((out / "trainer_state.json").read_text())
-    return [h for h in state["log_history"] if "loss" in h]
-
-
 @pytest.mark.parametrize("config", [LORA_CONFIG, FULL_CONFIG], ids=["lora", "full"])
 def test_resume_is_exact(tiny_model_dir, tmp_path, config):
     """Stop at checkpoint-3, resume: the same losses and the same final weights and score head."""
-    from safetensors.numpy import load_file
-
     common = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--do_eval", "false",
               "--per_device_train_batch_size", "2", "--warmup_steps", "0")
-    whole = tmp_path / "whole"
-    run_reward(config, whole, *common)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    a, b = resume_from_copy(run_reward, config, whole, resumed, 3, *common)
     assert (whole / "checkpoint-3" / "score_head.safetensors").exists()
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copytree(whole / "checkpoint-3", resumed / "checkpoint-3")
-    run_reward(config, resumed, *common, "--resume_from_checkpoint", resumed / "checkpoint-3")
-    a, b = train_logs(whole), train_logs(resumed)
     assert b[-1]["step"] == 6 and b[-1]["loss"] == pytest.approx(a[-1]["loss"], rel=1e-5)
     weights = "adapter_model.safetensors" if config == LORA_CONFIG else "model.safetensors"
     for name in (weights, "score_head.safetensors"):
-        wa, wb = load_file(str(whole / name)), load_file(str(resumed / name))
-        assert max(float(abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6, name
+        assert max_weight_diff(whole, resumed, name) < 1e-6, name
 
 
 def test_sigterm_saves_a_scorable_checkpoint(tiny_model_dir, tmp_path):
