@@ -1,4 +1,4 @@
-"""Benchmark (issue 26 item 3): one training micro-step in-process, PaddleNLP's ops vs our bit-identical ones.
+"""Benchmark (issue 26 item 3): one training micro-step in-process, PaddleNLP's ops vs ours.
 
     .venv/bin/python bench/step_inprocess.py MODEL_DIR [--seq 1024] [--repeats 3] [--packed]
 
@@ -6,9 +6,10 @@ Loads MODEL_DIR (a PaddleNLP Llama, e.g. ``bench/cpu_setup.py``'s, or a 4-layer 
 r8 on every decoder linear, and times forward + backward of our SFT loss
 (``training.loss.global_token_loss``) on one row of ``--seq`` random tokens (``--packed``: four
 examples packed in the row, with PaddleNLP's dense block-diagonal mask), alternating **stock**
-(PaddleNLP's ``apply_rotary_pos_emb`` and ``scaled_dot_product_attention``) and **ours**
-(``integrations.rotary`` + ``integrations.dense_attention``, as ``training/run.py`` installs them).
-It prints the median times and asserts that loss and LoRA gradients are bitwise equal.
+(PaddleNLP's ``apply_rotary_pos_emb``, ``scaled_dot_product_attention`` and RMSNorm) and **ours**
+(``integrations.rotary`` + ``integrations.dense_attention`` + ``integrations.rms_norm``, as
+``training/run.py`` installs them).  It prints the median times and the largest relative difference of
+the loss and of the LoRA gradients (rotary and attention are bit-identical; the RMSNorm is within 1e-6).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main(argv=None):
     from paddlenlp_ext.adapters.api import apply_adapters
     from paddlenlp_ext.adapters.config import AdapterConfig
     from paddlenlp_ext.integrations.dense_attention import fast_dense_attention
+    from paddlenlp_ext.integrations.rms_norm import fast_rms_norm
     from paddlenlp_ext.integrations.rotary import fast_rotary
     from paddlenlp_ext.training.loss import global_token_loss
 
@@ -71,7 +73,10 @@ def main(argv=None):
     for i in range(a.repeats + 1):  # the first round warms up
         for name, model in models.items():
             model.clear_gradients()
-            with fast_rotary() if name == "ours" else contextlib.nullcontext():
+            with contextlib.ExitStack() as patches:
+                if name == "ours":
+                    patches.enter_context(fast_rotary())
+                    patches.enter_context(fast_rms_norm())
                 t0 = time.perf_counter()
                 loss = global_token_loss(model, dict(inputs), int((labels != -100).sum()), 1, 1)
                 loss.backward()
@@ -84,8 +89,10 @@ def main(argv=None):
               f"{', '.join(f'{t:.3f}' for t in times[name])})")
     print(f"ours / stock: {statistics.median(times['ours']) / statistics.median(times['stock']):.2f}x time")
     (l0, g0), (l1, g1) = results["stock"], results["ours"]
-    assert l0 == l1 and all(np.array_equal(g0[n], g1[n]) for n in g0), "not bitwise equal"
-    print(f"loss {l0:.6f} and {len(g0)} LoRA gradients bitwise equal")
+    worst = max(float(np.abs(g1[n] - g0[n]).max() / max(np.abs(g0[n]).max(), 1e-30)) for n in g0)
+    print(f"loss {l0:.6f} vs {l1:.6f} (relative difference {abs(l1 - l0) / abs(l0):.1e}); {len(g0)} LoRA gradients: "
+          f"largest difference {worst:.1e} of the gradient's largest entry")
+    assert abs(l1 - l0) <= 1e-5 * abs(l0) and worst <= 1e-3, "ours drifted from PaddleNLP's step"
     return 0
 
 

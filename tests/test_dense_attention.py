@@ -1,5 +1,6 @@
 """integrations/dense_attention.py: Llama's dense-mask attention without the broadcast add and the
-``* 1`` pass gives bitwise the same outputs and gradients as PaddleNLP's, and defers to it elsewhere."""
+``* 1`` pass gives bitwise the same outputs and gradients as PaddleNLP's (packed / padded masks); an
+unpadded causal mask goes to kernels/causal.py (within 1e-5); every other call defers to PaddleNLP."""
 
 import contextlib
 from unittest import mock
@@ -41,8 +42,11 @@ def _run(fn, q0, k0, v0, mask, config):
 
 
 @pytest.mark.parametrize("kind", ["causal", "packed"])
-def test_bitwise_equal_to_paddlenlp_forward_and_backward(kind):
+def test_equal_to_paddlenlp_forward_and_backward(kind, monkeypatch):
+    """Packed masks: bitwise.  The unpadded causal mask: the O(seq)-memory kernel, within 1e-5 relative."""
     from paddlenlp.transformers.llama import modeling
+
+    from paddlenlp_ext.kernels import causal
 
     paddle.seed(1)
     b, s, h, d = 2, 11, 4, 16
@@ -50,11 +54,42 @@ def test_bitwise_equal_to_paddlenlp_forward_and_backward(kind):
     mask = _masks(kind, b, s)
     config = _config()
     want = _run(modeling.scaled_dot_product_attention, q0, k0, v0, mask, config)
+    used = []
+    monkeypatch.setattr(dense_attention, "CAUSAL_KERNEL_FROM", 2)
+    monkeypatch.setattr(dense_attention, "causal_attention", lambda *a: used.append(1) or causal.causal_attention(
+        *a, chunk=4))  # chunks of 4 rows: the multi-chunk backward is exercised
     with dense_attention.fast_dense_attention():
         got = _run(dense_attention.scaled_dot_product_attention, q0, k0, v0, mask, config)
+    assert bool(used) == (kind == "causal")
     for w, g in zip(want, got):
-        assert w.shape == g.shape and np.array_equal(w, g)
+        assert w.shape == g.shape
+        if kind == "causal":
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+        else:
+            assert np.array_equal(w, g)
     assert np.abs(want[1]).max() > 0
+
+
+def test_short_causal_rows_keep_the_dense_path():
+    from paddlenlp.transformers.llama import modeling
+
+    paddle.seed(2)
+    q0, k0, v0 = (paddle.randn([1, 9, 4, 16]) for _ in range(3))
+    mask, config = _masks("causal", 1, 9), _config()
+    want = _run(modeling.scaled_dot_product_attention, q0, k0, v0, mask, config)
+    with dense_attention.fast_dense_attention():
+        got = _run(dense_attention.scaled_dot_product_attention, q0, k0, v0, mask, config)
+    assert dense_attention.CAUSAL_KERNEL_FROM > 9 and all(np.array_equal(w, g) for w, g in zip(want, got))
+
+
+def test_plain_causal_check():
+    assert dense_attention.is_plain_causal(_masks("causal", 2, 9))
+    assert not dense_attention.is_plain_causal(_masks("packed", 2, 11))
+    from paddlenlp.transformers.llama.modeling import LlamaModel
+
+    padded = paddle.to_tensor([[1, 1, 1, 1, 0, 0]])  # a right-padded row is not plain causal
+    assert not dense_attention.is_plain_causal(LlamaModel._prepare_decoder_attention_mask(padded, (1, 6), 0,
+                                                                                           "float32"))
 
 
 def test_other_calls_go_to_paddlenlp(monkeypatch):

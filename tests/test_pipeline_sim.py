@@ -143,8 +143,9 @@ def compare(single, stages, kind, ranks=2, accumulation=3):
         got.update(part)
     assert set(got) == set(want) and len(want) > 0
     np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    for k in want:  # the single model's loss runs lm_head + cross-entropy in chunks: fp32 summation order
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=max(1e-6, 2e-6 * np.abs(want[k]).max()),
+                                   err_msg=k)
     return want
 
 

@@ -64,7 +64,8 @@ class LoRALinear(AdapterLayer):
         return self._new_lora_A(self.in_features)
 
     def _adapter_forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return paddle.matmul(paddle.matmul(x, self.lora_A), self.lora_B) * self.scaling
+        # scaled at rank r ([.., r], not [.., out]): the same product, out/r times fewer scale ops forward and back
+        return paddle.matmul(paddle.matmul(x, self.lora_A) * self.scaling, self.lora_B)
 
     def delta_weight(self) -> paddle.Tensor:
         a = self.lora_A.astype(paddle.float32)

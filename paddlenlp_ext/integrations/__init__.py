@@ -24,6 +24,8 @@ Modules:
     lazy_init            lazy parameter skeletons for the streaming loader
     logging              PaddleNLP's logger routed to train.log / the console, its tqdm/printer callbacks
                          replaced, the run-long VisualDL writer
+    rotary, dense_attention, rms_norm
+                         cheaper CPU forms of Llama/Qwen2's rotary embedding, dense-mask attention and RMSNorm
     qwen3                our Qwen3 (models/qwen3) made known to PaddleNLP's Auto classes; the Qwen2 pieces it uses
 
 Importing this package itself never imports paddle.

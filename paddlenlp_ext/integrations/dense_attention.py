@@ -29,6 +29,7 @@ import math
 import paddle
 import paddle.nn.functional as F
 
+from ..kernels.causal import causal_attention
 from .versions import check_versions
 
 check_versions()
@@ -46,6 +47,10 @@ RELIED_ON = [
 ]
 
 _MODULE = "paddlenlp.transformers.llama.modeling"
+#: unpadded causal rows at least this long take kernels/causal.py: there the [b, heads, s, s] probabilities
+#: kept per layer are what sets the peak memory (31 MB per layer at 700 tokens x 16 heads), and its speed is
+#: the dense path's; on shorter rows its recomputation costs ~1.5x the dense attention (docs/benchmarks.md)
+CAUSAL_KERNEL_FROM = 512
 #: PaddleNLP's function, kept for good: models built in the block keep calling ours after it ends
 _STATE: dict = {}
 
@@ -80,11 +85,32 @@ def scaled_dot_product_attention(query_states, config, key_states, value_states,
     q = paddle.transpose(query_states, [0, 2, 1, 3])  # [b, heads, q, d]
     k = paddle.transpose(key_states, [0, 2, 1, 3])  # [b, heads, kv, d]
     v = paddle.transpose(value_states, [0, 2, 1, 3])  # [b, heads, kv, d]
+    if q_len == kv_seq_len and q_len >= CAUSAL_KERNEL_FROM and is_plain_causal(attention_mask):
+        # no padding, no packing: O(seq) memory for the backward instead of the [b, heads, q, kv] probabilities
+        out = causal_attention(q, k, v, 1 / math.sqrt(head_dim)).transpose([0, 2, 1, 3])  # [b, q, heads, d]
+        return out.reshape([bsz, q_len, head_dim * num_heads])
     scores = paddle.matmul(q * (1 / math.sqrt(head_dim)), k.transpose([0, 1, 3, 2]))  # [b, heads, q, kv]
     mask = attention_mask.reshape([bsz, 1, q_len, kv_seq_len]).expand([bsz, num_heads, q_len, kv_seq_len])
     weights = F.softmax(scores + mask, axis=-1)  # [b, heads, q, kv]
     out = paddle.matmul(weights, v).transpose([0, 2, 1, 3])  # [b, q, heads, d]
     return out.reshape([bsz, q_len, head_dim * num_heads])
+
+
+def is_plain_causal(attention_mask) -> bool:
+    """True if the additive mask [b, 1, s, s] is PaddleNLP's mask of unpadded causal rows (0 on and below the
+    diagonal, the dtype's minimum above).  Every layer of a forward gets the same mask object: checked once."""
+    last = _STATE.get("causal_check")
+    if last is not None and last[0] is attention_mask:
+        return last[1]
+    shape = attention_mask.shape
+    answer = False
+    if len(shape) == 4 and shape[1] == 1 and shape[2] == shape[3] and attention_mask.dtype == paddle.float32:
+        s = shape[-1]
+        minimum = paddle.finfo(paddle.float32).min
+        reference = paddle.triu(paddle.full([s, s], minimum, dtype=paddle.float32), diagonal=1)  # [s, s]
+        answer = bool(paddle.equal_all(attention_mask, reference.expand(shape)))
+    _STATE["causal_check"] = (attention_mask, answer)  # keeps the last mask alive until the next forward's
+    return answer
 
 
 def _original():

@@ -12,8 +12,11 @@ tensor, ``heads`` times smaller than q) and rotates with one ``paddle.roll``:
                          = roll(x, d/2, axis=-1) * sin_signed
 
 so every element is the same product and sum as before: outputs and gradients are bitwise
-equal (``tests/test_rotary.py``), and fwd+bwd runs ~1.45x faster at [1, 512, 16, 64]
-(docs/benchmarks.md, "Training step speed").
+equal (``tests/test_rotary.py``).  Two more things make it cheap on Paddle's CPU kernels
+(:class:`_Rotate`): cos/sin are expanded to q's shape before multiplying (a multiply whose operand
+broadcasts over the heads, and its gradient, is ~60x slower than on one shape), and the backward
+is written by hand, keeping only cos/sin instead of q, roll(q) and the expanded tables (less
+activation memory per layer).  docs/benchmarks.md, "Training step speed", has the numbers.
 
 :func:`fast_rotary` swaps the function both modeling modules look up at call time (their
 module global, read by ``LlamaAttention.forward`` / ``Qwen2Attention.forward`` when
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 
 import paddle
+from paddle.autograd import PyLayer
 
 from .versions import check_versions
 
@@ -59,9 +63,39 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids):
     cos, sin = _select(cos, sin, q.shape[1], position_ids)  # [bs, seq, 1, d]
     half = q.shape[-1] // 2
     sin_signed = paddle.concat([-sin[..., :half], sin[..., half:]], axis=-1)  # [bs, seq, 1, d]
-    q_embed = (q * cos) + (paddle.roll(q, shifts=half, axis=-1) * sin_signed)  # [bs, seq, heads, d]
-    k_embed = (k * cos) + (paddle.roll(k, shifts=half, axis=-1) * sin_signed)  # [bs, seq, kv_heads, d]
-    return q_embed, k_embed
+    return _rotate(q, cos, sin_signed, half), _rotate(k, cos, sin_signed, half)
+
+
+class _Rotate(PyLayer):
+    """``x * cos + roll(x, d/2) * sin_signed``, with cos/sin expanded to x's shape inside (forward and back).
+
+    x: [bs, seq, heads, d]; cos, sin_signed: [bs or 1, seq, 1, d], constants.  Paddle's CPU multiply (and
+    its gradient) is ~60x slower when one operand broadcasts over the heads than on two tensors of one
+    shape; expanding copies the same values, so every product is PaddleNLP's.  Only the small cos/sin are
+    kept for the backward (autograd would keep x, roll(x) and both expanded tables per call)::
+
+        dL/dx = g * cos + roll(g * sin_signed, -d/2)
+    """
+
+    @staticmethod
+    def forward(ctx, x, cos, sin_signed):
+        half = x.shape[-1] // 2
+        ctx.save_for_backward(cos, sin_signed)
+        shape = list(x.shape)
+        return (x * cos.expand(shape)) + (paddle.roll(x, shifts=half, axis=-1) * sin_signed.expand(shape))
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin_signed = ctx.saved_tensor()
+        shape = list(g.shape)
+        return g * cos.expand(shape) + paddle.roll(g * sin_signed.expand(shape), shifts=-(shape[-1] // 2), axis=-1)
+
+
+def _rotate(x, cos, sin_signed, half: int):
+    """One rotated tensor; the autograd form when cos/sin would need a gradient (never in PaddleNLP's models)."""
+    if cos.stop_gradient and sin_signed.stop_gradient:
+        return _Rotate.apply(x, cos, sin_signed)
+    return (x * cos) + (paddle.roll(x, shifts=half, axis=-1) * sin_signed)
 
 
 def _modules():

@@ -33,3 +33,21 @@ def split_lm_head(model: Any) -> Optional[Tuple[Any, Any]]:
     if body is None or head is None:
         return None
     return body, head
+
+
+#: lm_head classes whose forward is ``matmul(hidden, weight, transpose_y)`` without tensor or sequence parallel
+PLAIN_HEADS = ("LlamaLMHead", "Qwen2LMHead")
+
+
+def plain_head_weight(head: Any) -> Optional[Tuple[Any, bool]]:
+    """``(weight, transpose_y)`` if ``head(x)`` is ``x @ weight`` (``x @ weight^T`` when tied to the embeddings),
+    so that the loss can apply the weight itself in chunks (``kernels.linear_cross_entropy``); else None
+    (an adapter on lm_head, tensor-parallel output, another family's head)."""
+    if type(head).__name__ not in PLAIN_HEADS:
+        return None
+    config = getattr(head, "config", None)
+    if config is None or getattr(config, "sequence_parallel", False) or \
+            int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
+        return None
+    weight = getattr(head, "weight", None)
+    return None if weight is None else (weight, bool(getattr(head, "transpose_y", False)))

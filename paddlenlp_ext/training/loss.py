@@ -16,7 +16,10 @@ same for any layout; the logged loss is the global batch's token mean.
 ``lm_head`` runs only on the supervised positions where the model splits into
 body + head (:func:`paddlenlp_ext.models.heads.split_lm_head`); a model wrapped
 for data parallel (``paddle.DataParallel`` has no ``config``) takes its own
-forward, which is what arms its gradient all-reduce.
+forward, which is what arms its gradient all-reduce.  With a plain fp32 lm_head
+the head and the loss run in chunks of tokens
+(:mod:`paddlenlp_ext.kernels.linear_cross_entropy`), so the [T, V] logits are
+never whole in memory.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-from ..models.heads import split_lm_head
+from ..kernels.linear_cross_entropy import linear_cross_entropy_sum
+from ..models.heads import plain_head_weight, split_lm_head
 
 IGNORE_INDEX = -100
 
@@ -48,7 +52,8 @@ def supervised_logits(model, inputs, labels: paddle.Tensor):
         hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
         b, s, h = hidden.shape
         rows = paddle.gather(hidden.reshape([b * s, h]), index, axis=0)  # [T, H]
-        return head(rows.unsqueeze(0))[0], targets  # [T, V], [T]
+        # squeeze, not [0]: the gradient of an index zero-fills a [1, T, V] tensor (~80 ms at T=170 on CPU)
+        return head(rows.unsqueeze(0)).squeeze(0), targets  # [T, V], [T]
     logits = _logits_of(model(**inputs, return_dict=True))  # [B, S, V]
     v = logits.shape[-1]
     return paddle.gather(logits.reshape([-1, v]), index, axis=0), targets  # [T, V], [T]
@@ -73,8 +78,30 @@ def global_token_loss(model, inputs, global_tokens: int, ranks: int, accumulatio
     ``inputs`` holds ``labels`` and the model's other inputs (ids, positions, mask).
     """
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-    logits, targets = supervised_logits(model, model_inputs, inputs["labels"])
-    return token_loss_sum(logits, targets) * global_scale(ranks, accumulation, global_tokens)
+    return supervised_loss_sum(model, model_inputs, inputs["labels"]) * global_scale(ranks, accumulation,
+                                                                                      global_tokens)
+
+
+def supervised_loss_sum(model, inputs, labels: paddle.Tensor) -> paddle.Tensor:
+    """Sum of the token cross-entropies at the positions whose label is not -100 ([], float32).
+
+    With a plain fp32 lm_head (``models.heads.plain_head_weight``) outside autocast, the head and the loss run
+    together in chunks of tokens (``kernels.linear_cross_entropy``): the [T, V] logits and their gradient are
+    never whole in memory.  Otherwise :func:`supervised_logits` + :func:`token_loss_sum`.
+    """
+    split = split_lm_head(model)
+    plain = plain_head_weight(split[1]) if split is not None else None
+    if plain is None or plain[0].dtype != paddle.float32 or paddle.amp.is_autocast_enabled():
+        return token_loss_sum(*supervised_logits(model, inputs, labels))
+    flat_labels = labels.reshape([-1])  # [B*S]
+    index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
+    hidden = split[0](**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
+    b, s, h = hidden.shape
+    rows = paddle.gather(hidden.reshape([b * s, h]), index, axis=0)  # [T, H]
+    if index.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
+        return rows.sum() * 0.0
+    weight, transpose_y = plain
+    return linear_cross_entropy_sum(rows, weight, paddle.gather(flat_labels, index), transpose_y)
 
 
 def shifts_labels_itself(model) -> bool:
