@@ -43,17 +43,15 @@ def _logits_of(outputs):
 
 def supervised_logits(model, inputs, labels: paddle.Tensor):
     """(logits [T, V], targets [T]) at the ``T`` positions whose label is not -100."""
-    flat_labels = labels.reshape([-1])  # [B*S]
-    index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
-    targets = paddle.gather(flat_labels, index)  # [T]
     split = split_lm_head(model)
     if split is not None:
         body, head = split
-        hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
-        b, s, h = hidden.shape
-        rows = paddle.gather(hidden.reshape([b * s, h]), index, axis=0)  # [T, H]
+        rows, targets = _supervised_rows(body, inputs, labels)  # [T, H], [T]
         # squeeze, not [0]: the gradient of an index zero-fills a [1, T, V] tensor (~80 ms at T=170 on CPU)
         return head(rows.unsqueeze(0)).squeeze(0), targets  # [T, V], [T]
+    flat_labels = labels.reshape([-1])  # [B*S]
+    index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
+    targets = paddle.gather(flat_labels, index)  # [T]
     logits = _logits_of(model(**inputs, return_dict=True))  # [B, S, V]
     v = logits.shape[-1]
     return paddle.gather(logits.reshape([-1, v]), index, axis=0), targets  # [T, V], [T]
@@ -93,15 +91,20 @@ def supervised_loss_sum(model, inputs, labels: paddle.Tensor) -> paddle.Tensor:
     plain = plain_head_weight(split[1]) if split is not None else None
     if plain is None or plain[0].dtype != paddle.float32 or paddle.amp.is_autocast_enabled():
         return token_loss_sum(*supervised_logits(model, inputs, labels))
-    flat_labels = labels.reshape([-1])  # [B*S]
-    index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
-    hidden = split[0](**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
-    b, s, h = hidden.shape
-    rows = paddle.gather(hidden.reshape([b * s, h]), index, axis=0)  # [T, H]
-    if index.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
+    rows, targets = _supervised_rows(split[0], inputs, labels)  # [T, H], [T]
+    if targets.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
         return rows.sum() * 0.0
     weight, transpose_y = plain
-    return linear_cross_entropy_sum(rows, weight, paddle.gather(flat_labels, index), transpose_y)
+    return linear_cross_entropy_sum(rows, weight, targets, transpose_y)
+
+
+def _supervised_rows(body, inputs, labels: paddle.Tensor):
+    """(the body's hidden rows [T, H], their targets [T]) at the ``T`` positions whose label is not -100."""
+    flat_labels = labels.reshape([-1])  # [B*S]
+    index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
+    hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
+    b, s, h = hidden.shape
+    return paddle.gather(hidden.reshape([b * s, h]), index, axis=0), paddle.gather(flat_labels, index)
 
 
 def shifts_labels_itself(model) -> bool:
