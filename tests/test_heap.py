@@ -1,16 +1,16 @@
-"""limit_heap_retention: freed tensor-sized blocks go back to the OS (measured in a fresh process)."""
+"""training/heap.py's policy, measured in fresh processes: freed tensor-sized blocks are reused within a
+step (few page faults) and go back to the OS between steps (release_free_memory)."""
 
 import subprocess
 import sys
 
 from conftest import ROOT
 
-CHILD = """
+STEPS = """
 import sys; sys.path.insert(0, {root!r})
 import numpy as np, psutil
-from paddlenlp_ext.training.heap import limit_heap_retention
-if {fix}:
-    assert limit_heap_retention()
+from paddlenlp_ext.training import heap
+assert heap.limit_heap_retention()
 rss = lambda: psutil.Process().memory_info().rss
 keep = [np.ones(1000, np.float32) for _ in range(2000)]  # small live objects between the big blocks
 base = rss()
@@ -20,19 +20,58 @@ for step in range(6):  # like training steps: many tensors of varied size, all f
         blocks.append(np.ones(((i + step) % 7 + 1) * 300_000, np.float32))
         keep.append(np.ones(1000, np.float32))  # a small survivor after each block pins the heap
     del blocks
+    if {trim}:
+        assert heap.release_free_memory()
 print((rss() - base) / 2**20)
 """
 
+REUSE = """
+import sys, resource; sys.path.insert(0, {root!r})
+import numpy as np
+from paddlenlp_ext.training import heap
+if {policy!r} == "ours":
+    assert heap.limit_heap_retention()
+else:  # the first policy: every block of 1 MiB or more its own mmap
+    lib = heap._libc(); assert lib.mallopt(heap.M_MMAP_THRESHOLD, 1 << 20)
+keep = []
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for i in range(200):  # a step's forward and backward: same-sized temporaries, freed as the next ones come
+    a = np.ones(750_000, np.float32)  # 3 MB (under numpy's 4 MiB huge-page advice)
+    keep.append(np.ones(100, np.float32))
+    del a
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
 
-def retained_mib(fix: bool) -> float:
-    r = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, fix=fix)], capture_output=True, text=True)
+
+def child(code: str) -> float:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return float(r.stdout.strip().splitlines()[-1])
 
 
-def test_freed_blocks_are_returned_to_the_os():
-    without, with_fix = retained_mib(False), retained_mib(True)
-    # glibc's dynamic mmap threshold keeps the freed blocks in the heap (~tens of MiB here);
-    # with the fixed thresholds almost nothing stays
-    assert with_fix < 8, (without, with_fix)
-    assert without > 3 * max(with_fix, 1), (without, with_fix)
+def test_freed_blocks_are_returned_between_steps():
+    kept = child(STEPS.format(root=ROOT, trim=False))
+    released = child(STEPS.format(root=ROOT, trim=True))
+    # blocks under the 16 MiB threshold stay in the heap (fragmented by the small survivors) until
+    # release_free_memory hands the free pages back, as HeapTrim does after every micro-step
+    assert released < 8, (kept, released)
+    assert kept > 3 * max(released, 1), (kept, released)
+
+
+def test_freed_blocks_are_reused_within_a_step():
+    ours = child(REUSE.format(root=ROOT, policy="ours"))
+    mmap_each = child(REUSE.format(root=ROOT, policy="mmap1m"))
+    # 200 x 3 MB as fresh mmaps: ~200 x 733 zero-filled 4 KiB pages; reused from the heap: the first block's
+    assert mmap_each > 100_000, mmap_each
+    assert ours < 0.05 * mmap_each, (ours, mmap_each)
+
+
+def test_heap_trim_runs_after_every_micro_step_and_step(monkeypatch):
+    from paddlenlp_ext.training import heap
+    from paddlenlp_ext.training.callbacks import HeapTrim
+
+    calls = []
+    monkeypatch.setattr(heap, "release_free_memory", lambda: calls.append(1) or True)
+    HeapTrim().on_substep_end(None, None, None)
+    HeapTrim().on_step_end(None, None, None)
+    assert len(calls) == 2

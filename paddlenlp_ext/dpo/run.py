@@ -58,7 +58,7 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     from paddlenlp.utils.log import logger
 
     from ..data.reader import DataError
-    from ..training.callbacks import StepTimer
+    from ..training.callbacks import HeapTrim, StepTimer
     from ..training.console import current
     from ..training.reporting import attach_reporting
 
@@ -86,6 +86,7 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_real_tokens)
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
+    trainer.add_callback(HeapTrim())  # freed heap pages back to the OS after every micro-step (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,
                                "loss_type": trainer.loss_type, "reference": trainer.reference}
     if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below

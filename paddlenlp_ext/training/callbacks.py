@@ -1,4 +1,4 @@
-"""Trainer callbacks: epoch reshuffle, lazy-stream cursor, step timing, console progress, loss curve."""
+"""Trainer callbacks: epoch reshuffle, lazy-stream cursor, step timing, heap trim, console progress, loss curve."""
 
 import os
 import time
@@ -63,6 +63,19 @@ class StepTimer(TrainerCallback):
             self.step_times.append(round(time.perf_counter() - self._t0, 4))
         if self.rss_after_first_step is None:
             self.rss_after_first_step = current_rss_bytes()
+
+
+class HeapTrim(TrainerCallback):
+    """Hand the heap's free pages back to the OS after every micro-step and optimizer step
+    (``heap.release_free_memory``): within a step freed tensors are reused, between steps they are
+    not kept (training/heap.py has the measurements)."""
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        from .heap import release_free_memory
+
+        release_free_memory()
+
+    on_step_end = on_substep_end
 
 
 def current_rss_bytes() -> int:

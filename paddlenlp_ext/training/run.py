@@ -151,7 +151,7 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     from .heap import limit_heap_retention
     from .logfile import run_logging
 
-    # freed activations go back to the OS instead of piling up in the heap step after step
+    # tensors under 16 MiB reuse freed heap memory within a step; HeapTrim gives it back between steps
     limit_heap_retention()
     with run_logging(cfg), library_patches(cfg):  # train.log + console first: it sees the whole run
         return _run(cfg)
@@ -244,7 +244,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     from paddlenlp.utils.log import logger
 
     from ..data.pipeline import build_datasets
-    from .callbacks import StepTimer
+    from .callbacks import HeapTrim, StepTimer
     from .console import current
     from .reporting import attach_reporting
     from .trainer import FinetuneTrainer
@@ -280,6 +280,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
 
     step_timer = StepTimer()
     trainer.add_callback(step_timer)
+    trainer.add_callback(HeapTrim())  # freed heap pages back to the OS after every micro-step (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports}
     if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
         metrics = trainer.evaluate()
