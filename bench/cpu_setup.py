@@ -77,11 +77,12 @@ print(f"built {out}: {params:,} parameters, vocab {len(tok)}")
 """
 
 
-def ensure_model(model_dir: str) -> dict:
+def ensure_model(model_dir: str, shape: dict = None) -> dict:
+    """Build the random Llama (``shape``: LlamaConfig keys, default :data:`MODEL_SHAPE`) once into ``model_dir``."""
     marker = os.path.join(model_dir, "bench_build.json")
     if not os.path.isfile(marker):
         os.makedirs(model_dir, exist_ok=True)
-        r = subprocess.run([sys.executable, "-c", BUILD, model_dir, TOKENIZER_MODEL, TINY, json.dumps(MODEL_SHAPE)],
+        r = subprocess.run([sys.executable, "-c", BUILD, model_dir, TOKENIZER_MODEL, TINY, json.dumps(shape or MODEL_SHAPE)],
                            cwd=ROOT, text=True, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
         if r.returncode != 0:
             sys.exit("model build failed:\n" + r.stderr[-3000:])

@@ -1,11 +1,12 @@
 """Benchmark (issue 26 item 1): our whole fine-tune vs PaddleNLP's own llm/run_finetune.py vs TRL + PEFT.
 
     .venv/bin/python bench/e2e.py [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
-        [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--json F]
+        [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--model 0.25b|0.8b] [--json F]
 
 Every toolkit trains the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate
-2816, 16 layers, Llama-2 tokenizer, built with PaddleNLP; for transformers saved once more in the
-Hugging Face layout: names ``llama.*`` -> ``model.*``, Linear weights transposed) on the same alpaca
+2816, 16 layers; ``--model 0.8b``: hidden 2048, intermediate 5504, 14 layers, 0.84B parameters;
+Llama-2 tokenizer, built with PaddleNLP; for transformers saved once more in the Hugging Face layout:
+names ``llama.*`` -> ``model.*``, Linear weights transposed) on the same alpaca
 {src, tgt} rows, loss on the answer only, LoRA r8 / alpha 16 on every decoder linear, lr 1e-4 linear
 decay, no warm-up, max_length 1024, batch 1 x accumulation 4, ``--steps`` optimizer steps, fp32, each
 run in its own process, interleaved (every toolkit of every case once, then again).  Cases:
@@ -14,6 +15,9 @@ run in its own process, interleaved (every toolkit of every case once, then agai
 * ``packed``: ours ``zero_padding`` + ``greedy_zero_padding`` with ``use_flash_attention`` +
   ``flash_mask`` (on CPU: per-document attention, kernels/varlen.py); PaddleNLP its ``zero_padding`` +
   ``greedy_zero_padding`` (dense mask: its FlashMask has no CPU kernel); TRL ``packing=True``.
+* ``lora_b4`` / ``packed_b4``: ours only, as ``lora`` / ``packed`` at batch 4 x accumulation 1 (the same
+  rows per optimizer step): where an unpacked batch carries padding, so packing has something to remove
+  (``config/packing_payoff.py`` stays silent there).
 * ``qlora``: ours with an nf4 base (``weight_quantize_algo nf4``); compare with ours in ``lora``.
 * ``dpo``: LoRA DPO (sigmoid, beta 0.1, reference = adapters off) on dpo_en_demo.json (``bench/dpo.py``'s
   conversion), max_length 1024: ours ``llm/run_dpo.py`` vs TRL ``DPOTrainer`` (``bench/e2e_trl_dpo.py``;
@@ -64,10 +68,13 @@ PADDLENLP_WORKER = os.path.join(HERE, "e2e_paddlenlp.py")
 TRL_PACKAGES = ["torch==2.13.0", "transformers", "peft", "trl", "sentencepiece", "protobuf"]
 TRL_CHECK = "import torch, transformers, peft, trl, sentencepiece; print(trl.__version__)"
 STEPS_DEFAULT, RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 10, 8, 16, 1e-4, 1024, 4
-CASES = ("lora", "packed", "qlora", "dpo")
+CASES = ("lora", "packed", "qlora", "dpo", "lora_b4", "packed_b4")
+SHAPES = {"0.25b": MODEL_SHAPE, "0.8b": dict(MODEL_SHAPE, hidden_size=2048, intermediate_size=5504, num_hidden_layers=14)}
+BATCH4 = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"]
 OURS_ARGS = {"lora": [], "qlora": ["--weight_quantize_algo", "nf4"],
              "packed": ["--zero_padding", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
                         "--flash_mask", "true"]}
+OURS_ARGS.update(lora_b4=BATCH4, packed_b4=OURS_ARGS["packed"] + BATCH4)
 PADDLENLP_STEP = re.compile(r"loss: ([0-9.eE+-]+), learning_rate: .*global_step: (\d+), interval_runtime: ([0-9.]+)")
 
 
@@ -92,7 +99,8 @@ def hf_copy(paddle_dir: str, hf_dir: str) -> str:
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
               "vocab_size": src["vocab_size"], "rms_norm_eps": src["rms_norm_eps"], "rope_theta": src["rope_theta"],
               "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
-              "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, **MODEL_SHAPE}
+              "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+              **{k: src[k] for k in MODEL_SHAPE}}  # the shape of the checkpoint (--model)
     with open(os.path.join(hf_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     spm = TOKENIZER_MODEL if os.path.isfile(TOKENIZER_MODEL) else os.path.join(paddle_dir, "sentencepiece.bpe.model")
@@ -254,7 +262,7 @@ def table(runs, case) -> list:
 def ratios_across(runs) -> list:
     """packed / unpacked and qlora / lora supervised tok/s per toolkit, where both ran."""
     out = []
-    for num, den in (("packed", "lora"), ("qlora", "lora")):
+    for num, den in (("packed", "lora"), ("qlora", "lora"), ("packed_b4", "lora_b4")):
         for name in dict.fromkeys(r["toolkit"] for r in runs):
             a = [r for r in runs if r["toolkit"] == name and r["case"] == num]
             b = [r for r in runs if r["toolkit"] == name and r["case"] == den]
@@ -273,6 +281,9 @@ def main(argv=None):
                                                      "steps hold ~5x the examples")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
+    p.add_argument("--model", choices=sorted(SHAPES), default="0.25b",
+                   help="0.25b: the issue's benchmark model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
+                        "(839M parameters, bench/big_model.py's shape)")
     p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
     p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")
     p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl")
@@ -283,13 +294,13 @@ def main(argv=None):
     bad = [c for c in cases if c not in CASES]
     if bad:
         p.error(f"unknown case(s) {bad}: choose from {CASES}")
-    model_dir = os.path.join(a.scratch, "llama-0.25b")
-    info = ensure_model(model_dir)
+    model_dir = os.path.join(a.scratch, f"llama-{a.model}")
+    info = ensure_model(model_dir, SHAPES[a.model])
     data_dir = ensure_data(a.scratch)
     dpo_dir = ensure_dpo_data(a.scratch) if "dpo" in cases else None
     py, trl_why = trl_python(a.scratch, a.trl_python) if "trl" in toolkits else (None, "not asked")
     llm_dir, pn_why = paddlenlp_llm(a.paddlenlp_llm) if "paddlenlp" in toolkits else (None, "not asked")
-    hf_dir = hf_copy(model_dir, os.path.join(a.scratch, "llama-0.25b-hf")) if py else None
+    hf_dir = hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf")) if py else None
     print(f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
           f"{ACCUMULATION} at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32, cases {cases}", flush=True)
     for name, why in (("TRL", trl_why), ("PaddleNLP", pn_why)):
@@ -307,7 +318,7 @@ def main(argv=None):
     for i in range(a.repeats):
         for case, who in plan:
             t0 = time.time()
-            steps = a.packed_steps if case == "packed" and a.packed_steps else a.steps
+            steps = a.packed_steps if case.startswith("packed") and a.packed_steps else a.steps
             out_dir = os.path.join(a.scratch, f"{who}_{case}_{i}")
             if who == "ours" and case == "dpo":
                 r = run_once("on", model_dir, dpo_dir, out_dir, steps, cli=DPO_CLI, config=DPO_CONFIG,

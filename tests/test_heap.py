@@ -17,7 +17,7 @@ base = rss()
 for step in range(6):  # like training steps: many tensors of varied size, all freed at the end
     blocks = []
     for i in range(40):
-        blocks.append(np.ones(((i + step) % 7 + 1) * 300_000, np.float32))
+        blocks.append(np.ones(280_000 + (i + step) % 5 * 50_000, np.float32))  # 1.1-1.9 MB: under 2 MiB
         keep.append(np.ones(1000, np.float32))  # a small survivor after each block pins the heap
     del blocks
     if {trim}:
@@ -36,7 +36,7 @@ else:  # the first policy: every block of 1 MiB or more its own mmap
 keep = []
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for i in range(200):  # a step's forward and backward: same-sized temporaries, freed as the next ones come
-    a = np.ones(750_000, np.float32)  # 3 MB (under numpy's 4 MiB huge-page advice)
+    a = np.ones(375_000, np.float32)  # 1.5 MB: over the first policy's 1 MiB, under ours 2 MiB
     keep.append(np.ones(100, np.float32))
     del a
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -52,7 +52,7 @@ def child(code: str) -> float:
 def test_freed_blocks_are_returned_between_steps():
     kept = child(STEPS.format(root=ROOT, trim=False))
     released = child(STEPS.format(root=ROOT, trim=True))
-    # blocks under the 16 MiB threshold stay in the heap (fragmented by the small survivors) until
+    # blocks under the 2 MiB threshold stay in the heap (fragmented by the small survivors) until
     # release_free_memory hands the free pages back, as HeapTrim does after every micro-step
     assert released < 8, (kept, released)
     assert kept > 3 * max(released, 1), (kept, released)
@@ -61,8 +61,8 @@ def test_freed_blocks_are_returned_between_steps():
 def test_freed_blocks_are_reused_within_a_step():
     ours = child(REUSE.format(root=ROOT, policy="ours"))
     mmap_each = child(REUSE.format(root=ROOT, policy="mmap1m"))
-    # 200 x 3 MB as fresh mmaps: ~200 x 733 zero-filled 4 KiB pages; reused from the heap: the first block's
-    assert mmap_each > 100_000, mmap_each
+    # 200 x 1.5 MB as fresh mmaps: ~200 x 367 zero-filled 4 KiB pages; reused from the heap: the first block's
+    assert mmap_each > 50_000, mmap_each
     assert ours < 0.05 * mmap_each, (ours, mmap_each)
 
 

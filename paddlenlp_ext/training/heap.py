@@ -1,7 +1,7 @@
 """The C heap policy of a training run (glibc ``mallopt`` / ``malloc_trim``): reuse within a step,
 give back between steps.
 
-Two measurements decide it (0.25B Llama, LoRA, fp32, 2 threads; docs/benchmarks.md):
+Two measurements decide it (docs/benchmarks.md, "Training step speed"):
 
 * glibc's dynamic mmap threshold keeps freed tensor blocks in the heap, where they fragment: on the
   0.8B shapes the RSS grew +420 MB after step 1 and +705 MB by step 3 while the live memory grew
@@ -10,12 +10,14 @@ Two measurements decide it (0.25B Llama, LoRA, fp32, 2 threads; docs/benchmarks.
   tensor then arrives as fresh zero pages: ~10 M minor page faults over 12 micro-steps of 150-900
   tokens, 26 s of system time in a 65 s run.
 
-So blocks under :data:`MMAP_THRESHOLD` (16 MiB: hidden states, q/k/v, MLP rows of up to ~1,500
-tokens) come from the heap and are reused within a micro-step (backward's gradients land in
-forward's freed pages), larger ones are mmapped and unmapped at free, and :func:`release_free_memory`
-(``malloc_trim(0)``, run after every micro-step and optimizer step by ``callbacks.HeapTrim``) hands the
-free heap pages back between micro-steps.  Same 12 micro-steps: 2.3 M faults, 7 s of system time,
-1.2x faster; peak RSS +4% through the CLI (bench/step_speed.py).
+So blocks under :data:`MMAP_THRESHOLD` come from the heap and are reused within a micro-step
+(backward's gradients land in forward's freed pages), larger ones are mmapped and unmapped at free,
+and :func:`release_free_memory` (``malloc_trim(0)``, run after every micro-step and optimizer step by
+``callbacks.HeapTrim``) hands the free heap pages back between micro-steps.  2 MiB, measured through
+the CLI against the first policy (bench/e2e.py, 10 LoRA steps at 0.25B, 5 at 0.84B): 1.1x and 1.04x
+the supervised tokens/s at 0.98-0.99x the peak RSS, the same losses.  A 16 MiB threshold was
+as fast but kept 1.3 GiB more at the peak on the 0.84B model (the heap's slack grows with the blocks
+it holds); 4 MiB kept 0.2 GiB more.
 """
 
 import ctypes
@@ -26,7 +28,7 @@ M_TRIM_THRESHOLD = -1  # mallopt parameter numbers from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 
 #: bytes: allocations of at least this size are mmapped (returned to the OS at free); smaller ones use the heap
-MMAP_THRESHOLD = 16 << 20
+MMAP_THRESHOLD = 2 << 20
 #: bytes: free heap top above this is returned to the OS at free
 TRIM_THRESHOLD = 16 << 20
 

@@ -151,7 +151,7 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     from .heap import limit_heap_retention
     from .logfile import run_logging
 
-    # tensors under 16 MiB reuse freed heap memory within a step; HeapTrim gives it back between steps
+    # tensors under 2 MiB reuse freed heap memory within a step; HeapTrim gives it back between steps
     limit_heap_retention()
     with run_logging(cfg), library_patches(cfg):  # train.log + console first: it sees the whole run
         return _run(cfg)
