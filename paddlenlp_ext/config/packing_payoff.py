@@ -5,8 +5,8 @@ carries and the fixed cost of each extra micro-step, and it pays attention over 
 ``per_device_train_batch_size`` 1, an unpacked batch is one example with no padding at all, and a
 step of a model as wide as the 0.25B Llama costs per token (the matmuls), so there is nothing left to
 save: measured in ``docs/benchmarks.md`` ("Packing on CPU": 0.85-1.0x supervised tokens/s at hidden
-1024 with per-document attention, 1.06x through the CLI; 2.15x on a 64-wide toy model, whose steps
-are all fixed cost; at batch 4, where half an unpacked batch is padding, 1.34x through the CLI).
+1024 with per-document attention, 0.88-1.06x through the CLI; 2.15x on a 64-wide toy model, whose steps
+are all fixed cost; at batch 4, where half an unpacked batch is padding, 1.72x through the CLI).
 With the dense mask (``flash_mask`` off) every layer also attends over the whole row (max_length^2
 scores instead of the documents' sum of squares), which costs more than the padding it removes.
 
