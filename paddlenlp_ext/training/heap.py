@@ -14,8 +14,8 @@ So blocks under :data:`MMAP_THRESHOLD` come from the heap and are reused within 
 (backward's gradients land in forward's freed pages), larger ones are mmapped and unmapped at free,
 and :func:`release_free_memory` (``malloc_trim(0)``, run after every micro-step and optimizer step by
 ``callbacks.HeapTrim``) hands the free heap pages back between micro-steps.  2 MiB, measured through
-the CLI against the first policy (bench/e2e.py, 10 LoRA steps at 0.25B, 5 at 0.84B): 1.1x and 1.04x
-the supervised tokens/s at 0.98-0.99x the peak RSS, the same losses.  A 16 MiB threshold was
+the CLI against the first policy (bench/e2e.py, 10 LoRA steps at 0.25B, interleaved; 5 at 0.84B):
+1.15x and 1.04x the supervised tokens/s at 0.98-0.99x the peak RSS, the same losses.  A 16 MiB threshold was
 as fast but kept 1.3 GiB more at the peak on the 0.84B model (the heap's slack grows with the blocks
 it holds); 4 MiB kept 0.2 GiB more.
 """
