@@ -302,7 +302,8 @@ def main(argv=None):
     llm_dir, pn_why = paddlenlp_llm(a.paddlenlp_llm) if "paddlenlp" in toolkits else (None, "not asked")
     hf_dir = hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf")) if py else None
     print(f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
-          f"{ACCUMULATION} at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32, cases {cases}", flush=True)
+          f"{ACCUMULATION} (cases *_b4: 4 x 1) at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32, "
+          f"cases {cases}", flush=True)
     for name, why in (("TRL", trl_why), ("PaddleNLP", pn_why)):
         if why:
             print(f"{name} column skipped: {why}", flush=True)

@@ -75,3 +75,22 @@ def test_heap_trim_runs_after_every_micro_step_and_step(monkeypatch):
     HeapTrim().on_substep_end(None, None, None)
     HeapTrim().on_step_end(None, None, None)
     assert len(calls) == 2
+
+
+def test_every_training_run_attaches_the_heap_trim():
+    from paddlenlp_ext.training.callbacks import HeapTrim, StepTimer, attach_step_callbacks
+
+    class Trainer:
+        def __init__(self):
+            self.callbacks = []
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+    trainer = Trainer()
+    timer = attach_step_callbacks(trainer)
+    assert isinstance(timer, StepTimer) and timer in trainer.callbacks
+    assert any(isinstance(c, HeapTrim) for c in trainer.callbacks)
+    for run in ("training/run.py", "dpo/run.py", "grpo/run.py"):  # fine-tuning, DPO/KTO, GRPO
+        with open(f"{ROOT}/paddlenlp_ext/{run}") as f:
+            assert "attach_step_callbacks(trainer)" in f.read(), run

@@ -58,7 +58,7 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     from paddlenlp.utils.log import logger
 
     from ..data.reader import DataError
-    from ..training.callbacks import HeapTrim, StepTimer
+    from ..training.callbacks import attach_step_callbacks
     from ..training.console import current
     from ..training.reporting import attach_reporting
 
@@ -84,9 +84,7 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     built.trainable, built.total = count_parameters(built.model)  # make_trainer may add layers (a reward head)
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_real_tokens)
-    step_timer = StepTimer()
-    trainer.add_callback(step_timer)
-    trainer.add_callback(HeapTrim())  # freed heap pages back to the OS after every micro-step (training/heap.py)
+    step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,
                                "loss_type": trainer.loss_type, "reference": trainer.reference}
     if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below

@@ -98,7 +98,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     from paddlenlp.utils.log import logger
 
     from ..data.reader import DataError
-    from ..training.callbacks import HeapTrim, StepTimer
+    from ..training.callbacks import attach_step_callbacks
     from ..training.console import current
     from ..training.reporting import attach_reporting
     from .data import prompt_collator
@@ -123,9 +123,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
     show_reward_on_console(trainer)
-    step_timer = StepTimer()
-    trainer.add_callback(step_timer)
-    trainer.add_callback(HeapTrim())  # freed heap pages back to the OS after every micro-step (training/heap.py)
+    step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": {"train": report},
                                "loss_type": "grpo", "reference": trainer.reference, "rewards": rewards.names,
                                "num_generations": o.num_generations}

@@ -78,6 +78,15 @@ class HeapTrim(TrainerCallback):
     on_step_end = on_substep_end
 
 
+def attach_step_callbacks(trainer) -> StepTimer:
+    """What every training run (fine-tuning, DPO/KTO, GRPO) adds to its Trainer for the steps
+    themselves: the step timer (returned: its times go to run_summary.json) and the heap trim."""
+    step_timer = StepTimer()
+    trainer.add_callback(step_timer)
+    trainer.add_callback(HeapTrim())  # freed heap pages back to the OS after every micro-step (training/heap.py)
+    return step_timer
+
+
 def current_rss_bytes() -> int:
     """Resident set size of this process now (not the peak)."""
     import psutil

@@ -244,7 +244,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     from paddlenlp.utils.log import logger
 
     from ..data.pipeline import build_datasets
-    from .callbacks import HeapTrim, StepTimer
+    from .callbacks import attach_step_callbacks
     from .console import current
     from .reporting import attach_reporting
     from .trainer import FinetuneTrainer
@@ -278,9 +278,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_tokens)
 
-    step_timer = StepTimer()
-    trainer.add_callback(step_timer)
-    trainer.add_callback(HeapTrim())  # freed heap pages back to the OS after every micro-step (training/heap.py)
+    step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports}
     if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
         metrics = trainer.evaluate()
