@@ -1,0 +1,169 @@
+"""What a mixture-of-experts layer computes, per ``model_type``, read from a transformers config (no paddle).
+
+:func:`moe_spec` turns a config (an object with attributes, or a ``config.json`` dict) into a
+:class:`MoESpec`: the routing form, the expert form and the parameter names, so one block
+(:class:`~paddlenlp_ext.models.decoder.moe.MoEBlock`) covers every MoE family.  :func:`is_moe_layer`
+says which decoder layers hold the sparse block, as each ``modeling_<type>.py`` decides.
+
+The routing forms (``scoring``), for router logits ``z = x @ gate`` [T, E]:
+
+- ``softmax`` (mixtral, qwen2_moe, qwen3_moe, ernie4_5_moe): ``p = softmax(z)``; the top-k of ``p``
+  (of ``p + e_score_correction_bias`` for ernie, whose weights stay ``p``), renormalised when
+  ``norm_topk_prob``;
+- ``sigmoid`` (deepseek_v3): ``s = sigmoid(z)``; choice on ``s + e_score_correction_bias``, limited to the
+  ``topk_group`` best of ``n_group`` groups; weights ``s`` renormalised, times ``routed_scaling_factor``;
+- ``topk_softmax`` (gpt_oss): ``z`` has a bias; the top-k of ``z``, softmax over those k only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+#: model types the block covers
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "deepseek_v3", "gpt_oss")
+
+#: per-expert Linear names (gate, up, down) where transformers has per-expert Linears
+_EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
+_DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+class MoEConfigError(ValueError):
+    """A config the MoE block cannot build; the message names the key and what to change."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Everything :class:`MoEBlock` needs; built by :func:`moe_spec` (or by hand in tests)."""
+
+    model_type: str
+    hidden_size: int
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one routed expert
+    hidden_act: str = "silu"
+    scoring: str = "softmax"  # softmax | sigmoid | topk_softmax
+    norm_topk_prob: bool = True
+    norm_min: float = 0.0  # the renormalising sum is clamped to at least this (ernie's moe_norm_min)
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    correction_bias: Optional[str] = None  # None | "gate" (deepseek: gate.e_score_correction_bias [E])
+    #                                        | "moe_statics" (ernie: moe_statics.e_score_correction_bias [1, E])
+    router_name: str = "gate"
+    router_bias: bool = False
+    router_fp32: bool = False  # the router runs in float32 whatever the model's dtype (ernie, deepseek)
+    router_output: str = "logits"  # what forward returns second: "logits" or gpt_oss' "scores"
+    expert_names: Tuple[str, str, str] = _DEFAULT_EXPERT_NAMES
+    expert_bias: bool = False
+    fused_experts: bool = False  # gpt_oss: experts.{gate_up_proj, down_proj}[_bias] as 3-D parameters
+    swiglu_alpha: float = 1.702  # gpt_oss' clamped SwiGLU
+    swiglu_limit: float = 7.0
+    shared_intermediate_size: int = 0  # 0: no shared expert
+    shared_name: str = "shared_experts"
+    shared_gate: bool = False  # qwen2_moe: sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    jitter_noise: float = 0.0  # mixtral's router_jitter_noise (training only)
+
+    def __post_init__(self):
+        if not 0 < self.top_k <= self.num_experts:
+            raise MoEConfigError(f"{self.model_type}: top-k ({self.top_k}) must be in 1..num_experts "
+                                 f"({self.num_experts})")
+        if self.scoring not in ("softmax", "sigmoid", "topk_softmax"):
+            raise MoEConfigError(f"unknown scoring {self.scoring!r}")
+        if self.n_group > 1:
+            if self.num_experts % self.n_group:
+                raise MoEConfigError(f"{self.model_type}: n_group={self.n_group} must divide the "
+                                     f"{self.num_experts} experts")
+            if not 0 < self.topk_group <= self.n_group:
+                raise MoEConfigError(f"{self.model_type}: topk_group={self.topk_group} must be in 1..n_group")
+            if self.topk_group * (self.num_experts // self.n_group) < self.top_k:
+                raise MoEConfigError(f"{self.model_type}: topk_group={self.topk_group} groups of "
+                                     f"{self.num_experts // self.n_group} experts hold fewer than top-k="
+                                     f"{self.top_k}; raise topk_group")
+            if self.num_experts // self.n_group < 2:
+                raise MoEConfigError(f"{self.model_type}: groups score by their 2 best experts; n_group="
+                                     f"{self.n_group} leaves fewer than 2 experts per group")
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def _need(config: Any, key: str, model_type: str) -> Any:
+    value = _get(config, key)
+    if value is None:
+        raise MoEConfigError(f"{model_type}: config key {key!r} is missing; the MoE block needs it")
+    return value
+
+
+def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
+    """The :class:`MoESpec` of a transformers config of ``model_type`` (default ``config.model_type``).
+
+    >>> s = moe_spec({"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64,
+    ...               "num_local_experts": 4, "num_experts_per_tok": 2})
+    >>> (s.num_experts, s.top_k, s.intermediate_size, s.expert_names, s.norm_topk_prob)
+    (4, 2, 64, ('w1', 'w3', 'w2'), True)
+    """
+    mt = model_type or _get(config, "model_type")
+    if mt not in MOE_TYPES:
+        raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
+    h = int(_need(config, "hidden_size", mt))
+    act = _get(config, "hidden_act", "silu") or "silu"
+    k = int(_get(config, "num_experts_per_tok", 2))
+    if mt == "mixtral":
+        return MoESpec(mt, h, int(_need(config, "num_local_experts", mt)), k, int(_need(config, "intermediate_size", mt)),
+                       act, expert_names=_EXPERT_NAMES[mt],
+                       jitter_noise=float(_get(config, "router_jitter_noise", 0.0) or 0.0))
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        shared = int(_get(config, "shared_expert_intermediate_size", 0) or 0) if mt == "qwen2_moe" else 0
+        return MoESpec(mt, h, int(_need(config, "num_experts", mt)), k, int(_need(config, "moe_intermediate_size", mt)),
+                       act, norm_topk_prob=bool(_get(config, "norm_topk_prob", False)),
+                       shared_intermediate_size=shared, shared_name="shared_expert", shared_gate=True)
+    if mt == "ernie4_5_moe":
+        inter = int(_need(config, "moe_intermediate_size", mt))
+        return MoESpec(mt, h, int(_need(config, "moe_num_experts", mt)), int(_get(config, "moe_k", 6)), inter, act,
+                       norm_min=float(_get(config, "moe_norm_min", 1e-12)), correction_bias="moe_statics",
+                       router_fp32=True, expert_bias=bool(_get(config, "use_bias", False)),
+                       shared_intermediate_size=inter * int(_get(config, "moe_num_shared_experts", 0) or 0))
+    if mt == "deepseek_v3":
+        inter = int(_need(config, "moe_intermediate_size", mt))
+        return MoESpec(mt, h, int(_need(config, "n_routed_experts", mt)), k, inter, act, scoring="sigmoid",
+                       norm_topk_prob=bool(_get(config, "norm_topk_prob", True)), norm_min=1e-20,
+                       routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
+                       n_group=int(_get(config, "n_group", 1) or 1), topk_group=int(_get(config, "topk_group", 1) or 1),
+                       correction_bias="gate", router_fp32=True,
+                       shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0))
+    # gpt_oss: alpha and limit are constants of transformers 4.55's GptOssExperts; later configs name the limit
+    return MoESpec(mt, h, int(_need(config, "num_local_experts", mt)), k, int(_need(config, "intermediate_size", mt)),
+                   act, scoring="topk_softmax", router_name="router", router_bias=True, router_output="scores",
+                   fused_experts=True, swiglu_limit=float(_get(config, "swiglu_limit", 7.0) or 7.0))
+
+
+def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) -> bool:
+    """Whether decoder layer ``layer_idx`` holds the sparse block (else the dense MLP), as transformers decides.
+
+    >>> cfg = {"model_type": "deepseek_v3", "first_k_dense_replace": 1}
+    >>> [is_moe_layer(cfg, i) for i in range(3)]
+    [False, True, True]
+    >>> cfg = {"model_type": "ernie4_5_moe", "num_hidden_layers": 4, "moe_layer_start_index": 1,
+    ...        "moe_layer_end_index": -1, "moe_layer_interval": 2}
+    >>> [is_moe_layer(cfg, i) for i in range(4)]
+    [False, True, False, True]
+    """
+    mt = model_type or _get(config, "model_type")
+    if mt in ("mixtral", "gpt_oss"):
+        return True
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        step = int(_get(config, "decoder_sparse_step", 1) or 1)
+        return (layer_idx not in (_get(config, "mlp_only_layers") or []) and int(_get(config, "num_experts", 0)) > 0
+                and (layer_idx + 1) % step == 0)
+    if mt == "ernie4_5_moe":
+        end = int(_get(config, "moe_layer_end_index", -1))
+        end = int(_need(config, "num_hidden_layers", mt)) - 1 if end == -1 else end
+        return ((layer_idx + 1) % int(_get(config, "moe_layer_interval", 1)) == 0
+                and int(_get(config, "moe_layer_start_index", 1)) <= layer_idx <= end)
+    if mt == "deepseek_v3":
+        return layer_idx >= int(_get(config, "first_k_dense_replace", 0))
+    raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
