@@ -113,21 +113,22 @@ class MoEBlock(nn.Layer):
         return cls(moe_spec(config, model_type))
 
     @property
-    def router(self) -> Router:
+    def gate_layer(self) -> Router:
+        """The router (sublayer ``gate``, gpt_oss' ``router``)."""
         return getattr(self, self.spec.router_name)
 
     @property
     def correction_bias(self) -> Optional[paddle.Tensor]:
         """The ``e_score_correction_bias`` buffer (deepseek [E], ernie [1, E]) or None."""
         if self.spec.correction_bias == "gate":
-            return self.router.e_score_correction_bias
+            return self.gate_layer.e_score_correction_bias
         if self.spec.correction_bias == "moe_statics":
             return self.moe_statics.e_score_correction_bias
         return None
 
     def router_parameters(self):
         """The router's trainable parameters (weight, and gpt_oss' bias): what ``freeze_router`` fixes."""
-        return [p for p in (self.router.weight, self.router.bias) if p is not None]
+        return [p for p in (self.gate_layer.weight, self.gate_layer.bias) if p is not None]
 
     def run_expert(self, e: int, x):
         """Routed expert ``e`` on its tokens ``x`` [t, H] -> [t, H] (t > 0: never called without tokens)."""
@@ -141,7 +142,7 @@ class MoEBlock(nn.Layer):
             j = self.spec.jitter_noise
             hidden_states = hidden_states * paddle.uniform(hidden_states.shape, hidden_states.dtype, 1 - j, 1 + j)
         x = hidden_states.reshape([-1, h])  # [T, H]
-        logits = self.router(x)  # [T, E]
+        logits = self.gate_layer(x)  # [T, E]
         weights, selected, router_out = route(logits.astype("float32"), self.spec, self.correction_bias)
         self.last_selected = selected.detach()
         out = self._grouped(x, weights.astype(x.dtype), selected)  # [T, H]
