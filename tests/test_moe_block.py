@@ -21,13 +21,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import paddle  # noqa: E402
+import paddle
 
-from paddlenlp_ext.models.decoder import moe, moe_balance, moe_spec  # noqa: E402
-from paddlenlp_ext.models.decoder.moe import MoEBlock  # noqa: E402
-from paddlenlp_ext.models.decoder.moe_balance import (expert_load, load_balancing_loss, load_stats,  # noqa: E402
-                                                      update_correction_bias)
-from paddlenlp_ext.models.decoder.moe_spec import MoEConfigError, is_moe_layer  # noqa: E402
+from paddlenlp_ext.models.decoder import moe, moe_balance, moe_spec
+from paddlenlp_ext.models.decoder.moe import MoEBlock
+from paddlenlp_ext.models.decoder.moe_balance import (
+    expert_load,
+    load_balancing_loss,
+    load_stats,
+    update_correction_bias,
+)
+from paddlenlp_ext.models.decoder.moe_spec import MoEConfigError, is_moe_layer
 
 H = 32
 #: model_type -> (config class, transformers module path, block class, config kwargs)
@@ -42,6 +46,10 @@ CASES = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "ernie4_5_moe", "Ernie4_5_MoeSparseMoeBlock",
                      dict(moe_intermediate_size=24, moe_num_experts=6, moe_k=2, moe_num_shared_experts=2,
                           use_bias=True)),
+    "deepseek_v2": ("DeepseekV2Config", "deepseek_v2", "DeepseekV2MoE",
+                    dict(moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                         topk_method="group_limited_greedy", n_group=4, topk_group=1, routed_scaling_factor=1.5,
+                         mlp_bias=True)),
     "deepseek_v3": ("DeepseekV3Config", "deepseek_v3", "DeepseekV3MoE",
                     dict(moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                          n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
@@ -93,7 +101,7 @@ def build_pair(model_type, seed=0, **extra):
 
 def hf_forward(model_type, ref, x):
     """(output [B, L, H], router logits as transformers records them [B*L, E])."""
-    if model_type == "deepseek_v3":  # DeepseekV3MoE returns the hidden states only; the logits are its gate's
+    if model_type.startswith("deepseek"):  # DeepseekV{2,3}MoE return the hidden states only; the logits: their gate's
         logits = torch.nn.functional.linear(x.reshape(-1, H).float(), ref.gate.weight.float())
         return ref(x), logits
     return ref(x)
@@ -104,9 +112,9 @@ def inputs(b=2, length=5, seed=1):
 
 
 def hf_loss_func(model_type):
-    # qwen2_moe's copy indexes by the device number (int(device.index)) and cannot run on CPU; deepseek_v3 has
-    # none: both are judged by mixtral's (the one the others are "copied from")
-    name = model_type if model_type not in ("qwen2_moe", "deepseek_v3") else "mixtral"
+    # qwen2_moe's copy indexes by the device number (int(device.index)) and cannot run on CPU; deepseek_v2/v3
+    # have none: they are judged by mixtral's (the one the others are "copied from")
+    name = model_type if model_type not in ("qwen2_moe", "deepseek_v2", "deepseek_v3") else "mixtral"
     return hf_module(name).load_balancing_loss_func
 
 
@@ -127,16 +135,20 @@ def test_forward_matches_transformers(model_type, training):
 
 
 def test_options_change_the_result_as_in_transformers():
-    """Negative controls: norm_topk_prob and ernie's correction bias are honoured (not ignored)."""
-    for model_type, extra in (("qwen2_moe", dict(norm_topk_prob=True)), ("qwen3_moe", dict(norm_topk_prob=False))):
+    """Negative controls: norm_topk_prob, group-limited routing, gpt-oss' clamp and ernie's correction bias
+    change the output (they are honoured, not ignored)."""
+    for model_type, extra, other in (("qwen2_moe", dict(norm_topk_prob=True), dict(norm_topk_prob=False)),
+                                     ("qwen3_moe", dict(norm_topk_prob=False), dict(norm_topk_prob=True)),
+                                     ("deepseek_v2", dict(topk_method="greedy"), {}),
+                                     ("deepseek_v3", {}, dict(n_group=1, topk_group=1))):
         ref, ours = build_pair(model_type, **extra)
         x = inputs()
         with torch.no_grad():
-            want = ref(torch.from_numpy(x))[0].numpy()
+            want = hf_forward(model_type, ref, torch.from_numpy(x))[0].numpy()
         got = ours(paddle.to_tensor(x))[0].numpy()
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-        _, other = build_pair(model_type, **{"norm_topk_prob": not extra["norm_topk_prob"]})
-        assert np.abs(other(paddle.to_tensor(x))[0].numpy() - want).max() > 1e-3
+        _, changed = build_pair(model_type, **other)
+        assert np.abs(changed(paddle.to_tensor(x))[0].numpy() - want).max() > 1e-3
     _, ours = build_pair("gpt_oss")  # the SwiGLU clamp is reached by the test weights
     x = paddle.to_tensor(inputs())
     clamped = ours(x)[0].numpy()
@@ -302,10 +314,12 @@ def test_router_parameters_and_names():
     assert {f"experts.{j}.{p}" for j in range(4) for p in ("w1", "w2", "w3")} <= set(linears)
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_moe", "ernie4_5_moe", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"])
 def test_is_moe_layer_matches_transformers_decoder(model_type):
     extra = {"qwen2_moe": dict(decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=6),
              "ernie4_5_moe": dict(moe_layer_start_index=1, moe_layer_interval=2, num_hidden_layers=6),
+             "deepseek_v2": dict(first_k_dense_replace=1, num_hidden_layers=3, q_lora_rank=16, kv_lora_rank=16,
+                                 qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8),
              "deepseek_v3": dict(first_k_dense_replace=2, num_hidden_layers=4, q_lora_rank=16, kv_lora_rank=16,
                                  qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)}[model_type]
     cfg = hf_config(model_type, **{**extra, "intermediate_size": 40})
@@ -350,28 +364,41 @@ def _dense_loop(blk, x):
     return out
 
 
-def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=None, repeat=5):
-    spec = moe_spec.MoESpec("qwen3_moe", hidden, experts, top_k, inter or 4 * hidden // top_k // 2)
+def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=1024, repeat=5):
+    """Median times of the grouped block vs the dense loop (paddle), and transformers' qwen3_moe block
+    (torch, its per-expert masked loop) for reference, on the same weights."""
+    spec = moe_spec.MoESpec("qwen3_moe", hidden, experts, top_k, inter, norm_topk_prob=True)
     blk = MoEBlock(spec)
     x = paddle.randn([tokens, hidden])
-    grouped = lambda: blk._grouped(x, *moe.route(blk.gate_layer(x), spec)[:2])  # noqa: E731
+    grouped = lambda: blk._grouped(x, *moe.route(blk.gate_layer(x), spec)[:2])
     np.testing.assert_allclose(grouped().numpy(), _dense_loop(blk, x).numpy(), atol=1e-4)
+    cfg = transformers.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
+                                      num_experts_per_tok=top_k, norm_topk_prob=True)
+    ref = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock(cfg)
+    with torch.no_grad():
+        for k, p in blk.state_dict().items():
+            v = p.numpy()
+            dict(ref.named_parameters())[k].copy_(torch.from_numpy(np.ascontiguousarray(v.T if v.ndim == 2 else v)))
+    tx = torch.from_numpy(x.numpy()).reshape(1, tokens, hidden)
+    np.testing.assert_allclose(ref(tx)[0].detach().numpy().reshape(tokens, hidden), grouped().numpy(), atol=1e-4)
+    cases = (("grouped (ours, paddle)", grouped, blk, paddle.no_grad),
+             ("dense per-expert loop", lambda: _dense_loop(blk, x), blk, paddle.no_grad),
+             ("transformers (torch)", lambda: ref(tx)[0], ref, torch.no_grad))
     rows = []
-    for name, fn in (("grouped (ours)", grouped), ("dense per-expert loop", lambda: _dense_loop(blk, x))):
+    for name, fn, layer, no_grad in cases:
         for mode in ("forward", "forward+backward"):
             times = []
             for _ in range(repeat + 1):
                 t0 = time.perf_counter()
                 if mode == "forward":
-                    with paddle.no_grad():
+                    with no_grad():
                         fn()
                 else:
                     fn().sum().backward()
-                    blk.clear_gradients()
                 times.append(time.perf_counter() - t0)
             rows.append((name, mode, sorted(times[1:])[len(times[1:]) // 2]))
-    print(f"hidden {hidden}, {experts} experts, top-{top_k}, {tokens} tokens, expert intermediate "
-          f"{spec.intermediate_size}, {paddle.get_device()}, threads {os.environ.get('OMP_NUM_THREADS', '?')}")
+    print(f"hidden {hidden}, {experts} experts, top-{top_k}, {tokens} tokens, expert intermediate {inter}; "
+          f"paddle threads {os.environ.get('OMP_NUM_THREADS', 'default')}, torch threads {torch.get_num_threads()}")
     for name, mode, t in rows:
         print(f"  {name:24s} {mode:17s} {t * 1000:8.1f} ms (median of {repeat})")
     return rows

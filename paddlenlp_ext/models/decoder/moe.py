@@ -1,5 +1,5 @@
 """The sparse mixture-of-experts block of the decoder's MoE rows (mixtral, qwen2_moe, qwen3_moe,
-ernie4_5_moe, deepseek_v3, gpt_oss), computing what each ``modeling_<type>.py`` of transformers 4.55 does.
+ernie4_5_moe, deepseek_v2, deepseek_v3, gpt_oss), computing what each ``modeling_<type>.py`` of transformers 4.55 does.
 
 Build it from a transformers config: ``MoEBlock.from_config(config)`` (routing and expert forms in
 :mod:`.moe_spec`, layers in :mod:`.moe_experts`).  ``forward(hidden [B, L, H])`` returns
@@ -29,17 +29,22 @@ from .moe_spec import MoESpec, moe_spec
 __all__ = ["MoEBlock", "route", "group_limited_mask"]
 
 
-def group_limited_mask(scores, n_group: int, topk_group: int):
+def group_limited_mask(scores, n_group: int, topk_group: int, group_score: str = "top2_sum"):
     """1.0 for the experts in each token's ``topk_group`` best groups (a group scores by the sum of its
-    2 best experts), else 0.0; ``scores`` [T, E] -> [T, E].
+    2 best experts, or with ``group_score="max"`` by its best one), else 0.0; ``scores`` [T, E] -> [T, E].
 
     >>> s = paddle.to_tensor([[0.9, 0.8, 0.1, 0.2, 0.5, 0.6]])  # 3 groups of 2: sums 1.7, 0.3, 1.1
     >>> group_limited_mask(s, 3, 2).tolist()
     [[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]]
+    >>> group_limited_mask(paddle.to_tensor([[0.9, 0.0, 0.1, 0.2, 0.5, 0.6]]), 3, 1, "max").tolist()  # best 0.9
+    [[1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]
     """
     t, e = scores.shape
     grouped = scores.reshape([t, n_group, e // n_group])  # [T, G, E/G]
-    group_scores = paddle.topk(grouped, 2, axis=-1)[0].sum(axis=-1)  # [T, G]
+    if group_score == "max":
+        group_scores = grouped.max(axis=-1)  # [T, G]
+    else:
+        group_scores = paddle.topk(grouped, 2, axis=-1)[0].sum(axis=-1)  # [T, G]
     best = paddle.topk(group_scores, topk_group, axis=-1)[1]  # [T, topk_group]
     keep = F.one_hot(best, n_group).sum(axis=1)  # [T, G]
     return keep.unsqueeze(-1).expand([t, n_group, e // n_group]).reshape([t, e])  # [T, E]
@@ -65,7 +70,7 @@ def route(logits, spec: MoESpec, correction_bias=None):
         choice = choice + correction_bias.reshape([1, -1])  # [T, E]; biases the choice, never the weights
     if spec.n_group > 1:
         # deepseek: experts outside the best groups score 0 (not -inf), as transformers masks them
-        choice = choice * group_limited_mask(choice, spec.n_group, spec.topk_group)
+        choice = choice * group_limited_mask(choice, spec.n_group, spec.topk_group, spec.group_score)
     if correction_bias is None and spec.n_group == 1:
         weights, selected = paddle.topk(probs, spec.top_k, axis=-1)  # [T, k] each
     else:
@@ -83,7 +88,7 @@ class MoEBlock(nn.Layer):
 
     Sublayers, by transformers' names: the router ``gate`` (gpt_oss: ``router``), the experts
     ``experts.J.<gate>/<up>/<down>`` (gpt_oss: ``experts.gate_up_proj`` ... 3-D), ``shared_expert`` +
-    ``shared_expert_gate`` (qwen2_moe) or ``shared_experts`` (ernie4_5_moe, deepseek_v3), ernie's
+    ``shared_expert_gate`` (qwen2_moe) or ``shared_experts`` (ernie4_5_moe, deepseek_v2/v3), ernie's
     ``moe_statics.e_score_correction_bias``, deepseek's ``gate.e_score_correction_bias``.
 
     After each forward, ``last_selected`` holds the chosen experts ``[T, k]`` (int64, no gradient) for

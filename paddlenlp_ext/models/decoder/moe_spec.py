@@ -10,6 +10,9 @@ The routing forms (``scoring``), for router logits ``z = x @ gate`` [T, E]:
 - ``softmax`` (mixtral, qwen2_moe, qwen3_moe, ernie4_5_moe): ``p = softmax(z)``; the top-k of ``p``
   (of ``p + e_score_correction_bias`` for ernie, whose weights stay ``p``), renormalised when
   ``norm_topk_prob``;
+- ``softmax`` for deepseek_v2 too: no renormalisation (transformers ignores its ``norm_topk_prob``), times
+  ``routed_scaling_factor``; ``topk_method: group_limited_greedy`` keeps the ``topk_group`` groups with the
+  best single expert;
 - ``sigmoid`` (deepseek_v3): ``s = sigmoid(z)``; choice on ``s + e_score_correction_bias``, limited to the
   ``topk_group`` best of ``n_group`` groups; weights ``s`` renormalised, times ``routed_scaling_factor``;
 - ``topk_softmax`` (gpt_oss): ``z`` has a bias; the top-k of ``z``, softmax over those k only.
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
 #: model types the block covers
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "deepseek_v3", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 
 #: per-expert Linear names (gate, up, down) where transformers has per-expert Linears
 _EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2")}
@@ -48,6 +51,7 @@ class MoESpec:
     routed_scaling_factor: float = 1.0
     n_group: int = 1
     topk_group: int = 1
+    group_score: str = "top2_sum"  # how a group is scored: the sum of its 2 best experts (v3) or its best (v2)
     correction_bias: Optional[str] = None  # None | "gate" (deepseek: gate.e_score_correction_bias [E])
     #                                        | "moe_statics" (ernie: moe_statics.e_score_correction_bias [1, E])
     router_name: str = "gate"
@@ -70,6 +74,8 @@ class MoESpec:
                                  f"({self.num_experts})")
         if self.scoring not in ("softmax", "sigmoid", "topk_softmax"):
             raise MoEConfigError(f"unknown scoring {self.scoring!r}")
+        if self.group_score not in ("top2_sum", "max"):
+            raise MoEConfigError(f"unknown group_score {self.group_score!r}")
         if self.n_group > 1:
             if self.num_experts % self.n_group:
                 raise MoEConfigError(f"{self.model_type}: n_group={self.n_group} must divide the "
@@ -80,7 +86,7 @@ class MoESpec:
                 raise MoEConfigError(f"{self.model_type}: topk_group={self.topk_group} groups of "
                                      f"{self.num_experts // self.n_group} experts hold fewer than top-k="
                                      f"{self.top_k}; raise topk_group")
-            if self.num_experts // self.n_group < 2:
+            if self.group_score == "top2_sum" and self.num_experts // self.n_group < 2:
                 raise MoEConfigError(f"{self.model_type}: groups score by their 2 best experts; n_group="
                                      f"{self.n_group} leaves fewer than 2 experts per group")
 
@@ -127,6 +133,20 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
                        norm_min=float(_get(config, "moe_norm_min", 1e-12)), correction_bias="moe_statics",
                        router_fp32=True, expert_bias=bool(_get(config, "use_bias", False)),
                        shared_intermediate_size=inter * int(_get(config, "moe_num_shared_experts", 0) or 0))
+    if mt == "deepseek_v2":
+        inter = int(_need(config, "moe_intermediate_size", mt))
+        method = _get(config, "topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise MoEConfigError(f"deepseek_v2: topk_method={method!r} is not one transformers' DeepseekV2MoEGate "
+                                 "computes; use 'greedy' or 'group_limited_greedy'")
+        grouped = method == "group_limited_greedy"
+        return MoESpec(mt, h, int(_need(config, "n_routed_experts", mt)), int(_need(config, "num_experts_per_tok", mt)),
+                       inter, act, norm_topk_prob=False, router_fp32=True,
+                       routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
+                       n_group=int(_need(config, "n_group", mt)) if grouped else 1,
+                       topk_group=int(_need(config, "topk_group", mt)) if grouped else 1, group_score="max",
+                       expert_bias=bool(_get(config, "mlp_bias", False)),
+                       shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0))
     if mt == "deepseek_v3":
         inter = int(_need(config, "moe_intermediate_size", mt))
         return MoESpec(mt, h, int(_need(config, "n_routed_experts", mt)), k, inter, act, scoring="sigmoid",
@@ -164,6 +184,6 @@ def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) 
         end = int(_need(config, "num_hidden_layers", mt)) - 1 if end == -1 else end
         return ((layer_idx + 1) % int(_get(config, "moe_layer_interval", 1)) == 0
                 and int(_get(config, "moe_layer_start_index", 1)) <= layer_idx <= end)
-    if mt == "deepseek_v3":
+    if mt in ("deepseek_v2", "deepseek_v3"):
         return layer_idx >= int(_get(config, "first_k_dense_replace", 0))
     raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
