@@ -346,6 +346,23 @@ def test_config_errors_name_the_key():
                               "num_local_experts": 4, "hidden_act": "no_such_act"})
 
 
+def test_run_keys_aux_coef_and_bias_rate():
+    """The keys docs/moe.md promises: the alias, the checkpoint default, refusals naming the key."""
+    ckpt = {"router_aux_loss_coef": 0.9, "output_router_logits": True}
+    assert moe_spec.router_aux_loss_coef({}, ckpt) == 0.9
+    assert moe_spec.router_aux_loss_coef({"router_aux_loss_coef": 0.01}, ckpt) == 0.01
+    assert moe_spec.router_aux_loss_coef({"moe_aux_loss_coef": 0.02, "router_aux_loss_coef": 0.02}, ckpt) == 0.02
+    with pytest.raises(MoEConfigError, match="disagree; set only router_aux_loss_coef"):
+        moe_spec.router_aux_loss_coef({"moe_aux_loss_coef": 0.02, "router_aux_loss_coef": 0.01}, ckpt)
+    with pytest.raises(MoEConfigError, match="moe_aux_loss_coef='x' must be a number"):
+        moe_spec.router_aux_loss_coef({"moe_aux_loss_coef": "x"}, ckpt)
+    assert moe_spec.moe_key_problems({"moe_router_bias_update_rate": 1e-3}, "ernie4_5_moe") == []
+    assert "remove moe_router_bias_update_rate" in moe_spec.moe_key_problems(
+        {"moe_router_bias_update_rate": 1e-3}, "qwen3_moe")[0]
+    assert "must be a number >= 0" in moe_spec.moe_key_problems({"moe_router_bias_update_rate": -1}, "deepseek_v3")[0]
+    assert moe_spec.moe_key_problems({"freeze_router": True}, "llama")[0].startswith("freeze_router: model_type")
+
+
 @pytest.mark.parametrize("module", [moe, moe_balance, moe_spec], ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_worked_examples(module):
     res = doctest.testmod(module, verbose=False)

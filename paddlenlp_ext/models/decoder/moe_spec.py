@@ -187,3 +187,63 @@ def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) 
     if mt in ("deepseek_v2", "deepseek_v3"):
         return layer_idx >= int(_get(config, "first_k_dense_replace", 0))
     raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
+
+
+#: the run keys of MoE training (docs/moe.md); LLaMA-Factory's name is an alias of PaddleFormers'
+AUX_LOSS_KEY, AUX_LOSS_ALIAS = "router_aux_loss_coef", "moe_aux_loss_coef"
+BIAS_RATE_KEY = "moe_router_bias_update_rate"
+#: the types whose router has an ``e_score_correction_bias`` the bias update can move
+CORRECTION_BIAS_TYPES = ("ernie4_5_moe", "deepseek_v3")
+
+
+def router_aux_loss_coef(run_keys: Mapping[str, Any], model_config: Any) -> float:
+    """The auxiliary-loss coefficient a run uses: ``router_aux_loss_coef`` (or its alias
+    ``moe_aux_loss_coef``) from the run's keys; else, as transformers does, the checkpoint's
+    ``router_aux_loss_coef`` when its ``output_router_logits`` is true, and 0.0 (no aux loss) otherwise.
+
+    >>> ckpt = {"router_aux_loss_coef": 0.001, "output_router_logits": False}
+    >>> router_aux_loss_coef({}, ckpt), router_aux_loss_coef({"moe_aux_loss_coef": 0.02}, ckpt)
+    (0.0, 0.02)
+    >>> router_aux_loss_coef({}, {**ckpt, "output_router_logits": True})
+    0.001
+    """
+    given = {k: run_keys[k] for k in (AUX_LOSS_KEY, AUX_LOSS_ALIAS) if run_keys.get(k) is not None}
+    if len(given) == 2 and float(given[AUX_LOSS_KEY]) != float(given[AUX_LOSS_ALIAS]):
+        raise MoEConfigError(f"{AUX_LOSS_KEY}={given[AUX_LOSS_KEY]} and its alias {AUX_LOSS_ALIAS}="
+                             f"{given[AUX_LOSS_ALIAS]} disagree; set only {AUX_LOSS_KEY}")
+    for key, value in given.items():
+        try:
+            coef = float(value)
+        except (TypeError, ValueError):
+            raise MoEConfigError(f"{key}={value!r} must be a number >= 0") from None
+        if coef < 0:
+            raise MoEConfigError(f"{key}={value!r} must be a number >= 0")
+        return coef
+    if _get(model_config, "output_router_logits", False):
+        return float(_get(model_config, AUX_LOSS_KEY, 0.0) or 0.0)
+    return 0.0
+
+
+def moe_key_problems(run_keys: Mapping[str, Any], model_type: Optional[str]) -> list:
+    """What is wrong with the MoE keys of a run for a model of ``model_type`` (one message per problem,
+    naming the key and what to change; [] when nothing is).
+
+    >>> moe_key_problems({"moe_router_bias_update_rate": 0.001}, "deepseek_v3")
+    []
+    >>> moe_key_problems({"moe_router_bias_update_rate": 0.001}, "mixtral")[0][:60]
+    'moe_router_bias_update_rate: mixtral routers have no e_score'
+    """
+    problems = []
+    moe = model_type in MOE_TYPES
+    for key in (AUX_LOSS_KEY, AUX_LOSS_ALIAS, BIAS_RATE_KEY, "freeze_router"):
+        if run_keys.get(key) not in (None, False, 0, 0.0) and not moe:
+            problems.append(f"{key}: model_type {model_type!r} has no mixture-of-experts router; remove {key}")
+    rate = run_keys.get(BIAS_RATE_KEY)
+    if moe and rate not in (None, 0, 0.0):
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate < 0:
+            problems.append(f"{BIAS_RATE_KEY}={rate!r} must be a number >= 0 (DeepSeek-V3 used 0.001)")
+        elif model_type not in CORRECTION_BIAS_TYPES:
+            problems.append(f"{BIAS_RATE_KEY}: {model_type} routers have no e_score_correction_bias to update "
+                            f"(only {list(CORRECTION_BIAS_TYPES)} do); remove {BIAS_RATE_KEY} or use "
+                            f"{AUX_LOSS_KEY} to balance the experts")
+    return problems
