@@ -18,6 +18,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+if __name__ == "__main__":  # the bench: the CPU math set-up of every entry script, before paddle loads
+    from paddlenlp_ext.cli.cpu_env import setup_cpu
+
+    print(setup_cpu().text)
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -385,6 +390,8 @@ def _dense_loop(blk, x):
 def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=1024, repeat=5):
     """Median times of the grouped block vs the dense loop (paddle), and transformers' qwen3_moe block
     (torch, its per-expert masked loop) for reference, on the same weights."""
+    if os.environ.get("OMP_NUM_THREADS"):  # the same thread count on both sides
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     spec = moe_spec.MoESpec("qwen3_moe", hidden, experts, top_k, inter, norm_topk_prob=True)
     blk = MoEBlock(spec)
     x = paddle.randn([tokens, hidden])
@@ -416,7 +423,8 @@ def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=1024, repeat=5):
                 times.append(time.perf_counter() - t0)
             rows.append((name, mode, sorted(times[1:])[len(times[1:]) // 2]))
     print(f"hidden {hidden}, {experts} experts, top-{top_k}, {tokens} tokens, expert intermediate {inter}; "
-          f"paddle threads {os.environ.get('OMP_NUM_THREADS', 'default')}, torch threads {torch.get_num_threads()}")
+          f"paddle threads {os.environ.get('OMP_NUM_THREADS', 'default')}, torch threads {torch.get_num_threads()}, "
+          f"MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE', 'unset')}")
     for name, mode, t in rows:
         print(f"  {name:24s} {mode:17s} {t * 1000:8.1f} ms (median of {repeat})")
     return rows
