@@ -316,6 +316,8 @@ def test_router_parameters_and_names():
     names = dict(blk.named_parameters())
     assert list(names["experts.gate_up_proj"].shape) == [4, H, 48]  # fused, as in transformers
     _, blk = build_pair("mixtral")
+    blk(paddle.to_tensor(inputs()))
+    assert [n for n, _ in blk.named_buffers()] == [] and list(blk.last_selected.shape) == [10, 2]
     linears = [n for n, layer in blk.named_sublayers() if isinstance(layer, paddle.nn.Linear)]
     assert {f"experts.{j}.{p}" for j in range(4) for p in ("w1", "w2", "w3")} <= set(linears)
 

@@ -110,12 +110,18 @@ class MoEBlock(nn.Layer):
                                                          spec.expert_bias))
             if spec.shared_gate:
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
-        self.last_selected: Optional[paddle.Tensor] = None
+        # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer
+        self.routing_state = {"selected": None}
 
     @classmethod
     def from_config(cls, config: Any, model_type: Optional[str] = None) -> "MoEBlock":
         """The block of a transformers config (object or dict) of ``model_type`` (default its own)."""
         return cls(moe_spec(config, model_type))
+
+    @property
+    def last_selected(self) -> Optional[paddle.Tensor]:
+        """The experts chosen by the last forward, [T, k] int64 (no gradient), or None before any."""
+        return self.routing_state["selected"]
 
     @property
     def gate_layer(self) -> Router:
@@ -149,7 +155,7 @@ class MoEBlock(nn.Layer):
         x = hidden_states.reshape([-1, h])  # [T, H]
         logits = self.gate_layer(x)  # [T, E]
         weights, selected, router_out = route(logits.astype("float32"), self.spec, self.correction_bias)
-        self.last_selected = selected.detach()
+        self.routing_state["selected"] = selected.detach()
         out = self._grouped(x, weights.astype(x.dtype), selected)  # [T, H]
         if self.spec.shared_intermediate_size:
             shared = getattr(self, self.spec.shared_name)(x)  # [T, H]
