@@ -236,6 +236,27 @@ def test_aux_loss_equals_transformers(model_type, form):
         assert abs(unmasked - got) > 1e-4
 
 
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe", "ernie4_5_moe", "gpt_oss"])
+def test_aux_loss_equals_the_causal_lm_aux_loss(model_type):
+    """transformers' whole model with output_router_logits=True on a padded batch: its aux_loss, from the
+    router_logits it records (gpt-oss: the router's scores), equals ours on the same tensors."""
+    cfg = hf_config(model_type, vocab_size=64, output_router_logits=True, head_dim=8)
+    cfg._attn_implementation = "eager"
+    mod = hf_module(model_type)
+    lm_cls = next(getattr(mod, n) for n in dir(mod) if n.endswith("ForCausalLM"))
+    torch.manual_seed(0)
+    model = lm_cls(cfg).float().eval()
+    mask = masks()["padded"]
+    ids = torch.from_numpy(np.random.RandomState(4).randint(1, 64, mask.shape))
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=torch.from_numpy(mask), labels=ids)
+    spec = moe_spec.moe_spec(cfg)
+    got = load_balancing_loss([paddle.to_tensor(z.numpy()) for z in out.router_logits], spec.num_experts,
+                              spec.top_k, mask)
+    assert len(out.router_logits) == sum(is_moe_layer(cfg, i) for i in range(cfg.num_hidden_layers)) >= 1
+    assert abs(float(got) - float(out.aux_loss)) < 1e-6, (float(got), float(out.aux_loss))
+
+
 def test_aux_loss_input_checks():
     z = paddle.zeros([6, 4])
     assert float(load_balancing_loss([], 4, 2)) == 0.0
