@@ -166,6 +166,18 @@ def test_options_change_the_result_as_in_transformers():
         assert np.abs(ours(x)[0].numpy() - with_bias).max() > 1e-3, model_type
 
 
+def test_mixtral_jitter_only_in_training():
+    """router_jitter_noise: multiplicative input noise in training (random, as in transformers), none in eval."""
+    ref, ours = build_pair("mixtral", router_jitter_noise=0.1)
+    x = inputs()
+    with torch.no_grad():
+        want = ref.eval()(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(ours.eval()(paddle.to_tensor(x))[0].numpy(), want, rtol=0, atol=1e-5)
+    ours.train()
+    a, b = (ours(paddle.to_tensor(x))[0].numpy() for _ in range(2))
+    assert np.abs(a - want).max() > 1e-3 and np.abs(a - b).max() > 1e-3
+
+
 def rel(a, b):
     a = np.zeros_like(b) if a is None else a
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))

@@ -57,7 +57,6 @@ class MoESpec:
     router_name: str = "gate"
     router_bias: bool = False
     router_fp32: bool = False  # the router runs in float32 whatever the model's dtype (ernie, deepseek)
-    router_output: str = "logits"  # what forward returns second: "logits" or gpt_oss' "scores"
     expert_names: Tuple[str, str, str] = _DEFAULT_EXPERT_NAMES
     expert_bias: bool = False
     fused_experts: bool = False  # gpt_oss: experts.{gate_up_proj, down_proj}[_bias] as 3-D parameters
@@ -157,7 +156,7 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
                        shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0))
     # gpt_oss: alpha and limit are constants of transformers 4.55's GptOssExperts; later configs name the limit
     return MoESpec(mt, h, int(_need(config, "num_local_experts", mt)), k, int(_need(config, "intermediate_size", mt)),
-                   act, scoring="topk_softmax", router_name="router", router_bias=True, router_output="scores",
+                   act, scoring="topk_softmax", router_name="router", router_bias=True,
                    fused_experts=True, swiglu_limit=float(_get(config, "swiglu_limit", 7.0) or 7.0))
 
 
