@@ -86,6 +86,42 @@ def conversation_tokens(conv: Conversation, tokenizer, source: str, special: Dic
     return ids, mask
 
 
+def _token_at(tokenizer, full: str, pos: int, ids: List[int]) -> int:
+    """Index of the first token of ``ids`` (the tokens of ``full``) that starts at or after character ``pos``."""
+    return _common_prefix(_encode(tokenizer, full[:pos]), ids) if pos else 0
+
+
+def answer_segments(conv: Conversation, answer, tokenizer, source: str, special: Dict
+                    ) -> Tuple[List[int], List[List[int]], List[int], List[int]]:
+    """``(prefix, history rounds, last, answer)`` token segments of ``conv`` + the ``answer`` message rendered
+    by the jinja ``source`` (tokenized once, as :func:`conversation_tokens`): ``prefix`` up to the first user
+    turn (system, tools), one history round per earlier user turn (with the assistant and tool turns after
+    it), ``last`` the final round up to the answer's header, ``answer`` its content and end-of-turn token --
+    the segments :func:`~.truncation.fit_segments` cuts.  Their concatenation is a prefix of the ids of
+    the whole rendering (what follows the answer's end-of-turn token, e.g. a newline, is left out)."""
+    full_conv = Conversation(list(conv.messages) + [answer], tools=conv.tools, origin=conv.origin)
+    full, spans = char_spans(full_conv, source, special, False)
+    start, end, _ = spans[-1]  # the last assistant message: the answer
+    ids = _encode(tokenizer, full)
+    a = _token_at(tokenizer, full, start, ids)
+    upto = _encode(tokenizer, full[:end])
+    b = _common_prefix(upto, ids)
+    b = b if b == len(upto) else min(b + 1, len(ids))
+    msgs = [m.as_template_dict() for m in conv.messages]
+    bounds = []
+    for i, m in enumerate(conv.messages):
+        if m.role != "user":
+            continue
+        text = render(source, msgs[:i], conv.tools, False, special) if i else ""
+        if full.startswith(text):  # a template that renders a cut conversation differently: rounds merge
+            k = _token_at(tokenizer, full, len(text), ids)
+            if (not bounds or k > bounds[-1]) and k <= a:
+                bounds.append(k)
+    bounds = bounds or [0]
+    rounds = [ids[x:y] for x, y in zip(bounds, bounds[1:])]
+    return ids[: bounds[0]], rounds, ids[bounds[-1]: a], ids[a:b]
+
+
 def shift_and_fit(ids: List[int], mask: List[bool], max_length: int, origin: str) -> Tuple[Dict, bool]:
     """Tokens + flags -> ``{"input_ids", "labels"}`` shifted, cut to ``max_length`` tokens.
 
