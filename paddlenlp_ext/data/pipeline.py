@@ -43,7 +43,7 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
     The report counts, per source file, its format, the records read and how many were truncated
     (``sources``), besides the totals of :class:`~.tokenize.TokenizeStats`."""
     stats = TokenizeStats()
-    sources = {f: {"format": fmt, "examples": 0, "truncated": 0} for f, fmt in formats.items()}
+    sources = {f: {"format": fmt, "examples": 0, "truncated": 0, "dropped": 0} for f, fmt in formats.items()}
     out = []
     for item in items:
         try:
@@ -57,7 +57,13 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
         if src is not None:
             src["examples"] += 1
             src["truncated"] += int(truncated)
+            src["dropped"] += int(not feats)
+        stats.dropped_examples += int(not feats)  # no learned token left after truncation: left out, counted
         out.extend(feats)
+    empty = [f for f, v in sources.items() if v["examples"] and v["dropped"] == v["examples"]]
+    if empty:  # the one refusal for length: nothing in a file fits
+        raise DataError([f"{f}: no example of this file keeps a learned token within max_length={renderer.max_length} "
+                         "after truncation; raise max_length (or lower src_length)" for f in empty])
     return out, stats, sources
 
 

@@ -56,17 +56,21 @@ def share_answers(answers: Sequence[Sequence[int]], room: int) -> List[List[int]
 
 
 def fit_segments(prefix: Sequence[int], history: Sequence[Sequence[int]], last: Sequence[int],
-                 answers: Sequence[Sequence[int]], max_seq_len: int, max_prompt_len: int
+                 answers: Sequence[Sequence[int]], max_seq_len: int, max_prompt_len: int, bound_history: bool = True
                  ) -> Tuple[List[int], List[List[int]], Dict]:
     """``(prompt, answers, info)`` by the policy of the module doc; ``info`` = ``{"dropped_rounds",
-    "truncated_prompt", "truncated_response"}``.  Worked examples (max_prompt_len 4): the history round
-    would make the prompt 7 tokens, so it goes; with max_seq_len 8 the answers then share the 4 tokens
-    left (chosen ``int(3 / 5 * 4) = 2``):
+    "truncated_prompt", "truncated_response"}``.  ``bound_history=False`` (fine-tuning, whose history answers
+    are learned too): ``max_prompt_len`` bounds ``prefix + last`` only, and history rounds go only while the
+    whole does not fit ``max_seq_len``.  Worked examples (max_prompt_len 4): the history round would make the
+    prompt 7 tokens, so it goes; with max_seq_len 8 the answers then share the 4 tokens left (chosen
+    ``int(3 / 5 * 4) = 2``):
 
     >>> fit_segments([1], [[40, 41, 2]], [5, 6, 7], [[8, 9, 2], [10, 2]], 9, 4)
     ([1, 5, 6, 7], [[8, 9, 2], [10, 2]], {'dropped_rounds': 1, 'truncated_prompt': False, 'truncated_response': False})
     >>> fit_segments([1], [[40, 41, 2]], [5, 6, 7], [[8, 9, 2], [10, 2]], 8, 4)[1]
     [[8, 9], [10, 2]]
+    >>> fit_segments([1], [[40, 41, 2]], [5, 6, 7], [[8, 9, 2]], 10, 4, bound_history=False)[0]
+    [1, 40, 41, 2, 5, 6, 7]
     """
     cap = min(max_prompt_len, max_seq_len - len(answers))
     if cap < 1:
@@ -74,15 +78,19 @@ def fit_segments(prefix: Sequence[int], history: Sequence[Sequence[int]], last: 
     need = sum(len(a) for a in answers)
     hist = [list(h) for h in history]
     info = {"dropped_rounds": 0, "truncated_prompt": False, "truncated_response": False}
+    if not bound_history and len(prefix) + len(last) > cap:  # the last prompt first: history does not count
+        head = cut_prompt(prefix, last, cap)
+        info["truncated_prompt"] = True
+        prefix, last = (head[: len(prefix)], head[len(prefix):]) if cap > len(prefix) else ([], head)
 
     def prompt_len():
         return len(prefix) + sum(len(h) for h in hist) + len(last)
 
-    while hist and (prompt_len() > cap or prompt_len() + need > max_seq_len):
+    while hist and ((bound_history and prompt_len() > cap) or prompt_len() + need > max_seq_len):
         hist.pop(0)  # the oldest round first
         info["dropped_rounds"] += 1
     prompt = list(prefix) + [t for h in hist for t in h] + list(last)
-    if len(prompt) > cap:  # only when no history is left
+    if len(prompt) > cap and bound_history:  # only when no history is left
         prompt = cut_prompt(prefix, last, cap)
         info["truncated_prompt"] = True
     out = share_answers(answers, max_seq_len - len(prompt))
