@@ -131,3 +131,18 @@ def test_tool_call_pairs_render_tool_turns_and_score_only_the_answers(tmp_path, 
     with pytest.raises(DataError, match=r"p.jsonl:1: tool calls, tool results and tools in a preference pair are "
                                         r"rendered by a jinja chat template"):
         tokenize_preference_examples([ex], tok, 64, 32, False, ({False: None, True: None}, {}))
+
+
+def test_grpo_prompt_drops_the_oldest_round_then_keeps_its_end():
+    from paddlenlp_ext.grpo.data import fit_prompt, prompt_from_record
+
+    tok = Tok()
+    r = Renderer(tok, 1 << 30, 1 << 30, False, {False: SIMPLE}, Tok.special_tokens_map)
+    rec = prompt_from_record({"messages": [{"role": "user", "content": "q1 a b"}, {"role": "assistant", "content": "r1"},
+                                           {"role": "user", "content": "q2 c d e"}], "k": 1}, "g:1")
+    ids, truncated, dropped = fit_prompt(rec, r, 64)  # 5 + 3 + 6 + the header
+    assert not truncated and words(tok, ids)[:2] == ["<user>", "q1"] and len(ids) == 15
+    ids, truncated, dropped = fit_prompt(rec, r, 8)  # round 1 goes: <user> q2 c d e </s> <assistant> = 7
+    assert truncated and dropped == 1 and words(tok, ids) == ["<user>", "q2", "c", "d", "e", "</s>", "<assistant>"]
+    ids, truncated, dropped = fit_prompt(rec, r, 4)  # then from the left
+    assert words(tok, ids) == ["d", "e", "</s>", "<assistant>"]
