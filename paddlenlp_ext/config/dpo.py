@@ -102,11 +102,11 @@ def dpo_problems(cfg, where: str) -> List[str]:
     if o.loss_type == "grpo":  # llm/run_grpo.py (schema.GRPOArgument): config/grpo.py
         from .grpo import grpo_problems
 
-        return grpo_problems(cfg, where)
+        return grpo_problems(cfg, where) + unread_dataset_dir(cfg, where, "GRPO")
     if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
         from .kto import kto_problems
 
-        return kto_problems(cfg, where)
+        return kto_problems(cfg, where) + unread_dataset_dir(cfg, where, "KTO")
     if o.loss_type == "reward":  # llm/run_reward.py (schema.RewardArgument): config/reward.py
         from .reward import reward_problems
 
@@ -124,6 +124,14 @@ def dpo_problems(cfg, where: str) -> List[str]:
     if o.pref_loss_ratio == 0 and o.sft_loss_ratio == 0:
         p.append(f"{where}: pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
     return p + preference_problems(cfg, where, "DPO", DPO_BEST_METRICS)
+
+
+def unread_dataset_dir(cfg, where: str, name: str) -> List[str]:
+    """dataset_dir names datasets for fine-tuning, DPO and reward models only: refused elsewhere, not ignored."""
+    if cfg.data.dataset_dir is None:
+        return []
+    return [f"{where}: dataset_dir (LLaMA-Factory's dataset_info.json) is read by llm/run_finetune.py, run_dpo.py and "
+            f"run_reward.py; {name} reads train_dataset_path as a file or directory: remove dataset_dir"]
 
 
 def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
@@ -180,6 +188,15 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
             continue
         if not path:
             p.append(f"{where}: {key} is required with do_{'train' if split == 'train' else 'eval'}")
+        elif d.dataset_dir is not None and name in ("DPO", "reward"):  # names of dataset_info.json (data_checks)
+            from .data_checks import dataset_dir_problems, is_entry, named_dataset_problems
+
+            p += dataset_dir_problems(d.dataset_dir, where) if split == "train" else []
+            if is_entry(path, d.dataset_dir):
+                p += named_dataset_problems(path, d.dataset_dir, where, ranking=True)
+            elif not os.path.exists(path):
+                p.append(f"{where}: {key} {path!r} is neither a dataset of {d.dataset_dir}/dataset_info.json nor a "
+                         "file or directory")
         elif os.path.isdir(path):
             from ..data.reader import find_split_files
 
