@@ -298,6 +298,31 @@ def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenize
     return pairs, st
 
 
+def truncation_notice(split: str, stats: Dict, max_seq_len: int, max_prompt_len: int, unit: str = "pairs"
+                      ) -> Optional[str]:
+    """The log line saying how many examples the one truncation policy cut, and how (None if none was).
+
+    >>> truncation_notice("train", {"pairs": 100, "truncated_examples": 3, "dropped_rounds": 5,
+    ...                             "truncated_prompts": 1, "truncated_responses": 2}, 128, 64)  # doctest: +ELLIPSIS
+    'notice: train: 3 of 100 pairs truncated (docs/data.md): 5 earlier rounds dropped, oldest first; 1 prompt(s) ...'
+    """
+    n = stats.get("truncated_examples", 0)
+    if not n:
+        return None
+    return (f"notice: {split}: {n} of {stats.get('pairs', stats.get('examples'))} {unit} truncated (docs/data.md): "
+            f"{stats.get('dropped_rounds', 0)} earlier rounds dropped, oldest first; {stats.get('truncated_prompts', 0)} "
+            f"prompt(s) cut from the left to max_prompt_len {max_prompt_len}; {stats.get('truncated_responses', 0)} "
+            f"answer pair(s) cut at the tail to max_seq_len {max_seq_len}")
+
+
+def say(line: Optional[str]) -> None:
+    """Print a notice on the run's console (and train.log), when there is one."""
+    if line:
+        from ..training.console import current
+
+        current().line(line)
+
+
 @dataclass
 class PreferenceData:
     train: Optional[PreferenceDataset]
@@ -376,6 +401,7 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
                          shuffle=(split == "train"))
         out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
                               **stats, **ds.stats()}
+        say(truncation_notice(split, stats, max_seq_len, max_prompt_len))
         setattr(out, split, ds)
     return out
 
