@@ -64,7 +64,7 @@ def test_three_percent_long_pairs_train_and_are_counted(tiny_model_dir, tmp_path
     overrides = COMMON if script != "run_reward.py" else COMMON[:-2]  # the reward config has its own adapter keys
     r = cli_runner(script, str(data))(config, out, *overrides)
     unit = "examples" if script == "run_kto.py" else "pairs"
-    assert f"train 100 {unit}, " in r.stdout and ", 3 truncated, 0 dropped" in r.stdout, r.stdout[-2000:]
+    assert "train 100 pairs, " in r.stdout and ", 3 truncated, 0 dropped" in r.stdout, r.stdout[-2000:]
     assert f"notice: train: 3 of 100 {unit} truncated (docs/data.md): " in r.stdout + r.stderr
     train = json.loads((out / "run_summary.json").read_text())["data"]["train"]
     assert train["truncated_examples"] == 3 and train["dropped_examples"] == 0 and train["dropped_rounds"] >= 3
