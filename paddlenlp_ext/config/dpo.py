@@ -182,21 +182,17 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
         p.append(f"{where}: metric_for_best_model {best!r} is not a {name} eval metric; use one of "
                  f"{', '.join(best_metrics)}")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
+    from .data_checks import dataset_dir_problems, is_entry, named_dataset_problems
+
+    p += dataset_dir_problems(d.dataset_dir, where) if name in ("DPO", "reward") else []
     for flag, key, split in ((do_train, "train_dataset_path", "train"), (do_eval, "dev_dataset_path", "dev")):
         path = getattr(o, key)
         if not flag:
             continue
         if not path:
             p.append(f"{where}: {key} is required with do_{'train' if split == 'train' else 'eval'}")
-        elif d.dataset_dir is not None and name in ("DPO", "reward"):  # names of dataset_info.json (data_checks)
-            from .data_checks import dataset_dir_problems, is_entry, named_dataset_problems
-
-            p += dataset_dir_problems(d.dataset_dir, where) if split == "train" else []
-            if is_entry(path, d.dataset_dir):
-                p += named_dataset_problems(path, d.dataset_dir, where, ranking=True)
-            elif not os.path.exists(path):
-                p.append(f"{where}: {key} {path!r} is neither a dataset of {d.dataset_dir}/dataset_info.json nor a "
-                         "file or directory")
+        elif name in ("DPO", "reward") and is_entry(path, d.dataset_dir):  # a name of dataset_info.json
+            p += named_dataset_problems(path, d.dataset_dir, where, ranking=True)
         elif os.path.isdir(path):
             from ..data.reader import find_split_files
 
@@ -204,5 +200,6 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
                 p.append(f"{where}: {key} {path!r} is a directory without {split}.json or {split}/*.json")
         elif not os.path.isfile(path):
             p.append(f"{where}: {key} {path!r} does not exist (a JSON-lines file or a directory with "
-                     f"{split}.json)")
+                     f"{split}.json" + (f", or a dataset of {d.dataset_dir}/dataset_info.json" if d.dataset_dir
+                                        and name in ("DPO", "reward") else "") + ")")
     return p
