@@ -146,3 +146,20 @@ def test_grpo_prompt_drops_the_oldest_round_then_keeps_its_end():
     assert truncated and dropped == 1 and words(tok, ids) == ["<user>", "q2", "c", "d", "e", "</s>", "<assistant>"]
     ids, truncated, dropped = fit_prompt(rec, r, 4)  # then from the left
     assert words(tok, ids) == ["d", "e", "</s>", "<assistant>"]
+
+
+def test_long_multi_turn_pair_of_the_e2e_file_keeps_exactly_the_last_question(tiny_tokenizer, tmp_path):
+    """One of the 3% long pairs of tests/test_long_pairs_e2e.py with the tiny Llama's tokenizer (no template):
+    the three history rounds go, the last question and both answers stay whole."""
+    from paddlenlp_ext.dpo.data import read_preference_files, tokenize_preference_examples
+    from test_long_pairs_e2e import dpo_records
+
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(dpo_records()[:10]))
+    pairs, st = tokenize_preference_examples(read_preference_files([str(path)]), tiny_tokenizer, 256, 128, False)
+    enc = lambda t: tiny_tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    bos, eos = tiny_tokenizer.bos_token_id, tiny_tokenizer.eos_token_id
+    assert pairs[7]["prompt"] == [bos] + enc("What color is item 7?")
+    assert pairs[7]["chosen"] == enc("Item 7 is gray.") + [eos] and pairs[7]["rejected"] == enc("I cannot say.") + [eos]
+    assert st["truncated_examples"] == 1 and st["dropped_rounds"] == 3 and st["truncated_prompts"] == 0
+    assert pairs[6]["prompt"] == [bos] + enc("What color is item 6?")  # a short pair: untouched
