@@ -73,6 +73,8 @@ def test_config_line_for_fine_tuning_and_dpo_reports():
     dpo = {"train": {"pairs": 32, "tokens": 5118, "packing": "in_order", "padding_ratio": 0.167}}
     assert con.config_line("m/", "full", 5, 5, dpo).endswith("train 32 pairs, 5,118 tokens | packing in_order, "
                                                             "padding 16.7%")
+    dpo["train"].update(truncated_examples=3, dropped_examples=0)  # the truncation policy's counts
+    assert "train 32 pairs, 5,118 tokens, 3 truncated, 0 dropped | packing" in con.config_line("m/", "full", 5, 5, dpo)
 
 
 def test_final_table_fine_tuning_and_dpo():

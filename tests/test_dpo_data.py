@@ -130,25 +130,31 @@ def test_fit_pair_truncation_rules():
     assert prompt == [1, 8]
     assert (c, r) == ([20, 21, 22], [30, 31, 2])  # rest 6: chosen int(5/8*6)=3, rejected the other 3
     assert info == {"truncated_prompt": True, "truncated_response": True, "dropped_rounds": 0}
-    with pytest.raises(ValueError, match="cannot fit"):
-        fit_pair([1, 2, 3], [], [5], [6, 2], [7, 2], 5, 4)
+    # a prefix longer than the prompt budget: the prompt keeps its last tokens (no refusal), the answers the rest
+    assert fit_pair([1, 2, 3], [], [5], [6, 2], [7, 2], 5, 4)[:3] == ([2, 3, 5], [6], [7])
+    # the reported case: a long multi-turn history is cut (oldest round first) before the prompt, so the
+    # prompt is bounded by max_prompt_len history included and the pair always fits
+    history = [[10] * 300, [11] * 300]
+    prompt, c, r, info = fit_pair([1], history, [5] * 80, [6] * 100 + [2], [7] * 50 + [2], 512, 256)
+    assert prompt == [1] + [5] * 80 and (c, r) == ([6] * 100 + [2], [7] * 50 + [2])
+    assert info == {"truncated_prompt": False, "truncated_response": False, "dropped_rounds": 2}
 
 
-def test_truncation_counted_and_unfittable_pair_names_line(tiny_tokenizer, tmp_path):
+def test_truncation_counted_and_every_pair_fits(tiny_tokenizer, tmp_path):
     long = " ".join(["word"] * 60)
     path = _write(tmp_path, [
         json.dumps({"src": "short question", "tgt": [], "response": ["yes", "no"], "sort": [1, 0]}),
         json.dumps({"src": long, "tgt": [], "response": [long, "no"], "sort": [1, 0]}),
     ])
     exs = read_preference_files([path])
-    pairs, st = tokenize_preference_examples(exs, tiny_tokenizer, 32, 8, False)
+    pairs, st = tokenize_preference_examples(exs, tiny_tokenizer, 32, 16, False)  # "short question": 12 tokens
     assert st["pairs"] == 2 and st["truncated_prompts"] == 1 and st["truncated_responses"] == 1
+    assert st["truncated_examples"] == 1 and st["dropped_examples"] == 0
     assert all(len(p["prompt"]) + len(p["chosen"]) + len(p["rejected"]) <= 32 for p in pairs)
-    assert len(pairs[1]["prompt"]) == 8
-    with pytest.raises(DataError) as ei:
-        tokenize_preference_examples(exs, tiny_tokenizer, 32, 40, False)
-    assert ei.value.problems[0].startswith(f"{path}:2: cannot fit")
-    assert len(ei.value.problems) == 1
+    assert len(pairs[1]["prompt"]) == 16 and len(pairs[0]["prompt"]) == 12
+    # max_prompt_len 40 > what 32 leaves for two answers: the prompt gets 30, each answer keeps a token
+    pairs, st = tokenize_preference_examples(exs, tiny_tokenizer, 32, 40, False)
+    assert len(pairs[1]["prompt"]) == 30 and len(pairs[1]["chosen"]) == 1 and len(pairs[1]["rejected"]) == 1
 
 
 def _check_batch_against_unpacked(batch, pairs_in_order):

@@ -105,3 +105,54 @@ def test_cli_eval_with_do_generation(tiny_model_dir, tmp_path):
     assert {k: s[k] for k in expected} == pytest.approx(expected)
     assert "generation eval: eval_exact_match 0.0000, eval_bleu4 0.2656, eval_rouge_l 0.7273" in r.stdout
     assert json.loads((out / "eval_results.json").read_text())["eval_bleu4"] == pytest.approx(expected["eval_bleu4"])
+
+
+def test_prompt_and_reference_every_format():
+    from paddlenlp_ext.data.conversation import Renderer
+    from paddlenlp_ext.data.formats import parse_record
+    from paddlenlp_ext.evaluation.generation import prompt_and_reference
+    from test_formats import SIMPLE, Tok
+
+    tok = Tok()
+    no_template = Renderer(tok, 64, 64, False)
+    msgs = {"messages": [{"role": "user", "content": "color#red"}, {"role": "assistant", "content": "Red."},
+                         {"role": "user", "content": "type#dress"}, {"role": "assistant", "content": "A dress."}]}
+    ex = Example(src=["color#red", "type#dress"], tgt=["Red.", "A dress."], origin="d:1")
+    want = prompt_and_reference(ex, no_template)
+    assert want[1:] == ("A dress.", "type#dress")
+    for rec in (msgs, {"conversations": [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]}
+                                         for m in msgs["messages"]]},
+                {"instruction": "type#dress", "output": "A dress.", "history": [["color#red", "Red."]]}):
+        assert prompt_and_reference(parse_record(rec, "auto", "d:1"), no_template) == want  # same as src/tgt
+    jinja = Renderer(tok, 64, 64, False, {False: SIMPLE}, Tok.special_tokens_map, train_on_prompt=True)
+    ids, ref, _ = prompt_and_reference(parse_record(msgs, "auto", "d:1"), jinja)
+    inv = {v: k for k, v in tok.vocab.items()}
+    assert [inv[i] for i in ids] == ["<user>", "color#red", "</s>", "<assistant>", "Red.", "</s>", "<user>",
+                                     "type#dress", "</s>", "<assistant>"] and ref == "A dress."
+
+
+@pytest.mark.slow
+def test_cli_eval_with_do_generation_on_a_messages_dev_file(tiny_model_dir, tmp_path):
+    """The CLI test above with OpenAI messages files: the same prompts (no template), so the same metrics."""
+    from test_e2e import run_cli, summary
+
+    data = tmp_path / "data"
+    data.mkdir()
+    src = "type#dress*color#red"
+
+    def rec(answer):
+        return json.dumps({"messages": [{"role": "user", "content": src}, {"role": "assistant", "content": answer}]})
+
+    (data / "train.jsonl").write_text(rec("A red dress.") + "\n")
+    (data / "dev.jsonl").write_text((rec("A red dress, size M.") + "\n") * 3)
+    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "30", "--warmup_steps", "0",
+                     "--learning_rate", "0.01", "--per_device_train_batch_size", "3", "--eval_before_train", "false",
+                     "--max_length", "48", "--src_length", "24", "--eval_with_do_generation", "true",
+                     "--save_generation_output", "true", "--top_k", "5", "--top_p", "0.9",
+                     "--dataset_name_or_path", data, name="gen")
+    preds = [json.loads(line) for line in (out / "generated_predictions.json").read_text().splitlines()]
+    assert [(p["prediction"], p["reference"], p["src"]) for p in preds] == [("A red dress.", "A red dress, size M.",
+                                                                            src)] * 3
+    expected = {"eval_exact_match": 0.0, "eval_bleu4": 0.1 ** 0.25 * math.exp(-0.75), "eval_rouge_l": 8 / 11}
+    s = summary(out)
+    assert {k: s[k] for k in expected} == pytest.approx(expected)

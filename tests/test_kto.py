@@ -149,7 +149,7 @@ def test_packed_equals_unpacked_loss_and_gradients(tiny_model_dir, kto_pairs, ti
             results.append((len(rows), float(loss), grads, ref, float(z0)))
     (rows_u, loss_u, g_u, _, z_u), (rows_p, loss_p, g_p, _, z_p) = results
     assert rows_p < rows_u == n  # really packed
-    assert z_u > 0 and abs(z_u - z_p) < 1e-5
+    assert z_u > 0 and abs(z_u - z_p) < 5e-5  # float32 sums over differently laid-out rows
     assert abs(loss_u - loss_p) < 1e-5, (loss_u, loss_p)
     assert g_u.keys() == g_p.keys() and len(g_u) > 5
     worst = max(float(np.abs(g_u[k] - g_p[k]).max()) for k in g_u)

@@ -4,6 +4,7 @@
 import os
 from typing import List
 
+from ..data.dataset_info import DatasetInfoError, INFO_FILE, is_entry, lookup
 from ..data.mixture import split_sources
 from ..data.reader import find_split_files
 from .problems import Problem
@@ -12,10 +13,12 @@ from .problems import Problem
 def dataset_path_problems(d, do_train: bool, do_eval: bool, where: str) -> List[str]:
     """``dataset_name_or_path``: each comma-separated source is a directory (train/dev files as
     PaddleNLP's layout) or one data file (train only); ``dataset_weights`` / ``mix_strategy`` fit them."""
-    p: List[str] = []
+    p: List[str] = dataset_dir_problems(d.dataset_dir, where)
     sources = split_sources(d.dataset_name_or_path)
     for src in sources:
-        if os.path.isfile(src):
+        if is_entry(src, d.dataset_dir):  # a name of dataset_info.json (data/dataset_info.py)
+            p += named_dataset_problems(src, d.dataset_dir, where, ranking=False, dev=do_eval)
+        elif os.path.isfile(src):
             if do_eval:
                 p.append(Problem(f"{where}: dataset_name_or_path {src!r} is one file (the train split); do_eval "
                                  "needs a directory with train and dev files", "data_dir"))
@@ -43,6 +46,35 @@ def dataset_path_problems(d, do_train: bool, do_eval: bool, where: str) -> List[
     return p
 
 
+def dataset_dir_problems(dataset_dir, where: str) -> List[str]:
+    """``dataset_dir`` is a directory holding ``dataset_info.json`` (LLaMA-Factory's layout)."""
+    if dataset_dir is None:
+        return []
+    if not os.path.isfile(os.path.join(dataset_dir, INFO_FILE)):
+        return [Problem(f"{where}: dataset_dir {dataset_dir!r} has no {INFO_FILE} (looked for "
+                        f"{os.path.abspath(os.path.join(dataset_dir, INFO_FILE))})", "data_dir")]
+    return []
+
+
+def named_dataset_problems(name: str, dataset_dir: str, where: str, ranking: bool, dev: bool = False) -> List[str]:
+    """A ``dataset_info.json`` entry used by name: usable here (local files, its formatting and columns), a
+    preference (``ranking``) entry exactly where pairs are trained, and one split only (the train split)."""
+    try:
+        entry = lookup(name, dataset_dir)
+    except DatasetInfoError as e:
+        return [f"{where}: {e}"]
+    p = []
+    if entry.ranking != ranking:
+        p.append(f"{where}: {name!r} in {dataset_dir}/{INFO_FILE} is " + (
+            "a preference dataset (ranking: true); train it with llm/run_dpo.py or llm/run_reward.py"
+            if entry.ranking else "not a preference dataset (no \"ranking\": true); DPO and reward models train "
+            "on chosen / rejected pairs"))
+    if dev:
+        p.append(f"{where}: {name!r} names a dataset_info.json entry, which is one split (train); do_eval needs a "
+                 "directory with train and dev files as dataset_name_or_path (or set do_eval false)")
+    return p
+
+
 def data_format_problems(d, where: str) -> List[str]:
     """The dataset-format keys: known ``dataset_columns`` names (string values), ``autoregressive`` without
     generation eval or a jinja-only option."""
@@ -50,7 +82,7 @@ def data_format_problems(d, where: str) -> List[str]:
 
     p = []
     if d.dataset_columns is not None:
-        known = set(DEFAULT_COLUMNS) | set(DEFAULT_TAGS) | {"messages"}
+        known = set(DEFAULT_COLUMNS) | set(DEFAULT_TAGS) | {"messages", "chosen", "rejected", "kto_tag"}
         for key, val in d.dataset_columns.items():
             if key not in known:
                 p.append(f"{where}: dataset_columns has unknown name {key!r}; known: {', '.join(sorted(known))}")

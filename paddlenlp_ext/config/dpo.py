@@ -102,11 +102,11 @@ def dpo_problems(cfg, where: str) -> List[str]:
     if o.loss_type == "grpo":  # llm/run_grpo.py (schema.GRPOArgument): config/grpo.py
         from .grpo import grpo_problems
 
-        return grpo_problems(cfg, where)
+        return grpo_problems(cfg, where) + unread_dataset_dir(cfg, where, "GRPO")
     if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
         from .kto import kto_problems
 
-        return kto_problems(cfg, where)
+        return kto_problems(cfg, where) + unread_dataset_dir(cfg, where, "KTO")
     if o.loss_type == "reward":  # llm/run_reward.py (schema.RewardArgument): config/reward.py
         from .reward import reward_problems
 
@@ -124,6 +124,14 @@ def dpo_problems(cfg, where: str) -> List[str]:
     if o.pref_loss_ratio == 0 and o.sft_loss_ratio == 0:
         p.append(f"{where}: pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
     return p + preference_problems(cfg, where, "DPO", DPO_BEST_METRICS)
+
+
+def unread_dataset_dir(cfg, where: str, name: str) -> List[str]:
+    """dataset_dir names datasets for fine-tuning, DPO and reward models only: refused elsewhere, not ignored."""
+    if cfg.data.dataset_dir is None:
+        return []
+    return [f"{where}: dataset_dir (LLaMA-Factory's dataset_info.json) is read by llm/run_finetune.py, run_dpo.py and "
+            f"run_reward.py; {name} reads train_dataset_path as a file or directory: remove dataset_dir"]
 
 
 def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
@@ -174,12 +182,17 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
         p.append(f"{where}: metric_for_best_model {best!r} is not a {name} eval metric; use one of "
                  f"{', '.join(best_metrics)}")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
+    from .data_checks import dataset_dir_problems, is_entry, named_dataset_problems
+
+    p += dataset_dir_problems(d.dataset_dir, where) if name in ("DPO", "reward") else []
     for flag, key, split in ((do_train, "train_dataset_path", "train"), (do_eval, "dev_dataset_path", "dev")):
         path = getattr(o, key)
         if not flag:
             continue
         if not path:
             p.append(f"{where}: {key} is required with do_{'train' if split == 'train' else 'eval'}")
+        elif name in ("DPO", "reward") and is_entry(path, d.dataset_dir):  # a name of dataset_info.json
+            p += named_dataset_problems(path, d.dataset_dir, where, ranking=True)
         elif os.path.isdir(path):
             from ..data.reader import find_split_files
 
@@ -187,5 +200,6 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
                 p.append(f"{where}: {key} {path!r} is a directory without {split}.json or {split}/*.json")
         elif not os.path.isfile(path):
             p.append(f"{where}: {key} {path!r} does not exist (a JSON-lines file or a directory with "
-                     f"{split}.json)")
+                     f"{split}.json" + (f", or a dataset of {d.dataset_dir}/dataset_info.json" if d.dataset_dir
+                                        and name in ("DPO", "reward") else "") + ")")
     return p

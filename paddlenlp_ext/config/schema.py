@@ -113,6 +113,9 @@ class DataArgument:
         None, "Directory with train.json/dev.json (or .jsonl/.parquet/.txt) or train/*, dev/*; or one data file "
         "(the train split); several sources separated by commas mix (mix_strategy). Formats: docs/data.md."
     )
+    dataset_dir: Optional[str] = _f(
+        None, "Directory of a LLaMA-Factory dataset_info.json: dataset_name_or_path (and DPO / reward models' "
+        "train_dataset_path, dev_dataset_path) may then name its entries (local files; docs/data.md).")
     dataset_weights: Optional[List[float]] = _f(
         None, "Proportions of the sources when dataset_name_or_path lists several (comma-separated), e.g. [0.7, 0.3]; "
         "needs mix_strategy interleave_under or interleave_over.")

@@ -31,6 +31,7 @@ from .chat_template import TemplateRenderError, render
 from .formats.convo import Conversation, TextDoc
 from .reader import Example
 from .tokenize import IGNORE_INDEX, _encode
+from .truncation import fit_segments
 
 
 def _common_prefix(a: List[int], b: List[int]) -> int:
@@ -74,6 +75,10 @@ def conversation_tokens(conv: Conversation, tokenizer, source: str, special: Dic
                         ) -> Tuple[List[int], List[bool]]:
     """(token ids of the rendered conversation, supervised flag per token)."""
     full, spans = char_spans(conv, source, special, train_on_prompt)
+    return _tokens_and_mask(tokenizer, full, spans, train_on_prompt)
+
+
+def _tokens_and_mask(tokenizer, full: str, spans, train_on_prompt: bool) -> Tuple[List[int], List[bool]]:
     ids = _encode(tokenizer, full)
     mask = [train_on_prompt] * len(ids)
     for start, end, want in spans:
@@ -84,6 +89,86 @@ def conversation_tokens(conv: Conversation, tokenizer, source: str, special: Dic
         for k in range(a, b):
             mask[k] = want
     return ids, mask
+
+
+def _token_at(tokenizer, full: str, pos: int, ids: List[int]) -> int:
+    """Index of the first token of ``ids`` (the tokens of ``full``) that starts at or after character ``pos``."""
+    return _common_prefix(_encode(tokenizer, full[:pos]), ids) if pos else 0
+
+
+def user_bounds(conv: Conversation, n: int, tokenizer, source: str, special: Dict, full: str, ids: List[int],
+                limit: int) -> List[int]:
+    """Token index where each user turn among ``conv.messages[:n]`` starts in ``ids`` (the tokens of the
+    rendering ``full``), increasing and at most ``limit``; ``[0]`` when none can be placed (a template that
+    renders a cut conversation differently merges those rounds)."""
+    msgs = [m.as_template_dict() for m in conv.messages]
+    bounds: List[int] = []
+    for i, m in enumerate(conv.messages[:n]):
+        if m.role != "user":
+            continue
+        try:
+            text = render(source, msgs[:i], conv.tools, False, special) if i else ""
+        except TemplateRenderError:
+            continue
+        if full.startswith(text):
+            k = _token_at(tokenizer, full, len(text), ids)
+            if (not bounds or k > bounds[-1]) and k <= limit:
+                bounds.append(k)
+    return bounds or [0]
+
+
+def answer_segments(conv: Conversation, answer, tokenizer, source: str, special: Dict
+                    ) -> Tuple[List[int], List[List[int]], List[int], List[int]]:
+    """``(prefix, history rounds, last, answer)`` token segments of ``conv`` + the ``answer`` message rendered
+    by the jinja ``source`` (tokenized once, as :func:`conversation_tokens`): ``prefix`` up to the first user
+    turn (system, tools), one history round per earlier user turn (with the assistant and tool turns after
+    it), ``last`` the final round up to the answer's header, ``answer`` its content and end-of-turn token --
+    the segments :func:`~.truncation.fit_segments` cuts.  Their concatenation is a prefix of the ids of
+    the whole rendering (what follows the answer's end-of-turn token, e.g. a newline, is left out)."""
+    full_conv = Conversation(list(conv.messages) + [answer], tools=conv.tools, origin=conv.origin)
+    full, spans = char_spans(full_conv, source, special, False)
+    start, end, _ = spans[-1]  # the last assistant message: the answer
+    ids = _encode(tokenizer, full)
+    a = _token_at(tokenizer, full, start, ids)
+    upto = _encode(tokenizer, full[:end])
+    b = _common_prefix(upto, ids)
+    b = b if b == len(upto) else min(b + 1, len(ids))
+    bounds = user_bounds(conv, len(conv.messages), tokenizer, source, special, full, ids, a)
+    rounds = [ids[x:y] for x, y in zip(bounds, bounds[1:])]
+    return ids[: bounds[0]], rounds, ids[bounds[-1]: a], ids[a:b]
+
+
+def fit_conversation(conv: Conversation, tokenizer, source: str, special: Dict, train_on_prompt: bool,
+                     max_length: int, src_length: int) -> Tuple[Optional[Dict], bool, int]:
+    """A rendered conversation -> ``(feature or None, truncated, dropped_rounds)`` by the one truncation policy
+    (:mod:`.truncation`, fine-tuning's form): a conversation of at most ``max_length`` tokens is whole; a longer
+    one loses its oldest rounds (user turn + the answers after it) while it does not fit, the last prompt
+    (system / tools + the last round up to the last answer) is cut from the left to ``src_length`` tokens,
+    then the last answer loses its tail.  None: no learned token is left (the example is dropped, and counted)."""
+    full, spans = char_spans(conv, source, special, train_on_prompt)
+    ids, mask = _tokens_and_mask(tokenizer, full, spans, train_on_prompt)
+    if len(ids) <= max_length:
+        return shift_and_fit(ids, mask, max_length, conv.origin)[0], False, 0
+    last = max(i for i, m in enumerate(conv.messages) if m.role == "assistant")
+    msgs = [m.as_template_dict() for m in conv.messages]
+    head = render(source, msgs[:last], conv.tools, True, special)
+    if not full.startswith(head):  # the template renders the cut conversation differently: keep a window
+        try:
+            return shift_and_fit(ids, mask, max_length, conv.origin)[0], True, 0
+        except ValueError:
+            return None, True, 0
+    a = _token_at(tokenizer, full, len(head), ids)
+    pos = list(range(len(ids)))
+    bounds = user_bounds(conv, last, tokenizer, source, special, full, ids, a)
+    rounds = [pos[x:y] for x, y in zip(bounds, bounds[1:])]
+    prompt, (answer,), info = fit_segments(pos[: bounds[0]], rounds, pos[bounds[-1]: a], [pos[a:]], max_length,
+                                           min(src_length, max_length - 1), bound_history=False)
+    keep = prompt + answer
+    w_ids, w_mask = [ids[k] for k in keep], [mask[k] for k in keep]
+    labels = [t if m else IGNORE_INDEX for t, m in zip(w_ids[1:], w_mask[1:])]
+    if all(x == IGNORE_INDEX for x in labels):
+        return None, True, info["dropped_rounds"]
+    return {"input_ids": w_ids[:-1], "labels": labels}, True, info["dropped_rounds"]
 
 
 def shift_and_fit(ids: List[int], mask: List[bool], max_length: int, origin: str) -> Tuple[Dict, bool]:
@@ -180,9 +265,9 @@ class Renderer:
         if isinstance(item, Conversation):
             source = self.templates.get(bool(item.tools)) or self.templates.get(False)
             if source:
-                ids, mask = conversation_tokens(item, self.tokenizer, source, self.special, self.train_on_prompt)
-                feat, truncated = shift_and_fit(ids, mask, self.max_length, item.origin)
-                return [feat], truncated, 0
+                feat, truncated, dropped = fit_conversation(item, self.tokenizer, source, self.special,
+                                                            self.train_on_prompt, self.max_length, self.src_length)
+                return ([feat] if feat is not None else []), truncated, dropped
             item = to_example(item)
         feat, truncated, dropped = tokenize_example(item, self.tokenizer, self.src_length, self.max_length,
                                                     self.use_paddle_template)

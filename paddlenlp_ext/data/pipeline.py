@@ -14,6 +14,7 @@ from .conversation import Renderer
 from .formats.detect import parse_stream_line, read_items
 from .formats.files import streamable
 from .mixture import mixture_order, split_sources
+from .dataset_info import DatasetInfoError, is_entry, lookup
 from .reader import DataError, dataset_files
 from .streaming import StreamingPackedDataset
 from .tokenize import TokenizeStats, length_histogram, resolve_chat_template
@@ -43,7 +44,7 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
     The report counts, per source file, its format, the records read and how many were truncated
     (``sources``), besides the totals of :class:`~.tokenize.TokenizeStats`."""
     stats = TokenizeStats()
-    sources = {f: {"format": fmt, "examples": 0, "truncated": 0} for f, fmt in formats.items()}
+    sources = {f: {"format": fmt, "examples": 0, "truncated": 0, "dropped": 0} for f, fmt in formats.items()}
     out = []
     for item in items:
         try:
@@ -57,8 +58,28 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
         if src is not None:
             src["examples"] += 1
             src["truncated"] += int(truncated)
+            src["dropped"] += int(not feats)
+        stats.dropped_examples += int(not feats)  # no learned token left after truncation: left out, counted
         out.extend(feats)
+    empty = [f for f, v in sources.items() if v["examples"] and v["dropped"] == v["examples"]]
+    if empty:  # the one refusal for length: nothing in a file fits
+        raise DataError([f"{f}: no example of this file keeps a learned token within max_length={renderer.max_length} "
+                         "after truncation; raise max_length (or lower src_length)" for f in empty])
     return out, stats, sources
+
+
+def source_files(src: str, split: str, d):
+    """``(files, dataset_format, dataset_columns)`` of one source of ``dataset_name_or_path``: a directory or
+    file (the run's format and columns), or the name of a ``dataset_dir/dataset_info.json`` entry (its files as
+    the train split, its formatting, its columns and tags over the run's; :mod:`.dataset_info`)."""
+    dataset_dir = getattr(d, "dataset_dir", None)
+    if is_entry(src, dataset_dir):
+        try:
+            entry = lookup(src, dataset_dir)
+        except DatasetInfoError as e:
+            raise DataError([str(e)]) from None
+        return (entry.files if split == "train" else []), entry.format, {**(d.dataset_columns or {}), **entry.columns}
+    return dataset_files(src, split), d.dataset_format, d.dataset_columns
 
 
 def tokenize_split(cfg, tokenizer, split: str, use_template: bool, renderer: Optional[Renderer] = None, seed: int = 0):
@@ -70,10 +91,10 @@ def tokenize_split(cfg, tokenizer, split: str, use_template: bool, renderer: Opt
     per_source, files, formats, stats = [], [], {}, TokenizeStats()
     sources = split_sources(d.dataset_name_or_path)
     for src in sources:
-        src_files = dataset_files(src, split)
+        src_files, fmt, columns = source_files(src, split, d)
         if not src_files:
             continue  # config checks: a needed split exists in every source
-        items, src_formats = read_items(src_files, d.dataset_format, d.dataset_columns)
+        items, src_formats = read_items(src_files, fmt, columns)
         feats, src_stats, by_file = tokenize_items(items, renderer, src_formats)
         per_source.append(feats)
         files += src_files
@@ -102,7 +123,7 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
     reports, train, dev = {}, None, None
     renderer = make_renderer(cfg, tokenizer, use_template)
     if do_train and d.lazy:
-        files = dataset_files(d.dataset_name_or_path, "train")
+        files, fmt, columns = source_files(d.dataset_name_or_path, "train", d)
         whole = [f for f in files if not streamable(f)]
         if whole:
             raise DataError([f"{whole[0]}: lazy=true streams JSON lines and .txt files; this file is a JSON array or "
@@ -111,7 +132,7 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
             files, partial(_tokenize_streamed, renderer=renderer),
             d.max_length, tokenizer.pad_token_id, greedy=d.greedy_zero_padding, group_size=d.greedy_group_size,
             seed=seed, start=resume_cursor, packed=d.zero_padding,
-            parse=partial(parse_stream_line, fmt=d.dataset_format, columns=d.dataset_columns),
+            parse=partial(parse_stream_line, fmt=fmt, columns=columns),
         )
         reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
                             "packing": ("greedy" if d.greedy_zero_padding else "in_order") if d.zero_padding else "none"}

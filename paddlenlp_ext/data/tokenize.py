@@ -6,8 +6,10 @@ Pure functions over a tokenizer object (never the model).  Rules:
   turn is rendered by PaddleNLP's ``encode_chat_inputs``; without one a row is
   ``[bos] + system + src_1 + tgt_1 + eos + src_2 + tgt_2 + eos ...``.
 * Prompt tokens (bos, system, every src) get label -100; EOS closes each target.
-* Each src is truncated to ``src_length`` tokens, the whole to ``max_length``
-  tokens; multi-turn keeps the latest rounds that fit and always the last one.
+* The one truncation policy (docs/data.md, :mod:`.truncation`): multi-turn keeps the latest rounds that
+  fit ``max_length`` and always the last one (the oldest go first); each src is cut from the LEFT to
+  ``src_length`` tokens (its end -- the question's last words, a template's assistant header -- stays);
+  then the last target loses its tail to fit ``max_length``.
 * Labels are shifted here (``input_ids = tokens[:-1]``, ``labels = tokens[1:]``)
   because PaddleNLP's causal-LM criteria do not shift.
 """
@@ -25,6 +27,7 @@ class TokenizeStats:
     examples: int = 0
     truncated_examples: int = 0
     dropped_rounds: int = 0  # earlier turns of multi-turn examples that did not fit
+    dropped_examples: int = 0  # examples with no learned token left after truncation (left out, counted)
     tokens: int = 0  # input tokens (after shift)
     supervised_tokens: int = 0
     lengths: List[int] = field(default_factory=list)
@@ -40,7 +43,8 @@ class TokenizeStats:
 
     def merge(self, other: "TokenizeStats") -> None:
         """Add another split's counts (several sources)."""
-        for key in ("examples", "truncated_examples", "dropped_rounds", "tokens", "supervised_tokens"):
+        for key in ("examples", "truncated_examples", "dropped_rounds", "dropped_examples", "tokens",
+                    "supervised_tokens"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         self.lengths += other.lengths
 
@@ -49,6 +53,7 @@ class TokenizeStats:
             "examples": self.examples,
             "truncated_examples": self.truncated_examples,
             "dropped_rounds": self.dropped_rounds,
+            "dropped_examples": self.dropped_examples,
             "tokens": self.tokens,
             "supervised_tokens": self.supervised_tokens,
             "supervised_fraction": round(self.supervised_tokens / max(self.tokens, 1), 4),
@@ -86,7 +91,7 @@ def fit_turns(
     """Truncate and concatenate: returns (tokens, labels_unshifted, truncated, dropped_rounds).
 
     Worked example, src_length=2, max_length=8, prefix=[1]:
-    turns [([5,5,5], [6,2]), ([7], [8,2])] -> the first src is cut to [5,5]
+    turns [([4,5,5], [6,2]), ([7], [8,2])] -> the first src is cut from the left to [5,5]
     (src_length) and the whole ``1 5 5 6 2 7 8 2`` is exactly 8 tokens:
     tokens [1,5,5,6,2,7,8,2], labels [-100,-100,-100,6,2,-100,8,2], truncated=True.
     With max_length=5 only the last round fits: tokens [1,7,8,2],
@@ -95,8 +100,8 @@ def fit_turns(
     truncated = False
     cut = []
     for s, t in turns:
-        if len(s) > src_length:
-            s, truncated = s[:src_length], True
+        if len(s) > src_length:  # from the left: the end of the question (and a template's header) stays
+            s, truncated = s[len(s) - src_length:], True
         cut.append((s, t))
     budget = max_length - len(prefix)
     last_s, last_t = cut[-1]
@@ -107,7 +112,7 @@ def fit_turns(
         truncated = True
         keep_t = max(budget - len(last_s), 1)
         last_t = last_t[:keep_t]
-        last_s = last_s[: budget - len(last_t)]
+        last_s = last_s[len(last_s) - (budget - len(last_t)):]
     kept = [(last_s, last_t)]
     used = len(last_s) + len(last_t)
     for s, t in reversed(cut[:-1]):

@@ -22,10 +22,14 @@ from numbers import Real
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..data.binpack import DEFAULT_GROUP_SIZE
+from ..data.chat_template import find_template, special_tokens_of
+from ..data.conversation import answer_segments
+from ..data.dataset_info import DatasetInfoError, is_entry, lookup
 from ..data.formats import preference
 from ..data.formats.files import parse_records
 from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, json_line
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
+from ..data.truncation import fit_segments
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
 
 __all__ = [
@@ -49,15 +53,25 @@ class PreferenceExample:
     rejected: str
     system: Optional[str] = None
     origin: str = ""  # "file:line"
+    # a pair with tool calls / tool results / tools (rendered by a jinja template): the prompt conversation
+    # and the (chosen, rejected) assistant messages; src / tgt then hold only the texts, for reports
+    conversation: Optional[Any] = field(default=None, repr=False)
+    answers: Optional[Tuple[Any, Any]] = field(default=None, repr=False)
 
 
-def _problems_of(obj, origin: str = "") -> Tuple[List[str], Optional[PreferenceExample]]:
-    if preference.matches(obj):  # LLaMA-Factory / OpenAI forms: conversations or messages + chosen / rejected
+def _problems_of(obj, origin: str = "", columns=None) -> Tuple[List[str], Optional[PreferenceExample]]:
+    if preference.matches(obj, columns):  # LLaMA-Factory / OpenAI forms: conversations or messages + chosen / rejected
         try:
-            system, src, tgt, chosen, rejected = preference.convert(obj, origin)
+            conv, chosen, rejected = preference.convert_pair(obj, origin, columns)
         except ValueError as e:
             return [str(e)[len(origin) + 2:] if str(e).startswith(f"{origin}: ") else str(e)], None
-        return [], PreferenceExample(src=src, tgt=tgt, chosen=chosen, rejected=rejected, system=system)
+        plain = preference.plain_turns(conv, chosen, rejected)
+        if plain is None:  # tool calls and friends: the jinja template renders the conversation
+            users = [m.content for m in conv.messages if m.role == "user"]
+            return [], PreferenceExample(src=users, tgt=[], chosen=chosen.content, rejected=rejected.content,
+                                         conversation=conv, answers=(chosen, rejected))
+        system, src, tgt, c, r = plain
+        return [], PreferenceExample(src=src, tgt=tgt, chosen=c, rejected=r, system=system)
     if not isinstance(obj, dict):
         return ["expected a JSON object with 'src', 'tgt', 'response' and 'sort'"], None
     missing = [k for k in ("src", "tgt", "response", "sort") if k not in obj]
@@ -114,16 +128,17 @@ def parse_preference_line(line: str, origin: str) -> PreferenceExample:
     return preference_from_obj(json_line(line), origin)
 
 
-def preference_from_obj(obj, origin: str) -> PreferenceExample:
-    """:func:`parse_preference_line` after JSON decoding (any record of a JSON array, JSON lines or parquet)."""
-    problems, ex = _problems_of(obj, origin)
+def preference_from_obj(obj, origin: str, columns=None) -> PreferenceExample:
+    """:func:`parse_preference_line` after JSON decoding (any record of a JSON array, JSON lines or parquet);
+    ``columns``: renamed fields / role tags (a ``dataset_info.json`` entry's ``columns`` and ``tags``)."""
+    problems, ex = _problems_of(obj, origin, columns)
     if problems:
         raise ValueError("; ".join(problems))
     ex.origin = origin
     return ex
 
 
-def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
+def read_preference_files(files: Sequence[str], columns=None) -> List[PreferenceExample]:
     """Read every non-empty line of ``files``; all bad lines are raised together as DataError.
 
     A file ``f`` whose line 2 is ``{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 1]}``
@@ -133,7 +148,7 @@ def read_preference_files(files: Sequence[str]) -> List[PreferenceExample]:
     if not files:
         raise DataError(["no preference data files found"])
     # .json (array or lines), .jsonl, .parquet: each record with its line, every bad one listed
-    out: List[PreferenceExample] = parse_records(files, preference_from_obj)
+    out: List[PreferenceExample] = parse_records(files, lambda obj, origin: preference_from_obj(obj, origin, columns))
     if not out:
         raise DataError([f"{', '.join(files)}: no preference pairs (the file is empty)"])
     return out
@@ -155,59 +170,68 @@ def resolve_split_files(path: str, split: str) -> List[str]:
     raise DataError([f"{path}: no such file or directory ({split}_dataset_path)"])
 
 
-def fit_pair(prefix: List[int], history: Sequence[Tuple[List[int], List[int]]], last_src: List[int],
-             chosen: List[int], rejected: List[int], max_seq_len: int, max_prompt_len: int):
-    """Truncate one pair as PaddleNLP's ``preprocess_preference_data`` does; returns
-    ``(prompt, chosen, rejected, info)`` with ``info = {"truncated_prompt", "truncated_response",
-    "dropped_rounds"}``.  Raises ValueError when the pair cannot fit at all.
+def source_files(path: str, split: str, data_args: Any) -> Tuple[List[str], Optional[Dict[str, str]]]:
+    """``(files, columns)`` of ``train_dataset_path`` / ``dev_dataset_path``: a file or directory (columns
+    None), or the name of a ``ranking`` entry of ``dataset_dir``'s ``dataset_info.json`` (its files and its
+    columns / tags, :mod:`paddlenlp_ext.data.dataset_info`)."""
+    dataset_dir = getattr(data_args, "dataset_dir", None)
+    if is_entry(path, dataset_dir):
+        try:
+            entry = lookup(path, dataset_dir)
+        except DatasetInfoError as e:
+            raise DataError([str(e)]) from None
+        if not entry.ranking:
+            raise DataError([f"{dataset_dir}/dataset_info.json: {path!r} is not a preference dataset (no \"ranking\": "
+                             "true); DPO and reward models train on chosen / rejected pairs"])
+        return entry.files, entry.columns
+    return resolve_split_files(path, split), None
 
-    1. If ``prefix + last_src + chosen + rejected`` exceeds ``max_seq_len``, the last src is
-       cut from the LEFT (its end, e.g. the template's assistant header, stays) so that
-       ``prefix + last_src <= max_prompt_len``; the prefix (bos / system) is always kept.
-    2. If it still does not fit, the responses share the rest in proportion to their lengths
-       (chosen gets ``int(C / (C + R) * rest)``, at least 1; rejected the remainder).  A cut
-       response loses its tail, eos included (PaddleNLP would score a fake eos there).
-    3. Earlier rounds (src + tgt) are put back, latest first, whole, until one does not fit.
+
+def fit_pair(prefix: List[int], history: Sequence, last_src: List[int], chosen: List[int], rejected: List[int],
+             max_seq_len: int, max_prompt_len: int):
+    """Truncate one pair by the toolkit's one policy (:mod:`paddlenlp_ext.data.truncation`, docs/data.md);
+    returns ``(prompt, chosen, rejected, info)`` with ``info = {"truncated_prompt", "truncated_response",
+    "dropped_rounds"}``.  ``history`` is the earlier rounds, each a token list or a ``(src, tgt)`` pair.
+
+    1. earlier rounds go, the oldest first, while the prompt exceeds ``max_prompt_len`` or the pair
+       ``max_seq_len``;
+    2. then the prompt is cut from the LEFT to ``max_prompt_len`` (its end, e.g. the template's assistant
+       header, stays; the prefix -- bos / system -- stays while the question keeps a token);
+    3. then the responses share the rest in proportion to their lengths (chosen gets
+       ``int(C / (C + R) * rest)``, at least 1; rejected the remainder); a cut response loses its tail,
+       eos included (PaddleNLP would score a fake eos there).
 
     Worked example, max_seq_len=8, max_prompt_len=3, prefix [1]:
 
     >>> fit_pair([1], [([40], [41, 2])], [5, 6, 7], [8, 9, 2], [10, 2], 8, 3)
     ([1, 6, 7], [8, 9, 2], [10, 2], {'truncated_prompt': True, 'truncated_response': False, 'dropped_rounds': 1})
 
-    (prompt cut to [1, 6, 7]: 3 + 3 + 2 = 8 tokens; the earlier round [40, 41, 2] no longer fits).
+    (the earlier round [40, 41, 2] goes first, then the prompt is cut to [1, 6, 7]: 3 + 3 + 2 = 8 tokens).
     """
-    info = {"truncated_prompt": False, "truncated_response": False, "dropped_rounds": 0}
-    C, R = len(chosen), len(rejected)
-    if len(prefix) + len(last_src) + C + R > max_seq_len:
-        keep = max(max_prompt_len - len(prefix), 0)
-        if len(last_src) > keep:
-            last_src = last_src[len(last_src) - keep:]
-            info["truncated_prompt"] = True
-    core = list(prefix) + list(last_src)
-    if not core:
-        raise ValueError(f"the prompt is empty after truncation to max_prompt_len={max_prompt_len}")
-    if len(core) + C + R > max_seq_len:
-        rest = max_seq_len - len(core)
-        if rest < 2:
-            raise ValueError(f"cannot fit: the {len(core)}-token prompt (after max_prompt_len={max_prompt_len}) "
-                             f"leaves {rest} of max_seq_len={max_seq_len} for two responses (need >= 2); raise "
-                             f"max_seq_len or lower max_prompt_len")
-        c = min(max(int(C / (C + R) * rest), 1), rest - 1)
-        chosen, rejected = chosen[:c], rejected[: rest - c]
-        info["truncated_response"] = True
-    used = len(core) + len(chosen) + len(rejected)
-    kept: List[int] = []
-    for k, (s, t) in enumerate(reversed(history)):
-        if used + len(s) + len(t) > max_seq_len:
-            info["dropped_rounds"] = len(history) - k
-            break
-        kept = list(s) + list(t) + kept
-        used += len(s) + len(t)
-    return list(prefix) + kept + list(last_src), list(chosen), list(rejected), info
+    rounds = [list(h[0]) + list(h[1]) if isinstance(h, tuple) else list(h) for h in history]
+    prompt, (c, r), info = fit_segments(prefix, rounds, last_src, [chosen, rejected], max_seq_len, max_prompt_len)
+    return prompt, c, r, {"truncated_prompt": info["truncated_prompt"],
+                          "truncated_response": info["truncated_response"], "dropped_rounds": info["dropped_rounds"]}
+
+
+def _conversation_segments(ex: PreferenceExample, tokenizer, jinja):
+    """(prefix, rounds, last, chosen, rejected) of a pair with tool turns, rendered by the jinja template."""
+    conv = ex.conversation
+    templates, special = jinja or ({}, {})
+    source = templates.get(bool(conv.tools)) or templates.get(False)
+    if not source:
+        raise ValueError("tool calls, tool results and tools in a preference pair are rendered by a jinja chat "
+                         "template, and the tokenizer has none: add chat_template to its tokenizer_config.json or set "
+                         "chat_template to a jinja file")
+    pre_c, rounds_c, last_c, chosen = answer_segments(conv, ex.answers[0], tokenizer, source, special)
+    pre_r, rounds_r, last_r, rejected = answer_segments(conv, ex.answers[1], tokenizer, source, special)
+    if (pre_c, rounds_c, last_c) != (pre_r, rounds_r, last_r):
+        raise ValueError("the chat template renders the prompt differently for the two responses")
+    return pre_c, rounds_c, last_c, chosen, rejected
 
 
 def tokenize_pair(ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt_len: int,
-                  use_chat_template: bool) -> Tuple[Dict, Dict]:
+                  use_chat_template: bool, jinja=None) -> Tuple[Dict, Dict]:
     """One example -> (``{"prompt", "chosen", "rejected", "origin"}``, truncation info).
 
     The conversation is encoded by :func:`paddlenlp_ext.data.tokenize.encode_turns` (chat
@@ -216,7 +240,14 @@ def tokenize_pair(ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt
     (bos=1, eos=2; "q" -> [5], "a" -> [6], "b" -> [7]):
     ``PreferenceExample(src=["q"], tgt=[], chosen="a", rejected="b")`` ->
     ``{"prompt": [1, 5], "chosen": [6, 2], "rejected": [7, 2]}``.
+
+    A pair with tool turns (``ex.conversation``) is rendered by the jinja template of ``jinja``
+    (``({has_tools: source}, special tokens)``): :func:`~paddlenlp_ext.data.conversation.answer_segments`.
     """
+    if ex.conversation is not None:
+        prefix, rounds, last, chosen, rejected = _conversation_segments(ex, tokenizer, jinja)
+        prompt, chosen, rejected, info = fit_pair(prefix, rounds, last, chosen, rejected, max_seq_len, max_prompt_len)
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "origin": ex.origin}, info
     pre_c, turns_c = encode_turns(Example(ex.src, ex.tgt + [ex.chosen], ex.system), tokenizer, use_chat_template)
     pre_r, turns_r = encode_turns(Example(ex.src, ex.tgt + [ex.rejected], ex.system), tokenizer, use_chat_template)
     if pre_c != pre_r or [s for s, _ in turns_c] != [s for s, _ in turns_r] or turns_c[:-1] != turns_r[:-1]:
@@ -227,22 +258,23 @@ def tokenize_pair(ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt
 
 
 def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenizer, max_seq_len: int,
-                                 max_prompt_len: int, use_chat_template: bool) -> Tuple[List[Dict], Dict]:
-    """Tokenize all examples; returns (pairs, stats).  Pairs that cannot fit (or fail to
-    tokenize) are ALL raised together as DataError naming ``file:line``.
+                                 max_prompt_len: int, use_chat_template: bool, jinja=None) -> Tuple[List[Dict], Dict]:
+    """Tokenize all examples; returns (pairs, stats).  Every pair fits after truncation (:func:`fit_pair`);
+    pairs that fail to tokenize (a template error) are ALL raised together as DataError naming ``file:line``.
 
-    stats: ``pairs``, ``truncated_prompts``, ``truncated_responses``, ``dropped_rounds``,
+    stats: ``pairs``, ``truncated_examples`` (pairs cut in any way), ``dropped_examples`` (0: none is too
+    long to keep), ``truncated_prompts``, ``truncated_responses``, ``dropped_rounds``,
     ``tokens`` (prompt + chosen + rejected), ``scored_tokens`` (chosen + rejected),
     ``length_histogram``.  E.g. two fitting one-turn pairs of 4 tokens each (2 scored) ->
     ``{"pairs": 2, "truncated_prompts": 0, ..., "tokens": 8, "scored_tokens": 4, ...}``.
     """
     pairs, problems, extra = [], [], 0
-    st = {"pairs": 0, "truncated_prompts": 0, "truncated_responses": 0, "dropped_rounds": 0,
+    st = {"pairs": 0, "truncated_examples": 0, "dropped_examples": 0, "truncated_prompts": 0, "truncated_responses": 0, "dropped_rounds": 0,
           "tokens": 0, "scored_tokens": 0}
     lengths = []
     for ex in examples:
         try:
-            pair, info = tokenize_pair(ex, tokenizer, max_seq_len, max_prompt_len, use_chat_template)
+            pair, info = tokenize_pair(ex, tokenizer, max_seq_len, max_prompt_len, use_chat_template, jinja)
         except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised below with file:line
             if len(problems) < MAX_REPORTED:
                 problems.append(f"{ex.origin}: {e}")
@@ -251,6 +283,8 @@ def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenize
             continue
         n = len(pair["prompt"]) + len(pair["chosen"]) + len(pair["rejected"])
         st["pairs"] += 1
+        st["truncated_examples"] += int(info["truncated_prompt"] or info["truncated_response"]
+                                        or info["dropped_rounds"] > 0)
         st["truncated_prompts"] += int(info["truncated_prompt"])
         st["truncated_responses"] += int(info["truncated_response"])
         st["dropped_rounds"] += info["dropped_rounds"]
@@ -262,6 +296,31 @@ def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenize
         raise DataError(problems, extra)
     st["length_histogram"] = length_histogram(lengths, max_seq_len)
     return pairs, st
+
+
+def truncation_notice(split: str, stats: Dict, max_seq_len: int, max_prompt_len: int, unit: str = "pairs"
+                      ) -> Optional[str]:
+    """The log line saying how many examples the one truncation policy cut, and how (None if none was).
+
+    >>> truncation_notice("train", {"pairs": 100, "truncated_examples": 3, "dropped_rounds": 5,
+    ...                             "truncated_prompts": 1, "truncated_responses": 2}, 128, 64)  # doctest: +ELLIPSIS
+    'notice: train: 3 of 100 pairs truncated (docs/data.md): 5 earlier rounds dropped, oldest first; 1 prompt(s) ...'
+    """
+    n = stats.get("truncated_examples", 0)
+    if not n:
+        return None
+    return (f"notice: {split}: {n} of {stats.get('pairs', stats.get('examples'))} {unit} truncated (docs/data.md): "
+            f"{stats.get('dropped_rounds', 0)} earlier rounds dropped, oldest first; {stats.get('truncated_prompts', 0)} "
+            f"prompt(s) cut from the left to max_prompt_len {max_prompt_len}; {stats.get('truncated_responses', 0)} "
+            f"answer pair(s) cut at the tail to max_seq_len {max_seq_len}")
+
+
+def say(line: Optional[str]) -> None:
+    """Print a notice on the run's console (and train.log), when there is one."""
+    if line:
+        from ..training.console import current
+
+        current().line(line)
 
 
 @dataclass
@@ -288,6 +347,14 @@ def row_settings(data_args: Any, tokenizer) -> Tuple[int, int, Optional[str], bo
     return max_seq_len, max_prompt_len, packing, use_template, pad
 
 
+def pair_templates(data_args: Any, tokenizer):
+    """``({has_tools: jinja source or None}, special tokens)``: what renders pairs with tool turns (the
+    ``chat_template`` jinja file, else the tokenizer directory's template; see ``data.chat_template``)."""
+    tok_dir = getattr(tokenizer, "name_or_path", None)
+    key = getattr(data_args, "chat_template", None)
+    return {t: find_template(tok_dir, key, t) for t in (False, True)}, special_tokens_of(tokenizer)
+
+
 def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
                               seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE, dataset_cls=PreferenceDataset,
                               collator_cls=PreferenceCollator) -> PreferenceData:
@@ -307,6 +374,7 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
     ``dataset_cls`` / ``collator_cls``: subclasses adding keys to the rows and batches (reward models).
     """
     max_seq_len, max_prompt_len, packing, use_template, pad = row_settings(data_args, tokenizer)
+    jinja = pair_templates(data_args, tokenizer)
     zero_padding, greedy = packing is not None, packing == "greedy"
     out = PreferenceData(train=None, dev=None, collator=collator_cls(pad, flash_mask, max_seq_len if packing else None))
     lazy = bool(getattr(data_args, "lazy", False))
@@ -318,31 +386,35 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
             continue
         if not path:
             raise ValueError(f"{split}_dataset_path is not set")
-        files = resolve_split_files(path, split)
+        files, columns = source_files(path, split, data_args)
         if lazy and split == "train":  # streamed group by group; dev sets stay in memory (eval needs their length)
             out.train = stream_preference_pairs(files, tokenizer, max_seq_len, max_prompt_len, use_template, pad,
                                                 greedy=greedy, packed=zero_padding, group_size=group_size, seed=seed,
-                                                start=getattr(data_args, "resume_cursor", None))
+                                                start=getattr(data_args, "resume_cursor", None), jinja=jinja,
+                                                columns=columns)
             out.reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
                                     "packing": packing or "none"}
             continue
-        pairs, stats = tokenize_preference_examples(read_preference_files(files), tokenizer, max_seq_len,
-                                                    max_prompt_len, use_template)
+        pairs, stats = tokenize_preference_examples(read_preference_files(files, columns), tokenizer, max_seq_len,
+                                                    max_prompt_len, use_template, jinja)
         ds = dataset_cls(pairs, max_seq_len, packing, pad, group_size=group_size, seed=seed,
                          shuffle=(split == "train"))
         out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
                               **stats, **ds.stats()}
+        say(truncation_notice(split, stats, max_seq_len, max_prompt_len))
         setattr(out, split, ds)
     return out
 
 
 def stream_preference_pairs(files, tokenizer, max_seq_len: int, max_prompt_len: int, use_chat_template: bool,
-                            pad_token_id: int, *, greedy: bool, packed: bool, group_size: int, seed: int, start=None):
+                            pad_token_id: int, *, greedy: bool, packed: bool, group_size: int, seed: int, start=None,
+                            jinja=None, columns=None):
     """``lazy: true`` for preference data: the SFT stream (:mod:`paddlenlp_ext.data.streaming`: one group of
     ``group_size`` pairs in memory, packed per group, resumable from a cursor) with preference rows.
 
     Lines parse with :func:`parse_preference_line`, pairs tokenize with :func:`tokenize_pair`
-    (a pair that cannot fit stops the run with its ``file:line``, as in memory) and rows are
+    (truncated by the one policy; a pair the template fails on stops the run with its ``file:line``, as in
+    memory) and rows are
     :func:`~paddlenlp_ext.dpo.pair_rows.build_pair_row` rows (``max_seq_len`` long when packed,
     one unpadded pair otherwise), so the collator and the trainer see what the in-memory path gives.
     """
@@ -350,12 +422,12 @@ def stream_preference_pairs(files, tokenizer, max_seq_len: int, max_prompt_len: 
 
     def tokenize(ex):
         try:
-            pair, info = tokenize_pair(ex, tokenizer, max_seq_len, max_prompt_len, use_chat_template)
+            pair, info = tokenize_pair(ex, tokenizer, max_seq_len, max_prompt_len, use_chat_template, jinja)
         except (ValueError, TypeError, KeyError, IndexError) as e:
             raise DataError([f"{ex.origin}: {e}"]) from e
         return pair, bool(info["truncated_prompt"] or info["truncated_response"]), int(info["dropped_rounds"])
 
-    fmt = RowFormat(parse=parse_preference_line, length=pair_length,
+    fmt = RowFormat(parse=lambda line, origin: preference_from_obj(json_line(line), origin, columns), length=pair_length,
                     supervised=lambda p: len(p["chosen"]) + len(p["rejected"]),
                     build_row=lambda members, length, pad: build_pair_row(members, length, pad))
     return StreamingPackedDataset(files, tokenize, max_seq_len, pad_token_id, greedy=greedy, group_size=group_size,

@@ -24,7 +24,7 @@ def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
     return SimpleNamespace(train_dataset_path=o.train_dataset_path, dev_dataset_path=o.dev_dataset_path,
                            max_seq_len=o.max_seq_len, max_prompt_len=o.max_prompt_len, zero_padding=d.zero_padding,
                            greedy_zero_padding=d.greedy_zero_padding, lazy=d.lazy, chat_template=d.chat_template,
-                           resume_cursor=None)
+                           resume_cursor=None, dataset_dir=d.dataset_dir)
 
 
 def _dpo_data(data_args, tokenizer, **kw):

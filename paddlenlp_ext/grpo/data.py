@@ -4,7 +4,8 @@ Every format the SFT readers know is accepted (``data.formats``: messages, share
 paddlenlp src/tgt); a trailing assistant answer (``output``, a last ``tgt``, a last assistant
 message) is dropped, so SFT data can serve as prompts.  The prompt is rendered exactly as training
 renders the turns before an answer (the run's ``Renderer``: jinja template, PaddleNLP template or
-none) and keeps its LAST ``max_prompt_len`` tokens.  Every other field of a record is a reward
+none) and fitted by the one truncation policy (:func:`fit_prompt`: oldest rounds first, then its LAST
+``max_prompt_len`` tokens).  Every other field of a record is a reward
 column, passed to the reward functions; all records must have the same columns.  Bad records are
 reported together with ``file:line`` (DataError, exit 2); none is skipped.
 
@@ -17,7 +18,7 @@ Worked example (no chat template, bos 1, "hi" -> [5])::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from ..data.formats.files import parse_records
 from ..data.reader import DataError, Example
 from ..data.tokenize import IGNORE_INDEX
 
-__all__ = ["PromptRecord", "prompt_from_record", "read_prompts", "render_prompt", "PromptDataset",
+__all__ = ["PromptRecord", "prompt_from_record", "read_prompts", "fit_prompt", "render_prompt", "PromptDataset",
            "prompt_collator"]
 
 #: stands in for the answer while the prompt is rendered; its tokens are dropped
@@ -104,12 +105,8 @@ def read_prompts(files: List[str], fmt: str = "auto", columns: Optional[Dict[str
     return out
 
 
-def render_prompt(rec: PromptRecord, renderer, max_prompt_len: int) -> List[int]:
-    """The prompt's token ids as training renders the turns before an answer, last ``max_prompt_len`` kept.
-
-    A placeholder answer is appended and rendered with ``renderer`` (data.conversation.Renderer, with
-    no length limit); the prompt is everything before its first supervised token."""
-    item = rec.item
+def _render(item, renderer) -> List[int]:
+    """The prompt's token ids as training renders the turns before an answer (no length limit)."""
     if isinstance(item, Example):
         item = Example(src=list(item.src), tgt=list(item.tgt) + [PLACEHOLDER_ANSWER], system=item.system,
                        origin=item.origin)
@@ -118,9 +115,48 @@ def render_prompt(rec: PromptRecord, renderer, max_prompt_len: int) -> List[int]
                             origin=item.origin, format=item.format)
     feats, _, _ = renderer(item)
     labels = feats[0]["labels"]  # shifted: labels[k] is the token after input_ids[k]
-    first = next(k for k, t in enumerate(labels) if t != IGNORE_INDEX)
-    ids = list(feats[0]["input_ids"][: first + 1])
-    return ids[-max_prompt_len:]
+    # the placeholder is the LAST run of learned tokens (earlier answers of a multi-turn prompt are learned too)
+    end = max(k for k, t in enumerate(labels) if t != IGNORE_INDEX)
+    first = end
+    while first > 0 and labels[first - 1] != IGNORE_INDEX:
+        first -= 1
+    return list(feats[0]["input_ids"][: first + 1])
+
+
+def _without_oldest_round(item):
+    """The item without its first user turn and what answers it (None when only the last round is left)."""
+    if isinstance(item, Example):
+        return Example(src=item.src[1:], tgt=item.tgt[1:], system=item.system, origin=item.origin) \
+            if len(item.src) > 1 else None
+    users = [i for i, m in enumerate(item.messages) if m.role == "user"]
+    if len(users) < 2:
+        return None
+    msgs = item.messages[: users[0]] + item.messages[users[1]:]
+    return Conversation(msgs, tools=item.tools, origin=item.origin, format=item.format)
+
+
+def fit_prompt(rec: PromptRecord, renderer, max_prompt_len: int) -> Tuple[List[int], bool, int]:
+    """``(ids, truncated, dropped_rounds)``: the prompt by the one truncation policy (docs/data.md) -- the oldest
+    rounds go first while it is longer than ``max_prompt_len``, then it keeps its LAST ``max_prompt_len``
+    tokens (cut from the left).  The renderer has no length limit (``src_length`` / ``max_length`` huge)."""
+    item, dropped = rec.item, 0
+    ids = _render(item, renderer)
+    while len(ids) > max_prompt_len:
+        shorter = _without_oldest_round(item)
+        if shorter is None:
+            break
+        item, dropped = shorter, dropped + 1
+        ids = _render(item, renderer)
+    return ids[-max_prompt_len:], dropped > 0 or len(ids) > max_prompt_len, dropped
+
+
+def render_prompt(rec: PromptRecord, renderer, max_prompt_len: int) -> List[int]:
+    """The prompt's token ids as training renders the turns before an answer, fitted to ``max_prompt_len`` by
+    :func:`fit_prompt` (oldest rounds first, then the last ``max_prompt_len`` tokens kept).
+
+    A placeholder answer is appended and rendered with ``renderer`` (data.conversation.Renderer, with
+    no length limit); the prompt is everything before its first supervised token."""
+    return fit_prompt(rec, renderer, max_prompt_len)[0]
 
 
 class PromptDataset:

@@ -30,8 +30,8 @@ import numpy as np
 from ..data.formats import preference
 from ..data.formats.files import parse_records
 from ..data.reader import DataError
-from ..dpo.data import PreferenceData, PreferenceExample, resolve_split_files, row_settings, \
-    tokenize_preference_examples
+from ..dpo.data import PreferenceData, PreferenceExample, resolve_split_files, row_settings, say, \
+    tokenize_preference_examples, truncation_notice
 from ..dpo.pair_rows import PreferenceCollator, PreferenceDataset
 
 __all__ = ["kto_from_obj", "read_kto_files", "mismatched_pairs", "KTODataset", "KTOCollator",
@@ -166,5 +166,6 @@ def build_kto_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bo
         desirable = sum(int(ex.label) for ex in examples)
         out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
                               "desirable": desirable, "undesirable": len(examples) - desirable, **stats, **ds.stats()}
+        say(truncation_notice(split, stats, max_seq_len, max_prompt_len, "examples"))
         setattr(out, split, ds)
     return out

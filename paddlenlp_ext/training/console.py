@@ -114,7 +114,9 @@ def _data_text(reports: Dict[str, Dict[str, Any]]) -> List[str]:
     train = reports.get("train")
     if train:
         unit = "pairs" if "pairs" in train else "examples"
-        parts.append(f"train {format_count(train.get(unit))} {unit}, {format_count(train.get('tokens'))} tokens")
+        cut = "".join(f", {format_count(train[k])} {k.split('_')[0]}" for k in ("truncated_examples", "dropped_examples")
+                      if k in train)  # the one truncation policy's counts (docs/data.md)
+        parts.append(f"train {format_count(train.get(unit))} {unit}, {format_count(train.get('tokens'))} tokens{cut}")
     dev = reports.get("dev")
     if dev:
         unit = "pairs" if "pairs" in dev else "examples"

@@ -67,15 +67,9 @@ def load_tokenizer(cfg: RunConfig):
 
 
 def evaluate_generation(cfg: RunConfig, model, tokenizer, output_dir: str) -> Dict[str, float]:
-    from ..data.reader import find_split_files, read_examples
-    from ..evaluation.generation import evaluate_by_generation
+    from ..evaluation.generation import evaluate_dev_by_generation
 
-    d, g = cfg.data, cfg.generate
-    examples = read_examples(find_split_files(d.dataset_name_or_path, "dev"))
-    use_template = bool(getattr(tokenizer, "chat_template", None))  # build_datasets loaded chat_template
-    metrics, _ = evaluate_by_generation(model, tokenizer, examples, d.src_length, d.max_length, use_template,
-                                        g.top_k, g.top_p, output_dir if d.save_generation_output else None)
-    return metrics
+    return evaluate_dev_by_generation(cfg, model, tokenizer, output_dir)  # any data format (docs/data.md)
 
 
 def check_complete_checkpoint(ckpt: str, cfg: RunConfig) -> None:

@@ -127,7 +127,7 @@ def loss_flag(value: Any, where: str) -> Optional[bool]:
 
 def check_turns(messages: List[Message], where: str) -> None:
     """The shape every chat template can render: optional system first, then turns that end with a
-    non-empty assistant answer; tool results only after an assistant tool call.  Raises ValueError
+    non-empty assistant answer; tool results only after an assistant turn (its tool call, or a call written in its text).  Raises ValueError
     naming the message and what to change (``where`` is ``file:line``)."""
     if not any(m.role == "assistant" for m in messages):
         raise ValueError(f"{where}: no assistant message: there is nothing to learn; add the answer")
@@ -140,11 +140,11 @@ def check_turns(messages: List[Message], where: str) -> None:
         if m.role == "assistant" and not m.content.strip() and not m.tool_calls:
             raise ValueError(f"{where}: message {i + 1} is an empty assistant turn; write the answer or remove "
                              "the turn")
-        if m.role == "tool":
+        if m.role == "tool":  # after any assistant turn (LLaMA-Factory: the call may be in the answer's text)
             prev = next((p for p in reversed(messages[:i]) if p.role != "tool"), None)
-            if prev is None or prev.role != "assistant" or not prev.tool_calls:
-                raise ValueError(f"{where}: message {i + 1} is a tool result that follows no assistant tool "
-                                 "call; put the function call (gpt/function_call) before it")
+            if prev is None or prev.role != "assistant":
+                raise ValueError(f"{where}: message {i + 1} is a tool result that follows no assistant turn; put "
+                                 "the assistant's call (gpt/function_call) before it")
         if m.role == "user":
             prev = messages[i - 1].role if i else "system"
             if prev == "user":

@@ -55,7 +55,9 @@ def parse_record(record: Any, fmt: str, origin: str, columns: Optional[Dict[str,
                          + (f" (it looks like {found}: set dataset_format to auto or {found})" if found else "")
                          + f"; the {name} format is {next(e for e in EXPECTED.split('; ') if e.startswith(name))}")
     try:
-        item = mod.convert(record, origin, columns)
+        # a ShareGPT prompt (check=False: GRPO) may end with the user's turn: no turn-count rule then
+        item = mod.convert(record, origin, columns, ranking=None) if name == "sharegpt" and not check else \
+            mod.convert(record, origin, columns)
     except ValueError as e:
         msg = str(e)
         raise ValueError(msg if msg.startswith(origin) else f"{origin}: {msg}") from None
