@@ -1,0 +1,164 @@
+"""Checkpoints saved by transformers 5.x (and 4.x) against the transformers that wrote them.
+
+transformers 5.24 (its own venv, tests/hf5_judge.py) builds and saves each random checkpoint with
+its own config spelling (``rope_parameters``, ``layer_types``, ``dtype``) and computes the reference
+logits and greedy tokens; the same models saved by the project's transformers 4.55 (old spelling)
+are judged by 4.55 in-process.  Our model must match within 1e-4 (fp32) with 20 identical greedy
+tokens from the predictor's generation code; the HF export of each must load in both versions to
+our logits.
+"""
+
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from hf5_judge import judge
+from hf_models import TINY, save_hf_model
+from paddlenlp_ext.models.loading import load_model_streaming
+from paddlenlp_ext.models.model_config import load_model_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IDS = np.array([[1, 17, 250, 3, 99, 42, 7, 300, 12, 5, 64, 128], [2, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 319]])  # [2, 12]
+EOS, PROMPT, NEW = 319, [1, 17, 250, 3, 99, 42], 20
+
+#: case -> (family, 5.x config kwargs, the same model in 4.x kwargs)
+CASES = {
+    "llama": ("llama", dict(tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        dict(tie=True, rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 16})),
+    "qwen2": ("qwen2", dict(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              dict(tie=True, rope_theta=1e6)),
+    "qwen3": ("qwen3", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e6}), dict(rope_theta=1e6)),
+    "mistral": ("mistral", dict(sliding_window=128, layer_types=["sliding_attention"] * 2,
+                                rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                dict(sliding_window=128, rope_theta=1e6)),
+    "qwen2_window": ("qwen2", dict(use_sliding_window=True, sliding_window=128, max_window_layers=1,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                     dict(tie=True, use_sliding_window=True, sliding_window=128, max_window_layers=1, rope_theta=1e6)),
+}
+NAMES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+
+
+def ours(d):
+    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+
+    register_qwen3()
+    return load_model_streaming(d, load_model_config(d, dtype="float32"), "float32", None, max_seq_len=64)[0]
+
+
+def our_logits(model):
+    model.eval()
+    with paddle.no_grad():
+        out = model(input_ids=paddle.to_tensor(IDS))
+    return (out[0] if isinstance(out, tuple) else out.logits).astype("float32").numpy()
+
+
+def our_greedy(model):
+    from paddlenlp_ext.predict.generate import generate_batch
+    from paddlenlp_ext.predict.options import PredictOptions
+    from paddlenlp_ext.predict.prompts import Prompt
+
+    opts = PredictOptions(model_name_or_path="unused", decode_strategy="greedy_search", max_length=64)
+    return generate_batch(model, [Prompt(PROMPT, NEW)], opts, [EOS], 0)[0]
+
+
+def run_hf5(model_dir, work):
+    np.save(os.path.join(work, "ids.npy"), IDS)
+    res = judge("run", work, model_dir=model_dir, ids=os.path.join(work, "ids.npy"),
+                logits_out=os.path.join(work, "logits.npy"), prompt=PROMPT, max_new_tokens=NEW, eos=EOS)
+    greedy = res["greedy"]
+    res["greedy"] = greedy[: greedy.index(EOS)] if EOS in greedy else greedy
+    return np.load(os.path.join(work, "logits.npy")), res
+
+
+def run_hf4(model_dir):
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = ref(torch.tensor(IDS)).logits.numpy()
+        out = ref.generate(torch.tensor([PROMPT]), attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
+                           do_sample=False, max_new_tokens=NEW, eos_token_id=EOS, pad_token_id=0)
+    greedy = out[0, len(PROMPT):].tolist()
+    return logits, (greedy[: greedy.index(EOS)] if EOS in greedy else greedy)
+
+
+@pytest.fixture(scope="module")
+def hf5_dirs(tmp_path_factory):
+    """case -> a checkpoint saved by transformers 5.x with its own config spelling."""
+    out = {}
+    for case, (family, kw5, _) in CASES.items():
+        d = str(tmp_path_factory.mktemp(f"hf5_{case}"))
+        judge("save", d, config_class=f"{NAMES[family]}Config", model_class=f"{NAMES[family]}ForCausalLM",
+              config={**TINY, **kw5}, out_dir=os.path.join(d, "model"))
+        out[case] = os.path.join(d, "model")
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_checkpoint_saved_by_transformers5_matches_transformers5(hf5_dirs, case, tmp_path):
+    import json
+
+    d = hf5_dirs[case]
+    raw = json.load(open(os.path.join(d, "config.json")))
+    assert raw["transformers_version"].startswith("5.") and "rope_parameters" in raw and "rope_theta" not in raw
+    model = ours(d)
+    want, res = run_hf5(d, str(tmp_path))
+    np.testing.assert_allclose(our_logits(model), want, atol=1e-4, rtol=0)
+    got = our_greedy(model)
+    assert len(got) == NEW and got == res["greedy"]
+    if case == "mistral":  # 5.x reads a mistral config with layer_types as ministral: per-layer windows
+        assert res["class"] == "MinistralForCausalLM" and res["layer_types"] == ["sliding_attention"] * 2
+    theta = float(raw["rope_parameters"]["rope_theta"])
+    assert float(model.config.rope_theta) == theta != 10000.0
+
+
+def test_paddlenlp_alone_misreads_the_5x_config(hf5_dirs, tmp_path):
+    """The check above can fail: PaddleNLP's AutoConfig on its own runs llama at theta 10000, no scaling."""
+    from paddlenlp.transformers import AutoConfig
+
+    d = hf5_dirs["llama"]
+    wrong = load_model_streaming(d, AutoConfig.from_pretrained(d, dtype="float32"), "float32", None,
+                                 max_seq_len=64)[0]
+    want, _ = run_hf5(d, str(tmp_path))
+    assert np.abs(our_logits(wrong) - want).max() > 1e-2
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_checkpoint_saved_by_transformers4_matches_4_and_5(case, tmp_path):
+    family, _, kw4 = CASES[case]
+    kw4 = dict(kw4)
+    tie = kw4.pop("tie", None)
+    d = save_hf_model(str(tmp_path / "m"), family, tie=tie, **kw4)
+    model = ours(d)
+    want4, greedy4 = run_hf4(d)
+    ours_logits = our_logits(model)
+    np.testing.assert_allclose(ours_logits, want4, atol=1e-4, rtol=0)
+    got = our_greedy(model)
+    assert len(got) == NEW and got == greedy4
+    want5, _ = run_hf5(d, str(tmp_path))  # 5.x reads the old spelling to the same model
+    np.testing.assert_allclose(ours_logits, want5, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral"])
+def test_hf_export_of_a_5x_checkpoint_loads_in_4_and_5(hf5_dirs, case, tmp_path):
+    import json
+
+    from paddlenlp_ext.export import export_hf_model
+
+    d = hf5_dirs[case]
+    want = our_logits(ours(d))
+    out = str(tmp_path / "hf")
+    export_hf_model(d, out, log=lambda *a: None)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["rope_parameters"]["rope_theta"] == cfg["rope_theta"] != 10000.0
+    got5, _ = run_hf5(out, str(tmp_path))
+    np.testing.assert_allclose(got5, want, atol=1e-4, rtol=0)
+    got4, _ = run_hf4(out)
+    np.testing.assert_allclose(got4, want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(our_logits(ours(out)), want, atol=1e-4, rtol=0)
