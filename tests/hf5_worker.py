@@ -5,6 +5,8 @@
 * ``save``: build a random ``<Family>ForCausalLM`` from ``config`` (transformers 5.x's own keyword
   arguments: ``rope_parameters``, ``layer_types``, ...) with seed ``seed`` and ``save_pretrained`` it
   to ``out_dir`` (safetensors, as 5.x writes them).
+* ``batch``: ``{"jobs": [[command, args], ...]}`` -> the list of their results (torch and
+  transformers are imported once).
 * ``run``: load ``model_dir`` with ``AutoModelForCausalLM`` as a user would, write the fp32 logits of
   ``ids`` (an .npy of int64 [B, L]) to ``logits_out`` and return ``greedy`` (``max_new_tokens`` tokens
   of ``model.generate(do_sample=False)`` after ``prompt``), plus what 5.x read from config.json.
@@ -46,6 +48,10 @@ if __name__ == "__main__":
     command, req, res = sys.argv[1:4]
     with open(req) as f:
         args = json.load(f)
-    result = {"save": save, "run": run}[command](args)
+    commands = {"save": save, "run": run}
+    if command == "batch":  # one interpreter start for many jobs: [[command, args], ...]
+        result = [commands[c](a) for c, a in args["jobs"]]
+    else:
+        result = commands[command](args)
     with open(res, "w") as f:
         json.dump(result, f, default=str)

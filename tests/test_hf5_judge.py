@@ -69,13 +69,19 @@ def our_greedy(model):
     return generate_batch(model, [Prompt(PROMPT, NEW)], opts, [EOS], 0)[0]
 
 
-def run_hf5(model_dir, work):
+def run_hf5(model_dirs, work):
+    """{name: (logits, judge result)} of transformers 5.x for each {name: model_dir}, in one judge process."""
     np.save(os.path.join(work, "ids.npy"), IDS)
-    res = judge("run", work, model_dir=model_dir, ids=os.path.join(work, "ids.npy"),
-                logits_out=os.path.join(work, "logits.npy"), prompt=PROMPT, max_new_tokens=NEW, eos=EOS)
-    greedy = res["greedy"]
-    res["greedy"] = greedy[: greedy.index(EOS)] if EOS in greedy else greedy
-    return np.load(os.path.join(work, "logits.npy")), res
+    names = list(model_dirs)
+    jobs = [["run", dict(model_dir=model_dirs[n], ids=os.path.join(work, "ids.npy"),
+                         logits_out=os.path.join(work, f"logits_{i}.npy"), prompt=PROMPT, max_new_tokens=NEW,
+                         eos=EOS)] for i, n in enumerate(names)]
+    out = {}
+    for i, (n, res) in enumerate(zip(names, judge("batch", work, jobs=jobs))):
+        greedy = res["greedy"]
+        res["greedy"] = greedy[: greedy.index(EOS)] if EOS in greedy else greedy
+        out[n] = (np.load(os.path.join(work, f"logits_{i}.npy")), res)
+    return out
 
 
 def run_hf4(model_dir):
@@ -89,26 +95,59 @@ def run_hf4(model_dir):
 
 
 @pytest.fixture(scope="module")
-def hf5_dirs(tmp_path_factory):
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("hf5")
+
+
+@pytest.fixture(scope="module")
+def hf5_dirs(work):
     """case -> a checkpoint saved by transformers 5.x with its own config spelling."""
-    out = {}
-    for case, (family, kw5, _) in CASES.items():
-        d = str(tmp_path_factory.mktemp(f"hf5_{case}"))
-        judge("save", d, config_class=f"{NAMES[family]}Config", model_class=f"{NAMES[family]}ForCausalLM",
-              config={**TINY, **kw5}, out_dir=os.path.join(d, "model"))
-        out[case] = os.path.join(d, "model")
+    out = {case: str(work / f"hf5_{case}") for case in CASES}
+    judge("batch", str(work), jobs=[["save", dict(config_class=f"{NAMES[f]}Config", model_class=f"{NAMES[f]}ForCausalLM",
+                                                   config={**TINY, **kw5}, out_dir=out[case])]
+                                    for case, (f, kw5, _) in CASES.items()])
     return out
 
 
+@pytest.fixture(scope="module")
+def hf4_dirs(work):
+    """case -> the same kind of model saved by the project's transformers 4.55 (old spelling)."""
+    out = {}
+    for case, (family, _, kw4) in CASES.items():
+        kw4 = dict(kw4)
+        tie = kw4.pop("tie", None)
+        out[case] = save_hf_model(str(work / f"hf4_{case}"), family, tie=tie, **kw4)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(hf5_dirs, work):
+    """case -> the HF export of the 5.x checkpoint (export_hf_model)."""
+    from paddlenlp_ext.export import export_hf_model
+
+    return {case: export_hf_model(hf5_dirs[case], str(work / f"export_{case}"), log=lambda *a: None).output_dir
+            for case in ("llama", "qwen2", "qwen3", "mistral")}
+
+
+@pytest.fixture(scope="module")
+def hf5(hf5_dirs, hf4_dirs, exported, work):
+    """transformers 5.x's logits and greedy tokens on every directory above, in one judge process."""
+    dirs = {**{("5", c): d for c, d in hf5_dirs.items()}, **{("4", c): d for c, d in hf4_dirs.items()},
+            **{("export", c): d for c, d in exported.items()}}
+    keys = list(dirs)
+    res = run_hf5({str(i): dirs[k] for i, k in enumerate(keys)}, str(work))
+    return {k: res[str(i)] for i, k in enumerate(keys)}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_checkpoint_saved_by_transformers5_matches_transformers5(hf5_dirs, case, tmp_path):
+def test_checkpoint_saved_by_transformers5_matches_transformers5(hf5_dirs, hf5, case):
     import json
 
     d = hf5_dirs[case]
     raw = json.load(open(os.path.join(d, "config.json")))
     assert raw["transformers_version"].startswith("5.") and "rope_parameters" in raw and "rope_theta" not in raw
     model = ours(d)
-    want, res = run_hf5(d, str(tmp_path))
+    want, res = hf5[("5", case)]
     np.testing.assert_allclose(our_logits(model), want, atol=1e-4, rtol=0)
     got = our_greedy(model)
     assert len(got) == NEW and got == res["greedy"]
@@ -118,47 +157,37 @@ def test_checkpoint_saved_by_transformers5_matches_transformers5(hf5_dirs, case,
     assert float(model.config.rope_theta) == theta != 10000.0
 
 
-def test_paddlenlp_alone_misreads_the_5x_config(hf5_dirs, tmp_path):
+def test_paddlenlp_alone_misreads_the_5x_config(hf5_dirs, hf5):
     """The check above can fail: PaddleNLP's AutoConfig on its own runs llama at theta 10000, no scaling."""
     from paddlenlp.transformers import AutoConfig
 
     d = hf5_dirs["llama"]
     wrong = load_model_streaming(d, AutoConfig.from_pretrained(d, dtype="float32"), "float32", None,
                                  max_seq_len=64)[0]
-    want, _ = run_hf5(d, str(tmp_path))
-    assert np.abs(our_logits(wrong) - want).max() > 1e-2
+    assert np.abs(our_logits(wrong) - hf5[("5", "llama")][0]).max() > 1e-2
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_checkpoint_saved_by_transformers4_matches_4_and_5(case, tmp_path):
-    family, _, kw4 = CASES[case]
-    kw4 = dict(kw4)
-    tie = kw4.pop("tie", None)
-    d = save_hf_model(str(tmp_path / "m"), family, tie=tie, **kw4)
+def test_checkpoint_saved_by_transformers4_matches_4_and_5(hf4_dirs, hf5, case):
+    d = hf4_dirs[case]
     model = ours(d)
     want4, greedy4 = run_hf4(d)
     ours_logits = our_logits(model)
     np.testing.assert_allclose(ours_logits, want4, atol=1e-4, rtol=0)
     got = our_greedy(model)
     assert len(got) == NEW and got == greedy4
-    want5, _ = run_hf5(d, str(tmp_path))  # 5.x reads the old spelling to the same model
-    np.testing.assert_allclose(ours_logits, want5, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours_logits, hf5[("4", case)][0], atol=1e-4, rtol=0)  # 5.x reads the old spelling
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "mistral"])
-def test_hf_export_of_a_5x_checkpoint_loads_in_4_and_5(hf5_dirs, case, tmp_path):
+def test_hf_export_of_a_5x_checkpoint_loads_in_4_and_5(hf5_dirs, exported, hf5, case):
     import json
 
-    from paddlenlp_ext.export import export_hf_model
-
-    d = hf5_dirs[case]
-    want = our_logits(ours(d))
-    out = str(tmp_path / "hf")
-    export_hf_model(d, out, log=lambda *a: None)
+    want = our_logits(ours(hf5_dirs[case]))
+    out = exported[case]
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["rope_parameters"]["rope_theta"] == cfg["rope_theta"] != 10000.0
-    got5, _ = run_hf5(out, str(tmp_path))
-    np.testing.assert_allclose(got5, want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf5[("export", case)][0], want, atol=1e-4, rtol=0)
     got4, _ = run_hf4(out)
     np.testing.assert_allclose(got4, want, atol=1e-4, rtol=0)
     np.testing.assert_allclose(our_logits(ours(out)), want, atol=1e-4, rtol=0)
