@@ -5,6 +5,7 @@
 * ``save``: build a random ``<Family>ForCausalLM`` from ``config`` (transformers 5.x's own keyword
   arguments: ``rope_parameters``, ``layer_types``, ...) with seed ``seed`` and ``save_pretrained`` it
   to ``out_dir`` (safetensors, as 5.x writes them).
+* ``tokenizer``: re-save a tokenizer as 5.x does; its ids and decodings of ``texts``.
 * ``batch``: ``{"jobs": [[command, args], ...]}`` -> the list of their results (torch and
   transformers are imported once).
 * ``run``: load ``model_dir`` with ``AutoModelForCausalLM`` as a user would, write the fp32 logits of
@@ -44,11 +45,23 @@ def run(a):
             "layer_types": getattr(c, "layer_types", None), "sliding_window": getattr(c, "sliding_window", None)}
 
 
+def tokenizer(a):
+    """Re-save the tokenizer of ``src`` as 5.x does (with ``extra`` additional special tokens) to ``dst``;
+    the ids and the special-token-free decoding of ``texts``."""
+    tok = transformers.AutoTokenizer.from_pretrained(a["src"])
+    if a.get("extra"):
+        tok.add_special_tokens({"additional_special_tokens": a["extra"]})
+    tok.save_pretrained(a["dst"])
+    tok = transformers.AutoTokenizer.from_pretrained(a["dst"])
+    ids = [tok(t)["input_ids"] for t in a["texts"]]
+    return {"class": type(tok).__name__, "ids": ids, "decoded": [tok.decode(i, skip_special_tokens=True) for i in ids]}
+
+
 if __name__ == "__main__":
     command, req, res = sys.argv[1:4]
     with open(req) as f:
         args = json.load(f)
-    commands = {"save": save, "run": run}
+    commands = {"save": save, "run": run, "tokenizer": tokenizer}
     if command == "batch":  # one interpreter start for many jobs: [[command, args], ...]
         result = [commands[c](a) for c, a in args["jobs"]]
     else:

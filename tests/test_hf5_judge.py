@@ -191,3 +191,24 @@ def test_hf_export_of_a_5x_checkpoint_loads_in_4_and_5(hf5_dirs, exported, hf5, 
     got4, _ = run_hf4(out)
     np.testing.assert_allclose(got4, want, atol=1e-4, rtol=0)
     np.testing.assert_allclose(our_logits(ours(out)), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("style", ["qwen2", "llama3"])
+def test_tokenizer_saved_by_transformers5_encodes_as_5x(style, tmp_path):
+    """5.x writes tokenizer_config.json with ``tokenizer_class: TokenizersBackend`` (generic fast class),
+    no special_tokens_map.json and ``extra_special_tokens`` as a list."""
+    import json
+
+    from hf_tokenizers import CHINESE, build
+    from paddlenlp_ext.models.tokenizer import load_tokenizer
+
+    src, dst = str(tmp_path / "t4"), str(tmp_path / "t5")
+    build(src, style)
+    texts = ["hello <|x1|> world<|x2|>", "type#shirt*color#red <|x2|>"] + CHINESE
+    res = judge("tokenizer", str(tmp_path), src=src, dst=dst, extra=["<|x1|>", "<|x2|>"], texts=texts)
+    cfg = json.load(open(os.path.join(dst, "tokenizer_config.json")))
+    assert cfg["extra_special_tokens"] == ["<|x1|>", "<|x2|>"]
+    tok = load_tokenizer(dst)
+    assert [tok(t)["input_ids"] for t in texts] == res["ids"]
+    assert [tok.decode(i, skip_special_tokens=True) for i in res["ids"]] == res["decoded"]
+    assert {"<|x1|>", "<|x2|>"} <= set(tok.all_special_tokens)
