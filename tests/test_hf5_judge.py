@@ -130,10 +130,36 @@ def exported(hf5_dirs, work):
 
 
 @pytest.fixture(scope="module")
-def hf5(hf5_dirs, hf4_dirs, exported, work):
+def merged(hf5_dirs, work):
+    """A LoRA adapter (random non-zero B) on the 5.x llama, merged by the verified streaming merge into
+    PaddleNLP's layout, and that merged model exported; (our adapter model's logits, merged dir, export dir)."""
+    from paddlenlp_ext.adapters import apply_adapters, iter_adapter_layers, save_adapter
+    from paddlenlp_ext.adapters.config import adapter_config_from_args
+    from paddlenlp_ext.export import export_hf_model
+    from paddlenlp_ext.merge import merge_adapter_checkpoint
+
+    base = hf5_dirs["llama"]
+    model = ours(base)
+    cfg = adapter_config_from_args({"model_type": "llama", "lora": True, "lora_rank": 4})
+    apply_adapters(model, cfg)
+    rng = np.random.default_rng(0)
+    for _, layer in iter_adapter_layers(model):
+        for t in layer.adapter_state_dict().values():
+            t.set_value(paddle.to_tensor(rng.normal(0, 0.1, size=t.shape).astype(np.float32)))
+    adapter = str(work / "adapter")
+    save_adapter(model, cfg, adapter)
+    want = our_logits(model)
+    out = str(work / "merged")
+    res = merge_adapter_checkpoint(base, adapter, out, verify=True, device="cpu", log=lambda *a: None)
+    assert not res.verify_failed
+    return want, out, export_hf_model(out, str(work / "merged_export"), log=lambda *a: None).output_dir
+
+
+@pytest.fixture(scope="module")
+def hf5(hf5_dirs, hf4_dirs, exported, merged, work):
     """transformers 5.x's logits and greedy tokens on every directory above, in one judge process."""
     dirs = {**{("5", c): d for c, d in hf5_dirs.items()}, **{("4", c): d for c, d in hf4_dirs.items()},
-            **{("export", c): d for c, d in exported.items()}}
+            **{("export", c): d for c, d in exported.items()}, ("merged_export", "llama"): merged[2]}
     keys = list(dirs)
     res = run_hf5({str(i): dirs[k] for i, k in enumerate(keys)}, str(work))
     return {k: res[str(i)] for i, k in enumerate(keys)}
@@ -212,3 +238,28 @@ def test_tokenizer_saved_by_transformers5_encodes_as_5x(style, tmp_path):
     assert [tok(t)["input_ids"] for t in texts] == res["ids"]
     assert [tok.decode(i, skip_special_tokens=True) for i in res["ids"]] == res["decoded"]
     assert {"<|x1|>", "<|x2|>"} <= set(tok.all_special_tokens)
+
+
+def test_merged_and_saved_paddlenlp_checkpoints_keep_the_rope(hf5_dirs, merged, hf5, tmp_path):
+    """The merge of a 5.x base and a PaddleNLP save_pretrained (what full fine-tuning writes) carry
+    the RoPE in the spelling PaddleNLP's own loader reads: its from_pretrained alone gets our logits."""
+    import json
+
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    want, merged_dir, exported_dir = merged
+    cfg = json.load(open(os.path.join(merged_dir, "config.json")))
+    assert cfg["rope_theta"] == 500000.0 and cfg["rope_scaling"]["rope_type"] == "llama3"
+    assert "rope_parameters" not in cfg
+    alone = AutoModelForCausalLM.from_pretrained(merged_dir, dtype="float32")
+    np.testing.assert_allclose(our_logits(alone), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf5[("merged_export", "llama")][0], want, atol=1e-4, rtol=0)
+
+    model = ours(hf5_dirs["llama"])
+    base_logits = our_logits(model)
+    model.save_pretrained(str(tmp_path / "saved"))
+    saved = json.load(open(tmp_path / "saved" / "config.json"))
+    assert saved["rope_theta"] == 500000.0 and saved["rope_scaling"]["factor"] == 8.0
+    assert "rope_parameters" not in saved
+    alone = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"), dtype="float32")
+    np.testing.assert_allclose(our_logits(alone), base_logits, atol=1e-5, rtol=0)
