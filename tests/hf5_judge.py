@@ -35,6 +35,12 @@ def _clean_env():
     return env
 
 
+def _shared_site_packages() -> str:
+    """The project venv's site-packages that holds torch ('' when none does)."""
+    shared = [p for p in site.getsitepackages() if os.path.isdir(os.path.join(p, "torch"))]
+    return shared[0] if shared else ""
+
+
 def _build() -> str:
     """Build the venv; '' on success, else why not (the skip reason)."""
     import shutil
@@ -52,24 +58,29 @@ def _build() -> str:
         if r.returncode != 0:
             return f"{' '.join(cmd[:6])} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
     # torch from the project venv, after the judge's own packages (its transformers/tokenizers win)
-    shared = [p for p in site.getsitepackages() if os.path.isdir(os.path.join(p, "torch"))]
+    shared = _shared_site_packages()
     if not shared:
         return "torch is not installed in the project venv"
     own = subprocess.run([_python(), "-c", "import site; print(site.getsitepackages()[0])"], env=_clean_env(),
                          capture_output=True, text=True).stdout.strip()
     with open(os.path.join(own, "zz_project_venv.pth"), "w") as f:
-        f.write(shared[0] + "\n")
+        f.write(shared + "\n")
     r = subprocess.run([_python(), "-c", "import torch, transformers; print(transformers.__version__)"],
                        env=_clean_env(), capture_output=True, text=True)
     if r.returncode != 0 or r.stdout.strip() != HF5_VERSION:
         return f"the judge venv does not import transformers {HF5_VERSION} with torch: {r.stderr.strip()[-300:]}"
-    open(_READY, "w").close()
+    with open(_READY, "w") as f:  # which project venv it leans on: another one (a new clone's) rebuilds it
+        f.write(shared)
     return ""
 
 
 def hf5_python() -> str:
     """The judge venv's python (built on first use); skips the test when it cannot be built."""
-    if not os.path.isfile(_READY):
+    ready = ""
+    if os.path.isfile(_READY):
+        with open(_READY) as f:
+            ready = f.read()
+    if not ready or ready != _shared_site_packages():
         why = _build()
         if why:
             pytest.skip(f"transformers {HF5_VERSION} judge venv ({VENV}) could not be built: {why}")
