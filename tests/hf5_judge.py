@@ -49,7 +49,8 @@ def _build() -> str:
         shutil.rmtree(VENV)
     base = os.path.join(sys.base_prefix, "bin", "python3")
     steps = [[base, "-m", "venv", VENV],
-             [_python(), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"transformers=={HF5_VERSION}"]]
+             [_python(), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+              f"transformers=={HF5_VERSION}"]]
     for cmd in steps:
         try:
             r = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=600)
