@@ -202,7 +202,11 @@ def rope_problems(config: Mapping[str, Any], spelled: str = "rope_scaling") -> L
 
 
 def spelled_rope_key(raw: Mapping[str, Any]) -> str:
-    """The RoPE key a config.json uses: ``rope_parameters`` (5.x) or ``rope_scaling`` (4.x)."""
+    """The RoPE key a config.json uses: ``rope_parameters`` (5.x) or ``rope_scaling`` (4.x).
+
+    >>> spelled_rope_key({"rope_parameters": {"rope_type": "default"}}), spelled_rope_key({"rope_theta": 1e6})
+    ('rope_parameters', 'rope_scaling')
+    """
     return "rope_parameters" if raw.get("rope_parameters") is not None else "rope_scaling"
 
 
