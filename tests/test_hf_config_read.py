@@ -71,10 +71,20 @@ def test_per_layer_type_rope_is_collapsed_only_when_equal():
     ({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 64,
       "layer_types": ["full_attention", "full_attention"]}, "layer_types marks no layer sliding_attention"),
     ({"model_type": "qwen2", "num_hidden_layers": 2, "layer_types": ["full_attention"]}, "layer_types="),
+    ({"model_type": "gemma", "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+     "rope_parameters.rope_type='linear': RoPE scaling written by transformers 5.x is read for"),
 ])
 def test_what_cannot_be_read_exactly_is_a_problem_naming_the_key(raw, key):
     problems = read_problems(raw)
     assert problems and key in problems[0], problems
+
+
+def test_other_families_keep_paddlenlp_own_rope_keys():
+    """Families outside the transformers-layout four keep whatever rope_scaling PaddleNLP's model reads."""
+    raw = {"model_type": "chatglm_v2", "rope_scaling": {"type": "ntk", "factor": 2.0}, "rope_ratio": 1.0}
+    assert read_problems(raw) == []
+    c, _ = canonical_config({"model_type": "gemma", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    assert c["rope_theta"] == 1e4 and c["rope_scaling"] is None
 
 
 def test_sliding_layers_as_transformers_reads_them():

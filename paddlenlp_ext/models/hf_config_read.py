@@ -161,11 +161,16 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
         out["torch_dtype"] = raw["dtype"] if raw.get("dtype") is not None else raw.get("torch_dtype")
     _canonical_rope(raw, out, problems)
     _canonical_layers(raw, out, problems)
-    key = "rope_parameters" if raw.get("rope_parameters") is not None else "rope_scaling"
+    key = spelled_rope_key(raw)
     rope = out.get("rope_scaling")
-    if isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
+    known_family = raw.get("model_type") in FAMILY_ROPE_TYPES  # other families: PaddleNLP's own rope_scaling kinds
+    if known_family and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
         problems.append(f"config.json {key}.rope_type={rope.get('rope_type')!r}: not a RoPE type transformers knows "
                         f"({', '.join(KNOWN_ROPE_TYPES)})")
+    elif not known_family and key == "rope_parameters" and rope:
+        problems.append(f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
+                        f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} only; whether "
+                        f"PaddleNLP's {raw.get('model_type')} computes it is not verified")
     prf = (rope or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
     if raw.get("model_type") in FAMILY_ROPE_TYPES and prf is not None and float(prf) != 1.0:
         where = f"{key}.partial_rotary_factor" if "partial_rotary_factor" in (rope or {}) else "partial_rotary_factor"
