@@ -4,7 +4,7 @@
 
 * ``save``: build a random ``<Family>ForCausalLM`` from ``config`` (transformers 5.x's own keyword
   arguments: ``rope_parameters``, ``layer_types``, ...) with seed ``seed`` and ``save_pretrained`` it
-  to ``out_dir`` (safetensors, as 5.x writes them).
+  to ``out_dir`` (safetensors, as 5.x writes them; ``dtype`` and ``max_shard_size`` optional).
 * ``tokenizer``: re-save a tokenizer as 5.x does; its ids and decodings of ``texts``.
 * ``batch``: ``{"jobs": [[command, args], ...]}`` -> the list of their results (torch and
   transformers are imported once).
@@ -25,8 +25,8 @@ def save(a):
     cfg_cls = getattr(transformers, a["config_class"])
     model_cls = getattr(transformers, a["model_class"])
     torch.manual_seed(a.get("seed", 0))
-    model = model_cls(cfg_cls(**a["config"])).to(torch.float32)
-    model.save_pretrained(a["out_dir"])
+    model = model_cls(cfg_cls(**a["config"])).to(getattr(torch, a.get("dtype", "float32")))
+    model.save_pretrained(a["out_dir"], **({"max_shard_size": a["max_shard_size"]} if a.get("max_shard_size") else {}))
     return {"version": transformers.__version__}
 
 

@@ -103,9 +103,11 @@ def work(tmp_path_factory):
 def hf5_dirs(work):
     """case -> a checkpoint saved by transformers 5.x with its own config spelling."""
     out = {case: str(work / f"hf5_{case}") for case in CASES}
-    judge("batch", str(work), jobs=[["save", dict(config_class=f"{NAMES[f]}Config", model_class=f"{NAMES[f]}ForCausalLM",
-                                                   config={**TINY, **kw5}, out_dir=out[case])]
-                                    for case, (f, kw5, _) in CASES.items()])
+    jobs = [["save", dict(config_class=f"{NAMES[f]}Config", model_class=f"{NAMES[f]}ForCausalLM",
+                          config={**TINY, **kw5}, out_dir=out[case])] for case, (f, kw5, _) in CASES.items()]
+    out["llama_bf16"] = str(work / "hf5_llama_bf16")  # bf16, sharded: 5.x's index and dtype keys
+    jobs.append(["save", dict(jobs[0][1], out_dir=out["llama_bf16"], dtype="bfloat16", max_shard_size="60KB")])
+    judge("batch", str(work), jobs=jobs)
     return out
 
 
@@ -165,13 +167,16 @@ def hf5(hf5_dirs, hf4_dirs, exported, merged, work):
     return {k: res[str(i)] for i, k in enumerate(keys)}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(CASES) + ["llama_bf16"])
 def test_checkpoint_saved_by_transformers5_matches_transformers5(hf5_dirs, hf5, case):
     import json
 
     d = hf5_dirs[case]
     raw = json.load(open(os.path.join(d, "config.json")))
     assert raw["transformers_version"].startswith("5.") and "rope_parameters" in raw and "rope_theta" not in raw
+    assert raw["dtype"] == ("bfloat16" if case == "llama_bf16" else "float32") and "torch_dtype" not in raw
+    if case == "llama_bf16":
+        assert len([f for f in os.listdir(d) if f.endswith(".safetensors")]) >= 2
     model = ours(d)
     want, res = hf5[("5", case)]
     np.testing.assert_allclose(our_logits(model), want, atol=1e-4, rtol=0)
