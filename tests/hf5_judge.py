@@ -77,14 +77,19 @@ def _build() -> str:
 
 def hf5_python() -> str:
     """The judge venv's python (built on first use); skips the test when it cannot be built."""
-    ready = ""
-    if os.path.isfile(_READY):
-        with open(_READY) as f:
-            ready = f.read()
-    if not ready or ready != _shared_site_packages():
-        why = _build()
-        if why:
-            pytest.skip(f"transformers {HF5_VERSION} judge venv ({VENV}) could not be built: {why}")
+    import fcntl
+
+    os.makedirs(os.path.dirname(VENV), exist_ok=True)
+    with open(VENV + ".lock", "w") as lock:  # two pytest runs at once: one builds, the other waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ready = ""
+        if os.path.isfile(_READY):
+            with open(_READY) as f:
+                ready = f.read()
+        if not ready or ready != _shared_site_packages():
+            why = _build()
+            if why:
+                pytest.skip(f"transformers {HF5_VERSION} judge venv ({VENV}) could not be built: {why}")
     return _python()
 
 
