@@ -61,7 +61,7 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     whole = family_problem(model_type, allow_unlisted=unlisted_allowed())
     if whole is not None:
         return [f"{where}: model_name_or_path {path!r}: {whole}"]
-    problems = []
+    problems = [f"{where}: model_name_or_path {path!r}: {p}" for p in config_read_problems(path)]
     if getattr(cfg.model, "continue_training", True):
         layout = checkpoint_layout_problem(path, model_type)
         if layout:
@@ -71,6 +71,24 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
         if why is not None:
             problems.append(f"{where}: {why}")
     return problems
+
+
+def config_read_problems(model_dir: str) -> List[str]:
+    """What in ``model_dir/config.json`` cannot be read exactly, in either transformers spelling (4.x
+    ``rope_theta``/``rope_scaling``, 5.x ``rope_parameters``/``layer_types``), or that the family's model
+    would compute otherwise (a RoPE type it does not implement): ``models/hf_config_read.py``.
+
+    Worked example: a qwen2 config.json with ``"rope_parameters": {"rope_type": "yarn", "factor": 4.0}``
+    -> ``["config.json rope_parameters.rope_type='yarn': PaddleNLP's qwen2 does not read rope scaling ..."]``.
+    """
+    from ..models.hf_config_read import read_problems
+    from ..models.hf_layout import HFLayoutError, read_config_json
+
+    try:
+        raw = read_config_json(model_dir)
+    except HFLayoutError as e:  # not JSON: names the file
+        return [str(e)]
+    return read_problems(raw)
 
 
 def checkpoint_layout_problem(model_dir: str, model_type: str) -> Optional[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
+from ..models.hf_config_read import DEFAULT_THETA, canonical_config
 from ..models.hf_layout import HF_FAMILIES, config_problems
 
 
@@ -44,9 +45,12 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
 
     >>> c = hf_config_from_paddle({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
     ...     "intermediate_size": 176, "rope_scaling_type": None, "num_key_value_heads": None}, "float32")
-    >>> c["architectures"], c["num_key_value_heads"], c["hidden_act"], c["rope_scaling"]
-    (['LlamaForCausalLM'], 4, 'silu', None)
+    >>> c["architectures"], c["num_key_value_heads"], c["hidden_act"], c["rope_scaling"], c["rope_parameters"]
+    (['LlamaForCausalLM'], 4, 'silu', None, {'rope_type': 'default', 'rope_theta': 10000.0})
     """
+    cfg, problems = canonical_config(cfg)  # a source config saved by transformers 5.x reads the same
+    if problems:
+        raise ExportError("; ".join(problems))
     mt = cfg.get("model_type")
     if mt not in HF_FAMILIES or mt not in ARCHITECTURES:
         raise ExportError(f"config.json model_type={mt!r}: the transformers-layout export covers "
@@ -67,6 +71,9 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
                           "trained without it")
     rope = cfg.get("rope_scaling")
     out["rope_scaling"] = dict(rope) if isinstance(rope, dict) else None
+    # transformers 5.x's spelling of the same RoPE (it reads the 4.x keys too; 4.x ignores this one)
+    out["rope_parameters"] = {"rope_type": "default", **(out["rope_scaling"] or {}),
+                              "rope_theta": float(out.get("rope_theta", DEFAULT_THETA))}
     out["hidden_act"] = "silu" if mt == "llama" else cfg.get("hidden_act", "silu")
     if mt == "llama":
         out.update(attention_bias=False, mlp_bias=False)  # PaddleNLP's llama has no projection biases

@@ -171,6 +171,11 @@ def check_model_type(base_dir: str, adapter_dir: str, cfg: AdapterConfig, log: L
                 f"model_type mismatch: the adapter was trained on a {t!r} model ({where}) but the base model is "
                 f"{base_type!r} ({os.path.join(base_dir, MODEL_CONFIG_NAME)})"
             )
+    from ..models.hf_config_read import read_problems
+
+    problems = read_problems(base_cfg)  # e.g. a RoPE the merged model would not compute (either transformers spelling)
+    if problems:
+        raise MergeError(f"{os.path.join(base_dir, MODEL_CONFIG_NAME)}: " + "; ".join(problems))
     if not seen:
         log(f"[merge] note: {adapter_dir} has no config.json; model_type not cross-checked")
     if ad_cfg is not None:

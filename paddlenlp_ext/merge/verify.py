@@ -114,13 +114,15 @@ def verify_merge(
         if path == base_dir and ckpt.hf_layout:
             # a transformers-layout base: PaddleNLP's from_pretrained reads only its own layout; the streaming
             # loader converts, and equals from_pretrained + quantize_model (tests/test_loading.py)
-            from paddlenlp.transformers import AutoConfig
-
             from ..models.loading import load_model_streaming
+            from ..models.model_config import load_model_config
 
-            return load_model_streaming(path, AutoConfig.from_pretrained(path, dtype="float32"), "float32",
+            return load_model_streaming(path, load_model_config(path, dtype="float32"), "float32",
                                         quantization=quant, max_seq_len=probe_length)[0]
-        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+        from ..models.model_config import load_model_config
+
+        model = AutoModelForCausalLM.from_pretrained(path, config=load_model_config(path, dtype="float32"),
+                                                     dtype="float32")
         if quant:
             from ..quant import quantize_model
 

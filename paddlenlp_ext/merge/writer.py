@@ -232,6 +232,20 @@ def write_index(out_dir: str, safe: bool, entries: List[TensorEntry], weight_map
     return idx_name
 
 
+def _write_model_config(src: str, dst: str) -> None:
+    """The merged model's config.json: the base's, in transformers 4.55's spelling when it was saved by 5.x
+    (``rope_parameters`` -> ``rope_theta`` + ``rope_scaling``), which PaddleNLP's own loader reads right."""
+    from ..models.hf_config_read import canonical_config
+
+    with open(src, "r", encoding="utf-8") as f:
+        raw = json.load(f)
+    canon, problems = canonical_config(raw)
+    if problems or canon == raw:  # problems: refused before the merge (formats.check_model_type)
+        shutil.copy2(src, dst)
+    else:
+        write_json(dst, canon)
+
+
 def copy_aux_files(base_dir: str, adapter_dir: str, dst: str) -> List[str]:
     """Copy config / generation config (base first, else adapter dir) and the tokenizer
     files (the base's, or the adapter dir's when the base has none) into ``dst``."""
@@ -240,7 +254,10 @@ def copy_aux_files(base_dir: str, adapter_dir: str, dst: str) -> List[str]:
         for src_dir in (base_dir, adapter_dir):
             p = os.path.join(src_dir, name)
             if os.path.isfile(p):
-                shutil.copy2(p, os.path.join(dst, name))
+                if name == "config.json":
+                    _write_model_config(p, os.path.join(dst, name))
+                else:
+                    shutil.copy2(p, os.path.join(dst, name))
                 copied.append(name)
                 break
 

@@ -22,6 +22,7 @@ import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .family_table import FAMILIES
+from .hf_config_read import canonical_config, rope_problems, sliding_layers, spelled_rope_key
 
 #: transformers' base-model prefix (``LlamaForCausalLM.model``)
 HF_PREFIX = "model."
@@ -35,10 +36,6 @@ HF_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if 
 #: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]
 _LINEAR_WEIGHT = re.compile(r"(^|\.)((q|k|v|o|gate|up|down)_proj|lm_head)\.weight$")
 
-#: rope_scaling types PaddleNLP 3.0.0b4 implements from an HF ``rope_scaling`` dict, per family
-#: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; the others never read it)
-_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",)}
-_LLAMA3_ROPE_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
 
 
 class HFLayoutError(ValueError):
@@ -138,32 +135,24 @@ def converted_shape(shape: Tuple[int, ...], transpose: bool) -> Tuple[int, ...]:
 def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None) -> List[str]:
     """What in a transformers ``config.json`` PaddleNLP's model of the family would ignore or compute otherwise.
 
-    Each entry names the key and what to do.  ``max_seq_len``: the longest
+    Each entry names the key and what to do.  ``config`` may be in transformers 4.x's or 5.x's
+    spelling (:func:`.hf_config_read.canonical_config`).  ``max_seq_len``: the longest
     sequence the run feeds (a sliding window shorter than it changes attention).
 
     >>> config_problems({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    ["config.json rope_scaling.rope_type='yarn': PaddleNLP's llama implements rope_scaling only for rope_type 'llama3' (other types would be silently ignored); remove rope_scaling or use a checkpoint without it"]
+    ["config.json rope_scaling.rope_type='yarn': PaddleNLP's llama implements rope scaling only for rope_type 'llama3' (it would be silently ignored); use a checkpoint without it"]
     """
+    spelled = spelled_rope_key(config)
+    config, out = canonical_config(config)
+    if out:
+        return out
     mt = config.get("model_type")
-    out: List[str] = []
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
     head_dim = config.get("head_dim")
     if mt in ("llama", "qwen2", "mistral") and head_dim is not None and hidden and heads and head_dim * heads != hidden:
         out.append(f"config.json head_dim={head_dim}: PaddleNLP's {mt} derives head_dim as hidden_size / "
                    f"num_attention_heads = {hidden // heads}; a checkpoint with an explicit other head_dim cannot load")
-    rope = config.get("rope_scaling")
-    if rope:
-        rtype = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
-        allowed = ("default",) + _ROPE_TYPES.get(mt, ())
-        if rtype not in allowed:
-            what = (f"implements rope_scaling only for rope_type {', '.join(repr(a) for a in allowed[1:])}"
-                    if allowed[1:] else "does not read rope_scaling")
-            out.append(f"config.json rope_scaling.rope_type={rtype!r}: PaddleNLP's {mt} {what} (other types would be "
-                       "silently ignored); remove rope_scaling or use a checkpoint without it")
-        elif rtype == "llama3":
-            absent = [k for k in _LLAMA3_ROPE_KEYS if k not in rope]
-            if absent:
-                out.append(f"config.json rope_scaling (rope_type 'llama3') lacks {absent}")
+    out.extend(rope_problems(config, spelled))
     if mt == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         out.append(f"config.json {key}=true: PaddleNLP's llama has no bias in its projections")
@@ -185,11 +174,6 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
 
 
 def _active_sliding_window(config: Mapping[str, Any]) -> Optional[int]:
-    """The sliding window transformers applies for this config, or None."""
-    window = config.get("sliding_window")
-    if not window:
-        return None
-    mt = config.get("model_type")
-    if mt in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
-        return None
-    return int(window)
+    """The sliding window transformers applies to some layer for this (canonical) config, or None."""
+    layers = sliding_layers(config)
+    return int(config["sliding_window"]) if layers and any(layers) else None

@@ -23,8 +23,8 @@ FAST_FILE = "tokenizer.json"
 #: files a slow (python) tokenizer reads its vocabulary from; none present -> the fast path
 SLOW_FILES = ("vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt",
               "ice_text.model", "qwen.tiktoken")
-#: transformers' generic fast class -> PaddleNLP's spelling of it
-GENERIC_FAST = ("PreTrainedTokenizerFast", "PretrainedTokenizerFast")
+#: transformers' generic fast class -> PaddleNLP's spelling of it (transformers 5.x saves it as "TokenizersBackend")
+GENERIC_FAST = ("PreTrainedTokenizerFast", "PretrainedTokenizerFast", "TokenizersBackend")
 
 
 class TokenizerLoadError(ValueError):
@@ -53,11 +53,12 @@ def load_tokenizer(path: str):
 
     if not uses_fast_file(path):
         return AutoTokenizer.from_pretrained(path)
-    cls_name = _tokenizer_config(path).get("tokenizer_class")
+    tok_cfg = _tokenizer_config(path)
+    cls_name = tok_cfg.get("tokenizer_class")
     if cls_name in GENERIC_FAST:
         from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 
-        return PretrainedTokenizerFast.from_pretrained(path)
+        return _with_extra_special_tokens(PretrainedTokenizerFast.from_pretrained(path), tok_cfg, path)
     try:
         tok = AutoTokenizer.from_pretrained(path, use_fast=True)
     except TypeError as e:  # a slow class was chosen and wants its vocabulary files
@@ -66,4 +67,23 @@ def load_tokenizer(path: str):
             f"class in PaddleNLP, and {path} has none of the files its slow class reads ({', '.join(SLOW_FILES)}): "
             f"set tokenizer_class to \"PreTrainedTokenizerFast\" ({type(e).__name__}: {e})"
         ) from e
+    return _with_extra_special_tokens(tok, tok_cfg, path)
+
+
+def _with_extra_special_tokens(tok, tok_cfg: Dict[str, Any], path: str):
+    """transformers 5.x saves the additional special tokens as a list under ``extra_special_tokens``
+    (4.x: ``additional_special_tokens``), which PaddleNLP does not read: register them as additional
+    special tokens.  They are already in tokenizer.json's added tokens, so no id changes (checked)."""
+    extra = tok_cfg.get("extra_special_tokens")
+    if not isinstance(extra, list) or not extra:
+        return tok
+    names = [t.get("content") if isinstance(t, dict) else t for t in extra]
+    missing = [t for t in names if t not in tok.all_special_tokens]
+    if not missing:
+        return tok
+    size = len(tok)
+    tok.add_special_tokens({"additional_special_tokens": list(tok.additional_special_tokens) + missing})
+    if len(tok) != size:
+        raise TokenizerLoadError(f"{os.path.join(path, 'tokenizer_config.json')}: extra_special_tokens {missing} are "
+                                 f"not in {FAST_FILE}'s vocabulary; add them there or remove them from the list")
     return tok

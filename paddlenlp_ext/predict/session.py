@@ -132,17 +132,16 @@ def _quantization(lora_path: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
-    from paddlenlp.transformers import AutoConfig
-
     from ..integrations.qwen3 import register_qwen3
     from ..models.checkpoint import CheckpointError
     from ..models.loading import load_model_streaming
+    from ..models.model_config import load_model_config
 
     register_qwen3()
-    config = AutoConfig.from_pretrained(o.model_name_or_path, dtype=o.dtype)
-    # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)
-    config.use_flash_attention = False
     try:
+        config = load_model_config(o.model_name_or_path, dtype=o.dtype)
+        # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)
+        config.use_flash_attention = False
         model, _ = load_model_streaming(o.model_name_or_path, config, o.dtype, quantization=quantization, logger=_log,
                                         max_seq_len=o.max_length)
     except (CheckpointError, ValueError) as e:  # names the tensor / file and what to do

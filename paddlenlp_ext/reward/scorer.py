@@ -40,11 +40,11 @@ class RewardScorer:
         """Load a reward output directory (``llm/run_reward.py``'s output_dir or a checkpoint of it,
         full weights or an adapter over ``base_model_name_or_path``, or a merged one) and its tokenizer."""
         import paddle
-        from paddlenlp.transformers import AutoConfig
 
         from ..data.tokenize import resolve_chat_template
         from ..integrations.qwen3 import register_qwen3
         from ..models.loading import load_model_streaming
+        from ..models.model_config import load_model_config
         from ..models.tokenizer import load_tokenizer
         from .head import attach_score_head
 
@@ -64,7 +64,7 @@ class RewardScorer:
                 raise ValueError(f"{path}: the adapter's base model {weights_dir!r} (reward_config.json "
                                  "base_model_name_or_path) is not a directory here")
             quantization = AdapterConfig.load(path).quantization
-        config = AutoConfig.from_pretrained(weights_dir, dtype=dtype)
+        config = load_model_config(weights_dir, dtype=dtype)
         config.use_flash_attention = False  # eager attention: the same math on any device
         model, _ = load_model_streaming(weights_dir, config, dtype, quantization=quantization)
         if info.get("adapter"):

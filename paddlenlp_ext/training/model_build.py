@@ -34,16 +34,17 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     model (QLoRA) nor two copies (bf16/fp16 O2) ever exist whole.  A shape,
     file or block-size problem is a ConfigError naming the tensor/file (exit 2).
     """
-    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+    from paddlenlp.transformers import AutoModelForCausalLM
     from paddlenlp.utils.log import logger
 
     from ..integrations.qwen3 import register_qwen3
     from ..models.checkpoint import CheckpointError
+    from ..models.model_config import load_model_config
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
     m, d = cfg.model, cfg.data
     dtype = model_dtype(args)
-    config = AutoConfig.from_pretrained(
+    config = load_model_config(  # config.json of either transformers spelling (models/hf_config_read.py)
         m.model_name_or_path,
         dtype=dtype,
         tensor_parallel_degree=args.tensor_parallel_degree,

@@ -1,0 +1,255 @@
+"""Read a ``config.json`` in either transformers spelling (4.x or 5.x) as one canonical dict.
+
+transformers 5 moved several settings when it saves a config (``configuration_utils.py``,
+``modeling_rope_utils.py`` and the per-model configuration files of 5.24):
+
+* RoPE: top-level ``rope_theta`` + ``rope_scaling`` (4.x) became one ``rope_parameters`` dict
+  holding ``rope_theta`` and ``rope_type`` (5.x), flat, or nested per attention type
+  (``{"full_attention": {...}, "sliding_attention": {...}}``, Gemma 2/3 style) when its keys
+  are the config's ``layer_types``.  5.x reads a legacy ``rope_scaling`` as ``rope_parameters``
+  (it wins when truthy) and a top-level ``rope_theta`` as the default of
+  ``rope_parameters.rope_theta``; a ``llama3``/``yarn``/``longrope`` dict without
+  ``original_max_position_embeddings`` gets ``max_position_embeddings``.
+* ``torch_dtype`` became ``dtype`` (``dtype`` wins when both are set).
+* ``layer_types`` (``"full_attention"`` / ``"sliding_attention"`` per layer) is written by
+  Qwen2/Qwen3 (derived from ``use_sliding_window``, ``sliding_window``, ``max_window_layers``;
+  ``sliding_window`` itself is saved as null when ``use_sliding_window`` is false).  A
+  ``mistral`` config with ``layer_types`` is built by 5.x's AutoConfig as ``ministral``: only
+  the layers marked ``sliding_attention`` use the window, where 4.x slides every layer.
+* legacy layer-type names are renamed (``"attention"`` -> ``"full_attention"``).
+
+:func:`canonical_config` turns either spelling into transformers 4.55's (``rope_theta``,
+``rope_scaling`` with ``rope_type``, ``sliding_window``/``use_sliding_window``/
+``max_window_layers``, ``torch_dtype``; ``layer_types`` kept), which is what PaddleNLP's config
+classes and models read, and lists what it cannot express exactly.  :func:`rope_problems` says
+which RoPE a family's model here computes.  No paddle: ``config/`` calls it before anything loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+#: transformers' RoPE types (modeling_rope_utils.ROPE_INIT_FUNCTIONS of 5.24 + "default")
+KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+#: rope types that carry original_max_position_embeddings (5.x fills it from max_position_embeddings)
+_NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
+#: the default RoPE base of every family here (transformers' RotaryEmbeddingConfigMixin.default_theta, PaddleNLP's)
+DEFAULT_THETA = 10000.0
+
+#: model_type -> rope types PaddleNLP 3.0.0b4's model (or ours) computes from ``rope_scaling``
+#: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; qwen2 / mistral / qwen3 read none)
+FAMILY_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",), "qwen2": (), "mistral": (), "qwen3": ()}
+#: the keys of a llama3 rope_scaling dict, all required by both transformers and PaddleNLP
+LLAMA3_ROPE_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
+_LEGACY_LAYER_TYPES = {"attention": "full_attention"}
+
+
+def _rope_type(d: Mapping[str, Any]) -> Any:
+    return d.get("rope_type", d.get("type", "default"))
+
+
+def _scaling_of(d: Mapping[str, Any]) -> Dict[str, Any]:
+    """A RoPE dict without its base: ``{"type": "linear", "factor": 2.0, "rope_theta": 1e4}`` ->
+    ``{"rope_type": "linear", "factor": 2.0}``."""
+    return {"rope_type": _rope_type(d), **{k: v for k, v in d.items() if k not in ("type", "rope_type", "rope_theta")}}
+
+
+def _flat_rope(raw: Mapping[str, Any], problems: List[str]) -> Optional[Dict[str, Any]]:
+    """The one RoPE dict (rope_type + rope_theta + scaling keys) of a 5.x ``rope_parameters``, or None.
+
+    A nested dict (per attention type) is accepted only when every type has the same RoPE."""
+    rp = raw.get("rope_parameters")
+    if not isinstance(rp, dict):
+        problems.append(f"config.json rope_parameters={rp!r}: expected a JSON object with rope_type and rope_theta")
+        return None
+    layer_types = raw.get("layer_types") or ()
+    nested = [k for k in rp if k in layer_types]
+    if not nested:
+        return dict(rp)
+    per_type = {k: rp[k] for k in nested if rp[k] is not None}
+    if len(nested) != len(rp) or any(not isinstance(v, dict) for v in per_type.values()):
+        problems.append(f"config.json rope_parameters mixes per-attention-type entries {nested} with other keys "
+                        f"{sorted(set(rp) - set(nested))}; give one RoPE dict or one per layer type")
+        return None
+    distinct = {repr(sorted(v.items())) for v in per_type.values()}
+    if len(distinct) > 1 or len(per_type) < len(nested):
+        problems.append(f"config.json rope_parameters gives a different RoPE per attention type "
+                        f"({', '.join(f'{k}: {v}' for k, v in rp.items())}); the model here has one RoPE for every "
+                        "layer (a local/global RoPE model such as Gemma 2/3 is not supported)")
+        return None
+    return dict(next(iter(per_type.values())))
+
+
+def _canonical_rope(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[str]) -> None:
+    """Set ``out['rope_theta']`` / ``out['rope_scaling']`` from either spelling (transformers 5.x's precedence)."""
+    rs, rt = raw.get("rope_scaling"), raw.get("rope_theta")
+    out.pop("rope_parameters", None)
+    if raw.get("rope_parameters") is None:  # 4.x spelling (or no RoPE keys at all: the default)
+        if isinstance(rs, dict):
+            rope = dict(rs)
+            rope["rope_type"] = _rope_type(rs)
+            rope.pop("type", None)
+            out["rope_scaling"] = None if rope["rope_type"] == "default" and len(rope) == 1 else rope
+        elif rs is not None:
+            problems.append(f"config.json rope_scaling={rs!r}: expected a JSON object with rope_type")
+        return
+    rope = _flat_rope(raw, problems)
+    if rope is None:
+        return
+    if rs:  # 5.x: a truthy legacy rope_scaling replaces rope_parameters; 4.x reads only rope_scaling
+        if not isinstance(rs, dict) or _scaling_of(rs) != _scaling_of(rope):
+            problems.append(f"config.json has both rope_scaling={rs!r} and rope_parameters={raw['rope_parameters']!r} "
+                            "and they differ (transformers 4.x reads the first, 5.x the second); keep one")
+            return
+    theta = rope.get("rope_theta")
+    if theta is None:
+        theta = rt if rt is not None else DEFAULT_THETA
+    elif rt is not None and float(rt) != float(theta):
+        problems.append(f"config.json rope_theta={rt!r} and rope_parameters.rope_theta={theta!r} differ "
+                        "(transformers 4.x reads the first, 5.x the second); keep one")
+        return
+    rtype = _rope_type(rope)
+    if rtype in _NEEDS_ORIGINAL_MAX and "original_max_position_embeddings" not in rope:
+        omax = raw.get("original_max_position_embeddings", raw.get("max_position_embeddings"))
+        if omax is not None:
+            rope["original_max_position_embeddings"] = omax
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type", "rope_type")}
+    out["rope_theta"] = float(theta)
+    out["rope_scaling"] = None if rtype == "default" and not scaling else {"rope_type": rtype, **scaling}
+
+
+def _canonical_layers(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[str]) -> None:
+    """``layer_types`` with legacy names renamed; mistral's 5.x (ministral) reading of it as ``sliding_window``."""
+    lt = raw.get("layer_types")
+    if lt is None:
+        return
+    n = raw.get("num_hidden_layers")
+    if not isinstance(lt, list) or (isinstance(n, int) and len(lt) != n):
+        problems.append(f"config.json layer_types={lt!r}: expected a list of num_hidden_layers={n} layer types")
+        return
+    lt = [_LEGACY_LAYER_TYPES.get(t, t) for t in lt]
+    other = sorted({t for t in lt if t not in ("full_attention", "sliding_attention")})
+    if other:
+        problems.append(f"config.json layer_types has {other}: the model here computes full or sliding attention only")
+        return
+    out["layer_types"] = lt
+    if raw.get("model_type") == "mistral" and raw.get("sliding_window") and "sliding_attention" not in lt:
+        problems.append(f"config.json layer_types marks no layer sliding_attention but sliding_window="
+                        f"{raw['sliding_window']}: transformers 5.x reads this mistral config as ministral (no window), "
+                        "4.x slides every layer; set sliding_window to null or remove layer_types")
+
+
+def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """(config in transformers 4.55's spelling, problems) for a config.json dict of either spelling.
+
+    Pure; ``raw`` is not modified.  A problem names the key and what to change; with any
+    problem the dict must not be used (no value is guessed).
+
+    >>> c, p = canonical_config({"model_type": "llama", "rope_theta": None, "rope_scaling": None, "dtype": "float32",
+    ...     "max_position_embeddings": 256, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
+    ...     "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}})
+    >>> p, c["rope_theta"], c["rope_scaling"]["rope_type"], c["rope_scaling"]["original_max_position_embeddings"]
+    ([], 500000.0, 'llama3', 256)
+    >>> "rope_parameters" in c, c["torch_dtype"]
+    (False, 'float32')
+    >>> canonical_config({"model_type": "qwen2", "rope_parameters": {"rope_type": "su", "rope_theta": 1e6}})[1]
+    ["config.json rope_parameters.rope_type='su': not a RoPE type transformers knows (default, linear, dynamic, yarn, longrope, llama3, proportional)"]
+    """
+    out: Dict[str, Any] = dict(raw)
+    problems: List[str] = []
+    if raw.get("dtype") is not None or "torch_dtype" in raw:
+        out["torch_dtype"] = raw["dtype"] if raw.get("dtype") is not None else raw.get("torch_dtype")
+    _canonical_rope(raw, out, problems)
+    _canonical_layers(raw, out, problems)
+    key = spelled_rope_key(raw)
+    rope = out.get("rope_scaling")
+    known_family = raw.get("model_type") in FAMILY_ROPE_TYPES  # other families: PaddleNLP's own rope_scaling kinds
+    if known_family and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
+        problems.append(f"config.json {key}.rope_type={rope.get('rope_type')!r}: not a RoPE type transformers knows "
+                        f"({', '.join(KNOWN_ROPE_TYPES)})")
+    elif not known_family and key == "rope_parameters" and rope:
+        problems.append(f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
+                        f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} only; whether "
+                        f"PaddleNLP's {raw.get('model_type')} computes it is not verified")
+    prf = (rope or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if raw.get("model_type") in FAMILY_ROPE_TYPES and prf is not None and float(prf) != 1.0:
+        where = f"{key}.partial_rotary_factor" if "partial_rotary_factor" in (rope or {}) else "partial_rotary_factor"
+        problems.append(f"config.json {where}={prf}: RoPE on part of each head is not computed by the model here")
+    return out, problems
+
+
+def rope_problems(config: Mapping[str, Any], spelled: str = "rope_scaling") -> List[str]:
+    """What in a canonical config's RoPE the family's model here does not compute (ignored silently otherwise).
+
+    ``spelled``: the key the file used (``rope_parameters`` for a 5.x config), named in the message.
+
+    >>> rope_problems({"model_type": "qwen2", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters")
+    ["config.json rope_parameters.rope_type='yarn': PaddleNLP's qwen2 does not read rope scaling (it would be silently ignored); use a checkpoint without it"]
+    """
+    mt = config.get("model_type")
+    rope = config.get("rope_scaling")
+    if not rope or mt not in FAMILY_ROPE_TYPES:
+        return []
+    rtype = rope.get("rope_type") if isinstance(rope, dict) else rope
+    allowed = FAMILY_ROPE_TYPES[mt]
+    if rtype == "default":
+        return []
+    if rtype not in allowed:
+        what = (f"implements rope scaling only for rope_type {', '.join(repr(a) for a in allowed)}" if allowed
+                else "does not read rope scaling")
+        return [f"config.json {spelled}.rope_type={rtype!r}: PaddleNLP's {mt} {what} (it would be silently "
+                "ignored); use a checkpoint without it"]
+    if rtype == "llama3":
+        absent = [k for k in LLAMA3_ROPE_KEYS if k not in rope]
+        if absent:
+            return [f"config.json {spelled} (rope_type 'llama3') lacks {absent}"]
+    return []
+
+
+def spelled_rope_key(raw: Mapping[str, Any]) -> str:
+    """The RoPE key a config.json uses: ``rope_parameters`` (5.x) or ``rope_scaling`` (4.x).
+
+    >>> spelled_rope_key({"rope_parameters": {"rope_type": "default"}}), spelled_rope_key({"rope_theta": 1e6})
+    ('rope_parameters', 'rope_scaling')
+    """
+    return "rope_parameters" if raw.get("rope_parameters") is not None else "rope_scaling"
+
+
+def read_problems(raw: Mapping[str, Any]) -> List[str]:
+    """Every problem of reading ``raw`` for its family's model here: the spelling's and the RoPE's.
+
+    >>> read_problems({"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}})[0][:56]
+    "config.json rope_parameters.rope_type='yarn': PaddleNLP'"
+    """
+    canon, problems = canonical_config(raw)
+    return problems or rope_problems(canon, spelled_rope_key(raw))
+
+
+def sliding_layers(config: Mapping[str, Any]) -> Optional[List[bool]]:
+    """Per layer, whether transformers applies the sliding window (canonical config), or None without a window.
+
+    qwen2/qwen3: ``sliding_window`` counts only with ``use_sliding_window``; the layers are
+    ``layer_types`` or else those from ``max_window_layers`` on.  mistral: every layer (4.x), or the
+    ``layer_types`` ones (5.x reads such a config as ministral).  Others: every layer when set.
+
+    >>> sliding_layers({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8,
+    ...                 "max_window_layers": 1, "num_hidden_layers": 2})
+    [False, True]
+    >>> sliding_layers({"model_type": "qwen2", "sliding_window": 8, "num_hidden_layers": 2}) is None
+    True
+    """
+    window = config.get("sliding_window")
+    if not window:
+        return None
+    mt, n = config.get("model_type"), int(config.get("num_hidden_layers") or 0)
+    lt = config.get("layer_types")
+    if mt in ("qwen2", "qwen3"):
+        if not config.get("use_sliding_window"):
+            return None
+        if lt is None:
+            start = config.get("max_window_layers")
+            start = 28 if start is None else int(start)  # transformers' default
+            return [i >= start for i in range(n)]
+    if lt is not None:
+        return [t == "sliding_attention" for t in lt]
+    return [True] * n
