@@ -161,12 +161,15 @@ def test_lm_eval_generate_until_over_both_endpoints(tiny_model_dir, tasks_dir, t
     with ServerProcess(["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length",
                         "256"]) as srv:
         for s in comp["tiny_gen"]:
-            prompt = s["arguments"]["gen_args_0"]["arg_0"]
-            status, r = post(srv.url + "/v1/completions", {"model": "base", "prompt": prompt, "max_tokens": 8,
+            # lm-eval sends the context as token ids from our /tokenize, without special tokens
+            ids = post(srv.url + "/tokenize", {"prompt": s["arguments"]["gen_args_0"]["arg_0"],
+                                               "add_special_tokens": False})[1]["tokens"]
+            status, r = post(srv.url + "/v1/completions", {"model": "base", "prompt": ids, "max_tokens": 8,
                                                            "temperature": 0, "stop": ["</s>"]})
             assert status == 200 and s["resps"][0][0] == r["choices"][0]["text"]
         for s in chat["tiny_gen"]:
-            messages = json.loads(s["arguments"]["gen_args_0"]["arg_0"])
+            messages = s["arguments"]["gen_args_0"]["arg_0"]  # the chat messages lm-eval sent
+            messages = json.loads(messages) if isinstance(messages, str) else messages
             status, r = post(srv.url + "/v1/chat/completions", {"model": "base", "messages": messages,
                                                                 "max_tokens": 8, "temperature": 0})
             assert status == 200 and s["resps"][0][0] == r["choices"][0]["message"]["content"]

@@ -27,10 +27,12 @@ from starlette.staticfiles import StaticFiles
 
 from .engine import Job, Scheduler
 from .logprobs import chat_logprobs, completion_logprobs, merge_completion
+from .constrain import request_constraint
 from .metrics import Metrics
 from .models import ServedModel, model_cards, prompt_ids
 from .protocol import ApiError, GenRequest, Sampling, parse_chat, parse_completion
 from .tokens import add_token_routes
+from .tools import parse_tool_calls, tool_style
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a bigger body is refused (413) before it is parsed
@@ -111,8 +113,11 @@ async def _stream(job: Job, rid: str, created: int, observe) -> AsyncIterator[st
             for c in job.choices:
                 yield _sse(_chunk(req, rid, created, c.index, {"role": "assistant", "content": ""}))
         left = len(job.choices)
+        style = _tool_style(job)
         while left:
             event = await job.queue.get()
+            if event[0] == "delta" and style:  # a tool call is parsed from the whole answer: sent at its end
+                continue
             if event[0] == "delta":
                 if first:
                     observe("first", None)
@@ -123,7 +128,16 @@ async def _stream(job: Job, rid: str, created: int, observe) -> AsyncIterator[st
                 yield _sse(event[1].body())
                 break
             else:
-                yield _sse(_chunk(req, rid, created, event[5], {}, event[1]))
+                finish = event[1]
+                if style:
+                    content, calls = parse_tool_calls(event[4], style)
+                    if calls:
+                        finish = "tool_calls"
+                        yield _sse(_chunk(req, rid, created, event[5], {"tool_calls": [
+                            dict(c, index=k) for k, c in enumerate(calls)]}))
+                    if content:
+                        yield _sse(_chunk(req, rid, created, event[5], {"content": content}))
+                yield _sse(_chunk(req, rid, created, event[5], {}, finish))
                 n_new += event[3]
                 left -= 1
         else:
@@ -164,11 +178,26 @@ async def _final_events(job: Job):
     return sorted(out, key=lambda e: e[5])
 
 
+def _tool_style(job: Job):
+    """The template's tool-call format when this chat request lets the model call tools, else None."""
+    req = job.req
+    if req.kind != "chat" or not req.tools or req.tool_choice == "none":
+        return None
+    return tool_style(job.model.session.jinja)
+
+
 def _whole(job: Job, rid: str, created: int, events) -> Dict[str, Any]:
     req, choices = job.req, []
+    style = _tool_style(job)
     for _, finish, _, n_new, text, index, extra in events:
         if req.kind == "chat":
-            choices.append({"index": index, "message": {"role": "assistant", "content": text},
+            message = {"role": "assistant", "content": text}
+            calls = None
+            if style:
+                message["content"], calls = parse_tool_calls(text, style)
+            if calls:
+                message["tool_calls"], finish = calls, "tool_calls"
+            choices.append({"index": index, "message": message,
                             "logprobs": _logprobs(req, job.model, extra["tokens"], extra["infos"]),
                             "finish_reason": finish})
             continue
@@ -274,7 +303,8 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
             budget = req.max_tokens if req.max_tokens is not None else limit - len(ids)
         else:
             budget = [req.max_tokens if req.max_tokens is not None else limit - len(p) for p in ids]
-        job = Job(req, model, ids, budget, asyncio.get_running_loop())
+        factory = await run_in_threadpool(request_constraint, req, model.session)
+        job = Job(req, model, ids, budget, asyncio.get_running_loop(), constraint_factory=factory)
         scheduler.submit(job)
         rid = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + f"{started:x}{job.id:06d}"
         created = int(time.time())

@@ -94,6 +94,10 @@ def prompt_ids(req: GenRequest, model: ServedModel):
         for ids in out:
             _check_room(ids, req, model, "prompt")
         return out
+    if req.messages is not None:
+        ids = _tool_prompt_ids(req, model)
+        _check_room(ids, req, model, "messages")
+        return ids
     from ..predict.prompts import build_prompt, full_prompt_ids
 
     s, limit = model.session, model.options.max_length
@@ -112,6 +116,30 @@ def prompt_ids(req: GenRequest, model: ServedModel):
         ids = full_prompt_ids(rec, s.tokenizer, s.use_template, s.jinja)
     _check_room(ids, req, model, "messages")
     return ids
+
+
+def _tool_prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
+    """A conversation with tools / tool turns rendered by the model's jinja template with ``tools`` (as
+    transformers' ``apply_chat_template(tools=..., add_generation_prompt=True)``, training's renderer)."""
+    from ..data.chat_template import TemplateRenderError, render, special_tokens_of
+    from ..data.tokenize import _encode
+    from .tools import tool_style
+
+    s = model.session
+    if not s.jinja:
+        raise ApiError(400, "tools, tool calls and tool results are rendered by the model's jinja chat template, and "
+                       "this model has none: start the server with --chat_template FILE.jinja (or add chat_template "
+                       "to the model's tokenizer_config.json)", "tools", "chat_template_required")
+    if req.tool_choice != "none" and tool_style(s.jinja) is None:
+        raise ApiError(400, "this model's chat template writes no tool-call format the server can parse (Hermes/Qwen "
+                       "<tool_call> blocks or Llama 3 JSON); send tool_choice \"none\" or use such a template",
+                       "tools", "tool_format_unknown")
+    try:
+        text = render(s.jinja, req.messages, req.tools if req.tool_choice != "none" else None, True,
+                      special_tokens_of(s.tokenizer))
+    except TemplateRenderError as e:
+        raise ApiError(400, str(e), "messages", "invalid_value") from e
+    return _encode(s.tokenizer, text)
 
 
 def vocab_size(tokenizer) -> int:

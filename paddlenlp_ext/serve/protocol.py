@@ -22,17 +22,17 @@ ROLES = ("system", "developer", "user", "assistant")
 #: parameters that change nothing about the answer, accepted and not used
 HARMLESS = {"user", "metadata", "store", "stream_options", "service_tier", "parallel_tool_calls"}
 #: OpenAI parameters this server does not implement, with the value that means "off" (accepted as such)
-UNSUPPORTED = {"tools": None, "tool_choice": None, "functions": None, "function_call": None,
+UNSUPPORTED = {"functions": None, "function_call": None,
                "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "suffix": None,
                "modalities": None, "audio": None, "prediction": None, "reasoning_effort": None}
 #: "off" values besides None that mean the same (OpenAI's own defaults, which its clients may send)
-ALSO_OFF = {"logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "modalities": (["text"],),
+ALSO_OFF = {"logit_bias": ({},), "modalities": (["text"],),
             "suffix": ("",)}
 MAX_N = 16  # choices per request (each is a row of the batch)
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API (vLLM's default limit too)
 COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "n", "logprobs",
           "response_format"} | HARMLESS | set(UNSUPPORTED)
-CHAT_KEYS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_KEYS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
 COMPLETION_KEYS = COMMON | {"prompt", "echo", "best_of"}
 
 
@@ -95,6 +95,9 @@ class GenRequest:
     logprobs: Optional[int] = None  # None: no logprobs; k: the chosen token's and the k most likely
     echo: bool = False  # completion: the prompt (text and logprobs) before the answer
     response_format: Optional[Dict[str, Any]] = None  # json_object / json_schema: constrained decoding
+    messages: Optional[List[Dict[str, Any]]] = None  # chat with tools / tool turns: the template's messages
+    tools: Optional[List[Dict[str, Any]]] = None  # offered functions ({"type": "function", "function": {...}})
+    tool_choice: Any = "none"  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
 
 
 def _is_int(v: Any) -> bool:
@@ -302,7 +305,11 @@ def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     if "messages" not in body:
         raise bad("messages", "messages is required: [{\"role\": \"user\", \"content\": \"...\"}]",
                   "missing_required_parameter")
-    conversation = parse_messages(body["messages"])
+    tools, choice = parse_tools(body)
+    raw = body["messages"]
+    with_tools = tools is not None or (isinstance(raw, list) and any(
+        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in raw))
+    conversation, messages = (None, tool_messages(raw)) if with_tools else (parse_messages(raw), None)
     want = body.get("logprobs")
     if want is not None and not isinstance(want, bool):
         raise bad("logprobs", f"logprobs must be true or false on chat completions, got {want!r}", "invalid_type")
@@ -310,7 +317,78 @@ def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     if top is not None and not want:
         raise bad("top_logprobs", "top_logprobs needs logprobs: true")
     return GenRequest(kind="chat", sampling=parse_sampling(body, default), conversation=conversation,
-                      logprobs=(top or 0) if want else None, **common)
+                      logprobs=(top or 0) if want else None, messages=messages, tools=tools, tool_choice=choice,
+                      **common)
+
+
+def parse_tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Any]:
+    """(tools or None, tool_choice) with OpenAI's defaults: "auto" with tools, "none" without.
+
+    >>> parse_tools({"tools": [{"type": "function", "function": {"name": "f"}}]})[1]
+    'auto'
+    """
+    tools = body.get("tools") or None
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) and t["function"]["name"]
+                and isinstance(t["function"].get("parameters", {}), dict) for t in tools):
+            raise bad("tools", "tools must be a list of {\"type\": \"function\", \"function\": {\"name\": ..., "
+                      "\"parameters\": {JSON Schema}}}", "invalid_type")
+        tools = [{"type": "function", "function": t["function"]} for t in tools]
+    choice = body.get("tool_choice")
+    if choice is None:
+        return tools, "auto" if tools else "none"
+    names = [t["function"]["name"] for t in tools or []]
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if name not in names:
+            raise bad("tool_choice", f"tool_choice names the function {name!r}, which is not in tools ({names})")
+    elif choice not in ("none", "auto", "required"):
+        raise bad("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}", "invalid_type")
+    if choice != "none" and not tools:
+        raise bad("tool_choice", f"tool_choice {choice!r} needs tools", "invalid_value")
+    return tools, choice
+
+
+def tool_messages(messages: Any) -> List[Dict[str, Any]]:
+    """OpenAI messages with tool calls and tool results -> the chat template's message dicts, read by
+    training's own parser (``data.formats.messages.to_message``: arguments JSON parsed, as templates expect).
+
+    >>> tool_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+    ...     {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    ...     {"role": "tool", "tool_call_id": "c1", "content": "42"}])[2]
+    {'role': 'tool', 'content': '42'}
+    """
+    from ..data.formats.messages import to_message
+
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects", "invalid_type")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, f"{where} must be an object with 'role' and 'content'", "invalid_type")
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        if role not in ROLES + ("tool",):
+            raise bad(f"{where}.role", f"{where}.role {role!r} is not supported: use one of "
+                      f"{', '.join(ROLES + ('tool',))}")
+        if role == "tool":
+            prev = next((p for p in reversed(out) if p["role"] != "tool"), None)
+            if prev is None or not prev.get("tool_calls"):
+                raise bad(f"{where}.role", f"{where} is a tool result that follows no assistant tool_calls")
+        if m.get("content") is None and not (role == "assistant" and m.get("tool_calls")):
+            raise bad(f"{where}.content", f"{where} has no content", "missing_required_parameter")
+        try:
+            msg = to_message(dict(m, role=role, content=text_content(m["content"], f"{where}.content")
+                                  if m.get("content") is not None else None), where).as_template_dict()
+        except ValueError as e:
+            raise bad(where, str(e)) from e
+        out.append(msg)
+    if out[-1]["role"] not in ("user", "tool"):
+        raise bad("messages", "the last message must be the user's turn or a tool result to answer", "invalid_value")
+    return out
 
 
 def parse_prompts(prompt: Any) -> List[Any]:

@@ -3,8 +3,8 @@
 Shapes as vLLM answers them, which is what lm-eval 0.4.13's ``RemoteTokenizer`` reads:
 
 * ``/tokenize`` ``{"prompt": str, "add_special_tokens": bool = true}`` or ``{"messages": [...],
-  "add_generation_prompt": bool = true}`` -> ``{"count", "max_model_len", "tokens"}``; ``messages``
-  are rendered exactly as a chat request's prompt;
+  "tools": [...]}`` -> ``{"count", "max_model_len", "tokens"}``; ``messages`` (and ``tools``) are
+  rendered exactly as a chat request's prompt;
 * ``/detokenize`` ``{"tokens": [int]}`` -> ``{"prompt": str}`` (special tokens kept);
 * ``/tokenizer_info`` -> ``{"eos_token", "bos_token", "pad_token", "unk_token", "chat_template",
   "model_max_length", "tokenizer_class"}`` (lm-eval's check needs ``eos_token``).
@@ -48,7 +48,10 @@ def add_token_routes(app: FastAPI, models, by_name) -> None:
         m = _model(body, models, by_name)
         tok = m.session.tokenizer
         if "messages" in body:
-            req = parse_chat({"model": m.name, "messages": body["messages"], "max_tokens": 1}, [m.name], Sampling())
+            chat = {"model": m.name, "messages": body["messages"], "max_tokens": 1}
+            if body.get("tools"):
+                chat["tools"] = body["tools"]
+            req = parse_chat(chat, [m.name], Sampling())
             ids = await run_in_threadpool(prompt_ids, req, m)
         else:
             prompt, special = body.get("prompt"), body.get("add_special_tokens", True)
