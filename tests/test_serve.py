@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 from paddlenlp_ext.serve import models as serve_models
-from paddlenlp_ext.serve import decode, logprobs, protocol, textstream
+from paddlenlp_ext.serve import constrain, decode, logprobs, protocol, textstream, tools
 from paddlenlp_ext.serve.protocol import ApiError, Sampling, parse_chat, parse_completion
 
 MODELS = ["base", "sql"]
@@ -21,7 +21,7 @@ GREEDY = Sampling()
 USER = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("module", [protocol, textstream, serve_models, decode, logprobs])
+@pytest.mark.parametrize("module", [protocol, textstream, serve_models, decode, logprobs, tools, constrain])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -87,11 +87,32 @@ def test_completion_refusals():
     assert (r.prompt, r.echo, r.max_tokens, r.logprobs, r.n) == ([[1, 2], [3]], True, 0, 1, 2)
 
 
+def test_tool_requests_and_tool_call_parsing():
+    t = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = parse_chat({"model": "base", "messages": USER + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
+            "name": "f", "arguments": "{\"x\": 1}"}}]}, {"role": "tool", "tool_call_id": "1", "content": "2"}],
+        "tools": t}, MODELS, GREEDY)
+    assert r.tool_choice == "auto" and r.messages[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert refusal({"model": "base", "messages": USER, "tool_choice": "required"}).param == "tool_choice"
+    assert refusal({"model": "base", "messages": USER + [{"role": "assistant", "content": "a"},
+                                                          {"role": "tool", "content": "x"}]}).param == \
+        "messages[2].role"
+    text = 'x <tool_call>\n{"name": "f", "arguments": {"a": [1]}}\n</tool_call>\n<tool_call>{"name": "g", ' \
+           '"arguments": {}}</tool_call>'
+    content, calls = tools.parse_tool_calls(text, "hermes")
+    assert content == "x" and [c["function"]["name"] for c in calls] == ["f", "g"]
+    assert tools.parse_tool_calls("<tool_call>{not json}</tool_call>", "hermes") == \
+        ("<tool_call>{not json}</tool_call>", []), "a broken call stays text"
+    assert tools.parse_tool_calls('<|python_tag|>{"name": "f", "parameters": {"q": 1}}', "llama3")[1][0][
+        "function"]["arguments"] == '{"q": 1}'
+    assert tools.parse_tool_calls("plain answer", "llama3") == ("plain answer", [])
+
+
 def test_openai_defaults_are_accepted():
     """What the openai client or an SDK may send as OpenAI's own defaults: no behaviour, no refusal."""
     r = parse_chat({"model": "base", "messages": USER, "response_format": {"type": "text"}, "logprobs": False,
-                    "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": [],
-                    "tool_choice": "none", "parallel_tool_calls": True, "modalities": ["text"], "top_logprobs": None,
+                    "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": [], "parallel_tool_calls": True, "modalities": ["text"], "top_logprobs": None,
                     "store": False, "metadata": {}, "service_tier": "auto"}, MODELS, GREEDY)
     assert r.logprobs is None and r.response_format is None and r.n == 1
     r = parse_completion({"model": "base", "prompt": "a", "logprobs": None, "echo": False, "best_of": 1, "n": 1,
