@@ -168,8 +168,9 @@ def test_lm_eval_generate_until_over_both_endpoints(tiny_model_dir, tasks_dir, t
                                                            "temperature": 0, "stop": ["</s>"]})
             assert status == 200 and s["resps"][0][0] == r["choices"][0]["text"]
         for s in chat["tiny_gen"]:
-            messages = s["arguments"]["gen_args_0"]["arg_0"]  # the chat messages lm-eval sent
-            messages = json.loads(messages) if isinstance(messages, str) else messages
+            messages = s["arguments"]["gen_args_0"]["arg_0"]  # lm-eval logs ['<the messages as JSON>']
+            messages = json.loads(messages[0] if isinstance(messages, list) else messages)
             status, r = post(srv.url + "/v1/chat/completions", {"model": "base", "messages": messages,
                                                                 "max_tokens": 8, "temperature": 0})
-            assert status == 200 and s["resps"][0][0] == r["choices"][0]["message"]["content"]
+            assert status == 200, r
+            assert s["resps"][0][0] == r["choices"][0]["message"]["content"]
