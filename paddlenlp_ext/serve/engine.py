@@ -144,7 +144,8 @@ class RowState:
 
 class Scheduler:
     def __init__(self, models, max_batch_size: int = 16, max_queue: int = 64, batch_wait: float = 0.01,
-                 on_batch: Optional[Callable[[dict], None]] = None):
+                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False):
+        self.continuous = continuous  # serve.continuous: rows join and leave the running batch every step
         self.models = {m.name: m for m in models}
         self.max_batch_size, self.max_queue, self.batch_wait = max_batch_size, max_queue, batch_wait
         self.on_batch = on_batch or (lambda info: None)
@@ -190,6 +191,16 @@ class Scheduler:
             self.ready.set()
             return
         self.ready.set()
+        if self.continuous:
+            from .continuous import ContinuousLoop
+
+            loop = ContinuousLoop(self)
+            while True:
+                try:
+                    if not loop.step():
+                        return
+                except Exception as e:  # the rows running now get a 500 (logged); the server goes on
+                    loop.fail(e)
         while True:
             jobs = self._next_batch()
             if jobs is None:
@@ -216,6 +227,47 @@ class Scheduler:
                 rows += len(j.choices)
                 self.waiting.remove(j)
         return [j for j in jobs if not j.cancelled.is_set()] or []
+
+    def admit(self, running) -> Optional[List[Job]]:
+        """Continuous batching: the waiting jobs that join ``running`` now (rows up to ``max_batch_size``);
+        blocks while nothing runs and nothing waits; None once closing with nothing left.  While the
+        oldest waiting job is for another model nothing joins, so the running set drains and that
+        model goes next (no model starves)."""
+        busy = running is not None and len(running) > 0
+        with self.cond:
+            while not self.waiting and not busy:
+                if self.closing:
+                    return None
+                self.cond.wait()
+        if not busy and self.batch_wait > 0:
+            time.sleep(self.batch_wait)  # let concurrent requests join the first step
+        with self.cond:
+            if not self.waiting:
+                return []
+            model = running_model = getattr(running, "served", None) if busy else None
+            model = model or self.waiting[0].model.name
+            if busy and self.waiting[0].model.name != running_model:
+                return []
+            room = self.max_batch_size - (len(running) if busy else 0)
+            jobs = []
+            for j in list(self.waiting):
+                if j.model.name != model:
+                    continue
+                if jobs and len(j.choices) > room:
+                    break
+                if not jobs and busy and len(j.choices) > room:
+                    break
+                jobs.append(j)
+                room -= len(j.choices)
+                self.waiting.remove(j)
+        return [j for j in jobs if not j.cancelled.is_set()]
+
+    def fail(self, jobs: List[Job], e: Exception) -> None:
+        _log.error("generation failed: %s: %s", type(e).__name__, e, exc_info=e)
+        for j in jobs:
+            if not j.finished:
+                j.finished = True
+                j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
 
     def _rows(self, jobs: List[Job]):
         """(decode.Row per choice, RowState per choice) for a batch."""
