@@ -13,6 +13,10 @@ of its tokens) is handed to the request's asyncio queue on the event loop.  A ro
 at its ``max_tokens``, at a stop sequence, or when its client went away (``Job.cancel``); the
 batch ends when every row has.
 
+With ``continuous=True`` (``--batching continuous``) the worker runs ``serve.continuous.ContinuousLoop``
+instead: waiting requests join the running batch at the next decode step (``admit``) and rows leave
+it when they end.
+
 Waiting requests beyond ``max_queue`` are refused with 429; after ``close()`` new requests get
 503 while everything already accepted is still generated (SIGTERM drains).
 """
