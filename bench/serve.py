@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/serve.py [--model build/tiny-llama] [--clients 32] [--rounds 2] [--max_tokens 32]
                                     [--deadline 300]
+    .venv/bin/python bench/serve.py --compare_batching   # --batching static vs continuous, mixed lengths
 
 1. Starts the server in a subprocess on a free loopback port (``--port 0``) with the model
    (the tiny demo model by default, built if absent).
@@ -112,6 +113,40 @@ def check_refusals(url, model):
     return bad
 
 
+def mixed_workload(n):
+    """(prompt, max_tokens) pairs of mixed prompt and answer lengths (1-12 words, 8-128 tokens)."""
+    budgets = [8, 128, 16, 64, 32, 96, 8, 48]
+    return [(" ".join([WORDS[(i + k) % len(WORDS)] for k in range(1 + i % 12)]) + f"*n#{i}", budgets[i % len(budgets)])
+            for i in range(n)]
+
+
+def compare_batching(a):
+    """The same mixed workload from ``a.clients`` concurrent clients against --batching static, then
+    continuous: throughput of each and the ratio; every answer must be the same in both."""
+    work = mixed_workload(a.clients * a.rounds)
+    rows, texts = {}, {}
+    for mode in ("static", "continuous"):
+        with ServerProcess(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
+                            "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients), "--batching",
+                            mode]) as server:
+            one(server.url, "bench", "warm-up", 4, a.timeout)
+            per_client = [work[c::a.clients] for c in range(a.clients)]
+
+            def client(mine):
+                return [one(server.url, "bench", t, m, a.timeout) for t, m in mine]
+
+            t0 = time.time()
+            with concurrent.futures.ThreadPoolExecutor(a.clients) as pool:
+                results = [r for rs in pool.map(client, per_client) for r in rs]
+            rows[mode] = summary(mode, results, time.time() - t0)
+            texts[mode] = [r.get("text") for r in results]
+            server.terminate()
+    ratio = rows["continuous"]["tokens_per_s"] / max(rows["static"]["tokens_per_s"], 1e-9)
+    differ = sum(x != y for x, y in zip(texts["static"], texts["continuous"]))
+    print(f"continuous / static throughput: {ratio:.2f}x; answers differing: {differ}")
+    return 0 if differ == 0 and not rows["static"]["errors"] and not rows["continuous"]["errors"] else 1
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=os.path.join(ROOT, "build", "tiny-llama"))
@@ -120,11 +155,17 @@ def main():
     p.add_argument("--max_tokens", type=int, default=32)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole benchmark")
+    p.add_argument("--compare_batching", action="store_true", help="only: --batching static vs continuous on a "
+                   "mixed workload (prompts of 1-12 words, max_tokens 8-128) from --clients concurrent clients")
     a = p.parse_args()
     if a.model == os.path.join(ROOT, "build", "tiny-llama"):
         from paddlenlp_ext.models.tiny import ensure_tiny_model
 
         ensure_tiny_model(a.model, os.path.join(ROOT, "llm", "data", "advertise"))
+    if a.compare_batching:
+        print(f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
+              f"{'p95 s':>7}")
+        return compare_batching(a)
     deadline = time.time() + a.deadline
     texts = prompts(a.clients * a.rounds)
     problems = []

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 from paddlenlp_ext.serve import models as serve_models
-from paddlenlp_ext.serve import protocol, textstream
+from paddlenlp_ext.serve import constrain, decode, logprobs, protocol, textstream, tools
 from paddlenlp_ext.serve.protocol import ApiError, Sampling, parse_chat, parse_completion
 
 MODELS = ["base", "sql"]
@@ -21,7 +21,7 @@ GREEDY = Sampling()
 USER = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("module", [protocol, textstream, serve_models])
+@pytest.mark.parametrize("module", [protocol, textstream, serve_models, decode, logprobs, tools, constrain])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -53,7 +53,13 @@ def refusal(body, parse=parse_chat):
     ({"model": "base", "messages": USER, "top_p": 1.5}, 400, "top_p", "invalid_value"),
     ({"model": "base", "messages": USER, "seed": 1.5}, 400, "seed", "invalid_type"),
     ({"model": "base", "messages": USER, "stop": [""]}, 400, "stop", "invalid_type"),
-    ({"model": "base", "messages": USER, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+    ({"model": "base", "messages": USER, "logprobs": 2}, 400, "logprobs", "invalid_type"),
+    ({"model": "base", "messages": USER, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+    ({"model": "base", "messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs",
+     "invalid_value"),
+    ({"model": "base", "messages": USER, "n": 0}, 400, "n", "invalid_value"),
+    ({"model": "base", "messages": USER, "response_format": {"type": "xml"}}, 400, "response_format",
+     "invalid_type"),
     ({"model": "base", "messages": USER, "frequency_penalty": 0.5}, 400, "frequency_penalty",
      "unsupported_parameter"),
     ({"model": "base", "messages": USER, "stream_options": {"include_usage": "y"}}, 400, "stream_options",
@@ -68,10 +74,50 @@ def test_chat_refusals_name_the_parameter(body, status, param, code):
 
 def test_completion_refusals():
     assert refusal({"model": "base"}, parse_completion).param == "prompt"
-    assert refusal({"model": "base", "prompt": ["a", "b"]}, parse_completion).code == "invalid_type"
+    assert refusal({"model": "base", "prompt": ["a", [1, "b"]]}, parse_completion).param == "prompt[1]"
+    assert refusal({"model": "base", "prompt": []}, parse_completion).code == "invalid_type"
     assert refusal({"model": "base", "prompt": "a", "messages": USER}, parse_completion).code == "unknown_parameter"
+    assert refusal({"model": "base", "prompt": "a", "echo": True, "stream": True}, parse_completion).param == "echo"
+    assert refusal({"model": "base", "prompt": "a", "max_tokens": 0}, parse_completion).param == "max_tokens"
+    assert refusal({"model": "base", "prompt": "a", "best_of": 3}, parse_completion).param == "best_of"
     r = parse_completion({"model": "base", "prompt": ["only"], "stop": "\n", "max_tokens": 3}, MODELS, GREEDY)
-    assert (r.prompt, r.stop, r.max_tokens, r.kind) == ("only", ["\n"], 3, "completion")
+    assert (r.prompt, r.stop, r.max_tokens, r.kind) == (["only"], ["\n"], 3, "completion")
+    r = parse_completion({"model": "base", "prompt": [[1, 2], [3]], "echo": True, "max_tokens": 0, "logprobs": 1,
+                          "n": 2}, MODELS, GREEDY)
+    assert (r.prompt, r.echo, r.max_tokens, r.logprobs, r.n) == ([[1, 2], [3]], True, 0, 1, 2)
+
+
+def test_tool_requests_and_tool_call_parsing():
+    t = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = parse_chat({"model": "base", "messages": USER + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
+            "name": "f", "arguments": "{\"x\": 1}"}}]}, {"role": "tool", "tool_call_id": "1", "content": "2"}],
+        "tools": t}, MODELS, GREEDY)
+    assert r.tool_choice == "auto" and r.messages[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert refusal({"model": "base", "messages": USER, "tool_choice": "required"}).param == "tool_choice"
+    assert refusal({"model": "base", "messages": USER + [{"role": "assistant", "content": "a"},
+                                                          {"role": "tool", "content": "x"}]}).param == \
+        "messages[2].role"
+    text = 'x <tool_call>\n{"name": "f", "arguments": {"a": [1]}}\n</tool_call>\n<tool_call>{"name": "g", ' \
+           '"arguments": {}}</tool_call>'
+    content, calls = tools.parse_tool_calls(text, "hermes")
+    assert content == "x" and [c["function"]["name"] for c in calls] == ["f", "g"]
+    assert tools.parse_tool_calls("<tool_call>{not json}</tool_call>", "hermes") == \
+        ("<tool_call>{not json}</tool_call>", []), "a broken call stays text"
+    assert tools.parse_tool_calls('<|python_tag|>{"name": "f", "parameters": {"q": 1}}', "llama3")[1][0][
+        "function"]["arguments"] == '{"q": 1}'
+    assert tools.parse_tool_calls("plain answer", "llama3") == ("plain answer", [])
+
+
+def test_openai_defaults_are_accepted():
+    """What the openai client or an SDK may send as OpenAI's own defaults: no behaviour, no refusal."""
+    r = parse_chat({"model": "base", "messages": USER, "response_format": {"type": "text"}, "logprobs": False,
+                    "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "tools": [], "parallel_tool_calls": True, "modalities": ["text"], "top_logprobs": None,
+                    "store": False, "metadata": {}, "service_tier": "auto"}, MODELS, GREEDY)
+    assert r.logprobs is None and r.response_format is None and r.n == 1
+    r = parse_completion({"model": "base", "prompt": "a", "logprobs": None, "echo": False, "best_of": 1, "n": 1,
+                          "suffix": None}, MODELS, GREEDY)
+    assert r.logprobs is None and not r.echo
 
 
 def test_accepted_chat_request():
@@ -82,7 +128,6 @@ def test_accepted_chat_request():
     assert r.conversation.system == "Be brief." and r.conversation.src == ["hi", "hi"]
     assert r.conversation.history == ["yo"] and r.include_usage and r.max_tokens == 9
     assert r.sampling == Sampling(greedy=False, temperature=0.5, top_p=1.0, top_k=0, seed=3)
-    assert r.sampling.batch_key(1) != r.sampling.batch_key(2), "seeded requests must run alone"
     server_default = Sampling(greedy=False, temperature=0.7, top_p=0.8, top_k=5)
     assert parse_chat({"model": "base", "messages": USER}, MODELS, server_default).sampling == server_default
 

@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long the first waiting request waits for others to join its batch")
     p.add_argument("--drain_timeout", type=float, default=300.0,
                    help="on SIGTERM, seconds to wait for requests in flight before exiting")
+    p.add_argument("--batching", choices=["static", "continuous"], default="static",
+                   help="static: a batch runs to its longest row; continuous: requests join the running batch at "
+                   "the next decode step and finished rows leave at once (docs/serve.md)")
+    p.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and the tokenizer "
+                   "routes (401 without it; as vLLM's --api_key); the chat page asks for it once")
     add_generation_flags(p)  # the predictor's: --max_length, decoding, --dtype, --device, --chat_template
     return p
 
@@ -49,7 +54,9 @@ def _problems(a: argparse.Namespace) -> List[str]:
                            ("max_batch_size", a.max_batch_size >= 1, "at least 1"),
                            ("max_queue", a.max_queue >= 1, "at least 1"),
                            ("batch_wait_ms", 0 <= a.batch_wait_ms <= 10000, "in [0, 10000]"),
-                           ("drain_timeout", a.drain_timeout > 0, "greater than 0")):
+                           ("drain_timeout", a.drain_timeout > 0, "greater than 0"),
+                           ("api_key", a.api_key is None or (a.api_key.strip() and a.api_key.isprintable()),
+                            "a non-empty printable string")):
         if not ok:
             out.append(f"--{name} {getattr(a, name)}: must be {rule}")
     return out
@@ -106,7 +113,8 @@ def _serve(a, models, sock, default, load_models) -> int:
               f"{info['seconds']:.2f}s" + (f", {info['cancelled']} cancelled" if info["cancelled"] else ""),
               file=sys.stderr, flush=True)
 
-    scheduler = Scheduler(models, a.max_batch_size, a.max_queue, a.batch_wait_ms / 1000.0, on_batch=log_batch)
+    scheduler = Scheduler(models, a.max_batch_size, a.max_queue, a.batch_wait_ms / 1000.0, on_batch=log_batch,
+                          continuous=a.batching == "continuous")
     scheduler.start(lambda: load_models(models))
     scheduler.ready.wait()
     if scheduler.load_error is not None:
@@ -116,7 +124,7 @@ def _serve(a, models, sock, default, load_models) -> int:
         raise scheduler.load_error
     for m in models:
         print(f"[serve] model {m.name}: {m.session.description}", file=sys.stderr)
-    app = build_app(models, scheduler, default)
+    app = build_app(models, scheduler, default, api_key=a.api_key)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=a.drain_timeout, access_log=False)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]

@@ -1,16 +1,21 @@
-"""The scheduler: a bounded queue of requests, batched per model and sampling, generated on one thread.
+"""The scheduler: a bounded queue of requests, batched per model, generated on one thread.
 
 One worker thread owns Paddle: it loads the models, then repeatedly takes the oldest waiting
-request, waits ``batch_wait`` seconds for company, and runs every waiting request with the same
-model and the same sampling (``Sampling.batch_key``) -- up to ``max_batch_size`` -- as ONE
-left-padded ``predict.generate.generate_batch`` call with the KV cache.  Requests for another
-adapter wait for the next batch, so an adapter's weights only ever see its own requests.
+request, waits ``batch_wait`` seconds for company, and runs every waiting request for the same
+model -- up to ``max_batch_size`` rows (a request has one row per prompt and choice, ``n``) --
+as ONE left-padded ``serve.decode.decode`` call with the KV cache.  Sampling, seeds, logprobs
+and token masks are per row, so requests with different settings share a batch; requests for
+another adapter wait for the next batch, so an adapter's weights only ever see its own requests.
 
-Each generated token goes to every row through :class:`BatchStreamer`: the row's text is
-re-decoded, a :class:`~.textstream.TextAssembler` decides what can be sent, and the delta is
-handed to the request's asyncio queue on the event loop.  A row ends at EOS, at its
-``max_tokens``, at a stop sequence, or when its client went away (``Job.cancel``); when every
-row of the batch has ended the streamer stops ``generate`` early (:class:`BatchDone`).
+Each generated token goes to its row's :class:`RowState`: the row's text is re-decoded, a
+:class:`~.textstream.TextAssembler` decides what can be sent, and the delta (with the logprobs
+of its tokens) is handed to the request's asyncio queue on the event loop.  A row ends at EOS,
+at its ``max_tokens``, at a stop sequence, or when its client went away (``Job.cancel``); the
+batch ends when every row has.
+
+With ``continuous=True`` (``--batching continuous``) the worker runs ``serve.continuous.ContinuousLoop``
+instead: waiting requests join the running batch at the next decode step (``admit``) and rows leave
+it when they end.
 
 Waiting requests beyond ``max_queue`` are refused with 429; after ``close()`` new requests get
 503 while everything already accepted is still generated (SIGTERM drains).
@@ -36,19 +41,39 @@ _log = logging.getLogger("paddlenlp_ext.serve")
 _ids = itertools.count(1)
 
 
+@dataclasses.dataclass
+class Choice:
+    """One answer of a request: its prompt (a request may have several prompts, and ``n`` choices each)."""
+
+    index: int
+    prompt_ids: List[int]
+    max_new_tokens: int  # 0: no generation (echo of the prompt's logprobs only)
+    constraint: Any = None  # serve.constrain matcher for structured output / forced tool calls
+
+
 class Job:
     """One request on its way through the scheduler; events go to ``queue`` on the event loop:
-    ``("delta", text)``, then ``("done", finish_reason, prompt_tokens, completion_tokens, full_text)``
-    or ``("error", ApiError)``."""
+    ``("delta", text, choice_index, token_infos)``, then per choice
+    ``("done", finish_reason, prompt_tokens, completion_tokens, full_text, choice_index, extra)``,
+    or ``("error", ApiError)``.  ``extra``: ``{"tokens", "infos", "prompt_ids", "prompt_infos"}``."""
 
-    def __init__(self, req: GenRequest, model, prompt_ids: List[int], max_new_tokens: int,
-                 loop: asyncio.AbstractEventLoop):
+    def __init__(self, req: GenRequest, model, prompt_ids, max_new_tokens, loop: asyncio.AbstractEventLoop,
+                 constraint_factory: Optional[Callable[[], Any]] = None):
         self.id = next(_ids)
-        self.req, self.model, self.prompt_ids, self.max_new_tokens = req, model, prompt_ids, max_new_tokens
+        prompts = [prompt_ids] if prompt_ids and isinstance(prompt_ids[0], int) else list(prompt_ids)
+        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+        n = getattr(req, "n", 1)
+        self.choices = [Choice(p * n + j, prompts[p], budgets[p], constraint_factory() if constraint_factory else None)
+                        for p in range(len(prompts)) for j in range(n)]
+        self.req, self.model = req, model
+        self.prompt_ids, self.max_new_tokens = prompts[0], budgets[0]  # the first prompt's (logs, tests)
+        self.prompt_tokens = sum(len(p) for p in prompts)
         self.loop, self.queue = loop, asyncio.Queue()
-        self.key = (model.name,) + req.sampling.batch_key(self.id)
+        self.key = (model.name,)  # every row of a model shares a batch: sampling is per row (serve.decode)
         self.cancelled = threading.Event()
+        self.remaining = len(self.choices)
         self.finished = False
+        self.submitted = time.time()
 
     def emit(self, *event: Any) -> None:
         try:
@@ -57,80 +82,78 @@ class Job:
             self.cancelled.set()
 
     def cancel(self) -> None:
-        """The client went away: stop generating for it (its row is dropped at the next token)."""
+        """The client went away: stop generating for it (its rows are dropped at the next token)."""
         self.cancelled.set()
 
 
-class BatchDone(Exception):
-    """Raised from the streamer to end ``generate`` once every row has ended (EOS, budget, stop, cancel)."""
+class RowState:
+    """One row's text as its tokens arrive: deltas (held back at stop prefixes), logprobs, its end."""
 
-
-class BatchStreamer:
-    """PaddleNLP's streamer hook over a batch: ``put`` gets the next token of every row [B, 1]."""
-
-    def __init__(self, jobs: List[Job], tokenizer, eos_ids: List[int]):
-        self.jobs, self.tokenizer, self.eos_ids = jobs, tokenizer, set(eos_ids)
-        self.rows = [IncrementalDecoder(self.decode) for _ in jobs]
-        self.text = [TextAssembler(j.req.stop) for j in jobs]
-        self.reason: List[Optional[str]] = [None] * len(jobs)
+    def __init__(self, job: Job, choice: Choice, decode_text, row=None):
+        self.job, self.choice, self.decode_text, self.row = job, choice, decode_text, row
+        self.dec = IncrementalDecoder(decode_text)
+        self.text = TextAssembler(job.req.stop)
+        self.infos: List[Any] = []  # per generated token: decode.token_info (or None)
+        self.sent = 0  # infos already sent with a delta
+        self.reason: Optional[str] = None
 
     @property
-    def ids(self) -> List[List[int]]:
-        return [r.ids for r in self.rows]
+    def ids(self) -> List[int]:
+        return self.dec.ids
 
-    def decode(self, ids: List[int]) -> str:
-        # as the predictor decodes an answer: special tokens out, spaces as the tokenizer made them
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    def add(self, token: int, info, eos_ids) -> bool:
+        """The row's next token; True when the row has ended."""
+        if self.reason is not None:
+            return True
+        if self.job.cancelled.is_set():
+            self.reason = "cancelled"
+            return True
+        if token in eos_ids:
+            self.finish("stop")
+            return True
+        self.infos.append(info)
+        if self.dec.add(token):
+            delta, stopped = self.text.update(self.dec.text)
+            if delta:
+                self._emit_delta(delta)
+            if stopped:
+                self.finish("stop")
+                return True
+        if len(self.dec.ids) >= self.choice.max_new_tokens:
+            self.finish("length")
+            return True
+        return False
 
-    def put(self, value) -> None:
-        tokens = np.asarray(value.numpy() if hasattr(value, "numpy") else value).reshape(-1)  # [B]
-        for i, job in enumerate(self.jobs):
-            if self.reason[i] is not None:
-                continue
-            if job.cancelled.is_set():
-                self.reason[i] = "cancelled"
-                continue
-            t = int(tokens[i])
-            if t in self.eos_ids:
-                self.finish(i, "stop")
-                continue
-            if self.rows[i].add(t):
-                delta, stopped = self.text[i].update(self.rows[i].text)
-                if delta:
-                    job.emit("delta", delta)
-                if stopped:
-                    self.finish(i, "stop")
-                    continue
-            if len(self.rows[i].ids) >= job.max_new_tokens:
-                self.finish(i, "length")
-        if all(r is not None for r in self.reason):
-            raise BatchDone()
+    def _emit_delta(self, delta: str) -> None:
+        infos = self.infos[self.sent:]
+        self.sent = len(self.infos)
+        self.job.emit("delta", delta, self.choice.index, infos)
 
-    def end(self) -> None:
-        """generate() ran to the longest budget: every row has ended by now; close any that did not."""
-        for i in range(len(self.jobs)):
-            if self.reason[i] is None:
-                self.finish(i, "length")
-
-    def finish(self, i: int, reason: str) -> None:
-        """End row i: the answer is the decoding of all its tokens (the predictor's), cut at a stop sequence."""
-        full = self.decode(self.rows[i].ids)
-        cut = first_stop(full, self.jobs[i].req.stop)
+    def finish(self, reason: str) -> None:
+        """End the row: the answer is the decoding of all its tokens (the predictor's), cut at a stop sequence."""
+        full = self.decode_text(self.dec.ids)
+        cut = first_stop(full, self.job.req.stop)
         answer = full if cut is None else full[:cut]
-        delta, _ = self.text[i].update(full, final=True)
-        if delta:
-            self.jobs[i].emit("delta", delta)
-        self.reason[i] = "stop" if cut is not None else reason
-        self.jobs[i].finished = True
-        self.jobs[i].emit("done", self.reason[i], len(self.jobs[i].prompt_ids), len(self.rows[i].ids), answer)
+        delta, _ = self.text.update(full, final=True)
+        if delta or self.sent < len(self.infos):
+            self._emit_delta(delta)
+        self.reason = "stop" if cut is not None else reason
+        self.job.remaining -= 1
+        self.job.finished = self.job.remaining <= 0
+        extra = {"tokens": list(self.dec.ids), "infos": self.infos, "prompt_ids": self.choice.prompt_ids,
+                 "prompt_infos": getattr(self.row, "prompt_logprobs", None)}
+        self.job.emit("done", self.reason, len(self.choice.prompt_ids), len(self.dec.ids), answer,
+                      self.choice.index, extra)
 
 
 class Scheduler:
     def __init__(self, models, max_batch_size: int = 16, max_queue: int = 64, batch_wait: float = 0.01,
-                 on_batch: Optional[Callable[[dict], None]] = None):
+                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False):
+        self.continuous = continuous  # serve.continuous: rows join and leave the running batch every step
         self.models = {m.name: m for m in models}
         self.max_batch_size, self.max_queue, self.batch_wait = max_batch_size, max_queue, batch_wait
         self.on_batch = on_batch or (lambda info: None)
+        self.on_rows: Callable[[int], None] = lambda rows: None  # rows per batch (the /metrics histogram)
         self.waiting: Deque[Job] = deque()
         self.cond = threading.Condition()
         self.closing = False
@@ -172,6 +195,16 @@ class Scheduler:
             self.ready.set()
             return
         self.ready.set()
+        if self.continuous:
+            from .continuous import ContinuousLoop
+
+            loop = ContinuousLoop(self)
+            while True:
+                try:
+                    if not loop.step():
+                        return
+                except Exception as e:  # the rows running now get a 500 (logged); the server goes on
+                    loop.fail(e)
         while True:
             jobs = self._next_batch()
             if jobs is None:
@@ -188,45 +221,109 @@ class Scheduler:
             time.sleep(self.batch_wait)  # let concurrent requests join this batch
         with self.cond:
             key = self.waiting[0].key
-            jobs = [j for j in self.waiting if j.key == key][:self.max_batch_size]
-            for j in jobs:
+            jobs, rows = [], 0
+            for j in list(self.waiting):
+                if j.key != key:
+                    continue
+                if jobs and rows + len(j.choices) > self.max_batch_size:
+                    break
+                jobs.append(j)
+                rows += len(j.choices)
                 self.waiting.remove(j)
         return [j for j in jobs if not j.cancelled.is_set()] or []
+
+    def admit(self, running) -> Optional[List[Job]]:
+        """Continuous batching: the waiting jobs that join ``running`` now (rows up to ``max_batch_size``);
+        blocks while nothing runs and nothing waits; None once closing with nothing left.  While the
+        oldest waiting job is for another model nothing joins, so the running set drains and that
+        model goes next (no model starves)."""
+        busy = running is not None and len(running) > 0
+        with self.cond:
+            while not self.waiting and not busy:
+                if self.closing:
+                    return None
+                self.cond.wait()
+        if not busy and self.batch_wait > 0:
+            time.sleep(self.batch_wait)  # let concurrent requests join the first step
+        with self.cond:
+            if not self.waiting:
+                return []
+            model = running_model = getattr(running, "served", None) if busy else None
+            model = model or self.waiting[0].model.name
+            if busy and self.waiting[0].model.name != running_model:
+                return []
+            room = self.max_batch_size - (len(running) if busy else 0)
+            jobs = []
+            for j in list(self.waiting):
+                if j.model.name != model:
+                    continue
+                if jobs and len(j.choices) > room:
+                    break
+                if not jobs and busy and len(j.choices) > room:
+                    break
+                jobs.append(j)
+                room -= len(j.choices)
+                self.waiting.remove(j)
+        return [j for j in jobs if not j.cancelled.is_set()]
+
+    def fail(self, jobs: List[Job], e: Exception) -> None:
+        _log.error("generation failed: %s: %s", type(e).__name__, e, exc_info=e)
+        for j in jobs:
+            if not j.finished:
+                j.finished = True
+                j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
+
+    def _rows(self, jobs: List[Job]):
+        """(decode.Row per choice, RowState per choice) for a batch."""
+        from .decode import Row
+
+        model = jobs[0].model
+        s = model.session
+
+        def text(ids):  # as the predictor decodes an answer: special tokens out, spaces as the tokenizer made them
+            return s.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+        rows, states = [], []
+        for j in jobs:
+            sp, req = j.req.sampling, j.req
+            for c in j.choices:
+                rng = np.random.default_rng([sp.seed, c.index]) if sp.seed is not None else np.random.default_rng()
+                rows.append(Row(prompt=c.prompt_ids, greedy=sp.greedy, temperature=sp.temperature, top_p=sp.top_p,
+                                top_k=sp.top_k, repetition_penalty=float(model.options.repetition_penalty), rng=rng,
+                                logprobs=getattr(req, "logprobs", None), echo=getattr(req, "echo", False),
+                                constraint=c.constraint, generate=c.max_new_tokens > 0))
+                states.append(RowState(j, c, text, rows[-1]))
+        return rows, states
 
     def _run(self, jobs: List[Job]) -> None:
         if not jobs:
             return
-        from ..predict.generate import generate_batch
-        from ..predict.prompts import Prompt
+        from .decode import decode
 
         model, s = jobs[0].model, jobs[0].model.session
-        sampling = jobs[0].req.sampling
-        o = dataclasses.replace(model.options, decode_strategy="greedy_search" if sampling.greedy else "sampling",
-                                top_k=sampling.top_k, top_p=sampling.top_p, temperature=sampling.temperature)
-        if sampling.seed is not None:
-            import paddle
-
-            paddle.seed(sampling.seed)
-        streamer = BatchStreamer(jobs, s.tokenizer, s.eos_ids)
+        rows, states = self._rows(jobs)
+        eos = set(s.eos_ids)
         t0 = time.time()
-        self.stats["running"] = len(jobs)
+        self.stats["running"] = len(rows)
+        self.on_rows(len(rows))
         try:
-            generate_batch(s.model, [Prompt(ids=j.prompt_ids, max_new_tokens=j.max_new_tokens) for j in jobs], o,
-                           s.eos_ids, s.pad_id, streamer=streamer)
-        except BatchDone:
-            pass
+            decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
+                   lambda i, t, info: states[i].add(t, info, eos))
         except Exception as e:  # reported to each request of this batch as a 500; the server goes on
             _log.exception("generation failed")
             for j in jobs:
                 if not j.finished:
+                    j.finished = True
                     j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
             return
         finally:
             self.stats["running"] = 0
-        streamer.end()
+        for st in states:  # rows that never got a token (echo only)
+            if st.reason is None and not st.job.cancelled.is_set():
+                st.finish("length")
         self.stats["batches"] += 1
         self.stats["rows"] += len(jobs)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(jobs))
-        self.on_batch({"model": model.name, "rows": len(jobs), "seconds": time.time() - t0,
-                       "new_tokens": sum(len(x) for x in streamer.ids),
-                       "cancelled": sum(r == "cancelled" for r in streamer.reason)})
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
+        self.on_batch({"model": model.name, "rows": len(jobs), "choices": len(rows), "seconds": time.time() - t0,
+                       "new_tokens": sum(len(x.ids) for x in states),
+                       "cancelled": sum(x.reason == "cancelled" for x in states)})

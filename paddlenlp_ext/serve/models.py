@@ -86,39 +86,90 @@ def default_sampling(o: PredictOptions) -> Sampling:
     return Sampling(greedy=o.greedy, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)
 
 
-def prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
-    """The request's prompt as token ids; ApiError 400 when it does not fit the context with room to answer."""
+def prompt_ids(req: GenRequest, model: ServedModel):
+    """The request's prompt as token ids (chat: one list; completion: a list per prompt); ApiError 400 when
+    one does not fit the context with room to answer, or names a token id the vocabulary does not have."""
+    if req.kind == "completion":
+        out = [_completion_ids(p, i, req, model) for i, p in enumerate(req.prompt)]
+        for ids in out:
+            _check_room(ids, req, model, "prompt")
+        return out
+    if req.messages is not None:
+        ids = _tool_prompt_ids(req, model)
+        _check_room(ids, req, model, "messages")
+        return ids
     from ..predict.prompts import build_prompt, full_prompt_ids
 
     s, limit = model.session, model.options.max_length
-    if req.kind == "chat":
-        c = req.conversation
-        rec = PromptRecord(src=c.src, history=c.history, system=c.system, origin="messages")
-        try:
-            # src_length = limit: nothing is cut unless the prompt alone fills the context (`truncated`);
-            # max_length unbounded so build_prompt leaves the refusal to the checks below
-            p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template, s.jinja)
-        except PredictInputError as e:  # the chat template refused the conversation
-            raise ApiError(400, str(e), "messages", "invalid_value") from e
-        ids, too_long = p.ids, p.truncated
-        if c.system is not None and s.use_template and not s.jinja and not too_long:
-            _refuse_dropped_system(rec, ids, s, limit)
-        if too_long:
-            ids = len(full_prompt_ids(rec, s.tokenizer, s.use_template, s.jinja))
-    else:
-        ids = list(s.tokenizer(req.prompt, return_attention_mask=False)["input_ids"])
-        too_long = len(ids) >= limit
-    if too_long:
-        n = ids if isinstance(ids, int) else len(ids)
+    c = req.conversation
+    rec = PromptRecord(src=c.src, history=c.history, system=c.system, origin="messages")
+    try:
+        # src_length = limit: nothing is cut unless the prompt alone fills the context (`truncated`);
+        # max_length unbounded so build_prompt leaves the refusal to the checks below
+        p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template, s.jinja)
+    except PredictInputError as e:  # the chat template refused the conversation
+        raise ApiError(400, str(e), "messages", "invalid_value") from e
+    ids = p.ids
+    if c.system is not None and s.use_template and not s.jinja and not p.truncated:
+        _refuse_dropped_system(rec, ids, s, limit)
+    if p.truncated:
+        ids = full_prompt_ids(rec, s.tokenizer, s.use_template, s.jinja)
+    _check_room(ids, req, model, "messages")
+    return ids
+
+
+def _tool_prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
+    """A conversation with tools / tool turns rendered by the model's jinja template with ``tools`` (as
+    transformers' ``apply_chat_template(tools=..., add_generation_prompt=True)``, training's renderer)."""
+    from ..data.chat_template import TemplateRenderError, render, special_tokens_of
+    from ..data.tokenize import _encode
+    from .tools import tool_style
+
+    s = model.session
+    if not s.jinja:
+        raise ApiError(400, "tools, tool calls and tool results are rendered by the model's jinja chat template, and "
+                       "this model has none: start the server with --chat_template FILE.jinja (or add chat_template "
+                       "to the model's tokenizer_config.json)", "tools", "chat_template_required")
+    if req.tool_choice != "none" and tool_style(s.jinja) is None:
+        raise ApiError(400, "this model's chat template writes no tool-call format the server can parse (Hermes/Qwen "
+                       "<tool_call> blocks or Llama 3 JSON); send tool_choice \"none\" or use such a template",
+                       "tools", "tool_format_unknown")
+    try:
+        text = render(s.jinja, req.messages, req.tools if req.tool_choice != "none" else None, True,
+                      special_tokens_of(s.tokenizer))
+    except TemplateRenderError as e:
+        raise ApiError(400, str(e), "messages", "invalid_value") from e
+    return _encode(s.tokenizer, text)
+
+
+def vocab_size(tokenizer) -> int:
+    return len(tokenizer)
+
+
+def _completion_ids(p, i: int, req: GenRequest, model: ServedModel) -> List[int]:
+    tok = model.session.tokenizer
+    if isinstance(p, str):
+        return list(tok(p, return_attention_mask=False)["input_ids"])
+    v = vocab_size(tok)
+    bad_ids = [t for t in p if not 0 <= t < v]
+    if bad_ids:
+        where = "prompt" if len(req.prompt) == 1 else f"prompt[{i}]"
+        raise ApiError(400, f"{where} has token id(s) {bad_ids[:5]} outside this model's vocabulary [0, {v})",
+                       where, "invalid_value")
+    return list(p)
+
+
+def _check_room(ids: List[int], req: GenRequest, model: ServedModel, param: str) -> None:
+    limit = model.options.max_length
+    if len(ids) >= limit + (1 if req.max_tokens == 0 else 0):
         raise ApiError(400, f"this model's maximum context length is {limit} tokens (prompt + answer); the "
-                       f"{'messages are' if req.kind == 'chat' else 'prompt is'} {n} tokens. Shorten it.",
-                       "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+                       f"{'messages are' if param == 'messages' else 'prompt is'} {len(ids)} tokens. Shorten it.",
+                       param, "context_length_exceeded")
     room = limit - len(ids)
     if req.max_tokens is not None and req.max_tokens > room:
         raise ApiError(400, f"this model's maximum context length is {limit} tokens; you requested "
                        f"{len(ids) + req.max_tokens} ({len(ids)} in the prompt, {req.max_tokens} for the answer). "
                        f"Use max_tokens {room} or less.", "max_tokens", "context_length_exceeded")
-    return ids
 
 
 def _refuse_dropped_system(rec: PromptRecord, ids: List[int], session, limit: int) -> None:

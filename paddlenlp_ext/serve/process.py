@@ -101,7 +101,7 @@ def post(url: str, body: Any, timeout: float = 120.0) -> Tuple[int, Any]:
 
 
 def malformed_requests(model: str) -> List[Tuple[str, str, Any]]:
-    """[(what, path, body)]: 21 requests a server must refuse with a 4xx JSON error and survive."""
+    """[(what, path, body)]: 22 requests a server must refuse with a 4xx JSON error and survive."""
     msg = [{"role": "user", "content": "hi"}]
     chat = "/v1/chat/completions"
 
@@ -124,10 +124,11 @@ def malformed_requests(model: str) -> List[Tuple[str, str, Any]]:
         ("temperature out of range", chat, ok(temperature=3)),
         ("top_p 0", chat, ok(top_p=0)),
         ("stream not a boolean", chat, ok(stream="yes")),
-        ("n > 1 (not supported)", chat, ok(n=3)),
+        ("n over the limit", chat, ok(n=1000)),
         ("five stop sequences", chat, ok(stop=["a", "b", "c", "d", "e"])),
         ("messages a string", chat, {"model": model, "messages": "hello"}),
-        ("token-id prompt", "/v1/completions", {"model": model, "prompt": [1, 2, 3]}),
+        ("token id outside the vocabulary", "/v1/completions", {"model": model, "prompt": [1, 2, 10 ** 9]}),
+        ("echo while streaming", "/v1/completions", {"model": model, "prompt": "hi", "echo": True, "stream": True}),
         ("unknown parameter", "/v1/completions", {"model": model, "prompt": "hi", "bogus_option": 1}),
         ("5 MB body", chat, b"x" * (5 * 1024 * 1024)),
     ]

@@ -20,16 +20,20 @@ from typing import Any, Dict, List, Optional, Tuple
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 ROLES = ("system", "developer", "user", "assistant")
 #: parameters that change nothing about the answer, accepted and not used
-HARMLESS = {"user", "metadata", "store", "stream_options", "service_tier"}
+HARMLESS = {"user", "metadata", "store", "stream_options", "service_tier", "parallel_tool_calls"}
 #: OpenAI parameters this server does not implement, with the value that means "off" (accepted as such)
-UNSUPPORTED = {"n": 1, "logprobs": None, "top_logprobs": None, "tools": None, "tool_choice": None,
-               "functions": None, "function_call": None, "response_format": None, "presence_penalty": 0,
-               "frequency_penalty": 0, "logit_bias": None, "best_of": 1, "echo": False, "suffix": None,
-               "parallel_tool_calls": None, "modalities": None, "audio": None, "prediction": None,
-               "reasoning_effort": None}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream"} | HARMLESS | set(UNSUPPORTED)
-CHAT_KEYS = COMMON | {"messages", "max_completion_tokens"}
-COMPLETION_KEYS = COMMON | {"prompt"}
+UNSUPPORTED = {"functions": None, "function_call": None,
+               "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "suffix": None,
+               "modalities": None, "audio": None, "prediction": None, "reasoning_effort": None}
+#: "off" values besides None that mean the same (OpenAI's own defaults, which its clients may send)
+ALSO_OFF = {"logit_bias": ({},), "modalities": (["text"],),
+            "suffix": ("",)}
+MAX_N = 16  # choices per request (each is a row of the batch)
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API (vLLM's default limit too)
+COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "n", "logprobs",
+          "response_format"} | HARMLESS | set(UNSUPPORTED)
+CHAT_KEYS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
+COMPLETION_KEYS = COMMON | {"prompt", "echo", "best_of"}
 
 
 class ApiError(Exception):
@@ -58,22 +62,13 @@ def bad(param: Optional[str], message: str, code: str = "invalid_value") -> ApiE
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to pick tokens; requests with the same ``batch_key`` may share a generation batch."""
+    """How to pick tokens (per row: requests with different sampling share a batch, serve.decode)."""
 
     greedy: bool = True
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 1
     seed: Optional[int] = None
-
-    def batch_key(self, request_id: int) -> Tuple:
-        """Greedy rows batch with any greedy row; a seeded request runs alone, so its sample does not
-        depend on which other requests were waiting (the seed is set once per batch)."""
-        if self.greedy:
-            return ("greedy",)
-        if self.seed is not None:
-            return ("seeded", request_id)
-        return ("sampling", self.temperature, self.top_p, self.top_k)
 
 
 @dataclass
@@ -95,7 +90,14 @@ class GenRequest:
     stop: List[str]
     sampling: Sampling
     conversation: Optional[Conversation] = None  # chat
-    prompt: Optional[str] = None  # completion
+    prompt: Optional[List[Any]] = None  # completion: prompts, each a string or a list of token ids
+    n: int = 1  # choices per prompt
+    logprobs: Optional[int] = None  # None: no logprobs; k: the chosen token's and the k most likely
+    echo: bool = False  # completion: the prompt (text and logprobs) before the answer
+    response_format: Optional[Dict[str, Any]] = None  # json_object / json_schema: constrained decoding
+    messages: Optional[List[Dict[str, Any]]] = None  # chat with tools / tool turns: the template's messages
+    tools: Optional[List[Dict[str, Any]]] = None  # offered functions ({"type": "function", "function": {...}})
+    tool_choice: Any = "none"  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
 
 
 def _is_int(v: Any) -> bool:
@@ -111,7 +113,7 @@ def _check_keys(body: Dict[str, Any], allowed: set, endpoint: str) -> None:
         if key not in allowed:
             raise bad(key, f"unknown parameter {key!r} for {endpoint}", "unknown_parameter")
     for key, off in UNSUPPORTED.items():
-        if key in body and body[key] is not None and body[key] != off:
+        if key in body and body[key] is not None and body[key] != off and body[key] not in ALSO_OFF.get(key, ()):
             raise bad(key, f"{key}={body[key]!r} is not supported by this server (leave it out"
                       + ("" if off is None else f" or send {off!r}") + ")", "unsupported_parameter")
 
@@ -261,7 +263,40 @@ def _common(body: Any, endpoint: str, allowed: set, models: List[str]) -> Dict[s
     if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
         raise bad("stream_options", "stream_options must be {\"include_usage\": true|false}", "invalid_type")
     return {"model": model, "stream": stream, "include_usage": bool(stream and opts and opts.get("include_usage")),
-            "max_tokens": _max_tokens(body), "stop": parse_stop(body.get("stop"))}
+            "max_tokens": _max_tokens(body), "stop": parse_stop(body.get("stop")), "n": _bounded_int(body, "n", 1, MAX_N, 1),
+            "response_format": parse_response_format(body.get("response_format"))}
+
+
+def _bounded_int(body: Dict[str, Any], key: str, lo: int, hi: int, default: Optional[int]) -> Optional[int]:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise bad(key, f"{key} must be an integer, got {type(v).__name__}", "invalid_type")
+    if not lo <= v <= hi:
+        raise bad(key, f"{key} {v} is out of range: must be in [{lo}, {hi}]")
+    return v
+
+
+def parse_response_format(value: Any) -> Optional[Dict[str, Any]]:
+    """None for free text (absent, or OpenAI's default ``{"type": "text"}``); the object for JSON output.
+
+    >>> parse_response_format({"type": "text"}) is None, parse_response_format({"type": "json_object"})
+    (True, {'type': 'json_object'})
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad("response_format", "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                  "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}", "invalid_type")
+    if value["type"] == "text":
+        return None
+    if value["type"] == "json_schema":
+        js = value.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise bad("response_format.json_schema", "response_format.json_schema must be an object with a "
+                      "\"schema\" object (a JSON Schema)", "invalid_type")
+    return value
 
 
 def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
@@ -270,19 +305,136 @@ def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     if "messages" not in body:
         raise bad("messages", "messages is required: [{\"role\": \"user\", \"content\": \"...\"}]",
                   "missing_required_parameter")
-    conversation = parse_messages(body["messages"])
-    return GenRequest(kind="chat", sampling=parse_sampling(body, default), conversation=conversation, **common)
+    tools, choice = parse_tools(body)
+    raw = body["messages"]
+    with_tools = tools is not None or (isinstance(raw, list) and any(
+        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in raw))
+    conversation, messages = (None, tool_messages(raw)) if with_tools else (parse_messages(raw), None)
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise bad("logprobs", f"logprobs must be true or false on chat completions, got {want!r}", "invalid_type")
+    top = _bounded_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+    if top is not None and not want:
+        raise bad("top_logprobs", "top_logprobs needs logprobs: true")
+    return GenRequest(kind="chat", sampling=parse_sampling(body, default), conversation=conversation,
+                      logprobs=(top or 0) if want else None, messages=messages, tools=tools, tool_choice=choice,
+                      **common)
+
+
+def parse_tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Any]:
+    """(tools or None, tool_choice) with OpenAI's defaults: "auto" with tools, "none" without.
+
+    >>> parse_tools({"tools": [{"type": "function", "function": {"name": "f"}}]})[1]
+    'auto'
+    """
+    tools = body.get("tools") or None
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str) and t["function"]["name"]
+                and isinstance(t["function"].get("parameters", {}), dict) for t in tools):
+            raise bad("tools", "tools must be a list of {\"type\": \"function\", \"function\": {\"name\": ..., "
+                      "\"parameters\": {JSON Schema}}}", "invalid_type")
+        tools = [{"type": "function", "function": t["function"]} for t in tools]
+    choice = body.get("tool_choice")
+    if choice is None:
+        return tools, "auto" if tools else "none"
+    names = [t["function"]["name"] for t in tools or []]
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if name not in names:
+            raise bad("tool_choice", f"tool_choice names the function {name!r}, which is not in tools ({names})")
+    elif choice not in ("none", "auto", "required"):
+        raise bad("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}", "invalid_type")
+    if choice != "none" and not tools:
+        raise bad("tool_choice", f"tool_choice {choice!r} needs tools", "invalid_value")
+    return tools, choice
+
+
+def tool_messages(messages: Any) -> List[Dict[str, Any]]:
+    """OpenAI messages with tool calls and tool results -> the chat template's message dicts, read by
+    training's own parser (``data.formats.messages.to_message``: arguments JSON parsed, as templates expect).
+
+    >>> tool_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+    ...     {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    ...     {"role": "tool", "tool_call_id": "c1", "content": "42"}])[2]
+    {'role': 'tool', 'content': '42'}
+    """
+    from ..data.formats.messages import to_message
+
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects", "invalid_type")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, f"{where} must be an object with 'role' and 'content'", "invalid_type")
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        if role not in ROLES + ("tool",):
+            raise bad(f"{where}.role", f"{where}.role {role!r} is not supported: use one of "
+                      f"{', '.join(ROLES + ('tool',))}")
+        if role == "tool":
+            prev = next((p for p in reversed(out) if p["role"] != "tool"), None)
+            if prev is None or not prev.get("tool_calls"):
+                raise bad(f"{where}.role", f"{where} is a tool result that follows no assistant tool_calls")
+        if m.get("content") is None and not (role == "assistant" and m.get("tool_calls")):
+            raise bad(f"{where}.content", f"{where} has no content", "missing_required_parameter")
+        try:
+            msg = to_message(dict(m, role=role, content=text_content(m["content"], f"{where}.content")
+                                  if m.get("content") is not None else None), where).as_template_dict()
+        except ValueError as e:
+            raise bad(where, str(e)) from e
+        out.append(msg)
+    if out[-1]["role"] not in ("user", "tool"):
+        raise bad("messages", "the last message must be the user's turn or a tool result to answer", "invalid_value")
+    return out
+
+
+def parse_prompts(prompt: Any) -> List[Any]:
+    """``/v1/completions``' prompt as a list of prompts, each a string or a list of token ids.
+
+    >>> parse_prompts("hi"), parse_prompts(["a", "b"]), parse_prompts([1, 2]), parse_prompts([[1], [2, 3]])
+    (['hi'], ['a', 'b'], [[1, 2]], [[1], [2, 3]])
+    """
+    what = ("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
+    if prompt is None:
+        raise bad("prompt", what, "missing_required_parameter")
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise bad("prompt", what + f", got {type(prompt).__name__ if prompt != [] else 'an empty list'}",
+                  "invalid_type")
+    if all(_is_int(t) for t in prompt):
+        return [list(prompt)]
+    out = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+            out.append(list(p))
+        else:
+            raise bad(f"prompt[{i}]", f"prompt[{i}] must be a string or a non-empty list of token ids", "invalid_type")
+    return out
 
 
 def parse_completion(body: Any, models: List[str], default: Sampling) -> GenRequest:
-    """A ``/v1/completions`` body -> GenRequest; the prompt is one string (or a list of one string)."""
-    common = _common(body, "/v1/completions", COMPLETION_KEYS, models)
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise bad("prompt", "prompt is required (a string)", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad("prompt", "prompt must be one string (lists of several prompts and token-id prompts are not "
-                  "supported: send one request per prompt)", "invalid_type")
-    return GenRequest(kind="completion", sampling=parse_sampling(body, default), prompt=prompt, **common)
+    """A ``/v1/completions`` body -> GenRequest: prompts (parse_prompts), ``logprobs`` k, ``echo``."""
+    echo = body.get("echo", False) if isinstance(body, dict) else False
+    if not isinstance(echo, bool):
+        raise bad("echo", f"echo must be true or false, got {echo!r}", "invalid_type")
+    zero = isinstance(body, dict) and echo and body.get("max_tokens") == 0
+    common = _common(dict(body, max_tokens=None) if zero else body, "/v1/completions", COMPLETION_KEYS, models)
+    if zero:
+        common["max_tokens"] = 0  # echo only: the prompt's logprobs, nothing generated (as OpenAI's legacy API)
+    prompts = parse_prompts(body.get("prompt"))
+    k = _bounded_int(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
+    best_of = _bounded_int(body, "best_of", 1, MAX_N, None)
+    if best_of is not None and best_of != common["n"]:
+        raise bad("best_of", f"best_of {best_of} != n {common['n']} is not supported (ranking samples by "
+                  "likelihood is not implemented): leave best_of out")
+    if common["stream"] and echo:
+        raise bad("echo", "echo with stream is not supported: send stream false (echo is for scoring prompts)",
+                  "unsupported_parameter")
+    return GenRequest(kind="completion", sampling=parse_sampling(body, default), prompt=prompts, logprobs=k,
+                      echo=echo, **common)

@@ -5,6 +5,26 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { turns: [], controller: null };  // turns: [{role, content}] of the current conversation
+const KEY_ITEM = "paddlenlp_ext.api_key";  // a server started with --api_key: asked once, kept in this browser
+
+// fetch with the API key (if one was given); a 401 asks for the key once and retries with it
+async function apiFetch(url, options = {}) {
+  const withKey = () => {
+    const headers = Object.assign({}, options.headers || {});
+    const key = localStorage.getItem(KEY_ITEM);
+    if (key) headers["Authorization"] = "Bearer " + key;
+    return fetch(url, Object.assign({}, options, { headers }));
+  };
+  let res = await withKey();
+  if (res.status === 401) {
+    const key = window.prompt("This server needs its API key (--api_key):");
+    if (key) {
+      localStorage.setItem(KEY_ITEM, key.trim());
+      res = await withKey();
+    }
+  }
+  return res;
+}
 
 function addMessage(role, text) {
   const div = document.createElement("div");
@@ -29,7 +49,8 @@ function setBusy(busy) {
 
 async function loadModels() {
   try {
-    const res = await fetch("/v1/models");
+    const res = await apiFetch("/v1/models");
+    if (!res.ok) throw new Error(`${res.status}: ${(await res.json()).error.message}`);
     const body = await res.json();
     for (const m of body.data) {
       const opt = document.createElement("option");
@@ -80,7 +101,7 @@ async function send(text) {
   $("status").textContent = "generating...";
   let answer = "", finish = null, usage = null;
   try {
-    const res = await fetch("/v1/chat/completions", {
+    const res = await apiFetch("/v1/chat/completions", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify(requestBody()), signal: state.controller.signal,
     });
