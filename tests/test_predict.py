@@ -302,7 +302,7 @@ def test_prompt_truncation_rules(tiny_tokenizer):
 
     assert fit_prompt([1], [([5, 5], [6, 2])], [7], 4) == ([1, 7], 1, True)
     assert fit_prompt([1], [([5, 5], [6, 2])], [7], 6) == ([1, 5, 5, 6, 2, 7], 0, False)
-    assert fit_prompt([1], [], [7, 8, 9], 2) == ([1, 7, 8], 0, True)  # each src keeps its first tokens
+    assert fit_prompt([1], [], [7, 8, 9], 2) == ([1, 8, 9], 0, True)  # each src keeps its last tokens (cut from the left, as training)
     rec = PromptRecord(src=["type#coat*color#red"], history=[], origin="f.json:3", system="x " * 40)
     with pytest.raises(PredictInputError, match=r"f.json:3: the prompt is \d+ tokens .* raise --max_length"):
         build_prompt(rec, tiny_tokenizer, src_length=8, max_length=16, use_template=False)

@@ -14,7 +14,7 @@ the prompt of a fine-tuned model is what it saw before each answer:
 Truncation follows training where training has a rule and PaddleNLP's predictor
 meaning of the flags where it does not:
 
-* every ``src`` keeps its first ``src_length`` tokens (training's rule);
+* every ``src`` keeps its last ``src_length`` tokens (cut from the left: training's rule, docs/data.md);
 * earlier rounds are kept newest first while the whole prompt stays within
   ``src_length`` tokens ("the longest input context", PaddleNLP's meaning);
   the last turn is always kept;
@@ -58,11 +58,11 @@ def fit_prompt(prefix: List[int], history, last_src: List[int], src_length: int)
     ([1, 5, 5, 6, 2, 7], 0, False)
     """
     truncated = len(last_src) > src_length or any(len(s) > src_length for s, _ in history)
-    last = list(last_src[:src_length])
+    last = list(last_src[len(last_src) - src_length :]) if len(last_src) > src_length else list(last_src)
     used = len(prefix) + len(last)
     kept = []
     for s, t in reversed(history):
-        s = s[:src_length]
+        s = s[len(s) - src_length :] if len(s) > src_length else s  # from the left, as training cuts
         if used + len(s) + len(t) > src_length:
             break
         kept.append((s, t))
@@ -98,13 +98,13 @@ def render_prompt(rec: PromptRecord, tokenizer, jinja: str, rounds: Optional[int
 
 def fit_rendered(rec: PromptRecord, tokenizer, jinja: str, src_length: int):
     """(ids, dropped_rounds, truncated) of a jinja-rendered prompt, by the rules of the module doc: each
-    question keeps its first ``src_length`` tokens, earlier rounds are kept newest first while the
+    question keeps its last ``src_length`` tokens (cut from the left, as training), earlier rounds are kept newest first while the
     rendered prompt stays within ``src_length`` tokens, the last question always stays."""
     cut, truncated = [], False
     for question in rec.src:
         ids = _encode(tokenizer, question)
         if len(ids) > src_length:
-            question, truncated = tokenizer.decode(ids[:src_length]), True
+            question, truncated = tokenizer.decode(ids[len(ids) - src_length :]), True
         cut.append(question)
     rec = PromptRecord(src=cut, history=list(rec.history), system=rec.system, origin=rec.origin)
     for rounds in range(len(rec.history), -1, -1):
