@@ -12,7 +12,7 @@ configs work.  Field metadata drives validation and docs:
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 QUANT_ALGOS = ("weight_only_int8", "weight_only_int4", "nf4", "fp4")
 
@@ -224,6 +224,7 @@ GROUPS = {"model": ModelArgument, "data": DataArgument, "generate": GenerateArgu
 # Preference-loss names of PaddleNLP's DPOTrainer (paddlenlp_ext.dpo.losses.PREFERENCE_LOSSES) plus
 # its run_dpo.py alias "orpo" (= "or" + sft_loss_ratio 1 + reference_free); kept here as text so the
 # config never imports paddle.
+GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "rloo")  # grpo/objective.LOSS_TYPES
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "kto_pair", "sppo_hard", "nca_pair", "dpop", "or", "simpo", "orpo")
 
 
@@ -316,16 +317,28 @@ class GRPOArgument:
                             gt=0.0)
     top_p: float = _f(1.0, "Top-p (nucleus) of the completions' sampling; 1.0 = off.", gt=0.0)
     beta: float = _f(0.04, "Weight of the k3 KL term to the reference model; 0 = no reference model.", min=0.0)
-    epsilon: float = _f(0.2, "Clipping range of the probability ratio (PPO's epsilon).", gt=0.0)
-    num_iterations: int = _f(1, "Optimizer steps per generated batch (TRL's mu); only 1 is supported.", gt=0)
-    scale_rewards: bool = _f(True, "Divide each group's centred rewards by its standard deviation (false: "
-                             "Dr. GRPO's unscaled advantages).")
+    loss_type: str = _f("dapo", "TRL's GRPO loss (docs/alignment.md): dapo (tokens of the global batch), grpo "
+                        "(per-completion mean), bnpo (micro-batch tokens), dr_grpo (completions x max_completion_length),"
+                        " cispo (clipped-weight REINFORCE), rloo (leave-one-out baseline, KL in the reward).",
+                        choices=GRPO_LOSS_TYPES)
+    epsilon: float = _f(0.2, "Clipping range of the probability ratio (PPO's epsilon; the lower bound).", gt=0.0)
+    epsilon_high: Optional[float] = _f(None, "Upper clipping bound 1 + epsilon_high (DAPO's clip-higher; default "
+                                       "epsilon); cispo: the bound of the weight itself.", gt=0.0)
+    importance_sampling_level: str = _f("token", "Ratio per token, or per completion (sequence: GSPO's "
+                                        "length-normalised sequence ratio).", choices=("token", "sequence"))
+    num_iterations: int = _f(1, "Optimizer steps per generated batch (TRL's mu); > 1 reuses the rollout with its "
+                             "old log-probs, so the ratio moves away from 1 and clipping acts.", gt=0)
+    scale_rewards: Union[str, bool] = _f("group", "Advantage scaling: group (divide by the group's std), batch "
+                                         "(the global batch's std), none (Dr. GRPO); true/false = group/none.")
+    mask_truncated_completions: bool = _f(False, "Completions cut at max_completion_length (no EOS) carry no loss.")
+    normalize_advantages: bool = _f(False, "loss_type rloo: normalise the advantages over the global batch "
+                                    "(TRL's RLOOConfig key).")
     rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
 
     # not keys: what the alignment code shared with DPO reads
     ref_model_update_steps = -1
     reference_free = False
-    loss_type = "grpo"
+    alignment = "grpo"  # which alignment mode the config/dpo.py dispatch sends this group to
 
     @property
     def max_seq_len(self) -> int:

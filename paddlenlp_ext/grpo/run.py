@@ -84,7 +84,7 @@ def show_reward_on_console(trainer) -> None:
 
 def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train as configured; returns the run summary (also output_dir/run_summary.json)."""
-    if cfg.dpo is None or cfg.dpo.loss_type != "grpo":
+    if cfg.dpo is None or getattr(cfg.dpo, "alignment", None) != "grpo":
         raise ValueError("grpo.run.run needs a GRPO config: load_config(path, overrides, mode='grpo')")
     from ..training.heap import limit_heap_retention
     from ..training.logfile import run_logging
@@ -125,8 +125,10 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     show_reward_on_console(trainer)
     step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": {"train": report},
-                               "loss_type": "grpo", "reference": trainer.reference, "rewards": rewards.names,
-                               "num_generations": o.num_generations}
+                               "trainer": "grpo", "loss_type": o.loss_type, "reference": trainer.reference,
+                               "rewards": rewards.names, "num_generations": o.num_generations,
+                               "num_iterations": o.num_iterations, "importance_sampling_level": o.importance_sampling_level,
+                               "scale_rewards": o.scale_rewards, "epsilon_high": trainer.epsilon_high}
     train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
     tokens, completion_tokens = trainer.global_token_counts()
     from ..training.trainer import sum_over_ranks
@@ -137,7 +139,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
                    completions_trained=completions, tokens_trained=real,
                    row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
                    completions_per_second=round(completions / max(train_time, 1e-9), 3))
-    summary.update(reward_trend(trainer.state.log_history))
+    summary.update(reward_trend(trainer.state.log_history), rollouts_generated=trainer.rollouts)
     if "reward_first" in summary:
         k = summary["reward_window"]
         current().line(f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps "

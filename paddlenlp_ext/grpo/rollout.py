@@ -1,0 +1,94 @@
+"""One rollout: the completions, rewards, advantages and fixed log-probs of every micro-batch of a step.
+
+TRL generates the whole global batch of an optimizer step before its first micro-batch trains
+("generation batch"), so the normalisers that span the global batch (the completion tokens for dapo and
+cispo, the completions for grpo, dr_grpo and rloo, the batch std for ``scale_rewards: batch``) are known,
+and keeps it for ``num_iterations`` optimizer steps.  Here :class:`RolloutSampler` tells every micro-batch
+the plan of its step (this rank's prompt indices of all accumulation micro-batches, and which micro-batch
+it is) and yields each global batch ``num_iterations`` times; the trainer builds a :class:`Rollout` at the
+first micro-batch of the first iteration and reuses it until the next.
+
+Worked example of the sampler's tags (per_device 1, accumulation 2, one rank, num_iterations 2): global
+batch [7, 3] yields [7] tagged (0, 7, 3), [3] tagged (1, 7, 3), then the same two again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from ..data.global_batches import GlobalBatchSampler, TaggedIndex, global_batches, rank_micro_batches
+
+__all__ = ["RolloutSampler", "MicroRollout", "Rollout", "split_plan", "truncation_mask"]
+
+
+class RolloutSampler(GlobalBatchSampler):
+    """GlobalBatchSampler's order, each global batch ``iterations`` times; every index is tagged with
+    ``(micro-batch, *this rank's prompts of the whole step)`` instead of a token count.
+
+    >>> s = RolloutSampler(list(range(2)), per_device=1, accumulation=2, ranks=1, rank=0, seed=0,
+    ...                    drop_last=False, iterations=2)
+    >>> [[(int(i), i.global_label_tokens) for i in b] for b in s], len(s)
+    ([[(1, (0, 1, 0))], [(0, (1, 1, 0))], [(1, (0, 1, 0))], [(0, (1, 1, 0))]], 4)
+    """
+
+    def __init__(self, *args, iterations: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.iterations = int(iterations)
+
+    def __len__(self) -> int:
+        return super().__len__() * self.iterations
+
+    def __iter__(self):
+        for batch in global_batches(self.n, self.global_batch, self.seed, self.epoch, self.drop_last):
+            micros = rank_micro_batches(batch, self.per_device, self.accumulation, self.ranks, self.rank)
+            plan = tuple(int(i) for m in micros for i in m)
+            for _ in range(self.iterations):
+                for a, micro in enumerate(micros):
+                    yield [TaggedIndex(i, (a,) + plan) for i in micro]
+
+
+def split_plan(tag, per_device: int):
+    """The tag array -> (this micro-batch's number, [prompt indices of each micro-batch of the step]).
+
+    >>> split_plan(np.array([1, 7, 3, 5, 2]), 2)
+    (1, [[7, 3], [5, 2]])
+    """
+    flat = [int(x) for x in np.asarray(tag).reshape([-1])]
+    plan = flat[1:]
+    return flat[0], [plan[k:k + per_device] for k in range(0, len(plan), per_device)]
+
+
+def truncation_mask(completions, eos_ids) -> np.ndarray:
+    """[T] float32 over the completions' tokens in order: 0 for every token of a completion that does not
+    end with an EOS (cut at max_completion_length), else 1 (``mask_truncated_completions``).
+
+    >>> truncation_mask([[5, 2], [6, 7]], [2]).tolist()
+    [1.0, 1.0, 0.0, 0.0]
+    """
+    parts = [np.full(len(c), float(bool(c) and int(c[-1]) in eos_ids), dtype=np.float32) for c in completions]
+    return np.concatenate(parts) if parts else np.zeros([0], dtype=np.float32)
+
+
+@dataclass
+class MicroRollout:
+    indices: List[int]  # prompt indices
+    completions: List[List[int]]  # n * G token lists
+    rewards: np.ndarray  # [n * G] total reward (RLOO: before its KL penalty)
+    per_func: Dict[str, np.ndarray]
+    advantages: np.ndarray  # [n * G]
+    batch: Dict[str, Any]  # rows.sequence_rows as tensors
+    mask: Any = None  # [T] paddle float32 (mask_truncated_completions) or None
+    old_logps: Any = None  # [T] paddle (num_iterations > 1, RLOO's KL) or None: the policy's own, detached
+    ref_logps: Any = None  # [T] paddle (beta > 0) or None
+
+
+@dataclass
+class Rollout:
+    step: int  # the optimizer step that generated it (its sampling seed)
+    micro: List[MicroRollout] = field(default_factory=list)
+    global_tokens: int = 0  # completion tokens of the global batch (every rank, every micro-batch)
+    global_sequences: int = 0  # completions of the global batch
+    regenerated: Optional[str] = None  # why it was made at a later iteration than its first (a resume)
