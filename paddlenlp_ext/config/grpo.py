@@ -66,10 +66,11 @@ def reward_scorer_available() -> bool:
 
 def grpo_problems(cfg, where: str) -> List[str]:
     o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
+    name = o.alignment.upper()  # GRPO or PPO (llm/run_ppo.py shares these checks)
     p: List[str] = []
     for key in sorted(cfg.explicit & (set(SFT_ONLY_KEYS) - {"top_p"})):
         instead = GRPO_INSTEAD.get(key)
-        p.append(f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a GRPO config "
+        p.append(f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {name} config "
                  + (f"use {instead} instead" if instead else "it has no meaning: remove it") + " (docs/alignment.md)")
     funcs = list(o.reward_funcs or [])
     for i, spec in enumerate(funcs):
@@ -90,22 +91,25 @@ def grpo_problems(cfg, where: str) -> List[str]:
     if o.reward_weights is not None and len(o.reward_weights) != n_rewards:
         p.append(f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
                  "(reward_funcs in order, then the reward model); give one weight each")
-    p += loss_problems(cfg, where)
+    if o.alignment == "grpo":
+        p += loss_problems(cfg, where)
+    elif not o.top_p <= 1.0:
+        p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
     for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         if t.get(key, 1) > 1:
-            p.append(f"{where}: {key} > 1 is not supported for GRPO (generation and the per-token log-probs run the "
+            p.append(f"{where}: {key} > 1 is not supported for {name} (generation and the per-token log-probs run the "
                      "whole model on each process); use data parallel (--nproc_per_node) or sharding")
     if t.get("do_eval") or t.get("load_best_model_at_end") or t.get("metric_for_best_model"):
-        p.append(f"{where}: GRPO has no evaluation set or eval metric; set do_eval false and remove "
+        p.append(f"{where}: {name} has no evaluation set or eval metric; set do_eval false and remove "
                  "load_best_model_at_end / metric_for_best_model (the per-step rewards are logged)")
     if not t.get("do_train", False):
-        p.append(f"{where}: GRPO only trains; set do_train true")
+        p.append(f"{where}: {name} only trains; set do_train true")
     if d.lazy:
-        p.append(f"{where}: lazy=true is not supported for GRPO (prompts are read in memory); remove lazy")
+        p.append(f"{where}: lazy=true is not supported for {name} (prompts are read in memory); remove lazy")
     if d.autoregressive:
-        p.append(f"{where}: autoregressive=true trains on raw text; GRPO needs prompts: remove it")
+        p.append(f"{where}: autoregressive=true trains on raw text; {name} needs prompts: remove it")
     if m.neftune or m.prefix_tuning or m.prefix_path:
-        p.append(f"{where}: neftune and prefix tuning are not supported for GRPO; use lora (or full fine-tuning)")
+        p.append(f"{where}: neftune and prefix tuning are not supported for {name}; use lora (or full fine-tuning)")
     if m.pissa and o.beta > 0:
         p.append(f"{where}: pissa=true moves the base weights into the adapter, so the base with the adapters off is "
                  "not the reference model; use lora without pissa, or beta=0")

@@ -346,6 +346,60 @@ class GRPOArgument:
         return self.max_prompt_len + self.max_completion_length
 
 
+# Keys of llm/run_ppo.py only (load_config(..., mode="ppo"); held in RunConfig.dpo): the prompt, sampling
+# and reward keys of GRPO plus PaddleNLP's PPO names (kl_coeff, clip_range_ratio, clip_range_value,
+# clip_range_score, gamma, gae_lambda) and TRL's (vf_coef, whiten_rewards).
+@dataclass
+class PPOArgument:
+    train_dataset_path: Optional[str] = _f(
+        None, "PPO prompts (as GRPO's: any data format; other fields go to the reward functions).")
+    reward_funcs: Optional[List[str]] = _f(
+        None, "Reward functions \"package.module:function\", each f(prompts, completions, **columns) -> floats.")
+    reward_model_name_or_path: Optional[str] = _f(
+        None, "A reward model directory (llm/run_reward.py's export) scored after the reward functions.")
+    reward_weights: Optional[List[float]] = _f(
+        None, "Weight of each reward (reward_funcs in order, then the reward model); default 1 each.")
+    num_generations: int = _f(1, "Completions sampled per prompt.", min=1)
+    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts keep their end).", gt=0)
+    max_completion_length: int = _f(64, "Maximum tokens of a completion (its EOS included).", gt=0)
+    temperature: float = _f(1.0, "Sampling temperature (also applied to the scored logits).", gt=0.0)
+    top_p: float = _f(1.0, "Top-p of the sampling; 1.0 = off.", gt=0.0)
+    kl_coeff: float = _f(0.02, "Weight of the per-token KL penalty (k1, to the reference) in the reward; 0 = no "
+                         "reference model.", min=0.0)
+    clip_range_ratio: float = _f(0.2, "Clipping range of the policy ratio.", gt=0.0)
+    clip_range_value: float = _f(5.0, "Clipping range of the new values around the rollout's.", gt=0.0)
+    clip_range_score: float = _f(50.0, "Scores are clipped to +-clip_range_score before entering the reward.", gt=0.0)
+    gamma: float = _f(1.0, "Discount of GAE.", min=0.0)
+    gae_lambda: float = _f(0.95, "Lambda of GAE.", min=0.0)
+    vf_coef: float = _f(0.1, "Weight of the value loss.", min=0.0)
+    whiten_rewards: bool = _f(False, "Whiten the token rewards (keeping their mean) before GAE.")
+    num_iterations: int = _f(1, "Optimizer steps per rollout (PPO epochs).", gt=0)
+    rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
+
+    # not keys: what the alignment / GRPO code shared with PPO reads
+    ref_model_update_steps = -1
+    reference_free = False
+    alignment = "ppo"
+    loss_type = "ppo"
+    epsilon_high = None
+    importance_sampling_level = "token"
+    scale_rewards = "none"
+    mask_truncated_completions = False
+    normalize_advantages = False
+
+    @property
+    def beta(self) -> float:
+        return self.kl_coeff  # the reference model is needed when the KL penalty is on
+
+    @property
+    def epsilon(self) -> float:
+        return self.clip_range_ratio
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_prompt_len + self.max_completion_length
+
+
 # Keys of llm/run_reward.py only (load_config(..., mode="reward"); held in RunConfig.dpo, the preference
 # key group): PaddleNLP's reward-model DataArgument (llm/alignment/rm/flashmask/reward_argument.py), same
 # names and defaults; its greedy_zero_padding, lazy, benchmark, autotuner_benchmark and model keys are

@@ -179,7 +179,8 @@ class GRPOTrainer(DPOTrainer):
             m.advantages = group_advantages(m.rewards, G, scale=o.scale_rewards, batch_rewards=every)
 
     # -- one micro-batch ----------------------------------------------------------
-    def compute_loss(self, model, inputs, return_outputs=False):
+    def _micro_rollout(self, model, inputs) -> MicroRollout:
+        """This micro-batch's part of the current rollout (made at the step's first micro-batch)."""
         tag = inputs.pop(GLOBAL_TOKENS_KEY, None)  # (micro-batch, this rank's prompts of the step): RolloutSampler
         if tag is None or not model.training:
             raise ValueError("GRPO computes its loss only while training, on RolloutSampler's micro-batches")
@@ -194,7 +195,27 @@ class GRPOTrainer(DPOTrainer):
                 logger.info(f"GRPO: step {self.state.global_step + 1} continues the rollout of step {gen_step + 1}, "
                             "which this process did not keep (a resume); it was generated again with the current "
                             "weights, so this step's old log-probs are the current policy's")
-        m = self._rollout.micro[micro_index]
+        return self._rollout.micro[micro_index]
+
+    def _count_micro(self, m: MicroRollout) -> None:
+        batch = m.batch
+        self.trained_tokens += int(batch["input_ids"].shape[0] * batch["input_ids"].shape[1])
+        self.trained_supervised_tokens += int(batch["logp_token"].shape[0])
+        self.trained_real_tokens += int(batch["num_real_tokens"])
+        self.trained_pairs += len(m.completions)
+        self.trained_prompts += len(m.indices)
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        m = self._micro_rollout(model, inputs)
+        loss, metrics = self._micro_loss(model, m)
+        self._count_micro(m)
+        for key, value in metrics.items():  # every rank stores; DPOTrainer._averaged reduces over ranks
+            self._stored["train"][key].append(value)
+        return (loss, {"logits": None}) if return_outputs else loss
+
+    def _micro_loss(self, model, m: MicroRollout):
+        """(loss [], metrics) of one micro-batch of the rollout."""
+        o = self.grpo
         batch, G = m.batch, int(o.num_generations)
         logps = token_logps(model, batch, o.temperature)  # [T]
         old = m.old_logps if m.old_logps is not None else logps.detach()
@@ -232,14 +253,7 @@ class GRPOTrainer(DPOTrainer):
         lengths = np.asarray([len(c) for c in m.completions], dtype=np.float64)
         metrics = step_metrics(m.rewards, m.per_func, G, sums[1] / sums[0] if kl is not None else None,
                                sums[2] / max(sums[3], 1.0), lengths)
-        self.trained_tokens += int(batch["input_ids"].shape[0] * batch["input_ids"].shape[1])
-        self.trained_supervised_tokens += local_tokens
-        self.trained_real_tokens += int(batch["num_real_tokens"])
-        self.trained_pairs += sequences
-        self.trained_prompts += len(m.indices)
-        for key, value in metrics.items():  # every rank stores; DPOTrainer._averaged reduces over ranks
-            self._stored["train"][key].append(value)
-        return (loss, {"logits": None}) if return_outputs else loss
+        return loss, metrics
 
     def log(self, logs, **kwargs):
         if "loss" in logs:
