@@ -33,7 +33,8 @@ def apply_grpo_aliases(cfg) -> None:
         o.scale_rewards = "group" if raw else "none"
         cfg.derived["scale_rewards"] = f"{o.scale_rewards} (from {str(raw).lower()}, TRL's older spelling)"
     if "zero_padding" in cfg.derived:
-        cfg.derived["zero_padding"] = ("True (GRPO packs the prompt + completion sequences of a step into rows of "
+        cfg.derived["zero_padding"] = (f"True ({cfg.dpo.alignment.upper()} packs the prompt + completion sequences "
+                                       "of a step into rows of "
                                        "max_prompt_len + max_completion_length, separated by start-row masks)")
 
 

@@ -83,6 +83,11 @@ class MicroRollout:
     mask: Any = None  # [T] paddle float32 (mask_truncated_completions) or None
     old_logps: Any = None  # [T] paddle (num_iterations > 1, RLOO's KL) or None: the policy's own, detached
     ref_logps: Any = None  # [T] paddle (beta > 0) or None
+    # PPO (ppo.trainer): the rollout's values, GAE's whitened advantages and returns, the k1 KL per token
+    old_values: Any = None  # [T] paddle
+    token_advantages: Any = None  # [T] paddle
+    returns: Any = None  # [T] paddle
+    kl_tokens: Optional[np.ndarray] = None  # [T]
 
 
 @dataclass
