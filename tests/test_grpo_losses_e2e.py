@@ -4,6 +4,7 @@ accumulation 2 x batch 2 reproduces batch 4 (LoRA); loss_type rloo and cispo tra
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -91,3 +92,25 @@ def test_other_losses_train(tmp_path, e_prompts, extra):  # noqa: F811
     logs = step_logs(out)
     assert len(logs) == 4 and any(0 < h["reward"] < 1 for h in logs) and logs[-1]["kl"] > 0
     assert json.loads((out / "run_summary.json").read_text())["loss_type"] == extra[1]
+
+
+def test_resume_inside_a_rollout_is_exact(tmp_path, e_prompts):  # noqa: F811
+    """num_iterations 2 with a checkpoint after step 1: the checkpoint keeps the rollout (completions, old
+    log-probs, advantages), so a resume trains step 2 on it exactly as the uninterrupted run did."""
+    common = (*SHORT, "--max_steps", "4", "--per_device_train_batch_size", "2", "--save_strategy", "steps",
+              "--save_steps", "1", "--report_to", "none", "--lora", "true", "--lora_rank", "4", "--num_iterations", "2")
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    run_grpo(full, *common, data=e_prompts)
+    assert (full / "checkpoint-1" / "rollout-rank0.npz").is_file()
+    assert not (full / "checkpoint-2" / "rollout-rank0.npz").exists()  # step 3 starts a new rollout
+    assert not list(full.glob(".rollout-*"))
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-1", resumed / "checkpoint-1")
+    run_grpo(resumed, *common, "--resume_from_checkpoint", resumed / "checkpoint-1", data=e_prompts)
+    assert "the rollout of step 1 continues from" in (resumed / "train.log").read_text()
+    a, b = step_logs(full), step_logs(resumed)
+    assert [h["step"] for h in b][-3:] == [2, 3, 4]
+    assert a[1]["clip_ratio"] > 0 or a[3]["clip_ratio"] > 0
+    for x, y in zip(a[-3:], b[-3:]):
+        for key in ("loss", "reward", "kl", "clip_ratio"):
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (key, x, y)

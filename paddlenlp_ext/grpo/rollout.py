@@ -21,7 +21,11 @@ import numpy as np
 
 from ..data.global_batches import GlobalBatchSampler, TaggedIndex, global_batches, rank_micro_batches
 
-__all__ = ["RolloutSampler", "MicroRollout", "Rollout", "split_plan", "truncation_mask"]
+__all__ = ["RolloutSampler", "MicroRollout", "Rollout", "split_plan", "truncation_mask", "save_rollout",
+           "load_rollout", "rollout_file"]
+
+#: tensors of a MicroRollout kept in a checkpoint (paddle [T] or numpy), besides its lists
+_TENSORS = ("mask", "old_logps", "ref_logps", "old_values", "token_advantages", "returns")
 
 
 class RolloutSampler(GlobalBatchSampler):
@@ -97,3 +101,55 @@ class Rollout:
     global_tokens: int = 0  # completion tokens of the global batch (every rank, every micro-batch)
     global_sequences: int = 0  # completions of the global batch
     regenerated: Optional[str] = None  # why it was made at a later iteration than its first (a resume)
+
+
+def rollout_file(directory: str, rank: int) -> str:
+    """Where a checkpoint keeps rank ``rank``'s rollout (one rank's prompts: each rank writes its own)."""
+    import os
+
+    return os.path.join(directory, f"rollout-rank{int(rank)}.npz")
+
+
+def save_rollout(rollout: Rollout, path: str) -> None:
+    """The rollout without its row batches (rebuilt from prompts and completions on load), as one npz."""
+    arrays: Dict[str, np.ndarray] = {"step": np.asarray(rollout.step), "micro": np.asarray(len(rollout.micro)),
+                                     "global": np.asarray([rollout.global_tokens, rollout.global_sequences])}
+    for k, m in enumerate(rollout.micro):
+        arrays[f"{k}/indices"] = np.asarray(m.indices, dtype=np.int64)
+        arrays[f"{k}/lengths"] = np.asarray([len(c) for c in m.completions], dtype=np.int64)
+        arrays[f"{k}/tokens"] = np.asarray([t for c in m.completions for t in c], dtype=np.int64)
+        arrays[f"{k}/rewards"] = np.asarray(m.rewards, dtype=np.float64)
+        arrays[f"{k}/advantages"] = np.asarray(m.advantages, dtype=np.float32)
+        for name, values in m.per_func.items():
+            arrays[f"{k}/func/{name}"] = np.asarray(values, dtype=np.float64)
+        for name in _TENSORS:
+            value = getattr(m, name)
+            if value is not None:
+                arrays[f"{k}/{name}"] = value if isinstance(value, np.ndarray) else value.numpy()
+        if m.kl_tokens is not None:
+            arrays[f"{k}/kl_tokens"] = np.asarray(m.kl_tokens)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def load_rollout(path: str, rebuild) -> Rollout:
+    """:func:`save_rollout`'s file -> a Rollout; ``rebuild(indices, completions)`` makes each micro-batch's rows."""
+    import paddle
+
+    data = np.load(path)
+    rollout = Rollout(step=int(data["step"]), global_tokens=int(data["global"][0]),
+                      global_sequences=int(data["global"][1]))
+    for k in range(int(data["micro"])):
+        ends = np.cumsum(data[f"{k}/lengths"])
+        completions = [c.tolist() for c in np.split(data[f"{k}/tokens"], ends[:-1])]
+        indices = data[f"{k}/indices"].tolist()
+        per_func = {key.split("/", 2)[2]: data[key] for key in data.files if key.startswith(f"{k}/func/")}
+        m = MicroRollout(indices=indices, completions=completions, rewards=data[f"{k}/rewards"], per_func=per_func,
+                         advantages=data[f"{k}/advantages"], batch=rebuild(indices, completions))
+        for name in _TENSORS:
+            if f"{k}/{name}" in data.files:
+                setattr(m, name, paddle.to_tensor(data[f"{k}/{name}"]))
+        if f"{k}/kl_tokens" in data.files:
+            m.kl_tokens = data[f"{k}/kl_tokens"]
+        rollout.micro.append(m)
+    return rollout

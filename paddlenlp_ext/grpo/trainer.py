@@ -25,6 +25,7 @@ VisualDL): reward, reward_std, rewards/<function>, kl, clip_ratio, completion_le
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -39,7 +40,8 @@ from ..dpo.trainer import MASK_KEYS, DPOTrainer
 from ..training.trainer import FinetuneTrainer
 from .objective import aggregate, group_advantages, rloo_advantages, scale_mode, segment_sum, sequence_losses, \
     step_metrics, token_losses
-from .rollout import MicroRollout, Rollout, RolloutSampler, split_plan, truncation_mask
+from .rollout import MicroRollout, Rollout, RolloutSampler, load_rollout, rollout_file, save_rollout, split_plan, \
+    truncation_mask
 from .rows import sequence_rows
 from .sampling import sample_groups
 
@@ -73,6 +75,7 @@ class GRPOTrainer(DPOTrainer):
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.eos_ids = [int(tok.eos_token_id)]
         self._rollout: Optional[Rollout] = None
+        self.checkpoint_extras.append(self._move_rollout_files)
         o = grpo_config
         logger.info(f"GRPO: loss_type {o.loss_type}, {o.num_generations} completions per prompt, reference "
                     f"{self.reference}, beta {o.beta}, epsilon {o.epsilon}/{self.epsilon_high}, importance sampling "
@@ -117,6 +120,38 @@ class GRPOTrainer(DPOTrainer):
                 finally:
                     if was_training:
                         model.train()
+
+    # -- a rollout that outlives a checkpoint (num_iterations > 1) -----------------
+    def _pending_rollout_path(self, rank: int) -> str:
+        return os.path.join(self.args.output_dir, f".rollout-step{self.state.global_step}-rank{rank}.npz")
+
+    def before_checkpoint(self) -> None:
+        """Every rank: when the next step continues the current rollout, keep it (its old policy is about to
+        change) for a resume; then the base class's collective (so rank 0 finds every rank's file)."""
+        if self._rollout is not None and self.state.global_step % self.grpo.num_iterations != 0:
+            save_rollout(self._rollout, self._pending_rollout_path(self.args.dataset_rank))
+        super().before_checkpoint()
+
+    def _move_rollout_files(self, written: str, state) -> None:
+        """checkpoint_extras (the writing process): each rank's pending rollout into the checkpoint."""
+        for rank in range(max(int(self.args.dataset_world_size), 1)):
+            pending = self._pending_rollout_path(rank)
+            if os.path.isfile(pending):
+                os.replace(pending, rollout_file(written, rank))
+
+    def load_weights(self, resume_from_checkpoint) -> bool:
+        done = super().load_weights(resume_from_checkpoint)
+        if resume_from_checkpoint and not isinstance(resume_from_checkpoint, bool):
+            path = rollout_file(str(resume_from_checkpoint), self.args.dataset_rank)
+            if os.path.isfile(path):
+                self._rollout = load_rollout(path, self._rebuild_rows)
+                logger.info(f"GRPO: the rollout of step {self._rollout.step + 1} continues from {path}")
+        return done
+
+    def _rebuild_rows(self, indices, completions):
+        dataset = getattr(self.train_dataset, "dataset", self.train_dataset)
+        G = int(self.grpo.num_generations)
+        return self._row_batch([dataset.ids[i] for i in indices for _ in range(G)], completions)
 
     # -- the rollout ------------------------------------------------------------
     def _make_rollout(self, model, plan, step: int) -> Rollout:
