@@ -110,3 +110,22 @@ def test_policy_and_value_losses_match_reference():
     assert abs(float(vloss) - want_v) < 1e-12
     np.testing.assert_allclose(v.grad.numpy(), want_vgrad, atol=1e-12)
     assert 0 < vclipped.numpy().sum() < T
+
+
+def test_config_mode(tiny_model_dir, tmp_path):
+    from conftest import ROOT
+
+    from paddlenlp_ext.config.parse import ConfigError, load_config
+
+    base = ["--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "o"), "--train_dataset_path",
+            f"{ROOT}/llm/data/grpo_tiny"]
+    cfg = load_config(f"{ROOT}/llm/config/tiny/ppo_argument.json", base + ["--num_generations", "1"], mode="ppo")
+    o = cfg.dpo
+    assert (o.alignment, o.loss_type, o.num_generations, o.beta, o.epsilon) == ("ppo", "ppo", 1, 0.02, 0.2)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, base + ["--reward_funcs", '["paddlenlp_ext.grpo.rewards:contains_keyword"]', "--do_train",
+                                  "true", "--scale_rewards", "group", "--gae_lambda", "-1", "--do_eval", "true"],
+                    mode="ppo")
+    text = "\n".join(e.value.problems)
+    for want in ("unknown key 'scale_rewards'", "gae_lambda: must be >= 0.0", "PPO has no evaluation set"):
+        assert want in text, (want, text)

@@ -26,8 +26,7 @@ from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
-from .schema import (DataArgument, DPOArgument, GenerateArgument, GRPOArgument, KTOArgument, ModelArgument,
-                     PPOArgument, RewardArgument)
+from .schema import ALIGNMENT_ARGUMENTS, DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
 
 class ConfigError(Exception):
@@ -296,8 +295,7 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
-    pref_cls = {"dpo": DPOArgument, "kto": KTOArgument, "grpo": GRPOArgument, "ppo": PPOArgument,
-               "reward": RewardArgument}.get(mode)  # cfg.dpo
+    pref_cls = ALIGNMENT_ARGUMENTS.get(mode)  # cfg.dpo
     dpo = pref_cls(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if pref_cls else None
     cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
                     explicit=set(values), dpo=dpo)

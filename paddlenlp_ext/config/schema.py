@@ -418,3 +418,8 @@ class RewardArgument:
     ref_model_update_steps = -1
     rslora_plus = False
     loss_type = "reward"
+
+
+#: load_config's mode -> the dataclass of its alignment key group (RunConfig.dpo)
+ALIGNMENT_ARGUMENTS = {"dpo": DPOArgument, "kto": KTOArgument, "grpo": GRPOArgument, "ppo": PPOArgument,
+                       "reward": RewardArgument}

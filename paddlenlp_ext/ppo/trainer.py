@@ -73,7 +73,9 @@ class PPOTrainer(GRPOTrainer):
     @contextlib.contextmanager
     def _head_detached(self):
         """The policy without its value head (its files are the policy's alone)."""
-        head = self.model._sub_layers.pop(HEAD_ATTR, None)
+        head = getattr(self.model, HEAD_ATTR, None)
+        if head is not None:
+            delattr(self.model, HEAD_ATTR)  # Layer.__delattr__ drops the sublayer
         try:
             yield head
         finally:
