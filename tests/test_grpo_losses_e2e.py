@@ -114,3 +114,19 @@ def test_resume_inside_a_rollout_is_exact(tmp_path, e_prompts):  # noqa: F811
     for x, y in zip(a[-3:], b[-3:]):
         for key in ("loss", "reward", "kl", "clip_ratio"):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (key, x, y)
+
+
+def test_two_processes_reproduce_one_with_batch_scaling(tmp_path, e_prompts):  # noqa: F811
+    """Data parallel with the settings whose normalisers span ranks: scale_rewards batch (the std of every
+    rank's rewards), grpo (the global batch's completions), accumulation and two steps per rollout."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = (*SHORT, "--max_steps", "4", "--save_strategy", "no", "--report_to", "none", "--adam_epsilon", "0.01",
+              "--scale_rewards", "batch", "--loss_type", "grpo", "--num_iterations", "2",
+              "--gradient_accumulation_steps", "2")
+    run_grpo(one, *common, "--per_device_train_batch_size", "2", data=e_prompts)
+    run_grpo(two, *common, "--per_device_train_batch_size", "1", procs=2, data=e_prompts)
+    a, b = step_logs(one), step_logs(two)
+    assert len(a) == len(b) == 4 and any(h["clip_ratio"] > 0 for h in a)
+    for x, y in zip(a, b):
+        for key in ("loss", "reward", "kl", "clip_ratio"):
+            assert abs(x[key] - y[key]) < 1e-5, (key, x, y)
