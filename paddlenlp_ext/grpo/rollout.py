@@ -100,7 +100,8 @@ class Rollout:
     micro: List[MicroRollout] = field(default_factory=list)
     global_tokens: int = 0  # completion tokens of the global batch (every rank, every micro-batch)
     global_sequences: int = 0  # completions of the global batch
-    regenerated: Optional[str] = None  # why it was made at a later iteration than its first (a resume)
+    seconds: float = 0.0  # wall time of generation, rewards, advantages and the fixed log-probs
+    logged: bool = False  # its rollout_time is in the log (once, at the step that generated it)
 
 
 def rollout_file(directory: str, rank: int) -> str:

@@ -17,7 +17,7 @@ from ..training.run import attach_data_callbacks, build_model, library_patches, 
     write_run_summary
 
 #: per-step metrics copied from the log history into run_summary.json
-STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length")
+STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length", "rollout_time")
 
 
 def build_prompts(cfg: RunConfig, tokenizer):

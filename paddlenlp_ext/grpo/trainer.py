@@ -26,6 +26,7 @@ VisualDL): reward, reward_std, rewards/<function>, kl, clip_ratio, completion_le
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import numpy as np
@@ -159,6 +160,7 @@ class GRPOTrainer(DPOTrainer):
         o, dataset = self.grpo, self.train_dataset
         dataset = getattr(dataset, "dataset", dataset)
         G, world = int(o.num_generations), max(int(self.args.dataset_world_size), 1)
+        started = time.perf_counter()
         rollout = Rollout(step=step)
         need_old = o.num_iterations > 1 or (o.loss_type == "rloo" and o.beta > 0)
         for indices in plan:
@@ -190,6 +192,7 @@ class GRPOTrainer(DPOTrainer):
             counts = both.numpy()
         rollout.global_tokens, rollout.global_sequences = int(round(counts[0])), int(round(counts[1]))
         self.rollouts += 1
+        rollout.seconds = time.perf_counter() - started
         return rollout
 
     def _set_advantages(self, rollout: Rollout, G: int, world: int) -> None:
@@ -243,6 +246,9 @@ class GRPOTrainer(DPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False):
         m = self._micro_rollout(model, inputs)
         loss, metrics = self._micro_loss(model, m)
+        if not self._rollout.logged:  # the rollout phase's time, at the step that generated it
+            metrics["rollout_time"] = self._rollout.seconds
+            self._rollout.logged = True
         self._count_micro(m)
         for key, value in metrics.items():  # every rank stores; DPOTrainer._averaged reduces over ranks
             self._stored["train"][key].append(value)
