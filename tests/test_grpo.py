@@ -310,3 +310,25 @@ def test_packed_equals_unpacked(tiny_model_dir, attention):
     assert np.abs(lp_u - lp_p).max() < 1e-5 and abs(loss_u - loss_p) < 1e-5
     assert g_u.keys() == g_p.keys() and len(g_u) > 5
     assert max(float(np.abs(g_u[k] - g_p[k]).max()) for k in g_u) < 1e-5
+
+
+def test_rollout_file_round_trip(tmp_path):
+    """A checkpoint's rollout (num_iterations > 1) comes back whole: lists, per-function rewards, tensors."""
+    import paddle
+
+    from paddlenlp_ext.grpo.rollout import MicroRollout, Rollout, load_rollout, rollout_file, save_rollout
+
+    micro = MicroRollout(indices=[3, 1], completions=[[5, 2], [6], [7, 8, 9], [2]], rewards=np.array([1.0, 0, 1, 0]),
+                         per_func={"f": np.array([1.0, 0, 1, 0])}, advantages=np.array([0.7, -0.7, 0.7, -0.7]),
+                         batch=None, old_logps=paddle.to_tensor([-1.0, -2.0, -0.5, -0.1, -0.2, -0.3, -0.4]),
+                         mask=paddle.to_tensor([1.0, 1, 1, 1, 1, 1, 1]))
+    rollout = Rollout(step=6, micro=[micro], global_tokens=7, global_sequences=4)
+    path = rollout_file(str(tmp_path), 0)
+    save_rollout(rollout, path)
+    back = load_rollout(path, lambda indices, completions: {"rebuilt": (indices, completions)})
+    m = back.micro[0]
+    assert (back.step, back.global_tokens, back.global_sequences) == (6, 7, 4)
+    assert m.indices == [3, 1] and m.completions == micro.completions and m.batch["rebuilt"][0] == [3, 1]
+    assert m.rewards.tolist() == [1.0, 0, 1, 0] and m.per_func["f"].tolist() == [1.0, 0, 1, 0]
+    np.testing.assert_allclose(m.old_logps.numpy(), micro.old_logps.numpy())
+    assert m.ref_logps is None and m.mask is not None
