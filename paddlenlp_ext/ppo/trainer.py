@@ -34,10 +34,9 @@ VALUE_HEAD_NAME = "value_head.safetensors"
 HEAD_ATTR = "ppo_value_head"
 
 
-def policy_and_values(model, batch, temperature: float):
+def policy_and_values(model, batch, temperature: float, value_head):
     """([T] log-probs, [T] values) of the completion tokens of ``batch`` (one body forward)."""
-    base = getattr(model, "_layers", model)  # data parallel wraps the model
-    split = split_lm_head(base)
+    split = split_lm_head(model)
     if split is None:
         raise ValueError("PPO's value head reads the policy's last hidden states, which this model family does not "
                          "expose (no separable lm_head); use a Llama or Qwen2 family model")
@@ -48,7 +47,7 @@ def policy_and_values(model, batch, temperature: float):
     rows = paddle.gather(hidden.reshape([b * s, h]), batch["logp_index"], axis=0)  # [T, H]
     logits = head(rows.unsqueeze(0))[0].astype("float32") / float(temperature)  # [T, V]
     logps = -F.cross_entropy(logits, batch["logp_token"].unsqueeze(-1), reduction="none").squeeze(-1)  # [T]
-    values = getattr(base, HEAD_ATTR)(rows.astype("float32")).squeeze(-1)  # [T]
+    values = value_head(rows.astype("float32")).squeeze(-1)  # [T]
     return logps, values
 
 
@@ -111,7 +110,8 @@ class PPOTrainer(GRPOTrainer):
         try:
             with paddle.no_grad():
                 for m in rollout.micro:
-                    m.old_logps, m.old_values = policy_and_values(self.model, m.batch, o.temperature)
+                    m.old_logps, m.old_values = policy_and_values(self.model, m.batch, o.temperature,
+                                                                    getattr(self.model, HEAD_ATTR))
         finally:
             if was_training:
                 self.model.train()
@@ -139,7 +139,7 @@ class PPOTrainer(GRPOTrainer):
     # -- one micro-batch ----------------------------------------------------------------
     def _micro_loss(self, model, m: MicroRollout):
         o = self.grpo
-        logps, values = policy_and_values(model, m.batch, o.temperature)  # [T] each
+        logps, values = policy_and_values(model, m.batch, o.temperature, getattr(self.model, HEAD_ATTR))  # [T]
         pg, pg_clipped = policy_loss(logps, m.old_logps, m.token_advantages, o.clip_range_ratio)
         vf, vf_clipped = value_loss(values, m.old_values, m.returns, o.clip_range_value)
         loss = pg + o.vf_coef * vf
