@@ -129,3 +129,16 @@ def test_config_mode(tiny_model_dir, tmp_path):
     text = "\n".join(e.value.problems)
     for want in ("unknown key 'scale_rewards'", "gae_lambda: must be >= 0.0", "PPO has no evaluation set"):
         assert want in text, (want, text)
+
+
+def test_data_parallel_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    from conftest import ROOT
+
+    from paddlenlp_ext.config.parse import ConfigError, load_config
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    with pytest.raises(ConfigError) as e:
+        load_config(f"{ROOT}/llm/config/tiny/ppo_argument.json", ["--model_name_or_path", tiny_model_dir,
+                    "--output_dir", str(tmp_path / "o"), "--train_dataset_path", f"{ROOT}/llm/data/grpo_tiny"],
+                    mode="ppo")
+    assert "PPO runs on one process for now" in "\n".join(e.value.problems)

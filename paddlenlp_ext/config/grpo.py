@@ -15,6 +15,7 @@ import os
 from typing import Callable, List, Tuple
 
 from .dpo import SFT_ONLY_KEYS, apply_preference_aliases
+from .environment import world_size
 
 #: fine-tuning keys with a GRPO counterpart
 GRPO_INSTEAD = {"dataset_name_or_path": "train_dataset_path", "src_length": "max_prompt_len",
@@ -94,6 +95,9 @@ def grpo_problems(cfg, where: str) -> List[str]:
                  "(reward_funcs in order, then the reward model); give one weight each")
     if o.alignment == "grpo":
         p += loss_problems(cfg, where)
+    elif world_size() > 1:  # PPO: the value head is applied outside the data-parallel wrapper's forward
+        p.append(f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
+                 "forward); launch llm/run_ppo.py without paddle.distributed.launch")
     elif not o.top_p <= 1.0:
         p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
     for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):

@@ -35,17 +35,25 @@ HEAD_ATTR = "ppo_value_head"
 
 
 def policy_and_values(model, batch, temperature: float, value_head):
-    """([T] log-probs, [T] values) of the completion tokens of ``batch`` (one body forward)."""
-    split = split_lm_head(model)
-    if split is None:
-        raise ValueError("PPO's value head reads the policy's last hidden states, which this model family does not "
-                         "expose (no separable lm_head); use a Llama or Qwen2 family model")
-    body, head = split
+    """([T] log-probs, [T] values) of the completion tokens of ``batch`` (one forward).
+
+    The body + lm_head split runs lm_head on the scored rows only; a data-parallel wrapper (whose
+    forward registers the gradient all-reduce) runs whole, its last hidden state (after the final norm)
+    read from ``hidden_states``."""
     kw = {k: batch[k] for k in ROW_KEYS if batch.get(k) is not None}
-    hidden = body(**kw, use_cache=False, return_dict=True)[0]  # [B, S, H]
-    b, s, h = hidden.shape
-    rows = paddle.gather(hidden.reshape([b * s, h]), batch["logp_index"], axis=0)  # [T, H]
-    logits = head(rows.unsqueeze(0))[0].astype("float32") / float(temperature)  # [T, V]
+    index = batch["logp_index"]  # [T] flat row * S + position
+    split = split_lm_head(model)
+    if split is not None:
+        body, head = split
+        hidden = body(**kw, use_cache=False, return_dict=True)[0]  # [B, S, H]
+        rows = paddle.gather(hidden.reshape([-1, hidden.shape[-1]]), index, axis=0)  # [T, H]
+        logits = head(rows.unsqueeze(0))[0]  # [T, V]
+    else:
+        out = model(**kw, use_cache=False, output_hidden_states=True, return_dict=True)
+        hidden = out.hidden_states[-1]  # [B, S, H]
+        rows = paddle.gather(hidden.reshape([-1, hidden.shape[-1]]), index, axis=0)  # [T, H]
+        logits = paddle.gather(out.logits.reshape([-1, out.logits.shape[-1]]), index, axis=0)  # [T, V]
+    logits = logits.astype("float32") / float(temperature)
     logps = -F.cross_entropy(logits, batch["logp_token"].unsqueeze(-1), reduction="none").squeeze(-1)  # [T]
     values = value_head(rows.astype("float32")).squeeze(-1)  # [T]
     return logps, values
