@@ -55,7 +55,7 @@ def ours(data, case):
     """Our loss and d loss / d logps [B, T] on the same tensors (float64, one micro-batch, one process)."""
     import paddle
 
-    from paddlenlp_ext.grpo.objective import aggregate, token_losses
+    from paddlenlp_ext.grpo.objective import aggregate, sequence_losses, token_losses
 
     B, T = data["mask"].shape
     real = data["mask"].astype(bool)  # [B, T]
@@ -67,6 +67,14 @@ def ours(data, case):
     ref = flat("ref") if case["beta"] > 0 else None
     m = flat("mask_masked") if case["mask_truncated"] else None
     segment = paddle.to_tensor(seg)
+    if case["kind"] == "rloo_loss":
+        per, _ = sequence_losses(logps, old, paddle.to_tensor(data["advantages"].astype(np.float64)), segment, B,
+                                 epsilon=case["epsilon"], epsilon_high=case["epsilon_high"], mask=m)
+        loss = aggregate(per, "rloo", global_sequences=B)
+        loss.backward()
+        grad = np.zeros((B, T))
+        grad[real] = logps.grad.numpy()
+        return float(loss), grad
     adv = paddle.to_tensor(data["advantages"].astype(np.float64))[segment]
     per, _, _ = token_losses(logps, old, adv, ref, epsilon=case["epsilon"], epsilon_high=case["epsilon_high"],
                              beta=case["beta"], loss_type=case["loss_type"], level=case["level"], segment=segment,
@@ -105,6 +113,16 @@ def test_losses_match_trl(tmp_path):
     pytest.importorskip("trl")
     data = tensors(0)
     cases = loss_cases(("grpo", "bnpo", "dr_grpo", "dapo"), epsilon_high=0.28)
+    check_losses(data, cases, run_judge(tmp_path, data, cases))
+
+
+def test_rloo_loss_matches_trl(tmp_path):
+    """loss_type rloo against trl.RLOOTrainer._compute_loss (old log-probs summed per completion, as TRL keeps them)."""
+    pytest.importorskip("trl")
+    data = tensors(2)
+    cases = [dict(kind="rloo_loss", loss_type="rloo", level="token", old=True, beta=0.0, mask_truncated=trunc,
+                  epsilon=0.2, epsilon_high=eh, max_completion_length=9) for trunc in (False, True) for eh in (0.2, 0.28)]
+    data["old"] = data["logps"] + np.random.default_rng(5).normal(0, 0.08, data["logps"].shape)  # ratios near the range
     check_losses(data, cases, run_judge(tmp_path, data, cases))
 
 

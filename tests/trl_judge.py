@@ -59,6 +59,22 @@ def loss_case(trl_cls, data, case):
     return float(loss), logps.grad.numpy()
 
 
+def rloo_loss_case(data, case):
+    """``trl.RLOOTrainer._compute_loss``: the ratio of the summed log-probs, clipped, mean over completions."""
+    from trl import RLOOTrainer
+
+    t = lambda k: torch.from_numpy(np.asarray(data[k], dtype=np.float64))  # noqa: E731
+    logps = t("logps").clone().requires_grad_(True)  # [B, T]
+    mask = t("mask_masked" if case["mask_truncated"] else "mask")
+    B, T = mask.shape
+    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
+              "advantages": t("advantages"), "old_logps": (t("old") * mask).sum(1)}
+    loss = RLOOTrainer._compute_loss(StandIn(case, logps), None, inputs)
+    loss.backward()
+    return float(loss), logps.grad.numpy()
+
+
 def advantage_case(hf_dir, data, case):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -98,8 +114,8 @@ def main(argv):
     from trl import GRPOTrainer
 
     for i, case in enumerate(cases):
-        if case["kind"] == "loss":
-            loss, grad = loss_case(GRPOTrainer, data, case)
+        if case["kind"] in ("loss", "rloo_loss"):
+            loss, grad = loss_case(GRPOTrainer, data, case) if case["kind"] == "loss" else rloo_loss_case(data, case)
             results[f"loss_{i}"] = np.asarray(loss)
             results[f"grad_{i}"] = grad
         else:
