@@ -157,12 +157,12 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
                                                   raw.get("pipeline_parallel_degree", 1)))
     # llm/run_dpo.py / llm/run_kto.py / llm/run_grpo.py / llm/run_reward.py configs: their keys (load_config modes "dpo", "kto", "grpo")
-    mode = next((m for m in ("dpo", "kto", "grpo", "reward") if os.path.basename(path).startswith(m)), "sft")
+    mode = next((m for m in ("dpo", "kto", "grpo", "ppo", "reward") if os.path.basename(path).startswith(m)), "sft")
     dpo = mode != "sft"
     pref_data = KTO_DATA_DIR if mode == "kto" else DPO_DATA_DIR
     data = ["--train_dataset_path", pref_data, "--dev_dataset_path", pref_data] if dpo else \
         ["--dataset_name_or_path", DATA_DIR]
-    if mode == "grpo":  # prompts only (GRPO has no dev set)
+    if mode in ("grpo", "ppo"):  # prompts only (GRPO and PPO have no dev set)
         data = ["--train_dataset_path", os.path.join(ROOT, "llm", "data", "grpo_tiny")]
     overrides = ["--model_name_or_path", tiny_model_dir, *data, "--output_dir", str(tmp_path)]
     if CPU_BUILD and (raw.get("bf16") or raw.get("fp16")):

@@ -18,9 +18,9 @@ TOY_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "grpo_argument.json")
 
 def test_doctests():
     from paddlenlp_ext.config import grpo as config_grpo
-    from paddlenlp_ext.grpo import data, objective, rewards, rows, run, sampling
+    from paddlenlp_ext.grpo import data, objective, rewards, rollout, rows, run, sampling
 
-    for module in (config_grpo, data, objective, rewards, rows, run, sampling):
+    for module in (config_grpo, data, objective, rewards, rollout, rows, run, sampling):
         assert doctest.testmod(module).failed == 0, module.__name__
 
 
@@ -183,16 +183,42 @@ def test_config_refusals(tiny_model_dir, tmp_path):
 
     with pytest.raises(ConfigError) as e:
         grpo_config(tiny_model_dir, tmp_path, "--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2",
-                    "--gradient_accumulation_steps", "2", "--num_iterations", "2", "--do_eval", "true",
-                    "--src_length", "64", "--loss_type", "sigmoid")
+                    "--do_eval", "true", "--src_length", "64", "--loss_type", "sigmoid", "--dpop_lambda", "3")
     text = "\n".join(e.value.problems)
     for want in ("tensor_parallel_degree > 1 is not supported for GRPO", "pipeline_parallel_degree > 1 is not "
-                 "supported for GRPO", "gradient_accumulation_steps > 1 is not supported for GRPO",
-                 "num_iterations=2 is not supported", "GRPO has no evaluation set", "'src_length' is a fine-tuning "
-                 "(llm/run_finetune.py) key; in a GRPO config use max_prompt_len", "'loss_type' is a DPO"):
+                 "supported for GRPO", "GRPO has no evaluation set", "'src_length' is a fine-tuning "
+                 "(llm/run_finetune.py) key; in a GRPO config use max_prompt_len",
+                 "loss_type: must be one of dapo, grpo, bnpo, dr_grpo, cispo, rloo; got 'sigmoid'", "'dpop_lambda' is a DPO"):
         assert want in text, (want, text)
     cfg = grpo_config(tiny_model_dir, tmp_path, "--top_p", "0.9")
     assert cfg.dpo.top_p == 0.9 and cfg.dpo.max_seq_len == 256 + 64 and cfg.data.zero_padding
+    assert (cfg.dpo.loss_type, cfg.dpo.scale_rewards, cfg.dpo.importance_sampling_level) == ("dapo", "group", "token")
+
+
+@pytest.mark.parametrize("extra,want", [
+    (("--loss_type", "cispo"), "loss_type cispo clips the importance weight itself at epsilon_high"),
+    (("--loss_type", "rloo", "--scale_rewards", "batch"), "scale_rewards is not used by loss_type rloo"),
+    (("--normalize_advantages", "true"), "normalize_advantages belongs to loss_type rloo; for dapo use scale_rewards"),
+    (("--scale_rewards", "std"), "scale_rewards must be group, batch or none (or true/false); got 'std'"),
+    (("--importance_sampling_level", "word"), "importance_sampling_level: must be one of token, sequence"),
+])
+def test_loss_key_refusals(tiny_model_dir, tmp_path, extra, want):
+    from paddlenlp_ext.config.parse import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        grpo_config(tiny_model_dir, tmp_path, *extra)
+    assert want in "\n".join(e.value.problems)
+
+
+def test_new_keys_accepted(tiny_model_dir, tmp_path):
+    """What the issue asks for is accepted (no longer refused); scale_rewards keeps TRL's boolean spelling."""
+    cfg = grpo_config(tiny_model_dir, tmp_path, "--gradient_accumulation_steps", "2", "--num_iterations", "2",
+                      "--loss_type", "cispo", "--epsilon_high", "5.0", "--importance_sampling_level", "sequence",
+                      "--mask_truncated_completions", "true", "--scale_rewards", "false")
+    o = cfg.dpo
+    assert (o.num_iterations, o.loss_type, o.epsilon_high, o.importance_sampling_level) == (2, "cispo", 5.0, "sequence")
+    assert o.scale_rewards == "none" and "scale_rewards" in cfg.derived and o.mask_truncated_completions
+    assert cfg.training["gradient_accumulation_steps"] == 2
 
 
 def test_prompts_from_every_format(tmp_path, tiny_tokenizer):
@@ -284,3 +310,25 @@ def test_packed_equals_unpacked(tiny_model_dir, attention):
     assert np.abs(lp_u - lp_p).max() < 1e-5 and abs(loss_u - loss_p) < 1e-5
     assert g_u.keys() == g_p.keys() and len(g_u) > 5
     assert max(float(np.abs(g_u[k] - g_p[k]).max()) for k in g_u) < 1e-5
+
+
+def test_rollout_file_round_trip(tmp_path):
+    """A checkpoint's rollout (num_iterations > 1) comes back whole: lists, per-function rewards, tensors."""
+    import paddle
+
+    from paddlenlp_ext.grpo.rollout import MicroRollout, Rollout, load_rollout, rollout_file, save_rollout
+
+    micro = MicroRollout(indices=[3, 1], completions=[[5, 2], [6], [7, 8, 9], [2]], rewards=np.array([1.0, 0, 1, 0]),
+                         per_func={"f": np.array([1.0, 0, 1, 0])}, advantages=np.array([0.7, -0.7, 0.7, -0.7]),
+                         batch=None, old_logps=paddle.to_tensor([-1.0, -2.0, -0.5, -0.1, -0.2, -0.3, -0.4]),
+                         mask=paddle.to_tensor([1.0, 1, 1, 1, 1, 1, 1]))
+    rollout = Rollout(step=6, micro=[micro], global_tokens=7, global_sequences=4)
+    path = rollout_file(str(tmp_path), 0)
+    save_rollout(rollout, path)
+    back = load_rollout(path, lambda indices, completions: {"rebuilt": (indices, completions)})
+    m = back.micro[0]
+    assert (back.step, back.global_tokens, back.global_sequences) == (6, 7, 4)
+    assert m.indices == [3, 1] and m.completions == micro.completions and m.batch["rebuilt"][0] == [3, 1]
+    assert m.rewards.tolist() == [1.0, 0, 1, 0] and m.per_func["f"].tolist() == [1.0, 0, 1, 0]
+    np.testing.assert_allclose(m.old_logps.numpy(), micro.old_logps.numpy())
+    assert m.ref_logps is None and m.mask is not None

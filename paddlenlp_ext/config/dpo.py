@@ -72,7 +72,7 @@ def apply_preference_aliases(cfg, name: str) -> None:
 def apply_dpo_aliases(cfg) -> None:
     """PaddleNLP's run_dpo.py rewrites, made visible as derived settings (before the cross checks)."""
     o = cfg.dpo
-    if o.loss_type == "grpo":  # llm/run_grpo.py (schema.GRPOArgument): config/grpo.py
+    if getattr(o, "alignment", None) in ("grpo", "ppo"):  # llm/run_grpo.py, llm/run_ppo.py: config/grpo.py
         from .grpo import apply_grpo_aliases
 
         return apply_grpo_aliases(cfg)
@@ -99,7 +99,7 @@ def apply_dpo_aliases(cfg) -> None:
 
 def dpo_problems(cfg, where: str) -> List[str]:
     o = cfg.dpo
-    if o.loss_type == "grpo":  # llm/run_grpo.py (schema.GRPOArgument): config/grpo.py
+    if getattr(o, "alignment", None) in ("grpo", "ppo"):  # llm/run_grpo.py, llm/run_ppo.py: config/grpo.py
         from .grpo import grpo_problems
 
         return grpo_problems(cfg, where) + unread_dataset_dir(cfg, where, "GRPO")

@@ -13,7 +13,8 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument, RewardArgument
+from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument, PPOArgument, \
+    RewardArgument
 
 
 @dataclass
@@ -135,6 +136,8 @@ def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
         specs.update(_dataclass_specs(KTOArgument, "dpo"))
     elif mode == "grpo":  # llm/run_grpo.py's keys (also held in RunConfig.dpo)
         specs.update(_dataclass_specs(GRPOArgument, "dpo"))
+    elif mode == "ppo":  # llm/run_ppo.py's keys (also held in RunConfig.dpo)
+        specs.update(_dataclass_specs(PPOArgument, "dpo"))
     elif mode == "reward":  # llm/run_reward.py's data keys (held in RunConfig.dpo)
         specs.update(_dataclass_specs(RewardArgument, "dpo"))
     training = _training_specs()

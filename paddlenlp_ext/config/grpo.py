@@ -15,6 +15,7 @@ import os
 from typing import Callable, List, Tuple
 
 from .dpo import SFT_ONLY_KEYS, apply_preference_aliases
+from .environment import world_size
 
 #: fine-tuning keys with a GRPO counterpart
 GRPO_INSTEAD = {"dataset_name_or_path": "train_dataset_path", "src_length": "max_prompt_len",
@@ -25,8 +26,16 @@ REWARD_SCORER = "paddlenlp_ext.reward.scorer"
 def apply_grpo_aliases(cfg) -> None:
     """Zero padding on unless the config says otherwise (rows of prompt + completion sequences), rslora_plus."""
     apply_preference_aliases(cfg, "GRPO")
+    o = cfg.dpo
+    raw = o.scale_rewards
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):  # --scale_rewards false from the CLI
+        raw = raw.strip().lower() == "true"
+    if isinstance(raw, bool):  # TRL's older boolean spelling
+        o.scale_rewards = "group" if raw else "none"
+        cfg.derived["scale_rewards"] = f"{o.scale_rewards} (from {str(raw).lower()}, TRL's older spelling)"
     if "zero_padding" in cfg.derived:
-        cfg.derived["zero_padding"] = ("True (GRPO packs the prompt + completion sequences of a step into rows of "
+        cfg.derived["zero_padding"] = (f"True ({cfg.dpo.alignment.upper()} packs the prompt + completion sequences "
+                                       "of a step into rows of "
                                        "max_prompt_len + max_completion_length, separated by start-row masks)")
 
 
@@ -59,10 +68,11 @@ def reward_scorer_available() -> bool:
 
 def grpo_problems(cfg, where: str) -> List[str]:
     o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
+    name = o.alignment.upper()  # GRPO or PPO (llm/run_ppo.py shares these checks)
     p: List[str] = []
     for key in sorted(cfg.explicit & (set(SFT_ONLY_KEYS) - {"top_p"})):
         instead = GRPO_INSTEAD.get(key)
-        p.append(f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a GRPO config "
+        p.append(f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {name} config "
                  + (f"use {instead} instead" if instead else "it has no meaning: remove it") + " (docs/alignment.md)")
     funcs = list(o.reward_funcs or [])
     for i, spec in enumerate(funcs):
@@ -83,30 +93,28 @@ def grpo_problems(cfg, where: str) -> List[str]:
     if o.reward_weights is not None and len(o.reward_weights) != n_rewards:
         p.append(f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
                  "(reward_funcs in order, then the reward model); give one weight each")
-    if o.num_iterations != 1:
-        p.append(f"{where}: num_iterations={o.num_iterations} is not supported (each generated batch is used for one "
-                 "optimizer step, so the old policy is the current one); set it to 1")
-    if not o.top_p <= 1.0:
+    if o.alignment == "grpo":
+        p += loss_problems(cfg, where)
+    elif world_size() > 1:  # PPO: the value head is applied outside the data-parallel wrapper's forward
+        p.append(f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
+                 "forward); launch llm/run_ppo.py without paddle.distributed.launch")
+    elif not o.top_p <= 1.0:
         p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
-    if t.get("gradient_accumulation_steps", 1) != 1:
-        p.append(f"{where}: gradient_accumulation_steps > 1 is not supported for GRPO yet (the loss is normalised "
-                 "over the completion tokens of the global batch, known only once every micro-batch has generated); "
-                 "raise per_device_train_batch_size instead")
     for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         if t.get(key, 1) > 1:
-            p.append(f"{where}: {key} > 1 is not supported for GRPO (generation and the per-token log-probs run the "
+            p.append(f"{where}: {key} > 1 is not supported for {name} (generation and the per-token log-probs run the "
                      "whole model on each process); use data parallel (--nproc_per_node) or sharding")
     if t.get("do_eval") or t.get("load_best_model_at_end") or t.get("metric_for_best_model"):
-        p.append(f"{where}: GRPO has no evaluation set or eval metric; set do_eval false and remove "
+        p.append(f"{where}: {name} has no evaluation set or eval metric; set do_eval false and remove "
                  "load_best_model_at_end / metric_for_best_model (the per-step rewards are logged)")
     if not t.get("do_train", False):
-        p.append(f"{where}: GRPO only trains; set do_train true")
+        p.append(f"{where}: {name} only trains; set do_train true")
     if d.lazy:
-        p.append(f"{where}: lazy=true is not supported for GRPO (prompts are read in memory); remove lazy")
+        p.append(f"{where}: lazy=true is not supported for {name} (prompts are read in memory); remove lazy")
     if d.autoregressive:
-        p.append(f"{where}: autoregressive=true trains on raw text; GRPO needs prompts: remove it")
+        p.append(f"{where}: autoregressive=true trains on raw text; {name} needs prompts: remove it")
     if m.neftune or m.prefix_tuning or m.prefix_path:
-        p.append(f"{where}: neftune and prefix tuning are not supported for GRPO; use lora (or full fine-tuning)")
+        p.append(f"{where}: neftune and prefix tuning are not supported for {name}; use lora (or full fine-tuning)")
     if m.pissa and o.beta > 0:
         p.append(f"{where}: pissa=true moves the base weights into the adapter, so the base with the adapters off is "
                  "not the reference model; use lora without pissa, or beta=0")
@@ -125,4 +133,25 @@ def grpo_problems(cfg, where: str) -> List[str]:
             p.append(f"{where}: train_dataset_path {path!r} is a directory without train.json or train/*.json")
     elif not os.path.isfile(path):
         p.append(f"{where}: train_dataset_path {path!r} does not exist (a data file or a directory with train.json)")
+    return p
+
+
+def loss_problems(cfg, where: str) -> List[str]:
+    """The loss keys' cross checks (loss_type, scale_rewards, epsilon_high, RLOO's own keys)."""
+    o = cfg.dpo
+    p: List[str] = []
+    if o.scale_rewards not in ("group", "batch", "none"):
+        p.append(f"{where}: scale_rewards must be group, batch or none (or true/false); got {o.scale_rewards!r}")
+    if not o.top_p <= 1.0:
+        p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
+    if o.loss_type == "cispo" and o.epsilon_high is None:
+        p.append(f"{where}: loss_type cispo clips the importance weight itself at epsilon_high, which defaults to "
+                 "epsilon (0.2: every weight would be cut to 0.2); set epsilon_high (ScaleRL recommends 5.0)")
+    if o.loss_type == "rloo":
+        for key in ("scale_rewards", "importance_sampling_level"):
+            if key in cfg.explicit:
+                p.append(f"{where}: {key} is not used by loss_type rloo (its advantages are leave-one-out, its ratio "
+                         "is the completion's); remove it (normalize_advantages scales RLOO's advantages)")
+    elif "normalize_advantages" in cfg.explicit:
+        p.append(f"{where}: normalize_advantages belongs to loss_type rloo; for {o.loss_type} use scale_rewards")
     return p

@@ -26,8 +26,7 @@ from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
-from .schema import (DataArgument, DPOArgument, GenerateArgument, GRPOArgument, KTOArgument, ModelArgument,
-                     RewardArgument)
+from .schema import ALIGNMENT_ARGUMENTS, DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
 
 class ConfigError(Exception):
@@ -253,7 +252,7 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         if sft_only:
             problems.append(sft_only)
             continue
-        if spec is None and mode in ("kto", "grpo", "reward") and key in DPO_KEYS:
+        if spec is None and mode in ("kto", "grpo", "ppo", "reward") and key in DPO_KEYS:
             problems.append(f"{origin}: {key!r} is a DPO (llm/run_dpo.py) key; {mode.upper()} does not use it: remove "
                             f"it (the {mode.upper()} keys are in docs/alignment.md)")
             continue
@@ -296,7 +295,7 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
-    pref_cls = {"dpo": DPOArgument, "kto": KTOArgument, "grpo": GRPOArgument, "reward": RewardArgument}.get(mode)  # cfg.dpo
+    pref_cls = ALIGNMENT_ARGUMENTS.get(mode)  # cfg.dpo
     dpo = pref_cls(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if pref_cls else None
     cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
                     explicit=set(values), dpo=dpo)

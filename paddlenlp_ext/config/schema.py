@@ -12,7 +12,7 @@ configs work.  Field metadata drives validation and docs:
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 QUANT_ALGOS = ("weight_only_int8", "weight_only_int4", "nf4", "fp4")
 
@@ -227,6 +227,7 @@ GROUPS = {"model": ModelArgument, "data": DataArgument, "generate": GenerateArgu
 # Preference-loss names of PaddleNLP's DPOTrainer (paddlenlp_ext.dpo.losses.PREFERENCE_LOSSES) plus
 # its run_dpo.py alias "orpo" (= "or" + sft_loss_ratio 1 + reference_free); kept here as text so the
 # config never imports paddle.
+GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "rloo")  # grpo/objective.LOSS_TYPES
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "kto_pair", "sppo_hard", "nca_pair", "dpop", "or", "simpo", "orpo")
 
 
@@ -319,20 +320,86 @@ class GRPOArgument:
                             gt=0.0)
     top_p: float = _f(1.0, "Top-p (nucleus) of the completions' sampling; 1.0 = off.", gt=0.0)
     beta: float = _f(0.04, "Weight of the k3 KL term to the reference model; 0 = no reference model.", min=0.0)
-    epsilon: float = _f(0.2, "Clipping range of the probability ratio (PPO's epsilon).", gt=0.0)
-    num_iterations: int = _f(1, "Optimizer steps per generated batch (TRL's mu); only 1 is supported.", gt=0)
-    scale_rewards: bool = _f(True, "Divide each group's centred rewards by its standard deviation (false: "
-                             "Dr. GRPO's unscaled advantages).")
+    loss_type: str = _f("dapo", "TRL's GRPO loss (docs/alignment.md): dapo (tokens of the global batch), grpo "
+                        "(per-completion mean), bnpo (micro-batch tokens), dr_grpo (completions x max_completion_length),"
+                        " cispo (clipped-weight REINFORCE), rloo (leave-one-out baseline, KL in the reward).",
+                        choices=GRPO_LOSS_TYPES)
+    epsilon: float = _f(0.2, "Clipping range of the probability ratio (PPO's epsilon; the lower bound).", gt=0.0)
+    epsilon_high: Optional[float] = _f(None, "Upper clipping bound 1 + epsilon_high (DAPO's clip-higher; default "
+                                       "epsilon); cispo: the bound of the weight itself.", gt=0.0)
+    importance_sampling_level: str = _f("token", "Ratio per token, or per completion (sequence: GSPO's "
+                                        "length-normalised sequence ratio).", choices=("token", "sequence"))
+    num_iterations: int = _f(1, "Optimizer steps per generated batch (TRL's mu); > 1 reuses the rollout with its "
+                             "old log-probs, so the ratio moves away from 1 and clipping acts.", gt=0)
+    scale_rewards: Union[str, bool] = _f("group", "Advantage scaling: group (divide by the group's std), batch "
+                                         "(the global batch's std), none (Dr. GRPO); true/false = group/none.")
+    mask_truncated_completions: bool = _f(False, "Completions cut at max_completion_length (no EOS) carry no loss.")
+    normalize_advantages: bool = _f(False, "loss_type rloo: normalise the advantages over the global batch "
+                                    "(TRL's RLOOConfig key).")
     rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
 
     # not keys: what the alignment code shared with DPO reads
     ref_model_update_steps = -1
     reference_free = False
-    loss_type = "grpo"
+    alignment = "grpo"  # which alignment mode the config/dpo.py dispatch sends this group to
 
     @property
     def max_seq_len(self) -> int:
         """The longest prompt + completion sequence (a packed row's length; what the planner sizes)."""
+        return self.max_prompt_len + self.max_completion_length
+
+
+# Keys of llm/run_ppo.py only (load_config(..., mode="ppo"); held in RunConfig.dpo): the prompt, sampling
+# and reward keys of GRPO plus PaddleNLP's PPO names (kl_coeff, clip_range_ratio, clip_range_value,
+# clip_range_score, gamma, gae_lambda) and TRL's (vf_coef, whiten_rewards).
+@dataclass
+class PPOArgument:
+    train_dataset_path: Optional[str] = _f(
+        None, "PPO prompts (as GRPO's: any data format; other fields go to the reward functions).")
+    reward_funcs: Optional[List[str]] = _f(
+        None, "Reward functions \"package.module:function\", each f(prompts, completions, **columns) -> floats.")
+    reward_model_name_or_path: Optional[str] = _f(
+        None, "A reward model directory (llm/run_reward.py's export) scored after the reward functions.")
+    reward_weights: Optional[List[float]] = _f(
+        None, "Weight of each reward (reward_funcs in order, then the reward model); default 1 each.")
+    num_generations: int = _f(1, "Completions sampled per prompt.", min=1)
+    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts keep their end).", gt=0)
+    max_completion_length: int = _f(64, "Maximum tokens of a completion (its EOS included).", gt=0)
+    temperature: float = _f(1.0, "Sampling temperature (also applied to the scored logits).", gt=0.0)
+    top_p: float = _f(1.0, "Top-p of the sampling; 1.0 = off.", gt=0.0)
+    kl_coeff: float = _f(0.02, "Weight of the per-token KL penalty (k1, to the reference) in the reward; 0 = no "
+                         "reference model.", min=0.0)
+    clip_range_ratio: float = _f(0.2, "Clipping range of the policy ratio.", gt=0.0)
+    clip_range_value: float = _f(5.0, "Clipping range of the new values around the rollout's.", gt=0.0)
+    clip_range_score: float = _f(50.0, "Scores are clipped to +-clip_range_score before entering the reward.", gt=0.0)
+    gamma: float = _f(1.0, "Discount of GAE.", min=0.0)
+    gae_lambda: float = _f(0.95, "Lambda of GAE.", min=0.0)
+    vf_coef: float = _f(0.1, "Weight of the value loss.", min=0.0)
+    whiten_rewards: bool = _f(False, "Whiten the token rewards (keeping their mean) before GAE.")
+    num_iterations: int = _f(1, "Optimizer steps per rollout (PPO epochs).", gt=0)
+    rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
+
+    # not keys: what the alignment / GRPO code shared with PPO reads
+    ref_model_update_steps = -1
+    reference_free = False
+    alignment = "ppo"
+    loss_type = "ppo"
+    epsilon_high = None
+    importance_sampling_level = "token"
+    scale_rewards = "none"
+    mask_truncated_completions = False
+    normalize_advantages = False
+
+    @property
+    def beta(self) -> float:
+        return self.kl_coeff  # the reference model is needed when the KL penalty is on
+
+    @property
+    def epsilon(self) -> float:
+        return self.clip_range_ratio
+
+    @property
+    def max_seq_len(self) -> int:
         return self.max_prompt_len + self.max_completion_length
 
 
@@ -354,3 +421,8 @@ class RewardArgument:
     ref_model_update_steps = -1
     rslora_plus = False
     loss_type = "reward"
+
+
+#: load_config's mode -> the dataclass of its alignment key group (RunConfig.dpo)
+ALIGNMENT_ARGUMENTS = {"dpo": DPOArgument, "kto": KTOArgument, "grpo": GRPOArgument, "ppo": PPOArgument,
+                       "reward": RewardArgument}

@@ -17,7 +17,7 @@ from ..training.run import attach_data_callbacks, build_model, library_patches, 
     write_run_summary
 
 #: per-step metrics copied from the log history into run_summary.json
-STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length")
+STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length", "rollout_time")
 
 
 def build_prompts(cfg: RunConfig, tokenizer):
@@ -82,19 +82,21 @@ def show_reward_on_console(trainer) -> None:
             callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl"}
 
 
-def run(cfg: RunConfig) -> Dict[str, Any]:
-    """Train as configured; returns the run summary (also output_dir/run_summary.json)."""
-    if cfg.dpo is None or cfg.dpo.loss_type != "grpo":
-        raise ValueError("grpo.run.run needs a GRPO config: load_config(path, overrides, mode='grpo')")
+def run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
+    """Train as configured; returns the run summary (also output_dir/run_summary.json).  ``trainer_cls``:
+    GRPOTrainer by default; ppo.run passes PPOTrainer (a mode="ppo" config)."""
+    want = "grpo" if trainer_cls is None else "ppo"
+    if cfg.dpo is None or getattr(cfg.dpo, "alignment", None) != want:
+        raise ValueError(f"{want}.run.run needs a {want.upper()} config: load_config(path, overrides, mode={want!r})")
     from ..training.heap import limit_heap_retention
     from ..training.logfile import run_logging
 
     limit_heap_retention()
     with run_logging(cfg), library_patches(cfg):  # train.log and the console as in fine-tuning
-        return _run(cfg)
+        return _run(cfg, trainer_cls)
 
 
-def _run(cfg: RunConfig) -> Dict[str, Any]:
+def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     from paddlenlp.utils.log import logger
 
     from ..data.reader import DataError
@@ -117,7 +119,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     logger.info(f"data[train]: {json.dumps(report, default=str)}")
     rewards = RewardSet(o.reward_funcs or [], o.reward_model_name_or_path, o.reward_weights)
     built = build_model(cfg, args)
-    trainer = GRPOTrainer(model=built.model, args=args, train_dataset=dataset, tokenizer=tokenizer,
+    trainer = (trainer_cls or GRPOTrainer)(model=built.model, args=args, train_dataset=dataset, tokenizer=tokenizer,
                           data_collator=prompt_collator, adapter_config=built.adapter_config, grpo_config=o,
                           rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding)
     attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
@@ -125,8 +127,10 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     show_reward_on_console(trainer)
     step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
     summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": {"train": report},
-                               "loss_type": "grpo", "reference": trainer.reference, "rewards": rewards.names,
-                               "num_generations": o.num_generations}
+                               "trainer": o.alignment, "loss_type": o.loss_type, "reference": trainer.reference,
+                               "rewards": rewards.names, "num_generations": o.num_generations,
+                               "num_iterations": o.num_iterations, "importance_sampling_level": o.importance_sampling_level,
+                               "scale_rewards": o.scale_rewards, "epsilon_high": trainer.epsilon_high}
     train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
     tokens, completion_tokens = trainer.global_token_counts()
     from ..training.trainer import sum_over_ranks
@@ -137,7 +141,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
                    completions_trained=completions, tokens_trained=real,
                    row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
                    completions_per_second=round(completions / max(train_time, 1e-9), 3))
-    summary.update(reward_trend(trainer.state.log_history))
+    summary.update(reward_trend(trainer.state.log_history), rollouts_generated=trainer.rollouts)
     if "reward_first" in summary:
         k = summary["reward_window"]
         current().line(f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps "
