@@ -26,20 +26,20 @@ def build_prompts(cfg: RunConfig, tokenizer):
     from ..data.reader import DataError
     from ..data.tokenize import resolve_chat_template
     from ..dpo.data import resolve_split_files
-    from .data import PromptDataset, read_prompts, render_prompt
+    from .data import PromptDataset, fit_prompt, read_prompts
 
     o, d = cfg.dpo, cfg.data
     files = resolve_split_files(o.train_dataset_path, "train")
     records = read_prompts(files, d.dataset_format, d.dataset_columns)
     use_template = resolve_chat_template(tokenizer, d.chat_template)
     renderer = make_renderer(cfg, tokenizer, use_template)
-    renderer.src_length = renderer.max_length = 1 << 30  # the prompt keeps its end: render_prompt cuts
+    renderer.src_length = renderer.max_length = 1 << 30  # fit_prompt cuts, by the one truncation policy
     ids, problems, truncated = [], [], 0
     for rec in records:
         try:
-            full = render_prompt(rec, renderer, 1 << 30)
-            truncated += int(len(full) > o.max_prompt_len)
-            ids.append(full[-o.max_prompt_len:])
+            ids_i, cut, _ = fit_prompt(rec, renderer, o.max_prompt_len)  # oldest rounds first, then the left
+            truncated += int(cut)
+            ids.append(ids_i)
         except (ValueError, TypeError, KeyError, IndexError, StopIteration) as e:  # re-raised with file:line
             problems.append(f"{rec.origin}: could not render the prompt: {e}")
     if problems:
@@ -52,7 +52,8 @@ def build_prompts(cfg: RunConfig, tokenizer):
         from ..training.console import current
 
         current().line(f"notice: {truncated} of {len(dataset)} prompts are longer than max_prompt_len "
-                       f"{o.max_prompt_len} and keep their last {o.max_prompt_len} tokens; raise max_prompt_len to "
+                       f"{o.max_prompt_len}: their oldest rounds go first, then they keep their last "
+                       f"{o.max_prompt_len} tokens (docs/data.md); raise max_prompt_len to "
                        "keep them whole")
     return dataset, report
 
