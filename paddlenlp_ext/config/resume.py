@@ -35,7 +35,8 @@ RESUME_KEYS = {
              "greedy_group_size", "lazy", "chat_template"),
     "dpo": ("train_dataset_path", "max_seq_len", "max_prompt_len",  # then GRPO's (a group has only its own)
             "num_generations", "max_completion_length", "temperature", "top_p", "epsilon", "scale_rewards",
-            "reward_funcs", "reward_model_name_or_path", "reward_weights"),
+            "reward_funcs", "reward_model_name_or_path", "reward_weights", "loss_type", "epsilon_high",
+            "importance_sampling_level", "mask_truncated_completions", "num_iterations", "normalize_advantages"),
     "training": ("seed", "per_device_train_batch_size", "gradient_accumulation_steps", "fp16", "bf16",
                  "fp16_opt_level", "tensor_parallel_degree"),
 }
@@ -170,7 +171,10 @@ def resume_problems(cfg, where: str, training_defaults: Dict[str, Any]) -> List[
         cfg.derived["resume_settings"] = (f"not compared: {ckpt} records no settings (written by an older "
                                           "paddlenlp_ext); make sure the data and model settings are unchanged")
         return []
-    diffs = changed_settings(saved["resume_settings"], resume_settings(cfg, training_defaults))
+    settings = dict(saved["resume_settings"])
+    if isinstance(settings.get("scale_rewards"), bool):  # GRPO checkpoints before scale_rewards took group/batch/none
+        settings["scale_rewards"] = "group" if settings["scale_rewards"] else "none"
+    diffs = changed_settings(settings, resume_settings(cfg, training_defaults))
     if not diffs:
         return []
     return [f"{where}: resume_from_checkpoint {ckpt!r} was trained with other settings that change the data order "
