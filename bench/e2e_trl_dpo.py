@@ -1,18 +1,18 @@
 """bench/e2e.py's TRL DPO side: one DPOTrainer + PEFT LoRA run, in the TRL venv's interpreter (torch, not paddle).
 
-    VENV/bin/python bench/e2e_trl_dpo.py '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
+    PYTHONPATH=. VENV/bin/python -m bench.e2e_trl_dpo '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
 
 Reads PaddleNLP preference lines ({"src": [...], "tgt": [...], "response": [chosen, rejected], "sort": [1, 0]},
 as ``bench/dpo.py`` converts dpo_en_demo.json) as TRL rows {prompt, chosen, rejected} (the turns before the
 answer joined by newlines; no chat template, as ours), trains DPO (sigmoid loss, beta 0.1, the reference =
 the base model with the adapters off) with LoRA r / alpha on every decoder linear, and writes
-``DIR/result.json``: pairs, train time, step times, per-step losses, peak RSS, CPU%.
+``DIR/result.json``: pairs, train time, step times, per-step losses, CPU%.
 """
 
 import json
 import sys
 
-from e2e_trl import lora_config, step_marks, write_result
+from bench.e2e_trl import lora_config, step_marks, write_result
 
 
 def main(spec):
