@@ -121,15 +121,19 @@ class Run:
             return None
         return 100.0 * (m[-1][1] - m[0][1]) / (m[-1][0] - m[0][0])
 
+    def trainer_state(self) -> dict:
+        """out_dir/trainer_state.json (the log history)."""
+        with open(os.path.join(self.out_dir, "trainer_state.json")) as f:
+            return json.load(f)
+
     def losses(self) -> List[float]:
         """The logged training losses of out_dir/trainer_state.json."""
-        with open(os.path.join(self.out_dir, "trainer_state.json")) as f:
-            return [h["loss"] for h in json.load(f)["log_history"] if "loss" in h]
+        return [x["loss"] for x in self.trainer_state()["log_history"] if "loss" in x]
 
     def median_step_s(self) -> Optional[float]:
         """Median of run_summary.json's step times without the first (warm-up) step."""
         steps = (self.summary or {}).get("step_times_s") or []
-        return statistics.median(steps[1:] or steps) if steps else None
+        return median(steps[1:] or steps)
 
 
 def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[dict] = None,
@@ -199,6 +203,11 @@ def mean(rows: Sequence[dict], key: str) -> Optional[float]:
     -> ``2.0``; None when there is none."""
     vals = [r[key] for r in rows if r.get(key) is not None]
     return sum(vals) / len(vals) if vals else None
+
+
+def median(values: Sequence[float]) -> Optional[float]:
+    """``median([3, 1, 2])`` -> ``2``; None for no values."""
+    return statistics.median(values) if values else None
 
 
 def ratio(a, b) -> Optional[float]:
