@@ -190,6 +190,44 @@ def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[di
     return r
 
 
+# ---------------------------------------------------------------- in-process phases
+# A worker that times one phase of its own run (the training steps after a build, say) reads the peak of
+# that phase from the kernel too: VmHWM, the high-water mark of the same RSS, after resetting it.
+
+
+def _status_bytes(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_now() -> Optional[int]:
+    """This process's RSS now (VmRSS), in bytes."""
+    return _status_bytes("VmRSS")
+
+
+def rss_peak() -> Optional[int]:
+    """This process's peak RSS (VmHWM) since it started or since the last :func:`reset_peak`, in bytes."""
+    return _status_bytes("VmHWM")
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so that :func:`rss_peak` is the peak of what follows;
+    False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    peak, now = rss_peak(), rss_now()
+    return peak is not None and now is not None and peak <= now + 4 * MiB
+
+
 # ---------------------------------------------------------------- tables
 
 

@@ -1,9 +1,9 @@
-"""Benchmark (issue "QLoRA"): memory per parameter, RSS and step time of a quantized base + LoRA,
+"""Benchmark of QLoRA: memory per parameter, RSS and step time of a quantized base + LoRA,
 and the eval-loss change when a trained tiny model is quantized.
 
 Run from the repo root (about 4 minutes on a 2-core CPU):
 
-    .venv/bin/python bench/qlora.py
+    .venv/bin/python -m bench.qlora
 
 Part 0 -- the kernels on one ``[2048, 5504]`` fp32 weight (``--part0-shape``), in this process:
 
@@ -26,7 +26,7 @@ has no bf16 matmul):
   ``--warmup`` + ``--steps`` training steps (AdamW over the LoRA parameters, random token
   batch ``--batch`` x ``--seq``, forward + backward + step; median of the timed steps).
 
-How RSS is measured (Linux ``/proc/self/status``, ``psutil`` as a fallback): the model is
+How RSS is measured (Linux ``/proc/self/status``, through ``bench/harness.py``): the model is
 built LAYER BY LAYER -- constructed under ``paddle.LazyGuard()`` + PaddleNLP's
 ``no_init_weights()`` so that no parameter memory exists yet, then every decoder layer is
 materialised with PaddleNLP's own initialisation (normal(0, initializer_range), o_proj /
@@ -38,9 +38,9 @@ peak is a truthful picture of loading a quantized base. Reported per configurati
   for every configuration);
 * ``after build``: current RSS after build + quantization + ``gc.collect()``;
 * ``build peak``: VmHWM (process peak RSS) at that point;
-* ``train peak``: VmHWM over the training steps only -- the high-water mark is reset with
-  ``echo 5 > /proc/self/clear_refs`` right before the first step (so it does not include
-  the build); if that is not possible a 2 ms psutil sampler is used and the column says so;
+* ``train peak``: VmHWM over the training steps only -- the high-water mark is reset
+  (``bench/harness.py``'s ``reset_peak``: ``echo 5 > /proc/self/clear_refs``) right before the
+  first step, so it does not include the build; where the kernel does not allow it the column says so;
 * ``steady``: current RSS after the last step.
 
 A second table (``--naive``) shows what the numbers look like the naive way: build the full
@@ -61,15 +61,18 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+from bench.harness import reset_peak, rss_now, rss_peak  # noqa: E402
+
+REPO = Path(h.ROOT)
 CLI = REPO / "llm" / "run_finetune.py"
 SFT_CFG = REPO / "llm" / "config" / "tiny" / "sft_argument.json"
 
@@ -109,70 +112,6 @@ def slug(name: str) -> str:
 
 
 # =============================================================== worker (one configuration)
-def _status_kb(key: str):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def rss_now() -> int:
-    v = _status_kb("VmRSS")
-    if v is None:
-        import psutil
-
-        v = psutil.Process().memory_info().rss
-    return v
-
-
-def rss_peak() -> int:
-    v = _status_kb("VmHWM")
-    if v is None:
-        import resource
-
-        v = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return v
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False if not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return rss_peak() is not None and rss_peak() <= rss_now() + 4 * MiB
-
-
-class Sampler:
-    """Fallback peak-RSS sampler (psutil every 2 ms) when VmHWM cannot be reset."""
-
-    def __init__(self):
-        import threading
-
-        import psutil
-
-        self.proc, self.peak, self.stop = psutil.Process(), 0, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            self.stop.wait(0.002)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
 def linear_weight_bytes(model) -> tuple:
     """(params, bytes) of the decoder nn.Linear weights still in float (fp32 configuration)."""
     import numpy as np
@@ -340,7 +279,6 @@ def worker(args) -> dict:
     times, rss_steps, losses = [], [], []
     res["load_before"] = os.getloadavg()[0]
     use_clear = reset_peak()
-    sampler = None if use_clear else Sampler().__enter__()
     cpu_times = []
     for i in range(args.warmup + args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -350,10 +288,8 @@ def worker(args) -> dict:
             times.append(dt)
             cpu_times.append(dc)
         rss_steps.append(rss_now())
-    if sampler is not None:
-        sampler.__exit__()
-    res["peak_train"] = rss_peak() if use_clear else sampler.peak
-    res["peak_train_how"] = "VmHWM reset" if use_clear else "psutil sampler"
+    res["peak_train"] = rss_peak() if use_clear else None
+    res["peak_train_how"] = "VmHWM reset" if use_clear else "VmHWM not resettable"
     res["rss_steady"] = rss_steps[-1]
     res["load_after"] = os.getloadavg()[0]
     res["dequant_ms"] = dequant_ms_per_step(model)
@@ -436,19 +372,18 @@ def table_part0(quant_rows, step_rows, base, shape, tokens):
 
 # =============================================================== driver
 def run_worker(name, mode, args, python):
-    cmd = [python, str(Path(__file__).resolve()), "--worker", name, "--mode", mode,
+    cmd = [python, "-m", "bench.qlora", "--worker", name, "--mode", mode,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
            "--seq", str(args.seq), "--rank", str(args.rank), "--block-size", str(args.block_size),
            "--seed", str(args.seed)]
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    for line in r.stdout.splitlines()[::-1]:
+    r = h.run(cmd, name=name, mark=None, check=False)
+    for line in r.output.splitlines()[::-1]:
         if line.startswith("RESULT "):
             res = json.loads(line[len("RESULT "):])
-            res["proc_wall_s"] = time.time() - t0
+            res["proc_wall_s"] = r.wall_s
             return res
-    print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}\n"
-          f"{r.stderr[-4000:]}", file=sys.stderr, flush=True)
+    print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr,
+          flush=True)
     return {"config": name, "mode": mode, "failed": True}
 
 
@@ -539,34 +474,30 @@ def cli_eval_part(args, python, tmp: Path):
     train_cmd = [python, str(CLI), str(SFT_CFG), *common, "--output_dir", str(model_dir),
                  "--max_steps", str(args.tiny_steps), "--do_train", "true", "--do_eval", "true",
                  "--eval_before_train", "true"]
-    t0 = time.time()
-    r = subprocess.run(train_cmd, capture_output=True, text=True, cwd=REPO)
-    if r.returncode != 0:
-        print(f"!! tiny training failed: {shlex.join(train_cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
-              file=sys.stderr, flush=True)
+    r = h.run(train_cmd, name="tiny training", out_dir=str(model_dir), check=False)
+    if not r.ok:
+        print(f"!! tiny training failed: {shlex.join(train_cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
         return None
-    train = json.loads((model_dir / "run_summary.json").read_text())
+    train = r.summary
     print(f"  tiny full fine-tuning, {train['global_steps']} steps: eval loss {train['eval_loss_before_train']:.4f} "
-          f"-> {train['eval_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+          f"-> {train['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
     rows = []
     for name, extra in EVAL_CONFIGS.items():
         out = tmp / ("eval_" + slug(name))
         cmd = [python, str(CLI), str(SFT_CFG), "--model_name_or_path", str(model_dir),
                "--dataset_name_or_path", str(args.data), "--seed", str(args.seed), "--output_dir", str(out),
                "--do_train", "false", "--do_eval", "true", "--eval_before_train", "false", *extra]
-        t0 = time.time()
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-        if r.returncode != 0:
-            print(f"!! eval {name} failed: {shlex.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
-                  file=sys.stderr, flush=True)
+        r = h.run(cmd, name=f"eval {name}", out_dir=str(out), check=False)
+        if not r.ok:
+            print(f"!! eval {name} failed: {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
             rows.append({"name": name, "failed": True})
             continue
-        s = json.loads((out / "run_summary.json").read_text())
+        s = r.summary
         q = s.get("quantization") or {}
         rows.append({"name": name, "eval_loss": s["eval_loss"], "ppl": s.get("eval_perplexity"),
                      "bpp": q.get("bytes_per_param"), "layers": q.get("layers_replaced"),
-                     "rss": s.get("peak_rss_bytes")})
-        print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+                     "rss": r.peak_rss_bytes})
+        print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
     return train, rows, train_cmd
 
 
@@ -626,8 +557,7 @@ def main(argv=None):
 
     python = sys.executable
     shown = os.path.relpath(python, REPO) if python.startswith(str(REPO)) else python
-    command = shlex.join([shown, os.path.relpath(os.path.abspath(__file__), REPO),
-                          *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join([shown, "-m", "bench.qlora", *(sys.argv[1:] if argv is None else argv)])
     print("command: " + command, flush=True)
     t_all = time.time()
     md = [f"Command (from the repo root):\n\n```\n{command}\n```\n"]
