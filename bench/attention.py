@@ -9,7 +9,7 @@ Prints:
   4. memory: the mask-related tensors ours allocates (O(seq) bounds + per-tile
      temporaries) vs the dense mask, plus measured peak host allocations.
 
-Run (< 3 min on 2 cores):  .venv/bin/python bench/attention.py
+Run (< 3 min on 2 cores):  .venv/bin/python -m bench.attention
 """
 
 import argparse
@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import paddle  # noqa: E402
 from paddle.base import core  # noqa: E402

@@ -19,6 +19,7 @@ Nothing here imports paddle: a benchmark's own process stays small.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -226,6 +227,29 @@ def reset_peak() -> bool:
         return False
     peak, now = rss_peak(), rss_now()
     return peak is not None and now is not None and peak <= now + 4 * MiB
+
+
+def interleave(variants: dict, repeats: int, warmup: int = 1, context: Optional[Callable] = None,
+               log: bool = False) -> tuple:
+    """Time in-process variants in interleaved rounds (A, B, A, B, ...), so that other load on a shared
+    machine spreads over all of them: ``warmup`` untimed rounds, then ``repeats`` timed ones.
+
+    ``variants``: name -> a function of no arguments.  ``context(name)``, when given, is a context manager
+    entered around each call, outside the timing (e.g. the variant's patches).  Returns
+    ``({name: [seconds of each timed round]}, {name: the function's last result})``.
+    """
+    times, results = {k: [] for k in variants}, {}
+    for i in range(warmup + repeats):
+        for name, fn in variants.items():
+            with context(name) if context else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                results[name] = fn()
+                dt = time.perf_counter() - t0
+            if i >= warmup:
+                times[name].append(dt)
+            if log:
+                print(f"  round {i} {name}: {dt:.2f} s", flush=True)
+    return times, results
 
 
 # ---------------------------------------------------------------- tables
