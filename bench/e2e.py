@@ -269,7 +269,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
     p.add_argument("--model", choices=sorted(SHAPES), default="0.25b",
-                   help="0.25b: the issue's benchmark model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
+                   help="0.25b: the end-to-end benchmark's model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
                         "(839M parameters, bench/big_model.py's shape)")
     p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
     p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")
