@@ -359,15 +359,15 @@ def part0(shape=(2048, 5504), tokens=256, repeats=5, seed=0):
 
 
 def table_part0(quant_rows, step_rows, base, shape, tokens):
-    lines = [f"Quantize one `[{shape[0]}, {shape[1]}]` fp32 weight (`quantize(w, algo, 64, dq)`, best of the "
-             "repeats):", "", "| format | M params/s (CPU time) | M params/s (wall) |", "| --- | ---: | ---: |"]
-    lines += [f"| {n} | {c:.0f} | {w:.0f} |" for n, c, w in quant_rows]
-    lines += ["", f"x `[{tokens}, {shape[0]}]` through the layer, forward + backward (gradient to x), against "
-              f"`paddle.matmul` on the fp32 weight: {base[0]:.1f} ms wall, {base[1]:.1f} ms CPU:", "",
-              "| format | fwd+bwd ms (wall) | ms (CPU) | ratio wall | ratio CPU | one dequant ms (wall) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {n} | {w:.1f} | {c:.1f} | {rw:.2f} | {rc:.2f} | {d:.1f} |" for n, w, c, rw, rc, d in step_rows]
-    return "\n".join(lines)
+    quant = h.table(["format", "M params/s (CPU time)", "M params/s (wall)"],
+                    [[n, f"{c:.0f}", f"{w:.0f}"] for n, c, w in quant_rows])
+    step = h.table(["format", "fwd+bwd ms (wall)", "ms (CPU)", "ratio wall", "ratio CPU", "one dequant ms (wall)"],
+                   [[n, f"{w:.1f}", f"{c:.1f}", f"{rw:.2f}", f"{rc:.2f}", f"{d:.1f}"]
+                    for n, w, c, rw, rc, d in step_rows])
+    return "\n".join([f"Quantize one `[{shape[0]}, {shape[1]}]` fp32 weight (`quantize(w, algo, 64, dq)`, best of the "
+                      "repeats):", "", quant, "", f"x `[{tokens}, {shape[0]}]` through the layer, forward + backward "
+                      f"(gradient to x), against `paddle.matmul` on the fp32 weight: {base[0]:.1f} ms wall, "
+                      f"{base[1]:.1f} ms CPU:", "", step])
 
 
 # =============================================================== driver
@@ -391,80 +391,75 @@ def mib(v):
     return "—" if v is None else f"{v / MiB:.0f}"
 
 
+def rows_table(header, rows, cells, first=(), key="config"):
+    """``harness.table`` of ``first`` (fixed rows) and ``cells(r)`` per row; a failed run's row says FAILED."""
+    body = [list(f) for f in first]
+    body += [[r[key], "FAILED"] + [""] * (len(header) - 2) if r.get("failed") else cells(r) for r in rows]
+    return h.table(header, body)
+
+
 def table_bytes(rows, block_size):
-    lines = ["| config | base linear params | base linear bytes | bytes / param | vs bf16 | vs fp32 | target | check |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    checks = []
     ref = next((r for r in rows if not r.get("failed")), None)
     n = ref["linear_params"] if ref else 0
-    lines.append(f"| bf16 (theoretical, not run) | {n:,} | {2 * n / MiB:.1f} MiB | 2.0000 | 1.00x | 0.50x | | |")
+    checks = []
     for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | | | | |")
-            if r["config"] in TARGETS:
-                checks.append(f"FAIL {r['config']}: run failed")
-            continue
-        bpp = r["bytes_per_param"]
         tgt = TARGETS.get(r["config"])
-        ok = None if tgt is None else bpp <= tgt
+        if tgt is not None and r.get("failed"):
+            checks.append(f"FAIL {r['config']}: run failed")
+        elif tgt is not None:
+            checks.append(f"{h.verdict(r['bytes_per_param'], tgt)} {r['config']}: {r['bytes_per_param']:.4f} "
+                          f"bytes/param <= {tgt} (bf16 2, fp32 4)")
+
+    def cells(r):
+        bpp, tgt = r["bytes_per_param"], TARGETS.get(r["config"])
         label = r["config"] + (f" (block {block_size})" if CONFIGS[r["config"]][0] in ("nf4", "fp4") else "")
-        lines.append(
-            f"| {label} | {r['linear_params']:,} | {r['linear_bytes'] / MiB:.1f} MiB | {bpp:.4f} | {bpp / 2:.3f}x | "
-            f"{bpp / 4:.3f}x | {'' if tgt is None else f'<= {tgt}'} | {'' if ok is None else ('PASS' if ok else 'FAIL')} |")
-        if tgt is not None:
-            checks.append(f"{'PASS' if ok else 'FAIL'} {r['config']}: {bpp:.4f} bytes/param <= {tgt} "
-                          f"(bf16 2, fp32 4)")
-    return "\n".join(lines), checks
+        return [label, f"{r['linear_params']:,}", f"{r['linear_bytes'] / MiB:.1f} MiB", f"{bpp:.4f}",
+                f"{bpp / 2:.3f}x", f"{bpp / 4:.3f}x", "" if tgt is None else f"<= {tgt}",
+                "" if tgt is None else h.verdict(bpp, tgt)]
+
+    header = ["config", "base linear params", "base linear bytes", "bytes / param", "vs bf16", "vs fp32", "target",
+              "check"]
+    first = [["bf16 (theoretical, not run)", f"{n:,}", f"{2 * n / MiB:.1f} MiB", "2.0000", "1.00x", "0.50x", "", ""]]
+    return rows_table(header, rows, cells, first), checks
 
 
 def table_train(rows):
-    lines = ["| config | after imports (MiB) | after build + quant + gc (MiB) | build peak (MiB) | "
-             "before steps (MiB) | train peak (MiB) | steady (MiB) | step time, median (ms) | timed steps (ms) | "
-             "CPU time / step (ms) | of which dequant (ms) | load avg before / after |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines.append("| bf16 (theoretical) | — | — | — | — | — | — | — (no bf16 matmul on CPU) | | | | |")
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | | | | | | | | |")
-            continue
+    def cells(r):
         dq = "0" if r.get("dequant_ms") is None else f"{r['dequant_ms']:.0f}"
         how = "" if r.get("peak_train_how") == "VmHWM reset" else f" ({r.get('peak_train_how')})"
-        lines.append(
-            f"| {r['config']} | {mib(r['rss_imports'])} | {mib(r['rss_after_build'])} | {mib(r['peak_build'])} | "
-            f"{mib(r.get('rss_before_train'))} | {mib(r.get('peak_train'))}{how} | {mib(r.get('rss_steady'))} | "
-            f"{r['step_ms']:.0f} | {', '.join(f'{t:.0f}' for t in r['step_ms_all'])} | {r['step_cpu_ms']:.0f} | {dq} | "
-            f"{r['load_before']:.1f} / {r['load_after']:.1f} |")
-    return "\n".join(lines)
+        return [r["config"], mib(r["rss_imports"]), mib(r["rss_after_build"]), mib(r["peak_build"]),
+                mib(r.get("rss_before_train")), mib(r.get("peak_train")) + how, mib(r.get("rss_steady")),
+                f"{r['step_ms']:.0f}", ", ".join(f"{t:.0f}" for t in r["step_ms_all"]), f"{r['step_cpu_ms']:.0f}", dq,
+                f"{r['load_before']:.1f} / {r['load_after']:.1f}"]
+
+    header = ["config", "after imports (MiB)", "after build + quant + gc (MiB)", "build peak (MiB)",
+              "before steps (MiB)", "train peak (MiB)", "steady (MiB)", "step time, median (ms)", "timed steps (ms)",
+              "CPU time / step (ms)", "of which dequant (ms)", "load avg before / after"]
+    first = [["bf16 (theoretical)"] + ["—"] * 6 + ["— (no bf16 matmul on CPU)", "", "", "", ""]]
+    return rows_table(header, rows, cells, first)
 
 
 def table_summary(rows):
-    lines = ["| config | bytes / param (base linears) | target | RSS after build (MiB) | train peak RSS (MiB) | "
-             "step time (ms) | CPU time / step (ms) |",
-             "| --- | --- | --- | --- | --- | --- | --- |",
-             "| bf16 (theoretical) | 2.0000 | | — | — | — | — |"]
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | | | |")
-            continue
+    def cells(r):
         tgt = TARGETS.get(r["config"])
-        chk = "" if tgt is None else f"<= {tgt} {'PASS' if r['bytes_per_param'] <= tgt else 'FAIL'}"
-        lines.append(f"| {r['config']} | {r['bytes_per_param']:.4f} | {chk} | {mib(r['rss_after_build'])} | "
-                     f"{mib(r.get('peak_train'))} | {r['step_ms']:.0f} | {r['step_cpu_ms']:.0f} |")
-    return "\n".join(lines)
+        chk = "" if tgt is None else f"<= {tgt} {h.verdict(r['bytes_per_param'], tgt)}"
+        return [r["config"], f"{r['bytes_per_param']:.4f}", chk, mib(r["rss_after_build"]), mib(r.get("peak_train")),
+                f"{r['step_ms']:.0f}", f"{r['step_cpu_ms']:.0f}"]
+
+    header = ["config", "bytes / param (base linears)", "target", "RSS after build (MiB)", "train peak RSS (MiB)",
+              "step time (ms)", "CPU time / step (ms)"]
+    return rows_table(header, rows, cells, [["bf16 (theoretical)", "2.0000", "", "—", "—", "—", "—"]])
 
 
 def table_naive(rows, lazy_by_name):
-    lines = ["| config | fp32 model built (MiB) | after quantize_model + gc (MiB) | process peak (MiB) | "
-             "layer-by-layer build peak (MiB) |",
-             "| --- | --- | --- | --- | --- |"]
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | |")
-            continue
+    def cells(r):
         lz = lazy_by_name.get(r["config"], {})
-        lines.append(f"| {r['config']} | {mib(r['rss_fp32_model'])} | {mib(r['rss_after_build'])} | "
-                     f"{mib(r['peak_build'])} | {mib(lz.get('peak_build'))} |")
-    return "\n".join(lines)
+        return [r["config"], mib(r["rss_fp32_model"]), mib(r["rss_after_build"]), mib(r["peak_build"]),
+                mib(lz.get("peak_build"))]
+
+    header = ["config", "fp32 model built (MiB)", "after quantize_model + gc (MiB)", "process peak (MiB)",
+              "layer-by-layer build peak (MiB)"]
+    return rows_table(header, rows, cells)
 
 
 def cli_eval_part(args, python, tmp: Path):
@@ -504,18 +499,16 @@ def cli_eval_part(args, python, tmp: Path):
 def table_eval(train, rows):
     base = next((r for r in rows if r["name"] == "unquantized" and not r.get("failed")), None)
     ref = base["eval_loss"] if base else train["eval_loss"]
-    lines = ["| base weights | linears quantized | bytes / param (quantized linears) | eval loss | perplexity | "
-             "change vs unquantized | relative change of the loss |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['name']} | FAILED | | | | | |")
-            continue
+
+    def cells(r):
         d = r["eval_loss"] - ref
         bpp = "4 (fp32)" if r["bpp"] is None else f"{r['bpp']:.4f}"
-        lines.append(f"| {r['name']} | {r['layers'] or 0} | {bpp} | {r['eval_loss']:.4f} | "
-                     f"{(r['ppl'] or float('nan')):.4f} | {d:+.4f} | {100 * d / ref:+.1f}% |")
-    return "\n".join(lines)
+        return [r["name"], r["layers"] or 0, bpp, f"{r['eval_loss']:.4f}", f"{(r['ppl'] or float('nan')):.4f}",
+                f"{d:+.4f}", f"{100 * d / ref:+.1f}%"]
+
+    header = ["base weights", "linears quantized", "bytes / param (quantized linears)", "eval loss", "perplexity",
+              "change vs unquantized", "relative change of the loss"]
+    return rows_table(header, rows, cells, key="name")
 
 
 def main(argv=None):
@@ -576,22 +569,22 @@ def main(argv=None):
         print(f"\n## Part 1: ~106M-parameter random-init LlamaForCausalLM "
               f"({', '.join(f'{k}={v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
               f"fp32; {n_lin:,} parameters in the 56 decoder linears\n", flush=True)
-        rows = []
-        for name in args.configs:
-            r = run_worker(name, "lazy", args, python)
-            rows.append(r)
-            failed |= bool(r.get("failed"))
-            if not r.get("failed"):
-                print(f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
-                      f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')} "
-                      f"({r['proc_wall_s']:.0f} s)", flush=True)
-        naive = []
-        for name in args.naive:
-            r = run_worker(name, "naive", args, python)
-            naive.append(r)
-            failed |= bool(r.get("failed"))
-            if not r.get("failed"):
-                print(f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB ({r['proc_wall_s']:.0f} s)", flush=True)
+        def workers(names, mode, line):
+            """Run one worker per configuration; ``line(name, result)``: its progress line."""
+            nonlocal failed
+            out = []
+            for name in names:
+                r = run_worker(name, mode, args, python)
+                out.append(r)
+                failed |= bool(r.get("failed"))
+                if not r.get("failed"):
+                    print(line(name, r) + f" ({r['proc_wall_s']:.0f} s)", flush=True)
+            return out
+
+        rows = workers(args.configs, "lazy", lambda name, r: (
+            f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
+            f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')}"))
+        naive = workers(args.naive, "naive", lambda name, r: f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB")
 
         t_bytes, checks = table_bytes(rows, args.block_size)
         ok_row = next((r for r in rows if not r.get("failed")), {})
