@@ -10,9 +10,13 @@ the base model with the adapters off) with LoRA r / alpha on every decoder linea
 """
 
 import json
+import os
 import sys
 
-from bench.e2e_trl import lora_config, step_marks, write_result
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench.e2e_trl import lora_config, step_marks, write_result  # noqa: E402
 
 
 def main(spec):

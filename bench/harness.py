@@ -217,6 +217,13 @@ def rss_peak() -> Optional[int]:
     return _status_bytes("VmHWM")
 
 
+def usage():
+    """This process's ``resource.getrusage`` (CPU times, page faults) so far: diff two for a phase."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF)
+
+
 def reset_peak() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0), so that :func:`rss_peak` is the peak of what follows;
     False where the kernel does not allow it."""

@@ -39,7 +39,6 @@ LENGTHS = "180,420,260,610,150,330,900,240,512,200,700,300"
 
 def child(model_dir: str, policy: str, lengths) -> dict:
     """One policy's run, in this process (called with ``--child``)."""
-    import resource
     import time
 
     from paddlenlp_ext.cli.cpu_env import setup_cpu
@@ -90,13 +89,13 @@ def child(model_dir: str, policy: str, lengths) -> dict:
         micro_step(rows[0])
         model.clear_gradients()
         assert h.reset_peak(), "cannot reset VmHWM (/proc/self/clear_refs)"  # the peak of the micro-steps only
-        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        r0, t0 = h.usage(), time.perf_counter()
         losses = []
         for i, row in enumerate(rows[1:]):
             losses.append(micro_step(row))
             if i % 4 == 3:
                 model.clear_gradients()
-        wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        wall, r1 = time.perf_counter() - t0, h.usage()
     return {"policy": policy, "wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
             "minflt": r1.ru_minflt - r0.ru_minflt, "peak_mb": h.rss_peak() / 2 ** 20,
             "after_mb": h.rss_now() / 2 ** 20, "losses": losses}
