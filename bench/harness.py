@@ -64,7 +64,7 @@ def require_shared(*paths: str, what: str = "this benchmark") -> None:
     missing = [p for p in (paths or (TOKENIZER_MODEL, ALPACA)) if not os.path.isfile(p)]
     if missing:
         print(f"error: {what} needs the shared benchmark data; missing: {', '.join(missing)}\n"
-              f"(put it in {SHARED}, next to the repository)", file=sys.stderr)
+              f"(the shared data directory: ../shared/data next to the repository, else {SHARED})", file=sys.stderr)
         sys.exit(2)
 
 

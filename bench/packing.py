@@ -193,9 +193,7 @@ def main():
     args = ap.parse_args()
 
     print("$ " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, os.getcwd())] + sys.argv))
-    for p, what in ((args.data, "alpaca_en_demo.json"), (args.tokenizer, "llama2 sentencepiece model")):
-        if not p.is_file():
-            sys.exit(f"error: {what} not found at {p.resolve()} (pass --data / --tokenizer)")
+    h.require_shared(str(args.data), str(args.tokenizer), what="bench/packing.py (or pass --data / --tokenizer)")
 
     t = time.perf_counter()
     raw = tokenized_lengths(args.data, args.tokenizer)
