@@ -27,6 +27,8 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
 import paddle  # noqa: E402
 from paddle.base import core  # noqa: E402
 
+from bench import harness  # noqa: E402
+
 from paddlenlp_ext import kernels as fm  # noqa: E402
 from paddlenlp_ext.kernels.reference import docstring_dense_mask, reference_attention  # noqa: E402
 
@@ -202,10 +204,11 @@ def timing_and_memory(args):
     print(f"tiles ({fm.BLOCK_SIZE}x{fm.BLOCK_SIZE}, up to {fm.KV_MERGE} key blocks fused): "
           f"{st['tiles_total']} total, {st['tiles_skipped']} skipped, "
           f"{st['tiles_visible']} unmasked + {st['tiles_partial']} partial computed")
-    print(f"{'':24s}{'ours':>12s}{'dense':>12s}{'dense/ours':>12s}")
-    print(f"{'fwd+bwd median (s)':24s}{t_ours:12.3f}{t_dense:12.3f}{t_dense / t_ours:11.1f}x")
-    print(f"{'fwd+bwd best (s)':24s}{t_ours_min:12.3f}{t_dense_min:12.3f}{t_dense_min / t_ours_min:11.1f}x")
-    print(f"target >= 4x: {'MET' if t_dense / t_ours >= 4 else 'NOT MET'}")
+    print(harness.table(["", "ours", "dense", "dense / ours"],
+                        [["fwd+bwd median (s)", f"{t_ours:.3f}", f"{t_dense:.3f}", f"{t_dense / t_ours:.1f}x"],
+                         ["fwd+bwd best (s)", f"{t_ours_min:.3f}", f"{t_dense_min:.3f}",
+                          f"{t_dense_min / t_ours_min:.1f}x"]]))
+    print(f"target >= 4x: {harness.verdict(t_dense / t_ours, 4, at_least=True)}")
 
     print("\n== 4. memory")
     mib = 1024 ** 2

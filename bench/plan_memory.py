@@ -188,28 +188,22 @@ def gpu_table():
 def report(records, runtime_constant):
     print("\nGiB (2^30 bytes). measured = peak RSS of the CLI run (the bench harness's); planned = "
           "paddlenlp_ext.planner (target cpu)\n")
-    print("| run | what | measured peak | planned | planned / measured | within +-15% |")
-    print("|---|---|---|---|---|---|")
-    for r in records:
-        ok = abs(r["ratio"] - 1) <= TARGET
-        print(f"| {r['run']} | {RUNS[r['run']][3]} | {gib(r['peak_rss_bytes'])} | {gib(r['planned_bytes'])} | "
-              f"{r['ratio']:.3f} | {'PASS' if ok else 'FAIL'} |")
+    print(h.table(["run", "what", "measured peak", "planned", "planned / measured", "within +-15%"],
+                  [[r["run"], RUNS[r["run"]][3], gib(r["peak_rss_bytes"]), gib(r["planned_bytes"]), f"{r['ratio']:.3f}",
+                    h.verdict(abs(r["ratio"] - 1), TARGET)] for r in records]))
     print("\nBreakdown (planned) and the measured parts the CLI reports (runtime = RSS before the model; "
           "model = RSS after load/adapters/trainer setup - runtime; step = peak - RSS after load):\n")
     keys = list(records[0]["planned_breakdown"]) if records else []
-    print("| run | " + " | ".join(keys) + " | measured runtime | measured model | measured step |")
-    print("|---|" + "---|" * (len(keys) + 3))
-    for r in records:
-        b = r["planned_breakdown"]
-        print(f"| {r['run']} | " + " | ".join(gib(b[k]) for k in keys) +
-              f" | {gib(r['runtime_bytes'])} | {gib(r['after_load_bytes'] - r['runtime_bytes'])} | "
-              f"{gib(r['peak_rss_bytes'] - r['after_load_bytes'])} |")
+    print(h.table(["run", *keys, "measured runtime", "measured model", "measured step"],
+                  [[r["run"], *(gib(r["planned_breakdown"][k]) for k in keys), gib(r["runtime_bytes"]),
+                    gib(r["after_load_bytes"] - r["runtime_bytes"]), gib(r["peak_rss_bytes"] - r["after_load_bytes"])]
+                   for r in records]))
     runtimes = [r["runtime_bytes"] for r in records]
     if runtimes:
         print(f"\nframework overhead on CPU: the planner uses {gib(runtime_constant)} GiB; measured runtime in these "
               f"runs {min(runtimes) / GiB:.2f}-{max(runtimes) / GiB:.2f} GiB")
     worst = max((abs(r["ratio"] - 1) for r in records), default=0)
-    print(f"worst |planned/measured - 1| = {worst:.3f} (target <= {TARGET}: {'PASS' if worst <= TARGET else 'FAIL'})")
+    print(f"worst |planned/measured - 1| = {worst:.3f} (target <= {TARGET}: {h.verdict(worst, TARGET)})")
 
 
 def main():
@@ -221,14 +215,14 @@ def main():
     p.add_argument("--gpu_table", action="store_true", help="print the Llama-2 GPU table (no runs) and exit")
     a = p.parse_args()
     if a.gpu_table:
-        print("command: .venv/bin/python bench/plan_memory.py --gpu_table\n")
+        print("command: .venv/bin/python -m bench.plan_memory --gpu_table\n")
         gpu_table()
         return
     names = [n.strip() for n in a.runs.split(",") if n.strip()]
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         p.error(f"unknown run(s) {unknown}; choose from {list(RUNS)}")
-    print("command: .venv/bin/python bench/plan_memory.py " + " ".join(sys.argv[1:]), flush=True)
+    print("command: .venv/bin/python -m bench.plan_memory " + " ".join(sys.argv[1:]), flush=True)
     ensure_models()
     from paddlenlp_ext.planner.memory import CPU_RUNTIME_BYTES
 
