@@ -160,10 +160,9 @@ def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packi
     spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
             "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
             "packing": packing}
-    # torch's default threads; PYTHONPATH = the repository only, so that ``-m bench.e2e_trl`` imports
-    env = h.clean_env(("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS, PYTHONPATH=ROOT)
-    worker = "bench.e2e_trl_dpo" if dpo else "bench.e2e_trl"
-    r = h.run([py, "-m", worker, json.dumps(spec)], name="TRL run", env=env, mark=None)
+    env = h.clean_env(("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS)  # torch's default threads
+    worker = os.path.join(ROOT, "bench", "e2e_trl_dpo.py" if dpo else "e2e_trl.py")
+    r = h.run([py, worker, json.dumps(spec)], name="TRL run", cwd=out_dir, env=env, mark=None)
     with open(os.path.join(out_dir, "result.json")) as f:
         res = json.load(f)
     steady = res["step_times_s"] or [res["train_time_s"] / steps]
@@ -208,9 +207,8 @@ def run_paddlenlp(llm_dir: str, model_dir: str, data_dir: str, out_dir: str, ste
         if m:
             steps_seen.append((float(m.group(1)), float(m.group(3))))
 
-    env = {**paddlenlp_env(cpu_env), "PYTHONPATH": ROOT}  # for ``-m bench.e2e_paddlenlp`` only
-    r = h.run(h.module("bench.e2e_paddlenlp", llm_dir, cfg_path, result_path), name="PaddleNLP run", cwd=out_dir,
-              env=env, mark=PADDLENLP_STEP, on_line=step)
+    r = h.run(h.cli("bench/e2e_paddlenlp.py", llm_dir, cfg_path, result_path), name="PaddleNLP run", cwd=out_dir,
+              env=paddlenlp_env(cpu_env), mark=PADDLENLP_STEP, on_line=step)
     with open(result_path) as f:
         res = json.load(f)
     with open(os.path.join(out_dir, "train_results.json")) as f:

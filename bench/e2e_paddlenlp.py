@@ -1,6 +1,6 @@
 """bench/e2e.py's PaddleNLP side: PaddleNLP's own ``llm/run_finetune.py`` (3.0.0b4), run as a user runs it.
 
-    python -m bench.e2e_paddlenlp PADDLENLP_LLM_DIR CONFIG.json RESULT.json
+    python bench/e2e_paddlenlp.py PADDLENLP_LLM_DIR CONFIG.json RESULT.json
 
 PADDLENLP_LLM_DIR holds PaddleNLP's ``llm/run_finetune.py`` and the ``llm/utils/`` it imports (not part
 of the pip package, not part of this repository: see ``bench/e2e.py --paddlenlp-llm``).  The script

@@ -1,6 +1,6 @@
 """bench/e2e.py's TRL side: one SFTTrainer + PEFT LoRA run, in the TRL venv's interpreter (torch, not paddle).
 
-    PYTHONPATH=. VENV/bin/python -m bench.e2e_trl '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
+    VENV/bin/python bench/e2e_trl.py '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
 
 Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only; ``"packing": true``:
 TRL's ``packing=True``, its default best-fit-decreasing padding-free rows of max_length), trains

@@ -1,6 +1,6 @@
 """bench/e2e.py's TRL DPO side: one DPOTrainer + PEFT LoRA run, in the TRL venv's interpreter (torch, not paddle).
 
-    PYTHONPATH=. VENV/bin/python -m bench.e2e_trl_dpo '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
+    VENV/bin/python bench/e2e_trl_dpo.py '{"model": HF_DIR, "train": TRAIN_JSONL, "out": DIR, "steps": 5, ...}'
 
 Reads PaddleNLP preference lines ({"src": [...], "tgt": [...], "response": [chosen, rejected], "sort": [1, 0]},
 as ``bench/dpo.py`` converts dpo_en_demo.json) as TRL rows {prompt, chosen, rejected} (the turns before the

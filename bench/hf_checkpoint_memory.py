@@ -1,6 +1,6 @@
 """Benchmark: nf4 QLoRA peak RSS from a Hugging Face (transformers-layout) checkpoint vs the same model in PaddleNLP layout.
 
-    .venv/bin/python bench/hf_checkpoint_memory.py [--steps 3] [--shard_size 500MB]
+    .venv/bin/python -m bench.hf_checkpoint_memory [--steps 3] [--shard_size 500MB]
         [--hf_dir build/llama-0.8b-hf] [--pd_dir build/llama-0.8b-hf-paddle] [--data_dir build/alpaca_en_demo]
         [--json out.json] [--keep]
 
