@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -152,8 +153,10 @@ def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[di
     fd, report = tempfile.mkstemp(prefix="bench_run_", suffix=".json")
     os.close(fd)
     os.remove(report)
+    # its own process group: an interrupted benchmark stops the command too (below), not only the launcher
     proc = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, report, *cmd], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
     lines, marks, child = [], [], None
     logf = open(log, "w") if log else None
     try:
@@ -170,6 +173,11 @@ def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[di
             if on_line:
                 on_line(line.rstrip("\n"))
         proc.wait()
+    except BaseException:  # Ctrl-C, or an on_line callback that failed
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
     finally:
         if logf:
             logf.close()

@@ -9,6 +9,7 @@ import glob
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -132,3 +133,26 @@ def test_a_benchmark_runs_as_a_module_and_as_a_file():
         assert "ModuleNotFoundError" not in r.stderr, r.stderr
         assert "IndexError" in r.stderr or "JSONDecodeError" in r.stderr, r.stderr
 
+
+
+def test_an_interrupted_run_stops_the_command(tmp_path):
+    """A benchmark stopped mid-run (Ctrl-C, a failing callback) leaves no command running."""
+    pid_file = tmp_path / "pid"
+    script = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              "print('step 1/2 x', flush=True); time.sleep(60)")
+
+    def stop(line):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        harness.run([sys.executable, "-c", script], on_line=stop)
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # the command gets SIGTERM; give it a moment to go
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the command outlived the interrupted run")
