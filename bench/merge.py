@@ -155,8 +155,12 @@ def spot_check(base_dir, out_dir, tensors, names, dtype):
     from paddlenlp_ext.merge import bf16_bits_to_f32, f32_to_bf16_bits
 
     def read(d, name):
-        with open(os.path.join(d, "model.safetensors.index.json")) as f:
-            fname = json.load(f)["weight_map"][name]
+        index = os.path.join(d, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index) as f:
+                fname = json.load(f)["weight_map"][name]
+        else:  # a checkpoint small enough for one file (--min-gib under 1) is written unsharded
+            fname = "model.safetensors"
         with safe_open(os.path.join(d, fname), framework="np") as f:
             return f.get_tensor(name)
 
