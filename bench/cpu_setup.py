@@ -144,8 +144,8 @@ def cells(r: dict) -> list:
 
 
 def compare(runs: dict, label: str, base: str, ours: str) -> str:
-    """The side-by-side table of two settings' runs (``runs``: setting -> runs): every run, each setting's
-    mean, and ours / base."""
+    """The side-by-side table of two settings' runs (``runs``: setting -> runs): each setting's means (every
+    run's supervised tok/s in brackets), and the ratios ours / base."""
     head = [label, "runs", "supervised tok/s", "step time", "peak RSS", "CPU% in steps", "final loss"]
     means = {k: {c: h.mean(rs, c) for c in COLUMNS + ("final_loss",)} for k, rs in runs.items()}
     rows = [[k, len(rs), cells(means[k])[0] + f" ({', '.join(h.fmt(r['sup_tok_s'], '.1f') for r in rs)})",
