@@ -1,6 +1,6 @@
-"""Build (once) the ~0.84B-parameter random-weight Llama and the Alpaca data used by bench/qlora_memory.py.
+"""Build (once) the ~0.84B-parameter random-weight Llama and the Alpaca data used by the QLoRA memory benchmark.
 
-    .venv/bin/python bench/big_model.py [--model_dir build/llama-0.8b] [--data_dir build/alpaca_en_demo]
+    .venv/bin/python -m bench.big_model [--model_dir build/llama-0.8b] [--data_dir build/alpaca_en_demo]
 
 Model: PaddleNLP ``LlamaConfig(hidden 2048, intermediate 5504, 14 layers, 16 heads / 16 kv heads,
 vocab 32000)`` = 839,444,480 parameters (3.36 GB in fp32).  The parameter names and shapes come from
@@ -14,36 +14,29 @@ A marker file ``bench_build.json`` (build time, parameter count) makes later cal
 Data: ``../shared/data/alpaca_en_demo.json`` (a JSON list of {instruction, input, output}) becomes
 ``train.json`` / ``dev.json`` JSON lines {"src": instruction [+ "\\n" + input], "tgt": output}.
 
-Exit code 2 when ../shared/data is missing.
+Exit code 2 when the shared data (``../shared/data``) is missing.
 """
 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
-TOKENIZER_MODEL = os.path.join(SHARED, "llama2_tokenizer.model")
-ALPACA = os.path.join(SHARED, "alpaca_en_demo.json")
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+
+ROOT, SHARED, TOKENIZER_MODEL, ALPACA = h.ROOT, h.SHARED, h.TOKENIZER_MODEL, h.ALPACA
 MARKER = "bench_build.json"
 SHARD_LIMIT = 10**9  # bytes, PaddleNLP's "1GB"
 MIN_SHARDS = 4
 DEV_EXAMPLES = 50
 MODEL_SHAPE = dict(hidden_size=2048, intermediate_size=5504, num_hidden_layers=14, num_attention_heads=16,
                    num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
-
-
-def require_shared():
-    missing = [p for p in (TOKENIZER_MODEL, ALPACA) if not os.path.isfile(p)]
-    if missing:
-        print(f"error: missing shared data file(s): {', '.join(missing)}\n"
-              f"(bench/qlora_memory.py needs {SHARED} next to the repository)", file=sys.stderr)
-        sys.exit(2)
 
 
 def llama_config():
@@ -133,10 +126,8 @@ print("verified: from_pretrained loads", len(names), "tensors")
 
 def verify_load(model_dir):
     """from_pretrained in a subprocess (about 3.4 GB, 15-30 s): every name loads, values are ours."""
-    res = subprocess.run([sys.executable, "-c", VERIFY_LOAD, model_dir], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError("from_pretrained check failed:\n" + res.stderr[-3000:])
-    print("  " + res.stdout.strip().splitlines()[-1], flush=True)
+    r = h.run([sys.executable, "-c", VERIFY_LOAD, model_dir], name="from_pretrained check", mark=None)
+    print("  " + r.output.strip().splitlines()[-1], flush=True)
 
 
 def build_model(model_dir, seed=0, verify=True):
@@ -178,7 +169,7 @@ def write_data(data_dir, n_dev=DEV_EXAMPLES, source=None):
 
 def ensure(model_dir, data_dir, verify=True):
     """Build what is missing; returns (model build info, whether it was built now)."""
-    require_shared()
+    h.require_shared()
     if not os.path.isfile(os.path.join(data_dir, "train.json")):
         n_train, n_dev = write_data(data_dir)
         print(f"wrote {data_dir}: {n_train} train / {n_dev} dev examples", flush=True)

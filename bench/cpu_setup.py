@@ -1,6 +1,6 @@
-"""Benchmark (issue 26 item 2): the CPU set-up of ``paddlenlp_ext/cli/cpu_env.py`` on vs off, through the CLI.
+"""Benchmark: the CPU set-up of ``paddlenlp_ext/cli/cpu_env.py`` on vs off, through the CLI.
 
-    .venv/bin/python bench/cpu_setup.py [--steps 8] [--repeats 2] [--scratch build/bench_cpu_setup] [--json out.json]
+    .venv/bin/python -m bench.cpu_setup [--steps 8] [--repeats 2] [--scratch build/bench_cpu_setup] [--json out.json]
 
 The same LoRA fine-tune runs through ``llm/run_finetune.py`` in separate processes, interleaved
 (off, on, off, on, ...), ``--repeats`` times each:
@@ -32,29 +32,20 @@ import argparse
 import json
 import os
 import re
-import statistics
-import subprocess
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from big_model import write_data  # noqa: E402
+from bench import harness as h  # noqa: E402
+from bench.big_model import write_data  # noqa: E402
 from paddlenlp_ext.cli.cpu_env import CODE_PATH_VARS, SWITCH, THREAD_VARS  # noqa: E402
 
-#: the shared demo data: next to the repository (CI), else the machine's copy
-SHARED = next((d for d in (os.path.join(os.path.dirname(ROOT), "shared", "data"), "/work/shared/data")
-               if os.path.isdir(d)), os.path.join(os.path.dirname(ROOT), "shared", "data"))
-ALPACA = os.path.join(SHARED, "alpaca_en_demo.json")
-TOKENIZER_MODEL = os.path.join(SHARED, "llama2_tokenizer.model")
+ROOT, SHARED, ALPACA, TOKENIZER_MODEL = h.ROOT, h.SHARED, h.ALPACA, h.TOKENIZER_MODEL
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
-TINY = os.path.join(ROOT, "build", "tiny-llama")
 MODEL_SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
                    num_key_value_heads=16, max_position_embeddings=2048)
-STEP_LINE = re.compile(r"^step +(\d+)/(\d+) ")
 CPU_LINE = re.compile(r"\| (cpu: .*)$")
 
 BUILD = r"""
@@ -82,11 +73,9 @@ def ensure_model(model_dir: str, shape: dict = None) -> dict:
     marker = os.path.join(model_dir, "bench_build.json")
     if not os.path.isfile(marker):
         os.makedirs(model_dir, exist_ok=True)
-        r = subprocess.run([sys.executable, "-c", BUILD, model_dir, TOKENIZER_MODEL, TINY, json.dumps(shape or MODEL_SHAPE)],
-                           cwd=ROOT, text=True, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
-        if r.returncode != 0:
-            sys.exit("model build failed:\n" + r.stderr[-3000:])
-        print(r.stdout.strip().splitlines()[-1], flush=True)
+        r = h.run([sys.executable, "-c", BUILD, model_dir, TOKENIZER_MODEL, h.TINY_MODEL,
+                   json.dumps(shape or MODEL_SHAPE)], name="model build", env=h.clean_env(PYTHONPATH=ROOT), mark=None)
+        print(r.output.strip().splitlines()[-1], flush=True)
     with open(marker) as f:
         return json.load(f)
 
@@ -101,13 +90,6 @@ def ensure_data(scratch: str) -> str:
     return data_dir
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (its threads included), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
     """``llm/run_finetune.py``'s arguments of these benchmarks (after the config file)."""
     return ["--model_name_or_path", model_dir, "--dataset_name_or_path", data_dir,
@@ -119,77 +101,57 @@ def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> li
 
 
 def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: int, extra=(), cli=CLI,
-             config=CONFIG, args=None) -> dict:
+             config=CONFIG, args=None, root=ROOT) -> dict:
     """One run of our CLI (default ``llm/run_finetune.py`` with :func:`finetune_args`; ``extra``: more
-    ``--key value`` arguments, e.g. packing)."""
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS + CODE_PATH_VARS + (SWITCH,)}
-    env["PYTHONPATH"] = ROOT
+    ``--key value`` arguments, e.g. packing) with the CPU set-up ``on`` or ``off``, from the checkout ``root``."""
+    env = h.clean_env(THREAD_VARS + CODE_PATH_VARS + (SWITCH,), PYTHONPATH=root)
     if setting == "off":
         env[SWITCH] = "0"
     args = finetune_args(model_dir, data_dir, out_dir, steps) if args is None else args
-    cmd = [sys.executable, cli, config, *args, *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    marks, cpu_text, tail = [], None, []
-    for line in proc.stdout:  # the step lines as they come, with the process's CPU time at that moment
-        line = line.rstrip("\n")
-        tail = (tail + [line])[-40:]
-        if STEP_LINE.match(line):
-            try:
-                marks.append((time.perf_counter(), cpu_seconds(proc.pid)))
-            except OSError:  # the process ended between the line and the read
-                pass
-        elif CPU_LINE.search(line):
-            cpu_text = CPU_LINE.search(line).group(1)
-    err = proc.stderr.read()
-    if proc.wait() != 0:
-        sys.exit(f"{setting} run failed:\n" + "\n".join(tail) + "\n" + err[-4000:])
-    r = read_run(out_dir, marks)
-    return {"setting": setting, "cpu_line": cpu_text, **r, "env": r["summary"]["cpu"]["env"]}
+    cpu_text = []
+    r = h.run([sys.executable, cli, config, *args, *extra], name=f"{setting} run", env=env, out_dir=out_dir,
+              on_line=lambda line: cpu_text.extend(CPU_LINE.findall(line)))
+    return {"setting": setting, "cpu_line": cpu_text[0] if cpu_text else None, **read_run(r),
+            "env": r.summary["cpu"]["env"]}
 
 
-def read_run(out_dir: str, marks) -> dict:
-    """A finished CLI run's numbers: run_summary.json, the logged losses, and the CPU% between the
-    first and the last step line (``marks``: (wall time, process CPU seconds) at each step line)."""
-    with open(os.path.join(out_dir, "run_summary.json")) as f:
-        s = json.load(f)
-    with open(os.path.join(out_dir, "trainer_state.json")) as f:
-        losses = [h["loss"] for h in json.load(f)["log_history"] if "loss" in h]
-    cpu_pct = None
-    if len(marks) >= 2 and marks[-1][0] > marks[0][0]:
-        cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
-    steady = s["step_times_s"][1:] or s["step_times_s"]
+def read_run(r: h.Run) -> dict:
+    """A finished CLI run's numbers: run_summary.json, the logged losses, the harness's peak RSS and CPU%."""
+    s = r.summary
+    losses = r.losses()
     sup = s.get("supervised_tokens_trained", s.get("answer_tokens_trained"))  # DPO: the answers' tokens
-    return {"sup_tok_s": sup / s["train_time_s"], "step_s": statistics.median(steady),
+    return {"sup_tok_s": sup / s["train_time_s"], "step_s": r.median_step_s(),
             "pairs_s": s["pairs_trained"] / s["train_time_s"] if s.get("pairs_trained") else None,
-            "peak_rss_gib": s["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct, "final_loss": losses[-1],
+            "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": r.cpu_pct, "final_loss": losses[-1],
             "losses": losses, "supervised_tokens": sup, "train_time_s": s["train_time_s"],
-            "padding": ((s.get("data") or {}).get("train") or {}).get("padding_ratio"),
-            "summary": s}
-
-def mean(rows, key):
-    vals = [r[key] for r in rows if r[key] is not None]
-    return sum(vals) / len(vals) if vals else None
+            "padding": ((s.get("data") or {}).get("train") or {}).get("padding_ratio"), "summary": s}
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+def loss_rel_diff(runs_a, runs_b) -> float:
+    """Largest relative difference between paired runs' per-step losses:
+    ``loss_rel_diff([{"losses": [1.0, 2.0]}], [{"losses": [1.0, 2.5]}])`` -> ``0.2``."""
+    return max(abs(x - y) / max(abs(y), 1e-12) for ra, rb in zip(runs_a, runs_b)
+               for x, y in zip(ra["losses"], rb["losses"]))
 
 
-def table(runs) -> str:
-    lines = ["| run | setting | supervised tok/s | step time | peak RSS | CPU% in steps | final loss |",
-             "|---|---|---|---|---|---|---|"]
-    for i, r in enumerate(runs, 1):
-        lines.append(f"| {i} | {r['setting']} | {r['sup_tok_s']:.1f} | {r['step_s']:.2f} s | {r['peak_rss_gib']:.2f} GiB "
-                     f"| {fmt(r['cpu_pct'], '.0f')}% | {r['final_loss']:.6f} |")
-    by = {s: [r for r in runs if r["setting"] == s] for s in ("off", "on")}
-    for s in ("off", "on"):
-        lines.append(f"| mean | {s} | {mean(by[s], 'sup_tok_s'):.1f} | {mean(by[s], 'step_s'):.2f} s "
-                     f"| {mean(by[s], 'peak_rss_gib'):.2f} GiB | {fmt(mean(by[s], 'cpu_pct'), '.0f')}% "
-                     f"| {mean(by[s], 'final_loss'):.6f} |")
-    ratio = mean(by["on"], "sup_tok_s") / mean(by["off"], "sup_tok_s")
-    lines.append(f"| ratio | on / off | {ratio:.2f}x | {mean(by['on'], 'step_s') / mean(by['off'], 'step_s'):.2f}x "
-                 f"| {mean(by['on'], 'peak_rss_gib') / mean(by['off'], 'peak_rss_gib'):.2f}x | | |")
-    return "\n".join(lines)
+COLUMNS = ("sup_tok_s", "step_s", "peak_rss_gib", "cpu_pct")
+
+
+def cells(r: dict) -> list:
+    """A run's (or a mean's) supervised tok/s, step time, peak RSS and CPU% cells."""
+    return [h.fmt(r["sup_tok_s"], ".1f"), h.fmt(r["step_s"]) + " s", h.fmt(r["peak_rss_gib"]) + " GiB",
+            h.fmt(r["cpu_pct"], ".0f") + "%"]
+
+
+def compare(runs: dict, label: str, base: str, ours: str) -> str:
+    """The side-by-side table of two settings' runs (``runs``: setting -> runs): each setting's means (every
+    run's supervised tok/s in brackets), and the ratios ours / base."""
+    head = [label, "runs", "supervised tok/s", "step time", "peak RSS", "CPU% in steps", "final loss"]
+    means = {k: {c: h.mean(rs, c) for c in COLUMNS + ("final_loss",)} for k, rs in runs.items()}
+    rows = [[k, len(rs), cells(means[k])[0] + f" ({', '.join(h.fmt(r['sup_tok_s'], '.1f') for r in rs)})",
+             *cells(means[k])[1:], h.fmt(means[k]["final_loss"], ".6f")] for k, rs in runs.items()]
+    rows.append([f"{ours} / {base}", "", *h.ratio_cells(means[ours], means[base], COLUMNS[:3]), "", ""])
+    return h.table(head, rows)
 
 
 def main(argv=None):
@@ -204,23 +166,19 @@ def main(argv=None):
     data_dir = ensure_data(a.scratch)
     print(f"model {model_dir} ({info['params']:,} parameters, vocab {info['vocab']}), data {data_dir}, "
           f"{a.steps} steps of 1 x 4 at max_length 1024, LoRA r8, fp32", flush=True)
-    runs = []
+    runs = {"off": [], "on": []}
     for i in range(a.repeats):
         for setting in ("off", "on"):
-            t0 = time.time()
             r = run_once(setting, model_dir, data_dir, os.path.join(a.scratch, f"run_{setting}_{i}"), a.steps)
-            runs.append(r)
+            runs[setting].append(r)
             print(f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
-                  f"CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({time.time() - t0:.0f} s; "
-                  f"{r['cpu_line']})", flush=True)
+                  f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})", flush=True)
     print()
-    print(table(runs))
-    on = [r["losses"] for r in runs if r["setting"] == "on"]
-    off = [r["losses"] for r in runs if r["setting"] == "off"]
-    diff = max(abs(x - y) / max(abs(y), 1e-12) for a_, b_ in zip(on, off) for x, y in zip(a_, b_))
+    print(compare(runs, "setting", "off", "on"))
+    diff = loss_rel_diff(runs["on"], runs["off"])
     print(f"\nper-step losses, on vs off: largest relative difference {diff:.2e} "
-          f"over {len(on[0])} steps x {len(on)} pairs")
-    print("cpu line (on):", runs[1]["cpu_line"], "| env:", runs[1]["env"])
+          f"over {len(runs['on'][0]['losses'])} steps x {len(runs['on'])} pairs")
+    print("cpu line (on):", runs["on"][0]["cpu_line"], "| env:", runs["on"][0]["env"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"runs": runs, "loss_rel_diff": diff, "model": info, "steps": a.steps}, f, indent=2)

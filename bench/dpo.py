@@ -1,6 +1,6 @@
 """DPO through the real CLI: packed vs unpacked pairs/s, and LoRA-DPO vs LoRA-SFT peak memory.
 
-    .venv/bin/python bench/dpo.py [--part speed,memory] [--steps 20] [--max_seq_len 2048] [--batch_size 4]
+    .venv/bin/python -m bench.dpo [--part speed,memory] [--steps 20] [--max_seq_len 2048] [--batch_size 4]
         [--model_dir build/llama-0.8b] [--sft_data build/alpaca_en_demo] [--json out.json]
 
 speed: a tiny random-init Llama with the real Llama 2 tokenizer (so lengths are those of real data)
@@ -15,7 +15,7 @@ and prints pairs/s (pairs trained / train time) and the padding ratio of both si
 
 memory: on the 0.84B-parameter Llama of bench/big_model.py, LoRA-SFT (llm/run_finetune.py) and
 LoRA-DPO (llm/run_dpo.py, the reference = the same model with adapters off: no second copy) run 3
-steps each in their own process at batch 1; peak RSS of each child (/usr/bin/time -f %M) and the ratio.
+steps each in their own process at batch 1; peak RSS of each run (the harness's) and the ratio.
 The DPO row holds prompt + chosen + rejected (max_seq_len 512); the SFT row holds prompt + answer
 padded to 512 as well, so both forward the same number of tokens per step.
 """
@@ -24,15 +24,16 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
-sys.path.insert(0, ROOT)
-TIME_BIN = "/usr/bin/time"
-GB = 2**30
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+from bench.big_model import ensure  # noqa: E402
+
+ROOT = h.ROOT
 
 
 def convert_dpo_demo(src_path, out_dir, n_dev=16):
@@ -59,26 +60,13 @@ def convert_dpo_demo(src_path, out_dir, n_dev=16):
     return len(out), len(rows) - len(out)
 
 
-def run_cli(script, config, overrides, out_dir, timed=False):
-    cmd = [sys.executable, os.path.join(ROOT, script), os.path.join(ROOT, config), "--output_dir", out_dir,
-           *map(str, overrides)]
-    time_file = os.path.join(out_dir + ".time")
-    os.makedirs(out_dir, exist_ok=True)
-    if timed:
-        cmd = [TIME_BIN, "-f", "%M", "-o", time_file] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if r.returncode != 0:
-        sys.exit(f"run failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
-    summary = json.load(open(os.path.join(out_dir, "run_summary.json")))
-    if timed:
-        summary["peak_rss_child_bytes"] = int(open(time_file).read().strip().splitlines()[-1]) * 1024
-    return summary
+def run_cli(script, config, overrides, out_dir) -> h.Run:
+    return h.run(h.cli(script, os.path.join(ROOT, config), "--output_dir", out_dir, *overrides), out_dir=out_dir)
 
 
 def speed(a, tmp):
-    demo, spm = os.path.join(SHARED, "dpo_en_demo.json"), os.path.join(SHARED, "llama2_tokenizer.model")
-    if not (os.path.isfile(demo) and os.path.isfile(spm)):
-        sys.exit(f"needs {demo} and {spm} (the shared benchmark data); not found")
+    demo, spm = h.DPO_DEMO, h.TOKENIZER_MODEL
+    h.require_shared(demo, spm)
     from paddlenlp_ext.models.tiny import build_tiny_model
 
     data_dir, model_dir = os.path.join(tmp, "dpo_data"), os.path.join(tmp, "model")
@@ -89,58 +77,52 @@ def speed(a, tmp):
               "--do_eval", "false", "--logging_steps", 5]
     base = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
                    common + ["--per_device_train_batch_size", a.batch_size, "--zero_padding", "false"],
-                   os.path.join(tmp, "unpacked"))
+                   os.path.join(tmp, "unpacked")).summary
     tokens_per_pair = base["tokens_trained"] / base["pairs_trained"]
     rows = max(1, math.ceil(a.batch_size * tokens_per_pair / a.max_seq_len))
     packed = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
                      common + ["--per_device_train_batch_size", rows, "--zero_padding", "true",
                                "--greedy_zero_padding", "true", "--use_flash_attention", "true", "--flash_mask", "true"],
-                     os.path.join(tmp, "packed"))
+                     os.path.join(tmp, "packed")).summary
     print(f"\ndpo_en_demo: {n} pairs ({skipped} skipped by the converter), tiny Llama (hidden 64, 2 layers, LoRA) "
           f"with the Llama 2 tokenizer, max_seq_len {a.max_seq_len}, {a.steps} steps\n")
-    print("| run | batch | padding ratio | pairs trained | pairs/s | step time (s) |")
-    print("|---|---|---|---|---|---|")
-    out = {}
+    out, rows_ = {}, []
     for name, s, batch in (("unpacked (batch padding)", base, f"{a.batch_size} pairs"),
                            ("zero_padding+greedy+flash_mask", packed, f"{rows} rows of {a.max_seq_len}")):
-        pairs_s = s["pairs_per_second"]
-        out[name] = {"pairs_per_second": pairs_s, "padding_ratio": s["row_padding_ratio"],
+        out[name] = {"pairs_per_second": s["pairs_per_second"], "padding_ratio": s["row_padding_ratio"],
                      "pairs_trained": s["pairs_trained"], "step_time_s": s["train_time_s"] / s["global_steps"]}
-        print(f"| {name} | {batch} | {out[name]['padding_ratio']:.4f} | {s['pairs_trained']} | {pairs_s:.1f} | "
-              f"{out[name]['step_time_s']:.3f} |")
+        rows_.append([name, batch, f"{out[name]['padding_ratio']:.4f}", s["pairs_trained"],
+                      f"{s['pairs_per_second']:.1f}", f"{out[name]['step_time_s']:.3f}"])
+    print(h.table(["run", "batch", "padding ratio", "pairs trained", "pairs/s", "step time (s)"], rows_))
     ratio = out["zero_padding+greedy+flash_mask"]["pairs_per_second"] / out["unpacked (batch padding)"]["pairs_per_second"]
-    print(f"\nspeed-up (pairs/s): {ratio:.2f}x  (target >= 1.5x: {'PASS' if ratio >= 1.5 else 'FAIL'})")
+    print(f"\nspeed-up (pairs/s): {ratio:.2f}x  (target >= 1.5x: {h.verdict(ratio, 1.5, at_least=True)})")
     out["speedup"] = ratio
     return out
 
 
 def memory(a, tmp):
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from big_model import ensure
-
     ensure(a.model_dir, a.sft_data)
     dpo_dir = os.path.join(tmp, "dpo_mem")
-    convert_dpo_demo(os.path.join(SHARED, "dpo_en_demo.json"), dpo_dir)
+    convert_dpo_demo(h.DPO_DEMO, dpo_dir)
     steps = ["--max_steps", 3, "--per_device_train_batch_size", 1, "--do_eval", "false", "--save_strategy", "no",
              "--lora", "true", "--lora_rank", 8, "--logging_steps", 1, "--model_name_or_path", a.model_dir]
     sft = run_cli("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
                   steps + ["--dataset_name_or_path", a.sft_data, "--max_length", 512, "--src_length", 256,
                            "--pad_to_max_length", "true", "--eval_before_train", "false"],
-                  os.path.join(tmp, "sft_mem"), timed=True)
+                  os.path.join(tmp, "sft_mem"))
     dpo = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
                   steps + ["--train_dataset_path", dpo_dir, "--dev_dataset_path", dpo_dir, "--max_seq_len", 512,
                            "--max_prompt_len", 256, "--zero_padding", "true"],
-                  os.path.join(tmp, "dpo_mem"), timed=True)
-    ratio = dpo["peak_rss_child_bytes"] / sft["peak_rss_child_bytes"]
-    print(f"\n0.84B Llama, LoRA r=8, batch 1, rows of 512 tokens, 3 steps, each run in its own process\n")
-    print("| run | peak RSS (GiB) | RSS after load (GiB) | median step (s) |")
-    print("|---|---|---|---|")
-    for name, s in (("LoRA-SFT (run_finetune)", sft), ("LoRA-DPO (run_dpo, reference = adapters off)", dpo)):
-        steps_t = sorted(s.get("step_times_s", [0])[1:] or [0])
-        print(f"| {name} | {s['peak_rss_child_bytes'] / GB:.2f} | {s['rss_after_load_bytes'] / GB:.2f} | "
-              f"{steps_t[len(steps_t) // 2]:.2f} |")
-    print(f"\nLoRA-DPO / LoRA-SFT peak RSS: {ratio:.2f}x  (target <= 1.15x: {'PASS' if ratio <= 1.15 else 'FAIL'})")
-    return {"sft_peak": sft["peak_rss_child_bytes"], "dpo_peak": dpo["peak_rss_child_bytes"], "ratio": ratio}
+                  os.path.join(tmp, "dpo_mem"))
+    ratio = dpo.peak_rss_bytes / sft.peak_rss_bytes
+    print("\n0.84B Llama, LoRA r=8, batch 1, rows of 512 tokens, 3 steps, each run in its own process\n")
+    print(h.table(["run", "peak RSS (GiB)", "RSS after load (GiB)", "median step (s)"],
+                  [[name, f"{r.peak_rss_bytes / h.GiB:.2f}", f"{r.summary['rss_after_load_bytes'] / h.GiB:.2f}",
+                    h.fmt(r.median_step_s())]
+                   for name, r in (("LoRA-SFT (run_finetune)", sft),
+                                   ("LoRA-DPO (run_dpo, reference = adapters off)", dpo))]))
+    print(f"\nLoRA-DPO / LoRA-SFT peak RSS: {ratio:.2f}x  (target <= 1.15x: {h.verdict(ratio, 1.15)})")
+    return {"sft_peak": sft.peak_rss_bytes, "dpo_peak": dpo.peak_rss_bytes, "ratio": ratio}
 
 
 def main():
@@ -153,7 +135,7 @@ def main():
     p.add_argument("--sft_data", default=os.path.join(ROOT, "build", "alpaca_en_demo"))
     p.add_argument("--json")
     a = p.parse_args()
-    print("command: python bench/dpo.py " + " ".join(sys.argv[1:]))
+    print("command: python -m bench.dpo " + " ".join(sys.argv[1:]))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         if "speed" in a.part:

@@ -1,6 +1,6 @@
-"""Benchmark (issue 26 item 1): our whole fine-tune vs PaddleNLP's own llm/run_finetune.py vs TRL + PEFT.
+"""Benchmark: our whole fine-tune vs PaddleNLP's own llm/run_finetune.py vs TRL + PEFT.
 
-    .venv/bin/python bench/e2e.py [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
+    .venv/bin/python -m bench.e2e [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
         [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--model 0.25b|0.8b] [--json F]
 
 Every toolkit trains the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate
@@ -46,25 +46,23 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from cpu_setup import (  # noqa: E402
-    CODE_PATH_VARS, MODEL_SHAPE, ROOT, SHARED, SWITCH, THREAD_VARS, TOKENIZER_MODEL, cpu_seconds, ensure_data,
-    ensure_model, fmt, mean, run_once,
+from bench import harness as h  # noqa: E402
+from bench.cpu_setup import (  # noqa: E402
+    CODE_PATH_VARS, MODEL_SHAPE, ROOT, SWITCH, THREAD_VARS, TOKENIZER_MODEL, ensure_data, ensure_model, run_once,
 )
+from bench.dpo import convert_dpo_demo  # noqa: E402
 
-TRL_WORKER = os.path.join(HERE, "e2e_trl.py")
-TRL_DPO_WORKER = os.path.join(HERE, "e2e_trl_dpo.py")
+fmt, mean = h.fmt, h.mean
 DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
 DPO_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json")
-PADDLENLP_WORKER = os.path.join(HERE, "e2e_paddlenlp.py")
 TRL_PACKAGES = ["torch==2.13.0", "transformers", "peft", "trl", "sentencepiece", "protobuf"]
 TRL_CHECK = "import torch, transformers, peft, trl, sentencepiece; print(trl.__version__)"
 STEPS_DEFAULT, RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 10, 8, 16, 1e-4, 1024, 4
@@ -117,17 +115,16 @@ def trl_python(scratch: str, given: str | None):
     if not given and not os.path.exists(py):
         venv = os.path.dirname(os.path.dirname(py))
         print(f"setting up {venv} (pip install {' '.join(TRL_PACKAGES)}) ...", flush=True)
-        r = subprocess.run([shutil.which("python3") or sys.executable, "-m", "venv", venv],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            r = subprocess.run([py, "-m", "pip", "install", "-q", *TRL_PACKAGES], capture_output=True, text=True)
-        if r.returncode != 0:
-            return None, "venv set-up failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+        r = h.run([shutil.which("python3") or sys.executable, "-m", "venv", venv], name="venv", mark=None, check=False)
+        if r.ok:
+            r = h.run([py, "-m", "pip", "install", "-q", *TRL_PACKAGES], name="pip", mark=None, check=False)
+        if not r.ok:
+            return None, "venv set-up failed: " + r.tail(1)
     if not os.path.exists(py):
         return None, f"{py} does not exist"
-    r = subprocess.run([py, "-c", TRL_CHECK], capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, f"{py} cannot import torch/transformers/peft/trl: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+    r = h.run([py, "-c", TRL_CHECK], name="TRL check", mark=None, check=False)
+    if not r.ok:
+        return None, f"{py} cannot import torch/transformers/peft/trl: " + r.tail(1)
     return py, None
 
 
@@ -143,11 +140,9 @@ def paddlenlp_llm(given: str | None):
 
 def ensure_dpo_data(scratch: str) -> str:
     """dpo_en_demo.json as PaddleNLP preference lines (bench/dpo.py's converter), once."""
-    from dpo import convert_dpo_demo
-
     out = os.path.join(scratch, "dpo")
     if not os.path.isfile(os.path.join(out, "train.json")):
-        convert_dpo_demo(os.path.join(SHARED, "dpo_en_demo.json"), out)
+        convert_dpo_demo(h.DPO_DEMO, out)
     return out
 
 
@@ -165,11 +160,9 @@ def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packi
     spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
             "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
             "packing": packing}
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS}
-    r = subprocess.run([py, TRL_DPO_WORKER if dpo else TRL_WORKER, json.dumps(spec)], capture_output=True, text=True,
-                       cwd=out_dir, env=env)
-    if r.returncode != 0:
-        sys.exit("TRL run failed:\n" + r.stdout[-2000:] + r.stderr[-4000:])
+    env = h.clean_env(("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS)  # torch's default threads
+    worker = os.path.join(ROOT, "bench", "e2e_trl_dpo.py" if dpo else "e2e_trl.py")
+    r = h.run([py, worker, json.dumps(spec)], name="TRL run", cwd=out_dir, env=env, mark=None)
     with open(os.path.join(out_dir, "result.json")) as f:
         res = json.load(f)
     steady = res["step_times_s"] or [res["train_time_s"] / steps]
@@ -178,7 +171,7 @@ def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packi
             "sup_tok_s": sup / res["train_time_s"] if sup else None,
             "pairs_s": res["pairs"] / res["train_time_s"] if res.get("pairs") else None,
             "step_s": statistics.median(steady),
-            "peak_rss_gib": res["peak_rss_bytes"] / 2 ** 30, "cpu_pct": res["cpu_pct"], "final_loss": res["losses"][-1],
+            "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": res["cpu_pct"], "final_loss": res["losses"][-1],
             "losses": res["losses"], "versions": res["versions"], "padding": res.get("padding")}
 
 
@@ -186,7 +179,6 @@ def paddlenlp_env(cpu_env: bool) -> dict:
     """Paddle's defaults as a user gets them, or (``cpu_env``) the variables our CPU set-up would set."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SWITCH) + THREAD_VARS + CODE_PATH_VARS}
     if cpu_env:
-        sys.path.insert(0, ROOT)
         from paddlenlp_ext.cli.cpu_env import setup_cpu
 
         probe = dict(env)
@@ -208,31 +200,23 @@ def run_paddlenlp(llm_dir: str, model_dir: str, data_dir: str, out_dir: str, ste
     cfg_path, result_path = os.path.join(out_dir, "bench_config.json"), os.path.join(out_dir, "bench_result.json")
     with open(cfg_path, "w") as f:
         json.dump(config, f, indent=2)
-    proc = subprocess.Popen([sys.executable, PADDLENLP_WORKER, llm_dir, cfg_path, result_path], cwd=out_dir,
-                            env=paddlenlp_env(cpu_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    marks, steps_seen, tail = [], [], []
-    for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-40:]
+    steps_seen = []  # (loss, interval runtime) of PaddleNLP's own step log lines
+
+    def step(line):
         m = PADDLENLP_STEP.search(line)
         if m:
             steps_seen.append((float(m.group(1)), float(m.group(3))))
-            try:
-                marks.append((time.perf_counter(), cpu_seconds(proc.pid)))
-            except OSError:
-                pass
-    if proc.wait() != 0:
-        sys.exit("PaddleNLP run failed:\n" + "\n".join(tail))
+
+    r = h.run(h.cli("bench/e2e_paddlenlp.py", llm_dir, cfg_path, result_path), name="PaddleNLP run", cwd=out_dir,
+              env=paddlenlp_env(cpu_env), mark=PADDLENLP_STEP, on_line=step)
     with open(result_path) as f:
         res = json.load(f)
     with open(os.path.join(out_dir, "train_results.json")) as f:
         train_time = json.load(f)["train_runtime"]
-    cpu_pct = None
-    if len(marks) >= 2 and marks[-1][0] > marks[0][0]:
-        cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
     step_times = [t for _, t in steps_seen]
     return {"toolkit": "PaddleNLP 3.0.0b4", "detail": "our CPU env" if cpu_env else "Paddle's defaults",
             "sup_tok_s": res["supervised_tokens"] / train_time, "step_s": statistics.median(step_times[1:] or step_times),
-            "peak_rss_gib": res["peak_rss_bytes"] / 2 ** 30, "cpu_pct": cpu_pct, "final_loss": steps_seen[-1][0],
+            "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": r.cpu_pct, "final_loss": steps_seen[-1][0],
             "losses": [x for x, _ in steps_seen], "padding": None}
 
 
@@ -240,23 +224,24 @@ def table(runs, case) -> list:
     rows = [r for r in runs if r["case"] == case]
     names = list(dict.fromkeys(r["toolkit"] for r in rows))
     key = "pairs_s" if case == "dpo" else "sup_tok_s"
-    out = [f"### {case}", "", f"| toolkit | runs | {'pairs/s' if case == 'dpo' else 'supervised tok/s'} | step time "
-           "| peak RSS | CPU% in steps | padding | final loss |", "|---|---|---|---|---|---|---|---|"]
+    head = ["toolkit", "runs", "pairs/s" if case == "dpo" else "supervised tok/s", "step time", "peak RSS",
+            "CPU% in steps", "padding", "final loss"]
+    body = []
     for name in names:
         rs = [r for r in rows if r["toolkit"] == name]
         pad = mean(rs, "padding")
-        out.append(f"| {name} ({rs[0]['detail']}) | {len(rs)} | {mean(rs, key):.2f} "
-                   f"({', '.join(format(r[key], '.2f') for r in rs)}) | {mean(rs, 'step_s'):.2f} s "
-                   f"| {mean(rs, 'peak_rss_gib'):.2f} GiB | {fmt(mean(rs, 'cpu_pct'), '.0f')}% "
-                   f"| {'-' if pad is None else format(pad, '.1%')} | {mean(rs, 'final_loss'):.4f} |")
-    ours = [r for r in rows if r["toolkit"].startswith("ours")]
+        body.append([f"{name} ({rs[0]['detail']})", len(rs),
+                     f"{mean(rs, key):.2f} ({', '.join(format(r[key], '.2f') for r in rs)})",
+                     f"{mean(rs, 'step_s'):.2f} s", f"{mean(rs, 'peak_rss_gib'):.2f} GiB",
+                     f"{fmt(mean(rs, 'cpu_pct'), '.0f')}%", "-" if pad is None else format(pad, ".1%"),
+                     f"{mean(rs, 'final_loss'):.4f}"])
+    ours = {k: mean([r for r in rows if r["toolkit"].startswith("ours")], k) for k in (key, "step_s", "peak_rss_gib")}
     for name in names:
         other = [r for r in rows if r["toolkit"] == name]
-        if ours and not name.startswith("ours"):
-            out.append(f"| ours / {name} | | {mean(ours, key) / mean(other, key):.2f}x "
-                       f"| {mean(ours, 'step_s') / mean(other, 'step_s'):.2f}x "
-                       f"| {mean(ours, 'peak_rss_gib') / mean(other, 'peak_rss_gib'):.2f}x | | | |")
-    return out
+        if ours[key] is not None and not name.startswith("ours"):
+            base = {k: mean(other, k) for k in ours}
+            body.append([f"ours / {name}", "", *h.ratio_cells(ours, base, list(ours)), "", "", ""])
+    return [f"### {case}", "", h.table(head, body)]
 
 
 def ratios_across(runs) -> list:
@@ -282,7 +267,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
     p.add_argument("--model", choices=sorted(SHAPES), default="0.25b",
-                   help="0.25b: the issue's benchmark model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
+                   help="0.25b: the end-to-end benchmark's model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
                         "(839M parameters, bench/big_model.py's shape)")
     p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
     p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")

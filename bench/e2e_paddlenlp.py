@@ -7,16 +7,14 @@ of the pip package, not part of this repository: see ``bench/e2e.py --paddlenlp-
 runs unchanged as ``__main__`` with ``CONFIG.json``; this wrapper only observes it:
 
 * supervised tokens: the labels != -100 of every batch that reaches ``SFTTrainer.training_step``
-  (PaddleNLP's labels are already shifted);
-* peak RSS (``ru_maxrss``) when the script returns.
+  (PaddleNLP's labels are already shifted).
 
 Step times, losses and the training time come from PaddleNLP's own log lines and
-``train_results.json``; bench/e2e.py reads those.
+``train_results.json``, peak RSS and CPU% from the harness that runs this process; bench/e2e.py reads those.
 """
 
 import json
 import os
-import resource
 import runpy
 import sys
 
@@ -36,8 +34,7 @@ def main(llm_dir: str, config: str, result_path: str) -> None:
     sys.argv = [os.path.join(llm_dir, "run_finetune.py"), config]
     runpy.run_path(sys.argv[0], run_name="__main__")
     with open(result_path, "w") as f:
-        json.dump({"supervised_tokens": supervised[0],
-                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
+        json.dump({"supervised_tokens": supervised[0]}, f)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,17 @@ Reads PaddleNLP preference lines ({"src": [...], "tgt": [...], "response": [chos
 as ``bench/dpo.py`` converts dpo_en_demo.json) as TRL rows {prompt, chosen, rejected} (the turns before the
 answer joined by newlines; no chat template, as ours), trains DPO (sigmoid loss, beta 0.1, the reference =
 the base model with the adapters off) with LoRA r / alpha on every decoder linear, and writes
-``DIR/result.json``: pairs, train time, step times, per-step losses, peak RSS, CPU%.
+``DIR/result.json``: pairs, train time, step times, per-step losses, CPU%.
 """
 
 import json
+import os
 import sys
 
-from e2e_trl import lora_config, step_marks, write_result
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench.e2e_trl import lora_config, step_marks, write_result  # noqa: E402
 
 
 def main(spec):

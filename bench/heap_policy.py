@@ -1,6 +1,6 @@
-"""Benchmark (issue 26): the C heap policy of a training run (``training/heap.py``), policy by policy.
+"""Benchmark: the C heap policy of a training run (``training/heap.py``), policy by policy.
 
-    .venv/bin/python bench/heap_policy.py MODEL_DIR [--lengths 180,420,...] [--repeats 1]
+    .venv/bin/python -m bench.heap_policy MODEL_DIR [--lengths 180,420,...] [--repeats 1]
 
 Each policy runs in its own process (glibc's heap settings are per process), interleaved: the model
 (a PaddleNLP Llama, e.g. ``bench/cpu_setup.py``'s 0.26B one in build/bench_e2e/llama-0.25b) with LoRA
@@ -15,7 +15,7 @@ cleared every 4 micro-steps, as at accumulation 4), after one warm-up micro-step
 * ``glibc``: glibc's defaults (dynamic mmap threshold), no trim.
 
 Printed per policy: wall time of the micro-steps, user and system CPU, minor page faults, peak RSS
-over the micro-steps (VmHWM after ``/proc/self/clear_refs``), RSS after them, and whether the losses
+over the micro-steps (VmHWM after a reset: ``bench/harness.py``'s ``reset_peak``), RSS after them, and whether the losses
 are bitwise those of the first policy; then ours / mmap1m.
 """
 
@@ -25,20 +25,22 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+
+ROOT = h.ROOT
 POLICIES = ("mmap1m", "mmap1m+trim", "ours", "glibc")
 LENGTHS = "180,420,260,610,150,330,900,240,512,200,700,300"
 
 
 def child(model_dir: str, policy: str, lengths) -> dict:
     """One policy's run, in this process (called with ``--child``)."""
-    import resource
     import time
 
-    sys.path.insert(0, ROOT)
     from paddlenlp_ext.cli.cpu_env import setup_cpu
 
     setup_cpu()
@@ -86,20 +88,17 @@ def child(model_dir: str, policy: str, lengths) -> dict:
 
         micro_step(rows[0])
         model.clear_gradients()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM: the peak of the micro-steps only
-        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        assert h.reset_peak(), "cannot reset VmHWM (/proc/self/clear_refs)"  # the peak of the micro-steps only
+        r0, t0 = h.usage(), time.perf_counter()
         losses = []
         for i, row in enumerate(rows[1:]):
             losses.append(micro_step(row))
             if i % 4 == 3:
                 model.clear_gradients()
-        wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
-    status = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/self/status")
-              if line.startswith(("VmHWM", "VmRSS"))}
+        wall, r1 = time.perf_counter() - t0, h.usage()
     return {"policy": policy, "wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
-            "minflt": r1.ru_minflt - r0.ru_minflt, "peak_mb": status["VmHWM"] / 1024,
-            "after_mb": status["VmRSS"] / 1024, "losses": losses}
+            "minflt": r1.ru_minflt - r0.ru_minflt, "peak_mb": h.rss_peak() / 2 ** 20,
+            "after_mb": h.rss_now() / 2 ** 20, "losses": losses}
 
 
 def main(argv=None):
@@ -121,31 +120,30 @@ def main(argv=None):
     runs = []
     for i in range(a.repeats):
         for policy in policies:
-            r = subprocess.run([sys.executable, __file__, a.model_dir, "--lengths", a.lengths, "--child", policy],
-                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
-            if r.returncode != 0:
-                sys.exit(f"{policy} failed:\n{r.stderr[-3000:]}")
-            run = json.loads(r.stdout.strip().splitlines()[-1])
+            r = h.run(h.module("bench.heap_policy", a.model_dir, "--lengths", a.lengths, "--child", policy),
+                      name=policy, env=h.clean_env(PYTHONPATH=ROOT), mark=None)
+            run = json.loads(next(ln for ln in r.output.splitlines()[::-1] if ln.startswith('{"policy"')))
             runs.append(run)
             print(f"  {policy} #{i + 1}: wall {run['wall_s']:.1f} s, user {run['user_s']:.1f} s, sys {run['sys_s']:.1f} s, "
                   f"{run['minflt'] / 1e6:.2f} M faults, peak {run['peak_mb']:,.0f} MB", flush=True)
     first = runs[0]["losses"]
     print(f"\n{len(lengths)} micro-steps of {min(lengths)}-{max(lengths)} tokens, {a.model_dir}\n")
-    print("| policy | runs | wall | user CPU | system CPU | minor faults | peak RSS | RSS after | losses as first |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    med = {}
+    med, body = {}, []
     for policy in policies:
         rs = [r for r in runs if r["policy"] == policy]
         med[policy] = {k: statistics.median(r[k] for r in rs)
                        for k in ("wall_s", "user_s", "sys_s", "minflt", "peak_mb", "after_mb")}
         m = med[policy]
-        same = all(r["losses"] == first for r in rs)
-        print(f"| {policy} | {len(rs)} | {m['wall_s']:.1f} s | {m['user_s']:.1f} s | {m['sys_s']:.1f} s "
-              f"| {m['minflt'] / 1e6:.2f} M | {m['peak_mb']:,.0f} MB | {m['after_mb']:,.0f} MB | {'yes' if same else 'NO'} |")
+        body.append([policy, len(rs), f"{m['wall_s']:.1f} s", f"{m['user_s']:.1f} s", f"{m['sys_s']:.1f} s",
+                     f"{m['minflt'] / 1e6:.2f} M", f"{m['peak_mb']:,.0f} MB", f"{m['after_mb']:,.0f} MB",
+                     "yes" if all(r["losses"] == first for r in rs) else "NO"])
     if "ours" in med and "mmap1m" in med:
         o, b = med["ours"], med["mmap1m"]
-        print(f"| ours / mmap1m | | {o['wall_s'] / b['wall_s']:.2f}x | | {o['sys_s'] / max(b['sys_s'], 1e-9):.2f}x "
-              f"| {o['minflt'] / max(b['minflt'], 1):.2f}x | {o['peak_mb'] / b['peak_mb']:.2f}x | | |")
+        body.append(["ours / mmap1m", "", f"{o['wall_s'] / b['wall_s']:.2f}x", "",
+                     f"{o['sys_s'] / max(b['sys_s'], 1e-9):.2f}x", f"{o['minflt'] / max(b['minflt'], 1):.2f}x",
+                     f"{o['peak_mb'] / b['peak_mb']:.2f}x", "", ""])
+    print(h.table(["policy", "runs", "wall", "user CPU", "system CPU", "minor faults", "peak RSS", "RSS after",
+                   "losses as first"], body))
     return 0
 
 

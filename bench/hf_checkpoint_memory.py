@@ -1,6 +1,6 @@
 """Benchmark: nf4 QLoRA peak RSS from a Hugging Face (transformers-layout) checkpoint vs the same model in PaddleNLP layout.
 
-    .venv/bin/python bench/hf_checkpoint_memory.py [--steps 3] [--shard_size 500MB]
+    .venv/bin/python -m bench.hf_checkpoint_memory [--steps 3] [--shard_size 500MB]
         [--hf_dir build/llama-0.8b-hf] [--pd_dir build/llama-0.8b-hf-paddle] [--data_dir build/alpaca_en_demo]
         [--json out.json] [--keep]
 
@@ -14,7 +14,8 @@
    Both directories get the same tokenizer (the Llama-2 SentencePiece model, as bench/big_model.py).
 3. Each runs ``llm/run_finetune.py`` with LoRA on an nf4 (double-quantized) base, the overrides of
    bench/qlora_memory.py (batch 1, 256 tokens, no eval), in its own process, one after the other; peak RSS
-   by ``/usr/bin/time -f %M``.  Target: HF peak <= 1.10 x PaddleNLP peak (printed PASS/FAIL, exit 1 on FAIL).
+   by the bench harness (the kernel's ru_maxrss of that process, as ``/usr/bin/time -f %M``).
+   Target: HF peak <= 1.10 x PaddleNLP peak (printed PASS/FAIL, exit 1 on FAIL).
 
 Needs ../shared/data (the tokenizer and the Alpaca demo data; exit 2 when absent).  The built
 directories are cached (``bench_build.json`` markers).
@@ -28,18 +29,17 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import big_model  # noqa: E402  (bench/: the model shape, tokenizer and data of the QLoRA bench)
-import qlora_memory  # noqa: E402  (bench/: the child command, peak reading and per-run breakdown)
+from bench import big_model  # noqa: E402  (the model shape, tokenizer and data of the QLoRA bench)
+from bench import harness as h  # noqa: E402
+from bench import qlora_memory  # noqa: E402  (one CLI run and its per-run breakdown)
 
-GB = 2**30
+ROOT, GB = h.ROOT, h.GiB
 MARKER = "bench_build.json"
 NF4 = ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"]
 TARGET = 1.10
-FALLBACK_SHARED = "/work/shared/data"
 
 
 def build_hf(hf_dir, shard_size, seed=0):
@@ -117,8 +117,7 @@ def ensure(hf_dir, pd_dir, shard_size):
 
 
 def run(name, model_dir, data_dir, work, steps):
-    qlora_memory.RUNS[name] = NF4  # run_one reads the run's extra arguments from this table
-    rec = qlora_memory.run_one(name, model_dir, data_dir, work, steps)
+    rec = qlora_memory.run_one(name, model_dir, data_dir, work, steps, args=NF4)
     if "summary" in rec:
         rec["layout"] = (rec["summary"].get("quantization") or {}).get("layout")
     return rec
@@ -135,11 +134,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--keep", action="store_true")
     a = p.parse_args(argv)
-    if not os.path.isdir(big_model.SHARED) and os.path.isdir(FALLBACK_SHARED):  # e.g. run from a worktree
-        big_model.SHARED = FALLBACK_SHARED
-        big_model.TOKENIZER_MODEL = os.path.join(FALLBACK_SHARED, "llama2_tokenizer.model")
-        big_model.ALPACA = os.path.join(FALLBACK_SHARED, "alpaca_en_demo.json")
-    big_model.require_shared()
+    h.require_shared()
     hf_dir, pd_dir, data_dir = (os.path.abspath(x) for x in (a.hf_dir, a.pd_dir, a.data_dir))
     if not os.path.isfile(os.path.join(data_dir, "train.json")):
         big_model.write_data(data_dir)
@@ -156,12 +151,12 @@ def main(argv=None):
         return 1
     pd, hf = records["paddlenlp-layout"], records["transformers-layout"]
     ratio = hf["peak_rss_bytes"] / pd["peak_rss_bytes"]
-    print(f"\n{'run':<22}{'layout':<14}{'peak RSS':>10}{'load peak':>11}{'median step':>13}{'train loss':>12}")
-    for name, r in records.items():
-        print(f"{name:<22}{str(r['layout']):<14}{r['peak_rss_bytes'] / GB:>9.2f}G"
-              f"{(r['load_peak_bytes'] or 0) / GB:>10.2f}G{r['median_step_s']:>12.2f}s{r['train_loss']:>12.4f}")
-    ok = ratio <= TARGET
-    print(f"transformers / PaddleNLP peak RSS = {ratio:.3f} (target <= {TARGET}): {'PASS' if ok else 'FAIL'}")
+    print()
+    print(h.table(["run", "layout", "peak RSS (GiB)", "load peak (GiB)", "median step (s)", "train loss"],
+                  [[name, r["layout"], f"{r['peak_rss_bytes'] / GB:.3f}", h.fmt((r["load_peak_bytes"] or 0) / GB, ".3f"),
+                    h.fmt(r["median_step_s"]), h.fmt(r["train_loss"], ".4f")] for name, r in records.items()]))
+    ok = h.verdict(ratio, TARGET) == "PASS"
+    print(f"transformers / PaddleNLP peak RSS = {ratio:.3f} (target <= {TARGET}): {h.verdict(ratio, TARGET)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"build": build, "steps": a.steps, "runs": records, "ratio": ratio, "pass": ok}, f, indent=2,

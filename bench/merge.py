@@ -1,6 +1,6 @@
 """Benchmark: streaming adapter merge of a >= 4 GiB checkpoint (peak RSS and time vs a plain copy).
 
-    .venv/bin/python bench/merge.py [--dtype fp32|bf16] [--min-gib 4] [--rounds 3] [--workdir /tmp] [--keep]
+    .venv/bin/python -m bench.merge [--dtype fp32|bf16] [--min-gib 4] [--rounds 3] [--workdir /tmp] [--keep]
 
 1. Builds a synthetic Llama checkpoint of at least ``--min-gib`` GiB (default 4)
    in PaddleNLP layout: safetensors shards of at most 1 GB
@@ -9,9 +9,10 @@
 2. Builds a LoRA adapter (r=8, alpha=16) with non-zero A and B on every
    linear layer of every decoder layer (adapter_config.json +
    adapter_model.safetensors, this project's format).
-3. Times ``llm/merge_lora_params.py ... --no-verify`` as a subprocess and
-   takes its peak RSS from the kernel (``os.wait4`` rusage ru_maxrss of that
-   child only, spawned from a small launcher process, see ``launch``).
+3. Times ``llm/merge_lora_params.py ... --no-verify`` as a subprocess through
+   the bench harness, which takes its peak RSS from the kernel (``os.wait4``
+   rusage ru_maxrss of that process, spawned from a small launcher process:
+   see ``bench/harness.py``).
 4. Times a baseline subprocess that only reads and writes the same checkpoint
    once with the safetensors library (``load_file`` + ``save_file`` per shard,
    same shard structure, no merge), measured the same way.
@@ -26,15 +27,18 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+
+ROOT = h.ROOT
 
 SHARD_LIMIT = 10**9  # 1 GB, PaddleNLP's convention for "1GB"
 HIDDEN, INTER, HEADS, VOCAB, RANK, ALPHA = 2048, 5504, 16, 32000, 8, 16.0
@@ -145,40 +149,18 @@ def baseline_copy(src, dst):
     shutil.copy(os.path.join(src, "config.json"), dst)
 
 
-def launch(report, cmd):
-    """Run cmd as a child of this small process and write {wall, maxrss, rc} to ``report``.
-
-    Peak RSS comes from the kernel (``os.wait4`` rusage of that child).  The extra hop
-    matters: Linux folds the parent's RSS into a child's ru_maxrss at exec time, so
-    spawning straight from the benchmark process (which has just held a 1 GB shard)
-    would over-report; this launcher is small."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    with open(report, "w") as f:
-        json.dump({"wall": wall, "maxrss": ru.ru_maxrss * 1024, "rc": os.waitstatus_to_exitcode(status)}, f)
-
-
-def measure(cmd, tmp):
-    """Run cmd via the launcher; (wall seconds, peak RSS bytes, returncode, output)."""
-    report = os.path.join(tmp, "measure.json")
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_launch", report, "--", *cmd],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
-    with open(report) as f:
-        m = json.load(f)
-    os.remove(report)
-    return m["wall"], m["maxrss"], m["rc"], r.stdout.decode(errors="replace")
-
-
 def spot_check(base_dir, out_dir, tensors, names, dtype):
     from safetensors import safe_open
 
     from paddlenlp_ext.merge import bf16_bits_to_f32, f32_to_bf16_bits
 
     def read(d, name):
-        with open(os.path.join(d, "model.safetensors.index.json")) as f:
-            fname = json.load(f)["weight_map"][name]
+        index = os.path.join(d, "model.safetensors.index.json")
+        if os.path.isfile(index):
+            with open(index) as f:
+                fname = json.load(f)["weight_map"][name]
+        else:  # a checkpoint small enough for one file (--min-gib under 1) is written unsharded
+            fname = "model.safetensors"
         with safe_open(os.path.join(d, fname), framework="np") as f:
             return f.get_tensor(name)
 
@@ -209,9 +191,6 @@ def main():
     ap.add_argument("--workdir", default="/tmp")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--_baseline", nargs=2, help=argparse.SUPPRESS)
-    if sys.argv[1:2] == ["--_launch"]:  # internal: measure one command (see launch)
-        launch(sys.argv[2], sys.argv[4:])
-        return 0
     args = ap.parse_args()
     if args._baseline:
         baseline_copy(*args._baseline)
@@ -234,27 +213,23 @@ def main():
 
         merge_cmd = [sys.executable, os.path.join(ROOT, "llm", "merge_lora_params.py"), "--model_name_or_path", base,
                      "--lora_path", adapter, "--merge_model_path", out, "--no-verify", "--max_shard_size", "1GB"]
-        base_cmd = [sys.executable, os.path.abspath(__file__), "--_baseline", base, copy]
+        base_cmd = h.module("bench.merge", "--_baseline", base, copy)
         merges, copies = [], []
         for r in range(args.rounds):
             shutil.rmtree(copy, ignore_errors=True)
-            wall, rss, rc, text = measure(base_cmd, tmp)
-            if rc != 0:
-                raise SystemExit(f"baseline failed:\n{text[-3000:]}")
-            copies.append((wall, rss))
+            run = h.run(base_cmd, name="baseline", mark=None)
+            copies.append((run.wall_s, run.peak_rss_bytes))
             shutil.rmtree(copy, ignore_errors=True)
             last = r == args.rounds - 1
             if not last:
                 shutil.rmtree(out, ignore_errors=True)
-            wall, rss, rc, text = measure(merge_cmd, tmp)
-            if rc != 0:
-                raise SystemExit(f"merge failed (exit {rc}):\n{text[-3000:]}")
-            merges.append((wall, rss))
+            run = h.run(merge_cmd, name="merge", mark=None)
+            merges.append((run.wall_s, run.peak_rss_bytes))
             print(f"round {r + 1}: baseline {copies[-1][0]:.1f}s / {copies[-1][1] / 1e9:.2f} GB RSS, "
-                  f"merge {wall:.1f}s / {rss / 1e9:.2f} GB RSS", flush=True)
+                  f"merge {run.wall_s:.1f}s / {run.peak_rss_bytes / 1e9:.2f} GB RSS", flush=True)
             if not last:
                 shutil.rmtree(out, ignore_errors=True)
-        print("merge output (last round):\n  " + "\n  ".join(l for l in text.splitlines() if l.startswith("[merge]")))
+        print("merge output (last round):\n  " + "\n  ".join(ln for ln in run.output.splitlines() if ln.startswith("[merge]")))
 
         mid = layers // 2
         names = ["llama.layers.0.self_attn.q_proj.weight", f"llama.layers.{mid}.mlp.down_proj.weight",
@@ -272,13 +247,11 @@ def main():
         b_time, b_rss = min(w for w, _ in copies), max(r for _, r in copies)
         ratio = m_time / b_time
         print()
-        print(f"{'':28s}{'merge':>14s}{'baseline copy':>16s}")
-        print(f"{'checkpoint size':28s}{total / 1e9:>11.2f} GB{'':>16s}  ({gib(total):.2f} GiB, {args.dtype}, "
-              f"{nshards} shards)")
-        print(f"{'peak RSS (kernel maxrss)':28s}{m_rss / 1e9:>11.2f} GB{b_rss / 1e9:>13.2f} GB  "
-              f"({gib(m_rss):.2f} / {gib(b_rss):.2f} GiB)")
-        print(f"{'wall time (best of ' + str(args.rounds) + ')':28s}{m_time:>12.1f} s{b_time:>14.1f} s")
-        print(f"{'merge / baseline time':28s}{ratio:>13.2f}x")
+        print(f"checkpoint: {total / 1e9:.2f} GB ({gib(total):.2f} GiB), {args.dtype}, {nshards} shards\n")
+        print(h.table(["", "merge", "baseline copy", "merge / baseline"],
+                      [["peak RSS (kernel maxrss)", f"{m_rss / 1e9:.2f} GB ({gib(m_rss):.2f} GiB)",
+                        f"{b_rss / 1e9:.2f} GB ({gib(b_rss):.2f} GiB)", f"{m_rss / b_rss:.2f}x"],
+                       [f"wall time (best of {args.rounds})", f"{m_time:.1f} s", f"{b_time:.1f} s", f"{ratio:.2f}x"]]))
         targets = [("peak RSS <= 2.5 GB", m_rss <= 2.5e9), ("merge time <= 1.5x baseline", ratio <= 1.5),
                    ("spot check", ok_spot)]
         for label, ok in targets:

@@ -1,6 +1,6 @@
-"""Benchmark (issue 26 item 2): supervised tokens/s of one training micro-step, packed vs unpacked, in-process.
+"""Benchmark: supervised tokens/s of one training micro-step, packed vs unpacked, in-process.
 
-    .venv/bin/python bench/packed_step.py MODEL_DIR [--rows 2] [--max-length 1024] [--repeats 3] [--json F]
+    .venv/bin/python -m bench.packed_step MODEL_DIR [--rows 2] [--max-length 1024] [--repeats 3] [--json F]
 
 Tokenizes alpaca_en_demo (``../shared/data`` or /work/shared/data; else llm/data/advertise) with
 MODEL_DIR's tokenizer (our pipeline: ``data.tokenize.tokenize_examples``), packs the first 200 examples
@@ -29,16 +29,15 @@ import json
 import os
 import statistics
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+import numpy as np
 
-import numpy as np  # noqa: E402
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from cpu_setup import ALPACA  # noqa: E402
+from bench import harness as h  # noqa: E402
+
+ROOT, ALPACA = h.ROOT, h.ALPACA
 
 
 def load_examples(tokenizer, max_length: int):
@@ -124,7 +123,7 @@ def main(argv=None):
         return total
 
     original_layout = fm_kernel._document_layout
-    variants = {
+    variants = {  # name -> (model, batches, the patches it runs under)
         "unpacked": (dense_model, unpacked, contextlib.nullcontext),
         "packed dense": (dense_model, dense_batches, contextlib.nullcontext),
         "packed flashmask tiles": (flash_model, flash_batches, lambda: _patched(fm_kernel, "_document_layout",
@@ -132,28 +131,20 @@ def main(argv=None):
         "packed flashmask varlen": (flash_model, flash_batches, contextlib.nullcontext),
     }
     assert fm_kernel._document_layout is original_layout
-    times = {k: [] for k in variants}
-    losses = {}
-    for r in range(a.repeats + 1):
-        for name, (model, batches, ctx) in variants.items():
-            with ctx():
-                t0 = time.perf_counter()
-                losses[name] = step(model, batches)
-                dt = time.perf_counter() - t0
-            if r:
-                times[name].append(dt)
-            print(f"  round {r} {name}: {dt:.2f} s", flush=True)
+    times, losses = h.interleave({k: (lambda m=m, b=b: step(m, b)) for k, (m, b, _) in variants.items()}, a.repeats,
+                                 context=lambda name: variants[name][2](), log=True)
     stack.close()
     base = statistics.median(times["unpacked"])
-    out = {}
-    print(f"\n| variant | median time (each) | supervised tok/s | vs unpacked | loss rel. diff vs unpacked |")
-    print("|---|---|---|---|---|")
+    out, body = {}, []
     for name, ts in times.items():
         med = statistics.median(ts)
         diff = abs(losses[name] - losses["unpacked"]) / abs(losses["unpacked"])
         out[name] = {"times": ts, "median": med, "sup_tok_s": supervised / med, "loss": losses[name], "rel": diff}
-        print(f"| {name} | {med:.2f} s ({', '.join(f'{t:.2f}' for t in ts)}) | {supervised / med:.1f} "
-              f"| {base / med:.2f}x | {diff:.1e} |")
+        body.append([name, f"{med:.2f} s ({', '.join(f'{t:.2f}' for t in ts)})", f"{supervised / med:.1f}",
+                     f"{base / med:.2f}x", f"{diff:.1e}"])
+    print()
+    print(h.table(["variant", "median time (each)", "supervised tok/s", "vs unpacked", "loss rel. diff vs unpacked"],
+                  body))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"variants": out, "examples": len(docs), "supervised": supervised, "tokens": real}, f, indent=2)

@@ -2,7 +2,7 @@
 
 Run from the repo root:
 
-    .venv/bin/python bench/packing.py
+    .venv/bin/python -m bench.packing
 
 This compares, on the same tokenized lengths, at max_length 1024 and 2048:
   (a) no packing: batches of consecutive examples, each padded to its longest example
@@ -26,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
 
 from paddlenlp_ext.data.binpack import (  # noqa: E402
     DEFAULT_GROUP_SIZE,
@@ -38,8 +40,8 @@ from paddlenlp_ext.data.binpack import (  # noqa: E402
 )
 from paddlenlp_ext.data.packed_row import build_packed_row  # noqa: E402
 
-DEFAULT_DATA = REPO / ".." / "shared" / "data" / "alpaca_en_demo.json"
-DEFAULT_TOKENIZER = REPO / ".." / "shared" / "data" / "llama2_tokenizer.model"
+DEFAULT_DATA = Path(h.ALPACA)
+DEFAULT_TOKENIZER = Path(h.TOKENIZER_MODEL)
 MAX_LENGTHS = (1024, 2048)
 
 
@@ -149,26 +151,22 @@ def evaluate(lengths, max_length, batch_size, PackRecorder, group_size):
 
 def print_table(title, per_len):
     names = list(next(iter(per_len.values())).keys())
-    head = f"{'method':34s}" + "".join(
-        f" | {'L=' + str(L) + ' pad%':>12s} {'rows':>7s} {'drop':>5s} {'time s':>7s}" for L in per_len
-    )
-    print(f"\n## {title}")
-    print(head)
-    print("-" * len(head))
+    body = []
     for name in names:
-        line = f"{name:34s}"
+        row = [name.strip()]
         for L in per_len:
             r, rows, dr, dt = per_len[L][name]
-            ts = "-" if np.isnan(dt) else f"{dt:7.3f}"
-            line += f" | {100 * r:11.3f}% {rows:7d} {dr:5d} {ts:>7s}"
-        print(line)
+            row.append(f"{100 * r:.3f}% / {rows} / {dr} / {'-' if np.isnan(dt) else f'{dt:.3f} s'}")
+        body.append(row)
+    print(f"\n## {title}\n")
+    print(h.table(["method"] + [f"L={L} padding / rows / dropped / time" for L in per_len], body))
 
 
 def check_targets(title, per_len, group_size):
     ok = True
     for L, res in per_len.items():
         ours = res[f"(d) ours greedy_pack (g={group_size})"][0]
-        msg = f"  [{title}, L={L}] ours {100 * ours:.3f}% <= 0.5%: {'PASS' if ours <= 0.005 else 'FAIL'}"
+        msg = f"  [{title}, L={L}] ours {100 * ours:.3f}% <= 0.5%: {h.verdict(ours, 0.005)}"
         ok &= ours <= 0.005
         key = "(c) PaddleNLP greedy (buf 500)"
         if key in res:
@@ -176,7 +174,7 @@ def check_targets(title, per_len, group_size):
             good = ours * 5 <= theirs
             ok &= good
             ratio = theirs / ours if ours > 0 else float("inf")
-            msg += f"; PaddleNLP {100 * theirs:.3f}% = {ratio:.1f}x ours (need >= 5x): {'PASS' if good else 'FAIL'}"
+            msg += f"; PaddleNLP {100 * theirs:.3f}% = {ratio:.1f}x ours (need >= 5x): {h.verdict(ratio, 5, at_least=True)}"
         print(msg)
     return ok
 
@@ -195,9 +193,7 @@ def main():
     args = ap.parse_args()
 
     print("$ " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, os.getcwd())] + sys.argv))
-    for p, what in ((args.data, "alpaca_en_demo.json"), (args.tokenizer, "llama2 sentencepiece model")):
-        if not p.is_file():
-            sys.exit(f"error: {what} not found at {p.resolve()} (pass --data / --tokenizer)")
+    h.require_shared(str(args.data), str(args.tokenizer), what="bench/packing.py (or pass --data / --tokenizer)")
 
     t = time.perf_counter()
     raw = tokenized_lengths(args.data, args.tokenizer)

@@ -2,14 +2,13 @@
 
 Run from the repo root (about 3 minutes on a 2-core CPU):
 
-    .venv/bin/python bench/peft_methods.py
+    .venv/bin/python -m bench.peft_methods
 
 Every method runs the real CLI (`llm/run_finetune.py`) as a subprocess on the tiny
 configs (llm/config/tiny/*.json) with the same steps, batch size, seed and data,
 evaluating on the dev split before and after training. One table is printed
 (markdown): trainable parameters, peak RSS of the training process
-(`peak_rss_bytes` of run_summary.json; for a model this small it is dominated by
-the Paddle runtime), step time (train_time_s / global_steps, includes the first
+(the harness's; for a model this small it is dominated by the Paddle runtime), step time (train_time_s / global_steps, includes the first
 step's warm-up), the median step time over the 10-step logging intervals (less
 sensitive to load from other processes), eval loss before and after training.
 
@@ -22,15 +21,18 @@ second VeRA row at the LoRA lr shows what happens without that.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+
+REPO = Path(h.ROOT)
 CLI = REPO / "llm" / "run_finetune.py"
 LORA_CFG = REPO / "llm" / "config" / "tiny" / "lora_argument.json"
 SFT_CFG = REPO / "llm" / "config" / "tiny" / "sft_argument.json"
@@ -62,20 +64,16 @@ def run_method(name, python, args, out_root: Path):
            "--learning_rate", f"{lr:g}", "--eval_before_train", "true", "--do_eval", "true",
            "--logging_steps", "10", "--model_name_or_path", str(args.model),
            "--dataset_name_or_path", str(args.data), *extra]
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    wall = time.time() - t0
-    if r.returncode != 0:
-        print(f"!! {name} failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
-              file=sys.stderr, flush=True)
-        return {"name": name, "lr": lr, "failed": True, "wall": wall}
-    s = json.loads((out / "run_summary.json").read_text())
-    state = json.loads((out / "trainer_state.json").read_text())
+    r = h.run(cmd, name=name, out_dir=str(out), check=False)
+    if not r.ok:
+        print(f"!! {name} failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
+        return {"name": name, "lr": lr, "failed": True, "wall": r.wall_s}
+    s = r.summary
     # per logging interval (10 steps): robust to the first step's warm-up and to short load spikes
-    intervals = sorted(h["interval_runtime"] / 10 for h in state["log_history"] if "interval_runtime" in h)
+    intervals = sorted(x["interval_runtime"] / 10 for x in r.trainer_state()["log_history"] if "interval_runtime" in x)
     return {
-        "name": name, "lr": lr, "failed": False, "wall": wall, "method": s["method"],
-        "trainable": s["trainable_params"], "total": s["total_params"], "rss": s["peak_rss_bytes"],
+        "name": name, "lr": lr, "failed": False, "wall": r.wall_s, "method": s["method"],
+        "trainable": s["trainable_params"], "total": s["total_params"], "rss": r.peak_rss_bytes,
         "step_ms": 1000.0 * s["train_time_s"] / s["global_steps"], "steps": s["global_steps"],
         "median_ms": 1000.0 * intervals[len(intervals) // 2] if intervals else float("nan"),
         "tok_s": s["tokens_per_second"], "before": s["eval_loss_before_train"], "after": s["eval_loss"],
@@ -84,18 +82,17 @@ def run_method(name, python, args, out_root: Path):
 
 
 def table(rows):
-    head = ("| method | run_summary method | lr | trainable params | peak RSS (MiB) | step time (ms) | "
-            "median step (ms) | eval loss before | eval loss after |")
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    head = ["method", "run_summary method", "lr", "trainable params", "peak RSS (MiB)", "step time (ms)",
+            "median step (ms)", "eval loss before", "eval loss after"]
+    body = []
     for r in rows:
         if r["failed"]:
-            lines.append(f"| {r['name']} | FAILED | {r['lr']:g} |" + " |" * (head.count("|") - 4))
+            body.append([r["name"], "FAILED", f"{r['lr']:g}"] + [""] * (len(head) - 3))
             continue
-        lines.append(
-            f"| {r['name']} | `{r['method']}` | {r['lr']:g} | {r['trainable']:,} ({100.0 * r['trainable'] / r['total']:.2f}%) | "
-            f"{r['rss'] / 2**20:.0f} | {r['step_ms']:.0f} | {r['median_ms']:.0f} | {r['before']:.3f} | {r['after']:.3f} |"
-        )
-    return "\n".join(lines)
+        body.append([r["name"], f"`{r['method']}`", f"{r['lr']:g}",
+                     f"{r['trainable']:,} ({100.0 * r['trainable'] / r['total']:.2f}%)", f"{r['rss'] / h.MiB:.0f}",
+                     f"{r['step_ms']:.0f}", f"{r['median_ms']:.0f}", f"{r['before']:.3f}", f"{r['after']:.3f}"])
+    return h.table(head, body)
 
 
 def main(argv=None):
@@ -112,7 +109,7 @@ def main(argv=None):
 
     python = sys.executable
     shown = os.path.relpath(python, REPO) if python.startswith(str(REPO)) else python
-    print("command: " + shlex.join([shown, os.path.relpath(__file__, REPO), *(sys.argv[1:] if argv is None else argv)]))
+    print("command: " + shlex.join([shown, "-m", "bench.peft_methods", *(sys.argv[1:] if argv is None else argv)]))
     print("each method: " + shlex.join([shown, "llm/run_finetune.py", "llm/config/tiny/{sft,lora}_argument.json",
                                         "--max_steps", str(args.steps), "--per_device_train_batch_size",
                                         str(args.batch_size), "--seed", str(args.seed), "--learning_rate", "LR",

@@ -1,9 +1,9 @@
 """Calibration of the memory planner (paddlenlp_ext.planner) against real CPU runs through the CLI.
 
-    .venv/bin/python bench/plan_memory.py [--runs full-0.3b,lora-0.8b,nf4-0.8b] [--steps 2] [--json out.json]
+    .venv/bin/python -m bench.plan_memory [--runs full-0.3b,lora-0.8b,nf4-0.8b] [--steps 2] [--json out.json]
 
-Every run is ``llm/run_finetune.py`` in its own process, one after the other, under
-``/usr/bin/time -f %M`` (the kernel's peak RSS of that child alone):
+Every run is ``llm/run_finetune.py`` in its own process, one after the other, through the bench harness
+(the kernel's peak RSS of that process, as ``/usr/bin/time -f %M`` reports it):
 
     full-0.3b  full fine-tuning of a 296,784,896-parameter random-weight Llama (hidden 1024, 18 layers,
                intermediate 2816, 16 heads, vocab 32000; built once into build/llama-0.3b)
@@ -31,16 +31,17 @@ never imports paddle).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+
+ROOT, GiB = h.ROOT, h.GiB
 CLI = os.path.join("llm", "run_finetune.py")
-TIME_BIN = "/usr/bin/time"
-GiB = 2**30
 TARGET = 0.15  # |planned / measured - 1| <= 0.15
 MARGIN = 2 * GiB  # free memory wanted beyond the planned peak before a run starts
 
@@ -67,10 +68,9 @@ RUNS = {
 BUILD_SMALL = r"""
 import json, os, sys
 import numpy as np
-sys.path.insert(0, os.path.join(sys.argv[1], "bench"))
-import big_model
+from bench import big_model
 from paddlenlp.transformers import LlamaConfig
-model_dir, shape = sys.argv[2], json.loads(sys.argv[3])
+model_dir, shape = sys.argv[1], json.loads(sys.argv[2])
 if not os.path.isfile(os.path.join(model_dir, big_model.MARKER)):
     os.makedirs(model_dir, exist_ok=True)
     cfg = LlamaConfig(architectures=["LlamaForCausalLM"], **shape)
@@ -95,12 +95,9 @@ def common_overrides(model_dir, out_dir, steps):
 
 def ensure_models():
     """Build the 0.84B model + data (bench/big_model.py) and the 0.3B model, each in a subprocess."""
-    for cmd in ([sys.executable, os.path.join(ROOT, "bench", "big_model.py"), "--model_dir", BIG_DIR,
-                 "--data_dir", DATA_DIR],
-                [sys.executable, "-c", BUILD_SMALL, ROOT, SMALL_DIR, json.dumps(SMALL_SHAPE)]):
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit(f"model build failed: {' '.join(cmd[:3])}\n{r.stderr[-3000:]}")
+    for cmd in (h.module("bench.big_model", "--model_dir", BIG_DIR, "--data_dir", DATA_DIR),
+                [sys.executable, "-c", BUILD_SMALL, SMALL_DIR, json.dumps(SMALL_SHAPE)]):
+        h.run(cmd, name="model build", env=h.clean_env(PYTHONPATH=ROOT), mark=None)
 
 
 def mem_available():
@@ -133,23 +130,14 @@ def run_one(name, work, steps, wait_s):
     overrides = common_overrides(model_dir, out_dir, steps) + extra
     est = plan(config, overrides)
     wait_for_memory(est.per_device_bytes + MARGIN, wait_s)
-    time_file, log_path = os.path.join(work, name + ".time"), os.path.join(work, name + ".log")
-    cmd = [TIME_BIN, "-f", "%M", "-o", time_file, sys.executable, CLI, config] + overrides
     print(f"[{name}] python {CLI} {config} {' '.join(overrides)}", flush=True)
-    t0, load0 = time.time(), os.getloadavg()[0]
-    with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        tail = open(log_path, errors="replace").read()[-3000:]
-        sys.exit(f"[{name}] failed (exit {rc}):\n{tail}")
-    with open(os.path.join(out_dir, "run_summary.json")) as f:
-        summary = json.load(f)
-    with open(time_file) as f:
-        peak = int(f.read().split()[-1]) * 1024  # %M is KiB
+    load0 = os.getloadavg()[0]
+    r = h.run(h.cli(CLI, config, *overrides), name=name, out_dir=out_dir, log=os.path.join(work, name + ".log"))
+    summary, peak = r.summary, r.peak_rss_bytes
     rec = {"run": name, "peak_rss_bytes": peak, "runtime_bytes": summary["rss_before_model_bytes"],
            "after_load_bytes": summary["rss_after_load_bytes"], "planned_bytes": est.per_device_bytes,
            "planned_breakdown": dict(est.breakdown), "ratio": est.per_device_bytes / peak,
-           "wall_s": round(time.time() - t0, 1),
+           "wall_s": round(r.wall_s, 1),
            "loadavg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "trainable_params": summary.get("trainable_params"), "total_params": summary.get("total_params")}
     print(f"[{name}] peak {peak / GiB:.2f} GiB, planned {est.per_device_bytes / GiB:.2f} GiB "
@@ -198,30 +186,24 @@ def gpu_table():
 
 
 def report(records, runtime_constant):
-    print("\nGiB (2^30 bytes). measured = peak RSS of the CLI child (/usr/bin/time -f %M); planned = "
+    print("\nGiB (2^30 bytes). measured = peak RSS of the CLI run (the bench harness's); planned = "
           "paddlenlp_ext.planner (target cpu)\n")
-    print("| run | what | measured peak | planned | planned / measured | within +-15% |")
-    print("|---|---|---|---|---|---|")
-    for r in records:
-        ok = abs(r["ratio"] - 1) <= TARGET
-        print(f"| {r['run']} | {RUNS[r['run']][3]} | {gib(r['peak_rss_bytes'])} | {gib(r['planned_bytes'])} | "
-              f"{r['ratio']:.3f} | {'PASS' if ok else 'FAIL'} |")
+    print(h.table(["run", "what", "measured peak", "planned", "planned / measured", "within +-15%"],
+                  [[r["run"], RUNS[r["run"]][3], gib(r["peak_rss_bytes"]), gib(r["planned_bytes"]), f"{r['ratio']:.3f}",
+                    h.verdict(abs(r["ratio"] - 1), TARGET)] for r in records]))
     print("\nBreakdown (planned) and the measured parts the CLI reports (runtime = RSS before the model; "
           "model = RSS after load/adapters/trainer setup - runtime; step = peak - RSS after load):\n")
     keys = list(records[0]["planned_breakdown"]) if records else []
-    print("| run | " + " | ".join(keys) + " | measured runtime | measured model | measured step |")
-    print("|---|" + "---|" * (len(keys) + 3))
-    for r in records:
-        b = r["planned_breakdown"]
-        print(f"| {r['run']} | " + " | ".join(gib(b[k]) for k in keys) +
-              f" | {gib(r['runtime_bytes'])} | {gib(r['after_load_bytes'] - r['runtime_bytes'])} | "
-              f"{gib(r['peak_rss_bytes'] - r['after_load_bytes'])} |")
+    print(h.table(["run", *keys, "measured runtime", "measured model", "measured step"],
+                  [[r["run"], *(gib(r["planned_breakdown"][k]) for k in keys), gib(r["runtime_bytes"]),
+                    gib(r["after_load_bytes"] - r["runtime_bytes"]), gib(r["peak_rss_bytes"] - r["after_load_bytes"])]
+                   for r in records]))
     runtimes = [r["runtime_bytes"] for r in records]
     if runtimes:
         print(f"\nframework overhead on CPU: the planner uses {gib(runtime_constant)} GiB; measured runtime in these "
               f"runs {min(runtimes) / GiB:.2f}-{max(runtimes) / GiB:.2f} GiB")
     worst = max((abs(r["ratio"] - 1) for r in records), default=0)
-    print(f"worst |planned/measured - 1| = {worst:.3f} (target <= {TARGET}: {'PASS' if worst <= TARGET else 'FAIL'})")
+    print(f"worst |planned/measured - 1| = {worst:.3f} (target <= {TARGET}: {h.verdict(worst, TARGET)})")
 
 
 def main():
@@ -233,14 +215,14 @@ def main():
     p.add_argument("--gpu_table", action="store_true", help="print the Llama-2 GPU table (no runs) and exit")
     a = p.parse_args()
     if a.gpu_table:
-        print("command: .venv/bin/python bench/plan_memory.py --gpu_table\n")
+        print("command: .venv/bin/python -m bench.plan_memory --gpu_table\n")
         gpu_table()
         return
     names = [n.strip() for n in a.runs.split(",") if n.strip()]
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         p.error(f"unknown run(s) {unknown}; choose from {list(RUNS)}")
-    print("command: .venv/bin/python bench/plan_memory.py " + " ".join(sys.argv[1:]), flush=True)
+    print("command: .venv/bin/python -m bench.plan_memory " + " ".join(sys.argv[1:]), flush=True)
     ensure_models()
     from paddlenlp_ext.planner.memory import CPU_RUNTIME_BYTES
 

@@ -1,9 +1,9 @@
-"""Benchmark (issue "QLoRA"): memory per parameter, RSS and step time of a quantized base + LoRA,
+"""Benchmark of QLoRA: memory per parameter, RSS and step time of a quantized base + LoRA,
 and the eval-loss change when a trained tiny model is quantized.
 
 Run from the repo root (about 4 minutes on a 2-core CPU):
 
-    .venv/bin/python bench/qlora.py
+    .venv/bin/python -m bench.qlora
 
 Part 0 -- the kernels on one ``[2048, 5504]`` fp32 weight (``--part0-shape``), in this process:
 
@@ -26,7 +26,7 @@ has no bf16 matmul):
   ``--warmup`` + ``--steps`` training steps (AdamW over the LoRA parameters, random token
   batch ``--batch`` x ``--seq``, forward + backward + step; median of the timed steps).
 
-How RSS is measured (Linux ``/proc/self/status``, ``psutil`` as a fallback): the model is
+How RSS is measured (Linux ``/proc/self/status``, through ``bench/harness.py``): the model is
 built LAYER BY LAYER -- constructed under ``paddle.LazyGuard()`` + PaddleNLP's
 ``no_init_weights()`` so that no parameter memory exists yet, then every decoder layer is
 materialised with PaddleNLP's own initialisation (normal(0, initializer_range), o_proj /
@@ -38,9 +38,9 @@ peak is a truthful picture of loading a quantized base. Reported per configurati
   for every configuration);
 * ``after build``: current RSS after build + quantization + ``gc.collect()``;
 * ``build peak``: VmHWM (process peak RSS) at that point;
-* ``train peak``: VmHWM over the training steps only -- the high-water mark is reset with
-  ``echo 5 > /proc/self/clear_refs`` right before the first step (so it does not include
-  the build); if that is not possible a 2 ms psutil sampler is used and the column says so;
+* ``train peak``: VmHWM over the training steps only -- the high-water mark is reset
+  (``bench/harness.py``'s ``reset_peak``: ``echo 5 > /proc/self/clear_refs``) right before the
+  first step, so it does not include the build; where the kernel does not allow it the column says so;
 * ``steady``: current RSS after the last step.
 
 A second table (``--naive``) shows what the numbers look like the naive way: build the full
@@ -61,15 +61,18 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+from bench.harness import reset_peak, rss_now, rss_peak  # noqa: E402
+
+REPO = Path(h.ROOT)
 CLI = REPO / "llm" / "run_finetune.py"
 SFT_CFG = REPO / "llm" / "config" / "tiny" / "sft_argument.json"
 
@@ -109,70 +112,6 @@ def slug(name: str) -> str:
 
 
 # =============================================================== worker (one configuration)
-def _status_kb(key: str):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def rss_now() -> int:
-    v = _status_kb("VmRSS")
-    if v is None:
-        import psutil
-
-        v = psutil.Process().memory_info().rss
-    return v
-
-
-def rss_peak() -> int:
-    v = _status_kb("VmHWM")
-    if v is None:
-        import resource
-
-        v = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return v
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False if not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return rss_peak() is not None and rss_peak() <= rss_now() + 4 * MiB
-
-
-class Sampler:
-    """Fallback peak-RSS sampler (psutil every 2 ms) when VmHWM cannot be reset."""
-
-    def __init__(self):
-        import threading
-
-        import psutil
-
-        self.proc, self.peak, self.stop = psutil.Process(), 0, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            self.stop.wait(0.002)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
 def linear_weight_bytes(model) -> tuple:
     """(params, bytes) of the decoder nn.Linear weights still in float (fp32 configuration)."""
     import numpy as np
@@ -340,7 +279,6 @@ def worker(args) -> dict:
     times, rss_steps, losses = [], [], []
     res["load_before"] = os.getloadavg()[0]
     use_clear = reset_peak()
-    sampler = None if use_clear else Sampler().__enter__()
     cpu_times = []
     for i in range(args.warmup + args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -350,10 +288,8 @@ def worker(args) -> dict:
             times.append(dt)
             cpu_times.append(dc)
         rss_steps.append(rss_now())
-    if sampler is not None:
-        sampler.__exit__()
-    res["peak_train"] = rss_peak() if use_clear else sampler.peak
-    res["peak_train_how"] = "VmHWM reset" if use_clear else "psutil sampler"
+    res["peak_train"] = rss_peak() if use_clear else None
+    res["peak_train_how"] = "VmHWM reset" if use_clear else "VmHWM not resettable"
     res["rss_steady"] = rss_steps[-1]
     res["load_after"] = os.getloadavg()[0]
     res["dequant_ms"] = dequant_ms_per_step(model)
@@ -423,32 +359,31 @@ def part0(shape=(2048, 5504), tokens=256, repeats=5, seed=0):
 
 
 def table_part0(quant_rows, step_rows, base, shape, tokens):
-    lines = [f"Quantize one `[{shape[0]}, {shape[1]}]` fp32 weight (`quantize(w, algo, 64, dq)`, best of the "
-             "repeats):", "", "| format | M params/s (CPU time) | M params/s (wall) |", "| --- | ---: | ---: |"]
-    lines += [f"| {n} | {c:.0f} | {w:.0f} |" for n, c, w in quant_rows]
-    lines += ["", f"x `[{tokens}, {shape[0]}]` through the layer, forward + backward (gradient to x), against "
-              f"`paddle.matmul` on the fp32 weight: {base[0]:.1f} ms wall, {base[1]:.1f} ms CPU:", "",
-              "| format | fwd+bwd ms (wall) | ms (CPU) | ratio wall | ratio CPU | one dequant ms (wall) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {n} | {w:.1f} | {c:.1f} | {rw:.2f} | {rc:.2f} | {d:.1f} |" for n, w, c, rw, rc, d in step_rows]
-    return "\n".join(lines)
+    quant = h.table(["format", "M params/s (CPU time)", "M params/s (wall)"],
+                    [[n, f"{c:.0f}", f"{w:.0f}"] for n, c, w in quant_rows])
+    step = h.table(["format", "fwd+bwd ms (wall)", "ms (CPU)", "ratio wall", "ratio CPU", "one dequant ms (wall)"],
+                   [[n, f"{w:.1f}", f"{c:.1f}", f"{rw:.2f}", f"{rc:.2f}", f"{d:.1f}"]
+                    for n, w, c, rw, rc, d in step_rows])
+    return "\n".join([f"Quantize one `[{shape[0]}, {shape[1]}]` fp32 weight (`quantize(w, algo, 64, dq)`, best of the "
+                      "repeats):", "", quant, "", f"x `[{tokens}, {shape[0]}]` through the layer, forward + backward "
+                      f"(gradient to x), against `paddle.matmul` on the fp32 weight: {base[0]:.1f} ms wall, "
+                      f"{base[1]:.1f} ms CPU:", "", step])
 
 
 # =============================================================== driver
 def run_worker(name, mode, args, python):
-    cmd = [python, str(Path(__file__).resolve()), "--worker", name, "--mode", mode,
+    cmd = [python, "-m", "bench.qlora", "--worker", name, "--mode", mode,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
            "--seq", str(args.seq), "--rank", str(args.rank), "--block-size", str(args.block_size),
            "--seed", str(args.seed)]
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    for line in r.stdout.splitlines()[::-1]:
+    r = h.run(cmd, name=name, mark=None, check=False)
+    for line in r.output.splitlines()[::-1]:
         if line.startswith("RESULT "):
             res = json.loads(line[len("RESULT "):])
-            res["proc_wall_s"] = time.time() - t0
+            res["proc_wall_s"] = r.wall_s
             return res
-    print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}\n"
-          f"{r.stderr[-4000:]}", file=sys.stderr, flush=True)
+    print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr,
+          flush=True)
     return {"config": name, "mode": mode, "failed": True}
 
 
@@ -456,80 +391,75 @@ def mib(v):
     return "—" if v is None else f"{v / MiB:.0f}"
 
 
+def rows_table(header, rows, cells, first=(), key="config"):
+    """``harness.table`` of ``first`` (fixed rows) and ``cells(r)`` per row; a failed run's row says FAILED."""
+    body = [list(f) for f in first]
+    body += [[r[key], "FAILED"] + [""] * (len(header) - 2) if r.get("failed") else cells(r) for r in rows]
+    return h.table(header, body)
+
+
 def table_bytes(rows, block_size):
-    lines = ["| config | base linear params | base linear bytes | bytes / param | vs bf16 | vs fp32 | target | check |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    checks = []
     ref = next((r for r in rows if not r.get("failed")), None)
     n = ref["linear_params"] if ref else 0
-    lines.append(f"| bf16 (theoretical, not run) | {n:,} | {2 * n / MiB:.1f} MiB | 2.0000 | 1.00x | 0.50x | | |")
+    checks = []
     for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | | | | |")
-            if r["config"] in TARGETS:
-                checks.append(f"FAIL {r['config']}: run failed")
-            continue
-        bpp = r["bytes_per_param"]
         tgt = TARGETS.get(r["config"])
-        ok = None if tgt is None else bpp <= tgt
+        if tgt is not None and r.get("failed"):
+            checks.append(f"FAIL {r['config']}: run failed")
+        elif tgt is not None:
+            checks.append(f"{h.verdict(r['bytes_per_param'], tgt)} {r['config']}: {r['bytes_per_param']:.4f} "
+                          f"bytes/param <= {tgt} (bf16 2, fp32 4)")
+
+    def cells(r):
+        bpp, tgt = r["bytes_per_param"], TARGETS.get(r["config"])
         label = r["config"] + (f" (block {block_size})" if CONFIGS[r["config"]][0] in ("nf4", "fp4") else "")
-        lines.append(
-            f"| {label} | {r['linear_params']:,} | {r['linear_bytes'] / MiB:.1f} MiB | {bpp:.4f} | {bpp / 2:.3f}x | "
-            f"{bpp / 4:.3f}x | {'' if tgt is None else f'<= {tgt}'} | {'' if ok is None else ('PASS' if ok else 'FAIL')} |")
-        if tgt is not None:
-            checks.append(f"{'PASS' if ok else 'FAIL'} {r['config']}: {bpp:.4f} bytes/param <= {tgt} "
-                          f"(bf16 2, fp32 4)")
-    return "\n".join(lines), checks
+        return [label, f"{r['linear_params']:,}", f"{r['linear_bytes'] / MiB:.1f} MiB", f"{bpp:.4f}",
+                f"{bpp / 2:.3f}x", f"{bpp / 4:.3f}x", "" if tgt is None else f"<= {tgt}",
+                "" if tgt is None else h.verdict(bpp, tgt)]
+
+    header = ["config", "base linear params", "base linear bytes", "bytes / param", "vs bf16", "vs fp32", "target",
+              "check"]
+    first = [["bf16 (theoretical, not run)", f"{n:,}", f"{2 * n / MiB:.1f} MiB", "2.0000", "1.00x", "0.50x", "", ""]]
+    return rows_table(header, rows, cells, first), checks
 
 
 def table_train(rows):
-    lines = ["| config | after imports (MiB) | after build + quant + gc (MiB) | build peak (MiB) | "
-             "before steps (MiB) | train peak (MiB) | steady (MiB) | step time, median (ms) | timed steps (ms) | "
-             "CPU time / step (ms) | of which dequant (ms) | load avg before / after |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines.append("| bf16 (theoretical) | — | — | — | — | — | — | — (no bf16 matmul on CPU) | | | | |")
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | | | | | | | | |")
-            continue
+    def cells(r):
         dq = "0" if r.get("dequant_ms") is None else f"{r['dequant_ms']:.0f}"
         how = "" if r.get("peak_train_how") == "VmHWM reset" else f" ({r.get('peak_train_how')})"
-        lines.append(
-            f"| {r['config']} | {mib(r['rss_imports'])} | {mib(r['rss_after_build'])} | {mib(r['peak_build'])} | "
-            f"{mib(r.get('rss_before_train'))} | {mib(r.get('peak_train'))}{how} | {mib(r.get('rss_steady'))} | "
-            f"{r['step_ms']:.0f} | {', '.join(f'{t:.0f}' for t in r['step_ms_all'])} | {r['step_cpu_ms']:.0f} | {dq} | "
-            f"{r['load_before']:.1f} / {r['load_after']:.1f} |")
-    return "\n".join(lines)
+        return [r["config"], mib(r["rss_imports"]), mib(r["rss_after_build"]), mib(r["peak_build"]),
+                mib(r.get("rss_before_train")), mib(r.get("peak_train")) + how, mib(r.get("rss_steady")),
+                f"{r['step_ms']:.0f}", ", ".join(f"{t:.0f}" for t in r["step_ms_all"]), f"{r['step_cpu_ms']:.0f}", dq,
+                f"{r['load_before']:.1f} / {r['load_after']:.1f}"]
+
+    header = ["config", "after imports (MiB)", "after build + quant + gc (MiB)", "build peak (MiB)",
+              "before steps (MiB)", "train peak (MiB)", "steady (MiB)", "step time, median (ms)", "timed steps (ms)",
+              "CPU time / step (ms)", "of which dequant (ms)", "load avg before / after"]
+    first = [["bf16 (theoretical)"] + ["—"] * 6 + ["— (no bf16 matmul on CPU)", "", "", "", ""]]
+    return rows_table(header, rows, cells, first)
 
 
 def table_summary(rows):
-    lines = ["| config | bytes / param (base linears) | target | RSS after build (MiB) | train peak RSS (MiB) | "
-             "step time (ms) | CPU time / step (ms) |",
-             "| --- | --- | --- | --- | --- | --- | --- |",
-             "| bf16 (theoretical) | 2.0000 | | — | — | — | — |"]
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | | | |")
-            continue
+    def cells(r):
         tgt = TARGETS.get(r["config"])
-        chk = "" if tgt is None else f"<= {tgt} {'PASS' if r['bytes_per_param'] <= tgt else 'FAIL'}"
-        lines.append(f"| {r['config']} | {r['bytes_per_param']:.4f} | {chk} | {mib(r['rss_after_build'])} | "
-                     f"{mib(r.get('peak_train'))} | {r['step_ms']:.0f} | {r['step_cpu_ms']:.0f} |")
-    return "\n".join(lines)
+        chk = "" if tgt is None else f"<= {tgt} {h.verdict(r['bytes_per_param'], tgt)}"
+        return [r["config"], f"{r['bytes_per_param']:.4f}", chk, mib(r["rss_after_build"]), mib(r.get("peak_train")),
+                f"{r['step_ms']:.0f}", f"{r['step_cpu_ms']:.0f}"]
+
+    header = ["config", "bytes / param (base linears)", "target", "RSS after build (MiB)", "train peak RSS (MiB)",
+              "step time (ms)", "CPU time / step (ms)"]
+    return rows_table(header, rows, cells, [["bf16 (theoretical)", "2.0000", "", "—", "—", "—", "—"]])
 
 
 def table_naive(rows, lazy_by_name):
-    lines = ["| config | fp32 model built (MiB) | after quantize_model + gc (MiB) | process peak (MiB) | "
-             "layer-by-layer build peak (MiB) |",
-             "| --- | --- | --- | --- | --- |"]
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['config']} | FAILED | | | |")
-            continue
+    def cells(r):
         lz = lazy_by_name.get(r["config"], {})
-        lines.append(f"| {r['config']} | {mib(r['rss_fp32_model'])} | {mib(r['rss_after_build'])} | "
-                     f"{mib(r['peak_build'])} | {mib(lz.get('peak_build'))} |")
-    return "\n".join(lines)
+        return [r["config"], mib(r["rss_fp32_model"]), mib(r["rss_after_build"]), mib(r["peak_build"]),
+                mib(lz.get("peak_build"))]
+
+    header = ["config", "fp32 model built (MiB)", "after quantize_model + gc (MiB)", "process peak (MiB)",
+              "layer-by-layer build peak (MiB)"]
+    return rows_table(header, rows, cells)
 
 
 def cli_eval_part(args, python, tmp: Path):
@@ -539,52 +469,46 @@ def cli_eval_part(args, python, tmp: Path):
     train_cmd = [python, str(CLI), str(SFT_CFG), *common, "--output_dir", str(model_dir),
                  "--max_steps", str(args.tiny_steps), "--do_train", "true", "--do_eval", "true",
                  "--eval_before_train", "true"]
-    t0 = time.time()
-    r = subprocess.run(train_cmd, capture_output=True, text=True, cwd=REPO)
-    if r.returncode != 0:
-        print(f"!! tiny training failed: {shlex.join(train_cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
-              file=sys.stderr, flush=True)
+    r = h.run(train_cmd, name="tiny training", out_dir=str(model_dir), check=False)
+    if not r.ok:
+        print(f"!! tiny training failed: {shlex.join(train_cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
         return None
-    train = json.loads((model_dir / "run_summary.json").read_text())
+    train = r.summary
     print(f"  tiny full fine-tuning, {train['global_steps']} steps: eval loss {train['eval_loss_before_train']:.4f} "
-          f"-> {train['eval_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+          f"-> {train['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
     rows = []
     for name, extra in EVAL_CONFIGS.items():
         out = tmp / ("eval_" + slug(name))
         cmd = [python, str(CLI), str(SFT_CFG), "--model_name_or_path", str(model_dir),
                "--dataset_name_or_path", str(args.data), "--seed", str(args.seed), "--output_dir", str(out),
                "--do_train", "false", "--do_eval", "true", "--eval_before_train", "false", *extra]
-        t0 = time.time()
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-        if r.returncode != 0:
-            print(f"!! eval {name} failed: {shlex.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}",
-                  file=sys.stderr, flush=True)
+        r = h.run(cmd, name=f"eval {name}", out_dir=str(out), check=False)
+        if not r.ok:
+            print(f"!! eval {name} failed: {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
             rows.append({"name": name, "failed": True})
             continue
-        s = json.loads((out / "run_summary.json").read_text())
+        s = r.summary
         q = s.get("quantization") or {}
         rows.append({"name": name, "eval_loss": s["eval_loss"], "ppl": s.get("eval_perplexity"),
                      "bpp": q.get("bytes_per_param"), "layers": q.get("layers_replaced"),
-                     "rss": s.get("peak_rss_bytes")})
-        print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+                     "rss": r.peak_rss_bytes})
+        print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
     return train, rows, train_cmd
 
 
 def table_eval(train, rows):
     base = next((r for r in rows if r["name"] == "unquantized" and not r.get("failed")), None)
     ref = base["eval_loss"] if base else train["eval_loss"]
-    lines = ["| base weights | linears quantized | bytes / param (quantized linears) | eval loss | perplexity | "
-             "change vs unquantized | relative change of the loss |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        if r.get("failed"):
-            lines.append(f"| {r['name']} | FAILED | | | | | |")
-            continue
+
+    def cells(r):
         d = r["eval_loss"] - ref
         bpp = "4 (fp32)" if r["bpp"] is None else f"{r['bpp']:.4f}"
-        lines.append(f"| {r['name']} | {r['layers'] or 0} | {bpp} | {r['eval_loss']:.4f} | "
-                     f"{(r['ppl'] or float('nan')):.4f} | {d:+.4f} | {100 * d / ref:+.1f}% |")
-    return "\n".join(lines)
+        return [r["name"], r["layers"] or 0, bpp, f"{r['eval_loss']:.4f}", f"{(r['ppl'] or float('nan')):.4f}",
+                f"{d:+.4f}", f"{100 * d / ref:+.1f}%"]
+
+    header = ["base weights", "linears quantized", "bytes / param (quantized linears)", "eval loss", "perplexity",
+              "change vs unquantized", "relative change of the loss"]
+    return rows_table(header, rows, cells, key="name")
 
 
 def main(argv=None):
@@ -626,8 +550,7 @@ def main(argv=None):
 
     python = sys.executable
     shown = os.path.relpath(python, REPO) if python.startswith(str(REPO)) else python
-    command = shlex.join([shown, os.path.relpath(os.path.abspath(__file__), REPO),
-                          *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join([shown, "-m", "bench.qlora", *(sys.argv[1:] if argv is None else argv)])
     print("command: " + command, flush=True)
     t_all = time.time()
     md = [f"Command (from the repo root):\n\n```\n{command}\n```\n"]
@@ -646,22 +569,22 @@ def main(argv=None):
         print(f"\n## Part 1: ~106M-parameter random-init LlamaForCausalLM "
               f"({', '.join(f'{k}={v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
               f"fp32; {n_lin:,} parameters in the 56 decoder linears\n", flush=True)
-        rows = []
-        for name in args.configs:
-            r = run_worker(name, "lazy", args, python)
-            rows.append(r)
-            failed |= bool(r.get("failed"))
-            if not r.get("failed"):
-                print(f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
-                      f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')} "
-                      f"({r['proc_wall_s']:.0f} s)", flush=True)
-        naive = []
-        for name in args.naive:
-            r = run_worker(name, "naive", args, python)
-            naive.append(r)
-            failed |= bool(r.get("failed"))
-            if not r.get("failed"):
-                print(f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB ({r['proc_wall_s']:.0f} s)", flush=True)
+        def workers(names, mode, line):
+            """Run one worker per configuration; ``line(name, result)``: its progress line."""
+            nonlocal failed
+            out = []
+            for name in names:
+                r = run_worker(name, mode, args, python)
+                out.append(r)
+                failed |= bool(r.get("failed"))
+                if not r.get("failed"):
+                    print(line(name, r) + f" ({r['proc_wall_s']:.0f} s)", flush=True)
+            return out
+
+        rows = workers(args.configs, "lazy", lambda name, r: (
+            f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
+            f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')}"))
+        naive = workers(args.naive, "naive", lambda name, r: f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB")
 
         t_bytes, checks = table_bytes(rows, args.block_size)
         ok_row = next((r for r in rows if not r.get("failed")), {})

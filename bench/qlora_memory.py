@@ -1,13 +1,14 @@
 """Benchmark: QLoRA memory and speed through the real CLI on a 0.84B-parameter Llama.
 
-    .venv/bin/python bench/qlora_memory.py [--runs lora-fp32,nf4-dq,fp4,int8,int4] [--steps 3]
+    .venv/bin/python -m bench.qlora_memory [--runs lora-fp32,nf4-dq,fp4,int8,int4] [--steps 3]
         [--model_dir build/llama-0.8b] [--data_dir build/alpaca_en_demo] [--json out.json] [--keep]
 
 The model (random weights, 839,444,480 parameters, 3.36 GB fp32 in 5 safetensors shards of <= 1 GB,
 the real Llama-2 tokenizer) and the Alpaca demo data are built once by ``bench/big_model.py`` (in a
-subprocess) and cached.  Then every configuration runs in its own process, one after the other:
+subprocess) and cached.  Then every configuration runs in its own process, one after the other,
+through the bench harness (``bench/harness.py``):
 
-    /usr/bin/time -f %M python llm/run_finetune.py llm/config/tiny/lora_argument.json
+    python llm/run_finetune.py llm/config/tiny/lora_argument.json
         --model_name_or_path MODEL --dataset_name_or_path DATA --output_dir TMP/RUN
         --max_steps 3 --per_device_train_batch_size 1 --max_length 256 --src_length 128
         --pad_to_max_length true --do_eval false --save_strategy no --lora true --lora_rank 8 ...
@@ -19,7 +20,7 @@ and LoRA on a quantized base: ``nf4-dq`` (nf4 + double quantization), ``fp4``, `
 
 Measured per run:
 
-* peak RSS of the child: ``/usr/bin/time -f %M`` (the kernel's ru_maxrss of that process);
+* peak RSS of the run: the harness's (the kernel's ru_maxrss of that process, as ``/usr/bin/time -f %M``);
 * from ``output_dir/run_summary.json`` written by the CLI: RSS before the model (imports + tokenizer
   + tokenized data: "runtime"), RSS after load (model loaded, quantized, adapters applied, trainer
   built; minus runtime = "weights"), peak - RSS after load ("step overhead": activations, gradients,
@@ -28,7 +29,7 @@ Measured per run:
   final save);
 * median step time of steps 2..N (step 1 includes one-off warm-up).
 
-Targets (the QLoRA issue), printed PASS/FAIL: nf4-dq peak <= 0.45x lora-fp32, int4 <= 0.45x,
+Targets of QLoRA, printed PASS/FAIL: nf4-dq peak <= 0.45x lora-fp32, int4 <= 0.45x,
 int8 <= 0.6x, nf4-dq median step time <= 1.3x.
 """
 
@@ -37,18 +38,17 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = os.path.join("llm", "run_finetune.py")
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
+
+ROOT, GB = h.ROOT, h.GiB
 BASE_CONFIG = os.path.join("llm", "config", "tiny", "lora_argument.json")
-BUILD_SCRIPT = os.path.join(ROOT, "bench", "big_model.py")
-TIME_BIN = "/usr/bin/time"
-GB = 2**30
 
 BASELINE = "lora-fp32"
 RUNS = {
@@ -80,11 +80,8 @@ def ensure_model(model_dir, data_dir):
     fd, info_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     t0 = time.time()
-    res = subprocess.run([sys.executable, BUILD_SCRIPT, "--model_dir", model_dir, "--data_dir", data_dir,
-                          "--info-json", info_path], cwd=ROOT, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.stderr.write(res.stderr[-4000:])
-        sys.exit(res.returncode)
+    h.run(h.module("bench.big_model", "--model_dir", model_dir, "--data_dir", data_dir, "--info-json", info_path),
+          name="model build", mark=None)
     with open(info_path) as f:
         info = json.load(f)
     os.unlink(info_path)
@@ -93,23 +90,6 @@ def ensure_model(model_dir, data_dir):
 
 
 # ---------------------------------------------------------------- one run
-
-def child_command(time_file, cli_args):
-    cmd = [sys.executable, CLI, BASE_CONFIG] + cli_args
-    if os.access(TIME_BIN, os.X_OK):
-        return [TIME_BIN, "-f", "%M", "-o", time_file] + cmd
-    return cmd
-
-
-def read_peak_kb(time_file):
-    """/usr/bin/time -o writes '%M' as the last line (a 'Command exited' line may precede it)."""
-    try:
-        with open(time_file) as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
-        return int(lines[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
 
 def code_fingerprint():
     """Hash of every .py under paddlenlp_ext/ and llm/: the checkout is edited concurrently, and rows
@@ -130,35 +110,26 @@ def dir_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def error_tail(log_path, n=25):
-    with open(log_path, errors="replace") as f:
-        lines = [ln.rstrip() for ln in f if "Warning" not in ln and "warnings.warn" not in ln]
-    return "\n".join(lines[-n:])
-
-
-def run_one(name, model_dir, data_dir, work, steps, extra=()):
+def run_one(name, model_dir, data_dir, work, steps, extra=(), args=None):
+    """One CLI run of the configuration ``name`` (its arguments: ``args``, default ``RUNS[name]``)."""
     out_dir = os.path.join(work, name)
-    log_path = os.path.join(work, f"{name}.log")
-    time_file = os.path.join(work, f"{name}.time")
-    args = common_overrides(model_dir, data_dir, out_dir, steps) + RUNS[name] + list(extra)
-    cmd = child_command(time_file, args)
-    print(f"[{name}] {' '.join(cmd[cmd.index(sys.executable):])}", flush=True)
-    t0, code_before, load_before = time.time(), code_fingerprint(), os.getloadavg()[0]
-    with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    rec = {"run": name, "returncode": rc, "process_wall_s": round(time.time() - t0, 1), "log": log_path,
-           "args": RUNS[name], "code_before": code_before, "code_after": code_fingerprint(),
+    args = RUNS[name] if args is None else args
+    overrides = common_overrides(model_dir, data_dir, out_dir, steps) + list(args) + list(extra)
+    print(f"[{name}] python {h.cli('llm/run_finetune.py')[1]} {BASE_CONFIG} {' '.join(overrides)}", flush=True)
+    code_before, load_before = code_fingerprint(), os.getloadavg()[0]
+    r = h.run(h.cli("llm/run_finetune.py", BASE_CONFIG, *overrides), name=name, out_dir=out_dir,
+              log=os.path.join(work, f"{name}.log"), check=False)
+    rec = {"run": name, "returncode": r.returncode, "process_wall_s": round(r.wall_s, 1),
+           "log": os.path.join(work, f"{name}.log"), "args": list(args), "code_before": code_before,
+           "code_after": code_fingerprint(),
            "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
-    summary_path = os.path.join(out_dir, "run_summary.json")
-    if rc != 0 or not os.path.isfile(summary_path):
-        rec["error"] = error_tail(log_path)
-        print(f"[{name}] FAILED (exit {rc}); last lines of {log_path}:\n{rec['error']}\n", flush=True)
+    if not r.ok or r.summary is None:
+        rec["error"] = "\n".join(ln for ln in r.tail(200).splitlines() if "Warning" not in ln
+                                 and "warnings.warn" not in ln)[-3000:]
+        print(f"[{name}] FAILED (exit {r.returncode}); last lines of {rec['log']}:\n{rec['error']}\n", flush=True)
         return rec
-    with open(summary_path) as f:
-        rec["summary"] = json.load(f)
-    peak_kb = read_peak_kb(time_file)
-    rec["peak_source"] = "/usr/bin/time %M" if peak_kb is not None else "run_summary peak_rss_bytes"
-    rec["peak_rss_bytes"] = peak_kb * 1024 if peak_kb is not None else rec["summary"]["peak_rss_bytes"]
+    rec["summary"] = r.summary
+    rec["peak_rss_bytes"] = r.peak_rss_bytes
     rec["output_dir_bytes"] = dir_bytes(out_dir)
     rec.update(derive(rec["summary"], rec["peak_rss_bytes"]))
     print(f"[{name}] done in {rec['process_wall_s']} s: peak {rec['peak_rss_bytes'] / GB:.2f} GB, "
@@ -176,7 +147,7 @@ def derive(s, peak):
         "weights_bytes": after - before if None not in (before, after) else None,
         "step_overhead_bytes": peak - after if after is not None else None,
         "rss_after_first_step_bytes": s.get("rss_after_first_step_bytes"),
-        "median_step_s": statistics.median(later) if later else None,
+        "median_step_s": h.median(later),
         "non_step_s": round(s["wall_time_s"] - sum(steps), 2) if "wall_time_s" in s else None,
         "train_loss": s.get("train_loss"),
     }
@@ -189,12 +160,7 @@ def derive(s, peak):
 
 # ---------------------------------------------------------------- report
 
-def fmt(x, spec):
-    return "-" if x is None else format(x, spec)
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
+fmt, ratio = h.fmt, h.ratio
 
 
 def add_ratios(records):
@@ -209,14 +175,13 @@ def gb(x):
     return fmt(None if x is None else x / GB, ".2f")
 
 
-COLUMNS = [("run", 9, "s"), ("peak GB", 8, "s"), ("x base", 7, "s"), ("runtime", 8, "s"), ("weights", 8, "s"),
-           ("step ovh", 9, "s"), ("load pk", 8, "s"), ("after st1", 10, "s"), ("B/param", 8, "s"), ("load s", 7, "s"),
-           ("step s", 7, "s"), ("x base", 7, "s"), ("loss", 7, "s"), ("out MB", 7, "s")]
+COLUMNS = ["run", "peak GB", "x base", "runtime", "weights", "step ovh", "load pk", "after st1", "B/param", "load s",
+           "step s", "x base", "loss", "out MB"]
 
 
 def table_row(rec):
     if "summary" not in rec:
-        return [rec["run"], f"FAILED (exit {rec['returncode']})"]
+        return [rec["run"], f"FAILED (exit {rec['returncode']})"] + [""] * (len(COLUMNS) - 2)
     return [rec["run"], gb(rec["peak_rss_bytes"]), fmt(rec["peak_ratio"], ".2f") + "x", gb(rec["runtime_bytes"]),
             gb(rec["weights_bytes"]), gb(rec["step_overhead_bytes"]), gb(rec["load_peak_bytes"]),
             gb(rec["rss_after_first_step_bytes"]),
@@ -226,15 +191,7 @@ def table_row(rec):
 
 
 def print_table(records):
-    header = "  ".join(h.rjust(w) for h, w, _ in COLUMNS)
-    print(header)
-    print("-" * len(header))
-    for rec in records.values():
-        cells = table_row(rec)
-        if len(cells) == 2:
-            print(cells[0].rjust(COLUMNS[0][1]) + "  " + cells[1])
-        else:
-            print("  ".join(c.rjust(w) for c, (_, w, _) in zip(cells, COLUMNS)))
+    print(h.table(COLUMNS, [table_row(rec) for rec in records.values()]))
 
 
 def check_targets(records):
@@ -242,7 +199,7 @@ def check_targets(records):
     for run, metric, limit in TARGETS:
         rec = records.get(run)
         value = None if rec is None else rec.get("peak_ratio" if metric == "peak" else "step_ratio")
-        status = "n/a" if value is None else ("PASS" if value <= limit else "FAIL")
+        status = "n/a" if value is None else h.verdict(value, limit)
         what = "peak RSS" if metric == "peak" else "median step time"
         results.append(dict(run=run, metric=metric, limit=limit, value=value, status=status,
                             text=f"{run:7s} {what:16s} <= {limit:.2f}x {BASELINE}: {fmt(value, '.2f')}x  {status}"))
@@ -269,10 +226,7 @@ def print_report(records, targets, build):
 
 
 def print_conditions(records):
-    """Where the peak came from, machine load, and whether the code changed between the rows."""
-    sources = sorted({r["peak_source"] for r in records.values() if r.get("peak_source")})
-    if sources:
-        print(f"peak RSS source: {', '.join(sources)}")
+    """Machine load, and whether the code changed between the rows."""
     print("1-min load average before/after each run (2 cores; > 2 means other processes competed for CPU): "
           + ", ".join(f"{r['run']} {r['loadavg_1min_before_after']}" for r in records.values()))
     codes = {c for r in records.values() for c in (r["code_before"], r["code_after"])}

@@ -1,6 +1,6 @@
-"""Benchmark (issue 26 item 3): one training micro-step in-process, PaddleNLP's ops vs ours.
+"""Benchmark: one training micro-step in-process, PaddleNLP's ops vs ours.
 
-    .venv/bin/python bench/step_inprocess.py MODEL_DIR [--seq 1024] [--repeats 3] [--packed]
+    .venv/bin/python -m bench.step_inprocess MODEL_DIR [--seq 1024] [--repeats 3] [--packed]
 
 Loads MODEL_DIR (a PaddleNLP Llama, e.g. ``bench/cpu_setup.py``'s, or a 4-layer copy), puts LoRA
 r8 on every decoder linear, and times forward + backward of our SFT loss
@@ -19,12 +19,14 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import paddle
 
-import numpy as np  # noqa: E402
-import paddle  # noqa: E402
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
 
 
 def main(argv=None):
@@ -69,21 +71,23 @@ def main(argv=None):
     else:
         inputs["attention_mask"] = paddle.ones([1, s], dtype="int64")
     models = {"stock": build(False), "ours": build(True)}
-    times, results = {"stock": [], "ours": []}, {}
-    for i in range(a.repeats + 1):  # the first round warms up
-        for name, model in models.items():
-            model.clear_gradients()
-            with contextlib.ExitStack() as patches:
-                if name == "ours":
-                    patches.enter_context(fast_rotary())
-                    patches.enter_context(fast_rms_norm())
-                t0 = time.perf_counter()
-                loss = global_token_loss(model, dict(inputs), int((labels != -100).sum()), 1, 1)
-                loss.backward()
-                dt = time.perf_counter() - t0
-            if i:
-                times[name].append(dt)
-            results[name] = (float(loss), {n: q.grad.numpy() for n, q in model.named_parameters() if not q.stop_gradient})
+
+    def step(model):
+        model.clear_gradients()
+        loss = global_token_loss(model, dict(inputs), int((labels != -100).sum()), 1, 1)
+        loss.backward()
+        return float(loss), {n: q.grad.numpy() for n, q in model.named_parameters() if not q.stop_gradient}
+
+    @contextlib.contextmanager
+    def patches(name):
+        with contextlib.ExitStack() as stack:
+            if name == "ours":
+                stack.enter_context(fast_rotary())
+                stack.enter_context(fast_rms_norm())
+            yield
+
+    times, results = h.interleave({name: (lambda m=m: step(m)) for name, m in models.items()}, a.repeats,
+                                  context=patches)
     for name in times:
         print(f"{name}: forward+backward {statistics.median(times[name]):.3f} s (median of {a.repeats}: "
               f"{', '.join(f'{t:.3f}' for t in times[name])})")

@@ -1,6 +1,6 @@
 """Training throughput with and without packing, same model, same data, one run.
 
-    .venv/bin/python bench/train_packing.py [--steps 30] [--max_length 1024]
+    .venv/bin/python -m bench.train_packing [--steps 30] [--max_length 1024]
 
 A tiny random-init Llama with the real Llama 2 tokenizer (so sequence lengths
 are those of real data) is fine-tuned through llm/run_finetune.py on
@@ -14,16 +14,16 @@ and the non-padding tokens per second of both are printed side by side
 """
 
 import argparse
-import math
 import json
+import math
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
-sys.path.insert(0, ROOT)
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from bench import harness as h  # noqa: E402
 
 
 def alpaca_to_dataset(src_path, out_dir, n_dev=32):
@@ -39,13 +39,9 @@ def alpaca_to_dataset(src_path, out_dir, n_dev=32):
 
 
 def run(config_overrides, out_dir):
-    cmd = [sys.executable, os.path.join(ROOT, "llm/run_finetune.py"), os.path.join(ROOT, "llm/config/tiny/sft_argument.json"),
-           "--output_dir", out_dir, "--eval_before_train", "false", "--do_eval", "false", "--logging_steps", "10",
-           *config_overrides]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if r.returncode != 0:
-        sys.exit(f"run failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
-    return json.load(open(os.path.join(out_dir, "run_summary.json")))
+    return h.run(h.cli("llm/run_finetune.py", os.path.join(h.ROOT, "llm/config/tiny/sft_argument.json"),
+                       "--output_dir", out_dir, "--eval_before_train", "false", "--do_eval", "false",
+                       "--logging_steps", "10", *config_overrides), out_dir=out_dir).summary
 
 
 def main():
@@ -54,10 +50,9 @@ def main():
     p.add_argument("--max_length", type=int, default=1024)
     p.add_argument("--batch_size", type=int, default=8, help="examples per step without packing")
     a = p.parse_args()
-    print("command:", "python bench/train_packing.py " + " ".join(sys.argv[1:]))
-    alpaca, spm = os.path.join(SHARED, "alpaca_en_demo.json"), os.path.join(SHARED, "llama2_tokenizer.model")
-    if not (os.path.isfile(alpaca) and os.path.isfile(spm)):
-        sys.exit(f"needs {alpaca} and {spm} (the shared benchmark data); not found")
+    print("command:", "python -m bench.train_packing " + " ".join(sys.argv[1:]))
+    alpaca, spm = h.ALPACA, h.TOKENIZER_MODEL
+    h.require_shared(alpaca, spm)
 
     from paddlenlp_ext.models.tiny import build_tiny_model
 
@@ -76,12 +71,12 @@ def main():
                      os.path.join(tmp, "packed"))
     print(f"\nalpaca_en_demo: {n} examples, tiny Llama (hidden 64, 2 layers) with the Llama 2 tokenizer, "
           f"max_length {a.max_length}, {a.steps} steps\n")
-    print(f"| run | batch | padding ratio | tokens trained | tokens/s (non-padding) | step time (s) |")
-    print("|---|---|---|---|---|---|")
-    for name, s, batch in (("batch padding", base, f"{a.batch_size} examples"),
-                           ("zero_padding+greedy+flash_mask", packed, f"{rows} rows of {a.max_length}")):
-        print(f"| {name} | {batch} | {s['data']['train']['padding_ratio']:.4f} | {s['tokens_trained']} | "
-              f"{s['tokens_per_second']:.0f} | {s['train_time_s'] / s['global_steps']:.3f} |")
+    print(h.table(["run", "batch", "padding ratio", "tokens trained", "tokens/s (non-padding)", "step time (s)"],
+                  [[name, batch, f"{s['data']['train']['padding_ratio']:.4f}", s["tokens_trained"],
+                    f"{s['tokens_per_second']:.0f}", f"{s['train_time_s'] / s['global_steps']:.3f}"]
+                   for name, s, batch in (("batch padding", base, f"{a.batch_size} examples"),
+                                          ("zero_padding+greedy+flash_mask", packed,
+                                           f"{rows} rows of {a.max_length}"))]))
     print(f"\nspeed-up (non-padding tokens/s): {packed['tokens_per_second'] / base['tokens_per_second']:.2f}x")
 
 

@@ -1,0 +1,312 @@
+"""The benchmarks' shared harness: run a command in its own process, measure it, print side-by-side tables.
+
+Every benchmark that launches the CLI (or a worker) goes through :func:`run`, so each figure is
+measured one way:
+
+* **peak RSS** is the kernel's ``ru_maxrss`` of the process tree (the command's process and every
+  descendant it waited for: the largest of them, as ``/usr/bin/time -f %M`` reports it), read with
+  ``os.wait4`` by a minimal launcher process (:data:`LAUNCHER`).  The hop matters: Linux folds the
+  parent's RSS into a child's ``ru_maxrss`` at exec time, so a benchmark that has just held a large
+  tensor would over-report its children if it spawned them itself;
+* **wall time** is the launcher's, from spawn to exit;
+* **CPU%** is the command's own utime + stime (``/proc/<pid>/stat``) between the first and the last
+  output line matching ``mark`` (the CLI's step lines), over the wall time between them;
+* the run's ``run_summary.json`` (and ``trainer_state.json``'s losses) when ``out_dir`` is given.
+
+Tables are markdown: :func:`table` for the rows, :func:`ratio_cells` for a "ours / baseline" row.
+Nothing here imports paddle: a benchmark's own process stays small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the shared demo data: next to the repository (CI), else the machine's copy
+SHARED = next((d for d in (os.path.join(os.path.dirname(ROOT), "shared", "data"), "/work/shared/data")
+               if os.path.isdir(d)), os.path.join(os.path.dirname(ROOT), "shared", "data"))
+ALPACA = os.path.join(SHARED, "alpaca_en_demo.json")
+DPO_DEMO = os.path.join(SHARED, "dpo_en_demo.json")
+TOKENIZER_MODEL = os.path.join(SHARED, "llama2_tokenizer.model")
+TINY_MODEL = os.path.join(ROOT, "build", "tiny-llama")
+GiB, MiB = 2 ** 30, 2 ** 20
+#: the CLI's per-step log line (``step 3/10 ...``)
+STEP_LINE = re.compile(r"^step +(\d+)/(\d+) ")
+
+#: run as ``python -S -c LAUNCHER REPORT CMD...``: spawn CMD, write its pid to REPORT.pid at once, wait for
+#: it with wait4 and write {"rc", "wall_s", "peak_rss_bytes"} to REPORT (stdout/stderr pass through).
+LAUNCHER = r"""
+import json, os, subprocess, sys, time
+report, cmd = sys.argv[1], sys.argv[2:]
+t0 = time.perf_counter()
+p = subprocess.Popen(cmd)
+with open(report + ".pid", "w") as f:
+    f.write(str(p.pid))
+_, status, ru = os.wait4(p.pid, 0)
+with open(report, "w") as f:
+    json.dump({"rc": os.waitstatus_to_exitcode(status), "wall_s": time.perf_counter() - t0,
+               "peak_rss_bytes": ru.ru_maxrss * 1024}, f)
+"""
+
+
+def require_shared(*paths: str, what: str = "this benchmark") -> None:
+    """Exit 2 naming the shared data files that are missing (default: the tokenizer and the Alpaca demo)."""
+    missing = [p for p in (paths or (TOKENIZER_MODEL, ALPACA)) if not os.path.isfile(p)]
+    if missing:
+        print(f"error: {what} needs the shared benchmark data; missing: {', '.join(missing)}\n"
+              f"(the shared data directory: ../shared/data next to the repository, else {SHARED})", file=sys.stderr)
+        sys.exit(2)
+
+
+def cli(script: str, *args) -> List[str]:
+    """The command of a repository script run with this interpreter: ``cli("llm/run_dpo.py", "c.json", "--x", 1)``
+    -> ``[sys.executable, ROOT + "/llm/run_dpo.py", "c.json", "--x", "1"]``."""
+    return [sys.executable, os.path.join(ROOT, script), *map(str, args)]
+
+
+def module(name: str, *args) -> List[str]:
+    """The command of a module of this repository run with this interpreter (``-m``), e.g. a bench worker."""
+    return [sys.executable, "-m", name, *map(str, args)]
+
+
+def clean_env(drop: Sequence[str] = (), **set_vars: str) -> dict:
+    """This process's environment without the variables ``drop`` and with ``set_vars``."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(set_vars)
+    return env
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its threads included), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    """One finished command: what :func:`run` measured and, with an ``out_dir``, what the run wrote."""
+
+    name: str
+    cmd: List[str]
+    returncode: int
+    wall_s: float
+    peak_rss_bytes: int
+    output: str  # stdout and stderr, interleaved
+    marks: list = field(default_factory=list)  # (wall time, command's CPU seconds) at each ``mark`` line
+    out_dir: Optional[str] = None
+    summary: Optional[dict] = None  # out_dir/run_summary.json
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.output.rstrip().splitlines()[-n:])
+
+    @property
+    def cpu_pct(self) -> Optional[float]:
+        """The command's CPU% from the first to the last ``mark`` line; None with fewer than two."""
+        m = self.marks
+        if len(m) < 2 or m[-1][0] <= m[0][0]:
+            return None
+        return 100.0 * (m[-1][1] - m[0][1]) / (m[-1][0] - m[0][0])
+
+    def trainer_state(self) -> dict:
+        """out_dir/trainer_state.json (the log history)."""
+        with open(os.path.join(self.out_dir, "trainer_state.json")) as f:
+            return json.load(f)
+
+    def losses(self) -> List[float]:
+        """The logged training losses of out_dir/trainer_state.json."""
+        return [x["loss"] for x in self.trainer_state()["log_history"] if "loss" in x]
+
+    def median_step_s(self) -> Optional[float]:
+        """Median of run_summary.json's step times without the first (warm-up) step."""
+        steps = (self.summary or {}).get("step_times_s") or []
+        return median(steps[1:] or steps)
+
+
+def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[dict] = None,
+        out_dir: Optional[str] = None, log: Optional[str] = None, mark: Optional[re.Pattern] = STEP_LINE,
+        on_line: Optional[Callable[[str], None]] = None, check: bool = True) -> Run:
+    """Run ``cmd`` in its own process (see the module docstring for what is measured) and return a :class:`Run`.
+
+    ``log``: also write the output there.  ``on_line``: called with every output line as it comes.
+    ``check``: exit with the output's tail when the command fails (else the failed Run is returned).
+    """
+    cmd = [str(c) for c in cmd]
+    name = name or os.path.basename(cmd[1] if len(cmd) > 1 else cmd[0])
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    fd, report = tempfile.mkstemp(prefix="bench_run_", suffix=".json")
+    os.close(fd)
+    os.remove(report)
+    # its own process group: an interrupted benchmark stops the command too (below), not only the launcher
+    proc = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, report, *cmd], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
+    lines, marks, child = [], [], None
+    logf = open(log, "w") if log else None
+    try:
+        for line in proc.stdout:  # the lines as they come, with the command's CPU time at each mark line
+            lines.append(line)
+            if logf:
+                logf.write(line)
+            if mark is not None and mark.search(line):
+                try:
+                    child = child or int(open(report + ".pid").read())
+                    marks.append((time.perf_counter(), cpu_seconds(child)))
+                except (OSError, ValueError):  # the command ended between the line and the read
+                    pass
+            if on_line:
+                on_line(line.rstrip("\n"))
+        proc.wait()
+    except BaseException:  # Ctrl-C, or an on_line callback that failed
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
+    finally:
+        if logf:
+            logf.close()
+    try:
+        with open(report) as f:
+            m = json.load(f)
+    except OSError:  # the launcher itself failed
+        m = {"rc": proc.returncode or 1, "wall_s": 0.0, "peak_rss_bytes": 0}
+    for path in (report, report + ".pid"):
+        if os.path.exists(path):
+            os.remove(path)
+    r = Run(name, cmd, m["rc"], m["wall_s"], m["peak_rss_bytes"], "".join(lines), marks, out_dir)
+    summary_path = os.path.join(out_dir, "run_summary.json") if out_dir else None
+    if r.ok and summary_path and os.path.isfile(summary_path):
+        with open(summary_path) as f:
+            r.summary = json.load(f)
+    if check and not r.ok:
+        sys.exit(f"{name} failed (exit {r.returncode}): {' '.join(cmd)}\n{r.tail()}")
+    return r
+
+
+# ---------------------------------------------------------------- in-process phases
+# A worker that times one phase of its own run (the training steps after a build, say) reads the peak of
+# that phase from the kernel too: VmHWM, the high-water mark of the same RSS, after resetting it.
+
+
+def _status_bytes(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_now() -> Optional[int]:
+    """This process's RSS now (VmRSS), in bytes."""
+    return _status_bytes("VmRSS")
+
+
+def rss_peak() -> Optional[int]:
+    """This process's peak RSS (VmHWM) since it started or since the last :func:`reset_peak`, in bytes."""
+    return _status_bytes("VmHWM")
+
+
+def usage():
+    """This process's ``resource.getrusage`` (CPU times, page faults) so far: diff two for a phase."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF)
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so that :func:`rss_peak` is the peak of what follows;
+    False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    peak, now = rss_peak(), rss_now()
+    return peak is not None and now is not None and peak <= now + 4 * MiB
+
+
+def interleave(variants: dict, repeats: int, warmup: int = 1, context: Optional[Callable] = None,
+               log: bool = False) -> tuple:
+    """Time in-process variants in interleaved rounds (A, B, A, B, ...), so that other load on a shared
+    machine spreads over all of them: ``warmup`` untimed rounds, then ``repeats`` timed ones.
+
+    ``variants``: name -> a function of no arguments.  ``context(name)``, when given, is a context manager
+    entered around each call, outside the timing (e.g. the variant's patches).  Returns
+    ``({name: [seconds of each timed round]}, {name: the function's last result})``.
+    """
+    times, results = {k: [] for k in variants}, {}
+    for i in range(warmup + repeats):
+        for name, fn in variants.items():
+            with context(name) if context else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                results[name] = fn()
+                dt = time.perf_counter() - t0
+            if i >= warmup:
+                times[name].append(dt)
+            if log:
+                print(f"  round {i} {name}: {dt:.2f} s", flush=True)
+    return times, results
+
+
+# ---------------------------------------------------------------- tables
+
+
+def fmt(v, spec: str = ".2f") -> str:
+    """``fmt(1.234, ".1f")`` -> ``'1.2'``; ``fmt(None)`` -> ``'-'``."""
+    return "-" if v is None else format(v, spec)
+
+
+def mean(rows: Sequence[dict], key: str) -> Optional[float]:
+    """Mean of ``row[key]`` over the rows where it is not None: ``mean([{"a": 1}, {"a": None}, {"a": 3}], "a")``
+    -> ``2.0``; None when there is none."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def median(values: Sequence[float]) -> Optional[float]:
+    """``median([3, 1, 2])`` -> ``2``; None for no values."""
+    return statistics.median(values) if values else None
+
+
+def ratio(a, b) -> Optional[float]:
+    """``a / b``, or None when either is missing or b is 0: ``ratio(3, 2)`` -> ``1.5``."""
+    return None if a is None or not b else a / b
+
+
+def ratio_cells(ours: dict, base: dict, keys: Sequence[Optional[str]], spec: str = ".2f") -> List[str]:
+    """One "ours / baseline" cell per key (None: an empty cell):
+    ``ratio_cells({"t": 3.0}, {"t": 2.0}, ["t", None])`` -> ``['1.50x', '']``."""
+    return ["" if k is None else fmt(ratio(ours.get(k), base.get(k)), spec) + "x" for k in keys]
+
+
+def verdict(value: Optional[float], limit: float, at_least: bool = False) -> str:
+    """``PASS`` when value <= limit (``at_least``: >= limit), else ``FAIL``: ``verdict(0.43, 0.45)`` -> ``'PASS'``."""
+    if value is None:
+        return "FAIL"
+    return "PASS" if (value >= limit if at_least else value <= limit) else "FAIL"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A markdown table: ``table(["a", "b"], [[1, "x"]])`` -> ``'| a | b |\\n|---|---|\\n| 1 | x |'``."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
