@@ -188,7 +188,8 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                                           ("final_logit_softcapping", 30.0)))),
     _decoder_row("gemma3_text", Arch(layer_norms=GEMMA_SANDWICH, act="hidden_activation", windows="layer_types",
                                      qk_norm="head", local_rope_theta="rope_local_base_freq",
-                                     attn_softcap="attn_logit_softcapping", final_softcap="final_logit_softcapping",
+                                     # transformers' Gemma 3 keeps attn_logit_softcapping but never applies it
+                                     final_softcap="final_logit_softcapping",
                                      query_scalar="query_pre_attn_scalar", **_GEMMA,
                                      defaults=(("query_pre_attn_scalar", 256), ("rope_local_base_freq", 10000.0)))),
     _decoder_row("phi3", Arch(fused_qkv=True, fused_gate_up=True, windows="all")),

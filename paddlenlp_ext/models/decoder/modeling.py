@@ -167,6 +167,13 @@ class DecoderForCausalLM(DecoderPretrainedModel):
     def prepare_inputs_for_generation(self, input_ids, use_cache=False, past_key_values=None, inputs_embeds=None,
                                       **kwargs):
         b, s = input_ids.shape
+        k = self.body.knobs
+        if past_key_values and any(sc and sc.get("rope_type") == "longrope" for _, sc in k.rope):
+            # longrope switches to its long factors once the sequence passes original_max_positions; the keys
+            # cached with the short ones are then recomputed once (transformers' Phi-3 does the same)
+            limit = k.original_max_positions or k.max_positions
+            if s >= limit + 1 and past_key_values[0][0].shape[1] <= limit:
+                past_key_values = None
         position_ids = kwargs.get("position_ids")
         if position_ids is None:
             position_ids = paddle.arange(s, dtype="int64").unsqueeze(0).expand([b, s])
