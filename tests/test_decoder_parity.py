@@ -14,7 +14,8 @@ Judged:
 * a packed row of two documents, fed as FlashMask start rows and as a dense [B, 1, L, L] mask with
   ``position_ids`` restarting per document, gives each document's logits as transformers on the
   document alone (windows and soft-caps honoured per document);
-* LoRA gradients on q/v (same adapter weights) within 1e-4 relative of PEFT's on transformers' model.
+* LoRA gradients on every decoder Linear (same adapter weights) within 1e-4 of PEFT's on transformers' model
+  (relative, ``||ours - peft|| / ||peft||`` per tensor).
 """
 
 import numpy as np
@@ -184,3 +185,55 @@ def test_packed_documents_match_each_document_alone(row):
 def test_a_new_row_is_tested_without_edits():
     """Every table row with an arch is in ROWS; KNOBS names only rows that exist."""
     assert set(KNOBS) <= set(ROWS) and len(ROWS) >= 12
+
+
+def test_lora_gradients_match_peft(row):
+    """Same LoRA weights (random A and B, rank 4, alpha 8, every decoder Linear) on our model and on PEFT's
+    wrap of transformers' model; the next-token loss of one padded batch; every lora_A / lora_B gradient."""
+    peft = pytest.importorskip("peft")
+    from paddlenlp_ext.adapters import apply_adapters
+    from paddlenlp_ext.adapters.config import adapter_config_from_args
+
+    model_type, hf, path, _ = row
+    ours = load_ours(path, model_type)  # a fresh copy: the adapters change the model
+    apply_adapters(ours, adapter_config_from_args({"lora": True, "lora_rank": 4, "lora_alpha": 8,
+                                                   "model_type": model_type}))
+    names = {n[:-len(".lora_A")] for n, _ in ours.named_parameters() if n.endswith(".lora_A")}
+    leaves = sorted({n.rsplit(".", 1)[1] for n in names})
+    wrapped = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", torch_dtype=torch.float32),
+        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=leaves))
+    theirs = dict(wrapped.named_parameters())
+    ours_params = dict(ours.named_parameters())
+    rng = np.random.default_rng(11)
+    pairs = []
+    for name in sorted(names):
+        hf_name = "base_model.model.model." + name.split(".", 1)[1]
+        a, b = ours_params[name + ".lora_A"], ours_params[name + ".lora_B"]
+        a_val = rng.normal(0, 0.3, a.shape).astype("float32")  # [in, r]
+        b_val = rng.normal(0, 0.3, b.shape).astype("float32")  # [r, out]
+        a.set_value(paddle.to_tensor(a_val))
+        b.set_value(paddle.to_tensor(b_val))
+        ta, tb = theirs[hf_name + ".lora_A.default.weight"], theirs[hf_name + ".lora_B.default.weight"]
+        with torch.no_grad():
+            ta.copy_(torch.tensor(a_val.T))  # PEFT: A [r, in], B [out, r]
+            tb.copy_(torch.tensor(b_val.T))
+        pairs.append((a, b, ta, tb, name))
+    assert pairs, model_type
+    prompts, (ids, mask, pos) = _left_padded([12, 7], seed=3)
+    target = np.where(mask[:, 1:] == 1, ids[:, 1:], -100)  # [B, L - 1]: next token on real positions
+    logits = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
+                  position_ids=paddle.to_tensor(pos)).logits[:, :-1]
+    loss = paddle.nn.functional.cross_entropy(logits.reshape([-1, VOCAB]), paddle.to_tensor(target.reshape([-1, 1])),
+                                              ignore_index=-100, reduction="sum") / float((target != -100).sum())
+    loss.backward()
+    wrapped.train(False)
+    t_logits = wrapped(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                       position_ids=torch.tensor(pos)).logits[:, :-1]
+    t_loss = torch.nn.functional.cross_entropy(t_logits.reshape(-1, VOCAB), torch.tensor(target.reshape(-1)),
+                                               ignore_index=-100)
+    t_loss.backward()
+    assert abs(float(loss) - float(t_loss)) < 1e-5 * max(1.0, abs(float(t_loss)))
+    for a, b, ta, tb, name in pairs:
+        for got, want in ((a.grad.numpy(), ta.grad.numpy().T), (b.grad.numpy(), tb.grad.numpy().T)):
+            assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), (model_type, name)

@@ -122,15 +122,14 @@ _OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
                 "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
 
 #: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py)
-_DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_mask", "hf_checkpoint"})
+#: (use_flash_attention: FlashMask start rows run through Paddle's kernel on GPU, ours on CPU; a dense mask
+#: takes the dense path, which computes the same attention)
+_DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint"})
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
 def _decoder_refusals(name: str) -> Dict[str, str]:
-    return {"flash_attention": (f"{name} runs on our decoder, whose CPU attention takes the dense mask or FlashMask "
-                                "start rows; it has no use_flash_attention path: set use_flash_attention=false "
-                                "(flash_mask=true with zero_padding packs with start rows)"),
-            "dpo": f"{name}: preference training on the decoder is not verified yet; use llm/run_finetune.py",
+    return {"dpo": f"{name}: preference training on the decoder is not verified yet; use llm/run_finetune.py",
             "tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
             "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1",
             "merge": f"{name}: llm/merge_lora_params.py is not verified on the decoder yet; keep the adapter separate",

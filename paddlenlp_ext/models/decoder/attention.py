@@ -8,8 +8,9 @@ Masks arrive in three forms (``MaskPlan.build``):
 * FlashMask start rows ``attn_mask_startend_row_indices`` [B, 1, L] / [B, L] / [B, 1, L, 1] (packed
   documents; ``position_ids`` restart per document).
 
-A layer without window or soft-cap given start rows calls ``kernels.flashmask_attention`` (the CPU
-block-sparse kernel; Paddle's own on GPU through the same signature).  Every other case takes the
+A layer without window or soft-cap given start rows calls FlashMask (``integrations.flashmask.
+flashmask_dispatch``: Paddle's kernel on a GPU/XPU in fp16/bf16, else ``kernels.flashmask_attention``,
+the CPU block-sparse one).  Every other case takes the
 dense path: the start rows become a dense bool mask (``kernels.dense_mask_from_startend``), and a
 sliding window ``w`` keeps key j for query i only when ``i - j < w`` (absolute indices in the row,
 transformers' ``kv_idx > q_idx - window``).  Packed documents are contiguous, so within one document
@@ -23,7 +24,8 @@ from typing import Dict, Optional
 import paddle
 import paddle.nn.functional as F
 
-from ...kernels import dense_mask_from_startend, flashmask_attention
+from ...integrations.flashmask import flashmask_dispatch
+from ...kernels import dense_mask_from_startend
 
 __all__ = ["MaskPlan", "attend"]
 
@@ -102,7 +104,7 @@ def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, 
     b, lq, h, d = q.shape
     if plan.startend is not None and window is None and softcap is None and plan.past_len == 0:
         # FlashMask start rows, nothing else to apply: the block-sparse kernel (GQA inside)
-        out = flashmask_attention(q, k, v, plan.startend, causal=True, softmax_scale=scale)  # [B, Lq, H, D]
+        out = flashmask_dispatch(q, k, v, plan.startend, causal=True, softmax_scale=scale)  # [B, Lq, H, D]
         return out.reshape([b, lq, h * d])
     rep = h // k.shape[2]
     qt = q.transpose([0, 2, 1, 3])  # [B, H, Lq, D]

@@ -194,8 +194,11 @@ class DecoderForCausalLM(DecoderPretrainedModel):
         logits = self.lm_head(out.last_hidden_state)  # [B, L, vocab]
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]),
-                                   labels.reshape([-1, 1]), ignore_index=-100, reduction="mean")
+            flat = labels.reshape([-1, 1])  # [B * L, 1]
+            # reduction="sum" / count: Paddle's "mean" divides by every position, ignored ones included
+            total = F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]), flat,
+                                    ignore_index=-100, reduction="sum")
+            loss = total / paddle.clip((flat != -100).astype("float32").sum(), min=1.0)
         if not return_dict:
             rest = (logits, out.past_key_values) if use_cache else (logits,)
             return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
