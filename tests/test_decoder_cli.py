@@ -4,8 +4,8 @@ Every family-table row that the toolkit builds with our decoder (``Family.decode
 directory as the hub ships one: transformers' ``save_pretrained`` of a random tiny model with the
 row's non-default knobs (tests/test_decoder_parity.KNOBS: windows smaller than the sequence,
 soft-caps, scalings, tied embeddings), bf16, sharded, plus a tokenizer.json-only tokenizer.
-Then LoRA trains with a falling loss, unpacked and packed (zero padding with FlashMask start rows),
-and what the decoder does not run yet is refused at config time (exit 2, naming the key).
+Then LoRA (unpacked, and packed: zero padding with FlashMask start rows), nf4 QLoRA (quantized while
+streaming) and full fine-tuning train with a falling loss, and what the decoder does not run yet is refused at config time (exit 2, naming the key).
 """
 
 import json
@@ -60,16 +60,23 @@ def losses(out):
         return [h["loss"] for h in json.load(f)["log_history"] if "loss" in h]
 
 
+#: run name -> (CLI overrides, the method run_summary.json reports)
+RUNS = {"lora": ((), "lora"),
+        "packed": (("--zero_padding", "true", "--flash_mask", "true", "--use_flash_attention", "true"), "lora"),
+        "nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
+        "full": (("--lora", "false", "--learning_rate", "3e-3"), "full")}
+
+
 @pytest.mark.parametrize("model_type", DECODER_ROWS)
-def test_lora_trains_a_transformers_checkpoint_unpacked_and_packed(model_type, tmp_path):
+def test_lora_packing_qlora_and_full_train_a_transformers_checkpoint(model_type, tmp_path):
     base = save_row(model_type, str(tmp_path / "base"))
-    for name, extra in (("lora", ()), ("packed", ("--zero_padding", "true", "--flash_mask", "true",
-                                                   "--use_flash_attention", "true"))):
+    for name, (extra, method) in RUNS.items():
         out = str(tmp_path / name)
         finetune(base, out, *extra)
         with open(os.path.join(out, "run_summary.json")) as f:
             summary = json.load(f)
-        assert summary["method"] == "lora" and summary["load"]["layout"] == "transformers"
+        assert summary["method"] == method
+        assert summary["quantization" if name == "nf4" else "load"]["layout"] == "transformers"
         got = losses(out)
         assert len(got) == 20 and sum(got[-3:]) < 0.9 * sum(got[:3]), (model_type, name, got)
 

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from .family_table import FAMILIES
+from .family_table import FAMILIES, hf_layout_problem
 
 #: transformers' base-model prefix (``LlamaForCausalLM.model``)
 HF_PREFIX = "model."
@@ -157,6 +157,8 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
         from .decoder.rows import config_problems as decoder_problems
 
         return decoder_problems(family.arch, config)
+    if family is None or not family.hf_layout:  # the names are read (READ_FAMILIES), PaddleNLP's class is not checked
+        return [hf_layout_problem(mt)]
     out: List[str] = []
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
     head_dim = config.get("head_dim")
