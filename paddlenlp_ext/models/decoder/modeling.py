@@ -23,6 +23,7 @@ from typing import Dict, Tuple
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from paddle.distributed.fleet.utils import recompute
 from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from paddlenlp.transformers.model_utils import PretrainedModel
 
@@ -112,7 +113,12 @@ class DecoderModel(DecoderPretrainedModel):
                 hidden_states.append(x)
             j = self._rope_index[i]
             past = past_key_values[i] if past_key_values else None
-            x, cache = layer(x, None if j is None else tables[j], plan, past, use_cache)
+            rope = None if j is None else tables[j]
+            if self.training and getattr(self.config, "recompute", False) and not use_cache:
+                # recompute=true: keep only each layer's input; its activations are recomputed in backward
+                x, cache = recompute(layer, x, rope, plan, None, False, use_reentrant=False)
+            else:
+                x, cache = layer(x, rope, plan, past, use_cache)
             if use_cache:
                 caches.append(cache)
         x = self.norm(x)
