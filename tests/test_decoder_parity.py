@@ -256,3 +256,25 @@ def test_recompute_gives_the_same_gradients(tmp_path_factory):
     (l0, g0), (l1, g1) = grads
     assert l0 == l1 and set(g0) == set(g1) and len(g0) > 10
     assert all(np.abs(g0[n] - g1[n]).max() <= 1e-6 * max(1.0, np.abs(g0[n]).max()) for n in g0)
+
+
+def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_model(tmp_path_factory, tmp_path):
+    """Our layout round trip: save_pretrained (PaddleNLP), then AutoModelForCausalLM.from_pretrained and the
+    streaming loader both rebuild the decoder class with equal logits."""
+    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+
+    from paddlenlp_ext.integrations.decoder import decoder_model_types, register_decoder
+    from paddlenlp_ext.models.loading import load_model_streaming
+
+    register_decoder()
+    model_type = decoder_model_types()[0]
+    _, _, ours = build(model_type, tmp_path_factory)
+    ours.save_pretrained(str(tmp_path))
+    ids = paddle.to_tensor(np.random.default_rng(4).integers(3, VOCAB, size=(2, 9)))
+    want = ours(input_ids=ids).logits.numpy()
+    auto = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype="float32")
+    streamed, stats = load_model_streaming(str(tmp_path), AutoConfig.from_pretrained(str(tmp_path)), "float32")
+    assert type(auto) is type(ours) and type(streamed) is type(ours) and stats["layout"] == "paddlenlp"
+    for model in (auto, streamed):
+        model.eval()
+        assert np.abs(model(input_ids=ids).logits.numpy() - want).max() < 1e-6
