@@ -36,7 +36,7 @@ RELIED_ON = [
      ("pretrained_model_name_or_path", "config_file_path", "config")),
     ("paddlenlp.transformers.AutoConfig", "register", ("model_type", "config", "exist_ok")),
     ("paddlenlp.transformers.model_utils.PretrainedModel", "_init_weights", None),
-    ("paddlenlp.transformers.model_utils.PretrainedModel", "_get_name_mappings", ("cls", "config")),
+    ("paddlenlp.transformers.model_utils.PretrainedModel", "_get_name_mappings", ("config",)),
 ]  # fmt: skip
 
 _DONE: set = set()
