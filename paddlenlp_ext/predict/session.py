@@ -139,6 +139,9 @@ def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
     from ..models.loading import load_model_streaming
 
     register_qwen3()
+    from ..integrations.decoder import register_decoder
+
+    register_decoder()  # our decoder's rows (models/family_table.py, Family.decoder)
     config = AutoConfig.from_pretrained(o.model_name_or_path, dtype=o.dtype)
     # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)
     config.use_flash_attention = False
