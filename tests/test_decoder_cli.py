@@ -18,6 +18,7 @@ import pytest
 from conftest import DATA_DIR, ROOT
 from hf_tokenizers import build as build_tokenizer
 from paddlenlp_ext.models.family_table import FAMILIES
+from test_decoder_parity import LONGROPE
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -36,7 +37,7 @@ def run(cmd, check=True):
 
 
 def save_row(model_type, out_dir):
-    from test_decoder_parity import BASE, KNOBS
+    from test_decoder_parity import BASE, KNOBS  # the same knobs as the parity suite
 
     kw = {**BASE, **KNOBS.get(model_type, {}), "vocab_size": 704, "initializer_range": 0.2}
     kw["max_position_embeddings"] = 64 if model_type == "phi3" else 256  # phi3: longrope's long factors in use
@@ -85,3 +86,35 @@ def test_what_the_decoder_does_not_run_is_refused_at_config_time(tmp_path):
     base = save_row(DECODER_ROWS[0], str(tmp_path / "base"))
     r = finetune(base, str(tmp_path / "out"), "--tensor_parallel_degree", "2", check=False)
     assert r.returncode == 2 and "tensor_parallel_degree=1" in (r.stdout + r.stderr)
+
+
+PREDICT = os.path.join(ROOT, "llm", "predict", "predictor.py")
+
+
+@pytest.mark.parametrize("model_type", DECODER_ROWS)
+def test_predictor_greedy_text_equals_transformers_generate(model_type, tmp_path):
+    """llm/predict/predictor.py (greedy) on the transformers-saved directory writes the text transformers'
+    own generate gives for the same prompt ids (tokenized by transformers' AutoTokenizer)."""
+    base = save_row(model_type, str(tmp_path / "base"))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text('{"src": "hello world, tell me"}\n{"src": "abc"}\n', encoding="utf-8")
+    out = tmp_path / "pred.json"
+    run([PREDICT, "--model_name_or_path", base, "--data_file", prompts, "--output_file", out,
+         "--decode_strategy", "greedy_search", "--src_length", "48", "--max_length", "64", "--device", "cpu"])
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        ids = tok(r["src"], return_tensors="pt").input_ids
+        with torch.no_grad():
+            if model_type in LONGROPE:  # transformers' generate is off at the longrope switch (test_decoder_parity)
+                seq = ids[0].tolist()
+                while len(seq) < 64 and (len(seq) == ids.shape[1] or seq[-1] != tok.eos_token_id):
+                    seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+                gen = torch.tensor([seq])
+            else:
+                gen = hf.generate(ids, max_new_tokens=64 - ids.shape[1], do_sample=False,
+                                  eos_token_id=tok.eos_token_id, pad_token_id=0)
+        assert r["output"] == tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True), (model_type, r["src"])
