@@ -106,15 +106,19 @@ def test_predictor_greedy_text_equals_transformers_generate(model_type, tmp_path
                                                            attn_implementation="eager").eval()
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 2
+    # the predictor ends an answer at the tokenizer's eos or generation_config.json's (predict.session.eos_token_ids)
+    eos = sorted({tok.eos_token_id, hf.generation_config.eos_token_id} - {None})
     for r in rows:
         ids = tok(r["src"], return_tensors="pt").input_ids
         with torch.no_grad():
             if model_type in LONGROPE:  # transformers' generate is off at the longrope switch (test_decoder_parity)
                 seq = ids[0].tolist()
-                while len(seq) < 64 and (len(seq) == ids.shape[1] or seq[-1] != tok.eos_token_id):
+                while len(seq) < 64 and (len(seq) == ids.shape[1] or seq[-1] not in eos):
                     seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
                 gen = torch.tensor([seq])
             else:
                 gen = hf.generate(ids, max_new_tokens=64 - ids.shape[1], do_sample=False,
-                                  eos_token_id=tok.eos_token_id, pad_token_id=0)
-        assert r["output"] == tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True), (model_type, r["src"])
+                                  eos_token_id=eos, pad_token_id=0)
+        answer = gen[0, ids.shape[1]:].tolist()
+        answer = answer[:next((i for i, t in enumerate(answer) if t in eos), len(answer))]  # up to, not incl., EOS
+        assert r["output"] == tok.decode(answer, skip_special_tokens=True), (model_type, r["src"])

@@ -124,7 +124,8 @@ _OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
 #: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py)
 #: (use_flash_attention: FlashMask start rows run through Paddle's kernel on GPU, ours on CPU; a dense mask
 #: takes the dense path, which computes the same attention)
-_DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint"})
+_DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint",
+                      "predict"})
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
@@ -132,9 +133,7 @@ def _decoder_refusals(name: str) -> Dict[str, str]:
     return {"dpo": f"{name}: preference training on the decoder is not verified yet; use llm/run_finetune.py",
             "tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
             "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1",
-            "merge": f"{name}: llm/merge_lora_params.py is not verified on the decoder yet; keep the adapter separate",
-            "predict": f"{name}: llm/predict/predictor.py is not verified on the decoder yet (its generate is tested "
-                       "in tests/test_decoder_parity.py); use transformers to generate"}
+            "merge": f"{name}: llm/merge_lora_params.py is not verified on the decoder yet; keep the adapter separate"}
 
 
 def _decoder_row(name: str, arch: Arch) -> "Family":
