@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
@@ -199,8 +198,3 @@ def rotaries(k: Knobs):
             tables.append(Rotary(k, theta, scaling))
             index.append(len(tables) - 1)
     return tables, index
-
-
-def embed_scale(k: Knobs, dtype) -> Optional[np.ndarray]:
-    """sqrt(hidden) in the run's dtype (Gemma), or None."""
-    return np.sqrt(k.hidden) if k.arch.embed_scale else None
