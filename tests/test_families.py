@@ -26,10 +26,12 @@ PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2"
 
 
 def test_every_paddlenlp_decoder_family_has_a_row():
-    assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} == set(FAMILIES)  # + our own families
+    decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # our decoder's rows (models/decoder)
+    assert decoder_rows == {"gemma2", "gemma3_text", "phi3", "glm4", "ernie4_5", "olmo2", "smollm3"}
+    assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} | decoder_rows == set(FAMILIES)  # + our own families
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
     assert trainable == {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt",
-                         "codegen"}
+                         "codegen"} | decoder_rows
     for f in FAMILIES.values():  # a packing family must be able to express the packed mask and positions
         if f.supports("packing"):
             assert "position_ids" in f.masks and ("dense" in f.masks or "startend" in f.masks), f.model_type
@@ -169,7 +171,8 @@ def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
 
 
 def test_hf_layout_flag_is_set_for_the_families_the_loader_reads():
-    assert {k for k, f in FAMILIES.items() if f.hf_layout} == {"llama", "qwen2", "mistral", "qwen3"}
+    decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # transformers' layout is what they load from
+    assert {k for k, f in FAMILIES.items() if f.hf_layout} == {"llama", "qwen2", "mistral", "qwen3"} | decoder_rows
     assert hf_layout_problem("qwen2") is None
     assert "convert_from_torch=True" in hf_layout_problem("gemma")
 
@@ -239,7 +242,8 @@ def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tm
     (hf / "config.json").write_text(json.dumps({"model_type": "gemma"}), encoding="utf-8")
     write(hf, "model")
     text = "\n".join(map(str, problems(tmp_path, "gemma", "--lora", "true")))
-    assert "gemma: Hugging Face (transformers-layout) checkpoints are read for llama, mistral, qwen2, qwen3" in text
+    assert "gemma: Hugging Face (transformers-layout) checkpoints are read for ernie4_5, gemma2, gemma3_text" in text
+    assert "llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3 only" in text
     write(hf, "gemma")
     assert problems(tmp_path, "gemma", "--lora", "true") == []
 

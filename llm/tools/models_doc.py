@@ -40,6 +40,12 @@ EVIDENCE = {
                   "full": "test_qwen3_moe.py (gradients vs transformers)", "packing": "test_qwen3_moe.py",
                   "flash_mask": "test_qwen3_moe.py", "merge": "test_qwen3_moe.py (CLI)"},
 }
+#: the rows built with our decoder (models/decoder; Family.decoder): the parity suite and the CLI suite
+_DEC = "test_decoder_cli.py::test_lora_packing_qlora_and_full_train_a_transformers_checkpoint"
+DECODER = {"lora": _DEC, "qlora": _DEC + " (nf4)", "full": _DEC, "packing": _DEC + ", test_decoder_parity.py (packed)",
+           "flash_mask": _DEC + ", test_decoder_parity.py (packed)",
+           "hf_checkpoint": "test_decoder_parity.py (every row vs transformers 4.55)",
+           "predict": "test_decoder_cli.py::test_predictor_greedy_text_equals_transformers_generate"}
 NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
               "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
               "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",
@@ -56,7 +62,8 @@ def table() -> str:
         cells = []
         for feature, _ in COLUMNS:
             why = feature_problem(name, feature)
-            cells.append(f"yes ({EVIDENCE.get(name, NEW_FAMILY)[feature]})" if why is None else f"refused: {why}")
+            evidence = EVIDENCE.get(name, DECODER if fam.decoder else NEW_FAMILY)
+            cells.append(f"yes ({evidence[feature]})" if why is None else f"refused: {why}")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",
              "| family | refused |", "|---|---|", *whole]

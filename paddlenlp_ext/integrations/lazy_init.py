@@ -63,18 +63,20 @@ RELIED_ON = [
 ]
 
 
-def lazy_skeleton(config: Any, dtype: str) -> paddle.nn.Layer:
+def lazy_skeleton(config: Any, dtype: str, model_class: Any = None) -> paddle.nn.Layer:
     """``AutoModelForCausalLM.from_config(config, dtype=dtype)`` with every parameter lazy (no memory).
 
     Tied parameters are shared as in a normal build (e.g. Llama's ``lm_head.weight``
     *is* ``llama.embed_tokens.weight`` with ``tie_word_embeddings``).  Buffers are
     built normally (they are small: rotary tables).
     """
+    from .decoder import register_decoder
     from .qwen3 import register_qwen3
 
     register_qwen3()
+    register_decoder()
     with no_init_weights(), paddle.LazyGuard():
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return (model_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
 
 
 def is_materialized(tensor: paddle.Tensor) -> bool:

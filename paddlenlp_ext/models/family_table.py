@@ -26,6 +26,11 @@ models built by its own ``*Config`` / ``*ForCausalLM`` classes (hidden 64, 2 lay
 * ``hf_layout``: a transformers-layout checkpoint of this family is read
   (``models/hf_layout.py``; :func:`hf_layout_problem` is the refusal otherwise).
 * ``refused``: the whole family is refused, with this reason.
+* ``arch``: the architecture row of our own decoder (``models/decoder/rows.py``: the knobs that make
+  this ``model_type`` differ from a pre-norm Llama block); ``decoder``: the toolkit builds the family
+  with our decoder (``paddlenlp_ext.models.decoder``, registered with PaddleNLP's Auto classes) instead
+  of PaddleNLP's classes.  A row with ``arch`` but without ``decoder`` (llama, qwen2, qwen3, mistral,
+  gemma) still trains on PaddleNLP's / the qwen3 classes; the parity tests check the decoder on it too.
 
     >>> row("qwen").targets
     ('.*\\\\.h\\\\.\\\\d+\\\\..*',)
@@ -35,6 +40,8 @@ models built by its own ``*Config`` / ``*ForCausalLM`` classes (hidden 64, 2 lay
 
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Optional, Tuple
+
+from .decoder.rows import GEMMA_SANDWICH, GLM_SANDWICH, POST_NORM, Arch
 
 #: every Linear inside blocks named ``layers.N`` (llama, qwen2, mistral, ..., encoder/decoder.layers.N)
 LAYERS_BLOCKS = (r".*layers\.\d+\..*",)
@@ -85,6 +92,8 @@ class Family:
     #: feature -> why it is refused on this family and what to change (else a default message)
     refusals: Dict[str, str] = field(default_factory=dict)
     refused: Optional[str] = None
+    arch: Optional[Arch] = None
+    decoder: bool = False
 
     @property
     def body_prefix(self) -> str:
@@ -112,21 +121,46 @@ _DENSE_DPO_FA = _DENSE | {"dpo", "flash_attention"}
 _OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
                 "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
 
+#: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py)
+#: (use_flash_attention: FlashMask start rows run through Paddle's kernel on GPU, ours on CPU; a dense mask
+#: takes the dense path, which computes the same attention)
+_DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint",
+                      "predict"})
+_DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
+
+
+def _decoder_refusals(name: str) -> Dict[str, str]:
+    return {"dpo": f"{name}: preference training on the decoder is not verified yet; use llm/run_finetune.py",
+            "tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
+            "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1",
+            "merge": f"{name}: llm/merge_lora_params.py is not verified on the decoder yet; keep the adapter separate"}
+
+
+def _decoder_row(name: str, arch: Arch) -> "Family":
+    return Family(name, features=_DECODER, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
+                  refusals=_decoder_refusals(name))
+
+
+_ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
+_GEMMA = dict(norm_plus_one=True, embed_scale=True, tie_default=True, **_ATTN_BIAS)
+
 _MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
         "way. Use a dense model (llama, qwen2, qwen3, mistral, ...)")
 
 FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("llama", features=_ALL, pipeline_class="LlamaForCausalLMPipe", planner="llama", hf_layout=True,
-           masks=frozenset({"dense", "startend", "position_ids"})),
+           masks=frozenset({"dense", "startend", "position_ids"}), arch=Arch(mlp_bias="mlp_bias", **_ATTN_BIAS)),
     Family("qwen2", features=_ALL, pipeline_class="Qwen2ForCausalLMPipe", planner="llama", hf_layout=True,
            qkv_bias=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
-           dropout={"attention_probs_dropout_prob": "attention_dropout"}),
+           dropout={"attention_probs_dropout_prob": "attention_dropout"},
+           arch=Arch(qkv_bias=True, windows="layer_types")),
     # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
     Family("qwen3", features=_ALL - {"pp"}, planner="llama", hf_layout=True, qk_norm=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
-           refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"}),
+           refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"},
+           arch=Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS)),
     # Qwen3-MoE (models/qwen3/moe.py): attention and every expert's MLP are the targets; the router
     # (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits pick the experts.
     Family("qwen3_moe", targets=(r".*layers\.\d+\.self_attn\.[qkvo]_proj",
@@ -141,8 +175,30 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                      "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
                                 "model (qwen3) to predict or serve",
                      "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"}),
-    Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral")),
-    Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma")),
+    Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral"),
+           arch=Arch(windows="all")),
+    Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma"), arch=Arch(**_GEMMA)),
+    # our own decoder (paddlenlp_ext/models/decoder); transformers' modeling_<type>.py is each row's reference
+    _decoder_row("gemma2", Arch(layer_norms=GEMMA_SANDWICH, act="hidden_activation", windows="layer_types",
+                                attn_softcap="attn_logit_softcapping", final_softcap="final_logit_softcapping",
+                                query_scalar="query_pre_attn_scalar", **_GEMMA,
+                                defaults=(("query_pre_attn_scalar", 256), ("attn_logit_softcapping", 50.0),
+                                          ("final_logit_softcapping", 30.0)))),
+    _decoder_row("gemma3_text", Arch(layer_norms=GEMMA_SANDWICH, act="hidden_activation", windows="layer_types",
+                                     qk_norm="head", local_rope_theta="rope_local_base_freq",
+                                     # transformers' Gemma 3 keeps attn_logit_softcapping but never applies it
+                                     final_softcap="final_logit_softcapping",
+                                     query_scalar="query_pre_attn_scalar", **_GEMMA,
+                                     defaults=(("query_pre_attn_scalar", 256), ("rope_local_base_freq", 10000.0)))),
+    _decoder_row("phi3", Arch(fused_qkv=True, fused_gate_up=True, windows="all")),
+    _decoder_row("glm4", Arch(layer_norms=GLM_SANDWICH, fused_gate_up=True, rope_interleaved=True,
+                              qkv_bias="attention_bias",
+                              defaults=(("partial_rotary_factor", 0.5), ("attention_bias", True)))),
+    _decoder_row("ernie4_5", Arch(rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
+                                  mlp_bias="use_bias", tie_default=True)),
+    _decoder_row("olmo2", Arch(layer_norms=POST_NORM, qk_norm="proj", **_ATTN_BIAS)),
+    _decoder_row("smollm3", Arch(rope_layers="no_rope_layers", windows="layer_types", mlp_bias="mlp_bias",
+                                 tie_default=True, **_ATTN_BIAS)),
     Family("chatglm_v2", features=_DENSE_DPO, refusals=_no_flashmask(
         "chatglm_v2", "packed vs one-by-one gradients differ by 61% in check_packing")),
     Family("qwen", features=_DENSE_DPO_FA, targets=H_BLOCKS, refusals=_no_flashmask("qwen")),

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from .family_table import FAMILIES
+from .family_table import FAMILIES, hf_layout_problem
 from .hf_config_read import canonical_config, rope_problems, sliding_layers, spelled_rope_key
 
 #: transformers' base-model prefix (``LlamaForCausalLM.model``)
@@ -32,9 +32,12 @@ HF_PREFIX = "model."
 #: any other: ``model.layers.N.self_attn.q_norm.weight`` -> ``qwen3.layers.N.self_attn.q_norm.weight``.
 # model_type -> PaddleNLP's body prefix, for the families the table marks ``hf_layout`` (one place says which)
 HF_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if f.hf_layout}
+#: ... and the rows our decoder computes (``Family.arch``): their transformers layout is read (names
+#: converted while streaming) even where the CLI still trains PaddleNLP's class and refuses it (gemma)
+READ_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if f.hf_layout or f.arch}
 
 #: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]
-_LINEAR_WEIGHT = re.compile(r"(^|\.)((q|k|v|o|gate|up|down)_proj|lm_head)\.weight$")
+_LINEAR_WEIGHT = re.compile(r"(^|\.)((q|k|v|o|gate|up|down|qkv|gate_up)_proj|lm_head)\.weight$")
 
 
 
@@ -89,10 +92,10 @@ def detect_layout(names: Iterable[str], config: Mapping[str, Any], where: str = 
                             f"transformers layout (e.g. {sorted(names)[:2]}); remove convert_from_torch")
     if not hf:
         return None
-    if model_type not in HF_FAMILIES:
+    if model_type not in READ_FAMILIES:
         raise HFLayoutError(
             f"{where}: the tensor names are in Hugging Face transformers layout ('model.layers.N...'), which is "
-            f"read for model_type {sorted(HF_FAMILIES)}; config.json says model_type={model_type!r}. Convert the "
+            f"read for model_type {sorted(READ_FAMILIES)}; config.json says model_type={model_type!r}. Convert the "
             "checkpoint to PaddleNLP's layout (PaddleNLP from_pretrained(..., convert_from_torch=True) + "
             "save_pretrained) or use a supported family"
         )
@@ -109,7 +112,7 @@ def paddle_name(hf_name: str, model_type: str) -> Tuple[str, bool]:
     >>> paddle_name("lm_head.weight", "llama"), paddle_name("model.embed_tokens.weight", "llama")
     (('lm_head.weight', True), ('llama.embed_tokens.weight', False))
     """
-    name = HF_FAMILIES[model_type] + "." + hf_name[len(HF_PREFIX):] if hf_name.startswith(HF_PREFIX) else hf_name
+    name = READ_FAMILIES[model_type] + "." + hf_name[len(HF_PREFIX):] if hf_name.startswith(HF_PREFIX) else hf_name
     return name, bool(_LINEAR_WEIGHT.search(hf_name))
 
 
@@ -132,8 +135,12 @@ def converted_shape(shape: Tuple[int, ...], transpose: bool) -> Tuple[int, ...]:
     return tuple(reversed(shape)) if transpose else tuple(shape)
 
 
-def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None) -> List[str]:
+def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None, decoder: bool = False) -> List[str]:
     """What in a transformers ``config.json`` PaddleNLP's model of the family would ignore or compute otherwise.
+
+    A family the table builds with our decoder (``Family.decoder``; or any row with ``decoder=True``
+    asked) gets the decoder's own answer (``models/decoder/rows.config_problems``): windows, soft-caps,
+    biases and the RoPE scalings it implements are computed, not refused.
 
     Each entry names the key and what to do.  ``config`` may be in transformers 4.x's or 5.x's
     spelling (:func:`.hf_config_read.canonical_config`).  ``max_seq_len``: the longest
@@ -147,6 +154,14 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
     if out:
         return out
     mt = config.get("model_type")
+    family = FAMILIES.get(mt or "")
+    if family is not None and family.arch is not None and (decoder or family.decoder):
+        from .decoder.rows import config_problems as decoder_problems
+
+        return decoder_problems(family.arch, config)
+    if family is None or not family.hf_layout:  # the names are read (READ_FAMILIES), PaddleNLP's class is not checked
+        return [hf_layout_problem(mt)]
+    out = []
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
     head_dim = config.get("head_dim")
     if mt in ("llama", "qwen2", "mistral") and head_dim is not None and hidden and heads and head_dim * heads != hidden:

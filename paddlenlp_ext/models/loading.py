@@ -222,15 +222,16 @@ def _check_tied_copy(param, arr, key: str, first: str, path: str) -> None:
         )
 
 
-def _check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int]) -> None:
-    """Refuse a transformers config.json that PaddleNLP's model would silently compute otherwise."""
+def _check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int], decoder: bool = False) -> None:
+    """Refuse a transformers config.json that the model built (PaddleNLP's, or our decoder's) would silently
+    compute otherwise."""
     from . import hf_layout
 
     raw = hf_layout.read_config_json(model_dir)
     if raw.get("model_type") != getattr(config, "model_type", None):
         raise CheckpointError(f"{model_dir}: the checkpoint is a transformers {raw.get('model_type')!r} model, but the "
                               f"config given builds {getattr(config, 'model_type', None)!r}")
-    problems = hf_layout.config_problems(raw, max_seq_len)
+    problems = hf_layout.config_problems(raw, max_seq_len, decoder=decoder)
     if problems:
         raise CheckpointError(f"{model_dir} (transformers layout): " + "; ".join(problems))
 
@@ -251,6 +252,7 @@ def load_model_streaming(
     target_modules: Optional[Sequence[str]] = None,
     logger: Optional[Any] = None,
     max_seq_len: Optional[int] = None,
+    model_class: Optional[Any] = None,
 ) -> Tuple[Any, Dict[str, Any]]:
     """Load the causal LM of ``model_dir`` tensor by tensor, quantizing target Linears on arrival.
 
@@ -269,6 +271,8 @@ def load_model_streaming(
         max_seq_len: the longest sequence the caller will feed; a transformers-layout
             checkpoint whose sliding window is shorter is refused (see
             :func:`.hf_layout.config_problems`; None: any window is refused).
+        model_class: the causal-LM class to build (default: what ``AutoModelForCausalLM`` picks for
+            the config; the decoder's parity tests build our decoder for any row this way).
 
     Returns ``(model, stats)``; stats: ``quantized_layers``, ``params_quantized``,
     ``bytes_quantized`` (codes + scales), ``tensors_loaded``, ``files`` (names
@@ -288,8 +292,9 @@ def load_model_streaming(
     t0, rss0 = time.perf_counter(), _rss()
     quant = _check_quantization(quantization)
     ckpt = find_checkpoint(model_dir)
+    decoder = model_class is not None and hasattr(model_class, "body_class")  # our decoder (models/decoder)
     if ckpt.hf_model_type is not None:
-        _check_hf_config(model_dir, config, max_seq_len)
+        _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         raise ValueError("load_model_streaming does not split checkpoints for tensor parallelism "
                          f"(tensor_parallel_degree={config.tensor_parallel_degree}): load with from_pretrained")
@@ -297,7 +302,7 @@ def load_model_streaming(
         raise CheckpointError(f"the config of {model_dir} names no architectures (e.g. [\"LlamaForCausalLM\"]): "
                               "AutoModelForCausalLM cannot choose the model class")
 
-    model = lazy_init.lazy_skeleton(config, dtype)
+    model = lazy_init.lazy_skeleton(config, dtype, model_class)
     expected = dict(model.state_dict())
     groups: Dict[int, List[str]] = {}  # tied parameters: one entry, several keys
     for k, t in expected.items():

@@ -138,6 +138,9 @@ def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
     from ..models.model_config import load_model_config
 
     register_qwen3()
+    from ..integrations.decoder import register_decoder
+
+    register_decoder()  # our decoder's rows (models/family_table.py, Family.decoder)
     try:
         config = load_model_config(o.model_name_or_path, dtype=o.dtype)
         # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)

@@ -37,11 +37,13 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     from paddlenlp.transformers import AutoModelForCausalLM
     from paddlenlp.utils.log import logger
 
+    from ..integrations.decoder import register_decoder
     from ..integrations.qwen3 import register_qwen3
     from ..models.checkpoint import CheckpointError
     from ..models.model_config import load_model_config
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
+    register_decoder()  # ... and our decoder's rows (models/family_table.py, Family.decoder)
     m, d = cfg.model, cfg.data
     dtype = model_dtype(args)
     config = load_model_config(  # config.json of either transformers spelling (models/hf_config_read.py)

@@ -54,6 +54,9 @@ def load_tokenizer(cfg: RunConfig):
     from ..integrations.qwen3 import register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
+    from ..integrations.decoder import register_decoder
+
+    register_decoder()  # ... and our decoder's rows (models/family_table.py, Family.decoder)
 
     path = cfg.model.tokenizer_name_or_path or cfg.model.model_name_or_path
     try:

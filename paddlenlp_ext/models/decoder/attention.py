@@ -1,0 +1,119 @@
+"""The decoder's attention core: the mask forms the toolkit feeds, sliding windows, soft-capping, GQA.
+
+Masks arrive in three forms (``MaskPlan.build``):
+
+* a padding mask ``attention_mask`` [B, Lk] (1 = real token; generation), combined with causality;
+* a dense [B, 1, Lq, Lk] mask: bool or integer (non-zero = may attend, PaddleNLP's reading) or float
+  (additive when it holds negative values: 0 = attend; otherwise non-zero = attend), used as given;
+* FlashMask start rows ``attn_mask_startend_row_indices`` [B, 1, L] / [B, L] / [B, 1, L, 1] (packed
+  documents; ``position_ids`` restart per document).
+
+A layer without window or soft-cap given start rows calls FlashMask (``integrations.flashmask.
+flashmask_dispatch``: Paddle's kernel on a GPU/XPU in fp16/bf16, else ``kernels.flashmask_attention``,
+the CPU block-sparse one).  Every other case takes the
+dense path: the start rows become a dense bool mask (``kernels.dense_mask_from_startend``), and a
+sliding window ``w`` keeps key j for query i only when ``i - j < w`` (absolute indices in the row,
+transformers' ``kv_idx > q_idx - window``).  Packed documents are contiguous, so within one document
+that is the distance of positions, and the window is honoured per document.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import paddle
+import paddle.nn.functional as F
+
+from ...integrations.flashmask import flashmask_dispatch
+from ...kernels import dense_mask_from_startend
+
+__all__ = ["MaskPlan", "attend"]
+
+
+def _startend_4d(sri):
+    """[B, L] / [B, 1, L] / [B, 1, L, 1] -> [B, 1, L, 1] int32 (FlashMask's causal LTS form)."""
+    if sri.ndim == 2:
+        sri = sri.unsqueeze(1)
+    if sri.ndim == 3:
+        sri = sri.unsqueeze(-1)
+    return sri.astype("int32")
+
+
+class MaskPlan:
+    """The masks of one forward: built once, shared by every layer (one dense mask per distinct window)."""
+
+    def __init__(self, batch: int, q_len: int, past_len: int, attention_mask=None, startend=None):
+        self.batch, self.q_len, self.past_len = batch, q_len, past_len
+        self.k_len = past_len + q_len
+        self.startend = _startend_4d(startend) if startend is not None else None
+        self._allowed = None  # bool [B | 1, 1, Lq, Lk]
+        self._additive: Dict[Optional[int], paddle.Tensor] = {}
+        self._mask_in = attention_mask
+
+    def allowed(self) -> paddle.Tensor:
+        """Bool [B | 1, 1, Lq, Lk], True where query i may attend key j (before windows)."""
+        if self._allowed is not None:
+            return self._allowed
+        m = self._mask_in
+        q_idx = paddle.arange(self.past_len, self.k_len, dtype="int64").reshape([1, 1, -1, 1])  # [1,1,Lq,1]
+        k_idx = paddle.arange(0, self.k_len, dtype="int64").reshape([1, 1, 1, -1])  # [1,1,1,Lk]
+        causal = k_idx <= q_idx  # [1, 1, Lq, Lk]
+        if self.startend is not None:
+            allowed = dense_mask_from_startend(self.startend, self.q_len, True)  # [B, 1, Lq, Lk] bool
+        elif m is None:
+            allowed = causal
+        elif m.ndim == 2:  # padding mask over all keys (past + current)
+            allowed = causal & (m.astype("bool").reshape([m.shape[0], 1, 1, -1]))  # [B, 1, Lq, Lk]
+        elif m.ndim == 4:
+            m = m[:, :, -self.q_len:, -self.k_len:]
+            if m.dtype == paddle.bool:
+                allowed = m
+            elif m.is_floating_point() and bool((m < 0).any()):
+                allowed = m > -1.0  # additive: 0 attend, a large negative number masks
+            else:
+                allowed = m != 0
+        else:
+            raise ValueError(f"attention_mask of rank {m.ndim}: expected [B, L] or [B, 1, Lq, Lk]")
+        self._allowed = allowed
+        return allowed
+
+    def additive(self, window: Optional[int], dtype=paddle.float32) -> paddle.Tensor:
+        """Float [B | 1, 1, Lq, Lk]: 0 where allowed (within ``window``), the dtype's minimum elsewhere."""
+        if window not in self._additive:
+            allowed = self.allowed()
+            if window is not None:
+                q_idx = paddle.arange(self.past_len, self.k_len, dtype="int64").reshape([1, 1, -1, 1])
+                k_idx = paddle.arange(0, self.k_len, dtype="int64").reshape([1, 1, 1, -1])
+                allowed = allowed & (q_idx - k_idx < window)  # [B | 1, 1, Lq, Lk]
+            zero = paddle.zeros([], dtype=dtype)
+            low = paddle.full([], paddle.finfo(dtype).min, dtype=dtype)
+            self._additive[window] = paddle.where(allowed, zero, low)
+        return self._additive[window]
+
+
+def _repeat_kv(x, rep: int):
+    """[B, L, Hkv, D] -> [B, L, Hkv * rep, D]; query head h reads kv head h // rep."""
+    if rep == 1:
+        return x
+    b, s, h, d = x.shape
+    return x.unsqueeze(3).expand([b, s, h, rep, d]).reshape([b, s, h * rep, d])
+
+
+def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, softcap: Optional[float] = None):
+    """Attention output [B, Lq, H * D] of q [B, Lq, H, D] over k, v [B, Lk, Hkv, D]."""
+    b, lq, h, d = q.shape
+    if plan.startend is not None and window is None and softcap is None and plan.past_len == 0:
+        # FlashMask start rows, nothing else to apply: the block-sparse kernel (GQA inside)
+        out = flashmask_dispatch(q, k, v, plan.startend, causal=True, softmax_scale=scale)  # [B, Lq, H, D]
+        return out.reshape([b, lq, h * d])
+    rep = h // k.shape[2]
+    qt = q.transpose([0, 2, 1, 3])  # [B, H, Lq, D]
+    kt = _repeat_kv(k, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
+    vt = _repeat_kv(v, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
+    scores = paddle.matmul(qt, kt, transpose_y=True) * scale  # [B, H, Lq, Lk]
+    if softcap is not None:
+        scores = paddle.tanh(scores / softcap) * softcap
+    scores = scores.astype("float32") + plan.additive(window)  # mask [B | 1, 1, Lq, Lk] broadcast over heads
+    probs = F.softmax(scores, axis=-1).astype(q.dtype)  # [B, H, Lq, Lk]
+    out = paddle.matmul(probs, vt).transpose([0, 2, 1, 3])  # [B, Lq, H, D]
+    return out.reshape([b, lq, h * d])

@@ -1,0 +1,200 @@
+"""The decoder's building blocks: norms, rotary embedding, the MLP factory and the attention block.
+
+Every block reads its knobs (``rows.Knobs``) and nothing else; Linear weights are Paddle's
+``[in, out]``; names are transformers' (``q_proj``, ``qkv_proj``, ``gate_up_proj``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from .attention import MaskPlan, attend
+from .rope import inv_freq
+from .rows import Knobs
+
+__all__ = ["Norm", "Rotary", "DenseMLP", "Attention", "build_mlp", "register_mlp", "MLP_BUILDERS"]
+
+
+class Norm(nn.Layer):
+    """RMSNorm (``w * x / rms(x)``; Gemma's form ``x / rms(x) * (1 + w)``, weights initialised to 0)
+    or LayerNorm (with bias) over the last axis, computed in float32."""
+
+    def __init__(self, dim: int, eps: float, kind: str = "rms", plus_one: bool = False):
+        super().__init__()
+        self.kind, self.plus_one, self.eps, self.dim = kind, plus_one, eps, dim
+        init = nn.initializer.Constant(0.0 if plus_one else 1.0)
+        self.weight = self.create_parameter([dim], default_initializer=init)
+        self.bias = self.create_parameter([dim], is_bias=True) if kind == "layer" else None
+
+    def forward(self, x):
+        if self.kind == "layer":
+            return F.layer_norm(x, [self.dim], weight=self.weight, bias=self.bias, epsilon=self.eps)
+        x32 = x.astype("float32")
+        y = x32 * paddle.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., dim]
+        if self.plus_one:  # Gemma: (1 + w) in float32, then cast
+            return (y * (1.0 + self.weight.astype("float32"))).astype(x.dtype)
+        return self.weight * y.astype(x.dtype)
+
+
+def norm_of(k: Knobs, dim: int) -> Norm:
+    return Norm(dim, k.eps, k.arch.norm, k.arch.norm_plus_one)
+
+
+class Rotary:
+    """cos/sin tables for one (theta, rope_scaling); not a Layer: nothing to save, nothing lazy."""
+
+    def __init__(self, k: Knobs, theta: float, scaling: Optional[dict]):
+        self.k, self.theta, self.scaling = k, theta, scaling
+        self._freqs: Dict[bool, tuple] = {}
+
+    def tables(self, position_ids, dtype):
+        """(cos, sin) [B, L, 1, rotary_dim] for position_ids [B, L]."""
+        k = self.k
+        long = False
+        if self.scaling and self.scaling.get("rope_type") == "longrope":
+            long = int(position_ids.max()) + 1 > (k.original_max_positions or k.max_positions)
+        if long not in self._freqs:
+            freq, att = inv_freq(k.rotary_dim, self.theta, self.scaling, k.max_positions, k.original_max_positions,
+                                 seq_len=(k.original_max_positions or k.max_positions) + 1 if long else 0)
+            self._freqs[long] = (freq, att)
+        freq, att = self._freqs[long]
+        angles = position_ids.astype("float32").unsqueeze(-1) * paddle.to_tensor(freq)  # [B, L, R / 2]
+        if k.arch.rope_interleaved:
+            emb = paddle.stack([angles, angles], axis=-1).flatten(-2)  # [B, L, R]: f0 f0 f1 f1 ...
+        else:
+            emb = paddle.concat([angles, angles], axis=-1)  # [B, L, R]: f0 f1 ... f0 f1 ...
+        cos, sin = emb.cos() * att, emb.sin() * att
+        return cos.unsqueeze(2).astype(dtype), sin.unsqueeze(2).astype(dtype)
+
+
+def _rotate(x, interleaved: bool):
+    if interleaved:  # (x0, x1) -> (-x1, x0) for every pair
+        return paddle.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rotary(x, cos, sin, interleaved: bool):
+    """x [B, L, H, D] rotated on its first rotary_dim channels (the rest passes: partial rotary)."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + _rotate(x, interleaved) * sin
+    rot, rest = x[..., :r], x[..., r:]
+    return paddle.concat([rot * cos + _rotate(rot, interleaved) * sin, rest], axis=-1)
+
+
+_ACT: Dict[str, Callable] = {
+    "silu": F.silu, "swish": F.silu, "relu": F.relu,
+    "gelu": lambda x: F.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate=True),
+    "gelu_new": lambda x: F.gelu(x, approximate=True), "gelu_fast": lambda x: F.gelu(x, approximate=True),
+}
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias_attr=None if bias else False)
+
+
+class DenseMLP(nn.Layer):
+    """``down(act(gate(x)) * up(x))``: SwiGLU (silu) or GeGLU (gelu); gate/up fused in ``gate_up_proj``
+    ([gate | up] columns) for Phi-3 and GLM-4."""
+
+    def __init__(self, k: Knobs, layer_idx: int):
+        super().__init__()
+        self.fused, self.act = k.arch.fused_gate_up, _ACT[k.act]
+        if self.fused:
+            self.gate_up_proj = _linear(k.hidden, 2 * k.intermediate, k.mlp_bias)
+        else:
+            self.gate_proj = _linear(k.hidden, k.intermediate, k.mlp_bias)
+            self.up_proj = _linear(k.hidden, k.intermediate, k.mlp_bias)
+        self.down_proj = _linear(k.intermediate, k.hidden, k.mlp_bias)
+
+    def forward(self, x):  # x [B, L, hidden]
+        if self.fused:
+            gate, up = paddle.chunk(self.gate_up_proj(x), 2, axis=-1)  # [B, L, inter] each
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
+
+
+#: Arch.mlp kind -> builder(knobs, layer_idx) -> Layer mapping [B, L, hidden] to [B, L, hidden].
+#: An MoE block registers its kind here (``register_mlp``); the decoder layer calls ``build_mlp`` only.
+MLP_BUILDERS: Dict[str, Callable[[Knobs, int], nn.Layer]] = {"dense": DenseMLP}
+
+
+def register_mlp(kind: str, builder: Callable[[Knobs, int], nn.Layer]) -> None:
+    MLP_BUILDERS[kind] = builder
+
+
+def build_mlp(k: Knobs, layer_idx: int) -> nn.Layer:
+    if k.arch.mlp not in MLP_BUILDERS:
+        raise ValueError(f"no MLP builder for kind {k.arch.mlp!r} (known: {sorted(MLP_BUILDERS)})")
+    return MLP_BUILDERS[k.arch.mlp](k, layer_idx)
+
+
+class Attention(nn.Layer):
+    """Self-attention with the row's projections, biases, q/k norms, RoPE, window and soft-cap."""
+
+    def __init__(self, k: Knobs, layer_idx: int):
+        super().__init__()
+        self.k, self.idx = k, layer_idx
+        q_out, kv_out = k.heads * k.head_dim, k.kv_heads * k.head_dim
+        if k.arch.fused_qkv:
+            self.qkv_proj = _linear(k.hidden, q_out + 2 * kv_out, k.qkv_bias)
+        else:
+            self.q_proj = _linear(k.hidden, q_out, k.qkv_bias)
+            self.k_proj = _linear(k.hidden, kv_out, k.qkv_bias)
+            self.v_proj = _linear(k.hidden, kv_out, k.qkv_bias)
+        self.o_proj = _linear(q_out, k.hidden, k.o_bias)
+        if k.arch.qk_norm == "head":
+            self.q_norm, self.k_norm = norm_of(k, k.head_dim), norm_of(k, k.head_dim)
+        elif k.arch.qk_norm == "proj":
+            self.q_norm, self.k_norm = norm_of(k, q_out), norm_of(k, kv_out)
+        self.window = k.windows[layer_idx]
+
+    def forward(self, x, rope, plan: MaskPlan, past=None, use_cache: bool = False):
+        """x [B, L, hidden]; rope (cos, sin) or None (NoPE layer); past (k, v) [B, Lp, Hkv, D] each."""
+        k = self.k
+        b, s, _ = x.shape
+        if k.arch.fused_qkv:
+            q_out, kv_out = k.heads * k.head_dim, k.kv_heads * k.head_dim
+            q, key, val = paddle.split(self.qkv_proj(x), [q_out, kv_out, kv_out], axis=-1)
+        else:
+            q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if k.arch.qk_norm == "proj":  # OLMo 2: over the whole projection, before the head split
+            q, key = self.q_norm(q), self.k_norm(key)
+        q = q.reshape([b, s, k.heads, k.head_dim])  # [B, L, H, D]
+        key = key.reshape([b, s, k.kv_heads, k.head_dim])  # [B, L, Hkv, D]
+        val = val.reshape([b, s, k.kv_heads, k.head_dim])  # [B, L, Hkv, D]
+        if k.arch.qk_norm == "head":
+            q, key = self.q_norm(q), self.k_norm(key)
+        if rope is not None:
+            cos, sin = rope
+            q = apply_rotary(q, cos, sin, k.arch.rope_interleaved)
+            key = apply_rotary(key, cos, sin, k.arch.rope_interleaved)
+        if past is not None:
+            key = paddle.concat([past[0], key], axis=1)  # [B, Lp + L, Hkv, D]
+            val = paddle.concat([past[1], val], axis=1)
+        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap)  # [B, L, H * D]
+        return self.o_proj(out), ((key, val) if use_cache else None)
+
+
+def rotaries(k: Knobs):
+    """One :class:`Rotary` per distinct (theta, scaling), and each layer's index into them (None: NoPE)."""
+    tables, index = [], []
+    for on, (theta, scaling) in zip(k.rope_on, k.rope):
+        if not on:
+            index.append(None)
+            continue
+        for i, r in enumerate(tables):
+            if r.theta == theta and r.scaling == scaling:
+                index.append(i)
+                break
+        else:
+            tables.append(Rotary(k, theta, scaling))
+            index.append(len(tables) - 1)
+    return tables, index

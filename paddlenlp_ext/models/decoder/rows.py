@@ -1,0 +1,219 @@
+"""Architecture rows of our one causal decoder, and their resolution against a ``config.json`` (paddle-free).
+
+An :class:`Arch` states, for one transformers ``model_type``, how that architecture
+differs from a plain pre-norm Llama block.  Each field is a *knob* the decoder
+implements once (``models/decoder/``); the rows themselves live in the family table
+(``models/family_table.py``, ``Family.arch``), the one place for per-architecture facts.
+
+A field that names a config key (``qkv_bias="attention_bias"``) is read from the
+model's config.json, with transformers' class default when the key is absent
+(``save_pretrained`` leaves out keys equal to the base class's default).
+:func:`resolve` turns a row plus a config dict into :class:`Knobs`: plain values per
+model and per layer, which is all the Paddle code reads.
+
+    >>> k = resolve(Arch(windows="layer_types"), {"hidden_size": 64, "num_attention_heads": 4,
+    ...     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 10, "sliding_window": 8,
+    ...     "layer_types": ["sliding_attention", "full_attention"]})
+    >>> k.windows, k.head_dim, k.kv_heads
+    ((8, None), 16, 4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple, Union
+
+#: where the four per-layer norms sit: (before attention, after attention, before the MLP, after the MLP);
+#: each entry is the norm's parameter name in transformers' layout, None when absent
+PRE_NORM = ("input_layernorm", None, "post_attention_layernorm", None)
+GEMMA_SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm")
+GLM_SANDWICH = ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm")
+POST_NORM = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
+
+#: rope_scaling types the decoder computes (``models/decoder/rope.py``)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+#: activations the MLP computes (transformers' ACT2FN names)
+ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "relu")
+
+Flag = Union[bool, str]  # a fixed value, or the config key that holds it
+
+
+@dataclass(frozen=True)
+class Arch:
+    """How one architecture's block differs from Llama's; every field is one knob of the decoder."""
+
+    #: "rms" (RMSNorm) or "layer" (LayerNorm with bias); ``norm_plus_one``: Gemma's ``x * (1 + w)`` (weights init 0)
+    norm: str = "rms"
+    norm_plus_one: bool = False
+    norm_eps: str = "rms_norm_eps"
+    #: the four norm slots (see PRE_NORM ... POST_NORM) and the final norm's name under the body
+    layer_norms: Tuple[Optional[str], ...] = PRE_NORM
+    #: q/k normalisation: None, "head" (one RMSNorm over head_dim, shared by heads: Qwen3, Gemma 3) or
+    #: "proj" (one RMSNorm over the whole q / k projection, before the head split: OLMo 2)
+    qk_norm: Optional[str] = None
+    qkv_bias: Flag = False
+    o_bias: Flag = False
+    mlp_bias: Flag = False
+    #: the config key naming the activation (Gemma 2/3: hidden_activation), falling back to hidden_act
+    act: str = "hidden_act"
+    #: Phi-3's one qkv_proj ([q; k; v] rows) and Phi-3 / GLM-4's gate_up_proj ([gate; up] rows)
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    #: rotate interleaved pairs (x0, x1), (x2, x3) ... (GLM-4, ERNIE 4.5) instead of the two halves
+    rope_interleaved: bool = False
+    #: config key of the RoPE theta of sliding-window layers (Gemma 3: rope_local_base_freq; no scaling there)
+    local_rope_theta: Optional[str] = None
+    #: config key of the per-layer list saying whether a layer uses RoPE (SmolLM3's no_rope_layers: 0 = NoPE)
+    rope_layers: Optional[str] = None
+    #: "none", "all" (config sliding_window on every layer: Mistral, Phi-3) or "layer_types" (per layer)
+    windows: str = "none"
+    #: config keys: attention / final logit soft-caps, query_pre_attn_scalar (scale = scalar ** -0.5)
+    attn_softcap: Optional[str] = None
+    final_softcap: Optional[str] = None
+    query_scalar: Optional[str] = None
+    #: multiply the embeddings by sqrt(hidden_size) (Gemma)
+    embed_scale: bool = False
+    #: the MLP block a layer builds (``modeling.build_mlp``); "dense" here, an MoE kind for MoE rows
+    mlp: str = "dense"
+    #: transformers' class default of tie_word_embeddings (used when config.json leaves it out)
+    tie_default: bool = False
+    #: transformers' class defaults of other keys this row reads, when config.json leaves them out
+    defaults: Tuple[Tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """An :class:`Arch` resolved against one config: what the Paddle modules build and compute."""
+
+    arch: Arch
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    vocab: int
+    eps: float
+    act: str
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tie: bool
+    scale: float  # attention score scale
+    attn_softcap: Optional[float]
+    final_softcap: Optional[float]
+    #: per layer: the sliding window (None: full causal), whether RoPE applies, and its (theta, rope_scaling)
+    windows: Tuple[Optional[int], ...]
+    rope_on: Tuple[bool, ...]
+    rope: Tuple[Tuple[float, Optional[dict]], ...]
+    rotary_dim: int
+    max_positions: int
+    original_max_positions: Optional[int]
+
+
+class ArchError(ValueError):
+    """A config.json this row cannot compute exactly; the message names the key."""
+
+
+def _get(cfg: Mapping[str, Any], arch: Arch, key: str, default=None):
+    if key in cfg:  # an explicit null stays null (e.g. attn_logit_softcapping: null switches soft-capping off)
+        return cfg[key]
+    return dict(arch.defaults).get(key, default)
+
+
+def _flag(cfg: Mapping[str, Any], arch: Arch, flag: Flag) -> bool:
+    return bool(_get(cfg, arch, flag, False)) if isinstance(flag, str) else bool(flag)
+
+
+def _windows(arch: Arch, cfg: Mapping[str, Any], layers: int) -> Tuple[Optional[int], ...]:
+    """Per-layer sliding windows as transformers 4.55 applies them.
+
+    >>> _windows(Arch(windows="all"), {"sliding_window": 4}, 2)
+    (4, 4)
+    >>> _windows(Arch(), {"sliding_window": 4}, 2)
+    (None, None)
+    """
+    window = cfg.get("sliding_window")
+    if arch.windows == "none" or not window:
+        return (None,) * layers
+    if arch.windows == "all":
+        return (int(window),) * layers
+    types = cfg.get("layer_types")
+    if not types:
+        return (None,) * layers
+    if len(types) != layers:
+        raise ArchError(f"config.json layer_types has {len(types)} entries for num_hidden_layers={layers}")
+    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+
+def _rope_scaling(cfg: Mapping[str, Any]) -> Optional[dict]:
+    rope = cfg.get("rope_scaling")
+    if not rope:
+        return None
+    if not isinstance(rope, dict):
+        raise ArchError(f"config.json rope_scaling must be an object, got {rope!r}")
+    rtype = rope.get("rope_type", rope.get("type", "default"))
+    if rtype not in ROPE_TYPES:
+        raise ArchError(f"config.json rope_scaling.rope_type={rtype!r} is not implemented by the decoder "
+                        f"(it implements {', '.join(ROPE_TYPES)}); remove rope_scaling or use another checkpoint")
+    return None if rtype == "default" else {**rope, "rope_type": rtype}
+
+
+def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
+    """The knobs of ``arch`` for the model described by ``cfg`` (a config.json dict, 4.55 spelling)."""
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    layers = int(cfg["num_hidden_layers"])
+    kv_heads = int(_get(cfg, arch, "num_key_value_heads") or heads)
+    head_dim = int(_get(cfg, arch, "head_dim") or hidden // heads)
+    if heads % kv_heads:
+        raise ArchError(f"config.json num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    act = _get(cfg, arch, arch.act) or _get(cfg, arch, "hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ArchError(f"config.json {arch.act}={act!r}: the decoder computes {', '.join(ACTIVATIONS)}")
+    scalar = _get(cfg, arch, arch.query_scalar) if arch.query_scalar else None
+    scale = float(scalar) ** -0.5 if scalar else head_dim ** -0.5
+    windows = _windows(arch, cfg, layers)
+    if arch.rope_layers and _get(cfg, arch, arch.rope_layers) is not None:
+        rope_on = tuple(bool(x) for x in _get(cfg, arch, arch.rope_layers))
+        if len(rope_on) != layers:
+            raise ArchError(f"config.json {arch.rope_layers} has {len(rope_on)} entries for num_hidden_layers={layers}")
+    else:
+        rope_on = (True,) * layers
+    theta = float(_get(cfg, arch, "rope_theta") or 10000.0)
+    scaling = _rope_scaling(cfg)
+    local = float(_get(cfg, arch, arch.local_rope_theta)) if arch.local_rope_theta else None
+    # Gemma 3: sliding layers use the local theta without scaling; global layers theta + rope_scaling
+    rope = tuple((local, None) if (local is not None and w is not None) else (theta, scaling) for w in windows)
+    partial = float(_get(cfg, arch, "partial_rotary_factor") or 1.0)
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2:
+        raise ArchError(f"config.json partial_rotary_factor={partial} gives an odd rotary width {rotary_dim}")
+    cap = (lambda key: float(_get(cfg, arch, key)) if key and _get(cfg, arch, key) else None)
+    original = cfg.get("original_max_position_embeddings")
+    return Knobs(
+        arch=arch, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        intermediate=int(cfg["intermediate_size"]), layers=layers, vocab=int(cfg["vocab_size"]),
+        eps=float(_get(cfg, arch, arch.norm_eps) or 1e-6), act=act,
+        qkv_bias=_flag(cfg, arch, arch.qkv_bias), o_bias=_flag(cfg, arch, arch.o_bias),
+        mlp_bias=_flag(cfg, arch, arch.mlp_bias),
+        tie=bool(cfg.get("tie_word_embeddings", arch.tie_default)), scale=scale,
+        attn_softcap=cap(arch.attn_softcap), final_softcap=cap(arch.final_softcap),
+        windows=windows, rope_on=rope_on, rope=rope, rotary_dim=rotary_dim,
+        max_positions=int(_get(cfg, arch, "max_position_embeddings") or 2048),
+        original_max_positions=int(original) if original else None,
+    )  # fmt: skip
+
+
+def config_problems(arch: Arch, cfg: Mapping[str, Any]) -> list:
+    """What in ``cfg`` the decoder cannot compute exactly (empty when everything is honoured).
+
+    >>> config_problems(Arch(), {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+    ...     "intermediate_size": 96, "vocab_size": 10, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})[0][:46]
+    "config.json rope_scaling.rope_type='dynamic' i"
+    """
+    try:
+        resolve(arch, cfg)
+    except (ArchError, KeyError, TypeError, ValueError) as e:
+        return [str(e) if isinstance(e, ArchError) else f"config.json: {type(e).__name__}: {e}"]
+    return []

@@ -1,0 +1,124 @@
+"""The decoder's rows through the CLI: transformers-saved checkpoints fine-tuned by llm/run_finetune.py.
+
+Every family-table row that the toolkit builds with our decoder (``Family.decoder``) gets a
+directory as the hub ships one: transformers' ``save_pretrained`` of a random tiny model with the
+row's non-default knobs (tests/test_decoder_parity.KNOBS: windows smaller than the sequence,
+soft-caps, scalings, tied embeddings), bf16, sharded, plus a tokenizer.json-only tokenizer.
+Then LoRA (unpacked, and packed: zero padding with FlashMask start rows), nf4 QLoRA (quantized while
+streaming) and full fine-tuning train with a falling loss, and what the decoder does not run yet is refused at config time (exit 2, naming the key).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DATA_DIR, ROOT
+from hf_tokenizers import build as build_tokenizer
+from paddlenlp_ext.models.family_table import FAMILIES
+from test_decoder_parity import LONGROPE
+
+pytestmark = pytest.mark.slow
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+DECODER_ROWS = [k for k, f in FAMILIES.items() if f.decoder]
+FINETUNE = os.path.join(ROOT, "llm", "run_finetune.py")
+LORA_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
+
+
+def run(cmd, check=True):
+    r = subprocess.run([sys.executable, *map(str, cmd)], capture_output=True, text=True, cwd=ROOT)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return r
+
+
+def save_row(model_type, out_dir):
+    from test_decoder_parity import BASE, KNOBS  # the same knobs as the parity suite
+
+    kw = {**BASE, **KNOBS.get(model_type, {}), "vocab_size": 704, "initializer_range": 0.2}
+    kw["max_position_embeddings"] = 64 if model_type == "phi3" else 256  # phi3: longrope's long factors in use
+    config = transformers.AutoConfig.for_model(model_type, **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(out_dir, max_shard_size="200KB")
+    build_tokenizer(out_dir, "llama3")
+    return out_dir
+
+
+def finetune(model_dir, out, *overrides, check=True):
+    return run([FINETUNE, LORA_CONFIG, "--model_name_or_path", model_dir, "--dataset_name_or_path", DATA_DIR,
+                "--output_dir", out, "--max_steps", "20", "--per_device_train_batch_size", "8", "--logging_steps",
+                "1", "--learning_rate", "3e-2", "--warmup_steps", "0", "--do_eval", "false", "--src_length", "64",
+                "--max_length", "128", *overrides], check=check)
+
+
+def losses(out):
+    with open(os.path.join(out, "trainer_state.json")) as f:
+        return [h["loss"] for h in json.load(f)["log_history"] if "loss" in h]
+
+
+#: run name -> (CLI overrides, the method run_summary.json reports)
+RUNS = {"lora": ((), "lora"),
+        "packed": (("--zero_padding", "true", "--flash_mask", "true", "--use_flash_attention", "true"), "lora"),
+        "nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
+        "full": (("--lora", "false", "--learning_rate", "3e-3"), "full")}
+
+
+@pytest.mark.parametrize("model_type", DECODER_ROWS)
+def test_lora_packing_qlora_and_full_train_a_transformers_checkpoint(model_type, tmp_path):
+    base = save_row(model_type, str(tmp_path / "base"))
+    for name, (extra, method) in RUNS.items():
+        out = str(tmp_path / name)
+        finetune(base, out, *extra)
+        with open(os.path.join(out, "run_summary.json")) as f:
+            summary = json.load(f)
+        assert summary["method"] == method
+        assert summary["quantization" if name == "nf4" else "load"]["layout"] == "transformers"
+        got = losses(out)
+        assert len(got) == 20 and sum(got[-3:]) < 0.9 * sum(got[:3]), (model_type, name, got)
+
+
+def test_what_the_decoder_does_not_run_is_refused_at_config_time(tmp_path):
+    base = save_row(DECODER_ROWS[0], str(tmp_path / "base"))
+    r = finetune(base, str(tmp_path / "out"), "--tensor_parallel_degree", "2", check=False)
+    assert r.returncode == 2 and "tensor_parallel_degree=1" in (r.stdout + r.stderr)
+
+
+PREDICT = os.path.join(ROOT, "llm", "predict", "predictor.py")
+
+
+@pytest.mark.parametrize("model_type", DECODER_ROWS)
+def test_predictor_greedy_text_equals_transformers_generate(model_type, tmp_path):
+    """llm/predict/predictor.py (greedy) on the transformers-saved directory writes the text transformers'
+    own generate gives for the same prompt ids (tokenized by transformers' AutoTokenizer)."""
+    base = save_row(model_type, str(tmp_path / "base"))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text('{"src": "hello world, tell me"}\n{"src": "abc"}\n', encoding="utf-8")
+    out = tmp_path / "pred.json"
+    run([PREDICT, "--model_name_or_path", base, "--data_file", prompts, "--output_file", out,
+         "--decode_strategy", "greedy_search", "--src_length", "48", "--max_length", "64", "--device", "cpu"])
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 2
+    # the predictor ends an answer at the tokenizer's eos or generation_config.json's (predict.session.eos_token_ids)
+    eos = sorted({tok.eos_token_id, hf.generation_config.eos_token_id} - {None})
+    for r in rows:
+        ids = tok(r["src"], return_tensors="pt").input_ids
+        with torch.no_grad():
+            if model_type in LONGROPE:  # transformers' generate is off at the longrope switch (test_decoder_parity)
+                seq = ids[0].tolist()
+                while len(seq) < 64 and (len(seq) == ids.shape[1] or seq[-1] not in eos):
+                    seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+                gen = torch.tensor([seq])
+            else:
+                gen = hf.generate(ids, max_new_tokens=64 - ids.shape[1], do_sample=False,
+                                  eos_token_id=eos, pad_token_id=0)
+        answer = gen[0, ids.shape[1]:].tolist()
+        answer = answer[:next((i for i, t in enumerate(answer) if t in eos), len(answer))]  # up to, not incl., EOS
+        assert r["output"] == tok.decode(answer, skip_special_tokens=True), (model_type, r["src"])
