@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TINY := build/tiny-llama
 
-.PHONY: setup demo test test-slow test-all tiny bench clean
+.PHONY: setup demo lint test test-slow test-all tiny bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,7 +24,10 @@ demo: tiny
 	$(PY) llm/tools/show_summary.py output/tiny_sft output/tiny_lora
 	$(PY) llm/predict/predictor.py --model_name_or_path $(TINY) --lora_path output/tiny_lora --data_file llm/data/demo_prompts.json --output_file output/tiny_lora_predictions.json --src_length 128 --max_length 256
 
-test: tiny
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: lint tiny
 	$(PY) -m pytest tests -m "not slow"
 
 # the slow end-to-end tests (CLI runs of minutes); CI (.ci/run) runs them after `make test`

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import ROOT
 from family_models import build_family_model
 
 from paddlenlp_ext.models.family_table import row

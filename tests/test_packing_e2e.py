@@ -11,8 +11,7 @@ import pytest
 
 from conftest import DATA_DIR, ROOT
 
-from paddlenlp_ext.data.reader import Example
-from paddlenlp_ext.data.streaming import Cursor, StreamingPackedDataset
+from paddlenlp_ext.data.streaming import StreamingPackedDataset
 from paddlenlp_ext.data.tokenize import tokenize_example
 
 

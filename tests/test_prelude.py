@@ -1,7 +1,6 @@
 """Every script's first statement (cli/prelude.py): the project's Python, and no library import noise (issue 25)."""
 
 import doctest
-import importlib.util
 import os
 import shutil
 import subprocess

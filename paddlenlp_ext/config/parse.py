@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
 from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
-from ..data.reader import DataError, find_split_files, read_utf8_text
+from ..data.reader import DataError, read_utf8_text
 from .data_checks import data_format_problems, dataset_path_problems
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
 from .problems import Problem, blame_command_line, tagged

@@ -39,7 +39,6 @@ class RewardScorer:
     def from_pretrained(cls, path: str, dtype: str = "float32") -> "RewardScorer":
         """Load a reward output directory (``llm/run_reward.py``'s output_dir or a checkpoint of it,
         full weights or an adapter over ``base_model_name_or_path``, or a merged one) and its tokenizer."""
-        import paddle
 
         from ..data.tokenize import resolve_chat_template
         from ..integrations.qwen3 import register_qwen3

@@ -189,7 +189,10 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
     rotary_dim = int(head_dim * partial)
     if rotary_dim % 2:
         raise ArchError(f"config.json partial_rotary_factor={partial} gives an odd rotary width {rotary_dim}")
-    cap = (lambda key: float(_get(cfg, arch, key)) if key and _get(cfg, arch, key) else None)
+
+    def cap(key):
+        return float(_get(cfg, arch, key)) if key and _get(cfg, arch, key) else None
+
     original = cfg.get("original_max_position_embeddings")
     return Knobs(
         arch=arch, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
