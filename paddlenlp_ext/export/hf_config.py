@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
+from ..models.family_table import row
 from ..models.hf_config_read import DEFAULT_THETA, canonical_config
 from ..models.hf_layout import HF_FAMILIES, config_problems
 
@@ -48,13 +49,18 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
     >>> c["architectures"], c["num_key_value_heads"], c["hidden_act"], c["rope_scaling"], c["rope_parameters"]
     (['LlamaForCausalLM'], 4, 'silu', None, {'rope_type': 'default', 'rope_theta': 10000.0})
     """
+    raw = cfg
     cfg, problems = canonical_config(cfg)  # a source config saved by transformers 5.x reads the same
     if problems:
         raise ExportError("; ".join(problems))
     mt = cfg.get("model_type")
+    family = row(mt)
+    if family is not None and family.decoder and mt in HF_FAMILIES:
+        # 4.x spelling kept as saved (transformers' Phi-3 wants rope_scaling["type"]); 5.x spelling -> canonical
+        return _decoder_config(cfg if "rope_parameters" in raw else raw, torch_dtype)
     if mt not in HF_FAMILIES or mt not in ARCHITECTURES:
         raise ExportError(f"config.json model_type={mt!r}: the transformers-layout export covers "
-                          f"{sorted(set(HF_FAMILIES) & set(ARCHITECTURES))}")
+                          f"{sorted(exportable())}")
     out: Dict[str, Any] = {"architectures": [ARCHITECTURES[mt]], "model_type": mt, "torch_dtype": torch_dtype}
     for k in _COMMON_KEYS:
         if cfg.get(k) is not None:
@@ -89,6 +95,41 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
         out["attention_bias"] = bool(cfg.get("attention_bias", False))
     problems = config_problems(out, max_seq_len=out.get("max_position_embeddings"))
     if problems:  # what our own loader would refuse to read back is refused on the way out too
+        raise ExportError("; ".join(problems))
+    return out
+
+
+def exportable():
+    """The model_types the transformers-layout export writes: the table's decoder rows and :data:`ARCHITECTURES`."""
+    return {k for k in HF_FAMILIES if k in ARCHITECTURES or row(k).decoder}
+
+
+#: keys PaddleNLP's save_pretrained / our runs add that are no transformers config setting
+_PADDLE_ONLY_KEYS = ("paddlenlp_version", "dtype", "use_flash_attention", "flash_mask", "tensor_parallel_degree",
+                     "tensor_parallel_rank", "tensor_parallel_output", "sequence_parallel", "fuse_attention_qkv",
+                     "fuse_attention_ffn", "use_fused_rms_norm", "use_fused_rope", "recompute",
+                     "recompute_granularity", "pp_recompute_interval", "no_recompute_layers", "convert_from_torch",
+                     "quantization_config")
+
+
+def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
+    """config.json of a row our decoder builds: the decoder keeps transformers' config.json as it is
+    (``models/decoder/configuration.py``) and reads it through the row, so the export is the same keys
+    minus PaddleNLP's own, with transformers' class name (``class_prefix`` + ``ForCausalLM``).  A key
+    config.json leaves out means transformers' class default on both sides (the row's ``tie_default`` /
+    ``defaults`` are those defaults).
+
+    >>> _decoder_config({"model_type": "phi3", "hidden_size": 64, "paddlenlp_version": "3.0.0b4"}, "float32")
+    {'model_type': 'phi3', 'hidden_size': 64, 'architectures': ['Phi3ForCausalLM'], 'torch_dtype': 'float32'}
+    """
+    from ..models.decoder.rows import class_prefix, config_problems as decoder_problems
+
+    mt = cfg["model_type"]
+    out = {k: v for k, v in cfg.items() if k not in _PADDLE_ONLY_KEYS and k != "architectures"}
+    out["architectures"] = [class_prefix(mt) + "ForCausalLM"]
+    out["torch_dtype"] = torch_dtype
+    problems = decoder_problems(row(mt).arch, out)
+    if problems:
         raise ExportError("; ".join(problems))
     return out
 

@@ -32,6 +32,7 @@ from ..merge.common import SAFE_WEIGHTS_INDEX_NAME, Log, fmt_bytes, parse_size
 from ..merge.reader import BufferPool, Checkpoint, TensorEntry, TensorSource
 from ..merge.writer import (SafetensorsStreamWriter, TOKENIZER_PATTERNS, make_temp_dir, plan_shards, publish,
                             shard_file_names, write_json)
+from ..models.family_table import row
 from ..models.hf_layout import hf_name, read_json_dict
 from .hf_config import TORCH_DTYPE, ExportError, ExportVerifyFailed, hf_config_from_paddle, hf_generation_config
 
@@ -49,10 +50,19 @@ class ExportResult:
     merge: Optional[Any] = None  # the MergeResult when an adapter was merged first
 
 
-def _out_entries(ckpt: Checkpoint, model_type: str) -> List[tuple]:
+def _tied_decoder(hf_cfg: Dict[str, Any]) -> bool:
+    """Whether ``hf_cfg`` is a decoder row with tied embeddings: our decoder's save_pretrained then also
+    writes ``lm_head.weight`` (the shared embedding, [vocab, hidden]), which transformers does not read."""
+    family = row(hf_cfg.get("model_type"))
+    return bool(family and family.decoder and hf_cfg.get("tie_word_embeddings", family.arch.tie_default))
+
+
+def _out_entries(ckpt: Checkpoint, model_type: str, tied_decoder: bool = False) -> List[tuple]:
     """[(source entry, output entry, transpose)] in checkpoint order; output entries carry HF names/shapes."""
     rows, seen = [], set()
     for ent in ckpt.entries:
+        if tied_decoder and ent.name == "lm_head.weight":  # the embedding again (tied): not a tensor of its own
+            continue
         name, transpose = hf_name(ent.name, model_type)
         if name in seen:
             raise ExportError(f"{ckpt.directory}: two tensors map to the transformers name {name!r}")
@@ -118,7 +128,7 @@ def export_hf_model(model_dir: str, out_dir: str, *, max_shard_size="5GB", overw
         raise ExportError(f"{model_dir}: no config.json")
     ckpt = Checkpoint.open(model_dir)
     hf_cfg = hf_config_from_paddle(cfg, _torch_dtype(ckpt.entries))  # refuses an unsupported family first
-    rows = _out_entries(ckpt, cfg["model_type"])
+    rows = _out_entries(ckpt, cfg["model_type"], _tied_decoder(hf_cfg))
     gen = read_json_dict(os.path.join(model_dir, "generation_config.json"), ExportError)
     for d in extra_dirs or []:
         gen = gen or read_json_dict(os.path.join(d, "generation_config.json"), ExportError)

@@ -240,7 +240,9 @@ def _write_model_config(src: str, dst: str) -> None:
     with open(src, "r", encoding="utf-8") as f:
         raw = json.load(f)
     canon, problems = canonical_config(raw)
-    if problems or canon == raw:  # problems: refused before the merge (formats.check_model_type)
+    # problems: refused before the merge (formats.check_model_type).  A 4.x-spelled config is kept as saved:
+    # its canonical form renames rope_scaling "type" to "rope_type", which transformers 4.55's Phi-3 refuses
+    if problems or canon == raw or "rope_parameters" not in raw:
         shutil.copy2(src, dst)
     else:
         write_json(dst, canon)

@@ -121,19 +121,18 @@ _DENSE_DPO_FA = _DENSE | {"dpo", "flash_attention"}
 _OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
                 "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
 
-#: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py)
+#: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py,
+#: tests/test_decoder_export.py)
 #: (use_flash_attention: FlashMask start rows run through Paddle's kernel on GPU, ours on CPU; a dense mask
 #: takes the dense path, which computes the same attention)
 _DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint",
-                      "predict"})
+                      "predict", "merge", "dpo"})
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
 def _decoder_refusals(name: str) -> Dict[str, str]:
-    return {"dpo": f"{name}: preference training on the decoder is not verified yet; use llm/run_finetune.py",
-            "tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
-            "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1",
-            "merge": f"{name}: llm/merge_lora_params.py is not verified on the decoder yet; keep the adapter separate"}
+    return {"tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
+            "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1"}
 
 
 def _decoder_row(name: str, arch: Arch) -> "Family":

@@ -13,8 +13,10 @@ flashmask_dispatch``: Paddle's kernel on a GPU/XPU in fp16/bf16, else ``kernels.
 the CPU block-sparse one).  Every other case takes the
 dense path: the start rows become a dense bool mask (``kernels.dense_mask_from_startend``), and a
 sliding window ``w`` keeps key j for query i only when ``i - j < w`` (absolute indices in the row,
-transformers' ``kv_idx > q_idx - window``).  Packed documents are contiguous, so within one document
-that is the distance of positions, and the window is honoured per document.
+transformers' ``kv_idx > q_idx - window``).  Packed rows (start rows or a dense 4-D mask, no cache) measure
+the distance in ``position_ids`` instead: within a packed document that is the same distance, and in a
+preference pair row (prompt, chosen, rejected; the rejected answer's positions restart at len(prompt)) it is
+the distance the rejected answer has to its prompt when run alone.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ def _startend_4d(sri):
 class MaskPlan:
     """The masks of one forward: built once, shared by every layer (one dense mask per distinct window)."""
 
-    def __init__(self, batch: int, q_len: int, past_len: int, attention_mask=None, startend=None):
+    def __init__(self, batch: int, q_len: int, past_len: int, attention_mask=None, startend=None, position_ids=None):
         self.batch, self.q_len, self.past_len = batch, q_len, past_len
+        packed = startend is not None or (attention_mask is not None and attention_mask.ndim == 4)
+        # [B, L] positions that measure window distances in packed rows (see the module docstring), else None
+        self.positions = position_ids if packed and past_len == 0 and position_ids is not None else None
         self.k_len = past_len + q_len
         self.startend = _startend_4d(startend) if startend is not None else None
         self._allowed = None  # bool [B | 1, 1, Lq, Lk]
@@ -81,7 +86,10 @@ class MaskPlan:
         """Float [B | 1, 1, Lq, Lk]: 0 where allowed (within ``window``), the dtype's minimum elsewhere."""
         if window not in self._additive:
             allowed = self.allowed()
-            if window is not None:
+            if window is not None and self.positions is not None:
+                pos = self.positions.astype("int64")  # [B, L]
+                allowed = allowed & (pos.unsqueeze([1, 3]) - pos.unsqueeze([1, 2]) < window)  # [B, 1, L, L]
+            elif window is not None:
                 q_idx = paddle.arange(self.past_len, self.k_len, dtype="int64").reshape([1, 1, -1, 1])
                 k_idx = paddle.arange(0, self.k_len, dtype="int64").reshape([1, 1, 1, -1])
                 allowed = allowed & (q_idx - k_idx < window)  # [B | 1, 1, Lq, Lk]

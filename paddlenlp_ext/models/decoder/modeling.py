@@ -30,7 +30,7 @@ from paddlenlp.transformers.model_utils import PretrainedModel
 from .attention import MaskPlan
 from .configuration import DecoderConfig, config_class_for
 from .layers import Attention, build_mlp, norm_of, rotaries
-from .rows import Knobs
+from .rows import Knobs, class_prefix  # noqa: F401  (re-exported: integrations/decoder, configuration)
 
 __all__ = ["DecoderModel", "DecoderForCausalLM", "DecoderPretrainedModel", "classes_for"]
 
@@ -104,7 +104,7 @@ class DecoderModel(DecoderPretrainedModel):
         past_len = 0 if not past_key_values else past_key_values[0][0].shape[1]
         if position_ids is None:
             position_ids = paddle.arange(past_len, past_len + s, dtype="int64").unsqueeze(0).expand([b, s])
-        plan = MaskPlan(b, s, past_len, attention_mask, attn_mask_startend_row_indices)
+        plan = MaskPlan(b, s, past_len, attention_mask, attn_mask_startend_row_indices, position_ids)
         tables = [r.tables(position_ids, x.dtype) for r in self._rotaries]
         caches = [] if use_cache else None
         hidden_states = [] if output_hidden_states else None
@@ -213,17 +213,6 @@ class DecoderForCausalLM(DecoderPretrainedModel):
 
 
 _CLASSES: Dict[str, Tuple[type, type, type]] = {}
-
-
-def class_prefix(model_type: str) -> str:
-    """The transformers class-name prefix of a model_type (its architectures[0] minus ``ForCausalLM``).
-
-    >>> class_prefix("gemma3_text"), class_prefix("smollm3"), class_prefix("ernie4_5")
-    ('Gemma3', 'SmolLM3', 'Ernie4_5')
-    """
-    special = {"gemma3_text": "Gemma3", "smollm3": "SmolLM3", "qwen3_moe": "Qwen3Moe", "glm4": "Glm4",
-               "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "phi3": "Phi3"}
-    return special.get(model_type) or model_type[:1].upper() + model_type[1:]
 
 
 def classes_for(model_type: str) -> Tuple[type, type, type]:

@@ -220,3 +220,14 @@ def config_problems(arch: Arch, cfg: Mapping[str, Any]) -> list:
     except (ArchError, KeyError, TypeError, ValueError) as e:
         return [str(e) if isinstance(e, ArchError) else f"config.json: {type(e).__name__}: {e}"]
     return []
+
+
+def class_prefix(model_type: str) -> str:
+    """The transformers class-name prefix of a model_type (its architectures[0] minus ``ForCausalLM``).
+
+    >>> class_prefix("gemma3_text"), class_prefix("smollm3"), class_prefix("ernie4_5")
+    ('Gemma3', 'SmolLM3', 'Ernie4_5')
+    """
+    special = {"gemma3_text": "Gemma3", "smollm3": "SmolLM3", "qwen3_moe": "Qwen3Moe", "glm4": "Glm4",
+               "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "phi3": "Phi3"}
+    return special.get(model_type) or model_type[:1].upper() + model_type[1:]
