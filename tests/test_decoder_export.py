@@ -129,22 +129,30 @@ def test_peft_export_loads_on_transformers_model_with_our_logits(row, tmp_path):
 @pytest.mark.parametrize("model_type", ["phi3", "gemma2"])  # fused qkv_proj / gate_up_proj; tied + soft-caps
 def test_cli_trained_lora_merges_and_exports_to_transformers_and_peft(model_type, tmp_path):
     """A LoRA trained by llm/run_finetune.py on a transformers-saved bf16 sharded checkpoint: llm/merge_lora_params.py
-    (--output_format hf, verified) loads in transformers; llm/tools/export.py --format peft loads in PeftModel on
-    the base; the two agree (up to the bf16 rounding of the merged weights) and differ from the base."""
+    (--output_format hf) loads in transformers, llm/tools/export.py --format peft loads in PeftModel on the base, and
+    the merged model's logits equal PEFT's own merge (``merge_and_unload``) rounded to the checkpoint's bf16.
+
+    The merged weights are bf16 (``W + BA`` rounded): on these tiny random models that rounding alone moves the
+    logits by up to 0.33 of 7.6 (gemma2, measured with PEFT's merge), above the merge check's bf16 default
+    (0.05 relative), so the CLI runs with --tolerance 0.1 and the judge applies the same rounding."""
     peft = pytest.importorskip("peft")
     from test_decoder_cli import finetune, run, save_row
 
     base = save_row(model_type, str(tmp_path / "base"))
     finetune(base, str(tmp_path / "lora"), "--max_steps", "6")
     r = run(["llm/merge_lora_params.py", "--model_name_or_path", base, "--lora_path", tmp_path / "lora",
-             "--merge_model_path", tmp_path / "merged", "--output_format", "hf", "--device", "cpu"])
+             "--merge_model_path", tmp_path / "merged", "--output_format", "hf", "--device", "cpu",
+             "--tolerance", "0.1"])
     assert "verify: passed" in r.stdout, r.stdout[-2000:]
     run(["llm/tools/export.py", "--format", "peft", "--lora_path", tmp_path / "lora", "--output_path",
          tmp_path / "peft", "--model_name_or_path", base])
     merged = _logits_hf(_hf(str(tmp_path / "merged")))
     base_logits = _logits_hf(_hf(base))
-    with_peft = _logits_hf(peft.PeftModel.from_pretrained(_hf(base), str(tmp_path / "peft")).eval())
-    effect = np.abs(with_peft - base_logits).max()
+    wrapped = peft.PeftModel.from_pretrained(_hf(base), str(tmp_path / "peft")).eval()
+    effect = np.abs(_logits_hf(wrapped) - base_logits).max()
     assert effect > 0.2, model_type  # the trained adapter matters
-    # the merged weights are bf16 (W + BA rounded), PEFT adds BA in fp32: equal up to that rounding
-    assert np.abs(merged - with_peft).max() < 0.1 * effect, (model_type, np.abs(merged - with_peft).max(), effect)
+    theirs = wrapped.merge_and_unload()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    np.testing.assert_allclose(merged, _logits_hf(theirs), atol=2e-3 * np.abs(merged).max(), rtol=0)
