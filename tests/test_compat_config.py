@@ -172,3 +172,33 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
             overrides += [f"--{key}", "none"]
     cfg = load_config(path, overrides, mode=mode)
     assert cfg.training["do_train"] or cfg.training.get("do_eval")
+
+
+#: llm/config/<dir> -> the model_type of the hub model its configs name (transformers layout, read by our loaders)
+ZOO_FAMILIES = {"ernie4_5": ("ernie4_5", "baidu/ERNIE-4.5-0.3B-PT"), "gemma3": ("gemma3_text", "google/gemma-3-1b-it"),
+                "phi3": ("phi3", "microsoft/Phi-3-mini-4k-instruct"), "qwen3": ("qwen3", "Qwen/Qwen3-0.6B")}
+
+
+@pytest.mark.parametrize("path", [p for p in zoo_configs() if os.path.basename(os.path.dirname(p)) in ZOO_FAMILIES],
+                         ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "llm", "config")))
+def test_family_zoo_configs_validate_against_their_family(tmp_path, path, monkeypatch):
+    """The family configs name the hub model (as PaddleNLP's do) and pass the family table's checks for its
+    model_type: a tiny transformers-saved config.json of that family stands in for the hub download."""
+    transformers = pytest.importorskip("transformers")
+    raw = json.load(open(path))
+    model_type, hub = ZOO_FAMILIES[os.path.basename(os.path.dirname(path))]
+    assert raw["model_name_or_path"] == hub
+    model_dir = tmp_path / "model"
+    transformers.AutoConfig.for_model(model_type, vocab_size=128, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=8192).save_pretrained(str(model_dir))
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
+                                                  raw.get("pipeline_parallel_degree", 1)))
+    mode = "dpo" if os.path.basename(path).startswith("dpo") else "sft"
+    data = ["--train_dataset_path", DPO_DATA_DIR, "--dev_dataset_path", DPO_DATA_DIR] if mode == "dpo" else \
+        ["--dataset_name_or_path", DATA_DIR]
+    overrides = ["--model_name_or_path", str(model_dir), *data, "--output_dir", str(tmp_path / "out")]
+    if CPU_BUILD and (raw.get("bf16") or raw.get("fp16")):
+        overrides += ["--bf16", "false", "--fp16", "false"]
+    cfg = load_config(path, overrides, mode=mode)
+    assert cfg.training["do_train"]
