@@ -119,8 +119,10 @@ def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
     config.json leaves out means transformers' class default on both sides (the row's ``tie_default`` /
     ``defaults`` are those defaults).
 
-    >>> _decoder_config({"model_type": "phi3", "hidden_size": 64, "paddlenlp_version": "3.0.0b4"}, "float32")
-    {'model_type': 'phi3', 'hidden_size': 64, 'architectures': ['Phi3ForCausalLM'], 'torch_dtype': 'float32'}
+    >>> c = _decoder_config({"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 32,
+    ...     "intermediate_size": 96, "num_hidden_layers": 2, "paddlenlp_version": "3.0.0b4"}, "float32")
+    >>> c["architectures"], c["torch_dtype"], "paddlenlp_version" in c
+    (['Phi3ForCausalLM'], 'float32', False)
     """
     from ..models.decoder.rows import class_prefix, config_problems as decoder_problems
 
