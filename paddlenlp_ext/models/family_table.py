@@ -141,6 +141,29 @@ def _decoder_row(name: str, arch: Arch) -> "Family":
                   refusals=_decoder_refusals(name))
 
 
+#: MoE rows on the decoder: what their adapters / quantization target by default: attention, every routed
+#: expert's Linears (gate/up/down_proj, mixtral's w1/w3/w2), the shared expert and the dense layers' MLP; never
+#: the router (``mlp.gate``, mixtral's ``block_sparse_moe.gate``) nor qwen2_moe's ``shared_expert_gate``: their logits pick and weigh the experts
+#: (name them in lora_target_modules to adapt them anyway)
+_MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
+                r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
+                r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
+#: MoE decoder rows run the decoder's features but the predictor (not verified on MoE rows yet)
+_MOE_DECODER = _DECODER - {"predict"}
+
+
+def _moe_refusals(name: str) -> Dict[str, str]:
+    return {**_decoder_refusals(name),
+            "predict": f"{name}: the predictor is not verified on the decoder's MoE rows yet; use transformers "
+                       "to generate from this checkpoint"}
+
+
+def _moe_row(name: str, arch: Arch) -> "Family":
+    """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
+    return Family(name, targets=_MOE_TARGETS, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
+                  arch=arch, decoder=True, refusals=_moe_refusals(name))
+
+
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
 _GEMMA = dict(norm_plus_one=True, embed_scale=True, tie_default=True, **_ATTN_BIAS)
 
@@ -227,8 +250,9 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
                             "(packed and one-by-one losses differ); training it is not verified here; use another "
                             "family")),
-    Family("qwen2_moe", refused=_MOE.format("an int64/int32 mix in the gate")),
-    Family("mixtral", refused=_MOE.format("a broadcast in routing_weights[top_x, idx]")),
+    # MoE rows on our decoder (transformers' layout; PaddleNLP 3.0.0b4's own MoE classes crash on Paddle 3.3)
+    _moe_row("qwen2_moe", Arch(mlp="moe", qkv_bias="qkv_bias", defaults=(("qkv_bias", True),))),
+    _moe_row("mixtral", Arch(mlp="moe", mlp_name="block_sparse_moe", windows="all")),
     Family("jamba", refused=_MOE.format("its MoE routing")),
     Family("deepseek_v2", refused=_MOE.format("a concat shape in MLA")),
     Family("deepseek_v3", refused=_MOE.format("a concat shape in MLA")),
