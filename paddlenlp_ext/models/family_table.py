@@ -253,6 +253,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     # MoE rows on our decoder (transformers' layout; PaddleNLP 3.0.0b4's own MoE classes crash on Paddle 3.3)
     _moe_row("qwen2_moe", Arch(mlp="moe", qkv_bias="qkv_bias", defaults=(("qkv_bias", True),))),
     _moe_row("mixtral", Arch(mlp="moe", mlp_name="block_sparse_moe", windows="all")),
+    # the ernie4_5 row's attention (interleaved RoPE, use_bias) + MoE layers from moe_layer_start_index every
+    # moe_layer_interval; fp32 router with moe_statics.e_score_correction_bias; an LM head bias with use_bias
+    _moe_row("ernie4_5_moe", Arch(mlp="moe", rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
+                                  mlp_bias="use_bias", lm_head_bias="use_bias", tie_default=True)),
     Family("jamba", refused=_MOE.format("its MoE routing")),
     Family("deepseek_v2", refused=_MOE.format("a concat shape in MLA")),
     Family("deepseek_v3", refused=_MOE.format("a concat shape in MLA")),

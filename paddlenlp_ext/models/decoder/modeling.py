@@ -164,9 +164,13 @@ class DecoderLMHead(nn.Layer):
         else:
             self.weight = self.create_parameter([k.hidden, k.vocab])
         self.softcap = k.final_softcap
+        # ERNIE-4.5-MoE's lm_head.bias [vocab] (its own parameter even when the weight is tied)
+        self.bias = self.create_parameter([k.vocab], is_bias=True) if k.lm_head_bias else None
 
     def forward(self, x):
         logits = paddle.matmul(x, self.weight, transpose_y=self.transpose_y)  # [B, L, vocab]
+        if self.bias is not None:
+            logits = logits + self.bias
         if self.softcap is not None:
             logits = paddle.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -79,6 +79,8 @@ class Arch:
     mlp: str = "dense"
     #: the MLP sublayer's name in a layer (mixtral: ``block_sparse_moe``)
     mlp_name: str = "mlp"
+    #: a bias on the LM head (ERNIE-4.5-MoE: ``use_bias``)
+    lm_head_bias: Flag = False
     #: transformers' class default of tie_word_embeddings (used when config.json leaves it out)
     tie_default: bool = False
     #: transformers' class defaults of other keys this row reads, when config.json leaves them out
@@ -115,6 +117,7 @@ class Knobs:
     original_max_positions: Optional[int]
     #: the config.json dict itself (what an MoE block reads: experts, top-k, sparse layers ...)
     cfg: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    lm_head_bias: bool = False
 
 
 class ArchError(ValueError):
@@ -221,6 +224,7 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
         windows=windows, rope_on=rope_on, rope=rope, rotary_dim=rotary_dim,
         max_positions=int(_get(cfg, arch, "max_position_embeddings") or 2048),
         original_max_positions=int(original) if original else None, cfg=dict(cfg),
+        lm_head_bias=_flag(cfg, arch, arch.lm_head_bias),
     )  # fmt: skip
 
 
