@@ -197,7 +197,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                      "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
                      "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
                                 "model (qwen3) to predict or serve",
-                     "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"}),
+                     "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
+           # the decoder's MoE row (tests/test_decoder_parity.py); the CLI still trains models/qwen3 (PaddleNLP
+           # layout) and refuses a transformers-layout qwen3_moe checkpoint
+           arch=Arch(mlp="moe", qk_norm="head", windows="all", qkv_bias="attention_bias", o_bias="attention_bias")),
     Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral"),
            arch=Arch(windows="all")),
     Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma"), arch=Arch(**_GEMMA)),
