@@ -68,6 +68,10 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
     family = row(getattr(config, "model_type", None))
+    from .moe_aux import configure as configure_moe, moe_row
+
+    if moe_row(getattr(config, "model_type", None)):  # router_aux_loss_coef -> output_router_logits (docs/moe.md)
+        configure_moe(config, m)
     if family is not None and family.sets_ignore_index:
         from .loss import IGNORE_INDEX
 

@@ -188,6 +188,10 @@ class DecoderForCausalLM(DecoderPretrainedModel):
         setattr(self, self.base_model_prefix, body)
         k = body.knobs
         self.lm_head = DecoderLMHead(k, body.embed_tokens.weight if k.tie else None)
+        # the last training forward's aux loss, whether it is already in the returned loss, and each MoE layer's
+        # expert counts over real tokens: read (and cleared) by the trainer (training/moe_aux.py).  A plain dict:
+        # a Tensor attribute would become a Paddle buffer
+        self.moe_state: dict = {}
 
     @property
     def body(self) -> DecoderModel:
@@ -236,10 +240,13 @@ class DecoderForCausalLM(DecoderPretrainedModel):
                                     ignore_index=-100, reduction="sum")
             loss = total / paddle.clip((flat != -100).astype("float32").sum(), min=1.0)
         aux_loss = self._aux_loss(out.router_logits, attention_mask)
+        in_loss = False
         if aux_loss is not None and loss is not None:
             coef = float(getattr(self.config, "router_aux_loss_coef", 0.0) or 0.0)
             if coef > 0:  # transformers: loss += router_aux_loss_coef * aux_loss when router logits are output
-                loss = loss + coef * aux_loss
+                loss, in_loss = loss + coef * aux_loss, True
+        if aux_loss is not None and self.training:
+            self.moe_state = {"aux_loss": aux_loss, "in_loss": in_loss, "counts": self._expert_counts(attention_mask)}
         if not return_dict:
             rest = (logits, out.past_key_values) if use_cache else (logits,)
             return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
@@ -259,6 +266,14 @@ class DecoderForCausalLM(DecoderPretrainedModel):
         if mask is not None and mask.shape[1] * mask.shape[0] != router_logits[0].shape[0]:
             mask = None  # generation with a KV cache: the mask covers the cached positions too (no loss there)
         return load_balancing_loss(list(router_logits), spec.num_experts, spec.top_k, attention_mask=mask)
+
+    def _expert_counts(self, attention_mask) -> list:
+        """Per MoE layer, the tokens each expert received in the last forward ([E] int64; real tokens only under a
+        2-D padding mask)."""
+        from .moe_balance import expert_load
+
+        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+        return [expert_load(b.last_selected, b.spec.num_experts, attention_mask=mask) for b in self.moe_blocks()]
 
     def moe_blocks(self) -> list:
         """The MoE blocks of the layers that have one (the dense layers of a sparse-step model excluded)."""
