@@ -148,20 +148,14 @@ def _decoder_row(name: str, arch: Arch) -> "Family":
 _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
                 r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
                 r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
-#: MoE decoder rows run the decoder's features but the predictor (not verified on MoE rows yet)
-_MOE_DECODER = _DECODER - {"predict"}
-
-
-def _moe_refusals(name: str) -> Dict[str, str]:
-    return {**_decoder_refusals(name),
-            "predict": f"{name}: the predictor is not verified on the decoder's MoE rows yet; use transformers "
-                       "to generate from this checkpoint"}
+#: MoE decoder rows run the decoder's features (tests/test_decoder_cli.py, tests/test_moe_cli.py)
+_MOE_DECODER = _DECODER
 
 
 def _moe_row(name: str, arch: Arch) -> "Family":
     """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
     return Family(name, targets=_MOE_TARGETS, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
-                  arch=arch, decoder=True, refusals=_moe_refusals(name))
+                  arch=arch, decoder=True, refusals=_decoder_refusals(name))
 
 
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
