@@ -73,3 +73,19 @@ def test_no_router_logits_no_aux_loss(moe_row):
     out = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
                position_ids=paddle.to_tensor(pos), output_router_logits=False)
     assert out.aux_loss is None and out.router_logits is None, model_type
+
+
+def test_targets_take_every_expert_but_never_the_router(moe_row):
+    """The row's default adapter / quantization targets: attention and every expert Linear, not the router."""
+    import re
+
+    from paddlenlp_ext.models.decoder.moe import MoEBlock
+
+    model_type, _, _, ours = moe_row
+    pats = FAMILIES[model_type].targets
+    linears = [n for n, m in ours.named_sublayers() if isinstance(m, paddle.nn.Linear)]
+    hit = {n for n in linears if any(re.fullmatch(p, n) for p in pats)}
+    routers = {n for n, m in ours.named_sublayers() if isinstance(m, MoEBlock) for n in (n + "." + m.spec.router_name,)}
+    gates = {n for n in linears if n.endswith("shared_expert_gate")}
+    assert routers and not (routers | gates) & hit, model_type
+    assert hit == set(linears) - routers - gates, (model_type, sorted(set(linears) - hit))

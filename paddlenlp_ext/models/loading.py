@@ -244,7 +244,7 @@ def _replace(model, name: str, new) -> None:
     setattr(parent, attr, new)
 
 
-def _decoder_class(config):
+def decoder_class_for(config):
     """(our decoder's causal-LM class, config as its config class) for a row the table builds with the decoder
     whose model_type PaddleNLP also has (mixtral, qwen2_moe: the Auto classes would pick PaddleNLP's, which
     crash on Paddle 3.3); (None, config) otherwise."""
@@ -310,7 +310,7 @@ def load_model_streaming(
     quant = _check_quantization(quantization)
     ckpt = find_checkpoint(model_dir)
     if model_class is None:
-        model_class, config = _decoder_class(config)
+        model_class, config = decoder_class_for(config)
     decoder = model_class is not None and hasattr(model_class, "body_class")  # our decoder (models/decoder)
     if ckpt.hf_model_type is not None:
         _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)

@@ -104,8 +104,11 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
                                         max_seq_len=config.seq_length)
         except (CheckpointError, ValueError) as e:  # names the tensor / file / layer and what to do
             raise ConfigError([f"{where}: {e}"], before_load=False) from e
-    else:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init (continue_training=false)
+    else:  # random init (continue_training=false); decoder rows PaddleNLP also names (mixtral) get our class
+        from ..models.loading import decoder_class_for
+
+        model_class, config = decoder_class_for(config)
+        model = (model_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
     if not quantization:
         return model, None
     from ..quant import quantize_model
