@@ -56,6 +56,16 @@ KNOBS = {
     "glm4": dict(partial_rotary_factor=0.5, attention_bias=True, head_dim=16),
     "ernie4_5": dict(use_bias=True, tie_word_embeddings=True, rope_theta=500000.0),
     "olmo2": dict(attention_bias=True, rope_scaling={"type": "linear", "factor": 2.0}),
+    # MoE rows (decoder/moe.py): 4 experts top-2; qwen2_moe with a dense layer (mlp_only_layers), a shared expert
+    # and renormalised top-k; mixtral with a window
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5),
+    "qwen2_moe": dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True),
+    "qwen3_moe": dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      decoder_sparse_step=2, head_dim=24, norm_topk_prob=True, attention_bias=True),
+    "ernie4_5_moe": dict(num_hidden_layers=4, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+                         moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, use_bias=True,
+                         tie_word_embeddings=True),
     "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=5,
                     tie_word_embeddings=True, attention_bias=True),
 }

@@ -70,7 +70,35 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
         why = feature_problem(model_type, feature)
         if why is not None:
             problems.append(f"{where}: {why}")
+    problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path)]
     return problems
+
+
+def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[str]:
+    """The MoE keys (``router_aux_loss_coef`` / alias ``moe_aux_loss_coef``) on a model that cannot honour them.
+
+    Worked example: ``router_aux_loss_coef: 0.01`` on a llama -> ["router_aux_loss_coef: model_type 'llama'
+    has no mixture-of-experts router; remove router_aux_loss_coef"]; on the PaddleNLP-layout qwen3_moe
+    (models/qwen3, no load-balancing loss) -> a refusal naming the key; on mixtral -> [].
+    """
+    from ..models.decoder.moe_spec import AUX_LOSS_ALIAS, AUX_LOSS_KEY, MoEConfigError, moe_key_problems
+    from ..models.decoder.moe_spec import router_aux_loss_coef
+
+    keys = {k: getattr(model_args, k, None) for k in (AUX_LOSS_KEY, AUX_LOSS_ALIAS)}
+    out = moe_key_problems(keys, model_type)
+    if out or not any(v is not None for v in keys.values()):
+        return out
+    try:
+        coef = router_aux_loss_coef(keys, {})
+    except MoEConfigError as e:
+        return [str(e)]
+    family = row(model_type)
+    on_decoder = family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"
+    if coef > 0 and not on_decoder:
+        key = AUX_LOSS_KEY if keys[AUX_LOSS_KEY] is not None else AUX_LOSS_ALIAS
+        return [f"{key}={coef}: {model_type} trains on its PaddleNLP-layout model here (models/qwen3), which has no "
+                "load-balancing loss; remove the key (or set it to 0)"]
+    return []
 
 
 def config_read_problems(model_dir: str) -> List[str]:

@@ -76,6 +76,17 @@ class ModelArgument:
     vera_d_init: float = _f(0.1, "Initial value of VeRA's per-layer d vector (b starts at 0).", gt=0.0)
     neftune: bool = _f(False, "NEFTune: add uniform noise to input embeddings during training.")
     neftune_noise_alpha: float = _f(5.0, "NEFTune alpha: noise scale alpha/sqrt(L*d).", min=0.0)
+    # mixture-of-experts rows (docs/moe.md)
+    router_aux_loss_coef: Optional[float] = _f(
+        None, "MoE rows: weight of the router's load-balancing loss added to the training loss (transformers' "
+        "load_balancing_loss_func); unset = the checkpoint's router_aux_loss_coef when its output_router_logits "
+        "is true, else 0 (no aux loss).", min=0.0)
+    moe_aux_loss_coef: Optional[float] = _f(None, "Alias of router_aux_loss_coef (LLaMA-Factory's name).", min=0.0)
+    moe_router_bias_update_rate: Optional[float] = _unsupported(
+        None, "MoE rows: DeepSeek-V3 bias balancing (e_score_correction_bias update after each step).",
+        "not wired into training yet (docs/moe.md); remove it")
+    freeze_router: bool = _unsupported(False, "MoE rows: keep the router weights fixed in full fine-tuning.",
+                                       "not wired into training yet (docs/moe.md); remove it")
     # accepted for compatibility with PaddleNLP configs, not built
     use_fast_layer_norm: bool = _unsupported(False, "GPT-3 fast layer norm.")
     use_quick_lora: bool = _unsupported(False, "PaddleNLP quick LoRA kernel.")

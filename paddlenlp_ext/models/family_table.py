@@ -140,6 +140,32 @@ def _decoder_row(name: str, arch: Arch) -> "Family":
                   refusals=_decoder_refusals(name))
 
 
+#: MoE rows on the decoder: what their adapters / quantization target by default: attention, every routed
+#: expert's Linears (gate/up/down_proj, mixtral's w1/w3/w2), the shared expert and the dense layers' MLP; never
+#: the router (``mlp.gate``, mixtral's ``block_sparse_moe.gate``) nor qwen2_moe's ``shared_expert_gate``: their logits pick and weigh the experts
+#: (name them in lora_target_modules to adapt them anyway)
+_MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
+                r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
+                r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
+#: MoE decoder rows run the decoder's features (tests/test_decoder_cli.py, tests/test_moe_cli.py) but merge and
+#: preference training, which are verified on the dense rows only (tests/test_decoder_export.py, test_decoder_dpo.py)
+_MOE_DECODER = _DECODER - {"merge", "dpo"}
+
+
+def _moe_refusals(name: str) -> Dict[str, str]:
+    return {**_decoder_refusals(name),
+            "merge": f"{name}: merging an adapter into an MoE row is not verified yet; serve or predict with "
+                     "--lora_path instead of merging",
+            "dpo": f"{name}: preference training on an MoE row is not verified yet; use a dense model "
+                   "(llama, qwen2, qwen3, gemma2, ...)"}
+
+
+def _moe_row(name: str, arch: Arch) -> "Family":
+    """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
+    return Family(name, targets=_MOE_TARGETS, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
+                  arch=arch, decoder=True, refusals=_moe_refusals(name))
+
+
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
 _GEMMA = dict(norm_plus_one=True, embed_scale=True, tie_default=True, **_ATTN_BIAS)
 
@@ -173,7 +199,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                      "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
                      "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
                                 "model (qwen3) to predict or serve",
-                     "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"}),
+                     "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
+           # the decoder's MoE row (tests/test_decoder_parity.py); the CLI still trains models/qwen3 (PaddleNLP
+           # layout) and refuses a transformers-layout qwen3_moe checkpoint
+           arch=Arch(mlp="moe", qk_norm="head", windows="all", qkv_bias="attention_bias", o_bias="attention_bias")),
     Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral"),
            arch=Arch(windows="all")),
     Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma"), arch=Arch(**_GEMMA)),
@@ -226,8 +255,13 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
                             "(packed and one-by-one losses differ); training it is not verified here; use another "
                             "family")),
-    Family("qwen2_moe", refused=_MOE.format("an int64/int32 mix in the gate")),
-    Family("mixtral", refused=_MOE.format("a broadcast in routing_weights[top_x, idx]")),
+    # MoE rows on our decoder (transformers' layout; PaddleNLP 3.0.0b4's own MoE classes crash on Paddle 3.3)
+    _moe_row("qwen2_moe", Arch(mlp="moe", qkv_bias="qkv_bias", defaults=(("qkv_bias", True),))),
+    _moe_row("mixtral", Arch(mlp="moe", mlp_name="block_sparse_moe", windows="all")),
+    # the ernie4_5 row's attention (interleaved RoPE, use_bias) + MoE layers from moe_layer_start_index every
+    # moe_layer_interval; fp32 router with moe_statics.e_score_correction_bias; an LM head bias with use_bias
+    _moe_row("ernie4_5_moe", Arch(mlp="moe", rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
+                                  mlp_bias="use_bias", lm_head_bias="use_bias", tie_default=True)),
     Family("jamba", refused=_MOE.format("its MoE routing")),
     Family("deepseek_v2", refused=_MOE.format("a concat shape in MLA")),
     Family("deepseek_v3", refused=_MOE.format("a concat shape in MLA")),

@@ -36,8 +36,10 @@ HF_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if 
 #: converted while streaming) even where the CLI still trains PaddleNLP's class and refuses it (gemma)
 READ_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if f.hf_layout or f.arch}
 
-#: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]
-_LINEAR_WEIGHT = re.compile(r"(^|\.)((q|k|v|o|gate|up|down|qkv|gate_up)_proj|lm_head)\.weight$")
+#: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]; with the MoE block's Linears
+#: (decoder/moe.py): the router ``mlp.gate`` (mixtral ``block_sparse_moe.gate``), mixtral's experts ``w1/w2/w3``, qwen2_moe's ``shared_expert_gate``
+_LINEAR_WEIGHT = re.compile(
+    r"(^|\.)((q|k|v|o|gate|up|down|qkv|gate_up)_proj|lm_head|(mlp|block_sparse_moe)\.gate|w[123]|shared_expert_gate)\.weight$")
 
 
 

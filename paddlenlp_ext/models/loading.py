@@ -244,6 +244,23 @@ def _replace(model, name: str, new) -> None:
     setattr(parent, attr, new)
 
 
+def decoder_class_for(config):
+    """(our decoder's causal-LM class, config as its config class) for a row the table builds with the decoder
+    whose model_type PaddleNLP also has (mixtral, qwen2_moe: the Auto classes would pick PaddleNLP's, which
+    crash on Paddle 3.3); (None, config) otherwise."""
+    from .family_table import row
+
+    family = row(getattr(config, "model_type", None))
+    if family is None or not family.decoder or family.arch is None:
+        return None, config
+    from .decoder import classes_for
+
+    config_cls, _, lm_cls = classes_for(config.model_type)
+    if not isinstance(config, config_cls):
+        config = config_cls(**config.to_dict())
+    return lm_cls, config
+
+
 def load_model_streaming(
     model_dir: str,
     config: Any,
@@ -292,6 +309,8 @@ def load_model_streaming(
     t0, rss0 = time.perf_counter(), _rss()
     quant = _check_quantization(quantization)
     ckpt = find_checkpoint(model_dir)
+    if model_class is None:
+        model_class, config = decoder_class_for(config)
     decoder = model_class is not None and hasattr(model_class, "body_class")  # our decoder (models/decoder)
     if ckpt.hf_model_type is not None:
         _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)

@@ -104,7 +104,8 @@ class ConsoleProgress(TrainerCallback):
     """
 
     #: log keys shown after the learning rate when present (DPO's reward accuracy)
-    EXTRA_KEYS = {"rewards/accuracies": "reward acc"}
+    EXTRA_KEYS = {"rewards/accuracies": "reward acc", "aux_loss": "aux loss",
+                  "expert_load_max_over_mean": "expert load max/mean"}
 
     def __init__(self, console, tokens: Callable[[], int], data_parallel: int = 1):
         self.console = console

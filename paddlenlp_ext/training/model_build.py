@@ -68,6 +68,10 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
     family = row(getattr(config, "model_type", None))
+    from .moe_aux import configure as configure_moe, moe_row
+
+    if moe_row(getattr(config, "model_type", None)):  # router_aux_loss_coef -> output_router_logits (docs/moe.md)
+        configure_moe(config, m)
     if family is not None and family.sets_ignore_index:
         from .loss import IGNORE_INDEX
 
@@ -100,8 +104,11 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
                                         max_seq_len=config.seq_length)
         except (CheckpointError, ValueError) as e:  # names the tensor / file / layer and what to do
             raise ConfigError([f"{where}: {e}"], before_load=False) from e
-    else:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # random init (continue_training=false)
+    else:  # random init (continue_training=false); decoder rows PaddleNLP also names (mixtral) get our class
+        from ..models.loading import decoder_class_for
+
+        model_class, config = decoder_class_for(config)
+        model = (model_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
     if not quantization:
         return model, None
     from ..quant import quantize_model

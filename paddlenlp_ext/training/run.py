@@ -244,6 +244,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     from .callbacks import attach_step_callbacks
     from .console import current
     from .reporting import attach_reporting
+    from .moe_aux import MoEAuxLog, moe_row
     from .trainer import FinetuneTrainer
 
     wall_start = time.time()
@@ -272,6 +273,9 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         neftune_hook=neftune_hook,
         weights_io=prefix_io,
     )
+    aux_coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+    if moe_row(getattr(model.config, "model_type", None)) and getattr(model.config, "output_router_logits", False):
+        trainer.moe_aux_log = MoEAuxLog(aux_coef)  # the aux loss in the training loss, logged on its own
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_tokens)
 
@@ -284,6 +288,8 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
 
     if args.do_train:
         train_time = train_and_save(trainer, cfg, args, data, summary)
+        if trainer.moe_aux_log is not None:
+            summary["moe"] = trainer.moe_aux_log.summary()
         tokens, supervised = trainer.global_token_counts()
         summary.update(
             tokens_trained=tokens,

@@ -36,6 +36,7 @@ from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpo
 from ..parallel.pipeline import save_stage_weights
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
+from .moe_aux import add_aux_loss
 from .resume import (clean_stale_staging, publish_checkpoint, read_run_totals, resume_command, rotate_checkpoints,
                      save_failure_message, staging_root, write_run_totals)
 from .signals import InterruptCallback, StopRequest, stop_on_signals
@@ -63,6 +64,7 @@ class FinetuneTrainer(TrainerBoundary):
         # callables(checkpoint_dir, state) that add files to each checkpoint before it is marked complete
         self.checkpoint_extras = []
         self.eval_accuracy = TokenAccuracy()
+        self.moe_aux_log = None  # training.moe_aux.MoEAuxLog on MoE rows with an aux loss
 
     # -- data order -------------------------------------------------------
     def label_counts(self, dataset):
@@ -117,11 +119,16 @@ class FinetuneTrainer(TrainerBoundary):
         global_tokens = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [] N of this micro-batch's global batch
         if model.training and global_tokens is not None and not return_outputs:
             a = self.args
-            return global_token_loss(model, inputs, int(global_tokens), a.dataset_world_size,
+            loss = global_token_loss(model, inputs, int(global_tokens), a.dataset_world_size,
                                      a.gradient_accumulation_steps)
+            return add_aux_loss(model, loss, self.moe_aux_log) if self.moe_aux_log is not None else loss
         own = "labels" in inputs and shifts_labels_itself(model)  # codegen: never hand it our shifted labels
         if (model.training or "labels" not in inputs) and not own:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs)
+            if model.training and self.moe_aux_log is not None:
+                out = (add_aux_loss(model, out[0], self.moe_aux_log), out[1]) if return_outputs else \
+                    add_aux_loss(model, out, self.moe_aux_log)
+            return out
         labels = inputs["labels"]  # [batch, seq], already shifted: position i predicts labels[i]
         loss, outputs = token_mean_loss(model, inputs) if own else \
             super().compute_loss(model, inputs, return_outputs=True)
@@ -129,6 +136,11 @@ class FinetuneTrainer(TrainerBoundary):
             return (loss, outputs) if return_outputs else loss
         self.eval_accuracy.update(logits_of(outputs), labels)
         return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs, **kwargs):
+        if self.moe_aux_log is not None:  # MoE rows: the aux loss and expert load since the last log
+            self.moe_aux_log.fill(logs, self.state.global_step)
+        super().log(logs, **kwargs)
 
     def global_token_counts(self):
         """(tokens, supervised tokens) trained, summed over data-parallel ranks."""

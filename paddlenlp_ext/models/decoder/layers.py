@@ -130,6 +130,19 @@ def register_mlp(kind: str, builder: Callable[[Knobs, int], nn.Layer]) -> None:
     MLP_BUILDERS[kind] = builder
 
 
+def _moe_or_dense(k: Knobs, layer_idx: int) -> nn.Layer:
+    """Arch.mlp == "moe": the MoE block (its forward returns ``(hidden, router_logits)``) on the layers the
+    config makes sparse (``decoder_sparse_step``, ``mlp_only_layers``, ernie's start/end/interval), else the
+    dense MLP of ``intermediate_size`` (as transformers' ``*DecoderLayer`` chooses)."""
+    from .moe import MoEBlock
+    from .moe_spec import is_moe_layer
+
+    return MoEBlock.from_config(k.cfg) if is_moe_layer(k.cfg, layer_idx) else DenseMLP(k, layer_idx)
+
+
+MLP_BUILDERS["moe"] = _moe_or_dense
+
+
 def build_mlp(k: Knobs, layer_idx: int) -> nn.Layer:
     if k.arch.mlp not in MLP_BUILDERS:
         raise ValueError(f"no MLP builder for kind {k.arch.mlp!r} (known: {sorted(MLP_BUILDERS)})")

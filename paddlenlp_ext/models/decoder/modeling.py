@@ -18,13 +18,14 @@ and the MLP from ``layers.build_mlp`` (the one place an MoE block plugs in).
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 from paddle.distributed.fleet.utils import recompute
-from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from paddlenlp.transformers.model_outputs import CausalLMOutputWithPast, MoEModelOutputWithPast
 from paddlenlp.transformers.model_utils import PretrainedModel
 
 from .attention import MaskPlan
@@ -32,7 +33,16 @@ from .configuration import DecoderConfig, config_class_for
 from .layers import Attention, build_mlp, norm_of, rotaries
 from .rows import Knobs, class_prefix  # noqa: F401  (re-exported: integrations/decoder, configuration)
 
-__all__ = ["DecoderModel", "DecoderForCausalLM", "DecoderPretrainedModel", "classes_for"]
+__all__ = ["DecoderModel", "DecoderForCausalLM", "DecoderPretrainedModel", "classes_for", "DecoderLMOutput"]
+
+
+@dataclass
+class DecoderLMOutput(CausalLMOutputWithPast):
+    """CausalLMOutputWithPast + the MoE fields, last so that positions (loss, logits, ...) stay as they were:
+    ``aux_loss`` (the load-balancing loss, unscaled) and ``router_logits`` (one [B*L, E] per MoE layer)."""
+
+    aux_loss: Optional[paddle.Tensor] = None
+    router_logits: Optional[Tuple[paddle.Tensor, ...]] = None
 
 
 class DecoderLayer(nn.Layer):
@@ -43,7 +53,12 @@ class DecoderLayer(nn.Layer):
             if name is not None:
                 setattr(self, name, norm_of(k, k.hidden))
         self.self_attn = Attention(k, idx)
-        self.mlp = build_mlp(k, idx)
+        self.mlp_name = k.arch.mlp_name  # transformers' name of the MLP sublayer (mlp; mixtral: block_sparse_moe)
+        setattr(self, self.mlp_name, build_mlp(k, idx))
+
+    @property
+    def feed_forward(self) -> nn.Layer:
+        return getattr(self, self.mlp_name)
 
     def _norm(self, slot: int, x):
         name = self.slots[slot]
@@ -52,8 +67,12 @@ class DecoderLayer(nn.Layer):
     def forward(self, x, rope, plan, past=None, use_cache=False):
         h, cache = self.self_attn(self._norm(0, x), rope, plan, past, use_cache)
         x = x + self._norm(1, h)
-        x = x + self._norm(3, self.mlp(self._norm(2, x)))
-        return x, cache
+        h = self.feed_forward(self._norm(2, x))
+        router_logits = None
+        if isinstance(h, tuple):  # an MoE block: (hidden [B, L, H], router logits [B*L, E])
+            h, router_logits = h
+        x = x + self._norm(3, h)
+        return x, cache, router_logits
 
 
 class DecoderPretrainedModel(PretrainedModel):
@@ -93,7 +112,7 @@ class DecoderModel(DecoderPretrainedModel):
 
     def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, use_cache=False,
                 past_key_values=None, output_attentions=False, output_hidden_states=None, return_dict=True,
-                attn_mask_startend_row_indices=None, **kwargs):
+                attn_mask_startend_row_indices=None, output_router_logits=None, **kwargs):
         if output_attentions:
             raise ValueError("the decoder does not return attention weights (output_attentions=True)")
         k = self.knobs
@@ -108,6 +127,9 @@ class DecoderModel(DecoderPretrainedModel):
         tables = [r.tables(position_ids, x.dtype) for r in self._rotaries]
         caches = [] if use_cache else None
         hidden_states = [] if output_hidden_states else None
+        if output_router_logits is None:
+            output_router_logits = bool(getattr(self.config, "output_router_logits", False))
+        router_logits = [] if output_router_logits else None  # one [B*L, E] per MoE layer
         for i, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
@@ -116,16 +138,19 @@ class DecoderModel(DecoderPretrainedModel):
             rope = None if j is None else tables[j]
             if self.training and getattr(self.config, "recompute", False) and not use_cache:
                 # recompute=true: keep only each layer's input; its activations are recomputed in backward
-                x, cache = recompute(layer, x, rope, plan, None, False, use_reentrant=False)
+                x, cache, logits = recompute(layer, x, rope, plan, None, False, use_reentrant=False)
             else:
-                x, cache = layer(x, rope, plan, past, use_cache)
+                x, cache, logits = layer(x, rope, plan, past, use_cache)
             if use_cache:
                 caches.append(cache)
+            if router_logits is not None and logits is not None:
+                router_logits.append(logits)
         x = self.norm(x)
         if hidden_states is not None:
             hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=tuple(caches) if use_cache else None,
-                                       hidden_states=tuple(hidden_states) if hidden_states is not None else None)
+        return MoEModelOutputWithPast(last_hidden_state=x, past_key_values=tuple(caches) if use_cache else None,
+                                      hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+                                      router_logits=tuple(router_logits) if router_logits is not None else None)
 
 
 class DecoderLMHead(nn.Layer):
@@ -139,9 +164,13 @@ class DecoderLMHead(nn.Layer):
         else:
             self.weight = self.create_parameter([k.hidden, k.vocab])
         self.softcap = k.final_softcap
+        # ERNIE-4.5-MoE's lm_head.bias [vocab] (its own parameter even when the weight is tied)
+        self.bias = self.create_parameter([k.vocab], is_bias=True) if k.lm_head_bias else None
 
     def forward(self, x):
         logits = paddle.matmul(x, self.weight, transpose_y=self.transpose_y)  # [B, L, vocab]
+        if self.bias is not None:
+            logits = logits + self.bias
         if self.softcap is not None:
             logits = paddle.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -159,6 +188,10 @@ class DecoderForCausalLM(DecoderPretrainedModel):
         setattr(self, self.base_model_prefix, body)
         k = body.knobs
         self.lm_head = DecoderLMHead(k, body.embed_tokens.weight if k.tie else None)
+        # the last training forward's aux loss, whether it is already in the returned loss, and each MoE layer's
+        # expert counts over real tokens: read (and cleared) by the trainer (training/moe_aux.py).  A plain dict:
+        # a Tensor attribute would become a Paddle buffer
+        self.moe_state: dict = {}
 
     @property
     def body(self) -> DecoderModel:
@@ -192,11 +225,12 @@ class DecoderForCausalLM(DecoderPretrainedModel):
 
     def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
                 use_cache=False, past_key_values=None, output_attentions=False, output_hidden_states=None,
-                return_dict=True, attn_mask_startend_row_indices=None, **kwargs):
+                return_dict=True, attn_mask_startend_row_indices=None, output_router_logits=None, **kwargs):
         out = self.body(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                        attn_mask_startend_row_indices=attn_mask_startend_row_indices)
+                        attn_mask_startend_row_indices=attn_mask_startend_row_indices,
+                        output_router_logits=output_router_logits)
         logits = self.lm_head(out.last_hidden_state)  # [B, L, vocab]
         loss = None
         if labels is not None:
@@ -205,11 +239,47 @@ class DecoderForCausalLM(DecoderPretrainedModel):
             total = F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]), flat,
                                     ignore_index=-100, reduction="sum")
             loss = total / paddle.clip((flat != -100).astype("float32").sum(), min=1.0)
+        aux_loss = self._aux_loss(out.router_logits, attention_mask)
+        in_loss = False
+        if aux_loss is not None and loss is not None:
+            coef = float(getattr(self.config, "router_aux_loss_coef", 0.0) or 0.0)
+            if coef > 0:  # transformers: loss += router_aux_loss_coef * aux_loss when router logits are output
+                loss, in_loss = loss + coef * aux_loss, True
+        if aux_loss is not None and self.training:
+            self.moe_state = {"aux_loss": aux_loss, "in_loss": in_loss, "counts": self._expert_counts(attention_mask)}
         if not return_dict:
             rest = (logits, out.past_key_values) if use_cache else (logits,)
             return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states)
+        return DecoderLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                               hidden_states=out.hidden_states, aux_loss=aux_loss, router_logits=out.router_logits)
+
+    def _aux_loss(self, router_logits, attention_mask) -> Optional[paddle.Tensor]:
+        """transformers' ``load_balancing_loss_func`` over the MoE layers' router logits (None when they were
+        not asked for); a 2-D padding mask [B, L] keeps pad tokens out, as transformers does.  Other mask forms
+        (4-D, FlashMask start rows of packed rows) hold no pad tokens to drop: every token counts."""
+        if not router_logits:
+            return None
+        from .moe_balance import load_balancing_loss
+
+        spec = self.moe_blocks()[0].spec
+        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+        if mask is not None and mask.shape[1] * mask.shape[0] != router_logits[0].shape[0]:
+            mask = None  # generation with a KV cache: the mask covers the cached positions too (no loss there)
+        return load_balancing_loss(list(router_logits), spec.num_experts, spec.top_k, attention_mask=mask)
+
+    def _expert_counts(self, attention_mask) -> list:
+        """Per MoE layer, the tokens each expert received in the last forward ([E] int64; real tokens only under a
+        2-D padding mask)."""
+        from .moe_balance import expert_load
+
+        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+        return [expert_load(b.last_selected, b.spec.num_experts, attention_mask=mask) for b in self.moe_blocks()]
+
+    def moe_blocks(self) -> list:
+        """The MoE blocks of the layers that have one (the dense layers of a sparse-step model excluded)."""
+        from .moe import MoEBlock
+
+        return [layer.feed_forward for layer in self.body.layers if isinstance(layer.feed_forward, MoEBlock)]
 
 
 _CLASSES: Dict[str, Tuple[type, type, type]] = {}

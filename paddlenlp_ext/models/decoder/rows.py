@@ -20,7 +20,7 @@ model and per layer, which is all the Paddle code reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Tuple, Union
 
 #: where the four per-layer norms sit: (before attention, after attention, before the MLP, after the MLP);
@@ -74,8 +74,13 @@ class Arch:
     query_scalar: Optional[str] = None
     #: multiply the embeddings by sqrt(hidden_size) (Gemma)
     embed_scale: bool = False
-    #: the MLP block a layer builds (``modeling.build_mlp``); "dense" here, an MoE kind for MoE rows
+    #: the MLP block a layer builds (``layers.build_mlp``): "dense", or "moe" (the mixture-of-experts block of
+    #: ``decoder/moe.py`` on the layers ``moe_spec.is_moe_layer`` picks, the dense MLP on the others)
     mlp: str = "dense"
+    #: the MLP sublayer's name in a layer (mixtral: ``block_sparse_moe``)
+    mlp_name: str = "mlp"
+    #: a bias on the LM head (ERNIE-4.5-MoE: ``use_bias``)
+    lm_head_bias: Flag = False
     #: transformers' class default of tie_word_embeddings (used when config.json leaves it out)
     tie_default: bool = False
     #: transformers' class defaults of other keys this row reads, when config.json leaves them out
@@ -110,6 +115,9 @@ class Knobs:
     rotary_dim: int
     max_positions: int
     original_max_positions: Optional[int]
+    #: the config.json dict itself (what an MoE block reads: experts, top-k, sparse layers ...)
+    cfg: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    lm_head_bias: bool = False
 
 
 class ArchError(ValueError):
@@ -193,6 +201,17 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
     def cap(key):
         return float(_get(cfg, arch, key)) if key and _get(cfg, arch, key) else None
 
+    if arch.mlp == "moe":
+        from .moe_spec import MoEConfigError, is_moe_layer, moe_spec
+
+        try:  # the block's required keys (num_experts ...) are checked here, before anything is built
+            moe_spec(cfg)
+            [is_moe_layer(cfg, i) for i in range(layers)]
+        except MoEConfigError as e:
+            raise ArchError(str(e)) from None
+        if cfg.get("model_type") == "qwen2_moe" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+            raise ArchError("config.json use_sliding_window=true: the decoder's qwen2_moe row computes full "
+                            "attention only; set use_sliding_window to false")
     original = cfg.get("original_max_position_embeddings")
     return Knobs(
         arch=arch, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
@@ -204,7 +223,8 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
         attn_softcap=cap(arch.attn_softcap), final_softcap=cap(arch.final_softcap),
         windows=windows, rope_on=rope_on, rope=rope, rotary_dim=rotary_dim,
         max_positions=int(_get(cfg, arch, "max_position_embeddings") or 2048),
-        original_max_positions=int(original) if original else None,
+        original_max_positions=int(original) if original else None, cfg=dict(cfg),
+        lm_head_bias=_flag(cfg, arch, arch.lm_head_bias),
     )  # fmt: skip
 
 
@@ -229,5 +249,6 @@ def class_prefix(model_type: str) -> str:
     ('Gemma3', 'SmolLM3', 'Ernie4_5')
     """
     special = {"gemma3_text": "Gemma3", "smollm3": "SmolLM3", "qwen3_moe": "Qwen3Moe", "glm4": "Glm4",
-               "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "phi3": "Phi3"}
+               "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "phi3": "Phi3", "qwen2_moe": "Qwen2Moe",
+               "ernie4_5_moe": "Ernie4_5_Moe"}
     return special.get(model_type) or model_type[:1].upper() + model_type[1:]
