@@ -72,3 +72,25 @@ def test_aux_loss_key_refused_on_a_dense_model(tmp_path):
     base = save_row("ernie4_5", str(tmp_path / "base"))
     r = finetune(base, str(tmp_path / "out"), "--router_aux_loss_coef", "0.01", check=False)
     assert r.returncode == 2 and "router_aux_loss_coef" in (r.stdout + r.stderr)
+
+
+def test_merge_refusal_advice_works(tmp_path):
+    """A LoRA on an MoE row: merging is refused (exit 2, naming the way out), and that way out -- the
+    predictor with --lora_path -- answers."""
+    from test_decoder_cli import PREDICT, run
+
+    model_type = MOE_ROWS[0]
+    base = save_row(model_type, str(tmp_path / "base"))
+    out = str(tmp_path / "lora")
+    finetune(base, out, "--max_steps", "2")
+    merge = os.path.join(os.path.dirname(PREDICT), "..", "merge_lora_params.py")
+    r = run([merge, "--model_name_or_path", base, "--lora_path", out, "--merge_model_path", str(tmp_path / "m")],
+            check=False)
+    assert r.returncode == 2 and "--lora_path" in (r.stdout + r.stderr), (r.stdout[-2000:], r.stderr[-2000:])
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text('{"src": "hello world"}\n', encoding="utf-8")
+    pred = tmp_path / "pred.json"
+    run([PREDICT, "--model_name_or_path", base, "--lora_path", out, "--data_file", prompts, "--output_file", pred,
+         "--src_length", "32", "--max_length", "48", "--device", "cpu"])
+    rows = [json.loads(line) for line in pred.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 1 and "output" in rows[0], rows

@@ -171,8 +171,12 @@ def check_model_type(base_dir: str, adapter_dir: str, cfg: AdapterConfig, log: L
                 f"model_type mismatch: the adapter was trained on a {t!r} model ({where}) but the base model is "
                 f"{base_type!r} ({os.path.join(base_dir, MODEL_CONFIG_NAME)})"
             )
+    from ..models.family_table import FAMILIES, feature_problem
     from ..models.hf_config_read import read_problems
 
+    why = feature_problem(base_type, "merge") if base_type in FAMILIES else None
+    if why:  # the family table's word (docs/models.md), as training's config checks read it
+        raise MergeError(why)
     problems = read_problems(base_cfg)  # e.g. a RoPE the merged model would not compute (either transformers spelling)
     if problems:
         raise MergeError(f"{os.path.join(base_dir, MODEL_CONFIG_NAME)}: " + "; ".join(problems))
