@@ -69,7 +69,9 @@ class Job:
         self.prompt_ids, self.max_new_tokens = prompts[0], budgets[0]  # the first prompt's (logs, tests)
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.loop, self.queue = loop, asyncio.Queue()
-        self.key = (model.name,)  # every row of a model shares a batch: sampling is per row (serve.decode)
+        # every row of a model shares a batch (sampling is per row, serve.decode); per-row LoRA adapters share
+        # their base's batches (serve.multilora)
+        self.key = (model.group,)
         self.cancelled = threading.Event()
         self.remaining = len(self.choices)
         self.finished = False
@@ -148,7 +150,8 @@ class RowState:
 
 class Scheduler:
     def __init__(self, models, max_batch_size: int = 16, max_queue: int = 64, batch_wait: float = 0.01,
-                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False):
+                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False, max_loras: int = 4):
+        self.max_loras = max_loras  # distinct per-row adapters in one batch at most (vLLM's --max_loras)
         self.continuous = continuous  # serve.continuous: rows join and leave the running batch every step
         self.models = {m.name: m for m in models}
         self.max_batch_size, self.max_queue, self.batch_wait = max_batch_size, max_queue, batch_wait
@@ -221,12 +224,16 @@ class Scheduler:
             time.sleep(self.batch_wait)  # let concurrent requests join this batch
         with self.cond:
             key = self.waiting[0].key
-            jobs, rows = [], 0
+            jobs, rows, loras = [], 0, set()
             for j in list(self.waiting):
                 if j.key != key:
                     continue
                 if jobs and rows + len(j.choices) > self.max_batch_size:
                     break
+                if j.model.slot is not None and j.model.slot not in loras:
+                    if len(loras) >= self.max_loras:
+                        continue  # waits for a later batch (its order among its adapter's requests is kept)
+                    loras.add(j.model.slot)
                 jobs.append(j)
                 rows += len(j.choices)
                 self.waiting.remove(j)
@@ -306,7 +313,11 @@ class Scheduler:
         t0 = time.time()
         self.stats["running"] = len(rows)
         self.on_rows(len(rows))
+        table = model.table
         try:
+            if table is not None:  # each row's adapter slot, -1 for the base (serve.multilora)
+                table.lock.acquire()
+                table.set_rows([-1 if st.job.model.slot is None else st.job.model.slot for st in states])
             decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
                    lambda i, t, info: states[i].add(t, info, eos))
         except Exception as e:  # reported to each request of this batch as a 500; the server goes on
@@ -318,6 +329,9 @@ class Scheduler:
             return
         finally:
             self.stats["running"] = 0
+            if table is not None:
+                table.rows = None
+                table.lock.release()
         for st in states:  # rows that never got a token (echo only)
             if st.reason is None and not st.job.cancelled.is_set():
                 st.finish("length")
