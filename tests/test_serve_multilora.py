@@ -56,7 +56,11 @@ def test_per_row_logits_equal_the_merged_copy(tiny_model_dir, four):
     np.testing.assert_allclose(got[1], want_base[1], atol=1e-4)
     np.testing.assert_allclose(got[2], merged["a1"][2], atol=1e-4)
     assert np.abs(merged["a0"][0] - want_base[0]).max() > 1e-2  # the adapter changes the output
-    base.table.rows = None
+    base.table.rows, base.table.uniform = None, 1  # continuous batching: every row of the batch for a1
+    with paddle.no_grad():
+        got = base.session.model(input_ids=ids)[0].numpy()
+    np.testing.assert_allclose(got, merged["a1"], atol=1e-4)
+    base.table.rows, base.table.uniform = None, None
     base.table.remove("a0")
     base.table.set_rows([-1, -1, 1])
     with paddle.no_grad():

@@ -35,7 +35,7 @@ def add_lora_routes(app: FastAPI, models: List[ServedModel], by_name, names: Lis
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request):
         from ..predict.options import check_options
-        from .multilora import per_row_refusal
+        from ..predict.lora_rows import per_row_refusal
 
         body = await read_json(request)
         name, path = _name(body, "lora_name"), _name(body, "lora_path")

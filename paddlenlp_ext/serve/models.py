@@ -92,7 +92,7 @@ def load_models(models: List[ServedModel], per_row: bool = True) -> None:
     base.session = load_session(base.options, tokenizer, use_template)
     for m in models[1:]:
         if per_row and not hasattr(base.session.model, "prefix_config"):
-            from .multilora import per_row_refusal
+            from ..predict.lora_rows import per_row_refusal
 
             if per_row_refusal(m.options.lora_path) is None:
                 add_row_adapter(base, m)
@@ -102,17 +102,12 @@ def load_models(models: List[ServedModel], per_row: bool = True) -> None:
 
 def add_row_adapter(base: ServedModel, m: ServedModel) -> None:
     """Apply ``m``'s LoRA per row on ``base``'s model (one copy of the base); PredictInputError when it does not fit."""
-    from ..adapters import AdapterError
     from .multilora import RowAdapters
 
     if base.table is None:
         base.table = RowAdapters(base.session.model)
     path = m.options.lora_path
-    try:
-        cfg = base.table.add(m.name, path)
-    except (AdapterError, ValueError, OSError, NotImplementedError) as e:
-        raise PredictInputError(f"--lora_path {path} does not fit the base model "
-                                f"{base.options.model_name_or_path}: {e}") from e
+    cfg = base.table.add(m.name, path, base.options.model_name_or_path)
     m.parent, m.table, m.slot = base.name, base.table, base.table.slots[m.name]
     kind = cfg.method + ("+rslora" if cfg.rslora else "")
     m.session = dataclasses.replace(base.session, description=base.session.description.replace(

@@ -11,7 +11,7 @@ base + the adapters' small matrices.
 Only plain LoRA (also rsLoRA, LoRA+) is applied per row.  Adapters that change the base weights or
 need them in another form -- PiSSA (``W - s*A0@B0``), QLoRA (a quantized base), VeRA, LoKr,
 PaddleNLP's LoRA format, prefix tuning -- keep the merged-copy path of ``serve.models``
-(``per_row_refusal`` says why).
+(``predict.lora_rows.per_row_refusal`` says why).
 """
 
 from __future__ import annotations
@@ -21,33 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-
-def per_row_refusal(path: str) -> Optional[str]:
-    """None when the adapter at ``path`` can be applied per row; else why not (it is merged into a copy)."""
-    from ..adapters.config import AdapterConfig
-    from ..predict.options import adapter_kind
-
-    if adapter_kind(path) != "adapter":
-        return "not a lora_config.json adapter"
-    try:
-        cfg = AdapterConfig.load(path)
-    except (ValueError, OSError) as e:
-        return str(e)
-    if cfg.method != "lora":
-        return f"a {cfg.method} adapter"
-    if cfg.pissa:
-        return "PiSSA changes the base weights"
-    if cfg.quantization:
-        return "trained on a quantized base"
-    return None
-
-
-def _set_sublayer(model, name: str, layer) -> None:
-    parent = model
-    *path, last = name.split(".")
-    for p in path:
-        parent = getattr(parent, p)
-    setattr(parent, last, layer)
+from ..predict.lora_rows import set_sublayer
 
 
 def _row_linear_class():
@@ -101,36 +75,29 @@ class RowAdapters:
 
     def _unwrap(self) -> None:
         for name, layer in self.layers.items():
-            _set_sublayer(self.model, name, layer.base_layer)
+            set_sublayer(self.model, name, layer.base_layer)
 
     def _wrap(self) -> None:
         for name, layer in self.layers.items():
-            _set_sublayer(self.model, name, layer)
+            set_sublayer(self.model, name, layer)
 
-    def add(self, name: str, path: str):
-        """Load the adapter at ``path`` as ``name``; its config.  Raises what ``adapters.load_adapter`` raises
-        (the base is restored first)."""
-        from ..adapters import load_adapter
-        from ..adapters.base import iter_adapter_layers
+    def add(self, name: str, path: str, base_name: str):
+        """Load the LoRA adapter at ``path`` as ``name``; its config.  PredictInputError when it does not fit."""
+        from ..predict.lora_rows import read_lora_rows
 
         cls = _row_linear_class()
         with self.lock:
-            self._unwrap()  # the plain base: load_adapter finds its target layers by name
+            self._unwrap()  # the plain base: the adapter loader finds its target layers by name
             try:
-                cfg = load_adapter(self.model, path)
-                harvested: List[Tuple[str, object]] = iter_adapter_layers(self.model)
-            except BaseException:
-                for lname, layer in iter_adapter_layers(self.model):
-                    _set_sublayer(self.model, lname, layer.base_layer)
+                cfg, rows = read_lora_rows(self.model, path, base_name)
+            finally:
                 self._wrap()
-                raise
             slot, self._next = self._next, self._next + 1
-            for lname, layer in harvested:
-                _set_sublayer(self.model, lname, layer.base_layer)
-                row = self.layers.get(lname) or cls(layer.base_layer, self)
-                row.slots[slot] = (layer.lora_A.detach(), layer.lora_B.detach(), float(layer.scaling))
+            for lname, base_layer, a, b, scaling in rows:
+                row = self.layers[lname] if lname in self.layers else cls(base_layer, self)
+                row.slots[slot] = (a, b, scaling)  # A [in, r], B [r, out]
                 self.layers[lname] = row
-            self._wrap()
+                set_sublayer(self.model, lname, row)
             self.slots[name] = slot
         return cfg
 
