@@ -303,6 +303,11 @@ class Scheduler:
         return rows, states
 
     def _run(self, jobs: List[Job]) -> None:
+        gone = [j for j in jobs if j.model.slot is not None and j.model.slot not in j.model.table.slots.values()]
+        for j in gone:  # its adapter was unloaded after the request was checked: never answered by the base
+            j.finished = True
+            j.emit("error", ApiError(404, f"the model {j.model.name!r} was unloaded", "model", "model_not_found"))
+        jobs = [j for j in jobs if j not in gone]
         if not jobs:
             return
         from .decode import decode
