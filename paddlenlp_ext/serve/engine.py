@@ -24,6 +24,7 @@ Waiting requests beyond ``max_queue`` are refused with 429; after ``close()`` ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -303,46 +304,46 @@ class Scheduler:
         return rows, states
 
     def _run(self, jobs: List[Job]) -> None:
-        gone = [j for j in jobs if j.model.slot is not None and j.model.slot not in j.model.table.slots.values()]
-        for j in gone:  # its adapter was unloaded after the request was checked: never answered by the base
-            j.finished = True
-            j.emit("error", ApiError(404, f"the model {j.model.name!r} was unloaded", "model", "model_not_found"))
-        jobs = [j for j in jobs if j not in gone]
-        if not jobs:
-            return
-        from .decode import decode
+        table = jobs[0].model.table if jobs else None
+        # no adapter is loaded or unloaded between the check below and the last token (serve.multilora)
+        with table.lock if table is not None else contextlib.nullcontext():
+            gone = [j for j in jobs if j.model.slot is not None and j.model.slot not in j.model.table.slots.values()]
+            for j in gone:  # its adapter was unloaded after the request was checked: never answered by the base
+                j.finished = True
+                j.emit("error", ApiError(404, f"the model {j.model.name!r} was unloaded", "model", "model_not_found"))
+            jobs = [j for j in jobs if j not in gone]
+            if not jobs:
+                return
+            from .decode import decode
 
-        model, s = jobs[0].model, jobs[0].model.session
-        rows, states = self._rows(jobs)
-        eos = set(s.eos_ids)
-        t0 = time.time()
-        self.stats["running"] = len(rows)
-        self.on_rows(len(rows))
-        table = model.table
-        try:
-            if table is not None:  # each row's adapter slot, -1 for the base (serve.multilora)
-                table.lock.acquire()
-                table.set_rows([-1 if st.job.model.slot is None else st.job.model.slot for st in states])
-            decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
-                   lambda i, t, info: states[i].add(t, info, eos))
-        except Exception as e:  # reported to each request of this batch as a 500; the server goes on
-            _log.exception("generation failed")
-            for j in jobs:
-                if not j.finished:
-                    j.finished = True
-                    j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
-            return
-        finally:
-            self.stats["running"] = 0
-            if table is not None:
-                table.rows = None
-                table.lock.release()
-        for st in states:  # rows that never got a token (echo only)
-            if st.reason is None and not st.job.cancelled.is_set():
-                st.finish("length")
-        self.stats["batches"] += 1
-        self.stats["rows"] += len(jobs)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
-        self.on_batch({"model": model.name, "rows": len(jobs), "choices": len(rows), "seconds": time.time() - t0,
-                       "new_tokens": sum(len(x.ids) for x in states),
-                       "cancelled": sum(x.reason == "cancelled" for x in states)})
+            model, s = jobs[0].model, jobs[0].model.session
+            rows, states = self._rows(jobs)
+            eos = set(s.eos_ids)
+            t0 = time.time()
+            self.stats["running"] = len(rows)
+            self.on_rows(len(rows))
+            try:
+                if table is not None:  # each row's adapter slot, -1 for the base (serve.multilora)
+                    table.set_rows([-1 if st.job.model.slot is None else st.job.model.slot for st in states])
+                decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
+                       lambda i, t, info: states[i].add(t, info, eos))
+            except Exception as e:  # reported to each request of this batch as a 500; the server goes on
+                _log.exception("generation failed")
+                for j in jobs:
+                    if not j.finished:
+                        j.finished = True
+                        j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
+                return
+            finally:
+                self.stats["running"] = 0
+                if table is not None:
+                    table.rows = None
+            for st in states:  # rows that never got a token (echo only)
+                if st.reason is None and not st.job.cancelled.is_set():
+                    st.finish("length")
+            self.stats["batches"] += 1
+            self.stats["rows"] += len(jobs)
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
+            self.on_batch({"model": model.name, "rows": len(jobs), "choices": len(rows), "seconds": time.time() - t0,
+                           "new_tokens": sum(len(x.ids) for x in states),
+                           "cancelled": sum(x.reason == "cancelled" for x in states)})
