@@ -242,7 +242,8 @@ class Guard:
         return await self.app(scope, receive, send_counted)
 
 
-def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling, api_key: str = None) -> FastAPI:
+def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling, api_key: str = None,
+              lora_updating: bool = False) -> FastAPI:
     app = FastAPI(title="paddlenlp_ext OpenAI-compatible server", docs_url=None, redoc_url=None, openapi_url=None)
     by_name = {m.name: m for m in models}
     names = [m.name for m in models]
@@ -291,6 +292,10 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
 
     scheduler.on_rows = metrics.batch_rows.observe
     add_token_routes(app, models, by_name)
+    if lora_updating:
+        from .lora_admin import add_lora_routes
+
+        add_lora_routes(app, models, by_name, names, scheduler, read_json)
 
     async def generate(request: Request, parse, endpoint: str):
         t0 = time.time()

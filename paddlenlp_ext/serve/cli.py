@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "the next decode step and finished rows leave at once (docs/serve.md)")
     p.add_argument("--api_key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and the tokenizer "
                    "routes (401 without it; as vLLM's --api_key); the chat page asks for it once")
+    p.add_argument("--max_loras", type=int, default=4, help="distinct LoRA adapters in one batch at most (as "
+                   "vLLM's --max_loras); plain LoRA adapters are applied per row on the one base (docs/serve.md)")
+    p.add_argument("--allow_runtime_lora_updating", action="store_true", help="enable POST /v1/load_lora_adapter "
+                   "and /v1/unload_lora_adapter (vLLM's shapes; vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     add_generation_flags(p)  # the predictor's: --max_length, decoding, --dtype, --device, --chat_template
     return p
 
@@ -55,10 +59,13 @@ def _problems(a: argparse.Namespace) -> List[str]:
                            ("max_queue", a.max_queue >= 1, "at least 1"),
                            ("batch_wait_ms", 0 <= a.batch_wait_ms <= 10000, "in [0, 10000]"),
                            ("drain_timeout", a.drain_timeout > 0, "greater than 0"),
+                           ("max_loras", a.max_loras >= 1, "at least 1"),
                            ("api_key", a.api_key is None or (a.api_key.strip() and a.api_key.isprintable()),
                             "a non-empty printable string")):
         if not ok:
             out.append(f"--{name} {getattr(a, name)}: must be {rule}")
+    if a.allow_runtime_lora_updating and a.batching == "continuous":
+        out.append("--allow_runtime_lora_updating works with --batching static only (the default); drop one of them")
     return out
 
 
@@ -114,7 +121,7 @@ def _serve(a, models, sock, default, load_models) -> int:
               file=sys.stderr, flush=True)
 
     scheduler = Scheduler(models, a.max_batch_size, a.max_queue, a.batch_wait_ms / 1000.0, on_batch=log_batch,
-                          continuous=a.batching == "continuous")
+                          continuous=a.batching == "continuous", max_loras=a.max_loras)
     scheduler.start(lambda: load_models(models))
     scheduler.ready.wait()
     if scheduler.load_error is not None:
@@ -124,7 +131,7 @@ def _serve(a, models, sock, default, load_models) -> int:
         raise scheduler.load_error
     for m in models:
         print(f"[serve] model {m.name}: {m.session.description}", file=sys.stderr)
-    app = build_app(models, scheduler, default, api_key=a.api_key)
+    app = build_app(models, scheduler, default, api_key=a.api_key, lora_updating=a.allow_runtime_lora_updating)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=a.drain_timeout, access_log=False)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]

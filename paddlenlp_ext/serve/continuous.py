@@ -170,6 +170,8 @@ class ContinuousLoop:
                 return True
             self.running = RunningBatch(model.session.model, model.session.eos_ids, model.session.pad_id)
             self.running.served = model.name
+            if model.table is not None:  # one model per running batch: every row gets its adapter (multilora)
+                model.table.uniform = model.slot
             self.busy_since, self.jobs = time.time(), set()
         run = self.running
         if new:

@@ -24,6 +24,7 @@ Waiting requests beyond ``max_queue`` are refused with 429; after ``close()`` ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -69,7 +70,9 @@ class Job:
         self.prompt_ids, self.max_new_tokens = prompts[0], budgets[0]  # the first prompt's (logs, tests)
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.loop, self.queue = loop, asyncio.Queue()
-        self.key = (model.name,)  # every row of a model shares a batch: sampling is per row (serve.decode)
+        # every row of a model shares a batch (sampling is per row, serve.decode); per-row LoRA adapters share
+        # their base's batches (serve.multilora)
+        self.key = (model.group,)
         self.cancelled = threading.Event()
         self.remaining = len(self.choices)
         self.finished = False
@@ -148,7 +151,8 @@ class RowState:
 
 class Scheduler:
     def __init__(self, models, max_batch_size: int = 16, max_queue: int = 64, batch_wait: float = 0.01,
-                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False):
+                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False, max_loras: int = 4):
+        self.max_loras = max_loras  # distinct per-row adapters in one batch at most (vLLM's --max_loras)
         self.continuous = continuous  # serve.continuous: rows join and leave the running batch every step
         self.models = {m.name: m for m in models}
         self.max_batch_size, self.max_queue, self.batch_wait = max_batch_size, max_queue, batch_wait
@@ -221,12 +225,16 @@ class Scheduler:
             time.sleep(self.batch_wait)  # let concurrent requests join this batch
         with self.cond:
             key = self.waiting[0].key
-            jobs, rows = [], 0
+            jobs, rows, loras = [], 0, set()
             for j in list(self.waiting):
                 if j.key != key:
                     continue
                 if jobs and rows + len(j.choices) > self.max_batch_size:
                     break
+                if j.model.slot is not None and j.model.slot not in loras:
+                    if len(loras) >= self.max_loras:
+                        continue  # waits for a later batch (its order among its adapter's requests is kept)
+                    loras.add(j.model.slot)
                 jobs.append(j)
                 rows += len(j.choices)
                 self.waiting.remove(j)
@@ -296,34 +304,46 @@ class Scheduler:
         return rows, states
 
     def _run(self, jobs: List[Job]) -> None:
-        if not jobs:
-            return
-        from .decode import decode
+        table = jobs[0].model.table if jobs else None
+        # no adapter is loaded or unloaded between the check below and the last token (serve.multilora)
+        with table.lock if table is not None else contextlib.nullcontext():
+            gone = [j for j in jobs if j.model.slot is not None and j.model.slot not in j.model.table.slots.values()]
+            for j in gone:  # its adapter was unloaded after the request was checked: never answered by the base
+                j.finished = True
+                j.emit("error", ApiError(404, f"the model {j.model.name!r} was unloaded", "model", "model_not_found"))
+            jobs = [j for j in jobs if j not in gone]
+            if not jobs:
+                return
+            from .decode import decode
 
-        model, s = jobs[0].model, jobs[0].model.session
-        rows, states = self._rows(jobs)
-        eos = set(s.eos_ids)
-        t0 = time.time()
-        self.stats["running"] = len(rows)
-        self.on_rows(len(rows))
-        try:
-            decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
-                   lambda i, t, info: states[i].add(t, info, eos))
-        except Exception as e:  # reported to each request of this batch as a 500; the server goes on
-            _log.exception("generation failed")
-            for j in jobs:
-                if not j.finished:
-                    j.finished = True
-                    j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
-            return
-        finally:
-            self.stats["running"] = 0
-        for st in states:  # rows that never got a token (echo only)
-            if st.reason is None and not st.job.cancelled.is_set():
-                st.finish("length")
-        self.stats["batches"] += 1
-        self.stats["rows"] += len(jobs)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
-        self.on_batch({"model": model.name, "rows": len(jobs), "choices": len(rows), "seconds": time.time() - t0,
-                       "new_tokens": sum(len(x.ids) for x in states),
-                       "cancelled": sum(x.reason == "cancelled" for x in states)})
+            model, s = jobs[0].model, jobs[0].model.session
+            rows, states = self._rows(jobs)
+            eos = set(s.eos_ids)
+            t0 = time.time()
+            self.stats["running"] = len(rows)
+            self.on_rows(len(rows))
+            try:
+                if table is not None:  # each row's adapter slot, -1 for the base (serve.multilora)
+                    table.set_rows([-1 if st.job.model.slot is None else st.job.model.slot for st in states])
+                decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
+                       lambda i, t, info: states[i].add(t, info, eos))
+            except Exception as e:  # reported to each request of this batch as a 500; the server goes on
+                _log.exception("generation failed")
+                for j in jobs:
+                    if not j.finished:
+                        j.finished = True
+                        j.emit("error", ApiError(500, f"generation failed: {type(e).__name__}: {e}", None, "internal"))
+                return
+            finally:
+                self.stats["running"] = 0
+                if table is not None:
+                    table.rows = None
+            for st in states:  # rows that never got a token (echo only)
+                if st.reason is None and not st.job.cancelled.is_set():
+                    st.finish("length")
+            self.stats["batches"] += 1
+            self.stats["rows"] += len(jobs)
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
+            self.on_batch({"model": model.name, "rows": len(jobs), "choices": len(rows), "seconds": time.time() - t0,
+                           "new_tokens": sum(len(x.ids) for x in states),
+                           "cancelled": sum(x.reason == "cancelled" for x in states)})

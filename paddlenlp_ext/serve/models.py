@@ -5,8 +5,9 @@ is served as ``--served_model_name`` (default: its directory's name).  Each name
 ``predict.session.Session`` from ``predict.session.load_session`` -- the loader of
 ``llm/predict/predictor.py``, so the server takes every model and adapter the predictor takes
 (LoRA family, VeRA, LoKr, QLoRA, PaddleNLP's LoRA, prefix tuning).  An adapter is merged into
-its own copy of the base in memory, as the predictor merges it, so requests for different
-names never share a batch and never see each other's weights; memory is (1 + adapters) x base.
+its own copy of the base in memory, as the predictor merges it -- except plain LoRA adapters, which
+are applied per row on the one base (``serve.multilora``): their requests share batches with the
+base's and each other's, and memory is base + the adapters' matrices.
 
 Prompts are built by ``predict.prompts.build_prompt`` (the predictor's and training's layout,
 the chat template when the model has one), except that a conversation that does not fit is
@@ -34,6 +35,13 @@ class ServedModel:
     options: PredictOptions  # the predictor's options for this name (its --lora_path)
     parent: Optional[str] = None  # the base's served name, for an adapter
     session: Any = None  # predict.session.Session, once loaded
+    table: Any = None  # serve.multilora.RowAdapters of the base when adapters are applied per row
+    slot: Optional[int] = None  # this adapter's slot in ``table`` (per row); None = base or merged copy
+
+    @property
+    def group(self) -> str:
+        """Requests of one group share a batch: a per-row adapter batches with its base."""
+        return self.parent if self.slot is not None else self.name
 
 
 def split_lora_arg(value: str) -> Tuple[str, str]:
@@ -72,13 +80,38 @@ def plan_models(base: PredictOptions, served_name: Optional[str], lora_args: Lis
     return models, problems
 
 
-def load_models(models: List[ServedModel]) -> None:
-    """Load the tokenizer once and a session per name (the predictor's loaders); PredictInputError on bad input."""
+def load_models(models: List[ServedModel], per_row: bool = True) -> None:
+    """Load the tokenizer once and a session per name (the predictor's loaders); PredictInputError on bad input.
+
+    With ``per_row``, plain LoRA adapters are applied per row on the one base (``serve.multilora``);
+    other adapters get a merged copy of the base."""
     from ..predict.session import load_session, load_tokenizer
 
     tokenizer, use_template = load_tokenizer(models[0].options)
-    for m in models:
+    base = models[0]
+    base.session = load_session(base.options, tokenizer, use_template)
+    for m in models[1:]:
+        if per_row and not hasattr(base.session.model, "prefix_config"):
+            from ..predict.lora_rows import per_row_refusal
+
+            if per_row_refusal(m.options.lora_path) is None:
+                add_row_adapter(base, m)
+                continue
         m.session = load_session(m.options, tokenizer, use_template)
+
+
+def add_row_adapter(base: ServedModel, m: ServedModel) -> None:
+    """Apply ``m``'s LoRA per row on ``base``'s model (one copy of the base); PredictInputError when it does not fit."""
+    from .multilora import RowAdapters
+
+    if base.table is None:
+        base.table = RowAdapters(base.session.model)
+    path = m.options.lora_path
+    cfg = base.table.add(m.name, path, base.options.model_name_or_path)
+    m.parent, m.table, m.slot = base.name, base.table, base.table.slots[m.name]
+    kind = cfg.method + ("+rslora" if cfg.rslora else "")
+    m.session = dataclasses.replace(base.session, description=base.session.description.replace(
+        "+ no adapter", f"+ {kind} adapter {path} (r={cfg.r}, applied per row on the shared base)"))
 
 
 def default_sampling(o: PredictOptions) -> Sampling:
@@ -189,5 +222,6 @@ def model_cards(models: List[ServedModel], created: int) -> Dict[str, Any]:
     """``GET /v1/models``: OpenAI's list, plus what each name is (base directory, adapter)."""
     return {"object": "list", "data": [
         {"id": m.name, "object": "model", "created": created, "owned_by": "paddlenlp_ext",
-         "root": m.options.model_name_or_path, "parent": m.parent, "adapter": m.options.lora_path,
+         "root": m.options.lora_path or m.options.model_name_or_path, "parent": m.parent,
+         "adapter": m.options.lora_path, "per_row": m.slot is not None,
          "max_model_len": m.options.max_length} for m in models]}
