@@ -14,7 +14,7 @@ Both start from an environment without ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
 Model: a random PaddleNLP ``LlamaForCausalLM`` (hidden 1024, intermediate 2816, 16 layers, 16 heads,
 vocab 32000: 0.26B parameters, fp32), built once with ``LlamaConfig`` + ``save_pretrained`` in the
 scratch dir, with the Llama-2 SentencePiece tokenizer of ``../shared/data/llama2_tokenizer.model``
-(or /work/shared/data); data: ``alpaca_en_demo.json`` there as {src, tgt} lines (``bench/big_model.py``'s
+(or PADDLENLP_EXT_SHARED_DATA); data: ``alpaca_en_demo.json`` there as {src, tgt} lines (``bench/big_model.py``'s
 converter).  Without the shared data: the tiny model's tokenizer (vocab of build/tiny-llama) and llm/data/advertise.
 Settings: LoRA r8 / alpha 16 on every decoder linear, lr 1e-4, max_length 1024, batch 1 x
 accumulation 4, ``--steps`` optimizer steps, fp32, no eval, no save.

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: the shared demo data: next to the repository (CI), else the machine's copy
-SHARED = next((d for d in (os.path.join(os.path.dirname(ROOT), "shared", "data"), "/work/shared/data")
-               if os.path.isdir(d)), os.path.join(os.path.dirname(ROOT), "shared", "data"))
+#: the shared demo data: next to the repository (as CI lays it), or where PADDLENLP_EXT_SHARED_DATA points
+#: (a checkout elsewhere, e.g. a git worktree)
+SHARED = os.environ.get("PADDLENLP_EXT_SHARED_DATA") or os.path.join(os.path.dirname(ROOT), "shared", "data")
 ALPACA = os.path.join(SHARED, "alpaca_en_demo.json")
 DPO_DEMO = os.path.join(SHARED, "dpo_en_demo.json")
 TOKENIZER_MODEL = os.path.join(SHARED, "llama2_tokenizer.model")
@@ -65,7 +65,8 @@ def require_shared(*paths: str, what: str = "this benchmark") -> None:
     missing = [p for p in (paths or (TOKENIZER_MODEL, ALPACA)) if not os.path.isfile(p)]
     if missing:
         print(f"error: {what} needs the shared benchmark data; missing: {', '.join(missing)}\n"
-              f"(the shared data directory: ../shared/data next to the repository, else {SHARED})", file=sys.stderr)
+              f"(the shared data directory: {SHARED}; ../shared/data next to the repository, or set "
+              "PADDLENLP_EXT_SHARED_DATA)", file=sys.stderr)
         sys.exit(2)
 
 

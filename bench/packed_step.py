@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.packed_step MODEL_DIR [--rows 2] [--max-length 1024] [--repeats 3] [--json F]
 
-Tokenizes alpaca_en_demo (``../shared/data`` or /work/shared/data; else llm/data/advertise) with
+Tokenizes alpaca_en_demo (``../shared/data`` or PADDLENLP_EXT_SHARED_DATA; else llm/data/advertise) with
 MODEL_DIR's tokenizer (our pipeline: ``data.tokenize.tokenize_examples``), packs the first 200 examples
 greedily into rows of ``--max-length`` (``data.packing.PackedDataset``), takes ``--rows`` of them evenly
 spaced over the packs (best-fit-decreasing puts the longest examples first), and times forward
