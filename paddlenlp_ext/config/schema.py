@@ -325,7 +325,7 @@ class GRPOArgument:
     reward_weights: Optional[List[float]] = _f(
         None, "Weight of each reward (reward_funcs in order, then the reward model); default 1 each.")
     num_generations: int = _f(8, "G: completions sampled per prompt (the group of the advantages).", gt=1)
-    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts keep their end).", gt=0)
+    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts lose their oldest rounds first, then keep their end; docs/data.md).", gt=0)
     max_completion_length: int = _f(64, "Maximum tokens of a completion (its EOS included).", gt=0)
     temperature: float = _f(1.0, "Sampling temperature of the completions (also applied to the scored logits).",
                             gt=0.0)
@@ -374,7 +374,7 @@ class PPOArgument:
     reward_weights: Optional[List[float]] = _f(
         None, "Weight of each reward (reward_funcs in order, then the reward model); default 1 each.")
     num_generations: int = _f(1, "Completions sampled per prompt.", min=1)
-    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts keep their end).", gt=0)
+    max_prompt_len: int = _f(256, "Maximum prompt tokens (longer prompts lose their oldest rounds first, then keep their end; docs/data.md).", gt=0)
     max_completion_length: int = _f(64, "Maximum tokens of a completion (its EOS included).", gt=0)
     temperature: float = _f(1.0, "Sampling temperature (also applied to the scored logits).", gt=0.0)
     top_p: float = _f(1.0, "Top-p of the sampling; 1.0 = off.", gt=0.0)
