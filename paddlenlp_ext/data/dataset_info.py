@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .formats.files import EXTENSIONS
-from .reader import read_utf8_text
+from .reader import DataError, read_utf8_text
 
 INFO_FILE = "dataset_info.json"
 FORMATTINGS = {"alpaca": "alpaca", "sharegpt": "sharegpt", "openai": "messages"}
@@ -125,3 +125,15 @@ def lookup(name: str, dataset_dir: str) -> DatasetEntry:
                                "formatting sharegpt")
     return DatasetEntry(name=name, files=files, format=FORMATTINGS[formatting], columns=columns,
                         ranking=bool(e.get("ranking", False)))
+
+
+def named_entry(name: str, data_args) -> Optional[DatasetEntry]:
+    """The ``dataset_info.json`` entry ``name`` names in ``data_args.dataset_dir``, or None when ``name`` is a path
+    (or no ``dataset_dir`` is set); a bad entry is a ``DataError`` (exit 2 with the reason)."""
+    dataset_dir = getattr(data_args, "dataset_dir", None)
+    if not is_entry(name, dataset_dir):
+        return None
+    try:
+        return lookup(name, dataset_dir)
+    except DatasetInfoError as e:
+        raise DataError([str(e)]) from None

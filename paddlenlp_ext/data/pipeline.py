@@ -14,7 +14,7 @@ from .conversation import Renderer
 from .formats.detect import parse_stream_line, read_items
 from .formats.files import streamable
 from .mixture import mixture_order, split_sources
-from .dataset_info import DatasetInfoError, is_entry, lookup
+from .dataset_info import named_entry
 from .reader import DataError, dataset_files
 from .streaming import StreamingPackedDataset
 from .tokenize import TokenizeStats, length_histogram, resolve_chat_template
@@ -72,12 +72,8 @@ def source_files(src: str, split: str, d):
     """``(files, dataset_format, dataset_columns)`` of one source of ``dataset_name_or_path``: a directory or
     file (the run's format and columns), or the name of a ``dataset_dir/dataset_info.json`` entry (its files as
     the train split, its formatting, its columns and tags over the run's; :mod:`.dataset_info`)."""
-    dataset_dir = getattr(d, "dataset_dir", None)
-    if is_entry(src, dataset_dir):
-        try:
-            entry = lookup(src, dataset_dir)
-        except DatasetInfoError as e:
-            raise DataError([str(e)]) from None
+    entry = named_entry(src, d)
+    if entry is not None:
         return (entry.files if split == "train" else []), entry.format, {**(d.dataset_columns or {}), **entry.columns}
     return dataset_files(src, split), d.dataset_format, d.dataset_columns
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..data.binpack import DEFAULT_GROUP_SIZE
 from ..data.chat_template import find_template, special_tokens_of
 from ..data.conversation import answer_segments
-from ..data.dataset_info import DatasetInfoError, is_entry, lookup
+from ..data.dataset_info import named_entry
 from ..data.formats import preference
 from ..data.formats.files import parse_records
 from ..data.reader import MAX_REPORTED, DataError, Example, find_split_files, json_line
@@ -175,11 +175,8 @@ def source_files(path: str, split: str, data_args: Any) -> Tuple[List[str], Opti
     None), or the name of a ``ranking`` entry of ``dataset_dir``'s ``dataset_info.json`` (its files and its
     columns / tags, :mod:`paddlenlp_ext.data.dataset_info`)."""
     dataset_dir = getattr(data_args, "dataset_dir", None)
-    if is_entry(path, dataset_dir):
-        try:
-            entry = lookup(path, dataset_dir)
-        except DatasetInfoError as e:
-            raise DataError([str(e)]) from None
+    entry = named_entry(path, data_args)
+    if entry is not None:
         if not entry.ranking:
             raise DataError([f"{dataset_dir}/dataset_info.json: {path!r} is not a preference dataset (no \"ranking\": "
                              "true); DPO and reward models train on chosen / rejected pairs"])
