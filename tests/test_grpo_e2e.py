@@ -27,6 +27,27 @@ SHORT = ("--model_name_or_path", TINY, "--num_generations", "4", "--max_completi
          "--learning_rate", "1e-3", "--logging_steps", "1")
 
 
+
+def toy_sft(tiny_model_dir, sft):
+    """The toy task's starting point: the tiny model after 60 SFT steps on the advertise data (the CLI)."""
+    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
+           os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(sft),
+           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "60",
+           "--do_eval", "false", "--eval_before_train", "false", "--report_to", "none"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return sft
+
+
+def train_reward_model(rm):
+    """A LoRA reward model of the tiny model, 3 steps of llm/run_reward.py (the CLI)."""
+    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_reward.py"),
+           os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"), "--output_dir", str(rm),
+           "--model_name_or_path", TINY, "--max_steps", "3", "--do_eval", "false"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return rm
+
 def run_grpo(out, *overrides, procs=1, check=True, data=None):
     args = [CONFIG, "--output_dir", str(out), *map(str, overrides)]
     if data is not None:
@@ -61,12 +82,7 @@ def e_prompts(tmp_path_factory):
 def test_reward_rises_after_sft(tiny_model_dir, tmp_path):
     """The shipped toy task: after a short SFT, 50 GRPO steps raise the share of completions with "vintage"."""
     sft = tmp_path / "sft"
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(sft),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "60",
-           "--do_eval", "false", "--eval_before_train", "false", "--report_to", "none"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    toy_sft(tiny_model_dir, sft)
     out = tmp_path / "grpo"
     r = run_grpo(out, "--model_name_or_path", sft)
     logs = step_logs(out)
@@ -141,11 +157,7 @@ def test_bad_config_and_data_exit_2(tmp_path):
 def test_reward_model_from_run_reward(e_prompts, tmp_path):
     """A reward model trained by llm/run_reward.py scores GRPO's completions, weighted with a function."""
     rm = tmp_path / "rm"
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_reward.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"), "--output_dir", str(rm),
-           "--model_name_or_path", TINY, "--max_steps", "3", "--do_eval", "false"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    train_reward_model(rm)
     out = tmp_path / "grpo"
     run_grpo(out, *SHORT, "--max_steps", "2", "--reward_model_name_or_path", rm, "--reward_weights", "[1.0, 0.25]",
              data=e_prompts)

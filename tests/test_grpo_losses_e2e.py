@@ -3,15 +3,11 @@ SFT) for dapo with two updates per rollout, dr_grpo and GSPO's sequence-level ra
 accumulation 2 x batch 2 reproduces batch 4 (LoRA); loss_type rloo and cispo train."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-from test_grpo_e2e import SHORT, e_prompts, run_grpo, step_logs  # noqa: F401  (e_prompts is a fixture)
+from test_grpo_e2e import SHORT, e_prompts, run_grpo, step_logs, toy_sft  # noqa: F401  (e_prompts is a fixture)
 
-from conftest import DATA_DIR, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -20,12 +16,7 @@ pytestmark = pytest.mark.slow
 def sft_model(tiny_model_dir, tmp_path_factory):
     """The toy task's starting point: the tiny model after a short SFT on the advertise data (as test_grpo_e2e)."""
     sft = tmp_path_factory.mktemp("grpo_sft") / "sft"
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(sft),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "60",
-           "--do_eval", "false", "--eval_before_train", "false", "--report_to", "none"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    toy_sft(tiny_model_dir, sft)
     return sft
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_grpo_e2e import TINY, e_prompts, step_logs  # noqa: F401  (e_prompts is a fixture)
+from test_grpo_e2e import TINY, e_prompts, step_logs, train_reward_model  # noqa: F401  (e_prompts is a fixture)
 from test_grpo_losses_e2e import sft_model  # noqa: F401  (a fixture)
 
 from conftest import ROOT
@@ -72,11 +72,7 @@ def test_lora_value_head_saved_and_resumed(tmp_path, e_prompts):  # noqa: F811
 
 def test_reward_model_and_errors(e_prompts, tmp_path):  # noqa: F811
     rm = tmp_path / "rm"
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_reward.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"), "--output_dir", str(rm),
-           "--model_name_or_path", TINY, "--max_steps", "3", "--do_eval", "false"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    train_reward_model(rm)
     out = tmp_path / "ppo"
     run_ppo(out, *SHORT, "--max_steps", "2", "--reward_model_name_or_path", rm, "--reward_weights", "[1.0, 0.25]",
             data=e_prompts)
