@@ -179,6 +179,7 @@ def test_chat_page_asks_for_the_key_once(server, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.support.ui import WebDriverWait
 
     opts = webdriver.ChromeOptions()
@@ -189,7 +190,10 @@ def test_chat_page_asks_for_the_key_once(server, tmp_path):
     try:
         driver.get(server.url + "/")
         wait = WebDriverWait(driver, 60)
-        alert = wait.until(lambda d: d.switch_to.alert)
+        # the prompt opens only after the page's first fetch comes back 401: poll until it is there
+        alert = WebDriverWait(driver, 60, ignored_exceptions=(NoAlertPresentException,)).until(
+            lambda d: d.switch_to.alert
+        )
         alert.send_keys(KEY)
         alert.accept()
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#model option")) == 1)
