@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from paddlenlp_ext.serve import models as serve_models
-from paddlenlp_ext.serve.protocol import Sampling, parse_completion
+from paddlenlp_ext.serve.completions import parse_completion
+from paddlenlp_ext.serve.protocol import Sampling
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

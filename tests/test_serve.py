@@ -13,15 +13,16 @@ import pytest
 
 from conftest import ROOT
 from paddlenlp_ext.serve import models as serve_models
-from paddlenlp_ext.serve import constrain, decode, logprobs, protocol, textstream, tools
-from paddlenlp_ext.serve.protocol import ApiError, Sampling, parse_chat, parse_completion
+from paddlenlp_ext.serve import completions, constrain, decode, logprobs, protocol, textstream, tools
+from paddlenlp_ext.serve.completions import parse_completion
+from paddlenlp_ext.serve.protocol import ApiError, Sampling, parse_chat
 
 MODELS = ["base", "sql"]
 GREEDY = Sampling()
 USER = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("module", [protocol, textstream, serve_models, decode, logprobs, tools, constrain])
+@pytest.mark.parametrize("module", [protocol, completions, textstream, serve_models, decode, logprobs, tools, constrain])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -30,7 +30,8 @@ from .logprobs import chat_logprobs, completion_logprobs, merge_completion
 from .constrain import request_constraint
 from .metrics import Metrics
 from .models import ServedModel, model_cards, prompt_ids
-from .protocol import ApiError, GenRequest, Sampling, parse_chat, parse_completion
+from .completions import parse_completion
+from .protocol import ApiError, GenRequest, Sampling, parse_chat
 from .tokens import add_token_routes
 from .tools import parse_tool_calls, tool_style
 

@@ -100,7 +100,7 @@ class GenRequest:
     tool_choice: Any = "none"  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -203,7 +203,7 @@ def parse_sampling(body: Dict[str, Any], default: Sampling) -> Sampling:
     temperature = _optional_number(body, "temperature", 0.0, 2.0)
     top_p = _optional_number(body, "top_p", 0.0, 1.0, lo_open=True)
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise bad("seed", f"seed must be an integer, got {type(seed).__name__}", "invalid_type")
     if seed is not None and not 0 <= seed < 2 ** 63:
         raise bad("seed", f"seed {seed} is out of range: must be in [0, 2**63)")
@@ -236,14 +236,14 @@ def _max_tokens(body: Dict[str, Any]) -> Optional[int]:
     v = body.get(key)
     if v is None:
         return None
-    if not _is_int(v):
+    if not is_int(v):
         raise bad(key, f"{key} must be an integer, got {type(v).__name__}", "invalid_type")
     if v < 1:
         raise bad(key, f"{key} {v}: must be at least 1")
     return v
 
 
-def _common(body: Any, endpoint: str, allowed: set, models: List[str]) -> Dict[str, Any]:
+def common_fields(body: Any, endpoint: str, allowed: set, models: List[str]) -> Dict[str, Any]:
     if not isinstance(body, dict):
         raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_type")
     _check_keys(body, allowed, endpoint)
@@ -263,15 +263,15 @@ def _common(body: Any, endpoint: str, allowed: set, models: List[str]) -> Dict[s
     if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
         raise bad("stream_options", "stream_options must be {\"include_usage\": true|false}", "invalid_type")
     return {"model": model, "stream": stream, "include_usage": bool(stream and opts and opts.get("include_usage")),
-            "max_tokens": _max_tokens(body), "stop": parse_stop(body.get("stop")), "n": _bounded_int(body, "n", 1, MAX_N, 1),
+            "max_tokens": _max_tokens(body), "stop": parse_stop(body.get("stop")), "n": bounded_int(body, "n", 1, MAX_N, 1),
             "response_format": parse_response_format(body.get("response_format"))}
 
 
-def _bounded_int(body: Dict[str, Any], key: str, lo: int, hi: int, default: Optional[int]) -> Optional[int]:
+def bounded_int(body: Dict[str, Any], key: str, lo: int, hi: int, default: Optional[int]) -> Optional[int]:
     v = body.get(key)
     if v is None:
         return default
-    if not _is_int(v):
+    if not is_int(v):
         raise bad(key, f"{key} must be an integer, got {type(v).__name__}", "invalid_type")
     if not lo <= v <= hi:
         raise bad(key, f"{key} {v} is out of range: must be in [{lo}, {hi}]")
@@ -301,7 +301,7 @@ def parse_response_format(value: Any) -> Optional[Dict[str, Any]]:
 
 def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     """A ``/v1/chat/completions`` body -> GenRequest, or ApiError naming the parameter."""
-    common = _common(body, "/v1/chat/completions", CHAT_KEYS, models)
+    common = common_fields(body, "/v1/chat/completions", CHAT_KEYS, models)
     if "messages" not in body:
         raise bad("messages", "messages is required: [{\"role\": \"user\", \"content\": \"...\"}]",
                   "missing_required_parameter")
@@ -313,7 +313,7 @@ def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     want = body.get("logprobs")
     if want is not None and not isinstance(want, bool):
         raise bad("logprobs", f"logprobs must be true or false on chat completions, got {want!r}", "invalid_type")
-    top = _bounded_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+    top = bounded_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
     if top is not None and not want:
         raise bad("top_logprobs", "top_logprobs needs logprobs: true")
     return GenRequest(kind="chat", sampling=parse_sampling(body, default), conversation=conversation,
@@ -389,52 +389,3 @@ def tool_messages(messages: Any) -> List[Dict[str, Any]]:
     if out[-1]["role"] not in ("user", "tool"):
         raise bad("messages", "the last message must be the user's turn or a tool result to answer", "invalid_value")
     return out
-
-
-def parse_prompts(prompt: Any) -> List[Any]:
-    """``/v1/completions``' prompt as a list of prompts, each a string or a list of token ids.
-
-    >>> parse_prompts("hi"), parse_prompts(["a", "b"]), parse_prompts([1, 2]), parse_prompts([[1], [2, 3]])
-    (['hi'], ['a', 'b'], [[1, 2]], [[1], [2, 3]])
-    """
-    what = ("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
-    if prompt is None:
-        raise bad("prompt", what, "missing_required_parameter")
-    if isinstance(prompt, str):
-        return [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise bad("prompt", what + f", got {type(prompt).__name__ if prompt != [] else 'an empty list'}",
-                  "invalid_type")
-    if all(_is_int(t) for t in prompt):
-        return [list(prompt)]
-    out = []
-    for i, p in enumerate(prompt):
-        if isinstance(p, str):
-            out.append(p)
-        elif isinstance(p, list) and p and all(_is_int(t) for t in p):
-            out.append(list(p))
-        else:
-            raise bad(f"prompt[{i}]", f"prompt[{i}] must be a string or a non-empty list of token ids", "invalid_type")
-    return out
-
-
-def parse_completion(body: Any, models: List[str], default: Sampling) -> GenRequest:
-    """A ``/v1/completions`` body -> GenRequest: prompts (parse_prompts), ``logprobs`` k, ``echo``."""
-    echo = body.get("echo", False) if isinstance(body, dict) else False
-    if not isinstance(echo, bool):
-        raise bad("echo", f"echo must be true or false, got {echo!r}", "invalid_type")
-    zero = isinstance(body, dict) and echo and body.get("max_tokens") == 0
-    common = _common(dict(body, max_tokens=None) if zero else body, "/v1/completions", COMPLETION_KEYS, models)
-    if zero:
-        common["max_tokens"] = 0  # echo only: the prompt's logprobs, nothing generated (as OpenAI's legacy API)
-    prompts = parse_prompts(body.get("prompt"))
-    k = _bounded_int(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
-    best_of = _bounded_int(body, "best_of", 1, MAX_N, None)
-    if best_of is not None and best_of != common["n"]:
-        raise bad("best_of", f"best_of {best_of} != n {common['n']} is not supported (ranking samples by "
-                  "likelihood is not implemented): leave best_of out")
-    if common["stream"] and echo:
-        raise bad("echo", "echo with stream is not supported: send stream false (echo is for scoring prompts)",
-                  "unsupported_parameter")
-    return GenRequest(kind="completion", sampling=parse_sampling(body, default), prompt=prompts, logprobs=k,
-                      echo=echo, **common)
