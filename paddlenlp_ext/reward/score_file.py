@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from ..data.formats.files import parse_records
-from ..dpo.data import preference_from_obj, tokenize_pair
+from ..dpo.data import tokenize_pair
+from ..dpo.records import preference_from_obj
 
 
 def parse_score_record(obj: Any, origin: str) -> Tuple[str, Any, Any]:
