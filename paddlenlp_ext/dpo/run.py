@@ -94,7 +94,7 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     if args.do_train:
         train_time = train_and_save(trainer, cfg, args, data, summary)
         tokens, answer_tokens = trainer.global_token_counts()
-        from ..training.trainer import sum_over_ranks
+        from ..training.rank_counts import sum_over_ranks
 
         pairs, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_real_tokens])
         summary.update(row_tokens_trained=tokens, answer_tokens_trained=answer_tokens, pairs_trained=pairs,

@@ -134,7 +134,7 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
                                "scale_rewards": o.scale_rewards, "epsilon_high": trainer.epsilon_high}
     train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
     tokens, completion_tokens = trainer.global_token_counts()
-    from ..training.trainer import sum_over_ranks
+    from ..training.rank_counts import sum_over_ranks
 
     completions, prompts, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_prompts,
                                                  trainer.trained_real_tokens])
