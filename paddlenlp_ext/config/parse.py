@@ -12,8 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
-from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
+from ..adapters.config import ADAPTER_METHOD_KEYS
 from ..data.reader import DataError, read_utf8_text
 from .data_checks import data_format_problems, dataset_path_problems
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
@@ -22,6 +21,7 @@ from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_par
                           tensor_parallel_adapter_problems)
 from .device import apply_cpu_device
 from .fields import NONE_IS_A_VALUE, FieldSpec, all_fields
+from .adapter_checks import adapter_problems
 from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
@@ -320,8 +320,7 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     m, d, t = cfg.model, cfg.data, cfg.training
     p = []
     methods = [k for k in ADAPTER_METHOD_KEYS if getattr(m, k)]
-    if len(methods) > 1:
-        p.append(f"{where}: only one adapter method at a time; got {' and '.join(methods)} both true")
+    p += adapter_problems(m, t, methods, where)  # config/adapter_checks.py
     if m.flash_mask and not m.use_flash_attention:
         p.append(f"{where}: flash_mask=true needs use_flash_attention=true")
     if d.greedy_zero_padding and not d.zero_padding:
@@ -339,44 +338,12 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
             t["no_recompute_layers"] = [int(x) for x in layers]
         except (TypeError, ValueError):
             p.append(f"{where}: no_recompute_layers must be a list of layer indices (integers); got {layers!r}")
-    for key in ("rslora", "pissa"):
-        if getattr(m, key) and not m.lora:
-            p.append(f"{where}: {key}=true needs lora=true")
-    if m.target_modules is not None and m.lora_target_modules is not None and m.target_modules != m.lora_target_modules:
-        p.append(f"{where}: target_modules and lora_target_modules are aliases but differ; set only one")
-    if m.lora_plus_scale != 1.0 and not m.lora:
-        p.append(f"{where}: lora_plus_scale={m.lora_plus_scale} needs lora=true")
-    if m.lora_alpha != -1 and m.lora_alpha <= 0:
-        p.append(f"{where}: lora_alpha must be > 0 (or -1 for 2 x lora_rank); got {m.lora_alpha}")
-    if m.lora_path and not methods:
-        p.append(f"{where}: lora_path is set but no adapter method ({', '.join(ADAPTER_METHOD_KEYS)}) is true")
-    if m.lokr_path and m.lora_path != m.lokr_path:  # _apply_aliases copied lokr_path unless lora_path was set
-        p.append(f"{where}: lokr_path and lora_path are aliases but differ; set only one")
-    if m.lokr_path and not m.lokr:
-        p.append(f"{where}: lokr_path needs lokr=true")
-    if m.lora_path and adapter_config_file(m.lora_path) is None:
-        p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (nor PaddleNLP's lora_config.json; "
-                 "is it an adapter directory?)")
-    elif m.lora_path and len(methods) == 1:
-        p += _adapter_mismatches(m, where)
-    if len(methods) == 1 and not m.lora_path:
-        try:  # the same builder the run uses: what validates here is what runs
-            adapter_config_from_args(dataclasses.asdict(m))
-        except AdapterConfigError as e:
-            p.append(f"{where}: {e}")
     if m.model_name_or_path:
         model_type = read_model_type(m.model_name_or_path)
         for key in DROPOUT_KEYS:
             problem = dropout_problem(model_type, key, getattr(m, key), flash=m.use_flash_attention)
             if problem:
                 p.append(f"{where}: {key}={getattr(m, key)}: {problem}")
-    if m.weight_quantize_algo and not methods and t.get("do_train", False):
-        p.append(f"{where}: weight_quantize_algo freezes the base weights; training needs lora=true or vera=true "
-                 "(evaluation alone, do_train=false, works without adapters)")
-    if m.weight_double_quant and m.weight_quantize_algo in ("weight_only_int8", "weight_only_int4"):
-        p.append(f"{where}: weight_double_quant applies to nf4/fp4 block scales, not to {m.weight_quantize_algo}")
-    if m.weight_quantize_algo and m.pissa:
-        p.append(f"{where}: pissa rewrites the base weights and cannot be used with weight_quantize_algo")
     if m.model_name_or_path and model_dir_text("model_name_or_path", m.model_name_or_path):
         p.append(Problem(f"{where}: {model_dir_text('model_name_or_path', m.model_name_or_path)}", "model_dir"))
     if m.tokenizer_name_or_path and not os.path.isdir(m.tokenizer_name_or_path):
@@ -431,32 +398,6 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
 
     p += family_problems(cfg, where, mode="dpo" if cfg.dpo is not None else "sft")
     return p
-
-
-def _adapter_mismatches(m: ModelArgument, where: str) -> List[str]:
-    """A saved adapter (lora_path) keeps its own method and shape; config keys
-    that say otherwise would be silently overruled, so they are errors."""
-    try:  # ours, or a PaddleNLP lora_config.json converted (adapters.paddlenlp_format)
-        saved = saved_adapter_settings(m.lora_path)
-        mine = adapter_config_from_args(dataclasses.asdict(m)).to_dict()
-    except (OSError, ValueError) as e:  # ValueError covers JSON and AdapterConfigError
-        return [f"{where}: cannot check lora_path against the config: {e}"]
-    method = mine["method"]
-    keys = {"method": "lokr" if method == "lokr" else "lora/vera",
-            "r": {"vera": "vera_rank", "lokr": "lokr_dim"}.get(method, "lora_rank")}
-    if method == "lora":
-        keys.update(rslora="rslora", pissa="pissa", lora_plus_scale="lora_plus_scale")
-        if m.lora_alpha != -1:  # unset alpha follows the saved adapter
-            keys["alpha"] = "lora_alpha"
-    elif method == "lokr":
-        keys.update(lokr_factor="lokr_factor", lokr_decompose_both="lokr_decompose_both")
-        if m.lokr_alpha != 0:  # unset alpha follows the saved adapter
-            keys["alpha"] = "lokr_alpha"
-    return [
-        f"{where}: {name} says {mine[k]!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
-        "make them match (the saved adapter's settings are the ones that apply)"
-        for k, name in keys.items() if k in saved and saved[k] != mine[k]
-    ]
 
 
 def _apply_aliases(cfg: RunConfig) -> None:
