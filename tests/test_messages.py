@@ -51,7 +51,7 @@ def _pnlp_merge_args(argv, capsys):
 
 def test_paddlenlp_merge_script_takes_our_output_flag(capsys):
     args, _ = _pnlp_merge_args(["--lora_path", "a", "--merge_model_path", "out"], capsys)
-    assert args.output_path == "out"
+    assert args.merge_model_path == "out"
 
 
 def test_paddlenlp_merge_script_names_an_unknown_flag(capsys):
