@@ -105,6 +105,21 @@ def test_sentencepiece_directories_keep_the_slow_tokenizer(tiny_model_dir):
     assert "Fast" not in type(load_tokenizer(tiny_model_dir)).__name__
 
 
+def test_sentencepiece_vocabulary_saved_by_transformers_loads(tiny_model_dir, tmp_path):
+    """transformers saves a SentencePiece vocabulary as tokenizer.model (no tokenizer.json for a slow
+    tokenizer); PaddleNLP's LlamaTokenizer looks for sentencepiece.bpe.model and crashed with a TypeError.
+    Loaded here, it encodes as transformers' own tokenizer does."""
+    spm = os.path.join(tiny_model_dir, "sentencepiece.bpe.model")
+    ref = transformers.LlamaTokenizer(vocab_file=spm, legacy=True)
+    d = str(tmp_path / "hf_spm")
+    ref.save_pretrained(d)
+    assert os.path.isfile(os.path.join(d, "tokenizer.model")) and not uses_fast_file(d)
+    ours = load_tokenizer(d)
+    text = "Hello world, fine-tune me"
+    assert ours(text)["input_ids"] == ref(text)["input_ids"]
+    assert (ours.bos_token, ours.eos_token) == (ref.bos_token, ref.eos_token)
+
+
 def test_chat_template_in_tokenizer_config_reaches_paddlenlps_chat_code(tmp_path):
     """The fast tokenizer exposes tokenizer_config.json's chat_template to PaddleNLP's chat code
     (apply_chat_template / encode_chat_inputs); rendering equals transformers'."""

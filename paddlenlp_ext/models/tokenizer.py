@@ -52,7 +52,7 @@ def load_tokenizer(path: str):
     from paddlenlp.transformers import AutoTokenizer
 
     if not uses_fast_file(path):
-        return AutoTokenizer.from_pretrained(path)
+        return _slow_tokenizer(AutoTokenizer, path)
     tok_cfg = _tokenizer_config(path)
     cls_name = tok_cfg.get("tokenizer_class")
     if cls_name in GENERIC_FAST:
@@ -68,6 +68,24 @@ def load_tokenizer(path: str):
             f"set tokenizer_class to \"PreTrainedTokenizerFast\" ({type(e).__name__}: {e})"
         ) from e
     return _with_extra_special_tokens(tok, tok_cfg, path)
+
+
+def _slow_tokenizer(auto, path: str):
+    """The slow (python) tokenizer of ``path``.  transformers saves a SentencePiece vocabulary as
+    ``tokenizer.model``, while PaddleNLP's classes look for their own file name (LlamaTokenizer:
+    ``sentencepiece.bpe.model``) and fail with ``missing ... 'vocab_file'``: name the file for them."""
+    try:
+        return auto.from_pretrained(path)
+    except TypeError as e:
+        spm = os.path.join(path, "tokenizer.model")
+        if "vocab_file" not in str(e):
+            raise
+        if not os.path.isfile(spm):
+            raise TokenizerLoadError(
+                f"{path}: the tokenizer class of tokenizer_config.json needs a vocabulary file and the directory has "
+                f"none it reads ({', '.join(SLOW_FILES)}, or tokenizer.json): copy the tokenizer files of the base "
+                f"model here ({type(e).__name__}: {e})") from e
+        return auto.from_pretrained(path, vocab_file=spm)
 
 
 def _with_extra_special_tokens(tok, tok_cfg: Dict[str, Any], path: str):
