@@ -13,7 +13,7 @@ import pytest
 
 from paddlenlp_ext.integrations import versions
 
-MODULES = ["flashmask", "lazy_init", "trainer", "training_args", "mp_ops", "logging", "sharding", "pipeline", "qwen3", "decoder", "rotary", "dense_attention", "rms_norm"]
+MODULES = ["flashmask", "lazy_init", "trainer", "training_args", "mp_ops", "logging", "sharding", "pipeline", "qwen3", "decoder", "rotary", "dense_attention", "rms_norm", "recompute"]
 
 
 def resolve(path):

@@ -71,7 +71,27 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
         if why is not None:
             problems.append(f"{where}: {why}")
     problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path)]
+    problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type)]
     return problems
+
+
+def decoder_recompute_problems(t, model_type: str) -> List[str]:
+    """Recompute settings our decoder does not honour (it recomputes whole layers, non-reentrant, skipping
+    ``no_recompute_layers``).  E.g. recompute=true, recompute_granularity="core_attn" on gemma2 ->
+    ``["recompute_granularity 'core_attn' is not implemented on gemma2 (our decoder) ...; set ... full"]``."""
+    family = row(model_type)
+    if family is None or not family.decoder or not t.get("recompute", False):
+        return []
+    out = []
+    granularity = t.get("recompute_granularity", "full")
+    if granularity != "full":
+        out.append(f"recompute_granularity {granularity!r} is not implemented on {model_type} (our decoder "
+                   "recomputes whole layers); set recompute_granularity to \"full\"")
+    if t.get("recompute_use_reentrant", False):
+        out.append(f"recompute_use_reentrant=true is not supported on {model_type} (our decoder uses Paddle's "
+                   "non-reentrant recompute, under which adapters get their gradients); set "
+                   "recompute_use_reentrant=false")
+    return out
 
 
 def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[str]:

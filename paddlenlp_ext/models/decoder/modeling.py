@@ -24,10 +24,10 @@ from typing import Dict, Optional, Tuple
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
-from paddle.distributed.fleet.utils import recompute
 from paddlenlp.transformers.model_outputs import CausalLMOutputWithPast, MoEModelOutputWithPast
 from paddlenlp.transformers.model_utils import PretrainedModel
 
+from ...integrations.recompute import recompute_layer
 from .attention import MaskPlan
 from .configuration import DecoderConfig, config_class_for
 from .layers import Attention, build_mlp, norm_of, rotaries
@@ -130,15 +130,17 @@ class DecoderModel(DecoderPretrainedModel):
         if output_router_logits is None:
             output_router_logits = bool(getattr(self.config, "output_router_logits", False))
         router_logits = [] if output_router_logits else None  # one [B*L, E] per MoE layer
+        recomputing = self.training and getattr(self.config, "recompute", False) and not use_cache
+        keep = set(getattr(self.config, "no_recompute_layers", None) or ())  # layers whose activations stay
         for i, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
             j = self._rope_index[i]
             past = past_key_values[i] if past_key_values else None
             rope = None if j is None else tables[j]
-            if self.training and getattr(self.config, "recompute", False) and not use_cache:
+            if recomputing and i not in keep:
                 # recompute=true: keep only each layer's input; its activations are recomputed in backward
-                x, cache, logits = recompute(layer, x, rope, plan, None, False, use_reentrant=False)
+                x, cache, logits = recompute_layer(layer, x, rope, plan, None, False)
             else:
                 x, cache, logits = layer(x, rope, plan, past, use_cache)
             if use_cache:
