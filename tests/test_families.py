@@ -27,7 +27,7 @@ PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2"
 
 def test_every_paddlenlp_decoder_family_has_a_row():
     decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # our decoder's rows (models/decoder)
-    assert decoder_rows == {"gemma2", "gemma3_text", "phi3", "glm4", "ernie4_5", "olmo2", "smollm3",
+    assert decoder_rows == {"mistral", "gemma", "gemma2", "gemma3_text", "phi3", "glm4", "ernie4_5", "olmo2", "smollm3",
                             "mixtral", "qwen2_moe", "ernie4_5_moe"}  # the last three: MoE rows (docs/moe.md)
     assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} | decoder_rows == set(FAMILIES)  # + our own families
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
@@ -109,8 +109,8 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
 
 
 @pytest.mark.parametrize("family, overrides, needles", [
-    ("mistral", ["--use_flash_attention", "true", "--flash_mask", "true"],
-     ["mistral models do not take FlashMask start rows", "set flash_mask=false"]),
+    ("qwen", ["--use_flash_attention", "true", "--flash_mask", "true"],
+     ["qwen models do not take FlashMask start rows", "set flash_mask=false"]),
     ("chatglm_v2", ["--use_flash_attention", "true"], ["with use_flash_attention=true chatglm_v2 models ignore the "
                                                        "attention mask", "set use_flash_attention=false"]),
     ("opt", ["--use_flash_attention", "true"], ["opt models: use_flash_attention", "set use_flash_attention=false"]),
@@ -118,7 +118,7 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
      ["opt models build their own causal mask", "set zero_padding=false"]),
     ("gpt", ["--lora", "true", "--tensor_parallel_degree", "2"], ["gpt models", "set tensor_parallel_degree=1"]),
     ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
-    ("gemma", ["--pipeline_parallel_degree", "2"], ["gemma models", "set pipeline_parallel_degree=1"]),
+    ("chatglm_v2", ["--pipeline_parallel_degree", "2"], ["chatglm_v2 models", "set pipeline_parallel_degree=1"]),
     ("qwen3", ["--pipeline_parallel_degree", "2"], ["qwen3 has no pipeline model", "set pipeline_parallel_degree=1"]),
     ("codegen", ["--lora", "true", "--zero_padding", "true"], ["codegen models take no position_ids",
                                                                 "set zero_padding=false"]),
@@ -173,9 +173,9 @@ def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
 
 def test_hf_layout_flag_is_set_for_the_families_the_loader_reads():
     decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # transformers' layout is what they load from
-    assert {k for k, f in FAMILIES.items() if f.hf_layout} == {"llama", "qwen2", "mistral", "qwen3"} | decoder_rows
-    assert hf_layout_problem("qwen2") is None
-    assert "convert_from_torch=True" in hf_layout_problem("gemma")
+    assert {k for k, f in FAMILIES.items() if f.hf_layout} == {"llama", "qwen2", "qwen3"} | decoder_rows
+    assert hf_layout_problem("qwen2") is None and hf_layout_problem("gemma") is None
+    assert "convert_from_torch=True" in hf_layout_problem("qwen")
 
 
 def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
@@ -230,7 +230,7 @@ def test_predictor_refuses_a_refused_family(tmp_path):
 
 
 def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tmp_path):
-    """gemma in transformers layout (model.layers.N... names) is refused before loading; its PaddleNLP layout is not."""
+    """qwen (v1) in transformers layout (model.layers.N... names) is refused before loading; its PaddleNLP layout is not."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -238,15 +238,15 @@ def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tm
         save_file({f"{prefix}.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), "float32"),
                    f"{prefix}.embed_tokens.weight": np.zeros((8, 4), "float32")}, str(d / "model.safetensors"))
 
-    hf = tmp_path / "m_gemma"
+    hf = tmp_path / "m_qwen"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"model_type": "gemma"}), encoding="utf-8")
+    (hf / "config.json").write_text(json.dumps({"model_type": "qwen"}), encoding="utf-8")
     write(hf, "model")
-    text = "\n".join(map(str, problems(tmp_path, "gemma", "--lora", "true")))
-    assert "gemma: Hugging Face (transformers-layout) checkpoints are read for ernie4_5, ernie4_5_moe, gemma2" in text
+    text = "\n".join(map(str, problems(tmp_path, "qwen", "--lora", "true")))
+    assert "qwen: Hugging Face (transformers-layout) checkpoints are read for ernie4_5, ernie4_5_moe, gemma, gemma2" in text
     assert "llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, smollm3 only" in text
-    write(hf, "gemma")
-    assert problems(tmp_path, "gemma", "--lora", "true") == []
+    write(hf, "qwen")
+    assert problems(tmp_path, "qwen", "--lora", "true") == []
 
 
 def test_codegen_never_gets_our_shifted_labels():

@@ -135,9 +135,9 @@ def _decoder_refusals(name: str) -> Dict[str, str]:
             "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1"}
 
 
-def _decoder_row(name: str, arch: Arch) -> "Family":
+def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Family":
     return Family(name, features=_DECODER, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
-                  refusals=_decoder_refusals(name))
+                  refusals=_decoder_refusals(name), planner=planner)
 
 
 #: MoE rows on the decoder: what their adapters / quantization target by default: attention, every routed
@@ -203,9 +203,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
            # the decoder's MoE row (tests/test_decoder_parity.py); the CLI still trains models/qwen3 (PaddleNLP
            # layout) and refuses a transformers-layout qwen3_moe checkpoint
            arch=Arch(mlp="moe", qk_norm="head", windows="all", qkv_bias="attention_bias", o_bias="attention_bias")),
-    Family("mistral", features=_DENSE_DPO_FA, planner="llama", hf_layout=True, refusals=_no_flashmask("mistral"),
-           arch=Arch(windows="all")),
-    Family("gemma", features=_DENSE_DPO_FA, planner="llama", refusals=_no_flashmask("gemma"), arch=Arch(**_GEMMA)),
+    # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor
+    # names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py)
+    _decoder_row("mistral", Arch(windows="all"), planner="llama"),
+    _decoder_row("gemma", Arch(**_GEMMA), planner="llama"),
     # our own decoder (paddlenlp_ext/models/decoder); transformers' modeling_<type>.py is each row's reference
     _decoder_row("gemma2", Arch(layer_norms=GEMMA_SANDWICH, act="hidden_activation", windows="layer_types",
                                 attn_softcap="attn_logit_softcapping", final_softcap="final_logit_softcapping",

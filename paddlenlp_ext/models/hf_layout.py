@@ -166,7 +166,7 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
     out = []
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
     head_dim = config.get("head_dim")
-    if mt in ("llama", "qwen2", "mistral") and head_dim is not None and hidden and heads and head_dim * heads != hidden:
+    if mt in ("llama", "qwen2") and head_dim is not None and hidden and heads and head_dim * heads != hidden:
         out.append(f"config.json head_dim={head_dim}: PaddleNLP's {mt} derives head_dim as hidden_size / "
                    f"num_attention_heads = {hidden // heads}; a checkpoint with an explicit other head_dim cannot load")
     out.extend(rope_problems(config, spelled))
@@ -176,9 +176,6 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
     if mt == "llama" and config.get("hidden_act", "silu") != "silu":
         out.append(f"config.json hidden_act={config.get('hidden_act')!r}: PaddleNLP's llama always computes SwiGLU "
                    "(silu) in its MLP and ignores hidden_act")
-    if mt == "mistral" and config.get("tie_word_embeddings"):
-        out.append("config.json tie_word_embeddings=true: PaddleNLP's mistral has its own lm_head and never ties it "
-                   "to the embeddings (the checkpoint stores no lm_head.weight)")
     if mt == "qwen2" and config.get("attention_bias") is False:
         out.append("config.json attention_bias=false: PaddleNLP's qwen2 always has q/k/v biases")
     window = _active_sliding_window(config)

@@ -1,0 +1,38 @@
+"""Mistral and Gemma moved from PaddleNLP's classes onto our decoder: checkpoints PaddleNLP's own
+``MistralForCausalLM`` / ``GemmaForCausalLM`` write load into the decoder by name (the same tensor names and
+[in, out] Linears), and the decoder's logits equal PaddleNLP's forward on them."""
+
+import numpy as np
+import paddle
+import pytest
+
+from family_models import build_family_model
+from paddlenlp_ext.models.family_table import FAMILIES
+
+MOVED = ["mistral", "gemma"]
+
+
+@pytest.mark.parametrize("model_type", MOVED)
+def test_paddlenlp_checkpoint_loads_into_the_decoder_with_paddlenlps_logits(model_type, tiny_model_dir, tmp_path):
+    import paddlenlp.transformers as T
+
+    from paddlenlp_ext.models.decoder import classes_for
+    from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+
+    assert FAMILIES[model_type].decoder
+    path = build_family_model(model_type, str(tmp_path / model_type), tiny_model_dir)
+    ref = T.AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    ref.eval()
+    _, _, lm_cls = classes_for(model_type)
+    cls, config = decoder_class_for(T.AutoConfig.from_pretrained(path))  # what training and the predictor build
+    assert cls is lm_cls
+    ours, stats = load_model_streaming(path, config, "float32", model_class=lm_cls)
+    ours.eval()
+    assert stats["layout"] == "paddlenlp"
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 500, size=(2, 16)), dtype="int64")
+    mask = paddle.to_tensor([[0] * 4 + [1] * 12, [1] * 16], dtype="int64")  # a left-padded row
+    with paddle.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask, return_dict=True).logits.numpy()
+        got = ours(input_ids=ids, attention_mask=mask, return_dict=True).logits.numpy()
+    np.testing.assert_allclose(got[0, 4:], want[0, 4:], atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-5)
