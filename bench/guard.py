@@ -106,7 +106,7 @@ def report(verdicts: List[dict], isa: str, tolerance: float) -> str:
     rows = []
     for v in verdicts:
         rec = v["recorded"] or {}
-        when = f" ({rec['date']}, {rec['commit']})" if rec else ""
+        when = f" ({rec.get('date', '-')}, {rec.get('commit', '-')})" if rec else ""
         verdict = ", ".join(v["flags"]) if v["flags"] else ("ok" if rec else f"nothing recorded for {isa}")
         rows.append([v["case"], f"{v['now']['sup_tok_s']:.1f}", _fmt(rec.get("sup_tok_s"), ".1f") + when,
                      _fmt(v["speed"], ".2f", "x"), f"{v['now']['peak_rss_gib']:.2f} GiB",
