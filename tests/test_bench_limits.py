@@ -205,3 +205,33 @@ def test_guard_flags_go_with_quick(capsys):
     with pytest.raises(SystemExit) as e:
         e2e.main(["--record"])
     assert e.value.code == 2 and "go with --quick" in capsys.readouterr().err
+
+
+def test_e2e_puts_each_toolkit_against_the_peak(tmp_path, capsys):
+    """machine_limit (a recorded peak, the data's statistics) -> the GFLOP/s column of e2e's table."""
+    spm = os.path.join(harness.TINY_MODEL, "sentencepiece.bpe.model")
+    if not os.path.isfile(spm):
+        pytest.skip("no build/tiny-llama tokenizer")
+    (tmp_path / "llama-0.25b").mkdir()
+    (tmp_path / "llama-0.25b" / "sentencepiece.bpe.model").write_bytes(open(spm, "rb").read())
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text(json.dumps({"src": "Name a colour.", "tgt": "Blue."}) + "\n")
+    cpu = {"model": "AMD EPYC", "vendor": "AuthenticAMD", "flags": ["avx2", "avx512f"], "isa": "avx512"}
+    (tmp_path / "peak.json").write_text(json.dumps({"cpu": cpu, "peak_gflops": 200.0, "date": "d"}))
+    a = types.SimpleNamespace(model="0.25b", peak_json=str(tmp_path / "peak.json"), no_peak=False,
+                              scratch=str(tmp_path))
+    limit = e2e.machine_limit(a, {"vocab": 32000}, str(tmp_path / "data"))
+    assert "ISA avx512" in capsys.readouterr().out and limit["peak_flops"] == 200e9
+    per = limit["per_sup_token"]["lora"]
+    assert per == limits.flops_per_supervised_token(e2e.SHAPES["0.25b"], 32000, limit["stats"], e2e.RANK)
+    assert "dpo" not in limit["per_sup_token"] and per == limit["per_sup_token"]["packed"]
+    runs = []
+    for toolkit, tok_s in (("ours", 100.0), ("TRL + PEFT", 50.0)):
+        r = {"toolkit": toolkit, "detail": "d", "case": "lora", "sup_tok_s": tok_s, "step_s": 1.0,
+             "peak_rss_gib": 2.0, "cpu_pct": 190.0, "final_loss": 1.0, "padding": None,
+             **flops.achieved(tok_s, per, limit["peak_flops"])}
+        runs.append(r)
+    text = "\n".join(e2e.table(runs, "lora"))
+    assert f"| {100 * per / 1e9:.1f} ({100 * per / 200e9:.0%}) |" in text
+    assert "| ours / TRL + PEFT |  | 2.00x |  |" in text
+    assert "GFLOP per supervised token" in e2e.limit_lines(limit, runs)
