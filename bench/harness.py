@@ -334,6 +334,20 @@ def reset_peak() -> bool:
     return peak is not None and now is not None and peak <= now + 4 * MiB
 
 
+def time_calls(fn: Callable, repeats: int, warmup: int = 1) -> tuple:
+    """Call ``fn()`` ``warmup`` times untimed, then ``repeats`` times timed: ``([wall seconds], [CPU seconds])``
+    of each timed call, the CPU seconds this process's over all its threads (``time.process_time``)."""
+    for _ in range(warmup):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
+
+
 def interleave(variants: dict, repeats: int, warmup: int = 1, context: Optional[Callable] = None,
                log: bool = False) -> tuple:
     """Time in-process variants in interleaved rounds (A, B, A, B, ...), so that other load on a shared

@@ -87,13 +87,7 @@ def matmul_shapes(shape: dict, vocab: int, tokens: int, rank: int = 8) -> list:
 def best_and_median(fn, repeats: int) -> tuple:
     """(best, median, least CPU) seconds of ``fn()`` over ``repeats`` timed calls after one untimed; the
     CPU seconds are this process's, all threads (``time.process_time``)."""
-    fn()
-    times, cpu = [], []
-    for _ in range(repeats):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    times, cpu = h.time_calls(fn, repeats)
     return min(times), h.median(times), min(cpu)
 
 

@@ -185,3 +185,9 @@ def test_an_interrupted_run_stops_the_command(tmp_path):
     else:
         os.kill(pid, 9)
         pytest.fail("the command outlived the interrupted run")
+
+
+def test_time_calls_warms_up_then_times_each_call():
+    calls = []
+    wall, cpu = harness.time_calls(lambda: calls.append(1), repeats=3)
+    assert len(calls) == 4 and len(wall) == len(cpu) == 3 and min(wall) >= 0 and min(cpu) >= 0
