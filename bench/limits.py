@@ -22,11 +22,11 @@ from bench import harness as h
 from bench.flops import causal_context, flops_per_token
 
 
-def measure_peak(out_json: str, shape: dict, vocab: int, tokens: str = "256,1024", repeats: int = 5) -> dict:
-    """Run ``bench.peak`` for this model shape; its JSON (see bench/peak.py)."""
+def measure_peak(out_json: str, shape: dict, vocab: int, *more: str) -> dict:
+    """Run ``bench.peak`` for this model shape (``more``: its other arguments); its JSON (see bench/peak.py)."""
     env = h.clean_env(PYTHONPATH=h.ROOT)
-    r = h.run(h.module("bench.peak", "--shape", json.dumps(shape), "--vocab", vocab, "--tokens", tokens,
-                       "--repeats", repeats, "--json", out_json), name="matmul peak", env=env, mark=None)
+    r = h.run(h.module("bench.peak", "--shape", json.dumps(shape), "--vocab", vocab, "--json", out_json, *more),
+              name="matmul peak", env=env, mark=None)
     print("\n".join(line for line in r.output.splitlines() if line.startswith(("CPU:", "cpu:", "peak:"))),
           flush=True)
     return load_peak(out_json)
