@@ -372,6 +372,12 @@ def main(argv=None):
                    "as the last recorded ones of this ISA")
     a = p.parse_args(argv)
     if a.quick:
+        fixed = {"--cases": a.cases != "lora,packed", "--toolkits": a.toolkits != "ours,paddlenlp,trl",
+                 "--steps": a.steps != STEPS_DEFAULT, "--packed-steps": a.packed_steps is not None,
+                 "--repeats": a.repeats != 2, "--model": a.model != "0.25b"}
+        if any(fixed.values()):  # the recorded figures are of exactly this run
+            p.error(f"--quick runs ours on the 0.25b model, lora and packed, 2 steps, once (the recorded figures' "
+                    f"run): drop {', '.join(k for k, v in fixed.items() if v)}")
         a.cases, a.toolkits, a.steps, a.packed_steps, a.repeats = "lora,packed", "ours", 2, 2, 1
         a.no_peak = a.no_peak or not a.peak_json
     elif a.record or a.fail_on_slowdown:

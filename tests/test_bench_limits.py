@@ -235,3 +235,10 @@ def test_e2e_puts_each_toolkit_against_the_peak(tmp_path, capsys):
     assert f"| {100 * per / 1e9:.1f} ({100 * per / 200e9:.0%}) |" in text
     assert "| ours / TRL + PEFT |  | 2.00x |  |" in text
     assert "GFLOP per supervised token" in e2e.limit_lines(limit, runs)
+
+
+@pytest.mark.parametrize("extra", [["--model", "0.8b"], ["--steps", "5"], ["--cases", "lora"]])
+def test_quick_refuses_settings_it_would_override(extra, capsys):
+    with pytest.raises(SystemExit) as e:
+        e2e.main(["--quick", *extra])
+    assert e.value.code == 2 and f"drop {extra[0]}" in capsys.readouterr().err
