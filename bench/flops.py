@@ -127,11 +127,13 @@ def flops_per_token(shape: dict, vocab: int, context: float, lora_rank: Optional
     return out
 
 
-def achieved(tokens_per_s: Optional[float], per_token: float, peak_flops: Optional[float]) -> Dict[str, float]:
+def achieved(tokens_per_s: Optional[float], per_token: Optional[float],
+             peak_flops: Optional[float]) -> Dict[str, float]:
     """Achieved FLOP/s and its fraction of the measured peak:
-    ``achieved(90, 1e9, 300e9)`` -> ``{'gflops': 90.0, 'of_peak': 0.3}``; None where a figure is missing.
+    ``achieved(90, 1e9, 300e9)`` -> ``{'gflops': 90.0, 'of_peak': 0.3}``; None where a figure is missing
+    (``per_token`` None: a case whose FLOPs are not counted, such as DPO).
     """
-    if tokens_per_s is None:
+    if tokens_per_s is None or per_token is None:
         return {"gflops": None, "of_peak": None}
     flops = tokens_per_s * per_token
     return {"gflops": flops / 1e9, "of_peak": flops / peak_flops if peak_flops else None}

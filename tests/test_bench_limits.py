@@ -81,6 +81,7 @@ def test_flops_per_supervised_token_and_achieved():
     assert a["gflops"] == pytest.approx(50 * per / 1e9) and a["of_peak"] == pytest.approx(50 * per / 200e9)
     assert flops.achieved(None, per, 200e9) == {"gflops": None, "of_peak": None}
     assert flops.achieved(50.0, per, None)["of_peak"] is None
+    assert flops.achieved(0.01, None, 200e9) == {"gflops": None, "of_peak": None}  # DPO: not counted
 
 
 def test_data_stats_count_the_tokenized_rows(tmp_path):
