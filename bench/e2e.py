@@ -331,8 +331,8 @@ def quick_guard(a, runs: list, cpu: dict) -> int:
     verdicts = compare(now, baselines, cpu["isa"], a.tolerance)
     print(f"\nregression guard ({cpu['isa']}, {cpu['model']}): against docs/benchmarks.md's recorded figures\n")
     print(report(verdicts, cpu["isa"], a.tolerance))
-    commit = h.run(["git", "rev-parse", "--short", "HEAD"], name="git", mark=None, check=False).output.strip()
-    rows = record_rows(now, cpu["isa"], time.strftime("%Y-%m-%d", time.gmtime()), commit or "-",
+    git = h.run(["git", "rev-parse", "--short", "HEAD"], name="git", mark=None, check=False)
+    rows = record_rows(now, cpu["isa"], time.strftime("%Y-%m-%d", time.gmtime()), git.output.strip() if git.ok else "-",
                        f"load average {os.getloadavg()[0]:.1f}", "bench.e2e --quick")
     if a.record:
         with open(docs, "w", encoding="utf-8") as f:
