@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.e2e [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
         [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--model 0.25b|0.8b] [--json F]
+        [--peak-json F | --no-peak]
+    .venv/bin/python -m bench.e2e --quick [--tolerance 0.15] [--fail-on-slowdown] [--record]
 
 Every toolkit trains the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate
 2816, 16 layers; ``--model 0.8b``: hidden 2048, intermediate 5504, 14 layers, 0.84B parameters;
@@ -33,9 +35,26 @@ reason.  **TRL** runs in its own venv (``SCRATCH/venv-trl``: ``pip install torch
 peft trl sentencepiece protobuf``; ``--trl-python`` names an interpreter that has them) with torch's
 default threads, through ``bench/e2e_trl.py``; skipped with the reason when it cannot be set up.
 
-Printed per case and toolkit: supervised tokens/s (supervised tokens over the training time; each
-run's in brackets), median step time (steps 2..N), peak RSS, CPU% during the steps, padding (ours),
-final loss; then ours / each other toolkit, and packed / unpacked per toolkit.
+Printed first: the CPU model and its ISA, and this machine's fp32 matmul peak, measured by
+``bench/peak.py`` in its own process at this model's shapes (``--peak-json F``: a measurement of
+before; ``--no-peak``: none).  Then per case and toolkit: supervised tokens/s (supervised tokens over the
+training time; each run's in brackets), the achieved GFLOP/s and its fraction of the peak, median step
+time (steps 2..N), peak RSS, CPU% during the steps, padding (ours), final loss; then ours / each other
+toolkit, and packed / unpacked per toolkit.
+
+**GFLOP/s** = supervised tokens/s x FLOPs per supervised token, the same for every toolkit of a case
+(``bench/flops.py``: the matmuls of forward and backward from the model's shape; LoRA r8: a frozen base
+weight costs 4 FLOPs per weight and token, a LoRA weight 6, the LM head 4, attention ``12 * hidden *
+c`` per layer with ``c`` the mean causal context of a token; over the supervised share of the processed
+tokens; ``bench/limits.py`` reads both from the training rows with the model's tokenizer).  At 0.26B on
+alpaca_en_demo (mean causal context ~160 tokens, 89% of the tokens supervised) that is ~1.12 GFLOP per
+supervised token: 89 supervised tok/s is ~100 GFLOP/s.  QLoRA's dequantisation and DPO are not counted.
+
+**``--quick``**, the regression guard: ours only, cases ``lora`` and ``packed``, 2 steps, 1 repeat, no
+peak measurement; prints supervised tok/s and peak RSS against the last figures recorded for this
+CPU's ISA class (``avx512`` / ``avx2``) in docs/benchmarks.md's guard table (``bench/guard.py``),
+flagging a case slower (or heavier) than the tolerance allows (``--tolerance``, default 0.15);
+``--fail-on-slowdown`` exits 1 then; ``--record`` adds this run's rows to the table.
 """
 
 from __future__ import annotations
@@ -59,6 +78,10 @@ from bench.cpu_setup import (  # noqa: E402
     CODE_PATH_VARS, MODEL_SHAPE, ROOT, SWITCH, THREAD_VARS, TOKENIZER_MODEL, ensure_data, ensure_model, run_once,
 )
 from bench.dpo import convert_dpo_demo  # noqa: E402
+from bench.flops import achieved  # noqa: E402
+from bench.guard import GuardTableError, append_rows, compare, parse_baselines, record_rows, report  # noqa: E402
+from bench.limits import data_stats, flops_per_supervised_token, load_peak, measure_peak, model_spm  # noqa: E402
+from bench.peak import this_cpu  # noqa: E402
 
 fmt, mean = h.fmt, h.mean
 DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
@@ -224,14 +247,15 @@ def table(runs, case) -> list:
     rows = [r for r in runs if r["case"] == case]
     names = list(dict.fromkeys(r["toolkit"] for r in rows))
     key = "pairs_s" if case == "dpo" else "sup_tok_s"
-    head = ["toolkit", "runs", "pairs/s" if case == "dpo" else "supervised tok/s", "step time", "peak RSS",
-            "CPU% in steps", "padding", "final loss"]
+    head = ["toolkit", "runs", "pairs/s" if case == "dpo" else "supervised tok/s", "GFLOP/s (of peak)", "step time",
+            "peak RSS", "CPU% in steps", "padding", "final loss"]
     body = []
     for name in names:
         rs = [r for r in rows if r["toolkit"] == name]
-        pad = mean(rs, "padding")
+        pad, of_peak = mean(rs, "padding"), mean(rs, "of_peak")
         body.append([f"{name} ({rs[0]['detail']})", len(rs),
                      f"{mean(rs, key):.2f} ({', '.join(format(r[key], '.2f') for r in rs)})",
+                     fmt(mean(rs, "gflops"), ".1f") + ("" if of_peak is None else f" ({of_peak:.0%})"),
                      f"{mean(rs, 'step_s'):.2f} s", f"{mean(rs, 'peak_rss_gib'):.2f} GiB",
                      f"{fmt(mean(rs, 'cpu_pct'), '.0f')}%", "-" if pad is None else format(pad, ".1%"),
                      f"{mean(rs, 'final_loss'):.4f}"])
@@ -240,7 +264,8 @@ def table(runs, case) -> list:
         other = [r for r in rows if r["toolkit"] == name]
         if ours[key] is not None and not name.startswith("ours"):
             base = {k: mean(other, k) for k in ours}
-            body.append([f"ours / {name}", "", *h.ratio_cells(ours, base, list(ours)), "", "", ""])
+            cells = h.ratio_cells(ours, base, list(ours))
+            body.append([f"ours / {name}", "", cells[0], "", *cells[1:], "", "", ""])
     return [f"### {case}", "", h.table(head, body)]
 
 
@@ -255,6 +280,69 @@ def ratios_across(runs) -> list:
                 out.append(f"{num} / {den}, {name}: {mean(a, 'sup_tok_s') / mean(b, 'sup_tok_s'):.2f}x supervised "
                            f"tok/s, {mean(a, 'peak_rss_gib') / mean(b, 'peak_rss_gib'):.2f}x peak RSS")
     return out
+
+
+def machine_limit(a, info: dict, data_dir: str) -> dict:
+    """The CPU (model, ISA), the measured matmul peak (bench/peak.py; None with --no-peak), the training
+    data's token statistics and the FLOPs per supervised token of each case (bench/flops.py: LoRA r8 on
+    the seven decoder linears; QLoRA's dequantisation not counted; DPO not counted)."""
+    shape = SHAPES[a.model]
+    peak = load_peak(a.peak_json) if a.peak_json else None
+    if peak is None and not a.no_peak:
+        peak = measure_peak(os.path.join(a.scratch, f"peak-{a.model}.json"), shape, info["vocab"])
+    cpu = peak["cpu"] if peak else this_cpu()
+    spm = model_spm(os.path.join(a.scratch, f"llama-{a.model}"))
+    train = os.path.join(data_dir, "train.json")
+    stats = data_stats(train, spm, MAX_LENGTH) if spm and os.path.isfile(train) else None
+    per_sup = {} if stats is None else {c: flops_per_supervised_token(shape, info["vocab"], stats, RANK)
+                                         for c in CASES if c != "dpo"}
+    print(f"CPU: {cpu['model']}, ISA {cpu['isa']} ({' '.join(cpu['flags']) or '-'}); load average "
+          f"{os.getloadavg()[0]:.2f}; matmul peak {fmt(peak and peak['peak_gflops'], '.1f')} GFLOP/s", flush=True)
+    return {"cpu": cpu, "peak": peak, "peak_flops": peak["peak_gflops"] * 1e9 if peak else None, "stats": stats,
+            "per_sup_token": per_sup}
+
+
+def limit_lines(limit: dict, runs: list) -> str:
+    """How the FLOP/s column is counted, and ours' measured supervised fraction against the data's."""
+    stats = limit["stats"]
+    if not stats:
+        return "GFLOP/s: not counted (no SentencePiece model in the model directory)"
+    ours = [r["supervised_fraction"] for r in runs if r.get("supervised_fraction")]
+    per = next(iter(limit["per_sup_token"].values()))
+    return (f"GFLOP/s: {per / 1e9:.3f} GFLOP per supervised token (bench/flops.py: matmuls only, mean causal "
+            f"context {stats['context']:.0f} tokens, supervised fraction {stats['supervised_fraction']:.3f} of the "
+            f"data" + (f", ours measured {sum(ours) / len(ours):.3f}" if ours else "") + "); peak: "
+            + (f"{limit['peak']['peak_gflops']:.1f} GFLOP/s fp32 matmul (bench/peak.py, {limit['peak']['date']})"
+               if limit["peak"] else "not measured"))
+
+
+def quick_guard(a, runs: list, cpu: dict) -> int:
+    """``--quick``: this run against the last recorded figures of this ISA in docs/benchmarks.md; 1 when a
+    case is flagged and ``--fail-on-slowdown``."""
+    docs = os.path.join(ROOT, "docs", "benchmarks.md")
+    with open(docs, encoding="utf-8") as f:
+        text = f.read()
+    now = {r["case"]: {"sup_tok_s": r["sup_tok_s"], "peak_rss_gib": r["peak_rss_gib"]} for r in runs}
+    try:
+        baselines = parse_baselines(text)
+    except GuardTableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    verdicts = compare(now, baselines, cpu["isa"], a.tolerance)
+    print(f"\nregression guard ({cpu['isa']}, {cpu['model']}): against docs/benchmarks.md's recorded figures\n")
+    print(report(verdicts, cpu["isa"], a.tolerance))
+    git = h.run(["git", "rev-parse", "--short", "HEAD"], name="git", mark=None, check=False)
+    rows = record_rows(now, cpu["isa"], time.strftime("%Y-%m-%d", time.gmtime()), git.output.strip() if git.ok else "-",
+                       f"load average {os.getloadavg()[0]:.1f}", "bench.e2e --quick")
+    if a.record:
+        with open(docs, "w", encoding="utf-8") as f:
+            f.write(append_rows(text, rows))
+        print("\nrecorded in docs/benchmarks.md:")
+    else:
+        print("\nthis run's rows (--record adds them to docs/benchmarks.md):")
+    print("\n".join(rows))
+    flagged = [v["case"] for v in verdicts if v["flags"]]
+    return 1 if flagged and a.fail_on_slowdown else 0
 
 
 def main(argv=None):
@@ -273,7 +361,27 @@ def main(argv=None):
     p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")
     p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl")
     p.add_argument("--json", help="write the runs here")
+    p.add_argument("--peak-json", help="bench/peak.py's --json of this machine, instead of measuring the peak")
+    p.add_argument("--no-peak", action="store_true", help="no matmul peak measurement (no fraction of peak)")
+    p.add_argument("--quick", action="store_true", help="the regression guard: ours only, lora and packed, 2 steps, "
+                   "1 repeat, no peak; compared with the figures recorded in docs/benchmarks.md for this ISA")
+    p.add_argument("--tolerance", type=float, default=0.15, help="--quick: a slowdown (or more peak RSS) beyond "
+                   "this fraction is flagged (default 0.15)")
+    p.add_argument("--fail-on-slowdown", action="store_true", help="--quick: exit 1 when a case is flagged")
+    p.add_argument("--record", action="store_true", help="--quick: add this run's figures to docs/benchmarks.md "
+                   "as the last recorded ones of this ISA")
     a = p.parse_args(argv)
+    if a.quick:
+        fixed = {"--cases": a.cases != "lora,packed", "--toolkits": a.toolkits != "ours,paddlenlp,trl",
+                 "--steps": a.steps != STEPS_DEFAULT, "--packed-steps": a.packed_steps is not None,
+                 "--repeats": a.repeats != 2, "--model": a.model != "0.25b"}
+        if any(fixed.values()):  # the recorded figures are of exactly this run
+            p.error(f"--quick runs ours on the 0.25b model, lora and packed, 2 steps, once (the recorded figures' "
+                    f"run): drop {', '.join(k for k, v in fixed.items() if v)}")
+        a.cases, a.toolkits, a.steps, a.packed_steps, a.repeats = "lora,packed", "ours", 2, 2, 1
+        a.no_peak = a.no_peak or not a.peak_json
+    elif a.record or a.fail_on_slowdown:
+        p.error("--record and --fail-on-slowdown go with --quick")
     cases = [c for c in a.cases.split(",") if c]
     toolkits = set(a.toolkits.split(","))
     bad = [c for c in cases if c not in CASES]
@@ -286,6 +394,7 @@ def main(argv=None):
     py, trl_why = trl_python(a.scratch, a.trl_python) if "trl" in toolkits else (None, "not asked")
     llm_dir, pn_why = paddlenlp_llm(a.paddlenlp_llm) if "paddlenlp" in toolkits else (None, "not asked")
     hf_dir = hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf")) if py else None
+    limit = machine_limit(a, info, data_dir)
     print(f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
           f"{ACCUMULATION} (cases *_b4: 4 x 1) at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32, "
           f"cases {cases}", flush=True)
@@ -312,14 +421,16 @@ def main(argv=None):
                 r.update(toolkit="ours", detail="llm/run_dpo.py")
             elif who == "ours":
                 r = run_once("on", model_dir, data_dir, out_dir, steps, OURS_ARGS[case])
-                r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""))
+                r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""),
+                         supervised_fraction=r["summary"].get("supervised_token_fraction"))
             elif who == "paddlenlp":
                 r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, steps, case == "packed",
                                   a.paddlenlp_cpu_env)
             else:
                 r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, steps, case == "packed",
                             dpo=case == "dpo")
-            r.update(case=case, repeat=i)
+            r.update(case=case, repeat=i, **achieved(r.get("sup_tok_s"), limit["per_sup_token"].get(case),
+                                                     limit["peak_flops"]))
             runs.append({k: v for k, v in r.items() if k != "summary"})
             speed = f"{r['pairs_s']:.2f} pairs/s" if case == "dpo" else f"{r['sup_tok_s']:.1f} supervised tok/s"
             print(f"  {case} {r['toolkit']} #{i + 1}: {speed}, step {r['step_s']:.2f} s, "
@@ -329,14 +440,16 @@ def main(argv=None):
     for case in cases:
         print("\n".join(table(runs, case)) + "\n")
     print("\n".join(ratios_across(runs)))
+    print(limit_lines(limit, runs))
     versions = next((r["versions"] for r in runs if r.get("versions")), None)
     if versions:
         print("TRL side:", versions)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"runs": runs, "steps": a.steps, "trl_skipped": trl_why, "paddlenlp_skipped": pn_why,
+                       "cpu": limit["cpu"], "peak": limit["peak"], "data": limit["stats"],
                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f, indent=2)
-    return 0
+    return quick_guard(a, runs, limit["cpu"]) if a.quick else 0
 
 
 if __name__ == "__main__":

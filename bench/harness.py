@@ -13,6 +13,9 @@ measured one way:
   output line matching ``mark`` (the CLI's step lines), over the wall time between them;
 * the run's ``run_summary.json`` (and ``trainer_state.json``'s losses) when ``out_dir`` is given.
 
+A command that runs until it is stopped (a server) goes through :class:`Server`: started the same way,
+ready at an output line, stopped with a signal, measured the same way.
+
 Tables are markdown: :func:`table` for the rows, :func:`ratio_cells` for a "ours / baseline" row.
 Nothing here imports paddle: a benchmark's own process stays small.
 """
@@ -28,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
@@ -139,6 +143,74 @@ class Run:
         return median(steps[1:] or steps)
 
 
+class _Launch:
+    """One command under the :data:`LAUNCHER`: its output lines (logged, marked, passed on) and, once it
+    ended, its :class:`Run`.  :func:`run` reads the lines itself; :class:`Server` reads them on a thread."""
+
+    def __init__(self, cmd, name, cwd, env, out_dir, log, mark, on_line):
+        self.cmd = [str(c) for c in cmd]
+        self.name = name or os.path.basename(self.cmd[1] if len(self.cmd) > 1 else self.cmd[0])
+        self.out_dir, self.mark, self.on_line = out_dir, mark, on_line
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+        fd, self.report = tempfile.mkstemp(prefix="bench_run_", suffix=".json")
+        os.close(fd)
+        os.remove(self.report)
+        # its own process group: an interrupted benchmark stops the command too (kill), not only the launcher
+        self.proc = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, self.report, *self.cmd], cwd=cwd,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     errors="replace", start_new_session=True)
+        self.lines, self.marks, self._child = [], [], None
+        self.logf = open(log, "w") if log else None
+
+    def child(self) -> Optional[int]:
+        """The command's pid (the launcher writes it as soon as it spawned it); None before that."""
+        if self._child is None:
+            with contextlib.suppress(OSError, ValueError):
+                with open(self.report + ".pid") as f:
+                    self._child = int(f.read())
+        return self._child
+
+    def pump(self) -> None:
+        """Read the output to its end: each line kept, logged, timed at ``mark`` lines, passed to ``on_line``."""
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if self.logf:
+                self.logf.write(line)
+            if self.mark is not None and self.mark.search(line):
+                with contextlib.suppress(OSError, TypeError, ValueError):  # the command just ended
+                    self.marks.append((time.perf_counter(), cpu_seconds(self.child())))
+            if self.on_line:
+                self.on_line(line.rstrip("\n"))
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def finish(self, check: bool) -> Run:
+        """Wait for the launcher; the :class:`Run` (``check``: exit with the output's tail when it failed)."""
+        self.proc.wait()
+        if self.logf:
+            self.logf.close()
+        try:
+            with open(self.report) as f:
+                m = json.load(f)
+        except OSError:  # the launcher itself failed
+            m = {"rc": self.proc.returncode or 1, "wall_s": 0.0, "peak_rss_bytes": 0}
+        for path in (self.report, self.report + ".pid"):
+            if os.path.exists(path):
+                os.remove(path)
+        r = Run(self.name, self.cmd, m["rc"], m["wall_s"], m["peak_rss_bytes"], "".join(self.lines), self.marks,
+                self.out_dir)
+        summary_path = os.path.join(self.out_dir, "run_summary.json") if self.out_dir else None
+        if r.ok and summary_path and os.path.isfile(summary_path):
+            with open(summary_path) as f:
+                r.summary = json.load(f)
+        if check and not r.ok:
+            sys.exit(f"{self.name} failed (exit {r.returncode}): {' '.join(self.cmd)}\n{r.tail()}")
+        return r
+
+
 def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[dict] = None,
         out_dir: Optional[str] = None, log: Optional[str] = None, mark: Optional[re.Pattern] = STEP_LINE,
         on_line: Optional[Callable[[str], None]] = None, check: bool = True) -> Run:
@@ -147,57 +219,74 @@ def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[di
     ``log``: also write the output there.  ``on_line``: called with every output line as it comes.
     ``check``: exit with the output's tail when the command fails (else the failed Run is returned).
     """
-    cmd = [str(c) for c in cmd]
-    name = name or os.path.basename(cmd[1] if len(cmd) > 1 else cmd[0])
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-    fd, report = tempfile.mkstemp(prefix="bench_run_", suffix=".json")
-    os.close(fd)
-    os.remove(report)
-    # its own process group: an interrupted benchmark stops the command too (below), not only the launcher
-    proc = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, report, *cmd], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True)
-    lines, marks, child = [], [], None
-    logf = open(log, "w") if log else None
+    launch = _Launch(cmd, name, cwd, env, out_dir, log, mark, on_line)
     try:
-        for line in proc.stdout:  # the lines as they come, with the command's CPU time at each mark line
-            lines.append(line)
-            if logf:
-                logf.write(line)
-            if mark is not None and mark.search(line):
-                try:
-                    child = child or int(open(report + ".pid").read())
-                    marks.append((time.perf_counter(), cpu_seconds(child)))
-                except (OSError, ValueError):  # the command ended between the line and the read
-                    pass
-            if on_line:
-                on_line(line.rstrip("\n"))
-        proc.wait()
+        launch.pump()
     except BaseException:  # Ctrl-C, or an on_line callback that failed
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        launch.kill()
+        launch.finish(check=False)
         raise
-    finally:
-        if logf:
-            logf.close()
-    try:
-        with open(report) as f:
-            m = json.load(f)
-    except OSError:  # the launcher itself failed
-        m = {"rc": proc.returncode or 1, "wall_s": 0.0, "peak_rss_bytes": 0}
-    for path in (report, report + ".pid"):
-        if os.path.exists(path):
-            os.remove(path)
-    r = Run(name, cmd, m["rc"], m["wall_s"], m["peak_rss_bytes"], "".join(lines), marks, out_dir)
-    summary_path = os.path.join(out_dir, "run_summary.json") if out_dir else None
-    if r.ok and summary_path and os.path.isfile(summary_path):
-        with open(summary_path) as f:
-            r.summary = json.load(f)
-    if check and not r.ok:
-        sys.exit(f"{name} failed (exit {r.returncode}): {' '.join(cmd)}\n{r.tail()}")
-    return r
+    return launch.finish(check)
+
+
+class Server:
+    """A long-running command (a server) in its own process, measured as :func:`run` measures one:
+
+        with Server(cmd, ready=re.compile(r"ready on (http://\\S+)")) as s:
+            s.ready.group(1)   # the match of the ready line (the URL, say)
+            run = s.stop()     # SIGTERM to the command; its Run (exit code, wall time, peak RSS, output)
+
+    Starting waits up to ``timeout`` seconds for an output line matching ``ready``; a command that exits
+    or stays silent first stops the benchmark with its output (exit 1).  Leaving the ``with`` block stops
+    a command still running (SIGTERM to its process group).
+    """
+
+    def __init__(self, cmd: Sequence[str], *, ready: re.Pattern, name: str = "", cwd: str = ROOT,
+                 env: Optional[dict] = None, log: Optional[str] = None, timeout: float = 180.0):
+        self._launch = _Launch(cmd, name, cwd, env, None, log, None, None)
+        self.ready: Optional[re.Match] = None
+        self.run: Optional[Run] = None
+        seen = threading.Event()
+
+        def watch(line):
+            if self.ready is None and ready.search(line):
+                self.ready = ready.search(line)
+                seen.set()
+
+        self._launch.on_line = watch
+        self._thread = threading.Thread(target=lambda: (self._launch.pump(), seen.set()), daemon=True)
+        self._thread.start()
+        if not seen.wait(timeout) or self.ready is None:
+            self._launch.kill()
+            out = self.stop(check=False)
+            sys.exit(f"{self._launch.name} was not ready (exit {out.returncode}, {timeout:.0f} s at most): "
+                     f"{' '.join(self._launch.cmd)}\n{out.tail()}")
+
+    def output(self) -> str:
+        """What the command printed so far."""
+        return "".join(self._launch.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120.0, check: bool = False) -> Run:
+        """Send ``sig`` to the command, wait (up to ``timeout`` s, then kill its group) and return its Run."""
+        if self.run is None:
+            child = self._launch.child()
+            if child is not None and self._launch.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, sig)
+            try:
+                self._launch.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._launch.kill()
+            self._thread.join(10)
+            self.run = self._launch.finish(check)
+        return self.run
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.run is None:
+            self.stop(timeout=30)
 
 
 # ---------------------------------------------------------------- in-process phases
@@ -243,6 +332,20 @@ def reset_peak() -> bool:
         return False
     peak, now = rss_peak(), rss_now()
     return peak is not None and now is not None and peak <= now + 4 * MiB
+
+
+def time_calls(fn: Callable, repeats: int, warmup: int = 1) -> tuple:
+    """Call ``fn()`` ``warmup`` times untimed, then ``repeats`` times timed: ``([wall seconds], [CPU seconds])``
+    of each timed call, the CPU seconds this process's over all its threads (``time.process_time``)."""
+    for _ in range(warmup):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
 
 
 def interleave(variants: dict, repeats: int, warmup: int = 1, context: Optional[Callable] = None,

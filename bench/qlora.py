@@ -321,13 +321,7 @@ def part0(shape=(2048, 5504), tokens=256, repeats=5, seed=0):
     w = (rng.standard_normal(shape) * 0.02).astype(np.float32)  # [in, out]
 
     def best(fn):
-        fn()  # warm-up (tables, allocator)
-        wall, cpu = [], []
-        for _ in range(repeats):
-            t0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
+        wall, cpu = h.time_calls(fn, repeats)  # after a warm-up call (tables, allocator)
         return min(wall), min(cpu)
 
     quant_rows = []

@@ -1,11 +1,12 @@
 """Benchmark: llm/predict/server.py under 32 concurrent clients vs the same requests one at a time.
 
-    .venv/bin/python bench/serve.py [--model build/tiny-llama] [--clients 32] [--rounds 2] [--max_tokens 32]
+    .venv/bin/python -m bench.serve [--model build/tiny-llama] [--clients 32] [--rounds 2] [--max_tokens 32]
                                     [--deadline 300]
-    .venv/bin/python bench/serve.py --compare_batching   # --batching static vs continuous, mixed lengths
+    .venv/bin/python -m bench.serve --compare_batching   # --batching static vs continuous, mixed lengths
 
-1. Starts the server in a subprocess on a free loopback port (``--port 0``) with the model
-   (the tiny demo model by default, built if absent).
+1. Starts the server in its own process through the benchmarks' harness (``harness.Server``: ready at
+   its ``[serve] ready on URL`` line, peak RSS read the harness's way) on a free loopback port
+   (``--port 0``) with the model (the tiny demo model by default, built if absent).
 2. Sends ``clients x rounds`` greedy chat requests (distinct prompts, ``max_tokens`` each) ONE AT
    A TIME, then the same requests from ``clients`` concurrent clients (each client sends its
    ``rounds`` requests back to back).  Each request has a timeout and the whole run a deadline,
@@ -16,7 +17,8 @@
 4. Sends the malformed requests of ``serve.process.malformed_requests`` (bad JSON, unknown
    model, negative max_tokens, a 1 MB prompt, ...): each must get a 4xx OpenAI-style JSON error,
    and the server must still answer afterwards.
-5. Stops the server with SIGTERM (it must exit 0).  Exit code 0 only if every check passed.
+5. Stops the server with SIGTERM (it must exit 0) and prints its peak RSS.  Exit code 0 only if every
+   check passed.
 """
 
 import argparse
@@ -27,13 +29,30 @@ import sys
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from paddlenlp_ext.serve.process import ServerProcess, malformed_requests, post  # noqa: E402
+from bench import harness as h  # noqa: E402
+from paddlenlp_ext.serve.process import READY, malformed_requests, post  # noqa: E402
+
+ROOT = h.ROOT
 
 WORDS = ["dress", "shirt", "skirt", "coat", "jeans", "boots", "scarf", "hat"]
 COLORS = ["blue", "red", "black", "white"]
+
+
+def server(args, name="server"):
+    """``llm/predict/server.py`` on a free loopback port with ``args``, through the harness (a
+    :class:`bench.harness.Server`: ``.ready.group(1)`` is its URL, ``.stop()`` its Run with the peak RSS)."""
+    env = h.clean_env(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    return h.Server(h.cli("llm/predict/server.py", "--port", "0", *args), ready=READY, name=name, env=env)
+
+
+def stopped(srv) -> int:
+    """SIGTERM the server, wait for its drain, print its peak RSS; its exit code."""
+    r = srv.stop()
+    print(f"SIGTERM: exit code {r.returncode}; server peak RSS {r.peak_rss_bytes / h.MiB:.0f} MiB")
+    return r.returncode
 
 
 def prompts(n):
@@ -126,21 +145,22 @@ def compare_batching(a):
     work = mixed_workload(a.clients * a.rounds)
     rows, texts = {}, {}
     for mode in ("static", "continuous"):
-        with ServerProcess(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
-                            "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients), "--batching",
-                            mode]) as server:
-            one(server.url, "bench", "warm-up", 4, a.timeout)
+        with server(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
+                     "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients), "--batching", mode],
+                    name=f"{mode} server") as srv:
+            url = srv.ready.group(1)
+            one(url, "bench", "warm-up", 4, a.timeout)
             per_client = [work[c::a.clients] for c in range(a.clients)]
 
             def client(mine):
-                return [one(server.url, "bench", t, m, a.timeout) for t, m in mine]
+                return [one(url, "bench", t, m, a.timeout) for t, m in mine]
 
             t0 = time.time()
             with concurrent.futures.ThreadPoolExecutor(a.clients) as pool:
                 results = [r for rs in pool.map(client, per_client) for r in rs]
             rows[mode] = summary(mode, results, time.time() - t0)
             texts[mode] = [r.get("text") for r in results]
-            server.terminate()
+            stopped(srv)
     ratio = rows["continuous"]["tokens_per_s"] / max(rows["static"]["tokens_per_s"], 1e-9)
     differ = sum(x != y for x, y in zip(texts["static"], texts["continuous"]))
     print(f"continuous / static throughput: {ratio:.2f}x; answers differing: {differ}")
@@ -169,20 +189,21 @@ def main():
     deadline = time.time() + a.deadline
     texts = prompts(a.clients * a.rounds)
     problems = []
-    with ServerProcess(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
-                        "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients)]) as server:
-        print(f"server: {server.url}  model: {a.model}  requests: {len(texts)} (greedy, max_tokens {a.max_tokens})")
-        one(server.url, "bench", "warm-up", 4, a.timeout)
+    with server(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
+                 "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients)]) as srv:
+        url = srv.ready.group(1)
+        print(f"server: {url}  model: {a.model}  requests: {len(texts)} (greedy, max_tokens {a.max_tokens})")
+        one(url, "bench", "warm-up", 4, a.timeout)
         print(f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
               f"{'p95 s':>7}")
         t0 = time.time()
-        seq = run_sequential(server.url, "bench", texts, a, deadline)
+        seq = run_sequential(url, "bench", texts, a, deadline)
         s_row = summary("one-by-one", seq, time.time() - t0)
-        before = json.load(urllib.request.urlopen(server.url + "/health"))
+        before = json.load(urllib.request.urlopen(url + "/health"))
         t0 = time.time()
-        con = run_concurrent(server.url, "bench", texts, a, deadline)
+        con = run_concurrent(url, "bench", texts, a, deadline)
         c_row = summary(f"{a.clients} clients", con, time.time() - t0)
-        after = json.load(urllib.request.urlopen(server.url + "/health"))
+        after = json.load(urllib.request.urlopen(url + "/health"))
         differ = sum(1 for x, y in zip(seq, con) if x["ok"] and y["ok"] and x["text"] != y["text"])
         speedup = c_row["req_per_s"] / max(s_row["req_per_s"], 1e-9)
         print(f"speed-up: {speedup:.2f}x; concurrent requests ran in {after['batches'] - before['batches']} "
@@ -196,13 +217,12 @@ def main():
         if speedup < 2.0:
             problems.append(f"concurrent throughput is only {speedup:.2f}x one-by-one (want >= 2x)")
         print("malformed requests:")
-        problems += check_refusals(server.url, "bench")
-        alive = one(server.url, "bench", texts[0], a.max_tokens, a.timeout)
+        problems += check_refusals(url, "bench")
+        alive = one(url, "bench", texts[0], a.max_tokens, a.timeout)
         print(f"after them the server answers: {alive['ok'] and alive['text'] == seq[0].get('text')}")
         if not (alive["ok"] and alive["text"] == seq[0].get("text")):
             problems.append("the server does not answer (or answers differently) after the malformed requests")
-        code = server.terminate()
-        print(f"SIGTERM: exit code {code}")
+        code = stopped(srv)
         if code != 0:
             problems.append(f"the server exited {code} on SIGTERM")
     print("result: " + ("OK" if not problems else "FAILED\n  " + "\n  ".join(problems)))
