@@ -1,4 +1,4 @@
-"""Run ``llm/predict/server.py`` as a child process on a free loopback port (tests and bench/serve.py).
+"""Run ``llm/predict/server.py`` as a child process on a free loopback port (tests, and lm-eval runs through serve/evaluate.py).
 
     with ServerProcess(["--model_name_or_path", "build/tiny-llama"]) as server:
         server.url            # http://127.0.0.1:PORT (the server picked the port: --port 0)
@@ -9,7 +9,7 @@ The ready line ``[serve] ready on http://HOST:PORT`` is what ``start`` waits for
 exits first raises RuntimeError with its output.
 
 ``malformed_requests`` are the requests every server must refuse with a 4xx OpenAI-style error
-(tests/test_serve_e2e.py and bench/serve.py send them); ``post`` sends one with the standard library.
+(tests/test_serve_e2e.py sends them); ``post`` sends one with the standard library.
 """
 
 from __future__ import annotations
