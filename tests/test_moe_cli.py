@@ -60,18 +60,109 @@ def test_alias_no_coef_and_refusals(tmp_path):
     assert "aux_loss" not in _logged(out)[0]
     with open(os.path.join(out, "run_summary.json")) as f:
         assert "moe" not in json.load(f)
-    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),
-                       (("--freeze_router", "true"), "freeze_router"),
+    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),  # no bias
+                       (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate,.*q_proj"), "freeze_router"),
                        (("--router_aux_loss_coef", "0.1", "--moe_aux_loss_coef", "0.2"), "moe_aux_loss_coef"),
                        (("--tensor_parallel_degree", "2"), "tensor_parallel_degree")):
         r = finetune(base, str(tmp_path / key), *extra, check=False)
         assert r.returncode == 2 and key in (r.stdout + r.stderr), (key, r.stdout[-2000:], r.stderr[-2000:])
 
 
-def test_aux_loss_key_refused_on_a_dense_model(tmp_path):
+def test_moe_keys_refused_on_a_dense_model(tmp_path):
     base = save_row("ernie4_5", str(tmp_path / "base"))
-    r = finetune(base, str(tmp_path / "out"), "--router_aux_loss_coef", "0.01", check=False)
-    assert r.returncode == 2 and "router_aux_loss_coef" in (r.stdout + r.stderr)
+    for key, value in (("router_aux_loss_coef", "0.01"), ("moe_router_bias_update_rate", "0.001"),
+                       ("freeze_router", "true")):
+        r = finetune(base, str(tmp_path / key), f"--{key}", value, "--lora", "false", check=False)
+        assert r.returncode == 2 and key in (r.stdout + r.stderr), (key, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def _weights(directory):
+    """Every tensor of a safetensors directory (float32 torch tensors)."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in glob.glob(os.path.join(str(directory), "*.safetensors")):
+        out.update({k: v.float() for k, v in load_file(f).items()})
+    return out
+
+
+def _bias(weights, layer, prefix="ernie4_5_moe"):
+    return weights[f"{prefix}.layers.{layer}.mlp.moe_statics.e_score_correction_bias"].reshape(-1)
+
+
+FULL = ("--lora", "false", "--learning_rate", "3e-3")
+MOE_LAYERS = (1, 3)  # tests/test_decoder_parity.KNOBS: ernie4_5_moe's MoE layers from 1 every 2
+
+
+def test_bias_update_and_frozen_router_in_full_fine_tuning(tmp_path):
+    """ernie4_5_moe (its router has an e_score_correction_bias), full fine-tuning with the bias update and
+    freeze_router: the router weights are bit-identical to the checkpoint's, the experts moved, the bias moved
+    and is saved in the weights; a resume from a step-2 checkpoint gives the same bias; the per-layer load is
+    in run_summary.json.  Negative control: without freeze_router the router moves."""
+    import shutil
+
+    import torch
+
+    base = save_row("ernie4_5_moe", str(tmp_path / "base"))
+    run_keys = (*FULL, "--max_steps", "4", "--moe_router_bias_update_rate", "0.01", "--freeze_router", "true",
+                "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4")
+    out = tmp_path / "full"
+    r = finetune(base, str(out), *run_keys, "--save_strategy", "steps", "--save_steps", "2")
+    before, after = _weights(base), _weights(out)
+    for i in MOE_LAYERS:
+        hf = f"model.layers.{i}.mlp"
+        # transformers stores Linear weights [out, in], ours [in, out]
+        assert torch.equal(after[f"ernie4_5_moe.layers.{i}.mlp.gate.weight"], before[f"{hf}.gate.weight"].T)
+        assert not torch.equal(after[f"ernie4_5_moe.layers.{i}.mlp.experts.0.up_proj.weight"],
+                               before[f"{hf}.experts.0.up_proj.weight"].T)
+        assert not torch.equal(_bias(after, i), _bias(before, i, "model"))
+    with open(out / "run_summary.json") as f:
+        moe = json.load(f)["moe"]
+    assert moe["moe_router_bias_update_rate"] == 0.01 and moe["bias_updates"] == 4, moe
+    assert "aux_loss" not in moe["logged"][0]  # no aux loss asked for: the load only
+    for entry in moe["logged"]:
+        assert len(entry["expert_load"]) == len(MOE_LAYERS)
+        for layer in entry["expert_load"]:
+            assert len(layer["fraction"]) == 4 and abs(sum(layer["fraction"]) - 1) < 1e-3
+            assert layer["max_over_mean"] >= 1.0 and layer["mean"] == 0.25
+    assert "expert load max/mean" in r.stdout and "aux loss" not in r.stdout
+    # the step-2 checkpoint holds the bias of 2 updates; resuming from it ends with the same bias
+    ckpt = _weights(out / "checkpoint-2")
+    assert any(not torch.equal(_bias(ckpt, i), _bias(after, i)) for i in MOE_LAYERS)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    finetune(base, str(resumed), *run_keys, "--save_strategy", "steps", "--save_steps", "2",
+             "--resume_from_checkpoint", str(resumed / "checkpoint-2"))
+    again = _weights(resumed)
+    for i in MOE_LAYERS:
+        assert torch.equal(_bias(again, i), _bias(after, i)), (i, _bias(again, i), _bias(after, i))
+    # negative control: the same run without freeze_router moves the router
+    free = tmp_path / "free"
+    finetune(base, str(free), *FULL, "--max_steps", "1")
+    moved = _weights(free)
+    assert not torch.equal(moved["ernie4_5_moe.layers.1.mlp.gate.weight"], before["model.layers.1.mlp.gate.weight"].T)
+
+
+def test_lora_leaves_the_router_out_and_refusals(tmp_path):
+    """LoRA's default targets never adapt the router; freeze_router with LoRA is accepted (the router is not
+    trained anyway); the bias update with an adapter is refused (the adapter would not save the bias)."""
+    from paddlenlp_ext.adapters import read_adapter_tensors
+
+    base = save_row("ernie4_5_moe", str(tmp_path / "base"))
+    out = tmp_path / "lora"
+    finetune(base, str(out), "--max_steps", "1", "--freeze_router", "true")
+    names = list(read_adapter_tensors(str(out)))
+    assert any(".mlp.experts.0." in n for n in names) and not any(".mlp.gate." in n for n in names), names
+    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),
+                       (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate"), "freeze_router")):
+        r = finetune(base, str(tmp_path / key), *extra, check=False)
+        assert r.returncode == 2 and key in (r.stdout + r.stderr), (key, r.stdout[-2000:], r.stderr[-2000:])
+    # named in lora_target_modules without freeze_router, the router is adapted (the user asked)
+    out = tmp_path / "router"
+    finetune(base, str(out), "--max_steps", "1", "--lora_target_modules", r".*mlp\.gate,.*q_proj")
+    assert any(".mlp.gate." in n for n in read_adapter_tensors(str(out)))
 
 
 def test_merge_refusal_advice_works(tmp_path):
