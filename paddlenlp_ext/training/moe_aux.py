@@ -1,14 +1,19 @@
-"""The router's load-balancing loss of MoE rows in training, and its logging (docs/moe.md).
+"""Load balancing of MoE rows in training: the router's aux loss, the expert load log, DeepSeek-V3's bias
+update and ``freeze_router`` (docs/moe.md).
 
 The run's coefficient (``router_aux_loss_coef``, alias ``moe_aux_loss_coef``; default the checkpoint's
 when its ``output_router_logits`` is true) is put on the model config by :func:`configure` before the
 model is built: ``output_router_logits`` = coef > 0, so the decoder computes transformers'
 ``load_balancing_loss_func`` in each training forward (``DecoderForCausalLM.moe_state``).
+Before each training forward :func:`prepare_forward` hands the collator's ``real_tokens`` to the model, so the
+aux loss and the expert counts leave padding out in every batch form (padded without a mask, packed rows).
 :func:`add_aux_loss` adds ``coef * aux`` to the micro-batch's loss (once: the model's own loss with
 labels already holds it) and hands the value and each MoE layer's expert counts to :class:`MoEAuxLog`,
 which puts ``aux_loss`` and ``expert_load_max_over_mean`` (the worst layer; ``.../moe_layer_<i>`` per
 MoE layer; 1.0 = balanced) into every training log (``FinetuneTrainer.log``: console, VisualDL,
-trainer_state.json) and the run's ``moe`` summary (run_summary.json).
+trainer_state.json) and the per-layer load (fraction per expert, max, mean) into the run's ``moe`` summary
+(run_summary.json).  :func:`bias_update_callback` moves each layer's ``e_score_correction_bias`` after every
+optimizer step (``moe_router_bias_update_rate``); :func:`freeze_routers` fixes the router weights.
 """
 
 from __future__ import annotations
