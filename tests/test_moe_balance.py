@@ -183,3 +183,28 @@ def test_per_layer_load_in_the_log_and_the_summary():
     log.fill(logs, step=1)
     assert "aux_loss" not in logs and logs["expert_load_max_over_mean"] == 1.5
     assert log.summary()["moe_router_bias_update_rate"] == 0.001
+
+
+def test_router_names_and_bias_come_from_the_checkpoints_moe_spec(tmp_path):
+    """The config-time checks (``freeze_router`` vs ``lora_target_modules``, a bias to update) read the
+    checkpoint's own MoE spec, so a new row with a correction bias (deepseek_v3) is covered without edits."""
+    import json
+
+    from paddlenlp_ext.config.families import _router_names
+
+    configs = {
+        "ernie4_5_moe": dict(hidden_size=64, num_hidden_layers=4, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+                             moe_layer_start_index=1, moe_layer_interval=2),
+        "mixtral": dict(hidden_size=64, num_hidden_layers=2, num_local_experts=4, intermediate_size=96),
+        "deepseek_v3": dict(hidden_size=64, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2),
+    }
+    want = {"ernie4_5_moe": (["ernie4_5_moe.layers.1.mlp.gate", "ernie4_5_moe.layers.3.mlp.gate"], True),
+            "mixtral": (["mixtral.layers.0.block_sparse_moe.gate", "mixtral.layers.1.block_sparse_moe.gate"], False),
+            "deepseek_v3": (["deepseek_v3.layers.1.mlp.gate", "deepseek_v3.layers.2.mlp.gate"], True)}
+    for model_type, cfg in configs.items():
+        d = tmp_path / model_type
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": model_type, **cfg}))
+        assert _router_names(str(d), model_type) == want[model_type], model_type
+    assert _router_names(str(tmp_path / "missing"), "mixtral") is None

@@ -94,8 +94,8 @@ def moe_training_problems(cfg, model_type: str, model_dir: Optional[str]) -> Lis
     family = row(model_type)
     if not (family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"):
         keys = [k for k, v in ((BIAS_RATE_KEY, rate), ("freeze_router", freeze)) if v]
-        return [f"{k}: {model_type} trains on its PaddleNLP-layout model here (models/qwen3), not on the decoder's "
-                f"MoE row; remove {k}" for k in keys]
+        return [f"{k}: {model_type} does not train on the decoder's MoE rows here (qwen3_moe trains on its "
+                f"PaddleNLP-layout model, models/qwen3), so there is no MoE block to act on; remove {k}" for k in keys]
     routers = _router_names(model_dir, model_type)
     if rate and routers is not None and not routers[1]:
         out.append(f"{BIAS_RATE_KEY}: this {model_type} checkpoint's router has no e_score_correction_bias to "
@@ -128,7 +128,9 @@ def _router_names(model_dir: Optional[str], model_type: str):
     except (HFLayoutError, MoEConfigError, OSError, TypeError, ValueError):
         return None
     family = row(model_type)
-    names = [f"{family.body_prefix}.layers.{i}.{family.arch.mlp_name}.{spec.router_name}" for i in layers]
+    prefix = family.body_prefix if family is not None else model_type
+    mlp = family.arch.mlp_name if family is not None and family.arch is not None else "mlp"
+    names = [f"{prefix}.layers.{i}.{mlp}.{spec.router_name}" for i in layers]
     return names, spec.correction_bias is not None
 
 
