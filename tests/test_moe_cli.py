@@ -14,7 +14,8 @@ import os
 import pytest
 
 from paddlenlp_ext.models.family_table import FAMILIES
-from test_decoder_cli import finetune, losses, save_row
+from conftest import DATA_DIR
+from test_decoder_cli import LORA_CONFIG, finetune, losses, save_row
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
@@ -185,3 +186,39 @@ def test_merge_refusal_advice_works(tmp_path):
          "--src_length", "32", "--max_length", "48", "--device", "cpu"])
     rows = [json.loads(line) for line in pred.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 1 and "output" in rows[0], rows
+
+
+def test_bias_update_equals_across_accumulation_and_data_parallel(tmp_path):
+    """The bias update takes the counts of the whole optimizer step: batch 4 in one process, 2 x 2 gradient
+    accumulation and data parallel 2 (gloo on CPU, the counts summed over the ranks) end with the same
+    e_score_correction_bias on every MoE layer."""
+    import glob
+    import subprocess
+    import sys
+
+    import torch
+
+    base = save_row("ernie4_5_moe", str(tmp_path / "base"))
+
+    def run(name, procs, batch, accumulation):
+        out = str(tmp_path / name)
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llm", "run_finetune.py")
+        args = [LORA_CONFIG, "--model_name_or_path", base, "--output_dir", out, "--dataset_name_or_path", DATA_DIR,
+                *FULL, "--warmup_steps", "0", "--max_steps", "4", "--logging_steps", "1", "--do_eval", "false",
+                "--src_length", "64", "--max_length", "128", "--per_device_train_batch_size", str(batch),
+                "--gradient_accumulation_steps", str(accumulation), "--moe_router_bias_update_rate", "0.01"]
+        cmd = [sys.executable, script, *args] if procs == 1 else \
+            [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(procs), "--log_dir",
+             out + "_launch", script, *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        logs = "".join(open(f).read()[-3000:] for f in glob.glob(out + "_launch/workerlog.*"))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:] + logs
+        with open(os.path.join(out, "run_summary.json")) as f:
+            assert json.load(f)["moe"]["bias_updates"] == 4
+        return _weights(out)
+
+    single, accumulated, parallel = run("single", 1, 4, 1), run("accumulation", 1, 2, 2), run("dp2", 2, 2, 1)
+    for i in MOE_LAYERS:
+        assert _bias(single, i).abs().max() > 0
+        assert torch.equal(_bias(accumulated, i), _bias(single, i)), (i, _bias(accumulated, i), _bias(single, i))
+        assert torch.equal(_bias(parallel, i), _bias(single, i)), (i, _bias(parallel, i), _bias(single, i))
