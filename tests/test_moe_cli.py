@@ -108,7 +108,8 @@ def test_bias_update_and_frozen_router_in_full_fine_tuning(tmp_path):
 
     base = save_row("ernie4_5_moe", str(tmp_path / "base"))
     run_keys = (*FULL, "--max_steps", "4", "--moe_router_bias_update_rate", "0.01", "--freeze_router", "true",
-                "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4")
+                "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4",
+                "--weight_decay", "0.1")  # decoupled weight decay must not reach a frozen router either
     out = tmp_path / "full"
     r = finetune(base, str(out), *run_keys, "--save_strategy", "steps", "--save_steps", "2")
     before, after = _weights(base), _weights(out)
