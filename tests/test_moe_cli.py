@@ -223,3 +223,23 @@ def test_bias_update_equals_across_accumulation_and_data_parallel(tmp_path):
         assert _bias(single, i).abs().max() > 0
         assert torch.equal(_bias(accumulated, i), _bias(single, i)), (i, _bias(accumulated, i), _bias(single, i))
         assert torch.equal(_bias(parallel, i), _bias(single, i)), (i, _bias(parallel, i), _bias(single, i))
+
+
+@pytest.mark.parametrize("model_type", MOE_ROWS)
+def test_nf4_and_full_with_router_aux_loss_log_finite_load(model_type, tmp_path):
+    """The other two methods of every MoE row with an aux loss (LoRA: above): nf4 QLoRA and full fine-tuning
+    train and log a finite aux loss and per-layer load, in trainer_state.json and run_summary.json."""
+    base = save_row(model_type, str(tmp_path / "base"))
+    for name, extra in (("nf4", ("--weight_quantize_algo", "nf4")), ("full", FULL)):
+        out = str(tmp_path / name)
+        finetune(base, out, *extra, "--router_aux_loss_coef", "0.05", "--max_steps", "3")
+        logs = _logged(out)
+        assert len(logs) == 3 and all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in logs), logs
+        assert all(math.isfinite(h["expert_load_max_over_mean"]) and h["expert_load_max_over_mean"] >= 1 for h in logs)
+        with open(os.path.join(out, "run_summary.json")) as f:
+            summary = json.load(f)
+        assert summary["method"] == ("lora+nf4" if name == "nf4" else "full"), summary["method"]
+        for entry in summary["moe"]["logged"]:
+            for layer in entry["expert_load"]:
+                assert all(math.isfinite(v) and v >= 0 for v in layer["fraction"])
+                assert abs(sum(layer["fraction"]) - 1) < 1e-3
