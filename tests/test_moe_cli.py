@@ -14,7 +14,8 @@ import os
 import pytest
 
 from paddlenlp_ext.models.family_table import FAMILIES
-from test_decoder_cli import finetune, losses, save_row
+from conftest import DATA_DIR
+from test_decoder_cli import LORA_CONFIG, finetune, losses, save_row
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
@@ -60,18 +61,110 @@ def test_alias_no_coef_and_refusals(tmp_path):
     assert "aux_loss" not in _logged(out)[0]
     with open(os.path.join(out, "run_summary.json")) as f:
         assert "moe" not in json.load(f)
-    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),
-                       (("--freeze_router", "true"), "freeze_router"),
+    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),  # no bias
+                       (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate,.*q_proj"), "freeze_router"),
                        (("--router_aux_loss_coef", "0.1", "--moe_aux_loss_coef", "0.2"), "moe_aux_loss_coef"),
                        (("--tensor_parallel_degree", "2"), "tensor_parallel_degree")):
         r = finetune(base, str(tmp_path / key), *extra, check=False)
         assert r.returncode == 2 and key in (r.stdout + r.stderr), (key, r.stdout[-2000:], r.stderr[-2000:])
 
 
-def test_aux_loss_key_refused_on_a_dense_model(tmp_path):
+def test_moe_keys_refused_on_a_dense_model(tmp_path):
     base = save_row("ernie4_5", str(tmp_path / "base"))
-    r = finetune(base, str(tmp_path / "out"), "--router_aux_loss_coef", "0.01", check=False)
-    assert r.returncode == 2 and "router_aux_loss_coef" in (r.stdout + r.stderr)
+    for key, value in (("router_aux_loss_coef", "0.01"), ("moe_router_bias_update_rate", "0.001"),
+                       ("freeze_router", "true")):
+        r = finetune(base, str(tmp_path / key), f"--{key}", value, "--lora", "false", check=False)
+        assert r.returncode == 2 and key in (r.stdout + r.stderr), (key, r.stdout[-2000:], r.stderr[-2000:])
+
+
+def _weights(directory):
+    """Every tensor of a safetensors directory (float32 torch tensors)."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in glob.glob(os.path.join(str(directory), "*.safetensors")):
+        out.update({k: v.float() for k, v in load_file(f).items()})
+    return out
+
+
+def _bias(weights, layer, prefix="ernie4_5_moe"):
+    return weights[f"{prefix}.layers.{layer}.mlp.moe_statics.e_score_correction_bias"].reshape(-1)
+
+
+FULL = ("--lora", "false", "--learning_rate", "3e-3")
+MOE_LAYERS = (1, 3)  # tests/test_decoder_parity.KNOBS: ernie4_5_moe's MoE layers from 1 every 2
+
+
+def test_bias_update_and_frozen_router_in_full_fine_tuning(tmp_path):
+    """ernie4_5_moe (its router has an e_score_correction_bias), full fine-tuning with the bias update and
+    freeze_router: the router weights are bit-identical to the checkpoint's, the experts moved, the bias moved
+    and is saved in the weights; a resume from a step-2 checkpoint gives the same bias; the per-layer load is
+    in run_summary.json.  Negative control: without freeze_router the router moves."""
+    import shutil
+
+    import torch
+
+    base = save_row("ernie4_5_moe", str(tmp_path / "base"))
+    run_keys = (*FULL, "--max_steps", "4", "--moe_router_bias_update_rate", "0.01", "--freeze_router", "true",
+                "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4",
+                "--weight_decay", "0.1")  # decoupled weight decay must not reach a frozen router either
+    out = tmp_path / "full"
+    r = finetune(base, str(out), *run_keys, "--save_strategy", "steps", "--save_steps", "2")
+    before, after = _weights(base), _weights(out)
+    for i in MOE_LAYERS:
+        hf = f"model.layers.{i}.mlp"
+        # transformers stores Linear weights [out, in], ours [in, out]
+        assert torch.equal(after[f"ernie4_5_moe.layers.{i}.mlp.gate.weight"], before[f"{hf}.gate.weight"].T)
+        assert not torch.equal(after[f"ernie4_5_moe.layers.{i}.mlp.experts.0.up_proj.weight"],
+                               before[f"{hf}.experts.0.up_proj.weight"].T)
+        assert not torch.equal(_bias(after, i), _bias(before, i, "model"))
+    with open(out / "run_summary.json") as f:
+        moe = json.load(f)["moe"]
+    assert moe["moe_router_bias_update_rate"] == 0.01 and moe["bias_updates"] == 4, moe
+    assert "aux_loss" not in moe["logged"][0]  # no aux loss asked for: the load only
+    for entry in moe["logged"]:
+        assert len(entry["expert_load"]) == len(MOE_LAYERS)
+        for layer in entry["expert_load"]:
+            assert len(layer["fraction"]) == 4 and abs(sum(layer["fraction"]) - 1) < 1e-3
+            assert layer["max_over_mean"] >= 1.0 and layer["mean"] == 0.25
+    assert "expert load max/mean" in r.stdout and "aux loss" not in r.stdout
+    # the step-2 checkpoint holds the bias of 2 updates; resuming from it ends with the same bias
+    ckpt = _weights(out / "checkpoint-2")
+    assert any(not torch.equal(_bias(ckpt, i), _bias(after, i)) for i in MOE_LAYERS)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    finetune(base, str(resumed), *run_keys, "--save_strategy", "steps", "--save_steps", "2",
+             "--resume_from_checkpoint", str(resumed / "checkpoint-2"))
+    again = _weights(resumed)
+    for i in MOE_LAYERS:
+        assert torch.equal(_bias(again, i), _bias(after, i)), (i, _bias(again, i), _bias(after, i))
+    # negative control: the same run without freeze_router moves the router
+    free = tmp_path / "free"
+    finetune(base, str(free), *FULL, "--max_steps", "1")
+    moved = _weights(free)
+    assert not torch.equal(moved["ernie4_5_moe.layers.1.mlp.gate.weight"], before["model.layers.1.mlp.gate.weight"].T)
+
+
+def test_lora_leaves_the_router_out_and_refusals(tmp_path):
+    """LoRA's default targets never adapt the router; freeze_router with LoRA is accepted (the router is not
+    trained anyway); the bias update with an adapter is refused (the adapter would not save the bias)."""
+    from paddlenlp_ext.adapters import read_adapter_tensors
+
+    base = save_row("ernie4_5_moe", str(tmp_path / "base"))
+    out = tmp_path / "lora"
+    finetune(base, str(out), "--max_steps", "1", "--freeze_router", "true")
+    names = list(read_adapter_tensors(str(out)))
+    assert any(".mlp.experts.0." in n for n in names) and not any(".mlp.gate." in n for n in names), names
+    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),
+                       (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate"), "freeze_router")):
+        r = finetune(base, str(tmp_path / key), *extra, check=False)
+        assert r.returncode == 2 and key in (r.stdout + r.stderr), (key, r.stdout[-2000:], r.stderr[-2000:])
+    # named in lora_target_modules without freeze_router, the router is adapted (the user asked)
+    out = tmp_path / "router"
+    finetune(base, str(out), "--max_steps", "1", "--lora_target_modules", r".*mlp\.gate,.*q_proj")
+    assert any(".mlp.gate." in n for n in read_adapter_tensors(str(out)))
 
 
 def test_merge_refusal_advice_works(tmp_path):
@@ -94,3 +187,59 @@ def test_merge_refusal_advice_works(tmp_path):
          "--src_length", "32", "--max_length", "48", "--device", "cpu"])
     rows = [json.loads(line) for line in pred.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 1 and "output" in rows[0], rows
+
+
+def test_bias_update_equals_across_accumulation_and_data_parallel(tmp_path):
+    """The bias update takes the counts of the whole optimizer step: batch 4 in one process, 2 x 2 gradient
+    accumulation and data parallel 2 (gloo on CPU, the counts summed over the ranks) end with the same
+    e_score_correction_bias on every MoE layer."""
+    import glob
+    import subprocess
+    import sys
+
+    import torch
+
+    base = save_row("ernie4_5_moe", str(tmp_path / "base"))
+
+    def run(name, procs, batch, accumulation):
+        out = str(tmp_path / name)
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llm", "run_finetune.py")
+        args = [LORA_CONFIG, "--model_name_or_path", base, "--output_dir", out, "--dataset_name_or_path", DATA_DIR,
+                *FULL, "--warmup_steps", "0", "--max_steps", "4", "--logging_steps", "1", "--do_eval", "false",
+                "--src_length", "64", "--max_length", "128", "--per_device_train_batch_size", str(batch),
+                "--gradient_accumulation_steps", str(accumulation), "--moe_router_bias_update_rate", "0.01"]
+        cmd = [sys.executable, script, *args] if procs == 1 else \
+            [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(procs), "--log_dir",
+             out + "_launch", script, *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        logs = "".join(open(f).read()[-3000:] for f in glob.glob(out + "_launch/workerlog.*"))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:] + logs
+        with open(os.path.join(out, "run_summary.json")) as f:
+            assert json.load(f)["moe"]["bias_updates"] == 4
+        return _weights(out)
+
+    single, accumulated, parallel = run("single", 1, 4, 1), run("accumulation", 1, 2, 2), run("dp2", 2, 2, 1)
+    for i in MOE_LAYERS:
+        assert _bias(single, i).abs().max() > 0
+        assert torch.equal(_bias(accumulated, i), _bias(single, i)), (i, _bias(accumulated, i), _bias(single, i))
+        assert torch.equal(_bias(parallel, i), _bias(single, i)), (i, _bias(parallel, i), _bias(single, i))
+
+
+@pytest.mark.parametrize("model_type", MOE_ROWS)
+def test_nf4_and_full_with_router_aux_loss_log_finite_load(model_type, tmp_path):
+    """The other two methods of every MoE row with an aux loss (LoRA: above): nf4 QLoRA and full fine-tuning
+    train and log a finite aux loss and per-layer load, in trainer_state.json and run_summary.json."""
+    base = save_row(model_type, str(tmp_path / "base"))
+    for name, extra in (("nf4", ("--weight_quantize_algo", "nf4")), ("full", FULL)):
+        out = str(tmp_path / name)
+        finetune(base, out, *extra, "--router_aux_loss_coef", "0.05", "--max_steps", "3")
+        logs = _logged(out)
+        assert len(logs) == 3 and all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in logs), logs
+        assert all(math.isfinite(h["expert_load_max_over_mean"]) and h["expert_load_max_over_mean"] >= 1 for h in logs)
+        with open(os.path.join(out, "run_summary.json")) as f:
+            summary = json.load(f)
+        assert summary["method"] == ("lora+nf4" if name == "nf4" else "full"), summary["method"]
+        for entry in summary["moe"]["logged"]:
+            for layer in entry["expert_load"]:
+                assert all(math.isfinite(v) and v >= 0 for v in layer["fraction"])
+                assert abs(sum(layer["fraction"]) - 1) < 1e-3

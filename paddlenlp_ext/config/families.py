@@ -72,6 +72,7 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
             problems.append(f"{where}: {why}")
     problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path)]
     problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type)]
+    problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path)]
     return problems
 
 
@@ -92,6 +93,65 @@ def decoder_recompute_problems(t, model_type: str) -> List[str]:
                    "non-reentrant recompute, under which adapters get their gradients); set "
                    "recompute_use_reentrant=false")
     return out
+
+
+def moe_training_problems(cfg, model_type: str, model_dir: Optional[str]) -> List[str]:
+    """``moe_router_bias_update_rate`` and ``freeze_router`` on a run that cannot honour them (docs/moe.md).
+
+    Worked example: ``freeze_router: true`` with ``lora_target_modules: [".*mlp\\.gate"]`` on ernie4_5_moe ->
+    ["freeze_router: lora_target_modules ... adapt the router ..."]; ``moe_router_bias_update_rate: 0.001``
+    with LoRA -> a refusal (the adapter does not save the bias); on a full fine-tuning of ernie4_5_moe -> [].
+    """
+    from ..models.decoder.moe_spec import BIAS_RATE_KEY, moe_key_problems
+
+    m = cfg.model
+    rate, freeze = getattr(m, BIAS_RATE_KEY, None), bool(getattr(m, "freeze_router", False))
+    if not rate and not freeze:
+        return []
+    out = moe_key_problems({BIAS_RATE_KEY: rate, "freeze_router": freeze}, model_type)
+    if out:
+        return out
+    family = row(model_type)
+    if not (family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"):
+        keys = [k for k, v in ((BIAS_RATE_KEY, rate), ("freeze_router", freeze)) if v]
+        return [f"{k}: {model_type} does not train on the decoder's MoE rows here (qwen3_moe trains on its "
+                f"PaddleNLP-layout model, models/qwen3), so there is no MoE block to act on; remove {k}" for k in keys]
+    routers = _router_names(model_dir, model_type)
+    if rate and routers is not None and not routers[1]:
+        out.append(f"{BIAS_RATE_KEY}: this {model_type} checkpoint's router has no e_score_correction_bias to "
+                   f"update; remove {BIAS_RATE_KEY} or use router_aux_loss_coef to balance the experts")
+    if rate and (cfg.adapter_method or m.lora_path or m.prefix_tuning):
+        out.append(f"{BIAS_RATE_KEY}: the bias update changes the base model's e_score_correction_bias, which an "
+                   f"adapter does not save; train with lora false (full fine-tuning) or remove {BIAS_RATE_KEY}")
+    targets = m.lora_target_modules or m.target_modules
+    if freeze and targets and routers is not None:
+        import re
+
+        hit = [n for n in routers[0] if any(re.fullmatch(t, n) for t in targets)]
+        if hit:
+            out.append(f"freeze_router: lora_target_modules {targets} adapt the router ({hit[0]}), which "
+                       "freeze_router keeps fixed; remove the router from lora_target_modules or set freeze_router "
+                       "false")
+    return out
+
+
+def _router_names(model_dir: Optional[str], model_type: str):
+    """(the full sublayer names of the checkpoint's routers, whether they carry an e_score_correction_bias), or
+    None when ``model_dir``'s config.json cannot tell (reported elsewhere)."""
+    from ..models.decoder.moe_spec import MoEConfigError, is_moe_layer, moe_spec
+    from ..models.hf_layout import HFLayoutError, read_config_json
+
+    try:
+        raw = read_config_json(model_dir)
+        spec = moe_spec(raw, model_type)
+        layers = [i for i in range(int(raw.get("num_hidden_layers", 0))) if is_moe_layer(raw, i, model_type)]
+    except (HFLayoutError, MoEConfigError, OSError, TypeError, ValueError):
+        return None
+    family = row(model_type)
+    prefix = family.body_prefix if family is not None else model_type
+    mlp = family.arch.mlp_name if family is not None and family.arch is not None else "mlp"
+    names = [f"{prefix}.layers.{i}.{mlp}.{spec.router_name}" for i in layers]
+    return names, spec.correction_bias is not None
 
 
 def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[str]:

@@ -30,7 +30,7 @@ RESUME_KEYS = {
               "lokr", "lokr_dim", "lokr_alpha", "lokr_factor", "lokr_decompose_both", "prefix_tuning",
               "prefix_path", "num_prefix_tokens", "prefix_projection", "prefix_projection_hidden_size",
               "prefix_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "fuse_attention_qkv",
-              "fuse_attention_ffn"),
+              "fuse_attention_ffn", "freeze_router"),
     "data": ("dataset_name_or_path", "src_length", "max_length", "zero_padding", "greedy_zero_padding",
              "greedy_group_size", "lazy", "chat_template"),
     "dpo": ("train_dataset_path", "max_seq_len", "max_prompt_len",  # then GRPO's (a group has only its own)

@@ -82,11 +82,12 @@ class ModelArgument:
         "load_balancing_loss_func); unset = the checkpoint's router_aux_loss_coef when its output_router_logits "
         "is true, else 0 (no aux loss).", min=0.0)
     moe_aux_loss_coef: Optional[float] = _f(None, "Alias of router_aux_loss_coef (LLaMA-Factory's name).", min=0.0)
-    moe_router_bias_update_rate: Optional[float] = _unsupported(
-        None, "MoE rows: DeepSeek-V3 bias balancing (e_score_correction_bias update after each step).",
-        "not wired into training yet (docs/moe.md); remove it")
-    freeze_router: bool = _unsupported(False, "MoE rows: keep the router weights fixed in full fine-tuning.",
-                                       "not wired into training yet (docs/moe.md); remove it")
+    moe_router_bias_update_rate: Optional[float] = _f(
+        None, "MoE rows whose router has an e_score_correction_bias (ernie4_5_moe, deepseek_v3): DeepSeek-V3's "
+        "auxiliary-loss-free balancing, bias += rate * sign(mean load - load) after each optimizer step "
+        "(DeepSeek-V3 used 0.001); full fine-tuning only (an adapter does not save the bias).", min=0.0)
+    freeze_router: bool = _f(False, "MoE rows: the router (gate) weights get no gradient in full fine-tuning "
+                             "(the experts still train); with LoRA the router is never a default target.")
     # accepted for compatibility with PaddleNLP configs, not built
     use_fast_layer_norm: bool = _unsupported(False, "GPT-3 fast layer norm.")
     use_quick_lora: bool = _unsupported(False, "PaddleNLP quick LoRA kernel.")

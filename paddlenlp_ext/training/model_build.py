@@ -262,6 +262,10 @@ def build_model(cfg: RunConfig, args) -> BuiltModel:
         # (the streaming loader draws none; from_pretrained's random init did)
         set_seed(args.seed)
         adapter_api.apply_adapters(model, adapter_config, layer_names=layer_names)
+    if getattr(cfg.model, "freeze_router", False):  # MoE rows: the routers keep their weights (docs/moe.md)
+        from .moe_aux import freeze_routers
+
+        logger.info(f"freeze_router: {freeze_routers(model)} router parameters frozen")
     prefix_io = prefix_info = None
     if cfg.model.prefix_tuning:  # the frozen model behind trained key/value prefixes (paddlenlp_ext.prefix)
         from ..prefix.io import attach_prefix

@@ -1,14 +1,19 @@
-"""The router's load-balancing loss of MoE rows in training, and its logging (docs/moe.md).
+"""Load balancing of MoE rows in training: the router's aux loss, the expert load log, DeepSeek-V3's bias
+update and ``freeze_router`` (docs/moe.md).
 
 The run's coefficient (``router_aux_loss_coef``, alias ``moe_aux_loss_coef``; default the checkpoint's
 when its ``output_router_logits`` is true) is put on the model config by :func:`configure` before the
 model is built: ``output_router_logits`` = coef > 0, so the decoder computes transformers'
 ``load_balancing_loss_func`` in each training forward (``DecoderForCausalLM.moe_state``).
+Before each training forward :func:`prepare_forward` hands the collator's ``real_tokens`` to the model, so the
+aux loss and the expert counts leave padding out in every batch form (padded without a mask, packed rows).
 :func:`add_aux_loss` adds ``coef * aux`` to the micro-batch's loss (once: the model's own loss with
 labels already holds it) and hands the value and each MoE layer's expert counts to :class:`MoEAuxLog`,
 which puts ``aux_loss`` and ``expert_load_max_over_mean`` (the worst layer; ``.../moe_layer_<i>`` per
 MoE layer; 1.0 = balanced) into every training log (``FinetuneTrainer.log``: console, VisualDL,
-trainer_state.json) and the run's ``moe`` summary (run_summary.json).
+trainer_state.json) and the per-layer load (fraction per expert, max, mean) into the run's ``moe`` summary
+(run_summary.json).  :func:`bias_update_callback` moves each layer's ``e_score_correction_bias`` after every
+optimizer step (``moe_router_bias_update_rate``); :func:`freeze_routers` fixes the router weights.
 """
 
 from __future__ import annotations
@@ -40,55 +45,146 @@ def configure(model_config, model_args) -> float:
 
 
 class MoEAuxLog:
-    """Means of the aux loss and of each layer's expert load (max/mean) over the steps since the last log."""
+    """The aux loss and each MoE layer's expert counts, per training log and per optimizer step.
 
-    def __init__(self, coef: float):
+    ``record`` takes every training forward's aux loss (None without one) and per-layer counts [E]; ``fill``
+    puts the means since the last log into the training log; ``take_step_counts`` hands the counts of the
+    optimizer step just taken (all its gradient-accumulation micro-batches) to the bias update.
+    """
+
+    def __init__(self, coef: float, bias_rate: float = 0.0):
         self.coef = coef
+        self.bias_rate = bias_rate
         self._aux: List[float] = []
-        self._counts: Optional[List[Any]] = None  # per layer: summed counts [E] (numpy)
+        self._counts: Optional[List[Any]] = None  # per layer: counts [E] (numpy) summed since the last log
+        self._step_counts: Optional[List[Any]] = None  # the same since the last optimizer step
         self.history: List[Dict[str, Any]] = []
+        self.bias_updates = 0
 
-    def record(self, aux: float, counts: list) -> None:
-        self._aux.append(aux)
+    def record(self, aux: Optional[float], counts: list) -> None:
+        if aux is not None:
+            self._aux.append(aux)
         arrays = [c.numpy() for c in counts]
-        self._counts = arrays if self._counts is None else [a + b for a, b in zip(self._counts, arrays)]
+        self._counts = _add(self._counts, arrays)
+        self._step_counts = _add(self._step_counts, arrays)
+
+    def take_step_counts(self) -> Optional[List[Any]]:
+        """Per MoE layer, the expert counts [E] of the forwards since the last call (None: no forward)."""
+        out, self._step_counts = self._step_counts, None
+        return out
 
     def fill(self, logs: Dict[str, Any], step: int) -> None:
         """Add the means since the last training log to ``logs`` (a training log: one with ``loss``).
 
         Worked example: two steps with aux 1.1 and 1.3, one MoE layer with counts [6, 2] then [2, 2]
-        -> aux_loss 1.2, expert_load_max_over_mean 8 / (12 / 2) = 1.3333.
+        -> aux_loss 1.2, expert_load_max_over_mean 8 / (12 / 2) = 1.3333; the history entry also holds the
+        layer's fraction per expert [0.6667, 0.3333].
         """
-        if "loss" not in logs or not self._aux:
+        if "loss" not in logs or (not self._aux and self._counts is None):
             return
-        logs["aux_loss"] = round(sum(self._aux) / len(self._aux), 6)
-        loads = []
-        for c in self._counts or []:
-            total = float(c.sum())
-            loads.append(round(float(c.max()) / (total / len(c)), 4) if total > 0 else 0.0)
-        for i, v in enumerate(loads):
-            logs[f"expert_load_max_over_mean/moe_layer_{i}"] = v
-        if loads:
-            logs["expert_load_max_over_mean"] = max(loads)
-        self.history.append({"step": int(step), "aux_loss": logs["aux_loss"], "expert_load_max_over_mean": loads})
+        entry: Dict[str, Any] = {"step": int(step)}
+        if self._aux:
+            logs["aux_loss"] = entry["aux_loss"] = round(sum(self._aux) / len(self._aux), 6)
+        layers = [layer_load(c) for c in self._counts or []]
+        for i, stats in enumerate(layers):
+            logs[f"expert_load_max_over_mean/moe_layer_{i}"] = stats["max_over_mean"]
+        if layers:
+            logs["expert_load_max_over_mean"] = max(s["max_over_mean"] for s in layers)
+        entry["expert_load_max_over_mean"] = [s["max_over_mean"] for s in layers]
+        entry["expert_load"] = layers
+        self.history.append(entry)
         self._aux, self._counts = [], None
 
     def summary(self) -> Dict[str, Any]:
-        """run_summary.json's ``moe``: the coefficient and the logged aux loss / per-layer load over the run."""
-        return {"router_aux_loss_coef": self.coef, "logged": self.history}
+        """run_summary.json's ``moe``: the coefficient, the bias update rate and how many updates were applied,
+        and per training log the aux loss and each MoE layer's load (fraction per expert, max, mean, max/mean)."""
+        out: Dict[str, Any] = {"router_aux_loss_coef": self.coef, "logged": self.history}
+        if self.bias_rate:
+            out.update(moe_router_bias_update_rate=self.bias_rate, bias_updates=self.bias_updates)
+        return out
+
+
+def _add(total, arrays):
+    return list(arrays) if total is None else [a + b for a, b in zip(total, arrays)]
+
+
+def layer_load(counts) -> Dict[str, Any]:
+    """One layer's load figures from its expert counts [E] (numpy): the fraction of assignments per expert,
+    its max, its mean (1/E) and max/mean (1.0 = balanced, E/k = every token on the same k experts).
+
+    >>> import numpy as np
+    >>> layer_load(np.array([6.0, 2.0, 0.0, 0.0]))
+    {'fraction': [0.75, 0.25, 0.0, 0.0], 'max': 0.75, 'mean': 0.25, 'max_over_mean': 3.0}
+    """
+    total = float(counts.sum())
+    n = len(counts)
+    frac = [round(float(c) / total, 4) if total > 0 else 0.0 for c in counts]
+    top = max(frac) if frac else 0.0
+    return {"fraction": frac, "max": top, "mean": round(1.0 / n, 6),
+            "max_over_mean": round(float(counts.max()) * n / total, 4) if total > 0 else 0.0}
+
+
+def prepare_forward(model, real_tokens) -> None:
+    """Before a training forward of an MoE row: its real tokens [B, L] (the collator's ``real_tokens``) for
+    the aux loss and the expert counts, and ask for the counts even without an aux loss."""
+    inner = getattr(model, "_layers", model)  # paddle.DataParallel keeps the model in _layers
+    if hasattr(inner, "moe_next_forward"):
+        inner.moe_next_forward(token_mask=real_tokens, counts=True)
 
 
 def add_aux_loss(model, loss, log: Optional[MoEAuxLog]):
-    """``loss`` + ``coef * aux`` of the forward just run (when the model computed one and has not added it)."""
+    """``loss`` + ``coef * aux`` of the forward just run (when the model computed one and has not added it);
+    the aux loss and the expert counts go to ``log``."""
     inner = getattr(model, "_layers", model)  # paddle.DataParallel keeps the model in _layers
     state = getattr(inner, "moe_state", None)
-    if not state or state.get("aux_loss") is None:
+    if not state or "counts" not in state:
         return loss
-    aux = state["aux_loss"]
+    aux = state.get("aux_loss")
     inner.moe_state = {}
     coef = float(getattr(inner.config, "router_aux_loss_coef", 0.0) or 0.0)
     if log is not None:
-        log.record(float(aux), state.get("counts") or [])
-    if coef > 0 and not state.get("in_loss"):
+        log.record(None if aux is None else float(aux), state.get("counts") or [])
+    if aux is not None and coef > 0 and not state.get("in_loss"):
         loss = loss + coef * aux.astype(loss.dtype)
     return loss
+
+
+def moe_blocks(model) -> list:
+    """The MoE blocks of a decoder MoE row ([] for any other model)."""
+    inner = getattr(model, "_layers", model)
+    return inner.moe_blocks() if hasattr(inner, "moe_blocks") else []
+
+
+def freeze_routers(model) -> int:
+    """``freeze_router: true``: every MoE layer's router weights (and gpt-oss' router bias) get no gradient, so
+    the optimizer never moves them; the experts still train.  Returns the number of parameters frozen."""
+    params = [p for blk in moe_blocks(model) for p in blk.router_parameters()]
+    for p in params:
+        p.stop_gradient = True
+    return len(params)
+
+
+def bias_update_callback(model, log: MoEAuxLog, rate: float):
+    """A trainer callback that, after each optimizer step, moves every MoE layer's ``e_score_correction_bias``
+    by ``rate * sign(mean load - load)`` from the expert counts of that step's forwards (every
+    gradient-accumulation micro-batch; summed over data-parallel ranks, so every rank applies the same step).
+    The gate weights are never touched (``moe_balance.update_correction_bias``)."""
+    import paddle
+    from paddlenlp.trainer import TrainerCallback
+
+    from ..models.decoder.moe_balance import update_correction_bias
+
+    class MoEBiasUpdate(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            counts = log.take_step_counts()
+            if counts is None:
+                return
+            blocks = moe_blocks(model)
+            for blk, c in zip(blocks, counts):
+                t = paddle.to_tensor(c, dtype="float32")  # [E]
+                if paddle.distributed.get_world_size() > 1:
+                    paddle.distributed.all_reduce(t)  # sign(mean - load) is the same for the sum over ranks
+                update_correction_bias(blk, t, rate)
+            log.bias_updates += 1
+
+    return MoEBiasUpdate()

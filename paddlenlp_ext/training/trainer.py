@@ -36,7 +36,7 @@ from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpo
 from ..parallel.pipeline import save_stage_weights
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
-from .moe_aux import add_aux_loss
+from .moe_aux import add_aux_loss, prepare_forward
 from .rank_counts import TokenAccuracy, sum_over_ranks
 from .resume import (clean_stale_staging, publish_checkpoint, read_run_totals, resume_command, rotate_checkpoints,
                      save_failure_message, staging_root, write_run_totals)
@@ -65,7 +65,7 @@ class FinetuneTrainer(TrainerBoundary):
         # callables(checkpoint_dir, state) that add files to each checkpoint before it is marked complete
         self.checkpoint_extras = []
         self.eval_accuracy = TokenAccuracy()
-        self.moe_aux_log = None  # training.moe_aux.MoEAuxLog on MoE rows with an aux loss
+        self.moe_aux_log = None  # training.moe_aux.MoEAuxLog on MoE rows with an aux loss or a bias update
 
     # -- data order -------------------------------------------------------
     def label_counts(self, dataset):
@@ -111,6 +111,8 @@ class FinetuneTrainer(TrainerBoundary):
         real = inputs.pop(REAL_TOKENS_KEY, None)  # [batch, seq] 1 = example token
         if model.training:
             self._count_trained(inputs, real)
+            if self.moe_aux_log is not None:  # MoE rows: the aux loss and expert load count real tokens only
+                prepare_forward(model, real)
             if self.neftune_hook is not None:
                 self.neftune_hook.set_token_lengths(
                     adapter_api.token_lengths_from_batch(

@@ -241,40 +241,58 @@ class DecoderForCausalLM(DecoderPretrainedModel):
             total = F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]), flat,
                                     ignore_index=-100, reduction="sum")
             loss = total / paddle.clip((flat != -100).astype("float32").sum(), min=1.0)
-        aux_loss = self._aux_loss(out.router_logits, attention_mask)
+        # the trainer's request for this forward (moe_next_forward): real tokens, expert counts
+        request = self.moe_state if "token_mask" in self.moe_state else {}
+        self.moe_state = {}
+        mask = self._moe_token_mask(attention_mask, request.get("token_mask"), input_ids, inputs_embeds)
+        aux_loss = self._aux_loss(out.router_logits, mask)
         in_loss = False
         if aux_loss is not None and loss is not None:
             coef = float(getattr(self.config, "router_aux_loss_coef", 0.0) or 0.0)
             if coef > 0:  # transformers: loss += router_aux_loss_coef * aux_loss when router logits are output
                 loss, in_loss = loss + coef * aux_loss, True
-        if aux_loss is not None and self.training:
-            self.moe_state = {"aux_loss": aux_loss, "in_loss": in_loss, "counts": self._expert_counts(attention_mask)}
+        if self.training and (aux_loss is not None or request.get("want_counts")):
+            self.moe_state = {"aux_loss": aux_loss, "in_loss": in_loss, "counts": self._expert_counts(mask)}
         if not return_dict:
             rest = (logits, out.past_key_values) if use_cache else (logits,)
             return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
         return DecoderLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
                                hidden_states=out.hidden_states, aux_loss=aux_loss, router_logits=out.router_logits)
 
-    def _aux_loss(self, router_logits, attention_mask) -> Optional[paddle.Tensor]:
+    def moe_next_forward(self, token_mask=None, counts: bool = False) -> None:
+        """What the next forward records for the trainer (training/moe_aux.py).  ``token_mask`` [B, L] (1 = a
+        token of an example, 0 = padding: the collators' ``real_tokens``) keeps padding out of the aux loss and
+        the expert counts when the forward's own ``attention_mask`` is not a 2-D padding mask (padded batches
+        carry none; packed rows a 4-D mask or FlashMask start rows, whose tail padding is no document's).
+        ``counts``: record each MoE layer's expert counts in training even without an aux loss (the bias update)."""
+        self.moe_state = {"token_mask": token_mask, "want_counts": counts}
+
+    @staticmethod
+    def _moe_token_mask(attention_mask, token_mask, input_ids, inputs_embeds):
+        """The [B, L] mask of the tokens the aux loss and the expert load count (None: all): a 2-D padding
+        ``attention_mask`` as transformers takes it, else the trainer's ``token_mask``; None when its size is
+        not the forward's B * L (generation with a KV cache: the mask covers the cached positions too)."""
+        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else token_mask
+        if mask is None:
+            return None
+        shape = (input_ids if input_ids is not None else inputs_embeds).shape
+        return mask if list(mask.shape) == [shape[0], shape[1]] else None
+
+    def _aux_loss(self, router_logits, mask) -> Optional[paddle.Tensor]:
         """transformers' ``load_balancing_loss_func`` over the MoE layers' router logits (None when they were
-        not asked for); a 2-D padding mask [B, L] keeps pad tokens out, as transformers does.  Other mask forms
-        (4-D, FlashMask start rows of packed rows) hold no pad tokens to drop: every token counts."""
+        not asked for), over the real tokens of ``mask`` [B, L] (None: every token)."""
         if not router_logits:
             return None
         from .moe_balance import load_balancing_loss
 
         spec = self.moe_blocks()[0].spec
-        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
-        if mask is not None and mask.shape[1] * mask.shape[0] != router_logits[0].shape[0]:
-            mask = None  # generation with a KV cache: the mask covers the cached positions too (no loss there)
         return load_balancing_loss(list(router_logits), spec.num_experts, spec.top_k, attention_mask=mask)
 
-    def _expert_counts(self, attention_mask) -> list:
-        """Per MoE layer, the tokens each expert received in the last forward ([E] int64; real tokens only under a
-        2-D padding mask)."""
+    def _expert_counts(self, mask) -> list:
+        """Per MoE layer, the tokens each expert received in the last forward ([E]; the real tokens of
+        ``mask`` [B, L] only)."""
         from .moe_balance import expert_load
 
-        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
         return [expert_load(b.last_selected, b.spec.num_experts, attention_mask=mask) for b in self.moe_blocks()]
 
     def moe_blocks(self) -> list:
