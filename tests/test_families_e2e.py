@@ -185,7 +185,7 @@ def test_merge_then_predict(models, lora_runs, tmp_path, family):
 
 
 @pytest.mark.parametrize("family, args, needle", [
-    ("mistral", ["--use_flash_attention", "true", "--flash_mask", "true", "--zero_padding", "true"],
+    ("qwen", ["--use_flash_attention", "true", "--flash_mask", "true", "--zero_padding", "true"],
      "set flash_mask=false"),
     ("opt", ["--zero_padding", "true"], "set zero_padding=false"),
     ("gpt", ["--tensor_parallel_degree", "2"], "set tensor_parallel_degree=1"),

@@ -121,10 +121,13 @@ def verify_merge(
 
             return load_model_streaming(path, load_model_config(path, dtype="float32"), "float32",
                                         quantization=quant, max_seq_len=probe_length)[0]
+        from ..models.loading import decoder_class_for
         from ..models.model_config import load_model_config
 
-        model = AutoModelForCausalLM.from_pretrained(path, config=load_model_config(path, dtype="float32"),
-                                                     dtype="float32")
+        # a row of our decoder whose model_type PaddleNLP also has (mistral, gemma, mixtral, ...): PaddleNLP's Auto
+        # classes would build PaddleNLP's class, so the decoder's is named
+        cls, config = decoder_class_for(load_model_config(path, dtype="float32"))
+        model = (cls or AutoModelForCausalLM).from_pretrained(path, config=config, dtype="float32")
         if quant:
             from ..quant import quantize_model
 
