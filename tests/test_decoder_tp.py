@@ -105,13 +105,13 @@ def load_shards(ref, tps, cfg, model_type, split=expected_split):
             p.set_value(value)
 
 
-def batch(seed=1, vocab=BASE["vocab_size"]):
+def batch(seed=1, vocab=BASE["vocab_size"], shape=(B, S)):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(3, vocab, (B, S))
-    mask = np.ones((B, S), "int64")
-    mask[1, :3] = 0  # left padding
-    labels = np.where(rng.random((B, S)) < 0.3, -100, rng.integers(3, vocab, (B, S)))
-    labels[1, :3] = -100
+    ids = rng.integers(3, vocab, shape)
+    mask = np.ones(shape, "int64")
+    mask[-1, :3] = 0  # left padding
+    labels = np.where(rng.random(shape) < 0.3, -100, rng.integers(3, vocab, shape))
+    labels[-1, :3] = -100
     return dict(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
                 position_ids=paddle.to_tensor(np.maximum(np.cumsum(mask, 1) - 1, 0)),
                 labels=paddle.to_tensor(labels))
@@ -121,7 +121,7 @@ def rel_err(got, want):
     return float(np.max(np.abs(got - want))) / max(1.0, float(np.max(np.abs(want))))
 
 
-def run_both(model_type, sp=False, lora=None, split=expected_split, over=None):
+def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, shape=(B, S)):
     """(single model, its loss, the N rank models, their losses, the simulation) after one backward each."""
     over = over or {}
     cfg = config_dict(model_type, **over)
@@ -140,7 +140,7 @@ def run_both(model_type, sp=False, lora=None, split=expected_split, over=None):
         state = {k: (rng.standard_normal(v.shape) * 0.1).astype("float32") for k, v in adapter_state_dict(ref).items()}
         for m in [ref] + tps:
             load_adapter_state_dict(m, state)
-    inputs = batch()
+    inputs = batch(shape=shape)
     loss = ref(**inputs).loss
     loss.backward()
     losses = sim.run(lambda r: tps[r](**inputs).loss)
@@ -148,10 +148,12 @@ def run_both(model_type, sp=False, lora=None, split=expected_split, over=None):
     return ref, loss, tps, losses, cfg
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2_sp"])
+@pytest.mark.parametrize("sp,shape", [(False, (B, S)), (True, (B, S)), (True, (3, 5))],
+                         ids=["tp2", "tp2_sp", "tp2_sp_odd_tokens"])
 @pytest.mark.parametrize("model_type", ROWS)
-def test_two_ranks_equal_one_process_loss_and_every_gradient(model_type, sp):
-    ref, loss, tps, losses, cfg = run_both(model_type, sp)
+def test_two_ranks_equal_one_process_loss_and_every_gradient(model_type, sp, shape):
+    """tp2_sp_odd_tokens: 15 tokens over 2 ranks (sequence parallel pads a zero row and drops it again)."""
+    ref, loss, tps, losses, cfg = run_both(model_type, sp, shape=shape)
     for r, lr in enumerate(losses):
         assert abs(float(lr) - float(loss)) <= TOL * max(1.0, abs(float(loss))), f"rank {r} loss {lr} vs {loss}"
     ref_params = dict(ref.named_parameters())

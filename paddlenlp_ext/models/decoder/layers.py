@@ -228,6 +228,9 @@ class Attention(nn.Layer):
             q, key, val = paddle.split(self.qkv_proj(x), [q_out, kv_out, kv_out], axis=-1)
         else:
             q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        pad = getattr(plan, "sp_pad", 0)
+        if pad:  # sequence parallel: the projections gathered the zero rows that pad the tokens; drop them
+            q, key, val = q[:b * s], key[:b * s], val[:b * s]
         if k.arch.qk_norm == "proj":  # OLMo 2: over the whole projection, before the head split
             q, key = self.q_norm(q), self.k_norm(key)
         q = q.reshape([b, s, self.heads, k.head_dim])  # [B, L, H, D]
@@ -245,6 +248,8 @@ class Attention(nn.Layer):
         out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap)  # [B, L, H * D]
         if self.tp is not None and self.tp.sequence_parallel:
             out = out.reshape([b * s, -1])  # the row-parallel o_proj reduce-scatters the tokens (axis 0)
+            if pad:
+                out = paddle.concat([out, paddle.zeros([pad, out.shape[-1]], dtype=out.dtype)], axis=0)
         return self.o_proj(out), ((key, val) if use_cache else None)
 
 

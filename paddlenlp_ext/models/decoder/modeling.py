@@ -138,11 +138,12 @@ class DecoderModel(DecoderPretrainedModel):
             position_ids = paddle.arange(past_len, past_len + s, dtype="int64").unsqueeze(0).expand([b, s])
         plan = MaskPlan(b, s, past_len, attention_mask, attn_mask_startend_row_indices, position_ids)
         sp = self.tp is not None and self.tp.sequence_parallel
-        if sp:  # sequence parallel: each rank carries [B * L / N, hidden] of the tokens between the linears
-            if (b * s) % self.tp.degree:
-                raise ValueError(f"sequence_parallel: batch x length = {b * s} tokens is not a multiple of "
-                                 f"tensor_parallel_degree={self.tp.degree}; pad to a multiple (max_length)")
-            x = self.tp.comm.seq_scatter(x.reshape([b * s, -1]))
+        if sp:  # sequence parallel: each rank carries [(B * L + pad) / N, hidden] of the tokens between the linears
+            plan.sp_pad = (-b * s) % self.tp.degree  # zero rows that make the tokens divide; dropped at the end
+            x = x.reshape([b * s, -1])
+            if plan.sp_pad:
+                x = paddle.concat([x, paddle.zeros([plan.sp_pad, x.shape[-1]], dtype=x.dtype)], axis=0)
+            x = self.tp.comm.seq_scatter(x)
         tables = [r.tables(position_ids, x.dtype) for r in self._rotaries]
         caches = [] if use_cache else None
         hidden_states = [] if output_hidden_states else None
@@ -166,7 +167,7 @@ class DecoderModel(DecoderPretrainedModel):
                 router_logits.append(logits)
         x = self.norm(x)
         if sp:  # every token again; the gather's backward sums the ranks' parts of the head's input gradient
-            x = self.tp.comm.seq_all_gather(x).reshape([b, s, -1])
+            x = self.tp.comm.seq_all_gather(x)[:b * s].reshape([b, s, -1])
         if hidden_states is not None:
             hidden_states.append(x)
         return MoEModelOutputWithPast(last_hidden_state=x, past_key_values=tuple(caches) if use_cache else None,
