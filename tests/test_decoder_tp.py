@@ -121,7 +121,7 @@ def rel_err(got, want):
     return float(np.max(np.abs(got - want))) / max(1.0, float(np.max(np.abs(want))))
 
 
-def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, shape=(B, S)):
+def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, shape=(B, S), quant=None):
     """(single model, its loss, the N rank models, their losses, the simulation) after one backward each."""
     over = over or {}
     cfg = config_dict(model_type, **over)
@@ -131,6 +131,11 @@ def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, s
     sim = SimulatedGroup(N)
     tps = sim.build(lambda r: build(model_type, N, r, sp, **over))
     load_shards(ref, tps, cfg, model_type, split)
+    if quant is not None:  # QLoRA: each rank quantizes its own shards (column shards quantize exactly as whole)
+        from paddlenlp_ext.quant import quantize_model
+
+        for m in [ref] + tps:
+            quantize_model(m, quant, block_size=16)
     if lora is not None:
         from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, load_adapter_state_dict
 
@@ -198,6 +203,27 @@ def test_lora_on_parallel_layers_equals_one_process_and_saves_the_single_device_
     assert set(states[0]) == set(single)
     for k in single:
         np.testing.assert_array_equal(states[0][k], single[k], err_msg=k)
+
+
+@pytest.mark.parametrize("model_type", ROWS)
+def test_qlora_nf4_on_parallel_layers_equals_one_process(model_type):
+    """The decoder's parallel linears are quantized per rank (QuantizedParallelLinear) and carry LoRA; blocks of 16
+    divide every row shard here, so the dequantized shards are the single-device weights' slices."""
+    from paddlenlp_ext.adapters import AdapterConfig, iter_adapter_layers
+    from paddlenlp_ext.parallel import QuantizedParallelLinear, adapter_shard_specs, adapter_split_axes
+    from paddlenlp_ext.parallel import unshard_adapter_states
+
+    lora = AdapterConfig(target_modules=list(FAMILIES[model_type].targets), r=4, alpha=8)
+    ref, loss, tps, losses, cfg = run_both(model_type, lora=lora, quant="nf4")
+    assert any(isinstance(l.base_layer, QuantizedParallelLinear) for _, l in iter_adapter_layers(tps[0]))
+    assert abs(float(losses[1]) - float(loss)) <= TOL * max(1.0, abs(float(loss)))
+
+    def grads(m):
+        return {f"{n}.{s}": getattr(l, s).grad for n, l in iter_adapter_layers(m) for s in l.state_suffixes}
+
+    got = unshard_adapter_states([grads(m) for m in tps], adapter_split_axes(tps[0]), adapter_shard_specs(tps[0]))
+    for k, v in grads(ref).items():
+        assert rel_err(got[k], v.numpy()) <= TOL, k
 
 
 def _fused_row(kind):
@@ -281,3 +307,77 @@ def test_streaming_loader_cuts_each_rank_from_a_single_process_checkpoint(model_
             axis, segs = expected_split(name, cfg, model_type)
             want = full[name] if axis is None else np_take(full[name], axis, segs, r)
             np.testing.assert_array_equal(p.numpy(), want, err_msg=f"rank {r} {name}")
+
+
+@pytest.mark.parametrize("model_type", ROWS)
+def test_save_pretrained_merge_mappings_rebuild_the_single_device_checkpoint(model_type):
+    """PaddleNLP's ``save_pretrained(merge_tensor_parallel=True)`` gathers every tensor the class's
+    ``_get_tensor_parallel_mappings(is_split=False)`` names and joins it with the action (rank 0's copy for the
+    rest); run with PaddleNLP's own key resolver on the simulated ranks' state dicts, that gives the single-device
+    state dict exactly, and ``is_split=True`` cuts each rank's part back out.  Every split parameter is named."""
+    from paddlenlp_ext.models.decoder import classes_for
+
+    cfg = config_dict(model_type)
+    ref = build(model_type)
+    randomize(ref, seed=4)
+    sim = SimulatedGroup(N)
+    tps = sim.build(lambda r: build(model_type, N, r))
+    load_shards(ref, tps, cfg, model_type)
+    lm_cls = classes_for(model_type)[2]
+    states = [{k: v.numpy() for k, v in m.state_dict().items()} for m in tps]
+    for r in range(N):
+        config = tps[r].config
+        actions = lm_cls._get_tensor_parallel_mappings(config, is_split=False)
+        keys = lm_cls._resolve_prefix_keys(list(actions), list(states[0]))  # base name -> model key
+        named = {v: b for b, v in keys.items()}  # model key -> base name
+        merged = {}
+        for k in states[0]:
+            merged[k] = actions[named[k]]([s[k] for s in states]) if k in named else states[0][k]
+        for k, v in ref.state_dict().items():
+            np.testing.assert_array_equal(merged[k], v.numpy(), err_msg=k)
+        cut = lm_cls._get_tensor_parallel_mappings(config, is_split=True)
+        for k, base in named.items():
+            np.testing.assert_array_equal(cut[base](merged[k]), states[r][k], err_msg=base)
+        tp_named = {n for n, p in tps[r].named_parameters() if getattr(p, "tp_full_shape", None) is not None}
+        assert tp_named <= set(named), sorted(tp_named - set(named))
+
+
+def _config_problems(tmp_path, model_type, *overrides, **config_over):
+    """The config-time problems of a run on a config.json of ``model_type`` (the launch check set aside: these
+    configs are checked outside ``paddle.distributed.launch``)."""
+    import json
+
+    from paddlenlp_ext.config.parse import ConfigError, load_config
+    from test_families import DATA_DIR
+
+    d = tmp_path / model_type
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config_dict(model_type, **config_over)), encoding="utf-8")
+    try:
+        load_config(None, ["--dataset_name_or_path", DATA_DIR, "--do_train", "true", "--model_name_or_path", str(d),
+                           "--output_dir", str(tmp_path / "out"), *overrides])
+    except ConfigError as e:
+        return [str(p) for p in e.problems if getattr(p, "kind", None) != "launch"]
+    return []
+
+
+@pytest.mark.parametrize("model_type", ROWS)
+def test_config_accepts_tensor_parallel_on_every_dense_row(tmp_path, model_type):
+    for method in (["--lora", "true"], ["--lora", "true", "--weight_quantize_algo", "nf4"], []):
+        assert _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", *method) == []
+
+
+def test_config_refuses_heads_that_do_not_divide_and_moe_rows(tmp_path):
+    found = _config_problems(tmp_path, ROWS[0], "--tensor_parallel_degree", "2", "--lora", "true",
+                             num_key_value_heads=1)
+    assert len(found) == 1 and "num_key_value_heads=1 is not a multiple of tensor_parallel_degree=2" in found[0]
+    moe = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp == "moe"]
+    for model_type in moe[:1]:
+        found = _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", "--lora", "true")
+        assert any("no tensor-parallel experts" in p and "set tensor_parallel_degree=1" in p for p in found), found
+
+
+def test_config_refuses_vera_on_a_fused_projection_under_tensor_parallelism(tmp_path):
+    model_type = _fused_row("fused_gate_up")
+    found = _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", "--vera", "true")
+    assert any("vera=true with tensor_parallel_degree=2" in p and "use lora=true" in p for p in found), found

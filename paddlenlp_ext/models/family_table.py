@@ -131,13 +131,18 @@ _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
 def _decoder_refusals(name: str) -> Dict[str, str]:
-    return {"tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
+    return {"tp": f"{name}: the decoder's mixture-of-experts block has no tensor-parallel experts yet; set "
+                  "tensor_parallel_degree=1",
             "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1"}
 
 
+#: a dense decoder row also runs tensor (and sequence) parallel (tests/test_decoder_tp.py)
+_DECODER_DENSE = _DECODER | {"tp"}
+
+
 def _decoder_row(name: str, arch: Arch) -> "Family":
-    return Family(name, features=_DECODER, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
-                  refusals=_decoder_refusals(name))
+    return Family(name, features=_DECODER_DENSE, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
+                  refusals={k: v for k, v in _decoder_refusals(name).items() if k != "tp"})
 
 
 #: MoE rows on the decoder: what their adapters / quantization target by default: attention, every routed

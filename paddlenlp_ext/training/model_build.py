@@ -88,14 +88,24 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         if refused:
             raise ConfigError([f"{where}: model_type {config.model_type} does not support {p}" for p in refused])
     fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
-    if m.continue_training and (args.pipeline_parallel_degree > 1 or args.tensor_parallel_degree > 1 or fused):
+    on_decoder = family is not None and family.decoder  # our decoder: the streaming loader cuts TP shards itself
+    tp_paddlenlp = args.tensor_parallel_degree > 1 and not on_decoder
+    if m.continue_training and (args.pipeline_parallel_degree > 1 or tp_paddlenlp or fused) and not on_decoder:
         refuse_hf_layout(m.model_name_or_path, where)  # PaddleNLP's own loaders below read only its layout
-    if args.pipeline_parallel_degree > 1:  # this rank's stage of PaddleNLP's *ForCausalLMPipe
+    if args.pipeline_parallel_degree > 1:  # this rank's stage of the pipeline model
         return load_pipeline_stage(m, config, dtype, args, where), None
-    # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and
-    # fusing q/k/v or gate/up of an unfused checkpoint at load time.
-    if m.continue_training and (args.tensor_parallel_degree > 1 or fused):
+    # PaddleNLP's own loader stays for what streaming does not take: PaddleNLP models' tensor-parallel shards
+    # and fusing q/k/v or gate/up of an unfused checkpoint at load time.
+    if m.continue_training and (tp_paddlenlp or fused):
         model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
+    elif m.continue_training and args.tensor_parallel_degree > 1:  # our decoder: each rank streams its shards
+        from ..models.loading import load_model_streaming
+
+        try:
+            model, _ = load_model_streaming(m.model_name_or_path, config, dtype, logger=logger,
+                                            max_seq_len=config.seq_length)
+        except (CheckpointError, ValueError) as e:
+            raise ConfigError([f"{where}: {e}"], before_load=False) from e
     elif m.continue_training:
         from ..models.loading import load_model_streaming
 

@@ -87,6 +87,17 @@ class DecoderPretrainedModel(PretrainedModel):
     def _get_name_mappings(cls, config):
         return []  # checkpoints in transformers' layout are converted by models/hf_layout.py while streaming
 
+    @classmethod
+    def _get_tensor_parallel_mappings(cls, config, is_split=True):
+        """How PaddleNLP's ``save_pretrained(merge_tensor_parallel=True)`` joins each split tensor (and
+        ``is_split``: cuts it), as the decoder's tensor-parallel layers hold it (``tp_mappings.py``)."""
+        from .configuration import arch_of
+        from .tp_mappings import tensor_parallel_actions
+
+        return tensor_parallel_actions(arch_of(config.model_type), config.to_dict(),
+                                       int(config.tensor_parallel_degree), int(config.tensor_parallel_rank or 0),
+                                       is_split=is_split)
+
     def _init_weights(self, layer):
         std = float(getattr(self.config, "initializer_range", 0.02) or 0.02)
         full_shape = getattr(getattr(layer, "weight", None), "tp_full_shape", None)
