@@ -1,0 +1,142 @@
+"""Our decoder as pipeline stages (models/decoder/pipe.py): PP=2 equals one process on every dense decoder row.
+
+As tests/test_pipeline_sim.py does for PaddleNLP's Llama/Qwen2 pipes: the stage models of ``pipe_class_for(row)``
+are built in one process (``parallel.pipeline_sim.build_stages``), load the single model's state dict by the plain
+names, and run one micro-batch with detached activations ("sent") and back-propagated activation gradients
+("received"); the last stage applies our PipelineCriterion.  The loss (1e-5) and every gradient -- every weight
+for full fine-tuning, every adapter tensor for LoRA -- equal the single model's ``global_token_loss`` with the
+same N.  With tied embeddings the first stage's table and the last stage's head are two copies of one weight:
+fleet all-reduces their gradients (``allreduce_shared_weight_gradients``), so their sum must be the single
+model's embedding gradient.  Rows come from the family table (a new dense decoder row is tested without edits).
+"""
+
+import numpy as np
+import paddle
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from test_decoder_tp import build, randomize  # noqa: E402
+from test_pipeline_sim import batch  # noqa: E402
+
+from paddlenlp_ext.models.family_table import FAMILIES  # noqa: E402
+
+ROWS = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp == "dense"]
+LAYERS = 4
+
+
+def stages_of(model_type, n, virtual=1, method="full", seed=0):
+    from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, load_adapter_state_dict
+    from paddlenlp_ext.models.decoder.pipe import pipe_class_for
+    from paddlenlp_ext.parallel.pipeline import prepare_stage_for_adapters
+    from paddlenlp_ext.parallel.pipeline_sim import build_stages
+
+    single = build(model_type, num_hidden_layers=LAYERS)
+    randomize(single, seed)
+    plain = {k: v.numpy() for k, v in single.state_dict().items()}
+    config = single.config
+    config.virtual_pp_degree = virtual
+    parts = build_stages(pipe_class_for(model_type), config, n)
+    for stage in parts:
+        missing, unexpected = stage.set_state_dict({k: paddle.to_tensor(v) for k, v in plain.items()})
+        assert not missing, missing
+    if method == "lora":
+        cfg = AdapterConfig(target_modules=list(FAMILIES[model_type].targets), r=4, alpha=8)
+        apply_adapters(single, cfg)
+        rng = np.random.default_rng(7)
+        state = {k: (rng.standard_normal(v.shape) * 0.1).astype("float32") for k, v in adapter_state_dict(single).items()}
+        load_adapter_state_dict(single, state)
+        for stage in parts:
+            apply_adapters(stage, AdapterConfig.from_dict(cfg.to_dict()), layer_names=prepare_stage_for_adapters(stage))
+            load_adapter_state_dict(stage, state)
+    return single, parts
+
+
+def grads(model, method):
+    from paddlenlp_ext.adapters.api import iter_adapter_layers
+
+    if method == "full":
+        return {k: v.grad.numpy() for k, v in model.state_dict().items() if v.grad is not None}
+    return {f"{n}.{s}": getattr(l, s).grad.numpy() for n, l in iter_adapter_layers(model) for s in l.state_suffixes}
+
+
+def compare(single, parts, kind, method, model_type):
+    from paddlenlp_ext.integrations.flashmask import cpu_flashmask
+    from paddlenlp_ext.parallel.pipeline_sim import run_pipeline
+    from paddlenlp_ext.training.loss import global_token_loss
+    from paddlenlp_ext.training.pipeline import PipelineCriterion
+
+    inputs, first, labels, n = batch(kind, single.config.vocab_size)
+    n_global = n + 17
+    with cpu_flashmask():
+        ref = global_token_loss(single, {**inputs, "labels": labels}, n_global, 2, 3)
+        ref.backward()
+        loss = run_pipeline(parts, first, (labels, paddle.to_tensor(n_global)), PipelineCriterion(2, 3))
+    np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
+    want, got = grads(single, method), {}
+    embed = f"{model_type}.embed_tokens.weight"
+    for stage in parts:
+        for k, g in grads(stage, method).items():
+            if single.config.tie_word_embeddings and k in (embed, "lm_head.weight"):
+                got[embed] = got.get(embed, 0) + g  # two copies of one weight: fleet all-reduces their gradients
+                got["lm_head.weight"] = got[embed]
+                continue
+            assert k not in got, f"two stages hold {k}"
+            got[k] = g
+    assert set(got) == set(want) and want
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=max(1e-6, 2e-6 * np.abs(want[k]).max()),
+                                   err_msg=k)
+    assert max(float(np.abs(g).max()) for g in want.values()) > 1e-4  # the comparison can fail
+    return want
+
+
+@pytest.mark.parametrize("method,kind", [("full", "padded"), ("lora", "packed_flash")])
+@pytest.mark.parametrize("model_type", ROWS)
+def test_two_stages_equal_one_process(model_type, method, kind):
+    single, parts = stages_of(model_type, 2, method=method)
+    per_stage = [sorted({n.split(".")[2] for n in p.state_dict() if ".layers." in n}) for p in parts]
+    assert sum(len(s) for s in per_stage) == LAYERS and all(per_stage)  # each stage holds only its layers
+    compare(single, parts, kind, method, model_type)
+
+
+@pytest.mark.parametrize("stages,virtual,kind", [(4, 1, "packed_dense"), (2, 2, "padded")])
+def test_four_stages_and_virtual_chunks(stages, virtual, kind):
+    model_type = next(r for r in ROWS if FAMILIES[r].arch.fused_qkv) if any(FAMILIES[r].arch.fused_qkv
+                                                                            for r in ROWS) else ROWS[0]
+    single, parts = stages_of(model_type, stages, virtual, method="lora")
+    compare(single, parts, kind, "lora", model_type)
+
+
+def test_negative_control_a_stage_with_another_weight_fails():
+    model_type = ROWS[0]
+    single, parts = stages_of(model_type, 2)
+    last = parts[-1]
+    name = next(k for k in last.state_dict() if ".layers." in k and k.endswith("weight"))
+    p = last.state_dict()[name]
+    with paddle.no_grad():
+        p.set_value(p + 0.05)
+    with pytest.raises(AssertionError):
+        compare(single, parts, "padded", "full", model_type)
+
+
+def test_tied_embedding_copies_alone_do_not_match():
+    """Negative control for the shared weight: without the all-reduce (each copy's own gradient) the comparison
+    fails, so the sum above is what makes it pass."""
+    tied = [r for r in ROWS if build(r).config.tie_word_embeddings]
+    if not tied:
+        pytest.skip("no tied row")
+    single, parts = stages_of(tied[0], 2)
+    from paddlenlp_ext.integrations.flashmask import cpu_flashmask
+    from paddlenlp_ext.parallel.pipeline_sim import run_pipeline
+    from paddlenlp_ext.training.loss import global_token_loss
+    from paddlenlp_ext.training.pipeline import PipelineCriterion
+
+    inputs, first, labels, n = batch("padded", single.config.vocab_size)
+    with cpu_flashmask():
+        global_token_loss(single, {**inputs, "labels": labels}, n, 1, 1).backward()
+        run_pipeline(parts, first, (labels, paddle.to_tensor(n)), PipelineCriterion(1, 1))
+    embed = f"{tied[0]}.embed_tokens.weight"
+    want = single.state_dict()[embed].grad.numpy()
+    first_copy = parts[0].state_dict()[embed].grad.numpy()
+    assert np.abs(first_copy - want).max() > 1e-3 * np.abs(want).max()
