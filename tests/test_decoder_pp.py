@@ -140,3 +140,108 @@ def test_tied_embedding_copies_alone_do_not_match():
     want = single.state_dict()[embed].grad.numpy()
     first_copy = parts[0].state_dict()[embed].grad.numpy()
     assert np.abs(first_copy - want).max() > 1e-3 * np.abs(want).max()
+
+
+def _tied_and_untied():
+    tied = [r for r in ROWS if build(r).config.tie_word_embeddings]
+    untied = [r for r in ROWS if not build(r).config.tie_word_embeddings]
+    return tied[:1] + untied[:1]
+
+
+@pytest.mark.parametrize("model_type", _tied_and_untied())
+def test_stages_stream_a_transformers_checkpoint_and_save_one_single_device_checkpoint(model_type, tmp_path):
+    """A transformers-layout checkpoint (saved by transformers itself) streams into each stage by the plain names
+    (a tied head copies the table); the stages' full fine-tuning save is one checkpoint our single-device loader
+    reads back to the same weights."""
+    import json
+
+    import torch
+    from test_decoder_parity import BASE, KNOBS
+
+    from paddlenlp_ext.integrations.pipeline import pipeline_stage_construction
+    from paddlenlp_ext.models.decoder import classes_for
+    from paddlenlp_ext.models.decoder.pipe import pipe_class_for
+    from paddlenlp_ext.models.loading import load_model_streaming
+    from paddlenlp_ext.parallel.pipeline import attach_pipeline_group, save_stage_weights
+    from paddlenlp_ext.parallel.pipeline_sim import SimulatedPipelineGroup, run_stages_in_threads
+
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS.get(model_type, {}),
+                                                              "num_hidden_layers": LAYERS})
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    hf.save_pretrained(str(tmp_path / "hf"))
+    config_cls, _, lm_cls = classes_for(model_type)
+    single = load_model_streaming(str(tmp_path / "hf"), config_cls.from_pretrained(str(tmp_path / "hf")), "float32",
+                                  model_class=lm_cls)[0]
+    want = {k: v.numpy() for k, v in single.state_dict().items()}
+    parts = []
+    for s in range(2):
+        with pipeline_stage_construction(2, s):
+            parts.append(load_model_streaming(str(tmp_path / "hf"), config_cls.from_pretrained(str(tmp_path / "hf")),
+                                              "float32", model_class=pipe_class_for(model_type))[0])
+    seen = set()
+    for stage in parts:
+        for k, v in stage.state_dict().items():
+            np.testing.assert_array_equal(v.numpy(), want[k], err_msg=k)
+            seen.add(k)
+    assert seen == set(want)
+    group = SimulatedPipelineGroup(2)
+    for s, stage in enumerate(parts):
+        attach_pipeline_group(stage, group.view(s))
+    run_stages_in_threads(2, lambda s: save_stage_weights(parts[s], str(tmp_path / "out")))
+    assert json.load(open(tmp_path / "out" / "config.json"))["architectures"] == [lm_cls.__name__]
+    config = config_cls.from_pretrained(str(tmp_path / "out"))
+    back = load_model_streaming(str(tmp_path / "out"), config, "float32", model_class=lm_cls)[0]
+    for k, v in back.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), want[k], err_msg=k)
+
+
+def test_a_run_builds_and_wires_its_decoder_stage(tmp_path):
+    """What build_model does under pipeline_parallel_degree 2 on the last rank, for a decoder row: our stage class
+    streamed from a transformers-layout checkpoint, our inputs and criterion, the pipeline group, adapters by the
+    plain names."""
+    from types import SimpleNamespace
+
+    import torch
+    from test_decoder_parity import BASE, KNOBS
+
+    from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
+    from paddlenlp_ext.adapters.api import iter_adapter_layers
+    from paddlenlp_ext.integrations.pipeline import pipeline_stage_construction
+    from paddlenlp_ext.models.decoder.pipe import DecoderForCausalLMPipe
+    from paddlenlp_ext.models.model_config import load_model_config
+    from paddlenlp_ext.training.model_build import load_pipeline_stage, prepare_pipeline_stage
+    from paddlenlp_ext.training.pipeline import PipelineCriterion
+
+    model_type = ROWS[-1]
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS.get(model_type, {}),
+                                                              "num_hidden_layers": LAYERS})
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(hf_cfg).save_pretrained(str(tmp_path))
+    from paddlenlp_ext.integrations.decoder import register_decoder
+
+    register_decoder()  # as load_model does: our rows known to PaddleNLP's AutoConfig
+    config = load_model_config(str(tmp_path), dtype="float32")
+    config.seq_length = 64
+    args = SimpleNamespace(pipeline_parallel_degree=2, dataset_world_size=1, gradient_accumulation_steps=2)
+    with pipeline_stage_construction(2, 1):
+        stage = load_pipeline_stage(SimpleNamespace(continue_training=True, model_name_or_path=str(tmp_path)),
+                                    config, "float32", args, "c.json")
+        names = prepare_pipeline_stage(stage, args)
+    assert isinstance(stage, DecoderForCausalLMPipe) and isinstance(stage._loss_fn[0], PipelineCriterion)
+    assert any(k.startswith(f"{model_type}.layers.{LAYERS - 1}.") for k in stage.state_dict())
+    assert not any(k.startswith(f"{model_type}.layers.0.") for k in stage.state_dict())
+    apply_adapters(stage, AdapterConfig(method="lora", r=4, alpha=8), layer_names=names)
+    assert {n.split(".")[2] for n, _ in iter_adapter_layers(stage)} == {str(LAYERS // 2), str(LAYERS - 1)}
+
+
+def test_config_accepts_pipeline_on_dense_rows_and_refuses_moe_rows(tmp_path):
+    from test_decoder_tp import _config_problems
+
+    for model_type in ROWS:
+        assert _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true") == []
+        assert _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2") == []
+    moe = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp == "moe"]
+    for model_type in moe[:1]:
+        found = _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true")
+        assert any("no pipeline stages" in p and "set pipeline_parallel_degree=1" in p for p in found), found

@@ -312,7 +312,9 @@ def load_model_streaming(
     ckpt = find_checkpoint(model_dir)
     if model_class is None:
         model_class, config = decoder_class_for(config)
-    decoder = model_class is not None and hasattr(model_class, "body_class")  # our decoder (models/decoder)
+    # our decoder (models/decoder), or one pipeline stage of it (models/decoder/pipe.py)
+    decoder = model_class is not None and (hasattr(model_class, "body_class") or getattr(model_class, "decoder_pipe",
+                                                                                          False))
     if ckpt.hf_model_type is not None:
         _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 and not decoder:
@@ -327,10 +329,16 @@ def load_model_streaming(
 
     model = lazy_init.lazy_skeleton(config, dtype, model_class)
     expected = dict(model.state_dict())
+    for p in list(expected.values()):  # a pipeline stage's copy of a tied weight reads the tensor it copies
+        source = getattr(p, "tied_from", None)
+        if source and source not in expected:
+            expected[source] = p
     groups: Dict[int, List[str]] = {}  # tied parameters: one entry, several keys
     for k, t in expected.items():
         groups.setdefault(id(t), []).append(k)
     ignore_missing, ignore_unexpected = lazy_init.ignored_key_patterns(model)
+    if getattr(model_class, "decoder_pipe", False):  # one stage: the other stages' tensors are not read
+        ignore_unexpected = ignore_unexpected + [r".*"]
     keymap = _KeyMap(expected, getattr(model, "base_model_prefix", "") or "")
 
     targets: Dict[str, Any] = {}

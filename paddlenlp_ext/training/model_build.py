@@ -155,6 +155,12 @@ def refuse_hf_layout(model_dir: str, where: str) -> None:
 PIPELINE_CLASSES = {k: f.pipeline_class for k, f in FAMILIES.items() if f.supports("pp") and f.pipeline_class}
 
 
+def decoder_pipeline_row(model_type: Optional[str]) -> bool:
+    """A row our decoder builds as pipeline stages (``models/decoder/pipe.py``)."""
+    f = row(model_type)
+    return f is not None and f.decoder and f.supports("pp")
+
+
 def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int, vpp: int) -> Optional[str]:
     """Why a model cannot be cut into ``pp`` x ``vpp`` pipeline chunks, or None.
 
@@ -163,9 +169,9 @@ def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int,
     >>> pipeline_layout_problem("llama", 30, 4, 2)
     'num_hidden_layers=30 is not a multiple of pipeline_parallel_degree x virtual_pp_degree = 8 (Paddle cuts the interleaved chunks by whole decoder layers)'
     """
-    if model_type not in PIPELINE_CLASSES:
-        return (f"model_type {model_type!r} has no pipeline model here; pipeline_parallel_degree > 1 supports "
-                f"{sorted(PIPELINE_CLASSES)}")
+    if model_type not in PIPELINE_CLASSES and not decoder_pipeline_row(model_type):
+        known = sorted(set(PIPELINE_CLASSES) | {k for k in FAMILIES if decoder_pipeline_row(k)})
+        return f"model_type {model_type!r} has no pipeline model here; pipeline_parallel_degree > 1 supports {known}"
     if num_layers < pp * vpp:
         return f"num_hidden_layers={num_layers} is fewer than pipeline_parallel_degree x virtual_pp_degree = {pp * vpp}"
     if vpp > 1 and num_layers % (pp * vpp):
@@ -183,6 +189,20 @@ def load_pipeline_stage(m, config, dtype: str, args, where: str):
                                       args.pipeline_parallel_degree, vpp)
     if problem:
         raise ConfigError([f"{where}: {problem}"], before_load=False)
+    if decoder_pipeline_row(config.model_type):  # our decoder's stages: streamed, either checkpoint layout
+        from ..models.checkpoint import CheckpointError
+        from ..models.decoder.pipe import pipe_class_for
+        from ..models.loading import decoder_class_for, load_model_streaming
+
+        cls = pipe_class_for(config.model_type)
+        config = decoder_class_for(config)[1]  # as the row's config class
+        if not m.continue_training:
+            return cls.from_config(config, dtype=dtype)
+        try:
+            return load_model_streaming(m.model_name_or_path, config, dtype, max_seq_len=config.seq_length,
+                                        model_class=cls)[0]
+        except (CheckpointError, ValueError) as e:
+            raise ConfigError([f"{where}: {e}"], before_load=False) from e
     cls = getattr(transformers, PIPELINE_CLASSES[config.model_type])
     if m.continue_training:
         return cls.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)

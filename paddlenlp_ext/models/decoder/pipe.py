@@ -129,6 +129,7 @@ class DecoderLMHeadPipe(DecoderLMHead):
         k = config.knobs()
         if tied:  # a weight of the table's shape, kept equal to it by fleet's shared-weight broadcast / all-reduce
             super().__init__(k, paddle.create_parameter([k.vocab, k.hidden], dtype=paddle.get_default_dtype()))
+            self.weight.tied_from = f"{config.model_type}.embed_tokens.weight"  # what the streaming loader fills it from
         else:
             super().__init__(k)
 
@@ -141,6 +142,7 @@ class DecoderForCausalLMPipe(PipelinePretrainedModel, PipelineLayer):
     """The decoder of one ``model_type`` cut into pipeline stages (see the module docstring)."""
 
     config_class = DecoderConfig
+    decoder_pipe = True  # read by models/loading.py: a stage streams only its own tensors
     _keys_to_ignore_on_load_unexpected = DecoderPretrainedModel._keys_to_ignore_on_load_unexpected
     _init_weights = DecoderPretrainedModel._init_weights
     _get_name_mappings = DecoderPretrainedModel._get_name_mappings
