@@ -381,3 +381,28 @@ def test_config_refuses_vera_on_a_fused_projection_under_tensor_parallelism(tmp_
     model_type = _fused_row("fused_gate_up")
     found = _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", "--vera", "true")
     assert any("vera=true with tensor_parallel_degree=2" in p and "use lora=true" in p for p in found), found
+
+
+@pytest.mark.parametrize("model_type", ROWS)
+def test_memory_planner_counts_every_decoder_row_and_plans_tp_and_pp(tmp_path, model_type):
+    """The planner's shape of a decoder row (from its knobs) has the model's exact parameter count, names the Linears
+    as the model does (adapter targets match), and plans the row under TP 2 and PP 2."""
+    import json
+
+    from paddlenlp_ext.planner import estimate_for_run, load_plan_config, read_model_shape
+
+    d = tmp_path / model_type
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config_dict(model_type)), encoding="utf-8")
+    shape = read_model_shape(str(d))
+    model = build(model_type)
+    assert shape.total_params == sum(int(np.prod(p.shape)) for p in model.parameters())
+    names = {n for n, _ in model.named_sublayers()}
+    assert {shape.layer_name(0, s) for s, _, _ in shape.layer_linears()} <= names
+    tiny = __import__("os").path.join(__import__("conftest").ROOT, "llm", "config", "tiny", "lora_argument.json")
+    sizes = {}
+    for degree in ({}, {"tensor_parallel_degree": "2"}, {"pipeline_parallel_degree": "2"}):
+        overrides = ["--model_name_or_path", str(d)] + [x for kv in degree.items() for x in ("--" + kv[0], kv[1])]
+        cfg, _ = load_plan_config(tiny, overrides)
+        sizes[tuple(degree)] = estimate_for_run(cfg, target="gpu").breakdown["weights"]
+    assert sizes[("tensor_parallel_degree",)] < sizes[()] and sizes[("pipeline_parallel_degree",)] < sizes[()]
