@@ -406,3 +406,50 @@ def test_memory_planner_counts_every_decoder_row_and_plans_tp_and_pp(tmp_path, m
         cfg, _ = load_plan_config(tiny, overrides)
         sizes[tuple(degree)] = estimate_for_run(cfg, target="gpu").breakdown["weights"]
     assert sizes[("tensor_parallel_degree",)] < sizes[()] and sizes[("pipeline_parallel_degree",)] < sizes[()]
+
+
+def test_a_run_loads_its_rank_of_a_transformers_checkpoint_with_sequence_parallel_and_qlora(tmp_path, monkeypatch):
+    """What the run's ``load_model`` builds on each of 2 model-parallel ranks for a decoder row: the rank's shards
+    streamed from a transformers-saved checkpoint, ``sequence_parallel`` taken from the run's key, the base quantized
+    per rank; the 2 ranks' loss equals the single process's on the same (quantized) weights."""
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import ROOT
+    from test_decoder_parity import BASE as HF_BASE
+
+    from paddlenlp_ext.config.parse import load_config
+    from paddlenlp_ext.parallel import ParallelLinear, QuantizedParallelLinear
+    from paddlenlp_ext.training.model_build import load_model
+
+    model_type = _fused_row("fused_qkv")
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **{**HF_BASE, **KNOBS.get(model_type, {})})
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(hf_cfg).save_pretrained(str(tmp_path / "hf"))
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    quant = ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"]
+
+    def run_config(tp, sp):
+        return load_config(__import__("os").path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+                           ["--model_name_or_path", str(tmp_path / "hf"), "--tensor_parallel_degree", str(tp),
+                            "--sequence_parallel", str(sp).lower(), *(quant if not sp else [])])
+
+    def args(tp, rank, sp):
+        return SimpleNamespace(fp16_opt_level="O1", fp16=False, bf16=False, tensor_parallel_degree=tp,
+                               tensor_parallel_rank=rank, tensor_parallel_output=False, recompute=False,
+                               pipeline_parallel_degree=1, sequence_parallel=sp)
+
+    inputs = batch(vocab=HF_BASE["vocab_size"])
+    for sp in (False, True):
+        q = None if sp else {"weight_quantize_algo": "nf4", "weight_blocksize": 16, "weight_double_quant": False,
+                             "weight_double_quant_block_size": 256}
+        single, _ = load_model(run_config(1, False), args(1, 0, False), q)
+        sim = SimulatedGroup(N)
+        ranks = sim.build(lambda r: load_model(run_config(N, sp), args(N, r, sp), q)[0])
+        assert all(m.config.sequence_parallel == sp for m in ranks)
+        assert any(isinstance(l, QuantizedParallelLinear) for _, l in ranks[0].named_sublayers()) == (q is not None)
+        assert any(isinstance(l, ParallelLinear) and l.tp_spec.sequence_parallel == sp
+                   for _, l in ranks[0].named_sublayers()) == (q is None)
+        want = float(single(**inputs).loss)
+        losses = sim.run(lambda r: float(ranks[r](**inputs).loss))
+        assert all(abs(x - want) <= TOL * max(1.0, abs(want)) for x in losses), (sp, losses, want)

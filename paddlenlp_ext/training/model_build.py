@@ -68,6 +68,9 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
     family = row(getattr(config, "model_type", None))
+    if family is not None and family.decoder and args.tensor_parallel_degree > 1:
+        # our decoder reads sequence_parallel from its config (parallel/layers.py): the run's key, not a default
+        config.sequence_parallel = bool(getattr(args, "sequence_parallel", False))
     from .moe_aux import configure as configure_moe, moe_row
 
     if moe_row(getattr(config, "model_type", None)):  # router_aux_loss_coef -> output_router_logits (docs/moe.md)
