@@ -10,6 +10,8 @@ fleet all-reduces their gradients (``allreduce_shared_weight_gradients``), so th
 model's embedding gradient.  Rows come from the family table (a new dense decoder row is tested without edits).
 """
 
+import copy
+
 import numpy as np
 import paddle
 import pytest
@@ -25,7 +27,7 @@ ROWS = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f
 LAYERS = 4
 
 
-def stages_of(model_type, n, virtual=1, method="full", seed=0):
+def stages_of(model_type, n, virtual=1, method="full", seed=0, recompute=False):
     from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, load_adapter_state_dict
     from paddlenlp_ext.models.decoder.pipe import pipe_class_for
     from paddlenlp_ext.parallel.pipeline import prepare_stage_for_adapters
@@ -34,8 +36,9 @@ def stages_of(model_type, n, virtual=1, method="full", seed=0):
     single = build(model_type, num_hidden_layers=LAYERS)
     randomize(single, seed)
     plain = {k: v.numpy() for k, v in single.state_dict().items()}
-    config = single.config
+    config = copy.deepcopy(single.config)
     config.virtual_pp_degree = virtual
+    config.recompute = recompute  # read by the stages' layers (the single model keeps its activations)
     parts = build_stages(pipe_class_for(model_type), config, n)
     for stage in parts:
         missing, unexpected = stage.set_state_dict({k: paddle.to_tensor(v) for k, v in plain.items()})
@@ -106,6 +109,12 @@ def test_four_stages_and_virtual_chunks(stages, virtual, kind):
                                                                             for r in ROWS) else ROWS[0]
     single, parts = stages_of(model_type, stages, virtual, method="lora")
     compare(single, parts, kind, "lora", model_type)
+
+
+def test_recompute_on_the_stages_gives_the_same_gradients():
+    single, parts = stages_of(ROWS[0], 2, recompute=True)
+    assert all(p.training and p.config.recompute for p in parts)
+    compare(single, parts, "padded", "full", ROWS[0])
 
 
 def test_negative_control_a_stage_with_another_weight_fails():
