@@ -93,7 +93,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
     on_decoder = family is not None and family.decoder  # our decoder: the streaming loader cuts TP shards itself
     tp_paddlenlp = args.tensor_parallel_degree > 1 and not on_decoder
-    if m.continue_training and (args.pipeline_parallel_degree > 1 or tp_paddlenlp or fused) and not on_decoder:
+    if m.continue_training and (((args.pipeline_parallel_degree > 1 or tp_paddlenlp) and not on_decoder) or fused):
         refuse_hf_layout(m.model_name_or_path, where)  # PaddleNLP's own loaders below read only its layout
     if args.pipeline_parallel_degree > 1:  # this rank's stage of the pipeline model
         return load_pipeline_stage(m, config, dtype, args, where), None
