@@ -84,8 +84,15 @@ def test_lora_packing_qlora_and_full_train_a_transformers_checkpoint(model_type,
 
 def test_what_the_decoder_does_not_run_is_refused_at_config_time(tmp_path):
     base = save_row(DECODER_ROWS[0], str(tmp_path / "base"))
+    # tensor parallel alone is accepted (tests/test_decoder_tp.py); what is left is the launch it needs
     r = finetune(base, str(tmp_path / "out"), "--tensor_parallel_degree", "2", check=False)
-    assert r.returncode == 2 and "tensor_parallel_degree=1" in (r.stdout + r.stderr)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "1 problem found" in out and "paddle.distributed.launch --nproc_per_node 2" in out
+    # tensor x pipeline together is not
+    r = finetune(base, str(tmp_path / "out"), "--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2",
+                 check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "use one of them" in out and "Traceback" not in out
 
 
 PREDICT = os.path.join(ROOT, "llm", "predict", "predictor.py")

@@ -47,7 +47,11 @@ DECODER = {"lora": _DEC, "qlora": _DEC + " (nf4)", "full": _DEC, "packing": _DEC
            "hf_checkpoint": "test_decoder_parity.py (every row vs transformers 4.55)",
            "predict": "test_decoder_cli.py::test_predictor_greedy_text_equals_transformers_generate",
            "merge": "test_decoder_export.py (merge + transformers/PEFT export vs transformers 4.55 and peft)",
-           "dpo": "test_decoder_dpo.py (packed pairs == each answer alone, every row; CLI on gemma2, phi3)"}
+           "dpo": "test_decoder_dpo.py (packed pairs == each answer alone, every row; CLI on gemma2, phi3)",
+           "tp": "test_decoder_tp.py (TP=2 and sequence parallel == one process: loss and every gradient, every "
+                 "dense row; LoRA, QLoRA)",
+           "pp": "test_decoder_pp.py (PP=2, 4 stages, virtual chunks == one process: loss and every gradient, "
+                 "every dense row; LoRA; tied embeddings; stage checkpoints)"}
 NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
               "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
               "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",

@@ -76,7 +76,8 @@ def render() -> str:
         "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters "
         "(`sequence_parallel` too, except QLoRA); "
         "`pipeline_parallel_degree` > 1 (with `virtual_pp_degree`) for full fine-tuning and LoRA / rsLoRA / LoRA+ / "
-        "LoKr adapters on a Llama or Qwen2 float base (GPU; both verified by CPU simulation, see docs/parallel.md); "
+        "LoKr adapters on a Llama, Qwen2 or dense decoder-row float base (GPU; both verified by CPU simulation, "
+        "see docs/parallel.md); "
         "`sharding` stage2/stage3 run on GPU (their optimizer step is verified by simulation).",
         "",
         _table(sorted((s for s in specs.values() if s.group == "training" and s.name not in ours), key=lambda s: s.name)),

@@ -73,6 +73,7 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path)]
     problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type)]
     problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path)]
+    problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
     return problems
 
 
@@ -152,6 +153,33 @@ def _router_names(model_dir: Optional[str], model_type: str):
     mlp = family.arch.mlp_name if family is not None and family.arch is not None else "mlp"
     names = [f"{prefix}.layers.{i}.{mlp}.{spec.router_name}" for i in layers]
     return names, spec.correction_bias is not None
+
+
+def decoder_tp_problems(cfg, model_type: str, model_dir: str) -> List[str]:
+    """What keeps our decoder's model from being cut over ``tensor_parallel_degree`` ranks.
+
+    Worked example: a gemma2 config.json with ``num_key_value_heads: 1`` and ``tensor_parallel_degree: 2`` ->
+    ``["config.json num_key_value_heads=1 is not a multiple of tensor_parallel_degree=2 (each rank takes 1/2 of
+    them); choose a tensor_parallel_degree that divides it"]``.
+    """
+    tp = int(cfg.training.get("tensor_parallel_degree", 1) or 1)
+    family = row(model_type)
+    if tp <= 1 or family is None or not family.decoder or family.arch is None or family.arch.mlp != "dense":
+        return []
+    from ..models.decoder.rows import ArchError, resolve, tensor_parallel_problems
+    from ..models.hf_layout import HFLayoutError, read_config_json
+
+    try:
+        knobs = resolve(family.arch, read_config_json(model_dir))
+    except (HFLayoutError, ArchError, KeyError, TypeError, ValueError):
+        return []  # config.json problems are reported by config_read_problems / the loader, naming the key
+    out = [f"config.json {p}" for p in tensor_parallel_problems(knobs, tp)]
+    fused = [n for n, on in (("qkv_proj", family.arch.fused_qkv), ("gate_up_proj", family.arch.fused_gate_up)) if on]
+    if fused and cfg.model.vera:
+        out.append(f"vera=true with tensor_parallel_degree={tp} on {model_type}: VeRA's shared projections are "
+                   f"sliced contiguously, not per segment of the fused {' / '.join(fused)}; use lora=true or "
+                   "tensor_parallel_degree=1")
+    return out
 
 
 def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[str]:

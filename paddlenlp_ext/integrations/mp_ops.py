@@ -53,6 +53,7 @@ from .versions import check_versions
 check_versions()
 
 __all__ = ["c_identity", "mp_allreduce", "c_concat", "seq_all_gather", "seq_reduce_scatter", "seq_scatter",
+           "current_model_parallel_group",
            "model_parallel_construction", "is_installed", "RELIED_ON"]
 
 RELIED_ON = [
@@ -207,3 +208,13 @@ def model_parallel_construction(group: Any, seed: int = 2024) -> Iterator[None]:
             tracker.states_.pop(MODEL_PARALLEL_RNG, None)
             tracker.seeds_.discard(rng_seed)
         _installed.clear()
+
+
+def current_model_parallel_group() -> Any:
+    """The model-parallel group of this process: fleet's hybrid communicate group (``fleet.init`` with
+    ``mp_degree``), or the simulated group inside :func:`model_parallel_construction`."""
+    hcg = topology._HYBRID_PARALLEL_GROUP
+    if hcg is None:
+        raise RuntimeError("tensor_parallel_degree > 1 needs fleet's hybrid-parallel group (launch with "
+                           "python -m paddle.distributed.launch; PaddleNLP's Trainer calls fleet.init)")
+    return hcg.get_model_parallel_group()

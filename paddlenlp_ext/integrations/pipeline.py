@@ -58,6 +58,10 @@ RELIED_ON = [
      ("self", "input", "chunk_id")),
     ("paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers.PipelineLayer", "get_num_virtual_stages",
      ("self",)),
+    ("paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers.PipelineLayer", "_construct_shared_comm",
+     ("self",)),
+    ("paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers.PipelineLayer",
+     "allreduce_shared_weight_gradients", ("self",)),
     ("paddle.distributed.fleet.base.topology.CommunicateTopology", "__init__", ("self", "hybrid_group_names", "dims")),
     ("paddlenlp.transformers.model_utils.PipelinePretrainedModel", "state_dict", ("self", "args", "kwargs")),
     ("paddlenlp.transformers", "AutoModelForCausalLMPipe", None),
@@ -160,7 +164,12 @@ def pipeline_stage_construction(num_stages: int, stage_id: int) -> Iterator[None
     had_strategy, had_hcg = hasattr(f, "_user_defined_strategy"), hasattr(f, "_hcg")
     had_device = "_device_id" in vars(paddle.distributed.ParallelEnv)
     _active.append(stage_id)
+    shared_comm = PipelineLayer._construct_shared_comm
     try:
+        # tied embeddings (SharedLayerDesc): fleet would build a communication group between the first and last
+        # stage and broadcast the table; the simulation builds none (every stage loads the same weights) and sums
+        # the copies' gradients itself, as fleet's allreduce_shared_weight_gradients does
+        PipelineLayer._construct_shared_comm = lambda self: {}
         f._hcg = _StageHybridGroup(num_stages, stage_id)
         if not had_strategy:
             f._user_defined_strategy = fleet.DistributedStrategy()
@@ -168,6 +177,7 @@ def pipeline_stage_construction(num_stages: int, stage_id: int) -> Iterator[None
             paddle.distributed.ParallelEnv._device_id = 0  # a CPU build never sets it
         yield
     finally:
+        PipelineLayer._construct_shared_comm = shared_comm
         restore_fleet(had_hcg, had_strategy)
         if not had_device and "_device_id" in vars(paddle.distributed.ParallelEnv):
             del paddle.distributed.ParallelEnv._device_id

@@ -131,13 +131,20 @@ _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
 def _decoder_refusals(name: str) -> Dict[str, str]:
-    return {"tp": f"{name}: the decoder has no tensor-parallel layers yet; set tensor_parallel_degree=1",
-            "pp": f"{name}: the decoder has no pipeline model yet; set pipeline_parallel_degree=1"}
+    return {"tp": f"{name}: the decoder's mixture-of-experts block has no tensor-parallel experts yet; set "
+                  "tensor_parallel_degree=1",
+            "pp": f"{name}: the decoder's mixture-of-experts layers have no pipeline stages yet (their router logits "
+                  "and load-balancing loss would have to travel between stages); set pipeline_parallel_degree=1"}
+
+
+#: a dense decoder row also runs tensor (and sequence) parallel and as pipeline stages (models/decoder/pipe.py;
+#: tests/test_decoder_tp.py, tests/test_decoder_pp.py)
+_DECODER_DENSE = _DECODER | {"tp", "pp"}
 
 
 def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Family":
-    return Family(name, features=_DECODER, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
-                  refusals=_decoder_refusals(name), planner=planner)
+    return Family(name, features=_DECODER_DENSE, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
+                  planner=planner)
 
 
 #: MoE rows on the decoder: what their adapters / quantization target by default: attention, every routed

@@ -154,10 +154,11 @@ def _precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected,
                 unexpected.append(key)
             continue
         provided.add(id(expected[mk]))
-        if info.shape is not None and tuple(info.shape) != tuple(expected[mk].shape):
+        want = getattr(expected[mk], "tp_full_shape", None) or tuple(expected[mk].shape)  # full, for a TP shard
+        if info.shape is not None and tuple(info.shape) != tuple(want):
             problems.append(
                 f"tensor {key!r} in {os.path.basename(info.file)} has shape {list(info.shape)}, but the model built "
-                f"from config.json expects {list(expected[mk].shape)}"
+                f"from config.json expects {list(want)}"
             )
     if unexpected:
         files = sorted({_where(ckpt, k) for k in unexpected})
@@ -311,22 +312,33 @@ def load_model_streaming(
     ckpt = find_checkpoint(model_dir)
     if model_class is None:
         model_class, config = decoder_class_for(config)
-    decoder = model_class is not None and hasattr(model_class, "body_class")  # our decoder (models/decoder)
+    # our decoder (models/decoder), or one pipeline stage of it (models/decoder/pipe.py)
+    decoder = model_class is not None and (hasattr(model_class, "body_class") or getattr(model_class, "decoder_pipe",
+                                                                                          False))
     if ckpt.hf_model_type is not None:
         _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
-    if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
-        raise ValueError("load_model_streaming does not split checkpoints for tensor parallelism "
+    if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 and not decoder:
+        raise ValueError("load_model_streaming splits checkpoints for tensor parallelism only for our decoder's rows "
                          f"(tensor_parallel_degree={config.tensor_parallel_degree}): load with from_pretrained")
+    if quant and int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
+        raise ValueError("load_model_streaming quantizes no tensor-parallel shards: load in float, then "
+                         "quant.quantize_model (each rank quantizes its own shard)")
     if not getattr(config, "architectures", None):
         raise CheckpointError(f"the config of {model_dir} names no architectures (e.g. [\"LlamaForCausalLM\"]): "
                               "AutoModelForCausalLM cannot choose the model class")
 
     model = lazy_init.lazy_skeleton(config, dtype, model_class)
     expected = dict(model.state_dict())
+    for p in list(expected.values()):  # a pipeline stage's copy of a tied weight reads the tensor it copies
+        source = getattr(p, "tied_from", None)
+        if source and source not in expected:
+            expected[source] = p
     groups: Dict[int, List[str]] = {}  # tied parameters: one entry, several keys
     for k, t in expected.items():
         groups.setdefault(id(t), []).append(k)
     ignore_missing, ignore_unexpected = lazy_init.ignored_key_patterns(model)
+    if getattr(model_class, "decoder_pipe", False):  # one stage: the other stages' tensors are not read
+        ignore_unexpected = ignore_unexpected + [r".*"]
     keymap = _KeyMap(expected, getattr(model, "base_model_prefix", "") or "")
 
     targets: Dict[str, Any] = {}
@@ -365,6 +377,9 @@ def load_model_streaming(
                 continue
             raise CheckpointError(f"checkpoint tensor {key!r} in {os.path.basename(path)} is not in the model")
         param = expected[mk]
+        full_shape = getattr(param, "tp_full_shape", None)  # a tensor-parallel shard (parallel/layers.py)
+        if full_shape is not None and tuple(arr.shape) == tuple(full_shape):
+            arr = np.ascontiguousarray(param.tp_take(arr))  # this rank's part of the single-device tensor
         if tuple(arr.shape) != tuple(param.shape):
             raise CheckpointError(
                 f"tensor {key!r} in {os.path.basename(path)} has shape {list(arr.shape)}, but the model built from "

@@ -100,7 +100,12 @@ FUSED_PARALLEL_LINEARS = {"qkv_proj": "fuse_attention_qkv", "gate_up_fused_proj"
 def check_parallel_target(config: AdapterConfig, name: str, layer: nn.Layer) -> None:
     """Raise NotImplementedError naming ``name`` if ``layer`` cannot get ``config``'s adapter."""
     why = refusal(config)
-    key = FUSED_PARALLEL_LINEARS.get(name.rsplit(".", 1)[-1])
+    spec = getattr(layer, "tp_spec", None)
+    segmented = bool(getattr(spec, "segments", ()))  # our decoder's fused projections: shards kept per segment
+    key = None if segmented else FUSED_PARALLEL_LINEARS.get(name.rsplit(".", 1)[-1])
+    if why is None and segmented and config.layer_type != "lora":
+        why = (f"{config.layer_type} on a fused projection is not supported with tensor parallelism (its shared "
+               "projections are sliced contiguously, not per fused segment); use LoRA or tensor_parallel_degree=1")
     if why is None and key is not None:
         why = (f"a fused projection ({key}=true): each rank's shard interleaves its own parts of the fused "
                f"outputs, so a complete adapter would not be in the checkpoint's layout; set {key}=false "
@@ -217,9 +222,15 @@ class ParallelAdapterMixin:
 
     def full_adapter_state(self) -> Dict[str, paddle.Tensor]:
         """The complete tensors of this layer (split ones all-gathered): a collective, every rank calls it."""
-        axes = self.split_axes()
-        return {s: (t if axes[s] is None else self.collectives.gather_tensor(t.detach(), axes[s]))
-                for s, t in self.adapter_state_dict().items()}  # fmt: skip
+        axes, n = self.split_axes(), self.shard.world_size
+        out = {}
+        for s, t in self.adapter_state_dict().items():
+            if axes[s] is None:
+                out[s] = t
+                continue
+            full = self.collectives.gather_tensor(t.detach(), axes[s])  # rank parts, concatenated in rank order
+            out[s] = self.shard.join(paddle.split(full, n, axis=axes[s]), axes[s]) if self.shard.segments else full
+        return out
 
     @paddle.no_grad()
     def load_adapter_state_dict(self, d: Mapping[str, Any]) -> None:

@@ -56,10 +56,22 @@ def adapter_split_axes(model: nn.Layer) -> Dict[str, Optional[int]]:
     return out
 
 
+def adapter_shard_specs(model: nn.Layer) -> Dict[str, Any]:
+    """``{f"{module}.{suffix}": ShardSpec}`` of every split adapter tensor of a fused (segmented) projection,
+    for :func:`unshard_adapter_states` (the ranks' parts are joined per segment there)."""
+    out: Dict[str, Any] = {}
+    for name, layer in iter_adapter_layers(model):
+        if layer.tensor_parallel and layer.shard.segments:
+            out.update({f"{name}.{s}": layer.shard for s, a in layer.split_axes().items() if a is not None})
+    return out
+
+
 def unshard_adapter_states(rank_states: Sequence[Mapping[str, Any]],
-                           split_axes: Mapping[str, Optional[int]]) -> Dict[str, np.ndarray]:  # fmt: skip
+                           split_axes: Mapping[str, Optional[int]],
+                           specs: Optional[Mapping[str, Any]] = None) -> Dict[str, np.ndarray]:  # fmt: skip
     """The complete adapter from the N ranks' states (rank order): split tensors concatenated along
-    their axis, replicated ones checked to be identical on every rank."""
+    their axis (per fused segment for the keys of ``specs``, :func:`adapter_shard_specs`), replicated ones
+    checked to be identical on every rank."""
     if not rank_states:
         raise AdapterError("unshard_adapter_states: no rank states given")
     keys = set(split_axes)
@@ -76,6 +88,8 @@ def unshard_adapter_states(rank_states: Sequence[Mapping[str, Any]],
                 if p.shape != parts[0].shape or not np.array_equal(p, parts[0]):
                     raise AdapterError(f"replicated adapter tensor {key!r} differs between rank 0 and rank {r}")
             out[key] = parts[0]
+        elif specs and key in specs:
+            out[key] = specs[key].join(parts, axis)
         else:
             out[key] = np.concatenate(parts, axis=axis)
     return out

@@ -28,7 +28,7 @@ overlaps or fuses the same math; the wrappers use the plain ops.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import paddle
 import paddle.nn as nn
@@ -50,6 +50,9 @@ class ShardSpec:
     gather_output: bool = False
     input_is_parallel: bool = True
     sequence_parallel: bool = False  # column input / row output cut along axis 0 (the sequence)
+    #: a fused column-parallel projection's output segments (full sizes, e.g. (q, kv, kv) of a qkv_proj):
+    #: rank i holds part i of EACH segment ([q_i | k_i | v_i]), not the i-th contiguous block
+    segments: Tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.kind not in (COLUMN, ROW):
@@ -59,6 +62,12 @@ class ShardSpec:
         split = self.out_features if self.kind == COLUMN else self.in_features
         if split % self.world_size:
             raise ValueError(f"{self.kind}-parallel size {split} is not divisible by {self.world_size} ranks")
+        if self.segments:
+            if self.kind != COLUMN or sum(self.segments) != self.out_features:
+                raise ValueError(f"segments {self.segments} must sum to a column-parallel out_features "
+                                 f"({self.out_features})")
+            if any(seg % self.world_size for seg in self.segments):
+                raise ValueError(f"fused segments {self.segments} are not each divisible by {self.world_size} ranks")
 
     @property
     def weight_axis(self) -> int:
@@ -80,12 +89,58 @@ class ShardSpec:
         step = size // self.world_size
         return self.rank * step, (self.rank + 1) * step
 
+    def _segmented(self, size: int) -> bool:
+        return bool(self.segments) and size == self.out_features
+
     def take(self, full: Any, axis: int) -> Any:
-        """This rank's part of ``full`` (numpy array or paddle tensor) along ``axis``."""
-        lo, hi = self.bounds(int(full.shape[axis]))
-        index = [slice(None)] * len(full.shape)
-        index[axis] = slice(lo, hi)
-        return full[tuple(index)]
+        """This rank's part of ``full`` (numpy array or paddle tensor) along ``axis``: the contiguous block
+        ``[lo, hi)``, or for a fused projection's output axis the concatenation of its part of every segment.
+
+        >>> import numpy as np
+        >>> ShardSpec("column", 1, 2, 1, 6, segments=(4, 2)).take(np.arange(6), 0).tolist()  # [q0 q1 | k0] ...
+        [2, 3, 5]
+        """
+        size = int(full.shape[axis])
+        if self._segmented(size):
+            parts, start = [], 0
+            for seg in self.segments:
+                step = seg // self.world_size
+                parts.append(_slice(full, axis, start + self.rank * step, start + (self.rank + 1) * step))
+                start += seg
+            return _concat(parts, axis)
+        lo, hi = self.bounds(size)
+        return _slice(full, axis, lo, hi)
+
+    def join(self, parts: Sequence[Any], axis: int) -> Any:
+        """The complete tensor from every rank's part (rank order), the inverse of :meth:`take`.
+
+        >>> import numpy as np
+        >>> spec = ShardSpec("column", 0, 2, 1, 6, segments=(4, 2))
+        >>> spec.join([np.array([0, 1, 4]), np.array([2, 3, 5])], 0).tolist()
+        [0, 1, 2, 3, 4, 5]
+        """
+        if not self._segmented(sum(int(p.shape[axis]) for p in parts)):
+            return _concat(list(parts), axis)
+        out, start = [], 0
+        for seg in self.segments:
+            step = seg // self.world_size
+            out += [_slice(p, axis, start, start + step) for p in parts]
+            start += step
+        return _concat(out, axis)
+
+
+def _slice(t: Any, axis: int, lo: int, hi: int) -> Any:
+    index = [slice(None)] * len(t.shape)
+    index[axis] = slice(lo, hi)
+    return t[tuple(index)]
+
+
+def _concat(parts: Sequence[Any], axis: int) -> Any:
+    if isinstance(parts[0], paddle.Tensor):
+        return paddle.concat(list(parts), axis=axis)
+    import numpy as np
+
+    return np.concatenate(list(parts), axis=axis)
 
 
 def _fleet_types() -> Tuple[type, type]:

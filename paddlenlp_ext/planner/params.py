@@ -208,10 +208,10 @@ def account(shape: ModelShape, method: str, adapter=None, quant: Optional[QuantS
         groups.append(Group("trainable linears" if full else "adapters", trainable / L, True, stage3=full))
     if q_params:
         groups.append(Group("quantized linears", q_params / L, False, fixed_bytes=q_bytes / L))
-    bias = shape.layer_other_params - 2 * shape.hidden_size
+    bias = shape.layer_other_params - shape.layer_norm_params
     if bias:
         groups.append(Group("q/k/v biases", bias, full))
-    groups.append(Group("RMSNorm weights", 2 * shape.hidden_size, full, tp_split=False))
+    groups.append(Group("RMSNorm weights", shape.layer_norm_params, full, tp_split=False))
     acc.first_groups.append(Group("embeddings", shape.embedding_params, full, stage3=True))
     acc.last_groups.append(Group("final norm", shape.hidden_size, full, tp_split=False))
     if shape.lm_head_params:

@@ -49,6 +49,15 @@ class ModelShape:
     explicit_head_dim: int = 0
     #: per-head RMSNorm weights on q and k (qwen3): 2 x head_dim per layer
     qk_norm: bool = False
+    #: our decoder's rows (models/decoder/rows.py): hidden-size norms per layer (2 pre-norm, 4 sandwich), biases
+    #: beyond q/k/v, q/k norm weights per layer (head: 2 x head_dim, OLMo 2's whole projection: q + kv widths),
+    #: and the fused projections' names (Phi-3's qkv_proj, Phi-3 / GLM-4's gate_up_proj)
+    layer_norms: int = 2
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm_params: int = 0
+    fused_qkv_name: str = ""
+    fused_ffn_name: str = ""
 
     @property
     def head_dim(self) -> int:
@@ -67,9 +76,10 @@ class ModelShape:
         """``(sublayer suffix, in_features, out_features)`` of the Linear layers of one decoder layer,
         named as PaddleNLP names them (``self_attn.q_proj`` ... or the fused ``qkv_proj`` / ``gate_up_fused_proj``)."""
         h, q, k, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
-        attn = [("self_attn.qkv_proj", h, q + 2 * k)] if fuse_qkv else \
-            [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, k), ("self_attn.v_proj", h, k)]
-        mlp = [("mlp.gate_up_fused_proj", h, 2 * i)] if fuse_ffn else [("mlp.gate_proj", h, i), ("mlp.up_proj", h, i)]
+        attn = [(self.fused_qkv_name or "self_attn.qkv_proj", h, q + 2 * k)] if fuse_qkv or self.fused_qkv_name \
+            else [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, k), ("self_attn.v_proj", h, k)]
+        mlp = [(self.fused_ffn_name or "mlp.gate_up_fused_proj", h, 2 * i)] if fuse_ffn or self.fused_ffn_name \
+            else [("mlp.gate_proj", h, i), ("mlp.up_proj", h, i)]
         return attn + [("self_attn.o_proj", q, h)] + mlp + [("mlp.down_proj", i, h)]
 
     def layer_name(self, index: int, suffix: str) -> str:
@@ -81,10 +91,18 @@ class ModelShape:
         return sum(a * b for _, a, b in self.layer_linears())
 
     @property
+    def layer_norm_params(self) -> int:
+        """Per layer, the weights of the norms over hidden_size (two RMSNorms; four in a sandwich layout)."""
+        return self.layer_norms * self.hidden_size
+
+    @property
     def layer_other_params(self) -> int:
-        """Per layer, besides the linear weights: the two RMSNorm weights, Qwen2's q/k/v biases, Qwen3's q/k norms."""
-        return (2 * self.hidden_size + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
-                + (2 * self.head_dim if self.qk_norm else 0))
+        """Per layer, besides the linear weights: the norm weights, the biases (Qwen2's q/k/v; a decoder row's o and
+        MLP ones), the q/k norms (Qwen3's per head; a decoder row's as it states them)."""
+        h, i = self.hidden_size, self.intermediate_size
+        qk = self.qk_norm_params or (2 * self.head_dim if self.qk_norm else 0)
+        return (self.layer_norm_params + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
+                + (h if self.o_bias else 0) + ((2 * i + h) if self.mlp_bias else 0) + qk)
 
     @property
     def embedding_params(self) -> int:
@@ -125,8 +143,37 @@ def builtin_key(name: str) -> Optional[str]:
     return key if key in BUILTIN_SHAPES else None
 
 
+def decoder_shape(cfg: dict, where: str) -> Optional[ModelShape]:
+    """The ModelShape of a dense row of our decoder (its knobs, ``models/decoder/rows.py``), None for another family.
+
+    >>> s = decoder_shape({"model_type": "phi3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    ...                    "num_attention_heads": 4, "vocab_size": 128}, "c.json")
+    >>> s.layer_linears()[0], s.layer_linears()[2]
+    (('self_attn.qkv_proj', 64, 192), ('mlp.gate_up_proj', 64, 192))
+    """
+    family = row(str(cfg.get("model_type") or ""))
+    if family is None or not family.decoder or family.arch is None or family.arch.mlp != "dense":
+        return None
+    from ..models.decoder.rows import ArchError, resolve
+
+    try:
+        k = resolve(family.arch, cfg)
+    except (ArchError, KeyError, TypeError, ValueError) as e:
+        raise PlanError(f"{where}: {e}") from None
+    a = family.arch
+    qk = {"head": 2 * k.head_dim, "proj": (k.heads + k.kv_heads) * k.head_dim}.get(a.qk_norm or "", 0)
+    return ModelShape(k.hidden, k.intermediate, k.layers, k.heads, k.kv_heads, k.vocab, k.tie, family.model_type,
+                      k.qkv_bias, source=where, explicit_head_dim=k.head_dim,
+                      layer_norms=sum(n is not None for n in a.layer_norms), o_bias=k.o_bias, mlp_bias=k.mlp_bias,
+                      qk_norm_params=qk, fused_qkv_name="self_attn.qkv_proj" if a.fused_qkv else "",
+                      fused_ffn_name="mlp.gate_up_proj" if a.fused_gate_up else "")
+
+
 def shape_from_config(cfg: dict, where: str) -> ModelShape:
     """A ModelShape from the dict of a HF-style / PaddleNLP config.json; PlanError names a missing or bad key."""
+    decoder = decoder_shape(cfg, where)
+    if decoder is not None:
+        return decoder
     layout = planner_layout_problem(str(cfg.get("model_type") or "llama"))  # the family table's layouts
     if layout:
         raise PlanError(f"{where}: {layout}")

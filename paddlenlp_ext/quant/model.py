@@ -92,10 +92,11 @@ def select_targets(
     ``ValueError`` -- skipping it silently would leave the layers people most
     want quantized in fp32.
     """
+    from ..parallel.layers import ParallelLinear
     from ..parallel.shard import is_supported, shard_spec
 
     pats = _compile(default_target_modules(model) if target_modules is None else target_modules)
-    tp_types = _tensor_parallel_types()
+    tp_types = _tensor_parallel_types() + (ParallelLinear,)  # ours: the decoder's tensor-parallel linears
     targets: Dict[str, nn.Layer] = {}
     skipped: List[str] = []
     for name, layer in model.named_sublayers():
@@ -103,7 +104,9 @@ def select_targets(
             continue
         if isinstance(layer, tp_types):
             # QuantizedParallelLinear communicates as a plain Column/RowParallelLinear, not sequence parallel
-            if not is_supported(layer) or "SequenceParallel" in type(layer).__name__:
+            sequence_parallel = "SequenceParallel" in type(layer).__name__ or \
+                bool(getattr(getattr(layer, "tp_spec", None), "sequence_parallel", False))
+            if not is_supported(layer) or sequence_parallel:
                 raise ValueError(
                     f"layer '{name}' is a tensor-parallel {type(layer).__name__}: tensor-parallel QLoRA "
                     "(weight_quantize_algo with tensor_parallel_degree > 1) is not supported yet for it "

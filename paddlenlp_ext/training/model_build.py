@@ -68,6 +68,9 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
     family = row(getattr(config, "model_type", None))
+    if family is not None and family.decoder and args.tensor_parallel_degree > 1:
+        # our decoder reads sequence_parallel from its config (parallel/layers.py): the run's key, not a default
+        config.sequence_parallel = bool(getattr(args, "sequence_parallel", False))
     from .moe_aux import configure as configure_moe, moe_row
 
     if moe_row(getattr(config, "model_type", None)):  # router_aux_loss_coef -> output_router_logits (docs/moe.md)
@@ -88,14 +91,24 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         if refused:
             raise ConfigError([f"{where}: model_type {config.model_type} does not support {p}" for p in refused])
     fused = any(getattr(m, k) for k in ("fuse_attention_qkv", "fuse_attention_ffn"))
-    if m.continue_training and (args.pipeline_parallel_degree > 1 or args.tensor_parallel_degree > 1 or fused):
+    on_decoder = family is not None and family.decoder  # our decoder: the streaming loader cuts TP shards itself
+    tp_paddlenlp = args.tensor_parallel_degree > 1 and not on_decoder
+    if m.continue_training and (((args.pipeline_parallel_degree > 1 or tp_paddlenlp) and not on_decoder) or fused):
         refuse_hf_layout(m.model_name_or_path, where)  # PaddleNLP's own loaders below read only its layout
-    if args.pipeline_parallel_degree > 1:  # this rank's stage of PaddleNLP's *ForCausalLMPipe
+    if args.pipeline_parallel_degree > 1:  # this rank's stage of the pipeline model
         return load_pipeline_stage(m, config, dtype, args, where), None
-    # PaddleNLP's own loader stays for what streaming does not take: tensor-parallel shards and
-    # fusing q/k/v or gate/up of an unfused checkpoint at load time.
-    if m.continue_training and (args.tensor_parallel_degree > 1 or fused):
+    # PaddleNLP's own loader stays for what streaming does not take: PaddleNLP models' tensor-parallel shards
+    # and fusing q/k/v or gate/up of an unfused checkpoint at load time.
+    if m.continue_training and (tp_paddlenlp or fused):
         model = AutoModelForCausalLM.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)
+    elif m.continue_training and args.tensor_parallel_degree > 1:  # our decoder: each rank streams its shards
+        from ..models.loading import load_model_streaming
+
+        try:
+            model, _ = load_model_streaming(m.model_name_or_path, config, dtype, logger=logger,
+                                            max_seq_len=config.seq_length)
+        except (CheckpointError, ValueError) as e:
+            raise ConfigError([f"{where}: {e}"], before_load=False) from e
     elif m.continue_training:
         from ..models.loading import load_model_streaming
 
@@ -145,6 +158,12 @@ def refuse_hf_layout(model_dir: str, where: str) -> None:
 PIPELINE_CLASSES = {k: f.pipeline_class for k, f in FAMILIES.items() if f.supports("pp") and f.pipeline_class}
 
 
+def decoder_pipeline_row(model_type: Optional[str]) -> bool:
+    """A row our decoder builds as pipeline stages (``models/decoder/pipe.py``)."""
+    f = row(model_type)
+    return f is not None and f.decoder and f.supports("pp")
+
+
 def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int, vpp: int) -> Optional[str]:
     """Why a model cannot be cut into ``pp`` x ``vpp`` pipeline chunks, or None.
 
@@ -153,9 +172,9 @@ def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int,
     >>> pipeline_layout_problem("llama", 30, 4, 2)
     'num_hidden_layers=30 is not a multiple of pipeline_parallel_degree x virtual_pp_degree = 8 (Paddle cuts the interleaved chunks by whole decoder layers)'
     """
-    if model_type not in PIPELINE_CLASSES:
-        return (f"model_type {model_type!r} has no pipeline model here; pipeline_parallel_degree > 1 supports "
-                f"{sorted(PIPELINE_CLASSES)}")
+    if model_type not in PIPELINE_CLASSES and not decoder_pipeline_row(model_type):
+        known = sorted(set(PIPELINE_CLASSES) | {k for k in FAMILIES if decoder_pipeline_row(k)})
+        return f"model_type {model_type!r} has no pipeline model here; pipeline_parallel_degree > 1 supports {known}"
     if num_layers < pp * vpp:
         return f"num_hidden_layers={num_layers} is fewer than pipeline_parallel_degree x virtual_pp_degree = {pp * vpp}"
     if vpp > 1 and num_layers % (pp * vpp):
@@ -173,6 +192,20 @@ def load_pipeline_stage(m, config, dtype: str, args, where: str):
                                       args.pipeline_parallel_degree, vpp)
     if problem:
         raise ConfigError([f"{where}: {problem}"], before_load=False)
+    if decoder_pipeline_row(config.model_type):  # our decoder's stages: streamed, either checkpoint layout
+        from ..models.checkpoint import CheckpointError
+        from ..models.decoder.pipe import pipe_class_for
+        from ..models.loading import decoder_class_for, load_model_streaming
+
+        cls = pipe_class_for(config.model_type)
+        config = decoder_class_for(config)[1]  # as the row's config class
+        if not m.continue_training:
+            return cls.from_config(config, dtype=dtype)
+        try:
+            return load_model_streaming(m.model_name_or_path, config, dtype, max_seq_len=config.seq_length,
+                                        model_class=cls)[0]
+        except (CheckpointError, ValueError) as e:
+            raise ConfigError([f"{where}: {e}"], before_load=False) from e
     cls = getattr(transformers, PIPELINE_CLASSES[config.model_type])
     if m.continue_training:
         return cls.from_pretrained(m.model_name_or_path, config=config, dtype=dtype)

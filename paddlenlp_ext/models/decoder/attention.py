@@ -54,6 +54,7 @@ class MaskPlan:
         self._allowed = None  # bool [B | 1, 1, Lq, Lk]
         self._additive: Dict[Optional[int], paddle.Tensor] = {}
         self._mask_in = attention_mask
+        self.sp_pad = 0  # sequence parallel: zero token rows appended so the tokens divide over the ranks
 
     def allowed(self) -> paddle.Tensor:
         """Bool [B | 1, 1, Lq, Lk], True where query i may attend key j (before windows)."""

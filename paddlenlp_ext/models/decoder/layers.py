@@ -21,27 +21,56 @@ __all__ = ["Norm", "Rotary", "DenseMLP", "Attention", "build_mlp", "register_mlp
 
 class Norm(nn.Layer):
     """RMSNorm (``w * x / rms(x)``; Gemma's form ``x / rms(x) * (1 + w)``, weights initialised to 0)
-    or LayerNorm (with bias) over the last axis, computed in float32."""
+    or LayerNorm (with bias) over the last axis, computed in float32.
 
-    def __init__(self, dim: int, eps: float, kind: str = "rms", plus_one: bool = False):
+    Under tensor parallelism (``tp``): ``split`` -- the input is this rank's columns of a column-parallel
+    projection and the norm runs over the whole projection (OLMo 2's q/k norm): the weight is this rank's part and
+    the sum of squares is all-reduced (forward and backward) before the rms; otherwise the weight is replicated
+    but its input differs per rank (this rank's heads, or its tokens under sequence parallelism), so its partial
+    gradient is summed over the ranks through ``identity``."""
+
+    def __init__(self, dim: int, eps: float, kind: str = "rms", plus_one: bool = False, tp=None, split: bool = False):
         super().__init__()
         self.kind, self.plus_one, self.eps, self.dim = kind, plus_one, eps, dim
+        self.tp, self.full_dim = tp, dim
+        if split:
+            if kind != "rms":
+                raise ValueError("a LayerNorm over a tensor-parallel projection is not implemented")
+            from ...parallel.layers import mark_split
+            from ...parallel.shard import COLUMN, ShardSpec
+
+            spec = ShardSpec(COLUMN, tp.rank, tp.degree, 1, dim)
+            dim = self.dim = dim // tp.degree
         init = nn.initializer.Constant(0.0 if plus_one else 1.0)
         self.weight = self.create_parameter([dim], default_initializer=init)
         self.bias = self.create_parameter([dim], is_bias=True) if kind == "layer" else None
+        self.split = split
+        if split:
+            mark_split(self.weight, spec, 0, [self.full_dim])
+
+    def _shared(self, p):
+        if self.tp is None or self.split or p is None or p.stop_gradient:
+            return p
+        return self.tp.comm.identity(p)  # replicated, fed this rank's heads / tokens: sum its partial gradients
 
     def forward(self, x):
+        weight, bias = self._shared(self.weight), self._shared(self.bias)
         if self.kind == "layer":
-            return F.layer_norm(x, [self.dim], weight=self.weight, bias=self.bias, epsilon=self.eps)
+            return F.layer_norm(x, [self.dim], weight=weight, bias=bias, epsilon=self.eps)
         x32 = x.astype("float32")
-        y = x32 * paddle.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., dim]
+        if self.split:  # the mean over the whole projection: every rank's sum of squares
+            comm = self.tp.comm
+            ms = comm.all_reduce(comm.identity(x32.pow(2).sum(-1, keepdim=True))) / float(self.full_dim)
+        else:
+            ms = x32.pow(2).mean(-1, keepdim=True)
+        y = x32 * paddle.rsqrt(ms + self.eps)  # [..., dim]
         if self.plus_one:  # Gemma: (1 + w) in float32, then cast
-            return (y * (1.0 + self.weight.astype("float32"))).astype(x.dtype)
-        return self.weight * y.astype(x.dtype)
+            return (y * (1.0 + weight.astype("float32"))).astype(x.dtype)
+        return weight * y.astype(x.dtype)
 
 
-def norm_of(k: Knobs, dim: int) -> Norm:
-    return Norm(dim, k.eps, k.arch.norm, k.arch.norm_plus_one)
+def norm_of(k: Knobs, dim: int, tp=None, split: bool = False) -> Norm:
+    return Norm(dim, k.eps, k.arch.norm, k.arch.norm_plus_one, tp, split)
 
 
 class Rotary:
@@ -101,21 +130,24 @@ def _linear(n_in: int, n_out: int, bias: bool) -> nn.Linear:
 
 class DenseMLP(nn.Layer):
     """``down(act(gate(x)) * up(x))``: SwiGLU (silu) or GeGLU (gelu); gate/up fused in ``gate_up_proj``
-    ([gate | up] columns) for Phi-3 and GLM-4."""
+    ([gate | up] columns) for Phi-3 and GLM-4.  Tensor parallel (``tp``): gate/up column-parallel (the fused one
+    per segment: a rank holds [gate_i | up_i]), down row-parallel."""
 
-    def __init__(self, k: Knobs, layer_idx: int):
+    def __init__(self, k: Knobs, layer_idx: int, tp=None):
         super().__init__()
         self.fused, self.act = k.arch.fused_gate_up, _ACT[k.act]
+        column = _linear if tp is None else tp.column
         if self.fused:
-            self.gate_up_proj = _linear(k.hidden, 2 * k.intermediate, k.mlp_bias)
+            seg = {} if tp is None else {"segments": (k.intermediate, k.intermediate)}
+            self.gate_up_proj = column(k.hidden, 2 * k.intermediate, k.mlp_bias, **seg)
         else:
-            self.gate_proj = _linear(k.hidden, k.intermediate, k.mlp_bias)
-            self.up_proj = _linear(k.hidden, k.intermediate, k.mlp_bias)
-        self.down_proj = _linear(k.intermediate, k.hidden, k.mlp_bias)
+            self.gate_proj = column(k.hidden, k.intermediate, k.mlp_bias)
+            self.up_proj = column(k.hidden, k.intermediate, k.mlp_bias)
+        self.down_proj = (_linear if tp is None else tp.row)(k.intermediate, k.hidden, k.mlp_bias)
 
     def forward(self, x):  # x [B, L, hidden]
         if self.fused:
-            gate, up = paddle.chunk(self.gate_up_proj(x), 2, axis=-1)  # [B, L, inter] each
+            gate, up = paddle.chunk(self.gate_up_proj(x), 2, axis=-1)  # [B, L, inter (/ N)] each
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.act(gate) * up)
@@ -130,59 +162,80 @@ def register_mlp(kind: str, builder: Callable[[Knobs, int], nn.Layer]) -> None:
     MLP_BUILDERS[kind] = builder
 
 
-def _moe_or_dense(k: Knobs, layer_idx: int) -> nn.Layer:
+def _moe_or_dense(k: Knobs, layer_idx: int, tp=None) -> nn.Layer:
     """Arch.mlp == "moe": the MoE block (its forward returns ``(hidden, router_logits)``) on the layers the
     config makes sparse (``decoder_sparse_step``, ``mlp_only_layers``, ernie's start/end/interval), else the
     dense MLP of ``intermediate_size`` (as transformers' ``*DecoderLayer`` chooses)."""
     from .moe import MoEBlock
     from .moe_spec import is_moe_layer
 
+    if tp is not None:  # also refused at config time by the family table (the MoE rows' "tp" refusal)
+        raise NotImplementedError("the decoder's MoE block has no tensor-parallel experts; set "
+                                  "tensor_parallel_degree=1")
     return MoEBlock.from_config(k.cfg) if is_moe_layer(k.cfg, layer_idx) else DenseMLP(k, layer_idx)
 
 
 MLP_BUILDERS["moe"] = _moe_or_dense
 
 
-def build_mlp(k: Knobs, layer_idx: int) -> nn.Layer:
+def build_mlp(k: Knobs, layer_idx: int, tp=None) -> nn.Layer:
     if k.arch.mlp not in MLP_BUILDERS:
         raise ValueError(f"no MLP builder for kind {k.arch.mlp!r} (known: {sorted(MLP_BUILDERS)})")
-    return MLP_BUILDERS[k.arch.mlp](k, layer_idx)
+    if tp is None:
+        return MLP_BUILDERS[k.arch.mlp](k, layer_idx)
+    return MLP_BUILDERS[k.arch.mlp](k, layer_idx, tp)
 
 
 class Attention(nn.Layer):
-    """Self-attention with the row's projections, biases, q/k norms, RoPE, window and soft-cap."""
+    """Self-attention with the row's projections, biases, q/k norms, RoPE, window and soft-cap.
 
-    def __init__(self, k: Knobs, layer_idx: int):
+    Tensor parallel (``tp``, N ranks): each rank computes heads/N query heads and kv_heads/N key/value heads
+    (q/k/v column-parallel, the fused qkv_proj per segment: [q_i | k_i | v_i]; o row-parallel); query head h
+    still reads kv head h // (heads / kv_heads) because both are cut into the same N contiguous groups."""
+
+    def __init__(self, k: Knobs, layer_idx: int, tp=None):
         super().__init__()
-        self.k, self.idx = k, layer_idx
+        self.k, self.idx, self.tp = k, layer_idx, tp
+        n = 1 if tp is None else tp.degree
+        if k.heads % n or k.kv_heads % n:
+            raise ValueError(f"num_attention_heads={k.heads} and num_key_value_heads={k.kv_heads} must both be "
+                             f"multiples of tensor_parallel_degree={n}")
+        self.heads, self.kv_heads = k.heads // n, k.kv_heads // n  # this rank's
         q_out, kv_out = k.heads * k.head_dim, k.kv_heads * k.head_dim
+        column = _linear if tp is None else tp.column
         if k.arch.fused_qkv:
-            self.qkv_proj = _linear(k.hidden, q_out + 2 * kv_out, k.qkv_bias)
+            seg = {} if tp is None else {"segments": (q_out, kv_out, kv_out)}
+            self.qkv_proj = column(k.hidden, q_out + 2 * kv_out, k.qkv_bias, **seg)
         else:
-            self.q_proj = _linear(k.hidden, q_out, k.qkv_bias)
-            self.k_proj = _linear(k.hidden, kv_out, k.qkv_bias)
-            self.v_proj = _linear(k.hidden, kv_out, k.qkv_bias)
-        self.o_proj = _linear(q_out, k.hidden, k.o_bias)
+            self.q_proj = column(k.hidden, q_out, k.qkv_bias)
+            self.k_proj = column(k.hidden, kv_out, k.qkv_bias)
+            self.v_proj = column(k.hidden, kv_out, k.qkv_bias)
+        self.o_proj = (_linear if tp is None else tp.row)(q_out, k.hidden, k.o_bias)
         if k.arch.qk_norm == "head":
-            self.q_norm, self.k_norm = norm_of(k, k.head_dim), norm_of(k, k.head_dim)
+            self.q_norm, self.k_norm = norm_of(k, k.head_dim, tp), norm_of(k, k.head_dim, tp)
         elif k.arch.qk_norm == "proj":
-            self.q_norm, self.k_norm = norm_of(k, q_out), norm_of(k, kv_out)
+            self.q_norm, self.k_norm = norm_of(k, q_out, tp, split=tp is not None), \
+                norm_of(k, kv_out, tp, split=tp is not None)
         self.window = k.windows[layer_idx]
 
     def forward(self, x, rope, plan: MaskPlan, past=None, use_cache: bool = False):
-        """x [B, L, hidden]; rope (cos, sin) or None (NoPE layer); past (k, v) [B, Lp, Hkv, D] each."""
+        """x [B, L, hidden] (sequence parallel: this rank's [B * L / N, hidden] tokens); rope (cos, sin) or None
+        (NoPE layer); past (k, v) [B, Lp, Hkv, D] each."""
         k = self.k
-        b, s, _ = x.shape
+        b, s = plan.batch, plan.q_len
         if k.arch.fused_qkv:
-            q_out, kv_out = k.heads * k.head_dim, k.kv_heads * k.head_dim
+            q_out, kv_out = self.heads * k.head_dim, self.kv_heads * k.head_dim
             q, key, val = paddle.split(self.qkv_proj(x), [q_out, kv_out, kv_out], axis=-1)
         else:
             q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        pad = getattr(plan, "sp_pad", 0)
+        if pad:  # sequence parallel: the projections gathered the zero rows that pad the tokens; drop them
+            q, key, val = q[:b * s], key[:b * s], val[:b * s]
         if k.arch.qk_norm == "proj":  # OLMo 2: over the whole projection, before the head split
             q, key = self.q_norm(q), self.k_norm(key)
-        q = q.reshape([b, s, k.heads, k.head_dim])  # [B, L, H, D]
-        key = key.reshape([b, s, k.kv_heads, k.head_dim])  # [B, L, Hkv, D]
-        val = val.reshape([b, s, k.kv_heads, k.head_dim])  # [B, L, Hkv, D]
+        q = q.reshape([b, s, self.heads, k.head_dim])  # [B, L, H, D]
+        key = key.reshape([b, s, self.kv_heads, k.head_dim])  # [B, L, Hkv, D]
+        val = val.reshape([b, s, self.kv_heads, k.head_dim])  # [B, L, Hkv, D]
         if k.arch.qk_norm == "head":
             q, key = self.q_norm(q), self.k_norm(key)
         if rope is not None:
@@ -193,6 +246,10 @@ class Attention(nn.Layer):
             key = paddle.concat([past[0], key], axis=1)  # [B, Lp + L, Hkv, D]
             val = paddle.concat([past[1], val], axis=1)
         out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap)  # [B, L, H * D]
+        if self.tp is not None and self.tp.sequence_parallel:
+            out = out.reshape([b * s, -1])  # the row-parallel o_proj reduce-scatters the tokens (axis 0)
+            if pad:
+                out = paddle.concat([out, paddle.zeros([pad, out.shape[-1]], dtype=out.dtype)], axis=0)
         return self.o_proj(out), ((key, val) if use_cache else None)
 
 

@@ -30,6 +30,7 @@ from paddlenlp.transformers.model_utils import PretrainedModel
 from ...integrations.recompute import recompute_layer
 from .attention import MaskPlan
 from .configuration import DecoderConfig, config_class_for
+from ...parallel.layers import VocabParallelEmbedding, tp_context
 from .layers import Attention, build_mlp, norm_of, rotaries
 from .rows import Knobs, class_prefix  # noqa: F401  (re-exported: integrations/decoder, configuration)
 
@@ -46,15 +47,17 @@ class DecoderLMOutput(CausalLMOutputWithPast):
 
 
 class DecoderLayer(nn.Layer):
-    def __init__(self, k: Knobs, idx: int):
+    def __init__(self, k: Knobs, idx: int, tp=None):
         super().__init__()
         self.slots = list(k.arch.layer_norms)  # transformers' names of the 4 norm slots (None: no norm there)
+        # the layer norms see every token on every rank (replicated, complete gradients) unless sequence parallel
+        norm_tp = tp if tp is not None and tp.sequence_parallel else None
         for name in self.slots:
             if name is not None:
-                setattr(self, name, norm_of(k, k.hidden))
-        self.self_attn = Attention(k, idx)
+                setattr(self, name, norm_of(k, k.hidden, norm_tp))
+        self.self_attn = Attention(k, idx, tp)
         self.mlp_name = k.arch.mlp_name  # transformers' name of the MLP sublayer (mlp; mixtral: block_sparse_moe)
-        setattr(self, self.mlp_name, build_mlp(k, idx))
+        setattr(self, self.mlp_name, build_mlp(k, idx, tp))
 
     @property
     def feed_forward(self) -> nn.Layer:
@@ -84,9 +87,26 @@ class DecoderPretrainedModel(PretrainedModel):
     def _get_name_mappings(cls, config):
         return []  # checkpoints in transformers' layout are converted by models/hf_layout.py while streaming
 
+    @classmethod
+    def _get_tensor_parallel_mappings(cls, config, is_split=True):
+        """How PaddleNLP's ``save_pretrained(merge_tensor_parallel=True)`` joins each split tensor (and
+        ``is_split``: cuts it), as the decoder's tensor-parallel layers hold it (``tp_mappings.py``)."""
+        from .configuration import arch_of
+        from .tp_mappings import tensor_parallel_actions
+
+        return tensor_parallel_actions(arch_of(config.model_type), config.to_dict(),
+                                       int(config.tensor_parallel_degree), int(config.tensor_parallel_rank or 0),
+                                       is_split=is_split)
+
     def _init_weights(self, layer):
         std = float(getattr(self.config, "initializer_range", 0.02) or 0.02)
-        if isinstance(layer, (nn.Linear, nn.Embedding)):
+        full_shape = getattr(getattr(layer, "weight", None), "tp_full_shape", None)
+        if full_shape is not None and len(full_shape) == 2 and layer.weight._is_initialized():
+            # a tensor-parallel shard: this rank's part of the single-device draw (the same on every rank)
+            layer.weight.set_value(layer.weight.tp_take(paddle.normal(0.0, std, full_shape)).astype(layer.weight.dtype))
+            if getattr(layer, "bias", None) is not None and layer.bias._is_initialized():
+                layer.bias.set_value(paddle.zeros_like(layer.bias))
+        elif isinstance(layer, (nn.Linear, nn.Embedding)):
             if layer.weight._is_initialized():
                 layer.weight.set_value(paddle.normal(0.0, std, layer.weight.shape).astype(layer.weight.dtype))
             if isinstance(layer, nn.Linear) and layer.bias is not None and layer.bias._is_initialized():
@@ -99,9 +119,13 @@ class DecoderModel(DecoderPretrainedModel):
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
         k = self.knobs = config.knobs()
-        self.embed_tokens = nn.Embedding(k.vocab, k.hidden)
-        self.layers = nn.LayerList([DecoderLayer(k, i) for i in range(k.layers)])
-        self.norm = norm_of(k, k.hidden)
+        tp = self.tp = tp_context(config)  # None unless tensor_parallel_degree > 1
+        if tp is not None and k.vocab % tp.degree:
+            raise ValueError(f"vocab_size={k.vocab} is not a multiple of tensor_parallel_degree={tp.degree}")
+        self.embed_tokens = nn.Embedding(k.vocab, k.hidden) if tp is None else \
+            VocabParallelEmbedding(k.vocab, k.hidden, tp.group)
+        self.layers = nn.LayerList([DecoderLayer(k, i, tp) for i in range(k.layers)])
+        self.norm = norm_of(k, k.hidden, tp if tp is not None and tp.sequence_parallel else None)
         self._rotaries, self._rope_index = rotaries(k)
 
     def get_input_embeddings(self):
@@ -124,6 +148,13 @@ class DecoderModel(DecoderPretrainedModel):
         if position_ids is None:
             position_ids = paddle.arange(past_len, past_len + s, dtype="int64").unsqueeze(0).expand([b, s])
         plan = MaskPlan(b, s, past_len, attention_mask, attn_mask_startend_row_indices, position_ids)
+        sp = self.tp is not None and self.tp.sequence_parallel
+        if sp:  # sequence parallel: each rank carries [(B * L + pad) / N, hidden] of the tokens between the linears
+            plan.sp_pad = (-b * s) % self.tp.degree  # zero rows that make the tokens divide; dropped at the end
+            x = x.reshape([b * s, -1])
+            if plan.sp_pad:
+                x = paddle.concat([x, paddle.zeros([plan.sp_pad, x.shape[-1]], dtype=x.dtype)], axis=0)
+            x = self.tp.comm.seq_scatter(x)
         tables = [r.tables(position_ids, x.dtype) for r in self._rotaries]
         caches = [] if use_cache else None
         hidden_states = [] if output_hidden_states else None
@@ -148,6 +179,8 @@ class DecoderModel(DecoderPretrainedModel):
             if router_logits is not None and logits is not None:
                 router_logits.append(logits)
         x = self.norm(x)
+        if sp:  # every token again; the gather's backward sums the ranks' parts of the head's input gradient
+            x = self.tp.comm.seq_all_gather(x)[:b * s].reshape([b, s, -1])
         if hidden_states is not None:
             hidden_states.append(x)
         return MoEModelOutputWithPast(last_hidden_state=x, past_key_values=tuple(caches) if use_cache else None,
@@ -156,21 +189,36 @@ class DecoderModel(DecoderPretrainedModel):
 
 
 class DecoderLMHead(nn.Layer):
-    """``x @ W`` ([hidden, vocab]), or ``x @ E^T`` tied to the embeddings, then the final soft-cap (Gemma 2)."""
+    """``x @ W`` ([hidden, vocab]), or ``x @ E^T`` tied to the embeddings, then the final soft-cap (Gemma 2).
 
-    def __init__(self, k: Knobs, embedding_weight=None):
+    Tensor parallel: vocab-parallel like the embeddings (``W_i [hidden, vocab / N]``, tied: this rank's rows of
+    the table), ``identity(x) @ W_i`` all-gathered to the full logits (under sequence parallelism the body's
+    final gather already sums the input gradient, so no identity)."""
+
+    def __init__(self, k: Knobs, embedding_weight=None, tp=None):
         super().__init__()
+        self.tp = tp
         self.transpose_y = embedding_weight is not None
         if embedding_weight is not None:
-            self.weight = embedding_weight  # [vocab, hidden], the same parameter
-        else:
+            self.weight = embedding_weight  # [vocab (/ N), hidden], the same parameter
+        elif tp is None:
             self.weight = self.create_parameter([k.hidden, k.vocab])
+        else:
+            from ...parallel.layers import mark_split
+            from ...parallel.shard import COLUMN, ShardSpec
+
+            self.weight = self.create_parameter([k.hidden, k.vocab // tp.degree])
+            mark_split(self.weight, ShardSpec(COLUMN, tp.rank, tp.degree, k.hidden, k.vocab), 1, [k.hidden, k.vocab])
         self.softcap = k.final_softcap
         # ERNIE-4.5-MoE's lm_head.bias [vocab] (its own parameter even when the weight is tied)
         self.bias = self.create_parameter([k.vocab], is_bias=True) if k.lm_head_bias else None
 
     def forward(self, x):
-        logits = paddle.matmul(x, self.weight, transpose_y=self.transpose_y)  # [B, L, vocab]
+        if self.tp is not None and not self.tp.sequence_parallel:
+            x = self.tp.comm.identity(x)
+        logits = paddle.matmul(x, self.weight, transpose_y=self.transpose_y)  # [B, L, vocab (/ N)]
+        if self.tp is not None:
+            logits = self.tp.comm.all_gather(logits)  # [B, L, vocab]
         if self.bias is not None:
             logits = logits + self.bias
         if self.softcap is not None:
@@ -189,7 +237,7 @@ class DecoderForCausalLM(DecoderPretrainedModel):
         body = self.body_class(config)
         setattr(self, self.base_model_prefix, body)
         k = body.knobs
-        self.lm_head = DecoderLMHead(k, body.embed_tokens.weight if k.tie else None)
+        self.lm_head = DecoderLMHead(k, body.embed_tokens.weight if k.tie else None, body.tp)
         # the last training forward's aux loss, whether it is already in the returned loss, and each MoE layer's
         # expert counts over real tokens: read (and cleared) by the trainer (training/moe_aux.py).  A plain dict:
         # a Tensor attribute would become a Paddle buffer

@@ -242,6 +242,27 @@ def config_problems(arch: Arch, cfg: Mapping[str, Any]) -> list:
     return []
 
 
+def tensor_parallel_problems(k: Knobs, degree: int) -> list:
+    """What keeps a model with knobs ``k`` from being cut over ``degree`` tensor-parallel ranks ([] when nothing):
+    heads and key/value heads are split into ``degree`` groups, the MLP's intermediate size and the vocabulary
+    (embeddings, lm_head) into ``degree`` parts.
+
+    >>> k = resolve(Arch(), {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+    ...     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 10})
+    >>> [p[:45] for p in tensor_parallel_problems(k, 2)]
+    ['num_key_value_heads=1 is not a multiple of te']
+    """
+    out = []
+    for key, value in (("num_attention_heads", k.heads), ("num_key_value_heads", k.kv_heads),
+                       ("intermediate_size", k.intermediate), ("vocab_size", k.vocab)):
+        if value % degree:
+            out.append(f"{key}={value} is not a multiple of tensor_parallel_degree={degree} (each rank takes "
+                       f"1/{degree} of them); choose a tensor_parallel_degree that divides it")
+    if k.arch.mlp != "dense":
+        out.append("the mixture-of-experts block has no tensor-parallel experts; set tensor_parallel_degree=1")
+    return out
+
+
 def class_prefix(model_type: str) -> str:
     """The transformers class-name prefix of a model_type (its architectures[0] minus ``ForCausalLM``).
 
