@@ -16,7 +16,7 @@ from .attention import MaskPlan, attend
 from .rope import inv_freq
 from .rows import Knobs
 
-__all__ = ["Norm", "Rotary", "DenseMLP", "Attention", "build_mlp", "register_mlp", "MLP_BUILDERS"]
+__all__ = ["Norm", "Rotary", "DenseMLP", "Attention", "build_mlp", "register_mlp", "MLP_BUILDERS", "build_attention"]
 
 
 class Norm(nn.Layer):
@@ -194,6 +194,18 @@ class Attention(nn.Layer):
             val = paddle.concat([past[1], val], axis=1)
         out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap)  # [B, L, H * D]
         return self.o_proj(out), ((key, val) if use_cache else None)
+
+
+def build_attention(k: Knobs, layer_idx: int) -> nn.Layer:
+    """The attention block of a layer: :class:`Attention`, or DeepSeek's latent attention (``Arch.attn == "mla"``,
+    ``decoder/mla.py``); both map (x, rope, plan, past, use_cache) to (out, cache)."""
+    if k.arch.attn == "mla":
+        from .mla import LatentAttention
+
+        return LatentAttention(k, layer_idx)
+    if k.arch.attn != "default":
+        raise ValueError(f"no attention kind {k.arch.attn!r} (known: default, mla)")
+    return Attention(k, layer_idx)
 
 
 def rotaries(k: Knobs):

@@ -30,7 +30,7 @@ from paddlenlp.transformers.model_utils import PretrainedModel
 
 from .attention import MaskPlan
 from .configuration import DecoderConfig, config_class_for
-from .layers import Attention, build_mlp, norm_of, rotaries
+from .layers import build_attention, build_mlp, norm_of, rotaries
 from .rows import Knobs, class_prefix  # noqa: F401  (re-exported: integrations/decoder, configuration)
 
 __all__ = ["DecoderModel", "DecoderForCausalLM", "DecoderPretrainedModel", "classes_for", "DecoderLMOutput"]
@@ -52,7 +52,7 @@ class DecoderLayer(nn.Layer):
         for name in self.slots:
             if name is not None:
                 setattr(self, name, norm_of(k, k.hidden))
-        self.self_attn = Attention(k, idx)
+        self.self_attn = build_attention(k, idx)
         self.mlp_name = k.arch.mlp_name  # transformers' name of the MLP sublayer (mlp; mixtral: block_sparse_moe)
         setattr(self, self.mlp_name, build_mlp(k, idx))
 
