@@ -81,6 +81,10 @@ KNOBS = {
                         topk_group=2, routed_scaling_factor=2.5, num_key_value_heads=4,
                         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
                                       "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0}),
+    # attention sinks, alternating windows (layer_types: sliding, full, sliding), yarn, 4 experts top-2 (fused)
+    "gpt_oss": dict(num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, head_dim=24, sliding_window=5,
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                  "truncate": False}),
     "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=5,
                     tie_word_embeddings=True, attention_bias=True),
 }

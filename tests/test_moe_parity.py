@@ -7,6 +7,8 @@ rows and LoRA gradients.  Here, on a left-padded batch with ``output_router_logi
 
 * our ``aux_loss`` equals transformers' ``aux_loss`` within 1e-6 (padding excluded on both sides);
 * with labels, our loss = cross entropy + ``router_aux_loss_coef`` * aux, as transformers' loss;
+* deepseek_v2/v3, whose transformers models compute no aux loss: transformers' ``load_balancing_loss_func`` on
+  the logits of transformers' own routers (read by a forward hook), and its cross entropy + coef * that;
 * negative control: without the padding mask the aux loss differs (the mask matters).
 """
 
@@ -22,10 +24,12 @@ from paddlenlp_ext.models.family_table import FAMILIES  # noqa: E402
 from test_decoder_parity import _left_padded, build  # noqa: E402
 
 MOE_ROWS = [k for k, f in FAMILIES.items() if f.arch is not None and f.arch.mlp == "moe"]
+#: rows whose transformers 4.55 model computes no aux loss (no output_router_logits)
+NO_HF_AUX = {"deepseek_v2", "deepseek_v3"}
 
 
 def test_moe_rows_are_listed():
-    assert {"mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe"} <= set(MOE_ROWS)
+    assert {"mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"} <= set(MOE_ROWS)
 
 
 @pytest.fixture(params=MOE_ROWS)
@@ -47,10 +51,27 @@ def test_aux_loss_and_loss_match_transformers_on_a_padded_batch(moe_row, monkeyp
     coef = 0.37
     hf.config.router_aux_loss_coef = hf.router_aux_loss_coef = coef
     ours.config.router_aux_loss_coef = coef
+    hooks, gate_logits = [], []
+    if model_type in NO_HF_AUX:
+        # DeepseekV2/V3ForCausalLM compute no aux loss: the judge is transformers' load_balancing_loss_func
+        # (mixtral's, the one the other types copy) on the logits their own routers compute, read by a hook
+        def keep(gate, inputs, _):
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            gate_logits.append(torch.nn.functional.linear(x.float(), gate.weight.float()))
+
+        hooks = [m.gate.register_forward_hook(keep) for m in hf.modules() if type(m).__name__.endswith("MoE")]
     with torch.no_grad():
         # transformers shifts labels itself; ours take them already shifted (the toolkit's data)
         want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos),
                   labels=torch.tensor(labels), output_router_logits=True)
+    for h in hooks:
+        h.remove()
+    if model_type in NO_HF_AUX:
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        spec = ours.moe_blocks()[0].spec
+        aux = load_balancing_loss_func(tuple(gate_logits), spec.num_experts, spec.top_k, torch.tensor(mask))
+        want.aux_loss, want.router_logits, want.loss = aux, tuple(gate_logits), want.loss + coef * aux
     shifted = np.concatenate([labels[:, 1:], np.full((labels.shape[0], 1), -100)], axis=1)
     got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
                position_ids=paddle.to_tensor(pos), labels=paddle.to_tensor(shifted), output_router_logits=True)

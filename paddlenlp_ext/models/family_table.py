@@ -268,6 +268,11 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     # moe_layer_interval; fp32 router with moe_statics.e_score_correction_bias; an LM head bias with use_bias
     _moe_row("ernie4_5_moe", Arch(mlp="moe", rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
                                   mlp_bias="use_bias", lm_head_bias="use_bias", tie_default=True)),
+    # attention sinks, alternating sliding windows (layer_types), q/k/v/o biases (always: GptOssConfig fixes
+    # attention_bias), the MoE block on every layer: router with bias, fused interleaved gate_up_proj with biases,
+    # clamped SwiGLU. Its experts are 3-D parameters (no Linear): adapters and quantization reach attention only
+    _moe_row("gpt_oss", Arch(mlp="moe", windows="layer_types", attn_sinks=True, qkv_bias=True, o_bias=True),
+             _MOE_TARGETS[:1]),
     Family("jamba", refused=_MOE.format("its MoE routing")),
     # multi-head latent attention (decoder/mla.py) + the MoE block from first_k_dense_replace: V2 softmax routing
     # (greedy / group_limited_greedy), complex (interleaved) RoPE; V3 sigmoid routing with e_score_correction_bias,

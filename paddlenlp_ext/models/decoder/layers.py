@@ -168,6 +168,9 @@ class Attention(nn.Layer):
         elif k.arch.qk_norm == "proj":
             self.q_norm, self.k_norm = norm_of(k, q_out), norm_of(k, kv_out)
         self.window = k.windows[layer_idx]
+        # gpt-oss: one sink logit per head in the softmax (attention.attend)
+        self.sinks = self.create_parameter([k.heads], default_initializer=nn.initializer.Constant(0.0)) \
+            if k.arch.attn_sinks else None
 
     def forward(self, x, rope, plan: MaskPlan, past=None, use_cache: bool = False):
         """x [B, L, hidden]; rope (cos, sin) or None (NoPE layer); past (k, v) [B, Lp, Hkv, D] each."""
@@ -192,7 +195,7 @@ class Attention(nn.Layer):
         if past is not None:
             key = paddle.concat([past[0], key], axis=1)  # [B, Lp + L, Hkv, D]
             val = paddle.concat([past[1], val], axis=1)
-        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap)  # [B, L, H * D]
+        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap, self.sinks)  # [B, L, H * D]
         return self.o_proj(out), ((key, val) if use_cache else None)
 
 

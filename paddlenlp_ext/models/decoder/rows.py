@@ -86,6 +86,8 @@ class Arch:
     tie_default: bool = False
     #: transformers' class defaults of other keys this row reads, when config.json leaves them out
     defaults: Tuple[Tuple[str, Any], ...] = ()
+    #: a learned sink logit per head in every attention softmax (gpt-oss' ``self_attn.sinks``)
+    attn_sinks: bool = False
     #: the attention a layer builds: "default" (q/k/v/o projections) or "mla" (DeepSeek's multi-head latent
     #: attention, ``decoder/mla.py``: q/kv low-rank projections, RoPE on a decoupled slice of the head)
     attn: str = "default"
