@@ -286,3 +286,15 @@ def test_qwen3_moe_targets_attention_and_experts_never_the_router():
              "qwen3_moe.layers.1.mlp.gate", "qwen3_moe.layers.0.self_attn.q_norm", "lm_head"]
     hit = [n for n in names if any(re.fullmatch(p, n) for p in decoder_linear_targets("qwen3_moe"))]
     assert hit == names[:4]
+
+
+def test_lora_on_gpt_oss_fused_experts_is_refused_naming_the_key(tmp_path):
+    """gpt_oss' experts are 3-D parameters (no Linear to wrap): a lora_target_modules pattern reaching them is
+    refused at config time; attention patterns are not."""
+    found = problems(tmp_path, "gpt_oss", "--lora", "true", "--lora_target_modules",
+                     ".*self_attn.q_proj,.*mlp.experts.*")
+    text = "\n".join(map(str, found))
+    assert "lora_target_modules" in text and "'.*mlp.experts.*'" in text and "fused experts" in text, text
+    assert "q_proj'" not in text
+    assert problems(tmp_path, "gpt_oss", "--lora", "true", "--lora_target_modules", ".*self_attn.q_proj") == []
+    assert problems(tmp_path, "gpt_oss", "--lora", "true") == []

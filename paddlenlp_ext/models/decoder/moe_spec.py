@@ -188,6 +188,37 @@ def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) 
     raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
 
 
+#: the types whose routed experts are fused 3-D parameters (no per-expert Linear for an adapter to wrap)
+FUSED_EXPERT_TYPES = ("gpt_oss",)
+
+
+def fused_expert_target_problems(patterns, model_type: Optional[str]) -> list:
+    """The ``lora_target_modules`` patterns that would reach fused expert parameters, which no adapter here wraps
+    (PEFT's ``target_parameters`` form is not implemented): one message per pattern, naming the key.
+
+    >>> fused_expert_target_problems([".*self_attn.q_proj", ".*mlp.experts.*"], "gpt_oss")[0][:58]
+    "lora_target_modules: '.*mlp.experts.*' reaches gpt_oss' fu"
+    >>> fused_expert_target_problems([".*mlp.experts.*"], "mixtral")
+    []
+    """
+    import re
+
+    if model_type not in FUSED_EXPERT_TYPES or not patterns:
+        return []
+    names = [f"{model_type}.layers.0.mlp.experts" + s for s in ("", ".gate_up_proj", ".down_proj")]
+    out = []
+    for p in patterns:
+        try:
+            hit = any(re.fullmatch(str(p), n) for n in names)
+        except re.error:
+            continue  # an invalid pattern is reported where the patterns are checked
+        if hit:
+            out.append(f"lora_target_modules: {p!r} reaches {model_type}' fused experts (mlp.experts.gate_up_proj / "
+                       "down_proj are 3-D parameters, not Linear layers; adapters on them are not implemented "
+                       "here); remove it from lora_target_modules (the default adapts attention q/k/v/o_proj)")
+    return out
+
+
 #: the run keys of MoE training (docs/moe.md); LLaMA-Factory's name is an alias of PaddleFormers'
 AUX_LOSS_KEY, AUX_LOSS_ALIAS = "router_aux_loss_coef", "moe_aux_loss_coef"
 BIAS_RATE_KEY = "moe_router_bias_update_rate"

@@ -268,7 +268,7 @@ def _mla(arch: Arch, cfg: Mapping[str, Any], heads: int, kv_heads: int):
     ...     "qk_rope_head_dim": 4, "v_head_dim": 8, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
     ...     "mscale_all_dim": 1.0}}, 2, 2)
     >>> shape.q_lora_rank, d, kv, round(s, 6), round(0.25 * (0.1 * math.log(4.0) + 1) ** 2, 6)
-    (None, 4, 2, 0.32373, 0.32373)
+    (None, 4, 2, 0.324119, 0.324119)
     """
     def need(key):
         value = _get(cfg, arch, key)
