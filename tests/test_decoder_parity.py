@@ -313,3 +313,38 @@ def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_mode
     for model in (auto, streamed):
         model.eval()
         assert np.abs(model(input_ids=ids).logits.numpy() - want).max() < 1e-6
+
+
+#: the MLA forms the rows' KNOBS leave out: V3 rotating halves (rope_interleave false) without q_lora_rank, greedy
+#: top-k without groups; V2 with q_lora_rank, yarn (no mscale in V2's softmax scale) and v_head_dim > nope + rope
+MLA_VARIANTS = {
+    "v3_halves": ("deepseek_v3", dict(rope_interleave=False, q_lora_rank=None, n_group=1, topk_group=1,
+                                      norm_topk_prob=False, attention_bias=True)),
+    "v2_yarn": ("deepseek_v2", dict(q_lora_rank=24, v_head_dim=32, topk_method="greedy", n_group=None,
+                                    topk_group=None, attention_bias=False, mlp_bias=False,
+                                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 32, "mscale": 1.0,
+                                                  "mscale_all_dim": 0.8})),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(MLA_VARIANTS))
+def test_mla_variants_match_transformers(variant, tmp_path):
+    """Logits of the other MLA forms on a left-padded batch, within 1e-4 of transformers 4.55."""
+    model_type, extra = MLA_VARIANTS[variant]
+    config = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS[model_type], **extra})
+    torch.manual_seed(1)
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    hf.save_pretrained(str(tmp_path))
+    ours = load_ours(str(tmp_path), model_type)
+    _, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits.numpy()
+    got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
+               position_ids=paddle.to_tensor(pos)).logits.numpy()
+    real = mask.astype(bool)
+    assert np.abs(got[real] - want[real]).max() < 1e-4, variant
+    assert np.abs(want[real]).max() > 0.5
