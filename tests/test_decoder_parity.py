@@ -348,3 +348,21 @@ def test_mla_variants_match_transformers(variant, tmp_path):
     real = mask.astype(bool)
     assert np.abs(got[real] - want[real]).max() < 1e-4, variant
     assert np.abs(want[real]).max() > 0.5
+
+
+def test_mla_configs_it_cannot_honour_are_refused_naming_the_key():
+    """What transformers' MLA would not compute as the row does is a config-time problem naming the key."""
+    from paddlenlp_ext.models.decoder.rows import config_problems
+
+    base = {**BASE, **KNOBS["deepseek_v3"], "model_type": "deepseek_v3", "head_dim": 8}
+    assert config_problems(FAMILIES["deepseek_v3"].arch, base) == []
+    for change, key in (({"num_key_value_heads": 2}, "num_key_value_heads=2"),
+                        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+                        ({"kv_lora_rank": None}, "kv_lora_rank is missing"),
+                        ({"n_group": 3}, "n_group=3"),
+                        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'")):
+        found = config_problems(FAMILIES["deepseek_v3"].arch, {**base, **change})
+        assert len(found) == 1 and key in found[0], (change, found)
+    v2 = {**BASE, **KNOBS["deepseek_v2"], "model_type": "deepseek_v2", "head_dim": 8, "topk_method": "noaux_tc"}
+    found = config_problems(FAMILIES["deepseek_v2"].arch, v2)
+    assert len(found) == 1 and "topk_method='noaux_tc'" in found[0], found
