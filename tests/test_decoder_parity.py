@@ -360,9 +360,14 @@ def test_mla_configs_it_cannot_honour_are_refused_naming_the_key():
                         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
                         ({"kv_lora_rank": None}, "kv_lora_rank is missing"),
                         ({"n_group": 3}, "n_group=3"),
-                        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'")):
+                        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+                        # the original DeepSeek code's routing keys (PaddleNLP's configs carry them): another routing
+                        ({"scoring_func": "softmax"}, "scoring_func='softmax'"),
+                        ({"topk_method": "gready"}, "topk_method='gready'")):
         found = config_problems(FAMILIES["deepseek_v3"].arch, {**base, **change})
         assert len(found) == 1 and key in found[0], (change, found)
+    real = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}  # what DeepSeek-V3's own config.json says
+    assert config_problems(FAMILIES["deepseek_v3"].arch, {**base, **real}) == []
     v2 = {**BASE, **KNOBS["deepseek_v2"], "model_type": "deepseek_v2", "head_dim": 8, "topk_method": "noaux_tc"}
     found = config_problems(FAMILIES["deepseek_v2"].arch, v2)
     assert len(found) == 1 and "topk_method='noaux_tc'" in found[0], found
