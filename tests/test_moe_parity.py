@@ -110,3 +110,72 @@ def test_targets_take_every_expert_but_never_the_router(moe_row):
     gates = {n for n in linears if n.endswith("shared_expert_gate")}
     assert routers and not (routers | gates) & hit, model_type
     assert hit == set(linears) - routers - gates, (model_type, sorted(set(linears) - hit))
+
+
+#: PaddleNLP 3.0.0b4's own DeepSeek classes (their forward crashes on Paddle 3.3, their save_pretrained works), with
+#: the routing keys transformers' classes compute: V2 greedy softmax, V3 sigmoid + noaux_tc
+PADDLENLP_DEEPSEEK = {"deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(topk_method="greedy")),
+                      "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                                      dict(n_group=2, topk_group=1, scoring_func="sigmoid", topk_method="noaux_tc",
+                                           norm_topk_prob=True, routed_scaling_factor=2.5))}
+
+
+def save_paddlenlp_deepseek(model_type, out_dir, vocab_size=128, std=0.15):
+    """Save a tiny random model of PaddleNLP's own DeepSeek class to ``out_dir``; its state as numpy arrays."""
+    import paddlenlp.transformers as T
+
+    conf_name, lm_name, extra = PADDLENLP_DEEPSEEK[model_type]
+    cfg = getattr(T, conf_name)(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+                                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4,
+                                num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                                first_k_dense_replace=1, bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra)
+    pd = getattr(T, lm_name)(cfg)
+    rng = np.random.default_rng(0)
+    for name, p in list(pd.named_parameters()) + list(pd.named_buffers()):
+        val = 1 + 0.3 * rng.standard_normal(p.shape) if "norm" in name else std * rng.standard_normal(p.shape)
+        p.set_value(paddle.to_tensor(val.astype("float32")))
+    pd.save_pretrained(out_dir)
+    return {k: v.numpy() for k, v in pd.state_dict().items()}
+
+
+@pytest.mark.parametrize("model_type", sorted(PADDLENLP_DEEPSEEK))
+def test_paddlenlp_built_deepseek_checkpoint_loads_and_computes_as_transformers(model_type, tmp_path):
+    """A checkpoint saved by PaddleNLP's DeepseekV2/V3ForCausalLM (PaddleNLP layout and config.json) loads into the
+    decoder row tensor for tensor, and its logits equal transformers' on the same weights and config."""
+    import json
+
+    from paddlenlp_ext.models.hf_layout import hf_name
+
+    want_state = save_paddlenlp_deepseek(model_type, str(tmp_path))
+
+    from paddlenlp_ext.models.decoder import classes_for
+    from paddlenlp_ext.models.loading import load_model_streaming
+
+    config_cls, _, lm_cls = classes_for(model_type)
+    ours, stats = load_model_streaming(str(tmp_path), config_cls.from_pretrained(str(tmp_path)), "float32",
+                                       model_class=lm_cls)
+    ours.eval()
+    assert stats["layout"] == "paddlenlp"
+    got_state = ours.state_dict()
+    assert set(got_state) == set(want_state)
+    assert all(np.array_equal(got_state[k].numpy(), v) for k, v in want_state.items())
+    # the judge: transformers' class on the same config.json and the same weights (names / transposes of hf_layout)
+    with open(tmp_path / "config.json", encoding="utf-8") as f:
+        raw = json.load(f)
+    keep = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "dtype", "paddlenlp_version")}
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **keep),
+                                                       attn_implementation="eager").eval()
+    state = {}
+    for k, v in want_state.items():
+        name, transposed = hf_name(k, model_type)
+        state[name] = torch.tensor(v.T.copy() if transposed else v)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    _, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits.numpy()
+    got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
+               position_ids=paddle.to_tensor(pos)).logits.numpy()
+    real = mask.astype(bool)
+    assert np.abs(got[real] - want[real]).max() < 1e-4 and np.abs(want[real]).max() > 0.5, model_type
