@@ -114,3 +114,22 @@ def test_merge_refusal_advice_works(tmp_path):
          "--src_length", "32", "--max_length", "48", "--device", "cpu"])
     rows = [json.loads(line) for line in pred.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 1 and "output" in rows[0], rows
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_paddlenlp_layout_deepseek_trains_with_the_aux_loss(model_type, tmp_path):
+    """A checkpoint saved by PaddleNLP's own DeepseekV2/V3ForCausalLM (PaddleNLP layout; its forward crashes on
+    Paddle 3.3) trains on the decoder row with LoRA and the aux loss, as the transformers-layout one does."""
+    from hf_tokenizers import build as build_tokenizer
+    from test_moe_parity import save_paddlenlp_deepseek
+
+    base = str(tmp_path / "base")
+    save_paddlenlp_deepseek(model_type, base, vocab_size=704, std=0.05)
+    build_tokenizer(base, "llama3")
+    out = str(tmp_path / "lora")
+    finetune(base, out, "--router_aux_loss_coef", "0.05")
+    got = losses(out)
+    assert len(got) == 20 and sum(got[-3:]) < 0.9 * sum(got[:3]), (model_type, got)
+    assert all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in _logged(out))
+    with open(os.path.join(out, "run_summary.json")) as f:
+        assert json.load(f)["load"]["layout"] == "paddlenlp"
