@@ -116,15 +116,15 @@ def test_merge_refusal_advice_works(tmp_path):
     assert len(rows) == 1 and "output" in rows[0], rows
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
-def test_paddlenlp_layout_deepseek_trains_with_the_aux_loss(model_type, tmp_path):
-    """A checkpoint saved by PaddleNLP's own DeepseekV2/V3ForCausalLM (PaddleNLP layout; its forward crashes on
-    Paddle 3.3) trains on the decoder row with LoRA and the aux loss, as the transformers-layout one does."""
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "mixtral", "qwen2_moe"])
+def test_paddlenlp_layout_checkpoint_trains_with_the_aux_loss(model_type, tmp_path):
+    """A checkpoint saved by PaddleNLP's own MoE class (PaddleNLP layout; its forward crashes on Paddle 3.3) trains
+    on the decoder row with LoRA and the aux loss, as the transformers-layout one does."""
     from hf_tokenizers import build as build_tokenizer
-    from test_moe_parity import save_paddlenlp_deepseek
+    from test_moe_parity import save_paddlenlp_moe
 
     base = str(tmp_path / "base")
-    save_paddlenlp_deepseek(model_type, base, vocab_size=704, std=0.05)
+    save_paddlenlp_moe(model_type, base, vocab_size=704, std=0.05)
     build_tokenizer(base, "llama3")
     out = str(tmp_path / "lora")
     finetune(base, out, "--router_aux_loss_coef", "0.05")

@@ -112,24 +112,31 @@ def test_targets_take_every_expert_but_never_the_router(moe_row):
     assert hit == set(linears) - routers - gates, (model_type, sorted(set(linears) - hit))
 
 
-#: PaddleNLP 3.0.0b4's own DeepSeek classes (their forward crashes on Paddle 3.3, their save_pretrained works), with
-#: the routing keys transformers' classes compute: V2 greedy softmax, V3 sigmoid + noaux_tc
-PADDLENLP_DEEPSEEK = {"deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(topk_method="greedy")),
-                      "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                                      dict(n_group=2, topk_group=1, scoring_func="sigmoid", topk_method="noaux_tc",
-                                           norm_topk_prob=True, routed_scaling_factor=2.5))}
+#: PaddleNLP 3.0.0b4's own MoE classes (their forward crashes on Paddle 3.3, their save_pretrained works); the
+#: DeepSeeks with the routing keys transformers' classes compute: V2 greedy softmax, V3 sigmoid + noaux_tc
+_MLA = dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=1, first_k_dense_replace=1)
+PADDLENLP_MOE = {
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(_MLA, topk_method="greedy")),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(_MLA, n_group=2, topk_group=1, scoring_func="sigmoid", topk_method="noaux_tc",
+                         norm_topk_prob=True, routed_scaling_factor=2.5)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                       shared_expert_intermediate_size=48)),
+}
 
 
-def save_paddlenlp_deepseek(model_type, out_dir, vocab_size=128, std=0.15):
-    """Save a tiny random model of PaddleNLP's own DeepSeek class to ``out_dir``; its state as numpy arrays."""
+def save_paddlenlp_moe(model_type, out_dir, vocab_size=128, std=0.15):
+    """Save a tiny random model of PaddleNLP's own class of ``model_type`` to ``out_dir``; its state as numpy."""
     import paddlenlp.transformers as T
 
-    conf_name, lm_name, extra = PADDLENLP_DEEPSEEK[model_type]
-    cfg = getattr(T, conf_name)(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
-                                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4,
-                                num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-                                first_k_dense_replace=1, bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra)
+    conf_name, lm_name, extra = PADDLENLP_MOE[model_type]
+    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = getattr(T, conf_name)(**{**kw, **extra})
     pd = getattr(T, lm_name)(cfg)
     rng = np.random.default_rng(0)
     for name, p in list(pd.named_parameters()) + list(pd.named_buffers()):
@@ -139,15 +146,15 @@ def save_paddlenlp_deepseek(model_type, out_dir, vocab_size=128, std=0.15):
     return {k: v.numpy() for k, v in pd.state_dict().items()}
 
 
-@pytest.mark.parametrize("model_type", sorted(PADDLENLP_DEEPSEEK))
-def test_paddlenlp_built_deepseek_checkpoint_loads_and_computes_as_transformers(model_type, tmp_path):
-    """A checkpoint saved by PaddleNLP's DeepseekV2/V3ForCausalLM (PaddleNLP layout and config.json) loads into the
-    decoder row tensor for tensor, and its logits equal transformers' on the same weights and config."""
+@pytest.mark.parametrize("model_type", sorted(PADDLENLP_MOE))
+def test_paddlenlp_built_checkpoint_loads_and_computes_as_transformers(model_type, tmp_path):
+    """A checkpoint saved by PaddleNLP's own MoE class (PaddleNLP layout and config.json) loads into the decoder
+    row tensor for tensor, and its logits equal transformers' on the same weights and config."""
     import json
 
     from paddlenlp_ext.models.hf_layout import hf_name
 
-    want_state = save_paddlenlp_deepseek(model_type, str(tmp_path))
+    want_state = save_paddlenlp_moe(model_type, str(tmp_path))
 
     from paddlenlp_ext.models.decoder import classes_for
     from paddlenlp_ext.models.loading import load_model_streaming
