@@ -66,6 +66,25 @@ KNOBS = {
     "ernie4_5_moe": dict(num_hidden_layers=4, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
                          moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, use_bias=True,
                          tie_word_embeddings=True),
+    # multi-head latent attention (decoder/mla.py): V2 without q_lora_rank (V2-Lite's q_proj), group-limited
+    # softmax routing, biases; V3 with q/kv ranks, yarn with mscale != mscale_all_dim (mscale in the softmax scale),
+    # sigmoid routing in 2 groups; v_head_dim != nope + rope on both; one dense layer first
+    "deepseek_v2": dict(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
+                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                        topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=1.5,
+                        attention_bias=True, mlp_bias=True, num_key_value_heads=4,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "deepseek_v3": dict(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
+                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=32, n_routed_experts=8,
+                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=4,
+                        topk_group=2, routed_scaling_factor=2.5, num_key_value_heads=4,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                      "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0}),
+    # attention sinks, alternating windows (layer_types: sliding, full, sliding), yarn, 4 experts top-2 (fused)
+    "gpt_oss": dict(num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, head_dim=24, sliding_window=5,
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                  "truncate": False}),
     "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=5,
                     tie_word_embeddings=True, attention_bias=True),
 }
@@ -89,6 +108,9 @@ def build(model_type, tmp_path_factory):
     with torch.no_grad():  # weights large enough that every knob matters and greedy winners are clear
         for name, p in hf.named_parameters():
             p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+        for name, b in hf.named_buffers():  # the routers' correction bias (ernie4_5_moe, deepseek_v3): non-zero
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn_like(b))
     path = str(tmp_path_factory.mktemp(model_type))
     hf.save_pretrained(path)
     ours = load_ours(path, model_type)
@@ -246,6 +268,9 @@ def test_lora_gradients_match_peft(row):
     t_loss.backward()
     assert abs(float(loss) - float(t_loss)) < 1e-5 * max(1.0, abs(float(t_loss)))
     for a, b, ta, tb, name in pairs:
+        if a.grad is None:  # an expert no token was routed to: no gradient on either side
+            assert b.grad is None and (ta.grad is None or not ta.grad.any()), (model_type, name)
+            continue
         for got, want in ((a.grad.numpy(), ta.grad.numpy().T), (b.grad.numpy(), tb.grad.numpy().T)):
             assert np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want), (model_type, name)
 
@@ -288,3 +313,61 @@ def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_mode
     for model in (auto, streamed):
         model.eval()
         assert np.abs(model(input_ids=ids).logits.numpy() - want).max() < 1e-6
+
+
+#: the MLA forms the rows' KNOBS leave out: V3 rotating halves (rope_interleave false) without q_lora_rank, greedy
+#: top-k without groups; V2 with q_lora_rank, yarn (no mscale in V2's softmax scale) and v_head_dim > nope + rope
+MLA_VARIANTS = {
+    "v3_halves": ("deepseek_v3", dict(rope_interleave=False, q_lora_rank=None, n_group=1, topk_group=1,
+                                      norm_topk_prob=False, attention_bias=True)),
+    "v2_yarn": ("deepseek_v2", dict(q_lora_rank=24, v_head_dim=32, topk_method="greedy", n_group=None,
+                                    topk_group=None, attention_bias=False, mlp_bias=False,
+                                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 32, "mscale": 1.0,
+                                                  "mscale_all_dim": 0.8})),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(MLA_VARIANTS))
+def test_mla_variants_match_transformers(variant, tmp_path):
+    """Logits of the other MLA forms on a left-padded batch, within 1e-4 of transformers 4.55."""
+    model_type, extra = MLA_VARIANTS[variant]
+    config = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS[model_type], **extra})
+    torch.manual_seed(1)
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    hf.save_pretrained(str(tmp_path))
+    ours = load_ours(str(tmp_path), model_type)
+    _, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits.numpy()
+    got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
+               position_ids=paddle.to_tensor(pos)).logits.numpy()
+    real = mask.astype(bool)
+    assert np.abs(got[real] - want[real]).max() < 1e-4, variant
+    assert np.abs(want[real]).max() > 0.5
+
+
+def test_mla_configs_it_cannot_honour_are_refused_naming_the_key():
+    """What transformers' MLA would not compute as the row does is a config-time problem naming the key."""
+    from paddlenlp_ext.models.decoder.rows import config_problems
+
+    base = {**BASE, **KNOBS["deepseek_v3"], "model_type": "deepseek_v3", "head_dim": 8}
+    assert config_problems(FAMILIES["deepseek_v3"].arch, base) == []
+    for change, key in (({"num_key_value_heads": 2}, "num_key_value_heads=2"),
+                        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+                        ({"kv_lora_rank": None}, "kv_lora_rank is missing"),
+                        ({"n_group": 3}, "n_group=3"),
+                        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+                        # the original DeepSeek code's routing keys (PaddleNLP's configs carry them): another routing
+                        ({"scoring_func": "softmax"}, "scoring_func='softmax'"),
+                        ({"topk_method": "gready"}, "topk_method='gready'")):
+        found = config_problems(FAMILIES["deepseek_v3"].arch, {**base, **change})
+        assert len(found) == 1 and key in found[0], (change, found)
+    real = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}  # what DeepSeek-V3's own config.json says
+    assert config_problems(FAMILIES["deepseek_v3"].arch, {**base, **real}) == []
+    v2 = {**BASE, **KNOBS["deepseek_v2"], "model_type": "deepseek_v2", "head_dim": 8, "topk_method": "noaux_tc"}
+    found = config_problems(FAMILIES["deepseek_v2"].arch, v2)
+    assert len(found) == 1 and "topk_method='noaux_tc'" in found[0], found

@@ -27,9 +27,11 @@ PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2"
 
 def test_every_paddlenlp_decoder_family_has_a_row():
     decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # our decoder's rows (models/decoder)
-    assert decoder_rows == {"mistral", "gemma", "gemma2", "gemma3_text", "phi3", "glm4", "ernie4_5", "olmo2", "smollm3",
-                            "mixtral", "qwen2_moe", "ernie4_5_moe"}  # the last three: MoE rows (docs/moe.md)
-    assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} | decoder_rows == set(FAMILIES)  # + our own families
+    assert decoder_rows == {"mistral", "gemma", "gemma2", "gemma3_text", "phi3", "glm4", "ernie4_5", "olmo2",
+                            "smollm3", "mixtral", "qwen2_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3",
+                            "gpt_oss"}  # the last six: MoE rows (docs/moe.md)
+    # + our own families, and gpt_oss (not a PaddleNLP family)
+    assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} | decoder_rows == set(FAMILIES)
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
     assert trainable == {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt",
                          "codegen"} | decoder_rows
@@ -123,7 +125,7 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
     ("codegen", ["--lora", "true", "--zero_padding", "true"], ["codegen models take no position_ids",
                                                                 "set zero_padding=false"]),
     ("yuan", [], ["yuan builds its own attention mask from eod_token"]),
-    ("deepseek_v2", [], ["MoE code on Paddle 3.3", "concat shape in MLA"]),
+    ("jamba", [], ["MoE code on Paddle 3.3", "its MoE routing"]),
     ("gptj", [], ["Auto classes cannot build gptj"]),
     ("chatglm", [], ["prefix-LM"]),
     ("falcon", [], ["model_type 'falcon' is not in the model-family table", UNLISTED_ENV]),
@@ -203,12 +205,12 @@ def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
 
 
 def test_cli_refusal_exits_2_before_loading(tmp_path):
-    d = model_dir(tmp_path, "deepseek_v3")
+    d = model_dir(tmp_path, "jamba")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
                         os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"), "--model_name_or_path", d,
                         "--output_dir", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "nothing was loaded" in r.stderr and "deepseek_v3" in r.stderr and "model_name_or_path" in r.stderr
+    assert "nothing was loaded" in r.stderr and "jamba" in r.stderr and "model_name_or_path" in r.stderr
 
 
 def test_docs_models_md_is_current():
@@ -223,8 +225,8 @@ def test_predictor_refuses_a_refused_family(tmp_path):
 
     prompts = tmp_path / "p.json"
     prompts.write_text('{"src": "hi"}\n', encoding="utf-8")
-    _, found, _ = check_options(PredictOptions(model_dir(tmp_path, "deepseek_v3"), data_file=str(prompts)))
-    assert any("deepseek_v3" in p and "MoE" in p for p in found), found
+    _, found, _ = check_options(PredictOptions(model_dir(tmp_path, "jamba"), data_file=str(prompts)))
+    assert any("jamba" in p and "MoE" in p for p in found), found
     _, found, _ = check_options(PredictOptions(model_dir(tmp_path, "mistral"), data_file=str(prompts)))
     assert not any("mistral" in p for p in found), found
 
@@ -243,8 +245,9 @@ def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tm
     (hf / "config.json").write_text(json.dumps({"model_type": "qwen"}), encoding="utf-8")
     write(hf, "model")
     text = "\n".join(map(str, problems(tmp_path, "qwen", "--lora", "true")))
-    assert "qwen: Hugging Face (transformers-layout) checkpoints are read for ernie4_5, ernie4_5_moe, gemma, gemma2" in text
-    assert "llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, smollm3 only" in text
+    assert ("qwen: Hugging Face (transformers-layout) checkpoints are read for deepseek_v2, deepseek_v3, ernie4_5, "
+            "ernie4_5_moe, gemma, gemma2") in text
+    assert "gpt_oss, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, smollm3 only" in text
     write(hf, "qwen")
     assert problems(tmp_path, "qwen", "--lora", "true") == []
 
@@ -284,3 +287,15 @@ def test_qwen3_moe_targets_attention_and_experts_never_the_router():
              "qwen3_moe.layers.1.mlp.gate", "qwen3_moe.layers.0.self_attn.q_norm", "lm_head"]
     hit = [n for n in names if any(re.fullmatch(p, n) for p in decoder_linear_targets("qwen3_moe"))]
     assert hit == names[:4]
+
+
+def test_lora_on_gpt_oss_fused_experts_is_refused_naming_the_key(tmp_path):
+    """gpt_oss' experts are 3-D parameters (no Linear to wrap): a lora_target_modules pattern reaching them is
+    refused at config time; attention patterns are not."""
+    found = problems(tmp_path, "gpt_oss", "--lora", "true", "--lora_target_modules",
+                     ".*self_attn.q_proj,.*mlp.experts.*")
+    text = "\n".join(map(str, found))
+    assert "lora_target_modules" in text and "'.*mlp.experts.*'" in text and "fused experts" in text, text
+    assert "q_proj'" not in text
+    assert problems(tmp_path, "gpt_oss", "--lora", "true", "--lora_target_modules", ".*self_attn.q_proj") == []
+    assert problems(tmp_path, "gpt_oss", "--lora", "true") == []

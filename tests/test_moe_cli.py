@@ -2,7 +2,7 @@
 
 Every decoder MoE row (family table: ``decoder`` and ``Arch.mlp == "moe"``) gets a transformers-saved
 checkpoint (tests/test_decoder_cli.save_row: bf16, sharded, tokenizer.json).  LoRA with
-``router_aux_loss_coef`` > 0 trains with a falling loss; the aux loss and the per-layer expert load
+``router_aux_loss_coef`` > 0 trains with a falling loss (and so do nf4 QLoRA and full fine-tuning); the aux loss and the per-layer expert load
 are logged on their own (trainer_state.json's log_history, run_summary.json's ``moe``) and finite;
 the alias gives the same run; what is not wired is refused at config time (exit 2, naming the key).
 """
@@ -46,6 +46,26 @@ def test_lora_with_router_aux_loss_trains_and_logs_it(model_type, tmp_path):
     with open(os.path.join(out, "run_summary.json")) as f:
         moe = json.load(f)["moe"]
     assert moe["router_aux_loss_coef"] == 0.05 and len(moe["logged"]) == 20
+
+
+#: nf4 QLoRA (experts quantized while streaming) and full fine-tuning, each with the aux loss in the training loss
+_METHODS = {"nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
+            "full": (("--lora", "false", "--learning_rate", "3e-3"), "full")}
+
+
+@pytest.mark.parametrize("method", sorted(_METHODS))
+@pytest.mark.parametrize("model_type", MOE_ROWS)
+def test_qlora_and_full_with_router_aux_loss_train(model_type, method, tmp_path):
+    base = save_row(model_type, str(tmp_path / "base"))
+    out = str(tmp_path / method)
+    extra, name = _METHODS[method]
+    finetune(base, out, "--router_aux_loss_coef", "0.05", *extra)
+    got = losses(out)
+    assert len(got) == 20 and sum(got[-3:]) < 0.9 * sum(got[:3]), (model_type, method, got)
+    assert all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in _logged(out))
+    with open(os.path.join(out, "run_summary.json")) as f:
+        summary = json.load(f)
+    assert summary["method"] == name and summary["moe"]["router_aux_loss_coef"] == 0.05
 
 
 def test_alias_no_coef_and_refusals(tmp_path):
@@ -243,3 +263,22 @@ def test_nf4_and_full_with_router_aux_loss_log_finite_load(model_type, tmp_path)
             for layer in entry["expert_load"]:
                 assert all(math.isfinite(v) and v >= 0 for v in layer["fraction"])
                 assert abs(sum(layer["fraction"]) - 1) < 1e-3
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "mixtral", "qwen2_moe"])
+def test_paddlenlp_layout_checkpoint_trains_with_the_aux_loss(model_type, tmp_path):
+    """A checkpoint saved by PaddleNLP's own MoE class (PaddleNLP layout; its forward crashes on Paddle 3.3) trains
+    on the decoder row with LoRA and the aux loss, as the transformers-layout one does."""
+    from hf_tokenizers import build as build_tokenizer
+    from test_moe_parity import save_paddlenlp_moe
+
+    base = str(tmp_path / "base")
+    save_paddlenlp_moe(model_type, base, vocab_size=704, std=0.05)
+    build_tokenizer(base, "llama3")
+    out = str(tmp_path / "lora")
+    finetune(base, out, "--router_aux_loss_coef", "0.05")
+    got = losses(out)
+    assert len(got) == 20 and sum(got[-3:]) < 0.9 * sum(got[:3]), (model_type, got)
+    assert all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in _logged(out))
+    with open(os.path.join(out, "run_summary.json")) as f:
+        assert json.load(f)["load"]["layout"] == "paddlenlp"

@@ -190,10 +190,11 @@ def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[
     (models/qwen3, no load-balancing loss) -> a refusal naming the key; on mixtral -> [].
     """
     from ..models.decoder.moe_spec import AUX_LOSS_ALIAS, AUX_LOSS_KEY, MoEConfigError, moe_key_problems
-    from ..models.decoder.moe_spec import router_aux_loss_coef
+    from ..models.decoder.moe_spec import fused_expert_target_problems, router_aux_loss_coef
 
     keys = {k: getattr(model_args, k, None) for k in (AUX_LOSS_KEY, AUX_LOSS_ALIAS)}
-    out = moe_key_problems(keys, model_type)
+    targets = getattr(model_args, "lora_target_modules", None) or getattr(model_args, "target_modules", None)
+    out = fused_expert_target_problems(targets, model_type) + moe_key_problems(keys, model_type)
     if out or not any(v is not None for v in keys.values()):
         return out
     try:

@@ -167,9 +167,15 @@ def _moe_refusals(name: str) -> Dict[str, str]:
                    "(llama, qwen2, qwen3, gemma2, ...)"}
 
 
-def _moe_row(name: str, arch: Arch) -> "Family":
+#: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
+#: routed and shared experts and the first dense layers' MLP; never the router (mlp.gate)
+_MLA_TARGETS = (r".*layers\.\d+\.self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)",
+                _MOE_TARGETS[1])
+
+
+def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> "Family":
     """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
-    return Family(name, targets=_MOE_TARGETS, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
+    return Family(name, targets=targets, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
                   arch=arch, decoder=True, refusals=_moe_refusals(name))
 
 
@@ -270,9 +276,19 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     # moe_layer_interval; fp32 router with moe_statics.e_score_correction_bias; an LM head bias with use_bias
     _moe_row("ernie4_5_moe", Arch(mlp="moe", rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
                                   mlp_bias="use_bias", lm_head_bias="use_bias", tie_default=True)),
+    # attention sinks, alternating sliding windows (layer_types), q/k/v/o biases (always: GptOssConfig fixes
+    # attention_bias), the MoE block on every layer: router with bias, fused interleaved gate_up_proj with biases,
+    # clamped SwiGLU. Its experts are 3-D parameters (no Linear): adapters and quantization reach attention only
+    _moe_row("gpt_oss", Arch(mlp="moe", windows="layer_types", attn_sinks=True, qkv_bias=True, o_bias=True),
+             _MOE_TARGETS[:1]),
     Family("jamba", refused=_MOE.format("its MoE routing")),
-    Family("deepseek_v2", refused=_MOE.format("a concat shape in MLA")),
-    Family("deepseek_v3", refused=_MOE.format("a concat shape in MLA")),
+    # multi-head latent attention (decoder/mla.py) + the MoE block from first_k_dense_replace: V2 softmax routing
+    # (greedy / group_limited_greedy), complex (interleaved) RoPE; V3 sigmoid routing with e_score_correction_bias,
+    # rope_interleave, yarn's mscale in the softmax scale
+    _moe_row("deepseek_v2", Arch(mlp="moe", attn="mla", mla_interleave=True, mlp_bias="mlp_bias",
+                                 **_ATTN_BIAS), _MLA_TARGETS),
+    _moe_row("deepseek_v3", Arch(mlp="moe", attn="mla", mla_interleave="rope_interleave", mla_mscale=True,
+                                 defaults=(("rope_interleave", True),), **_ATTN_BIAS), _MLA_TARGETS),
     Family("gptj", targets=H_BLOCKS,
            refused="PaddleNLP 3.0.0b4 Auto classes cannot build gptj models; use another family"),
     Family("rw", targets=H_BLOCKS,

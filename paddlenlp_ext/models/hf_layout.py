@@ -37,9 +37,12 @@ HF_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if 
 READ_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() if f.hf_layout or f.arch}
 
 #: nn.Linear weights: transformers stores them [out, in], Paddle [in, out]; with the MoE block's Linears
-#: (decoder/moe.py): the router ``mlp.gate`` (mixtral ``block_sparse_moe.gate``), mixtral's experts ``w1/w2/w3``, qwen2_moe's ``shared_expert_gate``
+#: (decoder/moe.py): the router ``mlp.gate`` (mixtral ``block_sparse_moe.gate``), mixtral's experts ``w1/w2/w3``, qwen2_moe's ``shared_expert_gate``;
+#: gpt-oss' router ``mlp.router`` (its fused experts are [E, in, out] already: kept);
+#: DeepSeek's latent attention (decoder/mla.py): ``q_a_proj``, ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``
 _LINEAR_WEIGHT = re.compile(
-    r"(^|\.)((q|k|v|o|gate|up|down|qkv|gate_up)_proj|lm_head|(mlp|block_sparse_moe)\.gate|w[123]|shared_expert_gate)\.weight$")
+    r"(^|\.)((q|k|v|o|gate|up|down|qkv|gate_up|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa|lm_head|(mlp|block_sparse_moe)\.gate|mlp\.router"
+    r"|w[123]|shared_expert_gate)\.weight$")
 
 
 

@@ -108,10 +108,15 @@ def _repeat_kv(x, rep: int):
     return x.unsqueeze(3).expand([b, s, h, rep, d]).reshape([b, s, h * rep, d])
 
 
-def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, softcap: Optional[float] = None):
-    """Attention output [B, Lq, H * D] of q [B, Lq, H, D] over k, v [B, Lk, Hkv, D]."""
+def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, softcap: Optional[float] = None,
+           sinks=None):
+    """Attention output [B, Lq, H * D] of q [B, Lq, H, D] over k, v [B, Lk, Hkv, D].
+
+    ``sinks`` [H] (gpt-oss): one learned logit per head joins each query's softmax as an extra key with no
+    value, so the real keys' weights sum to less than 1; such layers take the dense path (start rows become
+    the dense mask), which applies them under every mask form."""
     b, lq, h, d = q.shape
-    if plan.startend is not None and window is None and softcap is None and plan.past_len == 0:
+    if plan.startend is not None and window is None and softcap is None and sinks is None and plan.past_len == 0:
         # FlashMask start rows, nothing else to apply: the block-sparse kernel (GQA inside)
         out = flashmask_dispatch(q, k, v, plan.startend, causal=True, softmax_scale=scale)  # [B, Lq, H, D]
         return out.reshape([b, lq, h * d])
@@ -123,6 +128,10 @@ def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, 
     if softcap is not None:
         scores = paddle.tanh(scores / softcap) * softcap
     scores = scores.astype("float32") + plan.additive(window)  # mask [B | 1, 1, Lq, Lk] broadcast over heads
-    probs = F.softmax(scores, axis=-1).astype(q.dtype)  # [B, H, Lq, Lk]
+    if sinks is not None:
+        sink = sinks.astype("float32").reshape([1, h, 1, 1]).expand([scores.shape[0], h, lq, 1])  # [B, H, Lq, 1]
+        probs = F.softmax(paddle.concat([scores, sink], axis=-1), axis=-1)[..., :-1].astype(q.dtype)  # [B, H, Lq, Lk]
+    else:
+        probs = F.softmax(scores, axis=-1).astype(q.dtype)  # [B, H, Lq, Lk]
     out = paddle.matmul(probs, vt).transpose([0, 2, 1, 3])  # [B, Lq, H, D]
     return out.reshape([b, lq, h * d])

@@ -16,7 +16,7 @@ from .attention import MaskPlan, attend
 from .rope import inv_freq
 from .rows import Knobs
 
-__all__ = ["Norm", "Rotary", "DenseMLP", "Attention", "build_mlp", "register_mlp", "MLP_BUILDERS"]
+__all__ = ["Norm", "Rotary", "DenseMLP", "Attention", "build_mlp", "register_mlp", "MLP_BUILDERS", "build_attention"]
 
 
 class Norm(nn.Layer):
@@ -217,6 +217,9 @@ class Attention(nn.Layer):
             self.q_norm, self.k_norm = norm_of(k, q_out, tp, split=tp is not None), \
                 norm_of(k, kv_out, tp, split=tp is not None)
         self.window = k.windows[layer_idx]
+        # gpt-oss: one sink logit per head in the softmax (attention.attend)
+        self.sinks = self.create_parameter([k.heads], default_initializer=nn.initializer.Constant(0.0)) \
+            if k.arch.attn_sinks else None
 
     def forward(self, x, rope, plan: MaskPlan, past=None, use_cache: bool = False):
         """x [B, L, hidden] (sequence parallel: this rank's [B * L / N, hidden] tokens); rope (cos, sin) or None
@@ -245,12 +248,27 @@ class Attention(nn.Layer):
         if past is not None:
             key = paddle.concat([past[0], key], axis=1)  # [B, Lp + L, Hkv, D]
             val = paddle.concat([past[1], val], axis=1)
-        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap)  # [B, L, H * D]
+        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap, self.sinks)  # [B, L, H * D]
         if self.tp is not None and self.tp.sequence_parallel:
             out = out.reshape([b * s, -1])  # the row-parallel o_proj reduce-scatters the tokens (axis 0)
             if pad:
                 out = paddle.concat([out, paddle.zeros([pad, out.shape[-1]], dtype=out.dtype)], axis=0)
         return self.o_proj(out), ((key, val) if use_cache else None)
+
+
+def build_attention(k: Knobs, layer_idx: int, tp=None) -> nn.Layer:
+    """The attention block of a layer: :class:`Attention`, or DeepSeek's latent attention (``Arch.attn == "mla"``,
+    ``decoder/mla.py``); both map (x, rope, plan, past, use_cache) to (out, cache).  ``tp``: tensor parallel
+    (the MLA rows are MoE rows, whose tensor parallelism is refused at config time)."""
+    if k.arch.attn == "mla":
+        if tp is not None:
+            raise ValueError("latent attention (deepseek rows) has no tensor-parallel form; set tensor_parallel_degree=1")
+        from .mla import LatentAttention
+
+        return LatentAttention(k, layer_idx)
+    if k.arch.attn != "default":
+        raise ValueError(f"no attention kind {k.arch.attn!r} (known: default, mla)")
+    return Attention(k, layer_idx, tp)
 
 
 def rotaries(k: Knobs):

@@ -31,7 +31,7 @@ from ...integrations.recompute import recompute_layer
 from .attention import MaskPlan
 from .configuration import DecoderConfig, config_class_for
 from ...parallel.layers import VocabParallelEmbedding, tp_context
-from .layers import Attention, build_mlp, norm_of, rotaries
+from .layers import build_attention, build_mlp, norm_of, rotaries
 from .rows import Knobs, class_prefix  # noqa: F401  (re-exported: integrations/decoder, configuration)
 
 __all__ = ["DecoderModel", "DecoderForCausalLM", "DecoderPretrainedModel", "classes_for", "DecoderLMOutput"]
@@ -55,7 +55,7 @@ class DecoderLayer(nn.Layer):
         for name in self.slots:
             if name is not None:
                 setattr(self, name, norm_of(k, k.hidden, norm_tp))
-        self.self_attn = Attention(k, idx, tp)
+        self.self_attn = build_attention(k, idx, tp)
         self.mlp_name = k.arch.mlp_name  # transformers' name of the MLP sublayer (mlp; mixtral: block_sparse_moe)
         setattr(self, self.mlp_name, build_mlp(k, idx, tp))
 

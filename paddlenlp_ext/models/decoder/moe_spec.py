@@ -132,6 +132,8 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
                        norm_min=float(_get(config, "moe_norm_min", 1e-12)), correction_bias="moe_statics",
                        router_fp32=True, expert_bias=bool(_get(config, "use_bias", False)),
                        shared_intermediate_size=inter * int(_get(config, "moe_num_shared_experts", 0) or 0))
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        _deepseek_keys(config, mt)
     if mt == "deepseek_v2":
         inter = int(_need(config, "moe_intermediate_size", mt))
         method = _get(config, "topk_method", "greedy")
@@ -160,6 +162,36 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
                    fused_experts=True, swiglu_limit=float(_get(config, "swiglu_limit", 7.0) or 7.0))
 
 
+#: the routing of transformers' DeepSeek classes, whatever config.json says: the original DeepSeek code's (and
+#: PaddleNLP's) scoring_func / topk_method keys are read only to refuse another routing than this one
+_DEEPSEEK_ROUTING = {"deepseek_v2": ("softmax", ("greedy", "group_limited_greedy")),
+                     "deepseek_v3": ("sigmoid", ("noaux_tc",))}
+
+
+def _deepseek_keys(config: Any, mt: str) -> None:
+    """Refuse config.json routing keys transformers' DeepSeek classes ignore but would mean another routing.
+
+    >>> try:
+    ...     _deepseek_keys({"scoring_func": "softmax", "topk_method": "gready"}, "deepseek_v3")
+    ... except MoEConfigError as e:
+    ...     print(str(e)[:75])
+    deepseek_v3: config.json scoring_func='softmax': transformers' DeepseekV3 r
+    >>> _deepseek_keys({"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, "deepseek_v3")  # real V3: nothing
+    """
+    scoring, methods = _DEEPSEEK_ROUTING[mt]
+    cls = "DeepseekV3" if mt == "deepseek_v3" else "DeepseekV2"
+    got = _get(config, "scoring_func")
+    if got is not None and got != scoring:
+        raise MoEConfigError(f"{mt}: config.json scoring_func={got!r}: transformers' {cls} routes with {scoring} scores "
+                             f"only; set scoring_func to {scoring!r} (or remove it) if the checkpoint was trained so, "
+                             "else transformers computes this checkpoint otherwise than it was trained")
+    got = _get(config, "topk_method")
+    if mt == "deepseek_v3" and got is not None and got not in methods:
+        raise MoEConfigError(f"{mt}: config.json topk_method={got!r}: transformers' DeepseekV3 chooses experts by "
+                             "'noaux_tc' (group-limited top-k on sigmoid scores + e_score_correction_bias) only; "
+                             "set topk_method to 'noaux_tc' (or remove it) if the checkpoint was trained so")
+
+
 def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) -> bool:
     """Whether decoder layer ``layer_idx`` holds the sparse block (else the dense MLP), as transformers decides.
 
@@ -186,6 +218,37 @@ def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) 
     if mt in ("deepseek_v2", "deepseek_v3"):
         return layer_idx >= int(_get(config, "first_k_dense_replace", 0))
     raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
+
+
+#: the types whose routed experts are fused 3-D parameters (no per-expert Linear for an adapter to wrap)
+FUSED_EXPERT_TYPES = ("gpt_oss",)
+
+
+def fused_expert_target_problems(patterns, model_type: Optional[str]) -> list:
+    """The ``lora_target_modules`` patterns that would reach fused expert parameters, which no adapter here wraps
+    (PEFT's ``target_parameters`` form is not implemented): one message per pattern, naming the key.
+
+    >>> fused_expert_target_problems([".*self_attn.q_proj", ".*mlp.experts.*"], "gpt_oss")[0][:58]
+    "lora_target_modules: '.*mlp.experts.*' reaches gpt_oss' fu"
+    >>> fused_expert_target_problems([".*mlp.experts.*"], "mixtral")
+    []
+    """
+    import re
+
+    if model_type not in FUSED_EXPERT_TYPES or not patterns:
+        return []
+    names = [f"{model_type}.layers.0.mlp.experts" + s for s in ("", ".gate_up_proj", ".down_proj")]
+    out = []
+    for p in patterns:
+        try:
+            hit = any(re.fullmatch(str(p), n) for n in names)
+        except re.error:
+            continue  # an invalid pattern is reported where the patterns are checked
+        if hit:
+            out.append(f"lora_target_modules: {p!r} reaches {model_type}' fused experts (mlp.experts.gate_up_proj / "
+                       "down_proj are 3-D parameters, not Linear layers; adapters on them are not implemented "
+                       "here); remove it from lora_target_modules (the default adapts attention q/k/v/o_proj)")
+    return out
 
 
 #: the run keys of MoE training (docs/moe.md); LLaMA-Factory's name is an alias of PaddleFormers'

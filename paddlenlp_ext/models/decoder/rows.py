@@ -20,6 +20,7 @@ model and per layer, which is all the Paddle code reads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Tuple, Union
 
@@ -85,6 +86,15 @@ class Arch:
     tie_default: bool = False
     #: transformers' class defaults of other keys this row reads, when config.json leaves them out
     defaults: Tuple[Tuple[str, Any], ...] = ()
+    #: a learned sink logit per head in every attention softmax (gpt-oss' ``self_attn.sinks``)
+    attn_sinks: bool = False
+    #: the attention a layer builds: "default" (q/k/v/o projections) or "mla" (DeepSeek's multi-head latent
+    #: attention, ``decoder/mla.py``: q/kv low-rank projections, RoPE on a decoupled slice of the head)
+    attn: str = "default"
+    #: MLA: RoPE rotates interleaved pairs of the rope slice (a fixed bool, or the config key: V3's rope_interleave)
+    mla_interleave: Flag = False
+    #: MLA: the softmax scale times yarn's mscale(factor, mscale_all_dim) ** 2 (transformers' DeepSeek-V3; not V2)
+    mla_mscale: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,20 @@ class Knobs:
     #: the config.json dict itself (what an MoE block reads: experts, top-k, sparse layers ...)
     cfg: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     lm_head_bias: bool = False
+    #: MLA rows (``Arch.attn == "mla"``): the latent attention's shape; None on every other row
+    mla: Optional["MLAShape"] = None
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """DeepSeek's multi-head latent attention, resolved: ranks and per-head widths (``decoder/mla.py``)."""
+
+    q_lora_rank: Optional[int]  # None: one q_proj (DeepSeek-V2-Lite), else q_a_proj -> norm -> q_b_proj
+    kv_lora_rank: int
+    nope: int  # qk_nope_head_dim: the per-head q/k channels without RoPE
+    rope: int  # qk_rope_head_dim: the RoPE channels (the key's are shared by all heads)
+    v: int  # v_head_dim
+    interleave: bool  # rotate pairs (x0, x1), ... of the rope slice (transformers' complex / interleaved form)
 
 
 class ArchError(ValueError):
@@ -212,6 +236,10 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
         if cfg.get("model_type") == "qwen2_moe" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
             raise ArchError("config.json use_sliding_window=true: the decoder's qwen2_moe row computes full "
                             "attention only; set use_sliding_window to false")
+    mla = None
+    if arch.attn == "mla":
+        mla, head_dim, kv_heads, scale = _mla(arch, cfg, heads, kv_heads)
+        rotary_dim = head_dim
     original = cfg.get("original_max_position_embeddings")
     return Knobs(
         arch=arch, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
@@ -224,8 +252,50 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
         windows=windows, rope_on=rope_on, rope=rope, rotary_dim=rotary_dim,
         max_positions=int(_get(cfg, arch, "max_position_embeddings") or 2048),
         original_max_positions=int(original) if original else None, cfg=dict(cfg),
-        lm_head_bias=_flag(cfg, arch, arch.lm_head_bias),
+        lm_head_bias=_flag(cfg, arch, arch.lm_head_bias), mla=mla,
     )  # fmt: skip
+
+
+def _mla(arch: Arch, cfg: Mapping[str, Any], heads: int, kv_heads: int):
+    """(MLAShape, head_dim = the rope width (what the RoPE tables span), kv heads, softmax scale) of an MLA row.
+
+    The scale is ``(nope + rope) ** -0.5``; with ``mla_mscale`` and a ``rope_scaling`` holding
+    ``mscale_all_dim``, times ``(0.1 * mscale_all_dim * ln(factor) + 1) ** 2`` (factor > 1), as transformers'
+    DeepseekV3Attention computes it from ``rope_scaling["factor"]``.
+
+    >>> a = Arch(attn="mla", mla_mscale=True)
+    >>> shape, d, kv, s = _mla(a, {"kv_lora_rank": 8, "q_lora_rank": None, "qk_nope_head_dim": 12,
+    ...     "qk_rope_head_dim": 4, "v_head_dim": 8, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    ...     "mscale_all_dim": 1.0}}, 2, 2)
+    >>> shape.q_lora_rank, d, kv, round(s, 6), round(0.25 * (0.1 * math.log(4.0) + 1) ** 2, 6)
+    (None, 4, 2, 0.324119, 0.324119)
+    """
+    def need(key):
+        value = _get(cfg, arch, key)
+        if value is None:
+            raise ArchError(f"config.json {key} is missing; multi-head latent attention needs it")
+        return int(value)
+
+    if kv_heads != heads:  # transformers' MLA builds one key per query head (kv_b_proj) and repeats nothing
+        raise ArchError(f"config.json num_key_value_heads={kv_heads}: multi-head latent attention has one key per "
+                        f"head; set num_key_value_heads to num_attention_heads ({heads}) or remove it")
+    partial = _get(cfg, arch, "partial_rotary_factor")
+    if partial not in (None, 1, 1.0):
+        raise ArchError(f"config.json partial_rotary_factor={partial}: multi-head latent attention rotates the "
+                        "whole qk_rope_head_dim slice; remove partial_rotary_factor")
+    q_rank = _get(cfg, arch, "q_lora_rank")
+    shape = MLAShape(q_lora_rank=int(q_rank) if q_rank else None, kv_lora_rank=need("kv_lora_rank"),
+                     nope=need("qk_nope_head_dim"), rope=need("qk_rope_head_dim"), v=need("v_head_dim"),
+                     interleave=_flag(cfg, arch, arch.mla_interleave))
+    if shape.rope % 2:
+        raise ArchError(f"config.json qk_rope_head_dim={shape.rope} must be even (RoPE rotates pairs)")
+    scale = (shape.nope + shape.rope) ** -0.5
+    rope = cfg.get("rope_scaling")
+    if arch.mla_mscale and isinstance(rope, dict) and rope.get("mscale_all_dim"):
+        factor = float(rope["factor"])
+        if factor > 1:
+            scale *= (0.1 * float(rope["mscale_all_dim"]) * math.log(factor) + 1.0) ** 2
+    return shape, shape.rope, heads, scale
 
 
 def config_problems(arch: Arch, cfg: Mapping[str, Any]) -> list:
@@ -271,5 +341,6 @@ def class_prefix(model_type: str) -> str:
     """
     special = {"gemma3_text": "Gemma3", "smollm3": "SmolLM3", "qwen3_moe": "Qwen3Moe", "glm4": "Glm4",
                "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "phi3": "Phi3", "qwen2_moe": "Qwen2Moe",
-               "ernie4_5_moe": "Ernie4_5_Moe"}
+               "ernie4_5_moe": "Ernie4_5_Moe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3",
+               "gpt_oss": "GptOss"}
     return special.get(model_type) or model_type[:1].upper() + model_type[1:]
