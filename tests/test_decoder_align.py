@@ -7,7 +7,8 @@ tiny model with the row's non-default knobs, bf16, sharded: ``test_decoder_cli.s
 * ``llm/run_kto.py`` (LoRA; the reference is the policy with its adapters off): step 1 sees policy ==
   reference, so every example's loss is weight / 2 = 0.5 exactly; the loss then falls;
 * ``llm/run_reward.py`` (LoRA + the score head on the decoder body's last hidden state,
-  ``models/heads.split_lm_head``): the train loss falls from about ln 2 and the dev pair accuracy beats chance;
+  ``models/heads.split_lm_head``): the train loss falls and the dev pair accuracy beats chance;
+  ``llm/predict/reward_score.py`` on the output reproduces that accuracy;
 * ``llm/run_grpo.py`` (LoRA, adapters-off reference): rollouts through the row's generate, finite losses, some
   steps with rewards that differ within a group (a non-zero advantage), and a policy that moved (KL > 0).
 
@@ -60,7 +61,11 @@ def _reward(run, base, out):
     assert len(loss) == 12 and all(x == x and abs(x) < 1e4 for x in loss), ("reward: loss", loss)
     assert sum(loss[-3:]) < sum(loss[:3]), ("reward: the loss does not fall", loss)
     assert ev["eval_rewards/accuracies"] > 0.5, ("reward: dev pair accuracy at or below chance", ev)
-    assert os.path.isfile(os.path.join(out, "score_head.safetensors"))
+    # llm/predict/reward_score.py reloads the row + adapter + head and reproduces the dev pair accuracy
+    scores = os.path.join(out, "scores.jsonl")
+    r = run([os.path.join(LLM, "predict", "reward_score.py"), "--model_name_or_path", out, "--input_file",
+             os.path.join(ROOT, "llm", "data", "reward_tiny", "dev.json"), "--output_file", scores])
+    assert f"pair accuracy {ev['eval_rewards/accuracies']:.4f}" in r.stdout, (ev, r.stdout[-500:])
 
 
 def _grpo(run, base, out, prompts):
