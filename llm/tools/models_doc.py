@@ -62,6 +62,9 @@ for _name in ("qwen2", "qwen3"):
                                  "reward itself: test_reward_e2e.py on llama)")
 _ALIGN = "test_decoder_align.py::test_kto_reward_and_grpo_train_every_dense_decoder_row"
 DECODER.update(kto=_ALIGN, reward=_ALIGN, grpo=_ALIGN)
+#: the dense decoder rows also run the other adapter methods (the MoE rows: LoRA, QLoRA and full only)
+DENSE_DECODER = dict(DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, "
+                                          "NEFTune)")
 NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
               "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
               "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",
@@ -80,7 +83,8 @@ def table() -> str:
         cells = []
         for feature, _ in COLUMNS:
             why = feature_problem(name, feature)
-            evidence = EVIDENCE.get(name, DECODER if fam.decoder else NEW_FAMILY)
+            decoder = DENSE_DECODER if fam.arch is not None and fam.arch.mlp != "moe" else DECODER
+            evidence = EVIDENCE.get(name, decoder if fam.decoder else NEW_FAMILY)
             cells.append(f"yes ({evidence[feature]})" if why is None else f"refused: {why}")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",
