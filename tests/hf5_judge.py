@@ -38,7 +38,8 @@ def _clean_env():
 def _shared_site_packages() -> str:
     """The project venv's site-packages that holds torch ('' when none does)."""
     shared = [p for p in site.getsitepackages() if os.path.isdir(os.path.join(p, "torch"))]
-    return shared[0] if shared else ""
+    # resolved: a worktree's .venv is a symlink to the shared venv the judge was built against
+    return os.path.realpath(shared[0]) if shared else ""
 
 
 def _build() -> str:

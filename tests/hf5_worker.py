@@ -2,14 +2,16 @@
 
     python hf5_worker.py COMMAND request.json result.json
 
-* ``save``: build a random ``<Family>ForCausalLM`` from ``config`` (transformers 5.x's own keyword
-  arguments: ``rope_parameters``, ``layer_types``, ...) with seed ``seed`` and ``save_pretrained`` it
-  to ``out_dir`` (safetensors, as 5.x writes them; ``dtype`` and ``max_shard_size`` optional).
+* ``save``: build a random ``<Family>ForCausalLM`` (``config_class`` / ``model_class``, or the Auto
+  classes of ``model_type``) from ``config`` (transformers 5.x's own keyword arguments:
+  ``rope_parameters``, ``layer_types``, ...) with seed ``seed`` (``weights_std``: norms
+  1 + 0.3 N(0, 1), the rest weights_std N(0, 1)) and ``save_pretrained`` it to ``out_dir``
+  (safetensors, as 5.x writes them; ``dtype`` and ``max_shard_size`` optional).
 * ``tokenizer``: re-save a tokenizer as 5.x does; its ids and decodings of ``texts``.
 * ``batch``: ``{"jobs": [[command, args], ...]}`` -> the list of their results (torch and
   transformers are imported once).
-* ``run``: load ``model_dir`` with ``AutoModelForCausalLM`` as a user would, write the fp32 logits of
-  ``ids`` (an .npy of int64 [B, L]) to ``logits_out`` and return ``greedy`` (``max_new_tokens`` tokens
+* ``run``: load ``model_dir`` with ``AutoModelForCausalLM`` as a user would (``attn_implementation``
+  optional), write the fp32 logits of ``ids`` (an .npy of int64 [B, L]) to ``logits_out`` and return ``greedy`` (``max_new_tokens`` tokens
   of ``model.generate(do_sample=False)`` after ``prompt``), plus what 5.x read from config.json.
 """
 
@@ -22,16 +24,24 @@ import transformers
 
 
 def save(a):
-    cfg_cls = getattr(transformers, a["config_class"])
-    model_cls = getattr(transformers, a["model_class"])
     torch.manual_seed(a.get("seed", 0))
-    model = model_cls(cfg_cls(**a["config"])).to(getattr(torch, a.get("dtype", "float32")))
+    if a.get("model_type"):  # transformers' Auto classes pick the classes of a model_type
+        config = transformers.AutoConfig.for_model(a["model_type"], **a["config"])
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    else:
+        model = getattr(transformers, a["model_class"])(getattr(transformers, a["config_class"])(**a["config"]))
+    if a.get("weights_std"):  # weights large enough that every knob moves the logits (tests/test_decoder_parity)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else a["weights_std"] * torch.randn_like(p))
+    model = model.to(getattr(torch, a.get("dtype", "float32")))
     model.save_pretrained(a["out_dir"], **({"max_shard_size": a["max_shard_size"]} if a.get("max_shard_size") else {}))
     return {"version": transformers.__version__}
 
 
 def run(a):
-    model = transformers.AutoModelForCausalLM.from_pretrained(a["model_dir"], dtype=torch.float32).eval()
+    kw = {"attn_implementation": a["attn_implementation"]} if a.get("attn_implementation") else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(a["model_dir"], dtype=torch.float32, **kw).eval()
     ids = torch.tensor(np.load(a["ids"]))
     with torch.no_grad():
         np.save(a["logits_out"], model(ids).logits.numpy())

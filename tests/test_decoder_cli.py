@@ -36,14 +36,14 @@ def run(cmd, check=True):
     return r
 
 
-def save_row(model_type, out_dir):
+def save_row(model_type, out_dir, dtype="bfloat16"):
     from test_decoder_parity import BASE, KNOBS  # the same knobs as the parity suite
 
     kw = {**BASE, **KNOBS.get(model_type, {}), "vocab_size": 704, "initializer_range": 0.2}
     kw["max_position_embeddings"] = 64 if model_type == "phi3" else 256  # phi3: longrope's long factors in use
     config = transformers.AutoConfig.for_model(model_type, **kw)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
     model.save_pretrained(out_dir, max_shard_size="200KB")
     build_tokenizer(out_dir, "llama3")
     return out_dir

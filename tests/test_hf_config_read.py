@@ -55,6 +55,33 @@ def test_per_layer_type_rope_is_collapsed_only_when_equal():
     assert len(p) == 1 and "rope_parameters gives a different RoPE per attention type" in p[0]
 
 
+def test_gemma3_per_attention_type_rope_lands_on_the_local_theta_knob():
+    """5.x's Gemma 3 spelling: the global RoPE (theta + scaling) and the sliding layers' own theta, which the
+    row reads as rope_local_base_freq (4.x's key); a scaled local RoPE is not computed here: refused."""
+    lt = ["sliding_attention", "full_attention"]
+    rp = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    c, p = canonical_config({"model_type": "gemma3_text", **BASE, "layer_types": lt, "rope_parameters": rp})
+    assert p == [] and c["rope_theta"] == 1e6 and c["rope_local_base_freq"] == 1e4
+    assert c["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
+    scaled = {**rp, "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}
+    _, p = canonical_config({"model_type": "gemma3_text", **BASE, "layer_types": lt, "rope_parameters": scaled})
+    assert len(p) == 1 and "rope_parameters.sliding_attention=" in p[0] and "rope_local_base_freq" in p[0]
+    _, p = canonical_config({"model_type": "gemma3_text", **BASE, "layer_types": lt, "rope_parameters": rp,
+                             "rope_local_base_freq": 5e3})
+    assert len(p) == 1 and "rope_local_base_freq=5000.0 and rope_parameters.sliding_attention.rope_theta" in p[0]
+
+
+def test_partial_rotary_factor_inside_rope_parameters_moves_to_the_top_level_on_decoder_rows():
+    """5.x keeps GLM-4's / Phi-3's partial_rotary_factor in rope_parameters; 4.x (and the decoder) read it at the top."""
+    c, p = canonical_config({"model_type": "glm4", **BASE, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}})
+    assert p == [] and c["partial_rotary_factor"] == 0.25 and c["rope_scaling"] is None
+    _, p = canonical_config({"model_type": "phi3", **BASE, "partial_rotary_factor": 0.5, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}})
+    assert len(p) == 1 and "partial_rotary_factor=0.5 and rope_parameters.partial_rotary_factor=0.75 differ" in p[0]
+
+
 @pytest.mark.parametrize("raw, key", [
     ({"model_type": "llama", "rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope_parameters.rope_type='su'"),
     ({"model_type": "qwen2", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},

@@ -18,7 +18,7 @@ from paddlenlp_ext.models.family_table import FAMILIES, feature_problem  # noqa:
 DOC = os.path.join(ROOT, "docs", "models.md")
 BEGIN, END = "<!-- family table: llm/tools/models_doc.py -->", "<!-- end of family table -->"
 COLUMNS = [("lora", "LoRA"), ("qlora", "QLoRA"), ("full", "full"), ("packing", "packing"), ("flash_mask", "FlashMask"),
-           ("dpo", "DPO"), ("tp", "TP"), ("pp", "PP"), ("merge", "merge"), ("predict", "predict"),
+           ("dpo", "DPO"), ("kto", "KTO"), ("reward", "reward"), ("grpo", "GRPO"), ("tp", "TP"), ("pp", "PP"), ("merge", "merge"), ("predict", "predict"),
            ("hf_checkpoint", "HF checkpoint")]
 
 _E2E = "test_families_e2e.py::"
@@ -52,10 +52,29 @@ DECODER = {"lora": _DEC, "qlora": _DEC + " (nf4)", "full": _DEC, "packing": _DEC
                  "dense row; LoRA, QLoRA)",
            "pp": "test_decoder_pp.py (PP=2, 4 stages, virtual chunks == one process: loss and every gradient, "
                  "every dense row; LoRA; tied embeddings; stage checkpoints)"}
+#: KTO and GRPO score packed rows with DPO's log-prob path (dpo/logps.py): on a family without its own KTO/GRPO run
+#: the evidence is that path's test there plus the CLI run on llama
+_KTO, _GRPO = "KTO itself: test_kto_e2e.py on llama", "GRPO itself: test_grpo_e2e.py on llama"
+for _name, _ev in EVIDENCE.items():
+    if "dpo" in _ev:
+        _ev.setdefault("kto", f"{_ev['dpo']} (DPO's log-prob path; {_KTO})")
+        _ev.setdefault("grpo", f"{_ev['dpo']} (DPO's log-prob path; {_GRPO})")
+EVIDENCE["llama"].update(kto="test_kto_e2e.py", reward="test_reward_e2e.py", grpo="test_grpo_e2e.py")
+EVIDENCE["qwen2"]["grpo"] = "test_grpo_trl.py (vs TRL's GRPOTrainer)"
+for _name in ("qwen2", "qwen3"):
+    EVIDENCE[_name]["reward"] = (f"{EVIDENCE[_name]['dpo']} (the body + lm_head split the score head reads; "
+                                 "reward itself: test_reward_e2e.py on llama)")
+_ALIGN = "test_decoder_align.py::test_kto_reward_and_grpo_train_every_dense_decoder_row"
+DECODER.update(kto=_ALIGN, reward=_ALIGN, grpo=_ALIGN)
+#: the dense decoder rows also run the other adapter methods (the MoE rows: LoRA, QLoRA and full only)
+DENSE_DECODER = dict(DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, "
+                                          "NEFTune)")
 NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
               "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
               "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",
               "dpo": _E2E + "test_lora_dpo_trains_and_packs_exactly", "hf_checkpoint": "test_hf_checkpoint.py"}
+NEW_FAMILY.update(kto=f"{NEW_FAMILY['dpo']} (DPO's log-prob path; {_KTO})",
+                  grpo=f"{NEW_FAMILY['dpo']} (DPO's log-prob path; {_GRPO})")
 
 
 def table() -> str:
@@ -68,7 +87,8 @@ def table() -> str:
         cells = []
         for feature, _ in COLUMNS:
             why = feature_problem(name, feature)
-            evidence = EVIDENCE.get(name, DECODER if fam.decoder else NEW_FAMILY)
+            decoder = DENSE_DECODER if fam.arch is not None and fam.arch.mlp != "moe" else DECODER
+            evidence = EVIDENCE.get(name, decoder if fam.decoder else NEW_FAMILY)
             cells.append(f"yes ({evidence[feature]})" if why is None else f"refused: {why}")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",

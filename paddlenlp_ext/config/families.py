@@ -13,6 +13,22 @@ from ..models.families import read_model_type
 from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, row
 
 
+#: load_config's mode -> the table feature the run asks for (PPO trains on DPO's log-prob path)
+ALIGNMENT_FEATURE = {"dpo": "dpo", "kto": "kto", "reward": "reward", "grpo": "grpo", "ppo": "dpo"}
+
+
+def run_mode(cfg) -> str:
+    """The CLI mode of a RunConfig: "sft", or the alignment mode whose key group ``cfg.dpo`` holds.
+
+    Worked example: a config loaded with ``mode="kto"`` (``cfg.dpo`` a ``KTOArgument``) -> ``"kto"``.
+    """
+    from .schema import ALIGNMENT_ARGUMENTS
+
+    if cfg.dpo is None:
+        return "sft"
+    return next((m for m, cls in ALIGNMENT_ARGUMENTS.items() if type(cfg.dpo) is cls), "dpo")
+
+
 def unlisted_allowed() -> bool:
     """The user's explicit opt-in to train a model_type that is not in the table."""
     return os.environ.get(UNLISTED_ENV, "") == "1"
@@ -39,8 +55,8 @@ def requested_features(cfg, mode: str) -> List[str]:
         out.append("flash_attention")
     if m.flash_mask:
         out.append("flash_mask")
-    if mode == "dpo":
-        out.append("dpo")
+    if mode in ALIGNMENT_FEATURE:
+        out.append(ALIGNMENT_FEATURE[mode])
     if int(t.get("tensor_parallel_degree", 1) or 1) > 1:
         out.append("tp")
     if int(t.get("pipeline_parallel_degree", 1) or 1) > 1:

@@ -394,9 +394,9 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
 
     p += prefix_problems(m, d, t, where)
     # the model family x what the config asks for (models/family_table.py; docs/models.md)
-    from .families import family_problems
+    from .families import family_problems, run_mode
 
-    p += family_problems(cfg, where, mode="dpo" if cfg.dpo is not None else "sft")
+    p += family_problems(cfg, where, mode=run_mode(cfg))
     return p
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import List
 
-from ..models.families import read_model_type
-from ..models.heads import BODY_ATTRIBUTE
 from .dpo import preference_problems
 
 #: metric_for_best_model values of a reward run (RewardTrainer's eval metrics, without "eval_")
@@ -20,13 +18,10 @@ REWARD_BEST_METRICS = ("loss", "rewards/accuracies", "rewards/margins", "rewards
 
 
 def reward_problems(cfg, where: str) -> List[str]:
-    m, d = cfg.model, cfg.data
+    d = cfg.data
     p: List[str] = []
     if d.lazy:
         p.append(f"{where}: lazy=true is not supported for reward models yet (the pairs are read in memory); "
                  "remove lazy")
-    model_type = read_model_type(m.model_name_or_path) if m.model_name_or_path else None
-    if model_type is not None and model_type not in BODY_ATTRIBUTE:
-        p.append(f"{where}: model_type {model_type!r} cannot take a reward head here: the score head reads the "
-                 f"decoder's last hidden state, supported for {', '.join(sorted(BODY_ATTRIBUTE))}")
+    # a family without a body + lm_head split (models/heads.py) is refused by the family table's "reward" feature
     return p + preference_problems(cfg, where, "reward", REWARD_BEST_METRICS)

@@ -57,6 +57,9 @@ FEATURES = {
     "flash_attention": "use_flash_attention",
     "flash_mask": "flash_mask",
     "dpo": "llm/run_dpo.py",
+    "kto": "llm/run_kto.py",
+    "reward": "llm/run_reward.py",
+    "grpo": "llm/run_grpo.py",
     "tp": "tensor_parallel_degree",
     "pp": "pipeline_parallel_degree",
     "merge": "llm/merge_lora_params.py",
@@ -68,8 +71,11 @@ FEATURES = {
 _ALL = frozenset(FEATURES)
 #: a dense-mask decoder whose forward takes no FlashMask start rows: everything but FlashMask, TP and PP
 _DENSE = frozenset({"lora", "qlora", "full", "packing", "merge", "predict"})
+#: the alignment CLIs that run on DPO's path (the policy's log-probs of packed rows, the reference by
+#: adapters-off or a frozen copy): KTO and GRPO run wherever DPO does
+_LOGP_ALIGN = frozenset({"dpo", "kto", "grpo"})
 #: ... and preference training, whose pair rows need the packed mask
-_DENSE_DPO = _DENSE | {"dpo"}
+_DENSE_DPO = _DENSE | _LOGP_ALIGN
 
 
 @dataclass(frozen=True)
@@ -116,17 +122,17 @@ def _no_flashmask(name: str, ignores_mask_under_flash: str = "") -> Dict[str, st
 
 
 #: the dense families whose use_flash_attention path honours the dense mask (check_packing exact)
-_DENSE_DPO_FA = _DENSE | {"dpo", "flash_attention"}
+_DENSE_DPO_FA = _DENSE | _LOGP_ALIGN | {"flash_attention"}
 
 _OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
                 "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
 
 #: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py,
-#: tests/test_decoder_export.py)
+#: tests/test_decoder_export.py, tests/test_decoder_align.py)
 #: (use_flash_attention: FlashMask start rows run through Paddle's kernel on GPU, ours on CPU; a dense mask
 #: takes the dense path, which computes the same attention)
 _DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint",
-                      "predict", "merge", "dpo"})
+                      "predict", "merge", "dpo", "kto", "reward", "grpo"})
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
@@ -156,15 +162,16 @@ _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
                 r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
 #: MoE decoder rows run the decoder's features (tests/test_decoder_cli.py, tests/test_moe_cli.py) but merge and
 #: preference training, which are verified on the dense rows only (tests/test_decoder_export.py, test_decoder_dpo.py)
-_MOE_DECODER = _DECODER - {"merge", "dpo"}
+_MOE_DECODER = _DECODER - {"merge", "dpo", "kto", "reward", "grpo"}
 
 
 def _moe_refusals(name: str) -> Dict[str, str]:
     return {**_decoder_refusals(name),
             "merge": f"{name}: merging an adapter into an MoE row is not verified yet; serve or predict with "
                      "--lora_path instead of merging",
-            "dpo": f"{name}: preference training on an MoE row is not verified yet; use a dense model "
-                   "(llama, qwen2, qwen3, gemma2, ...)"}
+            **{f: f"{name}: preference training ({FEATURES[f]}) on an MoE row is not verified yet (the router's aux "
+                  "loss is not wired into it); use a dense model (llama, qwen2, qwen3, gemma2, ...)"
+               for f in ("dpo", "kto", "reward", "grpo")}}
 
 
 #: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
@@ -207,8 +214,8 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
            qk_norm=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
-           refusals={"dpo": "qwen3_moe preference training is not verified yet (tests/test_qwen3_moe.py covers "
-                            "SFT); use a dense model (qwen3) for DPO",
+           refusals={**{f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
+                           "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
                      "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
                      "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
                                 "model (qwen3) to predict or serve",
@@ -250,9 +257,9 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
     # gpt and opt read PaddleNLP's dropout keys themselves (default 0.1 in their configs)
     Family("gpt", sets_ignore_index=True, dropout=dict(_OWN_DROPOUT), refusals={
         **_no_flashmask("gpt", "packed vs one-by-one gradients differ by 23% in check_packing"),
-        "dpo": ("gpt models apply dropout in training (hidden_dropout_prob / attention_probs_dropout_prob, 0.1 by "
-                "default), so the DPO policy and its adapters-off reference disagree before any step; use "
-                "llm/run_finetune.py")}),
+        **{f: ("gpt models apply dropout in training (hidden_dropout_prob / attention_probs_dropout_prob, 0.1 by "
+               f"default), so the policy ({FEATURES[f]}) and its adapters-off reference disagree before any step; use "
+               "llm/run_finetune.py") for f in ("dpo", "kto", "grpo")}}),
     Family("opt", masks=frozenset(), features=_DENSE - {"packing"}, dropout=dict(_OWN_DROPOUT), refusals={
         **_no_flashmask("opt"),
         "flash_mask": ("opt models swallow FlashMask start rows and position ids through **kwargs (they would "
@@ -350,8 +357,12 @@ def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
         return f.refusals[feature]
     key = FEATURES[feature]
     name = f"{model_type} models" if f is not GENERIC else f"model_type {model_type!r} (not in the table)"
-    if feature == "dpo":
-        return f"{name}: preference training (llm/run_dpo.py) is not verified on this family; use llm/run_finetune.py"
+    if feature == "reward":
+        heads = ", ".join(sorted(k for k, v in FAMILIES.items() if v.supports("reward")))
+        return (f"model_type {model_type!r} cannot take a reward head here: the score head reads the decoder's last "
+                f"hidden state, supported for {heads}")
+    if feature in ("dpo", "kto", "grpo"):
+        return f"{name}: preference training ({key}) is not verified on this family; use llm/run_finetune.py"
     if feature == "hf_checkpoint":
         return hf_layout_problem(model_type)
     if feature == "qlora":

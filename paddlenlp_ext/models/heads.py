@@ -17,8 +17,15 @@ what ``lm_head`` returns, so they take the full forward.
 
 from typing import Any, Optional, Tuple
 
-#: model_type -> attribute of the ``*ForCausalLM`` holding the decoder body (PaddleNLP's base_model_prefix)
-BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+from .family_table import FAMILIES
+
+#: model_type -> attribute of the ``*ForCausalLM`` holding the decoder body (PaddleNLP's base_model_prefix):
+#: the PaddleNLP / qwen3 classes read above, and the dense rows of our decoder (``DecoderForCausalLM.forward`` is
+#: ``lm_head(body(...)[0])``, its lm_head carrying the row's bias and final soft-cap).  The decoder's MoE rows are
+#: left out: their forward also adds the router's aux loss, which a body-only forward would drop.
+BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+                  **{k: f.body_prefix for k, f in FAMILIES.items()
+                     if f.decoder and f.arch is not None and f.arch.mlp != "moe"}}
 
 
 def split_lm_head(model: Any) -> Optional[Tuple[Any, Any]]:

@@ -54,10 +54,43 @@ def _scaling_of(d: Mapping[str, Any]) -> Dict[str, Any]:
     return {"rope_type": _rope_type(d), **{k: v for k, v in d.items() if k not in ("type", "rope_type", "rope_theta")}}
 
 
+def _local_theta_key(model_type: Any) -> Optional[str]:
+    """The config key of the local (sliding-layer) RoPE theta of a decoder row that has one (Gemma 3:
+    ``rope_local_base_freq``), else None."""
+    from .family_table import row
+
+    family = row(model_type)
+    return family.arch.local_rope_theta if family is not None and family.arch is not None else None
+
+
+def _per_type_rope(raw: Mapping[str, Any], per_type: Dict[str, Any], problems: List[str]) -> Optional[Dict[str, Any]]:
+    """A per-attention-type ``rope_parameters`` whose types differ, read onto a row with a local-layer theta knob.
+
+    transformers 5.x's Gemma 3 writes ``{"full_attention": {theta, scaling}, "sliding_attention": {theta}}``;
+    4.x's spelling of the same model is ``rope_theta`` + ``rope_scaling`` for the global layers and
+    ``rope_local_base_freq`` for the sliding ones, which take no scaling.  Returns the global dict with the local
+    theta under the row's key (``_local``), or None with a problem when the file says more than that.
+    """
+    key = _local_theta_key(raw.get("model_type"))
+    full, local = per_type.get("full_attention"), per_type.get("sliding_attention")
+    if key is None or set(per_type) != {"full_attention", "sliding_attention"}:
+        problems.append(f"config.json rope_parameters gives a different RoPE per attention type "
+                        f"({', '.join(f'{k}: {v}' for k, v in per_type.items())}); the model here has one RoPE for "
+                        "every layer (only a row with a local-layer theta, Gemma 3, reads a sliding_attention RoPE)")
+        return None
+    extra = {k: v for k, v in local.items() if k not in ("rope_theta", "rope_type", "type")}
+    if _rope_type(local) != "default" or extra or local.get("rope_theta") is None:
+        problems.append(f"config.json rope_parameters.sliding_attention={local!r}: the sliding layers here take a "
+                        f"RoPE theta only ({key}); a scaled or theta-less local RoPE is not computed")
+        return None
+    return {**full, "_local": (key, float(local["rope_theta"]))}
+
+
 def _flat_rope(raw: Mapping[str, Any], problems: List[str]) -> Optional[Dict[str, Any]]:
     """The one RoPE dict (rope_type + rope_theta + scaling keys) of a 5.x ``rope_parameters``, or None.
 
-    A nested dict (per attention type) is accepted only when every type has the same RoPE."""
+    A nested dict (per attention type) is accepted when every type has the same RoPE, or on a row with a
+    local-layer theta knob (:func:`_per_type_rope`)."""
     rp = raw.get("rope_parameters")
     if not isinstance(rp, dict):
         problems.append(f"config.json rope_parameters={rp!r}: expected a JSON object with rope_type and rope_theta")
@@ -72,6 +105,8 @@ def _flat_rope(raw: Mapping[str, Any], problems: List[str]) -> Optional[Dict[str
                         f"{sorted(set(rp) - set(nested))}; give one RoPE dict or one per layer type")
         return None
     distinct = {repr(sorted(v.items())) for v in per_type.values()}
+    if len(distinct) > 1 and len(per_type) == len(nested):
+        return _per_type_rope(raw, per_type, problems)
     if len(distinct) > 1 or len(per_type) < len(nested):
         problems.append(f"config.json rope_parameters gives a different RoPE per attention type "
                         f"({', '.join(f'{k}: {v}' for k, v in rp.items())}); the model here has one RoPE for every "
@@ -96,6 +131,21 @@ def _canonical_rope(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[
     rope = _flat_rope(raw, problems)
     if rope is None:
         return
+    local = rope.pop("_local", None)
+    if local is not None:
+        key, theta_local = local
+        if raw.get(key) is not None and float(raw[key]) != theta_local:
+            problems.append(f"config.json {key}={raw[key]!r} and rope_parameters.sliding_attention.rope_theta="
+                            f"{theta_local!r} differ (transformers 4.x reads the first, 5.x the second); keep one")
+            return
+        out[key] = theta_local
+    prf = rope.pop("partial_rotary_factor", None)
+    if prf is not None:  # 5.x keeps it in rope_parameters (Phi-3, GLM-4); 4.x at the top level
+        if raw.get("partial_rotary_factor") is not None and float(raw["partial_rotary_factor"]) != float(prf):
+            problems.append(f"config.json partial_rotary_factor={raw['partial_rotary_factor']!r} and "
+                            f"rope_parameters.partial_rotary_factor={prf!r} differ; keep one")
+            return
+        out["partial_rotary_factor"] = prf
     if rs:  # 5.x: a truthy legacy rope_scaling replaces rope_parameters; 4.x reads only rope_scaling
         if not isinstance(rs, dict) or _scaling_of(rs) != _scaling_of(rope):
             problems.append(f"config.json has both rope_scaling={rs!r} and rope_parameters={raw['rope_parameters']!r} "
@@ -139,6 +189,13 @@ def _canonical_layers(raw: Mapping[str, Any], out: Dict[str, Any], problems: Lis
                         "4.x slides every layer; set sliding_window to null or remove layer_types")
 
 
+def _decoder_row(model_type: Any) -> bool:
+    from .family_table import row
+
+    family = row(model_type)
+    return family is not None and family.decoder
+
+
 def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
     """(config in transformers 4.55's spelling, problems) for a config.json dict of either spelling.
 
@@ -164,16 +221,19 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
     key = spelled_rope_key(raw)
     rope = out.get("rope_scaling")
     known_family = raw.get("model_type") in FAMILY_ROPE_TYPES  # other families: PaddleNLP's own rope_scaling kinds
-    if known_family and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
+    on_decoder = _decoder_row(raw.get("model_type"))  # our decoder: rows.config_problems names what it computes
+    if (known_family or on_decoder) and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
         problems.append(f"config.json {key}.rope_type={rope.get('rope_type')!r}: not a RoPE type transformers knows "
                         f"({', '.join(KNOWN_ROPE_TYPES)})")
-    elif not known_family and key == "rope_parameters" and rope:
+    elif not known_family and not on_decoder and key == "rope_parameters" and rope:
         problems.append(f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
                         f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} only; whether "
                         f"PaddleNLP's {raw.get('model_type')} computes it is not verified")
-    prf = (rope or {}).get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    prf = out.get("partial_rotary_factor")
     if raw.get("model_type") in FAMILY_ROPE_TYPES and prf is not None and float(prf) != 1.0:
-        where = f"{key}.partial_rotary_factor" if "partial_rotary_factor" in (rope or {}) else "partial_rotary_factor"
+        rp = raw.get("rope_parameters")
+        inside = isinstance(rp, dict) and "partial_rotary_factor" in rp
+        where = f"{key}.partial_rotary_factor" if inside else "partial_rotary_factor"
         problems.append(f"config.json {where}={prf}: RoPE on part of each head is not computed by the model here")
     return out, problems
 

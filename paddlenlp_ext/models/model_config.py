@@ -41,7 +41,11 @@ def load_model_config(model_dir: str, **kwargs: Any):
 
     canon = canonical_model_config(model_dir)
     config = AutoConfig.from_pretrained(model_dir, **kwargs)
-    for key in CANONICAL_KEYS:
+    # ... and the 4.x keys 5.x keeps elsewhere (partial_rotary_factor inside rope_parameters; Gemma 3's local theta
+    # as rope_parameters.sliding_attention): absent from the file, so PaddleNLP's config has its class default
+    raw = read_config_json(model_dir)
+    lifted = [k for k in canon if k not in raw and k != "torch_dtype"]
+    for key in (*CANONICAL_KEYS, *lifted):
         if key in canon:
             setattr(config, key, canon[key])
     if hasattr(config, "rope_parameters"):  # one spelling on the object (and in what save_pretrained writes)

@@ -41,6 +41,7 @@ class RewardScorer:
         full weights or an adapter over ``base_model_name_or_path``, or a merged one) and its tokenizer."""
 
         from ..data.tokenize import resolve_chat_template
+        from ..integrations.decoder import register_decoder
         from ..integrations.qwen3 import register_qwen3
         from ..models.loading import load_model_streaming
         from ..models.model_config import load_model_config
@@ -49,6 +50,7 @@ class RewardScorer:
 
         info = read_reward_config(path)
         register_qwen3()
+        register_decoder()  # the decoder's rows (models/family_table.py, Family.decoder) for AutoConfig
         tokenizer = load_tokenizer(path)
         use_template = resolve_chat_template(tokenizer, info.get("chat_template_file"))
         if bool(info.get("chat_template")) != bool(use_template):
