@@ -3,8 +3,8 @@
 ``add`` is the tool (``tools: ["paddlenlp_ext.examples.calculator:add"]``); ``uses_tool_result`` is the
 reward (``reward_funcs: ["paddlenlp_ext.examples.calculator:uses_tool_result"]``): 1 when the completion
 called a tool that answered and its final answer contains that answer.  :func:`write_toy_data` writes the
-toy's files: a Qwen2.5-style chat template with ``<tool_call>`` blocks, SFT conversations (half of them
-call the tool, half answer without it) and GRPO prompts.
+toy's files: a Qwen2.5-style chat template with ``<tool_call>`` blocks, SFT conversations (the question twice
+with the call, once answered without it) and GRPO prompts.
 """
 
 from __future__ import annotations
@@ -71,21 +71,27 @@ def sft_conversation(a: int, b: int, call: bool) -> Dict:
         {"role": "assistant", "content": f"The answer is {a + b}."}]}
 
 
+#: the toy's question(s) "What is a + b?".  One: the tiny model (2 layers, hidden 64) memorises what it sees
+#: rather than learning to copy numbers, and with several questions it mixes their arguments and answers up
+PAIRS = ((2, 3),)
+
+
 def write_toy_data(directory: str) -> Dict[str, str]:
-    """Write ``template.jinja``, ``sft.json`` (2 x 16 conversations: with and without the call) and
-    ``prompts.json`` (16 questions) into ``directory``; returns their paths."""
+    """Write ``template.jinja``, ``sft.json`` (each question of :data:`PAIRS` twice with the call, once
+    answered without it) and ``prompts.json`` (each question 4 times) into ``directory``; returns their paths."""
     os.makedirs(directory, exist_ok=True)
-    pairs = [(a, b) for a in range(1, 5) for b in range(1, 5)]
+    pairs = PAIRS
     paths = {name: os.path.join(directory, name) for name in ("template.jinja", "sft.json", "prompts.json")}
     with open(paths["template.jinja"], "w", encoding="utf-8") as f:
         f.write(TEMPLATE)
     with open(paths["sft.json"], "w", encoding="utf-8") as f:
         for a, b in pairs:
-            for call in (True, False):
+            for call in (True, True, False):
                 f.write(json.dumps(sft_conversation(a, b, call)) + "\n")
     with open(paths["prompts.json"], "w", encoding="utf-8") as f:
         for a, b in pairs:
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}]}) + "\n")
+            for _ in range(4):
+                f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}]}) + "\n")
     return paths
 
 
