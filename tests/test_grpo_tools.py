@@ -235,3 +235,20 @@ def test_tool_tokens_carry_no_loss_and_no_gradient(loss_type):
     want = np.asarray([full[p, t] for p, t in zip(generated_positions, [10, 2, 11, 2, 12, 2, 13, 14])],
                       dtype=np.float32)
     np.testing.assert_allclose(logps.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_rollout_with_tool_masks_survives_a_checkpoint(tmp_path):
+    """save_rollout / load_rollout keep the multi-turn masks and tool counts, and rebuild the rows with them."""
+    from paddlenlp_ext.grpo.rollout import MicroRollout, Rollout, load_rollout, save_rollout
+
+    completions, trained = [[10, 2, 30, 31, 11, 2], [12, 13, 2]], [[1, 1, 0, 0, 1, 1], [1, 1, 1]]
+    micro = MicroRollout(indices=[3], completions=completions, rewards=np.array([1.0, 0.0]), per_func={},
+                         advantages=np.array([0.7, -0.7], dtype=np.float32), batch=None, trained=trained,
+                         tool_calls=np.array([1.0, 0.0]), tool_failures=np.array([0.0, 0.0]), turns=np.array([2.0, 1.0]))
+    save_rollout(Rollout(step=4, micro=[micro], global_tokens=7, global_sequences=2), str(tmp_path / "r.npz"))
+    seen = []
+    back = load_rollout(str(tmp_path / "r.npz"), lambda *args: seen.append(args) or "rows")
+    m = back.micro[0]
+    assert seen == [([3], completions, trained)] and m.batch == "rows"
+    assert m.trained == trained and m.turns.tolist() == [2.0, 1.0] and m.tool_calls.tolist() == [1.0, 0.0]
+    assert back.global_tokens == 7
