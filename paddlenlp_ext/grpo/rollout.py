@@ -147,8 +147,8 @@ def save_rollout(rollout: Rollout, path: str) -> None:
 
 
 def load_rollout(path: str, rebuild) -> Rollout:
-    """:func:`save_rollout`'s file -> a Rollout; ``rebuild(indices, completions, trained)`` makes each micro-batch's
-    rows (``trained``: the multi-turn masks or None)."""
+    """:func:`save_rollout`'s file -> a Rollout; ``rebuild(indices, completions)`` makes each micro-batch's rows
+    (``rebuild(indices, completions, trained)`` for a multi-turn rollout: ``trained`` its masks)."""
     import paddle
 
     data = np.load(path)
@@ -162,8 +162,8 @@ def load_rollout(path: str, rebuild) -> Rollout:
             if f"{k}/trained" in data.files else None
         per_func = {key.split("/", 2)[2]: data[key] for key in data.files if key.startswith(f"{k}/func/")}
         m = MicroRollout(indices=indices, completions=completions, rewards=data[f"{k}/rewards"], per_func=per_func,
-                         advantages=data[f"{k}/advantages"], batch=rebuild(indices, completions, trained),
-                         trained=trained)
+                         advantages=data[f"{k}/advantages"], trained=trained,
+                         batch=rebuild(indices, completions) if trained is None else rebuild(indices, completions, trained))
         if trained is not None:
             for name in ("tool_calls", "tool_failures", "turns"):
                 setattr(m, name, data[f"{k}/{name}"])
