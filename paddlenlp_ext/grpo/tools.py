@@ -138,9 +138,11 @@ class ToolRunner:
         self.proc: Optional[subprocess.Popen] = None
         self.isolation: List[str] = []
         self._buffer = b""
+        self._eof = False
 
     def _start(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the parent's imports
+        self._eof = False
         self.proc = subprocess.Popen([sys.executable, "-m", "paddlenlp_ext.grpo.tool_worker", *self.specs],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env)
@@ -160,7 +162,8 @@ class ToolRunner:
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return None
             chunk = os.read(fd, 65536)
-            if not chunk:
+            if not chunk:  # end of file: the child exited
+                self._eof = True
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
@@ -177,12 +180,12 @@ class ToolRunner:
         try:
             self.proc.stdin.write((json.dumps({"name": name, "arguments": arguments}) + "\n").encode("utf-8"))
             self.proc.stdin.flush()
-        except BrokenPipeError:
-            line = None
+        except BrokenPipeError:  # the child is gone
+            self._eof, line = True, None
         else:
             line = self._read_line(time.monotonic() + self.timeout)
         if line is None:  # timed out or the child died: a fresh child for the next call
-            died = self.proc.poll() is not None
+            died = self._eof or self.proc.poll() is not None
             self.close()
             what = "the tool process exited" if died else f"timed out after {self.timeout:g} s"
             return json.dumps({"error": f"{name}: {what}"}), False
