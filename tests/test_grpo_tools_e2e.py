@@ -1,6 +1,6 @@
 """The multi-turn toy through the CLI (issue 38's "done when"): a calculator tool, the reward 1 when the final
 answer contains the tool's result.  After a short SFT on tool-call conversations (llm/run_finetune.py with the
-toy's chat template: the question twice answered through the tool, once answered "I cannot say."), GRPO with
+toy's chat template: the question once answered through the tool, once answered "I cannot say."), GRPO with
 ``tools`` and ``max_turns: 2`` runs the calls between turns, and the mean reward rises.
 
 What it shows, honestly: the tiny model (2 layers, hidden 64) memorises the one question's call and answer;
@@ -30,7 +30,7 @@ def calculator_sft(tiny_model_dir, data, out):
     cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
            os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(out),
            "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", data["sft.json"],
-           "--chat_template", data["template.jinja"], "--max_steps", "60", "--per_device_train_batch_size", "3",
+           "--chat_template", data["template.jinja"], "--max_steps", "60", "--per_device_train_batch_size", "2",
            "--warmup_steps", "3", "--src_length", "512", "--max_length", "600", "--do_eval", "false",
            "--eval_before_train", "false", "--report_to", "none"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
@@ -47,7 +47,7 @@ def test_calculator_reward_rises(tiny_model_dir, tmp_path):
     r = run_grpo(out, "--model_name_or_path", sft, "--train_dataset_path", data["prompts.json"], "--chat_template",
                  data["template.jinja"], "--tools", TOOLS, "--max_turns", "2", "--reward_funcs", REWARD,
                  "--max_prompt_len", "360", "--max_completion_length", "140", "--max_steps", STEPS,
-                 "--learning_rate", "5e-4", "--lr_scheduler_type", "constant", "--report_to", "none")
+                 "--learning_rate", "5e-4", "--lr_scheduler_type", "constant", "--loss_type", "grpo", "--report_to", "none")
     logs = step_logs(out)
     assert len(logs) == STEPS
     for h in logs:  # the tool turns of every rollout are logged
