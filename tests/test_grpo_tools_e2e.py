@@ -1,6 +1,6 @@
 """The multi-turn toy through the CLI (issue 38's "done when"): a calculator tool, the reward 1 when the final
 answer contains the tool's result.  After a short SFT on tool-call conversations (llm/run_finetune.py with the
-toy's chat template: the question once answered through the tool, once answered "I cannot say."), GRPO with
+toy's chat template: the question once answered through the tool, three times "I cannot say."), GRPO with
 ``tools`` and ``max_turns: 2`` runs the calls between turns, and the mean reward rises.
 
 What it shows, honestly: the tiny model (2 layers, hidden 64) memorises the one question's call and answer;

@@ -4,7 +4,7 @@
 reward (``reward_funcs: ["paddlenlp_ext.examples.calculator:uses_tool_result"]``): 1 when the completion
 called a tool that answered and its final answer contains that answer.  :func:`write_toy_data` writes the
 toy's files: a Qwen2.5-style chat template with ``<tool_call>`` blocks, SFT conversations (the question once
-answered through the tool, once answered without it) and GRPO prompts.
+answered through the tool, three times answered without it) and GRPO prompts.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ PAIRS = ((2, 3),)
 
 def write_toy_data(directory: str) -> Dict[str, str]:
     """Write ``template.jinja``, ``sft.json`` (each question of :data:`PAIRS` once answered through the tool,
-    once without it) and ``prompts.json`` (each question 4 times) into ``directory``; returns their paths."""
+    three times without it: the SFT model calls the tool in a minority of its answers) and ``prompts.json`` (each question 4 times) into ``directory``; returns their paths."""
     os.makedirs(directory, exist_ok=True)
     pairs = PAIRS
     paths = {name: os.path.join(directory, name) for name in ("template.jinja", "sft.json", "prompts.json")}
@@ -86,7 +86,7 @@ def write_toy_data(directory: str) -> Dict[str, str]:
         f.write(TEMPLATE)
     with open(paths["sft.json"], "w", encoding="utf-8") as f:
         for a, b in pairs:
-            for call in (True, False):
+            for call in (True, False, False, False):
                 f.write(json.dumps(sft_conversation(a, b, call)) + "\n")
     with open(paths["prompts.json"], "w", encoding="utf-8") as f:
         for a, b in pairs:
