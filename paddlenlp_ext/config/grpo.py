@@ -94,7 +94,7 @@ def grpo_problems(cfg, where: str) -> List[str]:
         p.append(f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
                  "(reward_funcs in order, then the reward model); give one weight each")
     if o.alignment == "grpo":
-        p += loss_problems(cfg, where)
+        p += loss_problems(cfg, where) + tool_problems(cfg, where)
     elif world_size() > 1:  # PPO: the value head is applied outside the data-parallel wrapper's forward
         p.append(f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
                  "forward); launch llm/run_ppo.py without paddle.distributed.launch")
@@ -154,4 +154,47 @@ def loss_problems(cfg, where: str) -> List[str]:
                          "is the completion's); remove it (normalize_advantages scales RLOO's advantages)")
     elif "normalize_advantages" in cfg.explicit:
         p.append(f"{where}: normalize_advantages belongs to loss_type rloo; for {o.loss_type} use scale_rewards")
+    return p
+
+
+def resolve_tools(specs) -> List[Tuple[Callable, dict]]:
+    """``tools`` -> [(function, its JSON schema)]; ValueError naming ``tools[k]`` (importable, callable, a docstring
+    and type hints for its schema, names unique).
+
+    >>> resolve_tools(["paddlenlp_ext.examples.calculator:add"])[0][1]["function"]["name"]
+    'add'
+    """
+    from ..grpo.tools import function_schema
+
+    out, names = [], set()
+    for i, spec in enumerate(specs or []):
+        try:
+            func, name = resolve_reward_func(spec)
+            schema = function_schema(func, f"tools[{i}] {spec!r}")
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith("tools[") else f"tools[{i}]: {msg}") from None
+        if name in names:
+            raise ValueError(f"tools[{i}] {spec!r}: a second tool named {name!r}; the model calls tools by name")
+        names.add(name)
+        out.append((func, schema))
+    return out
+
+
+def tool_problems(cfg, where: str) -> List[str]:
+    """The multi-turn keys: tools resolve (module, function, schema), tools <-> max_turns >= 2."""
+    o = cfg.dpo
+    p: List[str] = []
+    try:
+        resolve_tools(o.tools)
+    except ValueError as e:
+        p.append(f"{where}: {e}")
+    if o.tools and o.max_turns < 2:
+        p.append(f"{where}: tools are run between turns, and max_turns is {o.max_turns}; set max_turns >= 2 (e.g. 2: "
+                 "one call, then the answer)")
+    if not o.tools and o.max_turns > 1:
+        p.append(f"{where}: max_turns {o.max_turns} needs tools (nothing answers between turns without them); set "
+                 "tools [\"package.module:function\", ...] or max_turns 1")
+    if "tool_timeout" in cfg.explicit and not o.tools:
+        p.append(f"{where}: tool_timeout is set but there are no tools; remove it or set tools")
     return p

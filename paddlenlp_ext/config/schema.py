@@ -349,6 +349,13 @@ class GRPOArgument:
     normalize_advantages: bool = _f(False, "loss_type rloo: normalise the advantages over the global batch "
                                     "(TRL's RLOOConfig key).")
     rslora_plus: bool = _f(False, "PaddleNLP's shortcut: rslora=true, lora_plus_scale=4, lora_alpha=4 (needs lora).")
+    tools: Optional[List[str]] = _f(
+        None, "Tools \"package.module:function\" offered in the prompt (the chat template's tools=) and run between "
+        "turns, each in a sandboxed child process without network (docs/alignment.md); needs max_turns >= 2.")
+    max_turns: int = _f(1, "Assistant turns per completion: after a turn with tool calls the results are appended "
+                        "as tool messages and generation continues, up to this many turns (1 = single turn).", gt=0)
+    tool_timeout: float = _f(10.0, "Seconds one tool call may run; past it the call is stopped and its result is "
+                             "an error message.", gt=0.0)
 
     # not keys: what the alignment code shared with DPO reads
     ref_model_update_steps = -1

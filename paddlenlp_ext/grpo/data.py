@@ -29,7 +29,7 @@ from ..data.reader import DataError, Example
 from ..data.tokenize import IGNORE_INDEX
 
 __all__ = ["PromptRecord", "prompt_from_record", "read_prompts", "fit_prompt", "render_prompt", "PromptDataset",
-           "prompt_collator"]
+           "prompt_collator", "offer_tools", "prompt_messages"]
 
 #: stands in for the answer while the prompt is rendered; its tokens are dropped
 PLACEHOLDER_ANSWER = "answer"
@@ -159,12 +159,45 @@ def render_prompt(rec: PromptRecord, renderer, max_prompt_len: int) -> List[int]
     return fit_prompt(rec, renderer, max_prompt_len)[0]
 
 
+def as_conversation(item) -> Conversation:
+    """A prompt item as a Conversation (an Example's src/tgt turns become user/assistant messages).
+
+    >>> [(m.role, m.content) for m in as_conversation(Example(src=["a", "b"], tgt=["x"], system="s")).messages]
+    [('system', 's'), ('user', 'a'), ('assistant', 'x'), ('user', 'b')]
+    """
+    if isinstance(item, Conversation):
+        return item
+    msgs = [Message("system", item.system)] if item.system else []
+    for k, user in enumerate(item.src):
+        msgs.append(Message("user", user))
+        if k < len(item.tgt):
+            msgs.append(Message("assistant", item.tgt[k]))
+    return Conversation(msgs, origin=item.origin, format="src/tgt")
+
+
+def offer_tools(rec: PromptRecord, schemas: List[Dict]) -> PromptRecord:
+    """The prompt with the configured tools offered (the chat template's ``tools``); a record that lists its
+    own tools is refused (ValueError naming it): the model could call a tool that does not run."""
+    conv = as_conversation(rec.item)
+    if conv.tools:
+        raise ValueError(f"{rec.origin}: the record lists its own 'tools', and the tools key gives the tools that "
+                         "run; remove 'tools' from the records (every prompt is offered the configured tools)")
+    item = Conversation(list(conv.messages), tools=list(schemas), origin=conv.origin, format=conv.format)
+    return PromptRecord(item=item, text=rec.text, columns=rec.columns, origin=rec.origin)
+
+
+def prompt_messages(rec: PromptRecord) -> List[Dict]:
+    """The prompt's messages as the reward functions see them (OpenAI / template dicts)."""
+    return [m.as_template_dict() for m in as_conversation(rec.item).messages]
+
+
 class PromptDataset:
     """Map-style: item ``i`` is ``{"prompt_index": i}``; the trainer looks up ``ids``, ``texts``, ``columns``."""
 
     def __init__(self, records: List[PromptRecord], ids: List[List[int]]):
         self.records, self.ids = records, ids
         self.texts = [r.text for r in records]
+        self.messages = [prompt_messages(r) for r in records]  # multi-turn rewards: the whole conversation
         self.origins = [r.origin for r in records]
 
     def __len__(self) -> int:

@@ -65,14 +65,18 @@ def split_plan(tag, per_device: int):
     return flat[0], [plan[k:k + per_device] for k in range(0, len(plan), per_device)]
 
 
-def truncation_mask(completions, eos_ids) -> np.ndarray:
-    """[T] float32 over the completions' tokens in order: 0 for every token of a completion that does not
-    end with an EOS (cut at max_completion_length), else 1 (``mask_truncated_completions``).
+def truncation_mask(completions, eos_ids, trained=None) -> np.ndarray:
+    """[T] float32 over the completions' scored tokens in order (``trained``: the multi-turn masks, only
+    generated tokens are scored): 0 for every token of a completion that does not end with an EOS (cut at
+    max_completion_length), else 1 (``mask_truncated_completions``).
 
     >>> truncation_mask([[5, 2], [6, 7]], [2]).tolist()
     [1.0, 1.0, 0.0, 0.0]
+    >>> truncation_mask([[5, 9, 2], [6, 7]], [2], trained=[[1, 0, 1], [1, 1]]).tolist()
+    [1.0, 1.0, 0.0, 0.0]
     """
-    parts = [np.full(len(c), float(bool(c) and int(c[-1]) in eos_ids), dtype=np.float32) for c in completions]
+    sizes = [len(c) if trained is None else int(sum(m)) for c, m in zip(completions, trained or completions)]
+    parts = [np.full(n, float(bool(c) and int(c[-1]) in eos_ids), dtype=np.float32) for c, n in zip(completions, sizes)]
     return np.concatenate(parts) if parts else np.zeros([0], dtype=np.float32)
 
 
@@ -92,6 +96,11 @@ class MicroRollout:
     token_advantages: Any = None  # [T] paddle
     returns: Any = None  # [T] paddle
     kl_tokens: Optional[np.ndarray] = None  # [T]
+    # multi-turn (tools): 1 for the tokens the policy generated, 0 for tool results and the template between turns
+    trained: Optional[List[List[int]]] = None
+    tool_calls: Optional[np.ndarray] = None  # [n * G] calls made by each completion
+    tool_failures: Optional[np.ndarray] = None  # [n * G] of them answered with an error (or a timeout)
+    turns: Optional[np.ndarray] = None  # [n * G] assistant turns
 
 
 @dataclass
@@ -119,6 +128,10 @@ def save_rollout(rollout: Rollout, path: str) -> None:
         arrays[f"{k}/indices"] = np.asarray(m.indices, dtype=np.int64)
         arrays[f"{k}/lengths"] = np.asarray([len(c) for c in m.completions], dtype=np.int64)
         arrays[f"{k}/tokens"] = np.asarray([t for c in m.completions for t in c], dtype=np.int64)
+        if m.trained is not None:
+            arrays[f"{k}/trained"] = np.asarray([t for c in m.trained for t in c], dtype=np.int8)
+            for name in ("tool_calls", "tool_failures", "turns"):
+                arrays[f"{k}/{name}"] = np.asarray(getattr(m, name), dtype=np.float64)
         arrays[f"{k}/rewards"] = np.asarray(m.rewards, dtype=np.float64)
         arrays[f"{k}/advantages"] = np.asarray(m.advantages, dtype=np.float32)
         for name, values in m.per_func.items():
@@ -134,7 +147,8 @@ def save_rollout(rollout: Rollout, path: str) -> None:
 
 
 def load_rollout(path: str, rebuild) -> Rollout:
-    """:func:`save_rollout`'s file -> a Rollout; ``rebuild(indices, completions)`` makes each micro-batch's rows."""
+    """:func:`save_rollout`'s file -> a Rollout; ``rebuild(indices, completions)`` makes each micro-batch's rows
+    (``rebuild(indices, completions, trained)`` for a multi-turn rollout: ``trained`` its masks)."""
     import paddle
 
     data = np.load(path)
@@ -144,9 +158,15 @@ def load_rollout(path: str, rebuild) -> Rollout:
         ends = np.cumsum(data[f"{k}/lengths"])
         completions = [c.tolist() for c in np.split(data[f"{k}/tokens"], ends[:-1])]
         indices = data[f"{k}/indices"].tolist()
+        trained = [c.tolist() for c in np.split(data[f"{k}/trained"], ends[:-1])] \
+            if f"{k}/trained" in data.files else None
         per_func = {key.split("/", 2)[2]: data[key] for key in data.files if key.startswith(f"{k}/func/")}
         m = MicroRollout(indices=indices, completions=completions, rewards=data[f"{k}/rewards"], per_func=per_func,
-                         advantages=data[f"{k}/advantages"], batch=rebuild(indices, completions))
+                         advantages=data[f"{k}/advantages"], trained=trained,
+                         batch=rebuild(indices, completions) if trained is None else rebuild(indices, completions, trained))
+        if trained is not None:
+            for name in ("tool_calls", "tool_failures", "turns"):
+                setattr(m, name, data[f"{k}/{name}"])
         for name in _TENSORS:
             if f"{k}/{name}" in data.files:
                 setattr(m, name, paddle.to_tensor(data[f"{k}/{name}"]))

@@ -14,6 +14,11 @@ Worked example, prompts [11, 12] and [13], completions [21] and [22, 23], capaci
     input_ids  [11, 12, 21, 13, 22, 23, 0, 0]     position_ids [0, 1, 2, 0, 1, 2, 0, 1]
     start rows [3, 3, 3, 6, 6, 6, 6, 6]           logp_index [1, 3, 4]  logp_token [21, 22, 23]
     logp_segment [0, 1, 1]
+
+A multi-turn completion (tool calls, ``completion_masks``) holds tokens the policy did not generate: the
+tool results and the template's tokens between turns (mask 0).  They stay in the row as context but are
+never scored: with masks [1] and [1, 0] above, ``logp_index`` is [1, 3] and ``logp_token`` [21, 22], so
+they have no log-prob, no loss, no gradient and no place in any token count.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ __all__ = ["sequence_rows"]
 
 
 def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int,
-                  capacity: Optional[int], flash_mask: bool) -> Dict:
+                  capacity: Optional[int], flash_mask: bool,
+                  completion_masks: Optional[Sequence[Sequence[int]]] = None) -> Dict:
     """The batch for the policy forward.
 
     Returns ``input_ids``, ``position_ids`` int64 [B, S]; ``attn_mask_startend_row_indices`` int32
@@ -42,6 +48,9 @@ def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
     ([[11, 12, 21, 13, 22, 23, 0, 0]], [3, 3, 3, 6, 6, 6, 6, 6])
     >>> b["logp_index"].tolist(), b["logp_token"].tolist(), b["logp_segment"].tolist()
     ([1, 3, 4], [21, 22, 23], [0, 1, 1])
+    >>> b = sequence_rows([[11, 12], [13]], [[21], [22, 23, 24]], 0, 8, True, completion_masks=[[1], [1, 0, 1]])
+    >>> b["logp_index"].tolist(), b["logp_token"].tolist(), b["logp_segment"].tolist()
+    ([1, 3, 5], [21, 22, 24], [0, 1, 1])
     """
     if len(prompts) != len(completions) or not prompts:
         raise ValueError(f"need one completion per prompt (got {len(prompts)} prompts, {len(completions)} completions)")
@@ -69,9 +78,10 @@ def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
             ids[b, off:end] = p + c
             pos[b, off:end] = np.arange(end - off)
             start[b, off:end] = end
-            idx += [b * width + off + len(p) - 1 + j for j in range(len(c))]
-            tok += c
-            seg += [k] * len(c)
+            keep = range(len(c)) if completion_masks is None else [j for j in range(len(c)) if completion_masks[k][j]]
+            idx += [b * width + off + len(p) - 1 + j for j in keep]
+            tok += [c[j] for j in keep]
+            seg += [k] * len(keep)
             off = end
         pos[b, off:] = np.arange(width - off)
         start[b, off:] = off

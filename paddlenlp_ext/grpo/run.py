@@ -17,7 +17,8 @@ from ..training.run import attach_data_callbacks, build_model, library_patches, 
     write_run_summary
 
 #: per-step metrics copied from the log history into run_summary.json
-STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length", "rollout_time")
+STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length", "rollout_time",
+             "tools/call_frequency", "tools/failure_frequency", "tools/turns")
 
 
 def build_prompts(cfg: RunConfig, tokenizer):
@@ -26,13 +27,23 @@ def build_prompts(cfg: RunConfig, tokenizer):
     from ..data.reader import DataError
     from ..data.tokenize import resolve_chat_template
     from ..dpo.data import resolve_split_files
-    from .data import PromptDataset, fit_prompt, read_prompts
+    from .data import PromptDataset, fit_prompt, offer_tools, read_prompts
 
     o, d = cfg.dpo, cfg.data
     files = resolve_split_files(o.train_dataset_path, "train")
     records = read_prompts(files, d.dataset_format, d.dataset_columns)
     use_template = resolve_chat_template(tokenizer, d.chat_template)
     renderer = make_renderer(cfg, tokenizer, use_template)
+    schemas = tool_schemas(cfg, renderer)
+    if schemas:
+        problems = []
+        for k, rec in enumerate(records):
+            try:
+                records[k] = offer_tools(rec, schemas)
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            raise DataError(problems[:20], max(len(problems) - 20, 0))
     renderer.src_length = renderer.max_length = 1 << 30  # fit_prompt cuts, by the one truncation policy
     ids, problems, truncated = [], [], 0
     for rec in records:
@@ -48,6 +59,8 @@ def build_prompts(cfg: RunConfig, tokenizer):
     report = {"files": files, "chat_template": use_template, "packing": "in_order" if d.zero_padding else "none",
               "examples": len(dataset), "tokens": dataset.stats()["prompt_tokens"], **dataset.stats(),
               "truncated_prompts": truncated}
+    if schemas:
+        report["tools"] = schemas
     if truncated:
         from ..training.console import current
 
@@ -56,6 +69,42 @@ def build_prompts(cfg: RunConfig, tokenizer):
                        f"{o.max_prompt_len} tokens (docs/data.md); raise max_prompt_len to "
                        "keep them whole")
     return dataset, report
+
+
+def tool_schemas(cfg: RunConfig, renderer):
+    """The tools' JSON schemas, or None without tools; ConfigError when the chat template cannot offer them
+    (no jinja template, or one that writes no tool-call format the parser reads)."""
+    from ..config.grpo import resolve_tools
+    from ..serve.tools import tool_style
+
+    tools = getattr(cfg.dpo, "tools", None)
+    if not tools:
+        return None
+    source = renderer.templates.get(True) or renderer.templates.get(False)
+    where = cfg.source or "config"
+    if not source:
+        raise ConfigError([f"{where}: tools need a jinja chat template that renders tools= and tool calls (the "
+                           "tokenizer has none): set chat_template to a jinja file, e.g. the model family's own"])
+    if tool_style(source) is None:
+        raise ConfigError([f"{where}: the chat template writes no tool-call format the parser reads (<tool_call> "
+                           "blocks, or Llama 3's <|python_tag|> JSON); use a template that does"])
+    return [schema for _, schema in resolve_tools(tools)]
+
+
+def tool_env(cfg: RunConfig, tokenizer, dataset_report):
+    """The multi-turn rollout's :class:`~paddlenlp_ext.grpo.multiturn.ToolEnv`, or None without tools."""
+    if not getattr(cfg.dpo, "tools", None):
+        return None
+    from ..data.chat_template import find_template, special_tokens_of
+    from ..serve.tools import tool_style
+    from .multiturn import ToolEnv
+    from .tools import ToolRunner
+
+    m, o = cfg.model, cfg.dpo
+    source = find_template(m.tokenizer_name_or_path or m.model_name_or_path, cfg.data.chat_template, True)
+    return ToolEnv(tokenizer=tokenizer, source=source, special=special_tokens_of(tokenizer), style=tool_style(source),
+                   schemas=dataset_report["tools"], runner=ToolRunner(o.tools, o.tool_timeout),
+                   eos_ids=[int(tokenizer.eos_token_id)])
 
 
 def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, Any]:
@@ -75,12 +124,14 @@ def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, An
 
 
 def show_reward_on_console(trainer) -> None:
-    """Each progress line also shows the step's mean reward and KL (after the learning rate)."""
+    """Each progress line also shows the step's mean reward and KL (after the learning rate), and with tools
+    the mean tool calls per completion."""
     from ..training.callbacks import ConsoleProgress
 
+    tools = {"tools/call_frequency": "tool calls"} if getattr(trainer, "tool_env", None) is not None else {}
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, ConsoleProgress):
-            callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl"}
+            callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl", **tools}
 
 
 def run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
@@ -120,9 +171,11 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     logger.info(f"data[train]: {json.dumps(report, default=str)}")
     rewards = RewardSet(o.reward_funcs or [], o.reward_model_name_or_path, o.reward_weights)
     built = build_model(cfg, args)
+    env = tool_env(cfg, tokenizer, report)
+    extra = {"tool_env": env} if env is not None else {}
     trainer = (trainer_cls or GRPOTrainer)(model=built.model, args=args, train_dataset=dataset, tokenizer=tokenizer,
                           data_collator=prompt_collator, adapter_config=built.adapter_config, grpo_config=o,
-                          rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding)
+                          rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding, **extra)
     attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
     show_reward_on_console(trainer)
@@ -132,7 +185,17 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
                                "rewards": rewards.names, "num_generations": o.num_generations,
                                "num_iterations": o.num_iterations, "importance_sampling_level": o.importance_sampling_level,
                                "scale_rewards": o.scale_rewards, "epsilon_high": trainer.epsilon_high}
-    train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
+    if env is not None:
+        summary.update(tools=list(o.tools), max_turns=o.max_turns, tool_timeout=o.tool_timeout)
+        logger.info(f"GRPO tools: {[s['function']['name'] for s in env.schemas]}, up to {o.max_turns} turns, "
+                    f"{o.tool_timeout:g} s per call, {env.style} tool calls")
+    try:
+        train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
+    finally:
+        if env is not None:
+            env.runner.close()
+    if env is not None:
+        summary["tool_isolation"] = env.runner.isolation  # the no-network layers the tool process had
     tokens, completion_tokens = trainer.global_token_counts()
     from ..training.rank_counts import sum_over_ranks
 
@@ -143,6 +206,9 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
                    row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
                    completions_per_second=round(completions / max(train_time, 1e-9), 3))
     summary.update(reward_trend(trainer.state.log_history), rollouts_generated=trainer.rollouts)
+    if env is not None:
+        calls = [s["tools/call_frequency"] for s in summary["steps"] if "tools/call_frequency" in s]
+        summary["tool_calls_per_completion"] = sum(calls) / len(calls) if calls else 0.0
     if "reward_first" in summary:
         k = summary["reward_window"]
         current().line(f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps "

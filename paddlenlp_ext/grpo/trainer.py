@@ -44,6 +44,7 @@ from .objective import aggregate, group_advantages, rloo_advantages, scale_mode,
 from .rollout import MicroRollout, Rollout, RolloutSampler, load_rollout, rollout_file, save_rollout, split_plan, \
     truncation_mask
 from .rows import sequence_rows
+from .multiturn import final_answers, run_tools, tool_metrics
 from .sampling import sample_groups
 
 ROW_KEYS = ("input_ids", "position_ids") + MASK_KEYS
@@ -59,8 +60,9 @@ def token_logps(model, batch, temperature: float):
 
 
 class GRPOTrainer(DPOTrainer):
-    def __init__(self, *args, grpo_config, rewards, flash_mask: bool, packed: bool, **kwargs):
+    def __init__(self, *args, grpo_config, rewards, flash_mask: bool, packed: bool, tool_env=None, **kwargs):
         FinetuneTrainer.__init__(self, *args, **kwargs)  # DPOTrainer's own init reads the DPO loss keys
+        self.tool_env = tool_env  # multiturn.ToolEnv (tools configured) or None: single-turn completions
         self.dpo_config = grpo_config  # what the shared DPOTrainer methods read (ref_model_update_steps)
         self.grpo = grpo_config
         self.rewards = rewards
@@ -101,10 +103,10 @@ class GRPOTrainer(DPOTrainer):
                                     collate_fn=GlobalTokensCollator(self.data_collator),
                                     num_workers=a.dataloader_num_workers)
 
-    def _row_batch(self, prompts, completions):
+    def _row_batch(self, prompts, completions, trained=None):
         o = self.grpo
         capacity = o.max_prompt_len + o.max_completion_length if self.packed else None
-        rows = sequence_rows(prompts, completions, self.pad_id, capacity, self.flash_mask)
+        rows = sequence_rows(prompts, completions, self.pad_id, capacity, self.flash_mask, completion_masks=trained)
         return {k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v) for k, v in rows.items()}
 
     def _reference_token_logps(self, model, batch) -> Optional[paddle.Tensor]:
@@ -149,10 +151,10 @@ class GRPOTrainer(DPOTrainer):
                 logger.info(f"GRPO: the rollout of step {self._rollout.step + 1} continues from {path}")
         return done
 
-    def _rebuild_rows(self, indices, completions):
+    def _rebuild_rows(self, indices, completions, trained=None):
         dataset = getattr(self.train_dataset, "dataset", self.train_dataset)
         G = int(self.grpo.num_generations)
-        return self._row_batch([dataset.ids[i] for i in indices for _ in range(G)], completions)
+        return self._row_batch([dataset.ids[i] for i in indices for _ in range(G)], completions, trained)
 
     # -- the rollout ------------------------------------------------------------
     def _make_rollout(self, model, plan, step: int) -> Rollout:
@@ -168,16 +170,32 @@ class GRPOTrainer(DPOTrainer):
             completions = sample_groups(self.model, prompts, indices, group=G, step=step, seed=self.args.seed,
                                         max_new_tokens=o.max_completion_length, temperature=o.temperature,
                                         top_p=o.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
-            texts = [self.tokenizer.decode([t for t in c if t not in self.eos_ids], skip_special_tokens=True)
-                     for c in completions]
             columns = {k: [v for v in vals for _ in range(G)] for k, vals in dataset.columns(indices).items()}
+            episodes = None
+            if self.tool_env is not None:  # the tool calls run, generation continues (multiturn.py)
+                episodes = run_tools(self.model, self.tool_env, [p for p in prompts for _ in range(G)], completions,
+                                     indices, G, step=step, seed=self.args.seed, max_turns=o.max_turns,
+                                     budget=o.max_completion_length, temperature=o.temperature, top_p=o.top_p,
+                                     pad_id=self.pad_id)
+                completions = [e.tokens for e in episodes]
+                texts = final_answers(episodes)
+                columns["messages"] = [dataset.messages[i] + e.messages
+                                       for i, e in zip([i for i in indices for _ in range(G)], episodes)]
+            else:
+                texts = [self.tokenizer.decode([t for t in c if t not in self.eos_ids], skip_special_tokens=True)
+                         for c in completions]
+            trained = [e.trained for e in episodes] if episodes is not None else None
             prompt_texts = [dataset.texts[i] for i in indices for _ in range(G)]
             total, per_func = self.rewards(prompt_texts, texts, columns)  # [n*G], {name: [n*G]}
-            batch = self._row_batch([p for p in prompts for _ in range(G)], completions)
-            mask = paddle.to_tensor(truncation_mask(completions, self.eos_ids)) if o.mask_truncated_completions \
-                else None
+            batch = self._row_batch([p for p in prompts for _ in range(G)], completions, trained)
+            mask = paddle.to_tensor(truncation_mask(completions, self.eos_ids, trained)) \
+                if o.mask_truncated_completions else None
             micro = MicroRollout(indices=list(indices), completions=completions, rewards=np.asarray(total),
-                                 per_func=per_func, advantages=None, batch=batch, mask=mask)
+                                 per_func=per_func, advantages=None, batch=batch, mask=mask, trained=trained)
+            if episodes is not None:
+                micro.tool_calls, micro.tool_failures, micro.turns = (
+                    np.asarray([getattr(e, name) for e in episodes], dtype=np.float64)
+                    for name in ("tool_calls", "tool_failures", "turns"))
             micro.ref_logps = self._reference_token_logps(model, batch)
             if need_old:
                 with paddle.no_grad():
@@ -291,9 +309,13 @@ class GRPOTrainer(DPOTrainer):
             both = paddle.to_tensor(sums)
             paddle.distributed.all_reduce(both)
             sums = both.numpy()
-        lengths = np.asarray([len(c) for c in m.completions], dtype=np.float64)
+        # generated tokens per completion (a multi-turn completion's tool results and template tokens not counted)
+        lengths = np.asarray([len(c) for c in m.completions] if m.trained is None else [sum(t) for t in m.trained],
+                             dtype=np.float64)
         metrics = step_metrics(m.rewards, m.per_func, G, sums[1] / sums[0] if kl is not None else None,
                                sums[2] / max(sums[3], 1.0), lengths)
+        if m.trained is not None:
+            metrics.update(tool_metrics(m.tool_calls, m.tool_failures, m.turns))
         return loss, metrics
 
     def log(self, logs, **kwargs):
