@@ -93,3 +93,17 @@ def test_what_the_decoder_does_not_recompute_is_refused(checkpoint, key, value, 
         load_config(cfg, ["--model_name_or_path", checkpoint, "--recompute", "true", f"--{key}", value])
     assert key in str(e.value) and advice in str(e.value)
     load_config(cfg, ["--model_name_or_path", checkpoint, "--recompute", "true"])  # the advice, followed, passes
+
+
+def test_paddlenlps_fusion_switches_are_refused_on_decoder_rows(checkpoint):
+    """fuse_attention_qkv / _ffn would send the build to PaddleNLP's own loader (and, for a model_type PaddleNLP
+    also has, its class): refused on every decoder row, naming the key."""
+    from conftest import ROOT
+    from paddlenlp_ext.config.parse import ConfigError, load_config
+
+    cfg = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
+    for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
+        with pytest.raises(ConfigError) as e:
+            load_config(cfg, ["--model_name_or_path", checkpoint, f"--{key}", "true"])
+        assert f"{key}=true" in str(e.value) and f"remove {key}" in str(e.value)
+    load_config(cfg, ["--model_name_or_path", checkpoint, "--fuse_attention_qkv", "false"])

@@ -88,9 +88,22 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
             problems.append(f"{where}: {why}")
     problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path)]
     problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type)]
+    problems += [f"{where}: {p}" for p in decoder_fusion_problems(cfg.model, model_type)]
     problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path)]
     problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
     return problems
+
+
+def decoder_fusion_problems(m, model_type: str) -> List[str]:
+    """PaddleNLP's ``fuse_attention_qkv`` / ``fuse_attention_ffn`` on a row of our decoder, which takes its
+    projections as the checkpoint stores them (fused for phi3 / glm4, separate otherwise) and has no such switch.
+    E.g. fuse_attention_qkv=true on mistral -> ``["fuse_attention_qkv=true: ... remove fuse_attention_qkv"]``."""
+    family = row(model_type)
+    if family is None or not family.decoder:
+        return []
+    return [f"{key}=true: {model_type} trains on our decoder, which keeps the projections as the checkpoint "
+            f"stores them (there is nothing to fuse at load time); remove {key}" for key in
+            ("fuse_attention_qkv", "fuse_attention_ffn") if getattr(m, key, None)]
 
 
 def decoder_recompute_problems(t, model_type: str) -> List[str]:
