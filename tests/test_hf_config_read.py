@@ -98,7 +98,7 @@ def test_partial_rotary_factor_inside_rope_parameters_moves_to_the_top_level_on_
     ({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 64,
       "layer_types": ["full_attention", "full_attention"]}, "layer_types marks no layer sliding_attention"),
     ({"model_type": "qwen2", "num_hidden_layers": 2, "layer_types": ["full_attention"]}, "layer_types="),
-    ({"model_type": "gemma", "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+    ({"model_type": "qwen", "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
      "rope_parameters.rope_type='linear': RoPE scaling written by transformers 5.x is read for"),
 ])
 def test_what_cannot_be_read_exactly_is_a_problem_naming_the_key(raw, key):

@@ -48,6 +48,24 @@ def _hf_aux(hf, model_type, docs, monkeypatch):
     mask = np.zeros((len(docs), width), dtype="int64")
     for i, d in enumerate(docs):
         ids[i, :len(d)], mask[i, :len(d)] = d, 1
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        # DeepseekV2/V3ForCausalLM compute no aux loss: transformers' load_balancing_loss_func (mixtral's) on the
+        # logits their own routers compute, read by a hook (as tests/test_moe_parity.py judges them)
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        gate_logits = []
+
+        def keep(gate, inputs, _):
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            gate_logits.append(torch.nn.functional.linear(x.float(), gate.weight.float()))
+
+        hooks = [m.gate.register_forward_hook(keep) for m in hf.modules() if type(m).__name__.endswith("MoE")]
+        with torch.no_grad():
+            hf(torch.tensor(ids), attention_mask=torch.tensor(mask))
+        for h in hooks:
+            h.remove()
+        return float(load_balancing_loss_func(tuple(gate_logits), hf.config.n_routed_experts,
+                                              hf.config.num_experts_per_tok, torch.tensor(mask)))
     with torch.no_grad():
         out = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), output_router_logits=True)
     return float(out.aux_loss)

@@ -9,7 +9,7 @@ with :class:`ExportError` rather than exported wrong.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from ..models.family_table import row
 from ..models.hf_config_read import DEFAULT_THETA, canonical_config
@@ -133,7 +133,33 @@ def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
     problems = decoder_problems(row(mt).arch, out)
     if problems:
         raise ExportError("; ".join(problems))
+    both = _rope_parameters(out)
+    if both is not None:  # transformers 5.x's spelling of the same RoPE too (4.x ignores it), as for llama
+        out["rope_parameters"] = both
     return out
+
+
+#: RoPE types whose 4.x ``rope_scaling`` dict is 5.x's ``rope_parameters`` plus ``rope_theta`` as it stands
+_PLAIN_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+
+
+def _rope_parameters(cfg: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """5.x's ``rope_parameters`` for one RoPE over every layer with a plain scaling; None where 5.x nests or
+    moves more than that (per-attention-type RoPE, partial rotary, longrope), whose 4.x spelling alone is kept.
+
+    >>> _rope_parameters({"rope_theta": 1e6, "rope_scaling": None})
+    {'rope_type': 'default', 'rope_theta': 1000000.0}
+    """
+    if "rope_parameters" in cfg or cfg.get("rope_local_base_freq") is not None:
+        return None
+    if float(cfg.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
+        return None
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else None
+    if kind not in _PLAIN_ROPE_TYPES:
+        return None
+    rest = {k: v for k, v in scaling.items() if k != "type"}
+    return {"rope_type": kind, **rest, "rope_theta": float(cfg.get("rope_theta", DEFAULT_THETA))}
 
 
 def hf_generation_config(gen: Mapping[str, Any], hf_cfg: Mapping[str, Any]) -> Dict[str, Any]:

@@ -37,8 +37,8 @@ _NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
 DEFAULT_THETA = 10000.0
 
 #: model_type -> rope types PaddleNLP 3.0.0b4's model (or ours) computes from ``rope_scaling``
-#: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; qwen2 / mistral / qwen3 read none)
-FAMILY_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",), "qwen2": (), "mistral": (), "qwen3": ()}
+#: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; qwen2 / qwen3 read none; the rows of our decoder, mistral and gemma included, are checked by decoder/rows.py)
+FAMILY_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",), "qwen2": (), "qwen3": ()}
 #: the keys of a llama3 rope_scaling dict, all required by both transformers and PaddleNLP
 LLAMA3_ROPE_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
 _LEGACY_LAYER_TYPES = {"attention": "full_attention"}
@@ -227,7 +227,8 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
                         f"({', '.join(KNOWN_ROPE_TYPES)})")
     elif not known_family and not on_decoder and key == "rope_parameters" and rope:
         problems.append(f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
-                        f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} only; whether "
+                        f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} and our decoder's rows "
+                        f"(docs/models.md) only; whether "
                         f"PaddleNLP's {raw.get('model_type')} computes it is not verified")
     prf = out.get("partial_rotary_factor")
     if raw.get("model_type") in FAMILY_ROPE_TYPES and prf is not None and float(prf) != 1.0:
