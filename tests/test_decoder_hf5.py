@@ -25,7 +25,10 @@ pytestmark = pytest.mark.slow
 ROWS = [k for k, f in FAMILIES.items() if f.decoder]
 #: rows whose transformers 5.x architecture differs from 4.55's, which the decoder follows; the loader refuses
 #: such a checkpoint naming the tensors it lacks
-DIFFERS = {"ernie4_5_moe": "5.x's routed experts carry no bias with use_bias=true (4.55's do)"}
+DIFFERS = {"ernie4_5_moe": "5.x's routed experts carry no bias with use_bias=true (4.55's do)",
+           "deepseek_v2": "5.x's routed experts carry no bias with mlp_bias=true (4.55's do)"}
+#: rows whose 5.x-saved config.json is refused when read (models/hf_config_read.NOT_READ_5X): not read exactly yet
+REFUSED = {"gpt_oss"}
 IDS = np.array([[1, 17, 25, 3, 99, 42, 7, 30, 12, 5, 64, 127], [2, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 119]])  # [2, 12]
 PROMPT, NEW, EOS = [1, 17, 25, 3, 99, 42], 20, VOCAB - 1
 
@@ -50,13 +53,13 @@ def saved(tmp_path_factory):
     judge("batch", str(work), jobs=[["save", dict(model_type=mt, config={**BASE, **KNOBS.get(mt, {})},
                                                   out_dir=dirs[mt], weights_std=0.15)] for mt in ROWS])
     np.save(work / "ids.npy", IDS)
-    runs = [mt for mt in ROWS if mt not in DIFFERS]
+    runs = [mt for mt in ROWS if mt not in DIFFERS and mt not in REFUSED]
     # eager attention: transformers' sdpa path drops Gemma 2's attention soft-cap
     res = judge("batch", str(work), jobs=[["run", dict(model_dir=dirs[mt], ids=str(work / "ids.npy"),
                                                        logits_out=str(work / f"{mt}.npy"), prompt=PROMPT,
                                                        max_new_tokens=NEW, eos=EOS, attn_implementation="eager")]
                                           for mt in runs])
-    out = {mt: (dirs[mt], None, None) for mt in DIFFERS}
+    out = {mt: (dirs[mt], None, None) for mt in (*DIFFERS, *REFUSED)}
     out.update({mt: (dirs[mt], np.load(work / f"{mt}.npy"), r) for mt, r in zip(runs, res)})
     return out
 
@@ -72,6 +75,12 @@ def test_checkpoint_saved_by_transformers5_matches_transformers5(saved, model_ty
         raw = json.load(f)
     assert raw["transformers_version"].startswith("5.") and "rope_parameters" in raw
     assert "rope_scaling" not in raw and "rope_theta" not in raw
+    if model_type in REFUSED:
+        from paddlenlp_ext.models.model_config import ModelConfigError
+
+        with pytest.raises(ModelConfigError, match="saved by transformers 5.x is not read exactly yet"):
+            ours(model_dir)
+        return
     if model_type in DIFFERS:
         from paddlenlp_ext.models.checkpoint import CheckpointError
 
