@@ -105,9 +105,8 @@ def build(model_type, tmp_path_factory):
     config = transformers.AutoConfig.for_model(model_type, **kw)
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():  # weights large enough that every knob matters and greedy winners are clear
-        for name, p in hf.named_parameters():
-            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    randomize(hf)
+    with torch.no_grad():
         for name, b in hf.named_buffers():  # the routers' correction bias (ernie4_5_moe, deepseek_v3): non-zero
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn_like(b))
@@ -116,6 +115,13 @@ def build(model_type, tmp_path_factory):
     ours = load_ours(path, model_type)
     _CACHE[model_type] = (hf, path, ours)
     return _CACHE[model_type]
+
+
+def randomize(hf):
+    """Weights large enough that every knob matters and greedy winners are clear (norms around 1)."""
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
 
 
 def load_ours(path, model_type):
@@ -142,16 +148,22 @@ def _left_padded(lengths, seed):
     return prompts, left_padded(prompts)
 
 
-def test_logits_match_on_a_left_padded_batch(row):
-    model_type, hf, _, ours = row
-    prompts, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
+def assert_padded_logits_match(hf, ours, label):
+    """transformers' and our logits on one left-padded batch agree within 1e-4 at the real positions (and the
+    logits are not trivially small)."""
+    _, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
     with torch.no_grad():
         want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits.numpy()
     got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
                position_ids=paddle.to_tensor(pos)).logits.numpy()
     real = mask.astype(bool)
-    assert np.abs(got[real] - want[real]).max() < 1e-4, model_type
-    assert np.abs(want[real]).max() > 0.5  # logits are not trivially small
+    assert np.abs(got[real] - want[real]).max() < 1e-4, label
+    assert np.abs(want[real]).max() > 0.5, label
+
+
+def test_logits_match_on_a_left_padded_batch(row):
+    model_type, hf, _, ours = row
+    assert_padded_logits_match(hf, ours, model_type)
 
 
 def test_20_greedy_tokens_identical(row):
@@ -341,19 +353,10 @@ def test_mla_variants_match_transformers(variant, tmp_path):
     config = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS[model_type], **extra})
     torch.manual_seed(1)
     hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    randomize(hf)
     hf.save_pretrained(str(tmp_path))
     ours = load_ours(str(tmp_path), model_type)
-    _, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
-    with torch.no_grad():
-        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits.numpy()
-    got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-               position_ids=paddle.to_tensor(pos)).logits.numpy()
-    real = mask.astype(bool)
-    assert np.abs(got[real] - want[real]).max() < 1e-4, variant
-    assert np.abs(want[real]).max() > 0.5
+    assert_padded_logits_match(hf, ours, variant)
 
 
 def test_mla_configs_it_cannot_honour_are_refused_naming_the_key():
