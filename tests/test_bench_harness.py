@@ -47,7 +47,8 @@ def test_peak_rss_covers_the_process_tree():
 
 def test_step_marks_give_the_commands_cpu_share():
     busy = "import time\nfor i in range(3):\n    t = time.process_time()\n    while time.process_time() - t < 0.2: pass\n" \
-           "    print(f'step {i + 1}/3 loss 1.0', flush=True)"
+           "    print(f'step {i + 1}/3 loss 1.0', flush=True)\n" \
+           "time.sleep(2)"  # alive while its last line is read: a mark of a command that ended has no CPU to read
     lines = []
     r = harness.run([sys.executable, "-c", busy], name="busy", on_line=lines.append)
     assert len(r.marks) == 3 and lines[0] == "step 1/3 loss 1.0"
