@@ -10,6 +10,28 @@ TINY_DIR = os.path.join(ROOT, "build", "tiny-llama")
 DATA_DIR = os.path.join(ROOT, "llm", "data", "advertise")
 
 
+def run_jobs(jobs, workers=2):
+    """Run independent CLI jobs two at a time; return {name: failure text} for those that failed.
+
+    ``jobs`` maps a name to a callable that runs its subprocesses and asserts on their output.  A tiny
+    model's CLI run is mostly Python start-up and imports on one core, so two at a time on CI's two cores
+    halves a slow loop's wall time; every job still runs and every failure is reported at once.
+    Example: ``run_jobs({"a": lambda: None, "b": f})`` with ``f`` raising ``AssertionError("x")`` -> ``{"b": "x"}``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        try:
+            job()
+        except AssertionError as e:
+            return str(e)[-1500:]
+        return None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = dict(zip(jobs, pool.map(one, jobs.values())))
+    return {name: text for name, text in results.items() if text is not None}
+
+
 @pytest.fixture(autouse=True)
 def no_library_patch_left_behind():
     """Every test leaves PaddleNLP unpatched: patches are installed by context (integrations)."""

@@ -16,12 +16,13 @@ One test loops over the rows (one CLI call per row and mode) and reports every r
 the slow suite pays for 3 short runs per row (about 40 s a row on 2 CPU cores).
 """
 
+import functools
 import json
 import os
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_jobs
 from paddlenlp_ext.models.family_table import FAMILIES
 
 pytestmark = pytest.mark.slow
@@ -90,13 +91,12 @@ def test_kto_reward_and_grpo_train_every_dense_decoder_row(tmp_path):
     with open(os.path.join(LLM, "data", "grpo_tiny", "train.json"), encoding="utf-8") as src:
         rows = [{**json.loads(line), "keyword": "e"} for line in list(src)[:8]]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    failures = {}
+    jobs = {}
     for model_type in DENSE_ROWS:
         base = save_row(model_type, str(tmp_path / model_type / "base"))
         for name, train in (("kto", _kto), ("reward", _reward), ("grpo", _grpo)):
             out = str(tmp_path / model_type / name)
-            try:
-                train(run, base, out, *((prompts,) if name == "grpo" else ()))
-            except AssertionError as e:
-                failures[f"{model_type} {name}"] = str(e)[-1500:]
+            extra = (prompts,) if name == "grpo" else ()
+            jobs[f"{model_type} {name}"] = functools.partial(train, run, base, out, *extra)
+    failures = run_jobs(jobs)
     assert not failures, json.dumps(failures, indent=1)

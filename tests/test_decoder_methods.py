@@ -14,12 +14,13 @@ verification passing at the fp32 default tolerance (merged model == base + adapt
 rows (one CLI call per row and run) and reports every failure at once.
 """
 
+import functools
 import json
 import os
 
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, run_jobs
 from paddlenlp_ext.models.family_table import FAMILIES
 
 pytestmark = pytest.mark.slow
@@ -62,16 +63,18 @@ def test_rslora_loraplus_neftune_pissa_vera_lokr_train_and_merge_on_every_dense_
     from test_decoder_cli import run, save_row
 
     assert len(DENSE_ROWS) >= 7, DENSE_ROWS
-    failures = {}
+    def job(base, out, config, extra, method, merged):
+        _train(run, base, out, config, extra, method)
+        if merged:
+            _merge(run, base, out, merged)
+
+    jobs = {}
     for model_type in DENSE_ROWS:
         # fp32: the merge's verification then judges the merge itself, not bf16 rounding of W + delta
         base = save_row(model_type, str(tmp_path / model_type / "base"), dtype="float32")
         for name, (config, extra, method) in RUNS.items():
             out = str(tmp_path / model_type / name)
-            try:
-                _train(run, base, out, config, extra, method)
-                if name in MERGED:
-                    _merge(run, base, out, str(tmp_path / model_type / f"{name}_merged"))
-            except AssertionError as e:
-                failures[f"{model_type} {name}"] = str(e)[-1500:]
+            merged = str(tmp_path / model_type / f"{name}_merged") if name in MERGED else None
+            jobs[f"{model_type} {name}"] = functools.partial(job, base, out, config, extra, method, merged)
+    failures = run_jobs(jobs)
     assert not failures, json.dumps(failures, indent=1)

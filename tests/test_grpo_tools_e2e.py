@@ -23,7 +23,11 @@ pytestmark = pytest.mark.slow
 
 TOOLS = '["paddlenlp_ext.examples.calculator:add"]'
 REWARD = '["paddlenlp_ext.examples.calculator:uses_tool_result"]'
-STEPS, WINDOW = 20, 5  # GRPO steps; the mean reward of the first and last WINDOW steps is compared
+# GRPO steps; the mean reward of the FIRST steps (the SFT model before GRPO has moved it) and of the LAST ones
+# is compared.  The reward climbs within ~5 steps and then plateaus near 0.55 (seeds 42 and 1 here: first 3
+# steps 0.21 and 0.00, steps 11-20 0.60 and 0.53), so a 3-step start and a 10-step end keep the margin wide
+# on a machine whose numerics (and so sampled rollouts) differ after the first few steps.
+STEPS, FIRST, LAST = 20, 3, 10
 
 
 def calculator_sft(tiny_model_dir, data, out):
@@ -61,9 +65,9 @@ def test_calculator_reward_rises(tiny_model_dir, tmp_path):
     assert sum(h["tools/failure_frequency"] for h in logs) / len(logs) < 0.25  # add() answers the calls it gets
     rewards = [h["reward"] for h in logs]
     calls = [h["tools/call_frequency"] for h in logs]
-    first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
-    print(f"calculator: mean reward first {WINDOW} steps {first:.4f}, last {WINDOW} steps {last:.4f}; tool calls "
-          f"{sum(calls[:WINDOW]) / WINDOW:.4f} -> {sum(calls[-WINDOW:]) / WINDOW:.4f}")
+    first, last = sum(rewards[:FIRST]) / FIRST, sum(rewards[-LAST:]) / LAST
+    print(f"calculator: mean reward first {FIRST} steps {first:.4f}, last {LAST} steps {last:.4f}; tool calls "
+          f"{sum(calls[:FIRST]) / FIRST:.4f} -> {sum(calls[-LAST:]) / LAST:.4f}")
     assert last > first + 0.15, rewards
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["tools"] == json.loads(TOOLS) and summary["max_turns"] == 2
