@@ -453,3 +453,38 @@ def test_a_run_loads_its_rank_of_a_transformers_checkpoint_with_sequence_paralle
         want = float(single(**inputs).loss)
         losses = sim.run(lambda r: float(ranks[r](**inputs).loss))
         assert all(abs(x - want) <= TOL * max(1.0, abs(want)) for x in losses), (sp, losses, want)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_sequence_parallel_reaches_a_paddlenlp_family_model_config(tiny_model_dir, monkeypatch, sp):
+    """PaddleNLP's own llama (not a decoder row) reads ``sequence_parallel`` from its model config: the run's key
+    must be there when PaddleNLP's from_pretrained builds the tensor-parallel model (it was left at False, so
+    sequence_parallel=true silently ran plain TP)."""
+    import os
+    from types import SimpleNamespace
+
+    from conftest import ROOT
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from paddlenlp_ext.config.parse import load_config
+    from paddlenlp_ext.training.model_build import load_model
+
+    class Built(Exception):
+        pass
+
+    def capture(cls, path, config=None, **kw):
+        raise Built(config)
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(capture))
+    cfg = load_config(os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+                      ["--model_name_or_path", tiny_model_dir, "--tensor_parallel_degree", "2",
+                       "--sequence_parallel", str(sp).lower()])
+    args = SimpleNamespace(fp16_opt_level="O1", fp16=False, bf16=False, tensor_parallel_degree=2,
+                           tensor_parallel_rank=0, tensor_parallel_output=False, recompute=False,
+                           pipeline_parallel_degree=1, sequence_parallel=sp)
+    with pytest.raises(Built) as got:
+        load_model(cfg, args, None)
+    config = got.value.args[0]
+    assert config.model_type == "llama" and config.tensor_parallel_degree == 2
+    assert config.sequence_parallel is sp

@@ -68,8 +68,10 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
     family = row(getattr(config, "model_type", None))
-    if family is not None and family.decoder and args.tensor_parallel_degree > 1:
-        # our decoder reads sequence_parallel from its config (parallel/layers.py): the run's key, not a default
+    if args.tensor_parallel_degree > 1:
+        # the model reads sequence_parallel from its config (our decoder: parallel/layers.py; PaddleNLP's llama /
+        # qwen2 and our qwen3 likewise), so the run's key goes there, as PaddleNLP's run_finetune does
+        # (LlmMetaConfig.set_llm_config); left at the config's default, sequence_parallel=true ran plain TP
         config.sequence_parallel = bool(getattr(args, "sequence_parallel", False))
     from .moe_aux import configure as configure_moe, moe_row
 
