@@ -270,19 +270,15 @@ def test_the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss(tmp
     base = save_row("mixtral", str(tmp_path / "base"))
     common = ["--model_name_or_path", base, "--router_aux_loss_coef", "0.05", "--logging_steps", "1",
               "--report_to", "none"]
-    pref = ["--max_seq_len", "128", "--max_prompt_len", "64", "--do_eval", "false", "--warmup_steps", "0"]
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text("".join(json.dumps({"src": f"Count to {n}:", "tgt": ""}) + "\n" for n in range(8)))
+    pref = ["--max_seq_len", "256", "--max_prompt_len", "128", "--do_eval", "false", "--warmup_steps", "0",
+            "--max_steps", "2", "--per_device_train_batch_size", "4"]
     runs = {
-        "dpo": [os.path.join(llm, "run_dpo.py"), os.path.join(tiny, "dpo_lora_argument.json"), *pref,
-                "--max_steps", "3"],
-        "kto": [os.path.join(llm, "run_kto.py"), os.path.join(tiny, "kto_lora_argument.json"), *pref,
-                "--max_steps", "3"],
-        "reward": [os.path.join(llm, "run_reward.py"), os.path.join(tiny, "reward_lora_argument.json"), *pref,
-                   "--max_steps", "3", "--per_device_train_batch_size", "4"],
+        "dpo": [os.path.join(llm, "run_dpo.py"), os.path.join(tiny, "dpo_lora_argument.json"), *pref],
+        "kto": [os.path.join(llm, "run_kto.py"), os.path.join(tiny, "kto_lora_argument.json"), *pref],
+        "reward": [os.path.join(llm, "run_reward.py"), os.path.join(tiny, "reward_lora_argument.json"), *pref],
         "grpo": [os.path.join(llm, "run_grpo.py"), os.path.join(tiny, "grpo_argument.json"), "--lora", "true",
-                 "--train_dataset_path", str(prompts), "--max_steps", "2", "--num_generations", "2",
-                 "--max_completion_length", "6"],
+                 "--max_steps", "2", "--num_generations", "2",
+                 "--max_completion_length", "4"],
     }
     for mode, cmd in runs.items():
         out = str(tmp_path / mode)
