@@ -104,11 +104,17 @@ class DPOTrainer(FinetuneTrainer):
                 break
         return scored_logits(model, kw, inputs["logp_index"], real_tokens=real_tokens)  # [1, T, V] or [B, S, V]; [T]
 
-    def _policy_real_tokens(self, model, inputs):
+    def _policy_real_tokens(self, model, inputs, pop: bool = True):
         """The batch's real tokens [B, S] when this is a training forward of an MoE row whose router aux loss
-        (or expert load, for the bias update) the run keeps; else None.  Popped either way: no model input."""
-        real = inputs.pop("real_tokens", None)
-        return real if model.training and self.moe_aux_log is not None else None
+        (or expert load, for the bias update) the run keeps; else None.  ``pop``: taken out of ``inputs`` either
+        way (no model input; GRPO's rollout rows are reused, so they keep it)."""
+        real = inputs.pop("real_tokens", None) if pop else inputs.get("real_tokens")
+        if not model.training or self.moe_aux_log is None:
+            return None
+        if real is None:  # a collator without it would leave the aux loss out silently
+            raise ValueError(f"{type(self).__name__}: the training batch has no real_tokens [B, S], which the "
+                             "router aux loss of an MoE row needs (dpo/pair_rows.py and grpo/rows.py write it)")
+        return real
 
     def with_router_aux(self, model, loss, real_tokens):
         """``loss`` + ``router_aux_loss_coef * aux`` of the policy forward just run (MoE rows, training; as TRL's

@@ -279,7 +279,7 @@ class GRPOTrainer(DPOTrainer):
         batch, G = m.batch, int(o.num_generations)
         # the policy's forward: on an MoE row its router aux loss over the rows' real tokens (never the reference's
         # or the old policy's, which ran without gradient in the rollout)
-        real = batch.get("real_tokens") if model.training and self.moe_aux_log is not None else None
+        real = self._policy_real_tokens(model, batch, pop=False)  # [B, S] or None
         logps = token_logps(model, batch, o.temperature, real)  # [T]
         old = m.old_logps if m.old_logps is not None else logps.detach()
         segment = batch["logp_segment"]  # [T]

@@ -155,7 +155,7 @@ class PPOTrainer(GRPOTrainer):
     # -- one micro-batch ----------------------------------------------------------------
     def _micro_loss(self, model, m: MicroRollout):
         o = self.grpo
-        real = m.batch.get("real_tokens") if model.training and self.moe_aux_log is not None else None
+        real = self._policy_real_tokens(model, m.batch, pop=False)  # [B, S] on an MoE row with an aux loss, else None
         logps, values = policy_and_values(model, m.batch, o.temperature, getattr(self.model, HEAD_ATTR), real)  # [T]
         pg, pg_clipped = policy_loss(logps, m.old_logps, m.token_advantages, o.clip_range_ratio)
         vf, vf_clipped = value_loss(values, m.old_values, m.returns, o.clip_range_value)
