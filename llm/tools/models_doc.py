@@ -67,20 +67,17 @@ for _name in ("qwen2", "qwen3"):
 _ALIGN = "test_decoder_align.py::test_kto_reward_and_grpo_train_every_dense_decoder_row"
 DECODER.update(kto=_ALIGN, reward=_ALIGN, grpo=_ALIGN)
 #: the MoE rows' alignment cells: the loss = the mode's loss + router_aux_loss_coef x the policy forward's aux loss
-#: (in-process: DPO on every MoE row, which is also the log-prob path of KTO and GRPO; KTO / reward / GRPO / PPO on
-#: two rows each) and the four CLIs with LoRA and the aux loss on mixtral
+#: (in-process, every MoE row and mode) and the four CLIs with LoRA and the aux loss on mixtral
 _MOE_T = "test_moe_align.py::test_"
 _MOE_CLI = f"{_MOE_T}the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss on mixtral"
-_MOE_DPO = f"{_MOE_T}dpo_loss_is_the_preference_loss_plus_coef_times_the_policy_aux"
+_MOE_KR = f"{_MOE_T}kto_and_reward_losses_add_coef_times_the_policy_aux"
 MOE_DECODER = dict(
     DECODER,
-    dpo=f"{_MOE_DPO} (every MoE row), test_decoder_dpo.py (packed pairs == each answer alone), {_MOE_CLI}",
-    kto=f"{_MOE_DPO} (DPO's log-prob path, every MoE row; KTO itself: {_MOE_T}kto_and_reward_losses_add_coef_times_"
-        f"the_policy_aux on deepseek_v3, gpt_oss; {_MOE_CLI})",
-    reward=f"{_MOE_T}kto_and_reward_losses_add_coef_times_the_policy_aux (the score head on the MoE body keeps its aux "
-           f"loss; deepseek_v3, gpt_oss), {_MOE_CLI}",
-    grpo=f"{_MOE_DPO} (DPO's log-prob path, every MoE row; GRPO itself: {_MOE_T}grpo_and_ppo_losses_add_coef_times_"
-         f"the_policy_aux on qwen2_moe, ernie4_5_moe; {_MOE_CLI})")
+    dpo=f"{_MOE_T}dpo_loss_is_the_preference_loss_plus_coef_times_the_policy_aux, test_decoder_dpo.py (packed pairs "
+        f"== each answer alone), {_MOE_CLI}",
+    kto=f"{_MOE_KR}, {_MOE_CLI}",
+    reward=f"{_MOE_KR} (the score head on the MoE body keeps its aux loss), {_MOE_CLI}",
+    grpo=f"{_MOE_T}grpo_and_ppo_losses_add_coef_times_the_policy_aux, {_MOE_CLI}")
 #: the dense decoder rows also run the other adapter methods (the MoE rows: LoRA, QLoRA and full only)
 DENSE_DECODER = dict(DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, "
                                           "NEFTune)")
