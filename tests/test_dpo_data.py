@@ -209,7 +209,7 @@ def test_build_preference_datasets_on_tiny_data(tiny_tokenizer):
     batch = data.collator([data.train[0], data.train[1]])
     assert batch["input_ids"].shape == (2, 256)
     assert set(batch) == {"input_ids", "position_ids", "attn_mask_startend_row_indices", "logp_index",
-                          "logp_token", "logp_segment", "num_pairs", "num_real_tokens"}
+                          "logp_token", "logp_segment", "num_pairs", "num_real_tokens", "real_tokens"}
     plain = build_preference_datasets(_args(zero_padding=False, greedy_zero_padding=False), tiny_tokenizer,
                                       do_train=False, do_eval=True, flash_mask=False)
     assert plain.train is None and len(plain.dev) == 16

@@ -66,6 +66,18 @@ for _name in ("qwen2", "qwen3"):
                                  "reward itself: test_reward_e2e.py on llama)")
 _ALIGN = "test_decoder_align.py::test_kto_reward_and_grpo_train_every_dense_decoder_row"
 DECODER.update(kto=_ALIGN, reward=_ALIGN, grpo=_ALIGN)
+#: the MoE rows' alignment cells: the loss = the mode's loss + router_aux_loss_coef x the policy forward's aux loss
+#: (in-process, every MoE row and mode) and the four CLIs with LoRA and the aux loss on mixtral
+_MOE_T = "test_moe_align.py::test_"
+_MOE_CLI = f"{_MOE_T}the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss on mixtral"
+_MOE_KR = f"{_MOE_T}kto_and_reward_losses_add_coef_times_the_policy_aux"
+MOE_DECODER = dict(
+    DECODER,
+    dpo=f"{_MOE_T}dpo_loss_is_the_preference_loss_plus_coef_times_the_policy_aux, test_decoder_dpo.py (packed pairs "
+        f"== each answer alone), {_MOE_CLI}",
+    kto=f"{_MOE_KR}, {_MOE_CLI}",
+    reward=f"{_MOE_KR} (the score head on the MoE body keeps its aux loss), {_MOE_CLI}",
+    grpo=f"{_MOE_T}grpo_and_ppo_losses_add_coef_times_the_policy_aux, {_MOE_CLI}")
 #: the dense decoder rows also run the other adapter methods (the MoE rows: LoRA, QLoRA and full only)
 DENSE_DECODER = dict(DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, "
                                           "NEFTune)")
@@ -87,7 +99,7 @@ def table() -> str:
         cells = []
         for feature, _ in COLUMNS:
             why = feature_problem(name, feature)
-            decoder = DENSE_DECODER if fam.arch is not None and fam.arch.mlp != "moe" else DECODER
+            decoder = DENSE_DECODER if fam.arch is not None and fam.arch.mlp != "moe" else MOE_DECODER
             evidence = EVIDENCE.get(name, decoder if fam.decoder else NEW_FAMILY)
             cells.append(f"yes ({evidence[feature]})" if why is None else f"refused: {why}")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")

@@ -79,7 +79,7 @@ class ModelArgument:
     # mixture-of-experts rows (docs/moe.md)
     router_aux_loss_coef: Optional[float] = _f(
         None, "MoE rows: weight of the router's load-balancing loss added to the training loss (transformers' "
-        "load_balancing_loss_func); unset = the checkpoint's router_aux_loss_coef when its output_router_logits "
+        "load_balancing_loss_func; in DPO/KTO/reward/GRPO/PPO the policy forward's, never the reference's); unset = the checkpoint's router_aux_loss_coef when its output_router_logits "
         "is true, else 0 (no aux loss).", min=0.0)
     moe_aux_loss_coef: Optional[float] = _f(None, "Alias of router_aux_loss_coef (LLaMA-Factory's name).", min=0.0)
     moe_router_bias_update_rate: Optional[float] = _f(

@@ -16,6 +16,7 @@ The batch contract between data and model code (both packed and unpacked):
     logp_token       [T] int64      the scored (response) token
     logp_segment     [T] int64      2 * pair + 0 for the chosen answer, 2 * pair + 1 for the rejected one
     num_pairs        int            N; pairs are numbered 0..N-1 across the batch
+    real_tokens      [B, S] int64   1 = a token of a pair, 0 = tail padding (the MoE router aux loss's tokens)
 
 A response token ``tok`` at sequence position ``p`` is predicted by the logits
 at ``p - 1``, except the first rejected token, whose context is the prompt: it

@@ -35,7 +35,7 @@ def logits_from(outputs):
     return outputs[0]
 
 
-def scored_logits(model, inputs, logp_index: paddle.Tensor):
+def scored_logits(model, inputs, logp_index: paddle.Tensor, real_tokens=None):
     """Logits for the scored positions and the index of each scored token into them.
 
     ``inputs``: ``input_ids``, ``position_ids`` and one mask (``attn_mask_startend_row_indices`` or
@@ -43,14 +43,24 @@ def scored_logits(model, inputs, logp_index: paddle.Tensor):
     (:func:`paddlenlp_ext.models.heads.split_lm_head`) lm_head runs on the ``T`` scored hidden rows
     only and the result is ``([1, T, V], arange(T))``; otherwise the full forward's
     ``([B, S, V], logp_index)``.  Either pair gives the same :func:`pair_logps`.
+
+    ``real_tokens`` [B, S] (the batch's ``real_tokens``): this is the policy's training forward, so on an MoE
+    row the router's aux loss over those tokens and the expert counts are recorded for
+    ``training.moe_aux.add_aux_loss`` (docs/moe.md); None (a reference or a no-gradient forward) records nothing.
     """
     from ..models.heads import split_lm_head
+    from ..training.moe_aux import prepare_forward, record_body_forward
 
-    split = split_lm_head(model)
+    split = split_lm_head(model, router_aux=True)  # MoE rows: the router logits come back from the body
     if split is None:
+        if real_tokens is not None:
+            prepare_forward(model, real_tokens)  # the whole forward records the aux loss over real tokens itself
         return logits_from(model(**inputs, use_cache=False, return_dict=True)), logp_index  # [B, S, V], [T]
     body, head = split
-    hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
+    out = body(**inputs, use_cache=False, return_dict=True)
+    if real_tokens is not None:
+        record_body_forward(model, getattr(out, "router_logits", None), real_tokens)
+    hidden = out[0]  # [B, S, H]
     b, s, h = hidden.shape
     idx = logp_index.astype("int64").reshape([-1])  # [T]
     rows = paddle.gather(hidden.reshape([b * s, h]), idx, axis=0)  # [T, H]

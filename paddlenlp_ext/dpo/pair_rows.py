@@ -209,6 +209,7 @@ class PreferenceCollator:
         ids = np.full((B, S), self.pad_token_id, dtype=np.int64)
         pos = np.empty((B, S), dtype=np.int64)
         start = np.empty((B, S), dtype=np.int32)
+        real = np.zeros((B, S), dtype=np.int64)  # 1 = a token of a pair, 0 = tail padding
         idx, tok, seg = [], [], []
         pairs = 0
         for b, r in enumerate(rows):
@@ -219,6 +220,7 @@ class PreferenceCollator:
             pos[b, :n] = r["position_ids"][:n]
             start[b, :n] = r["attn_mask_startend_row_indices"][:n]
             pad_row_tail(pos[b], start[b], n)  # views: fills the batch row in place
+            real[b, :n] = 1
             idx.append(np.asarray(r["logp_index"], dtype=np.int64) + b * S)
             tok.append(np.asarray(r["logp_token"], dtype=np.int64))
             seg.append(np.asarray(r["logp_segment"], dtype=np.int64) + 2 * pairs)
@@ -231,6 +233,7 @@ class PreferenceCollator:
             "logp_segment": np.concatenate(seg),
             "num_pairs": pairs,
             "num_real_tokens": int(sum(int(r["length"]) for r in rows)),  # non-padding tokens of the batch
+            "real_tokens": real,  # [B, S]: the MoE rows' router aux loss counts these only (training/moe_aux.py)
         }
         if self.flash_mask:
             out["attn_mask_startend_row_indices"] = start[:, None, :, None]

@@ -80,6 +80,11 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     trainer = make_trainer(cfg, model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
                            tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config)
     from ..adapters import count_parameters
+    from ..training.moe_aux import attach_moe_log
+
+    # MoE rows: router_aux_loss_coef * aux of the policy forward joins the loss (logged with the expert load); the
+    # bias update after each optimizer step, as in fine-tuning (docs/moe.md)
+    attach_moe_log(trainer, built.model, float(cfg.model.moe_router_bias_update_rate or 0.0))
 
     built.trainable, built.total = count_parameters(built.model)  # make_trainer may add layers (a reward head)
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
@@ -93,6 +98,8 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
         current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
     if args.do_train:
         train_time = train_and_save(trainer, cfg, args, data, summary)
+        if trainer.moe_aux_log is not None:
+            summary["moe"] = trainer.moe_aux_log.summary()
         tokens, answer_tokens = trainer.global_token_counts()
         from ..training.rank_counts import sum_over_ranks
 

@@ -38,6 +38,7 @@ from paddlenlp.utils.log import logger
 
 from .. import adapters as adapter_api
 from ..data.global_batches import GLOBAL_TOKENS_KEY
+from ..training.moe_aux import add_aux_loss
 from ..training.trainer import FinetuneTrainer
 from .logps import pair_logps, scored_logits
 from .losses import REFERENCE_FREE_ONLY, canonical_loss_type, combine_losses, pair_metrics, preference_loss, \
@@ -93,14 +94,33 @@ class DPOTrainer(FinetuneTrainer):
 
     # -- forward -----------------------------------------------------------
     @staticmethod
-    def _forward(model, inputs):
-        """(logits, index): lm_head only at the scored positions where the family allows it."""
+    def _forward(model, inputs, real_tokens=None):
+        """(logits, index): lm_head only at the scored positions where the family allows it.  ``real_tokens``
+        [B, S]: the policy's training forward on an MoE row, whose router aux loss is recorded (``logps``)."""
         kw = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"]}
         for key in MASK_KEYS:
             if inputs.get(key) is not None:
                 kw[key] = inputs[key]
                 break
-        return scored_logits(model, kw, inputs["logp_index"])  # [1, T, V] or [B, S, V]; [T]
+        return scored_logits(model, kw, inputs["logp_index"], real_tokens=real_tokens)  # [1, T, V] or [B, S, V]; [T]
+
+    def _policy_real_tokens(self, model, inputs, pop: bool = True):
+        """The batch's real tokens [B, S] when this is a training forward of an MoE row whose router aux loss
+        (or expert load, for the bias update) the run keeps; else None.  ``pop``: taken out of ``inputs`` either
+        way (no model input; GRPO's rollout rows are reused, so they keep it)."""
+        real = inputs.pop("real_tokens", None) if pop else inputs.get("real_tokens")
+        if not model.training or self.moe_aux_log is None:
+            return None
+        if real is None:  # a collator without it would leave the aux loss out silently
+            raise ValueError(f"{type(self).__name__}: the training batch has no real_tokens [B, S], which the "
+                             "router aux loss of an MoE row needs (dpo/pair_rows.py and grpo/rows.py write it)")
+        return real
+
+    def with_router_aux(self, model, loss, real_tokens):
+        """``loss`` + ``router_aux_loss_coef * aux`` of the policy forward just run (MoE rows, training; as TRL's
+        DPOTrainer / KTOTrainer add ``aux_loss_coef * aux_loss``), the aux loss and expert load logged;
+        ``loss`` unchanged otherwise (no aux loss asked for, evaluation, a dense model)."""
+        return loss if real_tokens is None else add_aux_loss(model, loss, self.moe_aux_log)
 
     @staticmethod
     def _answer_logps(forward, inputs):
@@ -165,10 +185,11 @@ class DPOTrainer(FinetuneTrainer):
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)
         o = self.dpo_config
         training = model.training
+        real_tokens = self._policy_real_tokens(model, inputs)
         if training:
             self._count_trained(inputs)
         ref_chosen, ref_rejected = self._reference_logps(model, inputs)
-        forward = self._forward(model, inputs)
+        forward = self._forward(model, inputs, real_tokens)  # the policy: its router aux loss only, never the ref's
         chosen, rejected, chosen_tokens, rejected_tokens = self._answer_logps(forward, inputs)  # [N] each
         sft = sft_nll(chosen, chosen_tokens)  # [] mean NLL of the chosen tokens
         if self.normalize:
@@ -190,6 +211,7 @@ class DPOTrainer(FinetuneTrainer):
                 loss = loss + sft * chosen_tokens.sum() * (o.sft_loss_ratio * scale / max(chosen_total, 1))
         else:
             loss = combine_losses(pref, sft, o.pref_loss_ratio, o.sft_loss_ratio)
+        loss = self.with_router_aux(model, loss, real_tokens)
         metrics = pair_metrics(chosen_rewards, rejected_rewards, chosen, rejected, loss_type=self.loss_type)
         metrics[f"{self.loss_type}_loss"] = float(pref.astype("float32").mean()) * o.pref_loss_ratio
         metrics["sft_loss"] = float(sft)

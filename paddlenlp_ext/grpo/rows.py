@@ -41,7 +41,8 @@ def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
     Returns ``input_ids``, ``position_ids`` int64 [B, S]; ``attn_mask_startend_row_indices`` int32
     [B, 1, S, 1] (``flash_mask``) or ``attention_mask`` bool [B, 1, S, S]; ``logp_index`` (flat
     ``row * S + position``), ``logp_token``, ``logp_segment`` (the sequence) int64 [T];
-    ``num_real_tokens``.
+    ``num_real_tokens``; ``real_tokens`` int64 [B, S] (1 = a sequence's token, 0 = tail padding: what the MoE
+    rows' router aux loss counts).
 
     >>> b = sequence_rows([[11, 12], [13]], [[21], [22, 23]], 0, capacity=8, flash_mask=True)
     >>> b["input_ids"].tolist(), b["attn_mask_startend_row_indices"][0, 0, :, 0].tolist()
@@ -67,6 +68,7 @@ def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
     ids = np.full((B, width), pad_token_id, dtype=np.int64)
     pos = np.empty((B, width), dtype=np.int64)
     start = np.empty((B, width), dtype=np.int32)
+    real = np.zeros((B, width), dtype=np.int64)  # 1 = a prompt or completion token, 0 = tail padding
     idx: List[int] = []
     tok: List[int] = []
     seg: List[int] = []
@@ -83,11 +85,12 @@ def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
             tok += [c[j] for j in keep]
             seg += [k] * len(keep)
             off = end
+        real[b, :off] = 1
         pos[b, off:] = np.arange(width - off)
         start[b, off:] = off
     out = {"input_ids": ids, "position_ids": pos, "logp_index": np.asarray(idx, dtype=np.int64),
            "logp_token": np.asarray(tok, dtype=np.int64), "logp_segment": np.asarray(seg, dtype=np.int64),
-           "num_real_tokens": int(sum(lengths))}
+           "num_real_tokens": int(sum(lengths)), "real_tokens": real}
     if flash_mask:
         out["attn_mask_startend_row_indices"] = start[:, None, :, None]
     else:

@@ -18,7 +18,7 @@ from ..training.run import attach_data_callbacks, build_model, library_patches, 
 
 #: per-step metrics copied from the log history into run_summary.json
 STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length", "rollout_time",
-             "tools/call_frequency", "tools/failure_frequency", "tools/turns")
+             "tools/call_frequency", "tools/failure_frequency", "tools/turns", "aux_loss")
 
 
 def build_prompts(cfg: RunConfig, tokenizer):
@@ -176,6 +176,10 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     trainer = (trainer_cls or GRPOTrainer)(model=built.model, args=args, train_dataset=dataset, tokenizer=tokenizer,
                           data_collator=prompt_collator, adapter_config=built.adapter_config, grpo_config=o,
                           rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding, **extra)
+    from ..training.moe_aux import attach_moe_log
+
+    # MoE rows: the policy forward's router aux loss joins the loss, logged with the expert load (docs/moe.md)
+    attach_moe_log(trainer, built.model, float(cfg.model.moe_router_bias_update_rate or 0.0))
     attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
     show_reward_on_console(trainer)
@@ -196,6 +200,8 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
             env.runner.close()
     if env is not None:
         summary["tool_isolation"] = env.runner.isolation  # the no-network layers the tool process had
+    if trainer.moe_aux_log is not None:
+        summary["moe"] = trainer.moe_aux_log.summary()
     tokens, completion_tokens = trainer.global_token_counts()
     from ..training.rank_counts import sum_over_ranks
 

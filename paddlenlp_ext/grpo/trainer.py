@@ -50,10 +50,11 @@ from .sampling import sample_groups
 ROW_KEYS = ("input_ids", "position_ids") + MASK_KEYS
 
 
-def token_logps(model, batch, temperature: float):
-    """[T] float32 log-prob of every completion token of ``batch`` (rows.sequence_rows, as tensors)."""
+def token_logps(model, batch, temperature: float, real_tokens=None):
+    """[T] float32 log-prob of every completion token of ``batch`` (rows.sequence_rows, as tensors).
+    ``real_tokens`` [B, S]: the policy's training forward on an MoE row (its router aux loss is recorded)."""
     kw = {k: batch[k] for k in ROW_KEYS if batch.get(k) is not None}
-    logits, index = scored_logits(model, kw, batch["logp_index"])  # [B, S, V] or [1, T, V]; [T]
+    logits, index = scored_logits(model, kw, batch["logp_index"], real_tokens=real_tokens)  # [B,S,V]|[1,T,V]; [T]
     flat = logits.reshape([-1, logits.shape[-1]])  # [B*S, V]
     rows = paddle.gather(flat, index, axis=0).astype("float32") / float(temperature)  # [T, V]
     return -F.cross_entropy(rows, batch["logp_token"].unsqueeze(-1), reduction="none").squeeze(-1)  # [T]
@@ -276,7 +277,10 @@ class GRPOTrainer(DPOTrainer):
         """(loss [], metrics) of one micro-batch of the rollout."""
         o = self.grpo
         batch, G = m.batch, int(o.num_generations)
-        logps = token_logps(model, batch, o.temperature)  # [T]
+        # the policy's forward: on an MoE row its router aux loss over the rows' real tokens (never the reference's
+        # or the old policy's, which ran without gradient in the rollout)
+        real = self._policy_real_tokens(model, batch, pop=False)  # [B, S] or None
+        logps = token_logps(model, batch, o.temperature, real)  # [T]
         old = m.old_logps if m.old_logps is not None else logps.detach()
         segment = batch["logp_segment"]  # [T]
         world = max(int(self.args.dataset_world_size), 1)
@@ -299,6 +303,7 @@ class GRPOTrainer(DPOTrainer):
         loss = aggregate(per, o.loss_type, segment=segment, mask=m.mask, sequences=sequences,
                          global_tokens=self._rollout.global_tokens, global_sequences=self._rollout.global_sequences,
                          max_completion_length=o.max_completion_length, scale=scale)
+        loss = self.with_router_aux(model, loss, real)  # + router_aux_loss_coef * aux (MoE rows)
         if o.loss_type == "rloo" and o.beta > 0:  # the logged KL of RLOO: the k1 estimate of its reward penalty
             kl = (m.old_logps - m.ref_logps).detach()
         local_tokens = int(batch["logp_token"].shape[0])

@@ -40,15 +40,17 @@ class KTOTrainer(DPOTrainer):
         labels = inputs.pop("kto_label")  # [N] 1 desirable, 0 undesirable
         o = self.dpo_config
         training = model.training
+        real_tokens = self._policy_real_tokens(model, inputs)
         if training:
             self._count_trained(inputs)
         ref_logps, ref_kl_logps = self._reference_logps(model, inputs)  # [N] each, no gradient
-        forward = self._forward(model, inputs)
+        forward = self._forward(model, inputs, real_tokens)  # the policy: its router aux loss only, never the ref's
         logps, kl_logps, _, _ = self._answer_logps(forward, inputs)  # [N] each
         z0 = kl_reference_point(kl_logps, ref_kl_logps, reduce_over_ranks=True)  # []
         losses, rewards = kto_loss(logps, ref_logps, labels, z0, beta=o.beta, desirable_weight=o.desirable_weight,
                                    undesirable_weight=o.undesirable_weight)  # [N], [N]
         loss = self.global_pair_mean(losses, global_counts if training else None)  # the global batch's example mean
+        loss = self.with_router_aux(model, loss, real_tokens)  # + coef * aux on MoE rows (TRL's KTOTrainer)
         metrics = kto_metrics(losses, rewards, logps, labels, z0)
         metrics["kto_loss"] = float(losses.mean())
         split = "train" if training else "eval"

@@ -26,12 +26,20 @@ from .family_table import FAMILIES
 BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
                   **{k: f.body_prefix for k, f in FAMILIES.items()
                      if f.decoder and f.arch is not None and f.arch.mlp != "moe"}}
+#: the decoder's MoE rows: their body returns the router logits (``router_logits``) from which a caller that asks
+#: for them (``split_lm_head(model, router_aux=True)``) computes the aux loss itself (training/moe_aux.py)
+MOE_BODY_ATTRIBUTE = {k: f.body_prefix for k, f in FAMILIES.items()
+                      if f.decoder and f.arch is not None and f.arch.mlp == "moe"}
 
 
-def split_lm_head(model: Any) -> Optional[Tuple[Any, Any]]:
-    """``(body, lm_head)`` if ``model``'s logits are ``lm_head(body(...)[0])``, else None."""
+def split_lm_head(model: Any, router_aux: bool = False) -> Optional[Tuple[Any, Any]]:
+    """``(body, lm_head)`` if ``model``'s logits are ``lm_head(body(...)[0])``, else None.
+
+    ``router_aux``: the caller takes the router's aux loss from the body's output itself
+    (``training.moe_aux.record_body_forward``), so the decoder's MoE rows split too."""
     config = getattr(model, "config", None)
-    attr = BODY_ATTRIBUTE.get(getattr(config, "model_type", None))
+    model_type = getattr(config, "model_type", None)
+    attr = BODY_ATTRIBUTE.get(model_type) or (MOE_BODY_ATTRIBUTE.get(model_type) if router_aux else None)
     if attr is None:
         return None
     if getattr(config, "sequence_parallel", False) or int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:

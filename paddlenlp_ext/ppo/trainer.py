@@ -34,21 +34,29 @@ VALUE_HEAD_NAME = "value_head.safetensors"
 HEAD_ATTR = "ppo_value_head"
 
 
-def policy_and_values(model, batch, temperature: float, value_head):
+def policy_and_values(model, batch, temperature: float, value_head, real_tokens=None):
     """([T] log-probs, [T] values) of the completion tokens of ``batch`` (one forward).
 
     The body + lm_head split runs lm_head on the scored rows only; a data-parallel wrapper (whose
     forward registers the gradient all-reduce) runs whole, its last hidden state (after the final norm)
-    read from ``hidden_states``."""
+    read from ``hidden_states``.  ``real_tokens`` [B, S]: the policy's training forward on an MoE row, whose
+    router aux loss over those tokens is recorded for the trainer (training/moe_aux.py)."""
+    from ..training.moe_aux import prepare_forward, record_body_forward
+
     kw = {k: batch[k] for k in ROW_KEYS if batch.get(k) is not None}
     index = batch["logp_index"]  # [T] flat row * S + position
-    split = split_lm_head(model)
+    split = split_lm_head(model, router_aux=True)
     if split is not None:
         body, head = split
-        hidden = body(**kw, use_cache=False, return_dict=True)[0]  # [B, S, H]
+        out = body(**kw, use_cache=False, return_dict=True)
+        if real_tokens is not None:
+            record_body_forward(model, getattr(out, "router_logits", None), real_tokens)
+        hidden = out[0]  # [B, S, H]
         rows = paddle.gather(hidden.reshape([-1, hidden.shape[-1]]), index, axis=0)  # [T, H]
         logits = head(rows.unsqueeze(0))[0]  # [T, V]
     else:
+        if real_tokens is not None:
+            prepare_forward(model, real_tokens)  # the whole forward records the aux loss over real tokens itself
         out = model(**kw, use_cache=False, output_hidden_states=True, return_dict=True)
         hidden = out.hidden_states[-1]  # [B, S, H]
         rows = paddle.gather(hidden.reshape([-1, hidden.shape[-1]]), index, axis=0)  # [T, H]
@@ -62,7 +70,7 @@ def policy_and_values(model, batch, temperature: float, value_head):
 class PPOTrainer(GRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if split_lm_head(self.model) is None:
+        if split_lm_head(self.model, router_aux=True) is None:
             raise ValueError("PPO's value head reads the policy's last hidden states, which this model family does "
                              "not expose (no separable lm_head); use a Llama or Qwen2 family model")
         if not hasattr(self.model, HEAD_ATTR):
@@ -147,10 +155,11 @@ class PPOTrainer(GRPOTrainer):
     # -- one micro-batch ----------------------------------------------------------------
     def _micro_loss(self, model, m: MicroRollout):
         o = self.grpo
-        logps, values = policy_and_values(model, m.batch, o.temperature, getattr(self.model, HEAD_ATTR))  # [T]
+        real = self._policy_real_tokens(model, m.batch, pop=False)  # [B, S] on an MoE row with an aux loss, else None
+        logps, values = policy_and_values(model, m.batch, o.temperature, getattr(self.model, HEAD_ATTR), real)  # [T]
         pg, pg_clipped = policy_loss(logps, m.old_logps, m.token_advantages, o.clip_range_ratio)
         vf, vf_clipped = value_loss(values, m.old_values, m.returns, o.clip_range_value)
-        loss = pg + o.vf_coef * vf
+        loss = self.with_router_aux(model, pg + o.vf_coef * vf, real)  # + router_aux_loss_coef * aux (MoE rows)
         lengths = np.asarray([len(c) for c in m.completions], dtype=np.float64)
         metrics = {"reward": float(np.mean(m.rewards)), "policy_loss": float(pg), "value_loss": float(vf),
                    "clip_ratio": float(pg_clipped.astype("float32").mean()),

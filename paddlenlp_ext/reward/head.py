@@ -25,12 +25,15 @@ MASK_KEYS = ("attn_mask_startend_row_indices", "attention_mask")
 
 
 def body_of(model):
-    """The decoder body of ``model`` (ValueError naming the family if it has none we can score with)."""
-    split = split_lm_head(model)
+    """The decoder body of ``model`` (ValueError naming the family if it has none we can score with).  On the
+    decoder's MoE rows too: :func:`sequence_scores` takes their router logits from the body's output, so the
+    router's aux loss is kept (``training.moe_aux.record_body_forward``)."""
+    split = split_lm_head(model, router_aux=True)
     if split is None:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         raise ValueError(f"reward models need a causal LM that splits into decoder body + lm_head (llama, qwen2, "
-                         f"qwen3, qwen3_moe, without sequence or tensor parallel); got model_type {model_type!r}")
+                         f"qwen3, qwen3_moe, our decoder's rows, without sequence or tensor parallel); got model_type "
+                         f"{model_type!r}")
     return split[0]
 
 
@@ -46,7 +49,7 @@ def attach_score_head(model, freeze_lm_head: bool = True) -> nn.Linear:
         setattr(model, SCORE_HEAD_ATTR, head)  # a sublayer: in model.parameters() (optimizer, AMP, resume)
     head.weight.stop_gradient = False
     if freeze_lm_head:
-        body, lm_head = split_lm_head(model)
+        body, lm_head = split_lm_head(model, router_aux=True)
         shared = {p.name for p in body.parameters()}  # tied word embeddings: the body's embedding still trains
         for p in lm_head.parameters():
             if p.name not in shared:
@@ -54,11 +57,13 @@ def attach_score_head(model, freeze_lm_head: bool = True) -> nn.Linear:
     return head
 
 
-def sequence_scores(model, inputs: Dict[str, paddle.Tensor], score_index: paddle.Tensor) -> paddle.Tensor:
+def sequence_scores(model, inputs: Dict[str, paddle.Tensor], score_index: paddle.Tensor,
+                    real_tokens=None) -> paddle.Tensor:
     """Scores ``[K]`` float32 of the hidden states at ``score_index`` ``[K]`` (flat ``row * S + position``).
 
     ``inputs``: ``input_ids`` [B, S], optional ``position_ids`` [B, S] and at most one mask
-    (``attn_mask_startend_row_indices`` [B, 1, S, 1] or ``attention_mask``)."""
+    (``attn_mask_startend_row_indices`` [B, 1, S, 1] or ``attention_mask``).  ``real_tokens`` [B, S]: a training
+    forward of an MoE body, whose router aux loss over those tokens is recorded for the trainer (docs/moe.md)."""
     body = body_of(model)
     kw = {"input_ids": inputs["input_ids"]}
     if inputs.get("position_ids") is not None:
@@ -67,7 +72,12 @@ def sequence_scores(model, inputs: Dict[str, paddle.Tensor], score_index: paddle
         if inputs.get(key) is not None:
             kw[key] = inputs[key]
             break
-    hidden = body(**kw, use_cache=False, return_dict=True)[0]  # [B, S, H]
+    out = body(**kw, use_cache=False, return_dict=True)
+    if real_tokens is not None:
+        from ..training.moe_aux import record_body_forward
+
+        record_body_forward(model, getattr(out, "router_logits", None), real_tokens)
+    hidden = out[0]  # [B, S, H]
     b, s, h = hidden.shape
     rows = paddle.gather(hidden.reshape([b * s, h]), score_index.astype("int64").reshape([-1]), axis=0)  # [K, H]
     head = getattr(model, SCORE_HEAD_ATTR)

@@ -42,13 +42,16 @@ class RewardTrainer(DPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False):
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [2]: pairs and chosen tokens of the global batch
         training = model.training
+        real_tokens = self._policy_real_tokens(model, inputs)
         if training:
             self._count_trained(inputs)
-        scores = sequence_scores(model, inputs, inputs["score_index"])  # [2N]: chosen, rejected of each pair
+        # [2N]: chosen, rejected of each pair; on an MoE body its router aux loss is recorded (training)
+        scores = sequence_scores(model, inputs, inputs["score_index"], real_tokens=real_tokens)
         pairs = scores.reshape([-1, 2])  # [N, 2]
         chosen, rejected = pairs[:, 0], pairs[:, 1]  # [N] each
         losses = pairwise_loss(chosen, rejected)  # [N]
         loss = self.global_pair_mean(losses, global_counts if training else None)  # the global batch's pair mean
+        loss = self.with_router_aux(model, loss, real_tokens)  # + coef * aux on an MoE body
         split = "train" if training else "eval"
         for key, values in pair_score_metrics(chosen, rejected).items():  # every rank stores; _averaged reduces
             self._stored[split][key].extend(values)  # one value per pair: the logged means are over pairs

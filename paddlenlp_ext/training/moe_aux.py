@@ -149,6 +149,39 @@ def add_aux_loss(model, loss, log: Optional[MoEAuxLog]):
     return loss
 
 
+def record_body_forward(model, router_logits, real_tokens) -> None:
+    """After a body-only training forward of the policy on an MoE row (the body + lm_head split of preference
+    training, a reward model's score head, GRPO's policy log-probs): record what ``DecoderForCausalLM.forward``
+    records after a whole one, for :func:`add_aux_loss`: the aux loss of ``router_logits`` (the body output's,
+    one [B*S, E] per MoE layer; None or empty without ``output_router_logits``) over the real tokens
+    ``real_tokens`` [B, S] (1 = a token of an example, 0 = padding), not yet in the loss, and each MoE layer's
+    expert counts over the same tokens.  Only for the policy's training forward: never a reference's."""
+    from ..models.decoder.moe_balance import expert_load, load_balancing_loss
+
+    inner = getattr(model, "_layers", model)  # paddle.DataParallel keeps the model in _layers
+    blocks = moe_blocks(inner)
+    if not blocks or not inner.training:
+        return
+    spec = blocks[0].spec
+    aux = load_balancing_loss(list(router_logits), spec.num_experts, spec.top_k, attention_mask=real_tokens) \
+        if router_logits else None  # [] float32
+    counts = [expert_load(b.last_selected, b.spec.num_experts, attention_mask=real_tokens) for b in blocks]  # [E]
+    inner.moe_state = {"aux_loss": aux, "in_loss": False, "counts": counts}
+
+
+def attach_moe_log(trainer, model, bias_rate: float) -> None:
+    """On an MoE row with an aux loss (``output_router_logits``) or a bias update: ``trainer.moe_aux_log`` (the aux
+    loss joins each training micro-batch's loss and is logged with the expert load) and the bias update callback.
+    Every training mode (fine-tuning, DPO, KTO, reward models, GRPO, PPO) sets it up here."""
+    config = getattr(model, "config", None)
+    if not moe_row(getattr(config, "model_type", None)) or not (getattr(config, "output_router_logits", False)
+                                                                or bias_rate > 0):
+        return
+    trainer.moe_aux_log = MoEAuxLog(float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0), bias_rate)
+    if bias_rate > 0:
+        trainer.add_callback(bias_update_callback(model, trainer.moe_aux_log, bias_rate))
+
+
 def moe_blocks(model) -> list:
     """The MoE blocks of a decoder MoE row ([] for any other model)."""
     inner = getattr(model, "_layers", model)

@@ -244,7 +244,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     from .callbacks import attach_step_callbacks
     from .console import current
     from .reporting import attach_reporting
-    from .moe_aux import MoEAuxLog, bias_update_callback, moe_row
+    from .moe_aux import attach_moe_log
     from .trainer import FinetuneTrainer
 
     wall_start = time.time()
@@ -273,14 +273,8 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
         neftune_hook=neftune_hook,
         weights_io=prefix_io,
     )
-    aux_coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
-    bias_rate = float(cfg.model.moe_router_bias_update_rate or 0.0)
-    if moe_row(getattr(model.config, "model_type", None)) and (getattr(model.config, "output_router_logits", False)
-                                                               or bias_rate > 0):
-        # the aux loss in the training loss, logged on its own with the expert load; the bias update
-        trainer.moe_aux_log = MoEAuxLog(aux_coef, bias_rate)
-        if bias_rate > 0:
-            trainer.add_callback(bias_update_callback(model, trainer.moe_aux_log, bias_rate))
+    # MoE rows: the aux loss in the training loss, logged on its own with the expert load; the bias update
+    attach_moe_log(trainer, model, float(cfg.model.moe_router_bias_update_rate or 0.0))
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_tokens)
 
