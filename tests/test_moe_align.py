@@ -15,6 +15,7 @@ Slow: ``llm/run_dpo.py``, ``run_kto.py``, ``run_reward.py`` and ``run_grpo.py`` 
 ``router_aux_loss_coef`` 0.05 on a tiny transformers-saved mixtral: the aux loss is logged, finite and positive.
 """
 
+import functools
 import json
 import math
 import os
@@ -265,7 +266,7 @@ def _logs(out, key):
 
 @pytest.mark.slow
 def test_the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss(tmp_path):
-    from conftest import ROOT
+    from conftest import ROOT, run_jobs
     from test_decoder_cli import run, save_row
 
     llm, tiny = os.path.join(ROOT, "llm"), os.path.join(ROOT, "llm", "config", "tiny")
@@ -282,7 +283,7 @@ def test_the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss(tmp
                  "--max_steps", "2", "--num_generations", "2",
                  "--max_completion_length", "4"],
     }
-    for mode, cmd in runs.items():
+    def one(mode, cmd):
         out = str(tmp_path / mode)
         r = run([*cmd, *common, "--output_dir", out])
         logs = _logs(out, "loss")
@@ -293,3 +294,6 @@ def test_the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss(tmp
             summary = json.load(f)
         assert summary["method"] == "lora" and summary["moe"]["router_aux_loss_coef"] == 0.05, (mode, summary)
         assert "aux loss" in r.stdout, (mode, r.stdout[-1500:])
+
+    failures = run_jobs({mode: functools.partial(one, mode, cmd) for mode, cmd in runs.items()})
+    assert not failures, json.dumps(failures, indent=1)
