@@ -4,8 +4,9 @@ One worker thread owns Paddle: it loads the models, then repeatedly takes the ol
 request, waits ``batch_wait`` seconds for company, and runs every waiting request for the same
 model -- up to ``max_batch_size`` rows (a request has one row per prompt and choice, ``n``) --
 as ONE left-padded ``serve.decode.decode`` call with the KV cache.  Sampling, seeds, logprobs
-and token masks are per row, so requests with different settings share a batch; requests for
-another adapter wait for the next batch, so an adapter's weights only ever see its own requests.
+and token masks are per row, so requests with different settings share a batch; so do the base
+and its per-row LoRA adapters (``serve.multilora``, at most ``max_loras`` adapters per batch), while
+an adapter served as a merged copy batches only with its own requests.
 
 Each generated token goes to its row's :class:`RowState`: the row's text is re-decoded, a
 :class:`~.textstream.TextAssembler` decides what can be sent, and the delta (with the logprobs
@@ -14,8 +15,8 @@ at its ``max_tokens``, at a stop sequence, or when its client went away (``Job.c
 batch ends when every row has.
 
 With ``continuous=True`` (``--batching continuous``) the worker runs ``serve.continuous.ContinuousLoop``
-instead: waiting requests join the running batch at the next decode step (``admit``) and rows leave
-it when they end.
+instead: waiting requests of the running batch group (the base and its per-row adapters) join the
+running batch at the next decode step (``admit``) and rows leave it when they end.
 
 Waiting requests beyond ``max_queue`` are refused with 429; after ``close()`` new requests get
 503 while everything already accepted is still generated (SIGTERM drains).
