@@ -20,6 +20,9 @@ memory-bandwidth limit, side by side with transformers' ``generate`` on torch CP
 4. Bandwidth limit: a decode step reads every weight once (the embedding only one row per token: left out) =
    ``bytes_per_step``; limit tokens/s = batch x bandwidth / bytes_per_step.  Reported: the median tokens/s of each
    side, its fraction of the limit, ours / theirs, the greedy tokens of batch row 0 compared, the load average.
+   Since a batch-32 step is bound by compute rather than by reading the weights, each child also measures its
+   framework's matmul rate at each batch size over a weight larger than the caches ([b, 1024] x [1024, 38912]);
+   the "matmul limit" is the tokens/s of a step that were nothing but matmuls at that rate (2 FLOP per weight).
 """
 
 import argparse
@@ -79,6 +82,21 @@ def copy_bandwidth(mib: int = 512, repeats: int = 5) -> float:
     return 2 * a.nbytes / best
 
 
+GEMM_COLS = 8 * SHAPE["intermediate_size"]  # a [1024, 38912] fp32 weight = 159 MB: larger than any cache
+
+
+def gemm_rate(matmul, x, repeats: int = 10) -> float:
+    """FLOP/s of ``matmul(x)``: x [rows, hidden] x [hidden, GEMM_COLS] (weights read from memory, as a decode step
+    reads them), median of ``repeats``: the rate a batch-``rows`` step would run at if it were only matmuls."""
+    matmul(x)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        matmul(x)
+        times.append(time.perf_counter() - t0)
+    return 2 * x.shape[0] * SHAPE["hidden_size"] * GEMM_COLS / h.median(times)
+
+
 def prompts(batch: int, length: int, vocab: int) -> np.ndarray:
     return np.random.default_rng(batch).integers(3, vocab, size=(batch, length)).astype("int64")  # [B, P]
 
@@ -113,7 +131,9 @@ def ours(a) -> list:
 
     run(2, 3)  # warm-up
     out = [run(b, a.new_tokens) for b in a.batches]
-    out.append({"device": paddle.get_device(), "cpu": cpu.text})
+    w = paddle.randn([SHAPE["hidden_size"], GEMM_COLS])
+    rates = {b: gemm_rate(lambda x: paddle.matmul(x, w), paddle.randn([b, SHAPE["hidden_size"]])) for b in a.batches}
+    out.append({"device": paddle.get_device(), "cpu": cpu.text, "gemm_flops": rates})
     return out
 
 
@@ -145,7 +165,10 @@ def theirs(a) -> list:
 
     run(2, 3)
     out = [run(b, a.new_tokens) for b in a.batches]
-    out.append({"threads": torch.get_num_threads()})
+    w = torch.randn(SHAPE["hidden_size"], GEMM_COLS)
+    with torch.inference_mode():
+        rates = {b: gemm_rate(lambda x: torch.matmul(x, w), torch.randn(b, SHAPE["hidden_size"])) for b in a.batches}
+    out.append({"threads": torch.get_num_threads(), "gemm_flops": rates})
     return out
 
 
@@ -178,16 +201,23 @@ def compare(a) -> int:
     bw = h.median(bws)
     print(f"copy bandwidth (median of {len(bws)}): {bw / 1e9:.2f} GB/s -> limit {bw / info['bytes_per_step']:.2f} "
           "decode steps/s")
+    flops_per_token = 2 * info["bytes_per_step"] / 4  # a multiply-add per weight (fp32: 4 bytes)
     rows = []
     for k, b in enumerate(a.batches):
+        flops = h.median([rr[-1]["gemm_flops"][str(b)] for rr in res["ours"]])  # JSON keys are strings
+        print(f"batch {b}: Paddle's matmul over weights larger than the caches {flops / 1e9:.1f} GFLOP/s (torch's "
+              f"{h.median([rr[-1]['gemm_flops'][str(b)] for rr in res['theirs']]) / 1e9:.1f}) -> matmul limit "
+              f"{flops / flops_per_token:.1f} tok/s")
         tps = {s: h.median([rr[k]["batch"] * rr[k]["steps"] / rr[k]["decode_s"] for rr in res[s]]) for s in res}
         limit = b * bw / info["bytes_per_step"]
         same = sum(x == y for x, y in zip(res["ours"][0][k]["tokens"], res["theirs"][0][k]["tokens"]))
         rows.append([b, f"{tps['ours']:.1f}", f"{tps['ours'] / limit:.0%}", f"{tps['theirs']:.1f}",
                      f"{tps['theirs'] / limit:.0%}", f"{limit:.1f}", f"{tps['ours'] / tps['theirs']:.2f}x",
-                     f"{same}/{a.new_tokens}"])
+                     f"{same}/{a.new_tokens}", f"{flops / flops_per_token:.1f}",
+                     f"{tps['ours'] / (flops / flops_per_token):.0%}"])
     print(h.table(["batch", "ours tok/s", "ours / limit", "transformers tok/s", "transformers / limit",
-                   "bandwidth limit tok/s", "ours / transformers", "row 0 greedy tokens equal"], rows))
+                   "bandwidth limit tok/s", "ours / transformers", "row 0 greedy tokens equal",
+                   "Paddle matmul limit tok/s", "ours / matmul limit"], rows))
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 
