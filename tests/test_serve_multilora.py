@@ -3,7 +3,8 @@
 * In process: the per-row base+adapter logits equal the predictor's merged copy's (atol 1e-4), for a
   batch mixing the base and two adapters.
 * Served: with 4 adapters, a batch mixing base and adapter rows gives each row exactly the greedy text
-  it gets alone, with static batches and (through the openai client) with ``--batching continuous``; ``/v1/models`` lists the adapters with ``parent``; ``--max_loras``.
+  it gets alone (with ``--batching continuous``: in process, and tests/test_serve_continuous.py through the
+  openai client); ``/v1/models`` lists the adapters with ``parent``; ``--max_loras``.
 * Runtime ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (vLLM's shapes) behind
   ``--allow_runtime_lora_updating``; 404 without it.
 * Memory: the server's peak RSS (VmHWM) with 4 adapters on a hidden-512 x 8-layer base is at most
@@ -186,28 +187,6 @@ def test_mixed_batch_rows_equal_each_row_alone_and_runtime_updating(tiny_model_d
         assert got == alone
         # no runtime updating without the flag
         assert post(srv.url + "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": four["a0"]})[0] == 404
-
-    # --batching continuous, through the official openai client: the same rows share the running batch
-    from openai import OpenAI
-
-    with ServerProcess(args + ["--batching", "continuous"] + [x for n in sorted(four)
-                                                               for x in ("--lora_path", f"{n}={four[n]}")]) as srv:
-        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        got, threads = {}, []
-
-        def ask(m, p):
-            r = client.completions.create(model=m, prompt=p, max_tokens=16, temperature=0)
-            got[(m, p)] = r.choices[0].text
-
-        threads = [threading.Thread(target=ask, args=(m, p)) for m in names for p in PROMPTS]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        with urllib.request.urlopen(srv.url + "/health") as r:
-            health = json.load(r)
-        assert health["largest_batch"] >= 8, (health, srv.log())  # base and adapter rows shared the running batch
-        assert got == alone
 
     with ServerProcess(args + ["--allow_runtime_lora_updating", "--max_loras", "1"]) as srv:
         from paddlenlp_ext.serve.process import post as post_raw  # noqa: F401 -- JSON answers only
