@@ -3,7 +3,8 @@
 * In process: the per-row base+adapter logits equal the predictor's merged copy's (atol 1e-4), for a
   batch mixing the base and two adapters.
 * Served: with 4 adapters, a batch mixing base and adapter rows gives each row exactly the greedy text
-  it gets alone; ``/v1/models`` lists the adapters with ``parent``; ``--max_loras``.
+  it gets alone (with ``--batching continuous``: in process, and tests/test_serve_continuous.py through the
+  openai client); ``/v1/models`` lists the adapters with ``parent``; ``--max_loras``.
 * Runtime ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (vLLM's shapes) behind
   ``--allow_runtime_lora_updating``; 404 without it.
 * Memory: the server's peak RSS (VmHWM) with 4 adapters on a hidden-512 x 8-layer base is at most
@@ -56,16 +57,94 @@ def test_per_row_logits_equal_the_merged_copy(tiny_model_dir, four):
     np.testing.assert_allclose(got[1], want_base[1], atol=1e-4)
     np.testing.assert_allclose(got[2], merged["a1"][2], atol=1e-4)
     assert np.abs(merged["a0"][0] - want_base[0]).max() > 1e-2  # the adapter changes the output
-    base.table.rows, base.table.uniform = None, 1  # continuous batching: every row of the batch for a1
+    base.table.set_rows([1, 1, 1])  # every row of the batch for a1
     with paddle.no_grad():
         got = base.session.model(input_ids=ids)[0].numpy()
     np.testing.assert_allclose(got, merged["a1"], atol=1e-4)
-    base.table.rows, base.table.uniform = None, None
     base.table.remove("a0")
     base.table.set_rows([-1, -1, 1])
     with paddle.no_grad():
         got = base.session.model(input_ids=ids)[0].numpy()
     np.testing.assert_allclose(got[:2], want_base[:2], atol=1e-4)
+
+
+def _served_with_four(tiny_model_dir, four):
+    from paddlenlp_ext.predict.options import PredictOptions
+    from paddlenlp_ext.serve import models as serve_models
+
+    models, problems = serve_models.plan_models(PredictOptions(model_name_or_path=tiny_model_dir, max_length=128),
+                                                "base", [f"{n}={four[n]}" for n in sorted(four)])
+    assert not problems
+    serve_models.load_models(models)
+    assert all(m.slot is not None for m in models[1:])  # applied per row on the one base
+    return {m.name: m for m in models}
+
+
+def _job(models, name, prompt, max_tokens, loop):
+    from paddlenlp_ext.serve import models as serve_models
+    from paddlenlp_ext.serve.engine import Job
+    from paddlenlp_ext.serve.protocol import Sampling, parse_chat
+
+    req = parse_chat({"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens},
+                     list(models), Sampling())
+    return Job(req, models[name], serve_models.prompt_ids(req, models[name]), max_tokens, loop)
+
+
+def _text(job):
+    done = []
+    while not job.queue.empty():
+        e = job.queue.get_nowait()
+        if e[0] == "done":
+            done.append(e)
+    assert len(done) == 1, done
+    return done[0][1], done[0][4]  # (finish reason, text)
+
+
+@pytest.mark.parametrize("max_loras", [4, 2])
+def test_continuous_batch_mixes_base_and_adapter_rows(tiny_model_dir, four, max_loras):
+    """--batching continuous: requests for the base and 4 per-row adapters, arriving in waves, share one running
+    batch (several adapters in one decode step, never over --max_loras), and each gets exactly the greedy text
+    it gets served alone."""
+    import asyncio
+
+    from paddlenlp_ext.serve.continuous import ContinuousLoop
+    from paddlenlp_ext.serve.engine import Scheduler
+
+    models = _served_with_four(tiny_model_dir, four)
+    names = ["base"] + sorted(four)
+    loop = asyncio.new_event_loop()
+    specs = [(names[i % 5], PROMPTS[i % 3] + f" {i}", 3 + 4 * (i % 4)) for i in range(15)]
+    alone = []
+    for spec in specs:
+        job = _job(models, *spec, loop)
+        Scheduler(list(models.values()))._run([job])  # noqa: SLF001 -- one request alone, as the worker runs it
+        loop.run_until_complete(asyncio.sleep(0))
+        alone.append(_text(job))
+    same = [_job(models, n, PROMPTS[0], 8, loop) for n in names]
+    for job in same:
+        Scheduler(list(models.values()))._run([job])  # noqa: SLF001
+    loop.run_until_complete(asyncio.sleep(0))
+    assert len({_text(j)[1] for j in same}) == len(names)  # each adapter answers its own way
+    sched = Scheduler(list(models.values()), max_batch_size=8, batch_wait=0, continuous=True, max_loras=max_loras)
+    worker = ContinuousLoop(sched)
+    jobs = [_job(models, *spec, loop) for spec in specs]
+    waves, mixed = [jobs[:6], jobs[6:11], jobs[11:]], 0
+    for step in range(200):
+        if step % 3 == 0 and waves:  # a wave arrives while earlier rows generate
+            for j in waves.pop(0):
+                sched.submit(j)
+        if not sched.waiting and (worker.running is None or not len(worker.running)) and not waves:
+            break
+        assert worker.step()
+        if worker.running is not None and len(worker.running):
+            slots = {int(s) for s in worker.running.slots if s >= 0}
+            assert len(slots) <= max_loras
+            mixed = max(mixed, len(slots) + bool((worker.running.slots < 0).any()))
+    loop.run_until_complete(asyncio.sleep(0))
+    assert mixed >= min(max_loras, 4), "base and adapter rows never shared a decode step"
+    assert [_text(j) for j in jobs] == alone
+    assert models["base"].table.rows is None  # nothing left set for the next forward
+    loop.close()
 
 
 def complete(url, model, prompt):

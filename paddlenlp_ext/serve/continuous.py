@@ -11,6 +11,11 @@ step feeds every row's last token [B, 1] with its own position; rows that ended 
 columns that are padding in every row are cut from the front.  Rows are chosen per row as in
 :mod:`.decode` (sampling, seed, logprobs, token masks).  Prefix-tuning models (their cache is the
 prefix) run through the static batches of ``engine.Scheduler``.
+
+One running batch holds the rows of one batch group (``ServedModel.group``): the base and every LoRA
+adapter applied per row on it (``serve.multilora``).  Each row keeps its adapter slot (-1 = the base);
+before every forward -- the prefill of joining rows and each decode step -- the slots of exactly the
+rows in that forward go to ``RowAdapters.rows``, so base and adapter rows share every step.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from .decode import choose, log_softmax, penalize, prompt_logprobs, token_info
 class RunningBatch:
     """The rows generating now for one model (module doc)."""
 
-    def __init__(self, model, eos_ids, pad_id: int):
+    def __init__(self, model, eos_ids, pad_id: int, table=None):
         self.model, self.eos, self.pad_id = model, set(eos_ids), pad_id
+        self.table = table  # serve.multilora.RowAdapters of the base, or None
+        self.slots = np.zeros(0, "int64")  # [B] each row's adapter slot, -1 = the base
         self.rows: list = []  # decode.Row
         self.states: list = []  # engine.RowState
         self.seen: List[list] = []
@@ -37,7 +44,7 @@ class RunningBatch:
         self.nxt: Optional[np.ndarray] = None  # [B] last chosen token
         self.tokens = 0
         self.cancelled = 0
-        self.served = ""  # the model name these rows are for
+        self.served = ""  # the batch group these rows are for (the base's name with per-row adapters)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -56,24 +63,39 @@ class RunningBatch:
         info = token_info(log_softmax(logits), t, r.logprobs) if r.logprobs is not None else None
         return self.states[i].add(t, info, self.eos) or t in self.eos
 
-    def _forward(self, ids, mask, pos, cache):
+    def _forward(self, ids, mask, pos, cache, slots: np.ndarray):
+        """The model on ``ids`` [b, q]; ``slots`` [b] the adapter slot of each of these rows (-1 = base)."""
         import paddle
 
-        out = self.model(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                         position_ids=paddle.to_tensor(pos), past_key_values=cache, use_cache=True, return_dict=True)
-        return out.logits, list(out.past_key_values)  # [b, q, V], [(k, v)] per layer
+        def run():
+            out = self.model(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
+                             position_ids=paddle.to_tensor(pos), past_key_values=cache, use_cache=True,
+                             return_dict=True)
+            return out.logits, list(out.past_key_values)  # [b, q, V], [(k, v)] per layer
 
-    def join(self, rows, states) -> None:
-        """Prefill ``rows`` and add them; rows that end at once (echo only, one token) finish here."""
+        if self.table is None:
+            return run()
+        with self.table.lock:  # the slots stay loaded for this forward (serve.multilora)
+            self.table.set_rows(slots.tolist())
+            try:
+                return run()
+            finally:
+                self.table.rows = None
+
+    def join(self, rows, states, slots=None) -> None:
+        """Prefill ``rows`` (``slots``: each one's adapter slot, -1 = base) and add them; rows that end at once
+        (echo only, one token) finish here."""
         import paddle
 
         from ..predict.generate import left_padded
 
+        slots = np.full(len(rows), -1, "int64") if slots is None else np.asarray(slots, dtype="int64")
         ids, mask, pos = left_padded([r.prompt for r in rows])  # [b, L] each
         with paddle.no_grad():
-            logits, cache = self._forward(ids, mask, pos, None)
+            logits, cache = self._forward(ids, mask, pos, None, slots)
         L = ids.shape[1]
         start = len(self.rows)
+        self.slots = np.concatenate([self.slots, slots])
         self.rows += rows
         self.states += states
         self.seen += [list(ids[i]) for i in range(len(rows))]
@@ -123,9 +145,10 @@ class RunningBatch:
             setattr(self, name, [getattr(self, name)[i] for i in keep])
         if not keep:
             self.cache = self.mask = self.pos = self.nxt = None
+            self.slots = np.zeros(0, "int64")
             return
         idx = paddle.to_tensor(np.asarray(keep, dtype="int64"))
-        self.mask, self.pos, self.nxt = self.mask[keep], self.pos[keep], self.nxt[keep]
+        self.mask, self.pos, self.nxt, self.slots = self.mask[keep], self.pos[keep], self.nxt[keep], self.slots[keep]
         cut = int(np.argmax(self.mask.any(axis=0)))  # leading all-padding columns
         self.mask = self.mask[:, cut:]
         self.cache = [tuple(paddle.gather(x, idx, axis=0)[:, cut:] for x in kv) for kv in self.cache]
@@ -137,7 +160,7 @@ class RunningBatch:
         self.mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), "int64")], axis=1)  # [B, T+1]
         with paddle.no_grad():
             logits, self.cache = self._forward(self.nxt.reshape(-1, 1), self.mask, self.pos.reshape(-1, 1),
-                                               self.cache)
+                                               self.cache, self.slots)
         self.pos = self.pos + 1
         last = logits[:, -1, :].astype("float32").numpy()  # [B, V]
         ended = [i for i in range(len(self.rows)) if self._pick(i, last[i])]
@@ -168,16 +191,16 @@ class ContinuousLoop:
             if hasattr(model.session.model, "prefix_config"):  # the prefix is the cache: a static batch
                 s._run(new)  # noqa: SLF001 -- the same worker thread
                 return True
-            self.running = RunningBatch(model.session.model, model.session.eos_ids, model.session.pad_id)
-            self.running.served = model.name
-            if model.table is not None:  # one model per running batch: every row gets its adapter (multilora)
-                model.table.uniform = model.slot
+            # the base's model, shared by its per-row adapters; each row's slot goes with it (serve.multilora)
+            self.running = RunningBatch(model.session.model, model.session.eos_ids, model.session.pad_id,
+                                        model.table)
+            self.running.served = model.group
             self.busy_since, self.jobs = time.time(), set()
         run = self.running
         if new:
             rows, states = s._rows(new)  # noqa: SLF001
             self.jobs.update(j.id for j in new)
-            run.join(rows, states)
+            run.join(rows, states, [-1 if st.job.model.slot is None else st.job.model.slot for st in states])
         if len(run):
             s.stats["running"] = len(run)
             s.stats["largest_batch"] = max(s.stats["largest_batch"], len(run))

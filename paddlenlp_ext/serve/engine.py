@@ -4,8 +4,9 @@ One worker thread owns Paddle: it loads the models, then repeatedly takes the ol
 request, waits ``batch_wait`` seconds for company, and runs every waiting request for the same
 model -- up to ``max_batch_size`` rows (a request has one row per prompt and choice, ``n``) --
 as ONE left-padded ``serve.decode.decode`` call with the KV cache.  Sampling, seeds, logprobs
-and token masks are per row, so requests with different settings share a batch; requests for
-another adapter wait for the next batch, so an adapter's weights only ever see its own requests.
+and token masks are per row, so requests with different settings share a batch; so do the base
+and its per-row LoRA adapters (``serve.multilora``, at most ``max_loras`` adapters per batch), while
+an adapter served as a merged copy batches only with its own requests.
 
 Each generated token goes to its row's :class:`RowState`: the row's text is re-decoded, a
 :class:`~.textstream.TextAssembler` decides what can be sent, and the delta (with the logprobs
@@ -14,8 +15,8 @@ at its ``max_tokens``, at a stop sequence, or when its client went away (``Job.c
 batch ends when every row has.
 
 With ``continuous=True`` (``--batching continuous``) the worker runs ``serve.continuous.ContinuousLoop``
-instead: waiting requests join the running batch at the next decode step (``admit``) and rows leave
-it when they end.
+instead: waiting requests of the running batch group (the base and its per-row adapters) join the
+running batch at the next decode step (``admit``) and rows leave it when they end.
 
 Waiting requests beyond ``max_queue`` are refused with 429; after ``close()`` new requests get
 503 while everything already accepted is still generated (SIGTERM drains).
@@ -242,9 +243,10 @@ class Scheduler:
 
     def admit(self, running) -> Optional[List[Job]]:
         """Continuous batching: the waiting jobs that join ``running`` now (rows up to ``max_batch_size``);
-        blocks while nothing runs and nothing waits; None once closing with nothing left.  While the
-        oldest waiting job is for another model nothing joins, so the running set drains and that
-        model goes next (no model starves)."""
+        blocks while nothing runs and nothing waits; None once closing with nothing left.  Jobs of one batch
+        group join (the base and its per-row LoRA adapters, ``ServedModel.group``), with at most ``max_loras``
+        distinct adapters among the running rows.  While the oldest waiting job cannot join (another group, or
+        a further adapter) nothing joins, so the running rows drain and it goes next (no request starves)."""
         busy = running is not None and len(running) > 0
         with self.cond:
             while not self.waiting and not busy:
@@ -256,19 +258,24 @@ class Scheduler:
         with self.cond:
             if not self.waiting:
                 return []
-            model = running_model = getattr(running, "served", None) if busy else None
-            model = model or self.waiting[0].model.name
-            if busy and self.waiting[0].model.name != running_model:
-                return []
+            group = running.served if busy else self.waiting[0].model.group
             room = self.max_batch_size - (len(running) if busy else 0)
+            loras = {int(s) for s in running.slots if s >= 0} if busy else set()
             jobs = []
-            for j in list(self.waiting):
-                if j.model.name != model:
+            for k, j in enumerate(list(self.waiting)):
+                if j.model.group != group:
+                    if k == 0:
+                        break  # the oldest waits for another group: the running rows drain first
                     continue
-                if jobs and len(j.choices) > room:
+                if len(j.choices) > room and (jobs or busy):
                     break
-                if not jobs and busy and len(j.choices) > room:
-                    break
+                slot = j.model.slot
+                if slot is not None and slot not in loras:
+                    if len(loras) >= self.max_loras:
+                        if k == 0:
+                            break  # the oldest needs a further adapter: wait until one has left
+                        continue  # waits (its order among its adapter's requests is kept)
+                    loras.add(slot)
                 jobs.append(j)
                 room -= len(j.choices)
                 self.waiting.remove(j)

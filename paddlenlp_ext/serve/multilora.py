@@ -3,7 +3,8 @@
 The base is loaded once.  Every target linear layer of any per-row adapter is wrapped in a
 ``RowLoRALinear`` that holds each adapter's ``A [in, r]``, ``B [r, out]`` and scaling under a slot
 number.  Before a forward the scheduler sets ``RowAdapters.rows``: the slot of each batch row
-(-1 = the base).  The layer computes the base matmul once for the whole batch, then for each
+(-1 = the base) -- the static scheduler once per batch, the continuous one (``serve.continuous``) before
+each prefill and decode step, for exactly the rows of that forward.  The layer computes the base matmul once for the whole batch, then for each
 adapter present gathers its rows, adds ``(x_rows @ A) * s @ B`` and scatters them back.  So rows for
 different adapters and for the base share one batch and one copy of the base weights; memory is
 base + the adapters' small matrices.
@@ -44,9 +45,8 @@ def _row_linear_class():
         def forward(self, x, *args, **kwargs):  # x: [B, T, in]
             out = self.base_layer(x, *args, **kwargs)  # [B, T, out], the base matmul once for the batch
             rows = self.table.rows
-            if rows is None:  # every row the same: the continuous batcher runs one model at a time
-                u = self.table.uniform
-                return out if u not in self.slots else out + self._delta(x, u).astype(out.dtype)
+            if rows is None:  # every row is the base
+                return out
             present = [s for s in dict.fromkeys(rows.tolist()) if s in self.slots]
             if not present:
                 return out
@@ -67,7 +67,6 @@ class RowAdapters:
     def __init__(self, model):
         self.model = model
         self.rows: Optional[np.ndarray] = None  # [B] slot per batch row, -1 = base; None = base for all
-        self.uniform: Optional[int] = None  # with rows None: the slot of every row (None = base)
         self.layers: Dict[str, object] = {}  # layer name -> RowLoRALinear
         self.slots: Dict[str, int] = {}  # adapter name -> slot
         self.lock = threading.Lock()  # held by a forward pass and by load / unload
