@@ -160,15 +160,14 @@ def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Famil
 _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
                 r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
                 r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
-#: MoE decoder rows run the decoder's features (tests/test_decoder_cli.py, tests/test_moe_cli.py) but merge and
-#: preference training, which are verified on the dense rows only (tests/test_decoder_export.py, test_decoder_dpo.py)
-_MOE_DECODER = _DECODER - {"merge", "dpo", "kto", "reward", "grpo"}
+#: MoE decoder rows run the decoder's features (tests/test_decoder_cli.py, tests/test_moe_cli.py; merge and the
+#: transformers / PEFT exports: tests/test_decoder_export.py) but preference training, which is verified on the
+#: dense rows only (test_decoder_dpo.py)
+_MOE_DECODER = _DECODER - {"dpo", "kto", "reward", "grpo"}
 
 
 def _moe_refusals(name: str) -> Dict[str, str]:
     return {**_decoder_refusals(name),
-            "merge": f"{name}: merging an adapter into an MoE row is not verified yet; serve or predict with "
-                     "--lora_path instead of merging",
             **{f: f"{name}: preference training ({FEATURES[f]}) on an MoE row is not verified yet (the router's aux "
                   "loss is not wired into it); use a dense model (llama, qwen2, qwen3, gemma2, ...)"
                for f in ("dpo", "kto", "reward", "grpo")}}
