@@ -100,6 +100,9 @@ class Family:
     refused: Optional[str] = None
     arch: Optional[Arch] = None
     decoder: bool = False
+    #: the row a transformers-layout checkpoint of this model_type trains on, when it is not this one (qwen3_moe:
+    #: PaddleNLP's layout on models/qwen3, transformers' on the decoder's MoE row); :func:`layout_row` picks
+    hf_row: Optional["Family"] = None
 
     @property
     def body_prefix(self) -> str:
@@ -186,6 +189,11 @@ def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> 
 
 
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
+#: Qwen3-MoE on the decoder: qwen3's attention (q/k RMSNorm per head, attention_bias) + the MoE block on every
+#: decoder_sparse_step-th layer not in mlp_only_layers (norm_topk_prob, no shared expert); transformers'
+#: Qwen3MoeConfig keeps sliding_window only with use_sliding_window, and then slides every layer
+_QWEN3_MOE = Arch(mlp="moe", qk_norm="head", windows="all", window_switch="use_sliding_window", **_ATTN_BIAS)
+_QWEN3_MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj", r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj")
 _GEMMA = dict(norm_plus_one=True, embed_scale=True, tie_default=True, **_ATTN_BIAS)
 
 _MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
@@ -205,23 +213,23 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"},
            arch=Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS)),
-    # Qwen3-MoE (models/qwen3/moe.py): attention and every expert's MLP are the targets; the router
-    # (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits pick the experts.
-    Family("qwen3_moe", targets=(r".*layers\.\d+\.self_attn\.[qkvo]_proj",
-                                 r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj"),
-           features=frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge"}),
-           qk_norm=True,
+    # Qwen3-MoE in PaddleNLP's layout (models/qwen3/moe.py, our own Paddle code): attention and every expert's MLP
+    # are the targets; the router (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits
+    # pick the experts. A transformers-layout qwen3_moe checkpoint trains on the decoder's MoE row (hf_row)
+    Family("qwen3_moe", targets=_QWEN3_MOE_TARGETS,
+           features=frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge",
+                               "hf_checkpoint"}),
+           qk_norm=True, hf_layout=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={**{f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
                            "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
                      "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
-                     "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
-                                "model (qwen3) to predict or serve",
+                     "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
+                                "layout (models/qwen3); a transformers-layout qwen3_moe checkpoint predicts on our "
+                                "decoder",
                      "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
-           # the decoder's MoE row (tests/test_decoder_parity.py); the CLI still trains models/qwen3 (PaddleNLP
-           # layout) and refuses a transformers-layout qwen3_moe checkpoint
-           arch=Arch(mlp="moe", qk_norm="head", windows="all", qkv_bias="attention_bias", o_bias="attention_bias")),
+           arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS)),
     # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor
     # names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py)
     _decoder_row("mistral", Arch(windows="all"), planner="llama"),
@@ -315,6 +323,19 @@ def row(model_type: Optional[str]) -> Optional[Family]:
     return FAMILIES.get(model_type or "")
 
 
+def layout_row(model_type: Optional[str], hf_layout: bool = False) -> Optional[Family]:
+    """The row a checkpoint of ``model_type`` trains on: :attr:`Family.hf_row` for a transformers-layout one where
+    the table has it (qwen3_moe), else the table's row (None when it is not in the table).
+
+    >>> layout_row("qwen3_moe").decoder, layout_row("qwen3_moe", hf_layout=True).decoder
+    (False, True)
+    >>> layout_row("mixtral", hf_layout=True) is row("mixtral")
+    True
+    """
+    f = row(model_type)
+    return f.hf_row if f is not None and hf_layout and f.hf_row is not None else f
+
+
 def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> Optional[str]:
     """Why ``model_type`` cannot be fine-tuned at all here, or None.
 
@@ -337,8 +358,9 @@ def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> O
     return None
 
 
-def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
-    """Why ``feature`` (a key of :data:`FEATURES`) is refused on this family, or None.
+def feature_problem(model_type: Optional[str], feature: str, hf_layout: bool = False) -> Optional[str]:
+    """Why ``feature`` (a key of :data:`FEATURES`) is refused on this family, or None; ``hf_layout``: the
+    checkpoint is in transformers' layout (:func:`layout_row`).
 
     An unlisted model_type (allowed by the opt-in) gets :data:`GENERIC`'s answer.
 
@@ -347,7 +369,7 @@ def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
     >>> feature_problem("gpt", "tp")
     'gpt models: tensor_parallel_degree > 1 is not verified on this family; set tensor_parallel_degree=1'
     """
-    f = row(model_type) or GENERIC
+    f = layout_row(model_type, hf_layout) or GENERIC
     if f.refused is not None:
         return f"{f.model_type}: {f.refused}"
     if feature in f.features:

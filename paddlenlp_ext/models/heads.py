@@ -34,6 +34,10 @@ def split_lm_head(model: Any) -> Optional[Tuple[Any, Any]]:
     attr = BODY_ATTRIBUTE.get(getattr(config, "model_type", None))
     if attr is None:
         return None
+    if callable(getattr(model, "moe_blocks", None)) and model.moe_blocks():
+        # the decoder's MoE row under a model_type listed above (a transformers-layout qwen3_moe, which trains on
+        # the decoder; PaddleNLP's layout on models/qwen3): its forward adds the aux loss a body-only one drops
+        return None
     if getattr(config, "sequence_parallel", False) or int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         return None
     body, head = getattr(model, attr, None), getattr(model, "lm_head", None)

@@ -21,11 +21,13 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 
-def moe_row(model_type: Optional[str]) -> bool:
-    """Whether ``model_type`` trains on the decoder's MoE row (``Arch.mlp == "moe"`` and ``decoder=True``)."""
-    from ..models.family_table import row
+def moe_row(model_type: Optional[str], hf_layout: bool = False) -> bool:
+    """Whether ``model_type`` trains on the decoder's MoE row (``Arch.mlp == "moe"`` and ``decoder=True``);
+    ``hf_layout``: a transformers-layout checkpoint (qwen3_moe's trains on the decoder, ``family_table.layout_row``).
+    """
+    from ..models.family_table import layout_row
 
-    family = row(model_type)
+    family = layout_row(model_type, hf_layout)
     return family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"
 
 

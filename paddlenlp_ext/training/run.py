@@ -244,7 +244,7 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     from .callbacks import attach_step_callbacks
     from .console import current
     from .reporting import attach_reporting
-    from .moe_aux import MoEAuxLog, bias_update_callback, moe_row
+    from .moe_aux import MoEAuxLog, bias_update_callback, moe_blocks, moe_row
     from .trainer import FinetuneTrainer
 
     wall_start = time.time()
@@ -275,8 +275,9 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
     )
     aux_coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
     bias_rate = float(cfg.model.moe_router_bias_update_rate or 0.0)
-    if moe_row(getattr(model.config, "model_type", None)) and (getattr(model.config, "output_router_logits", False)
-                                                               or bias_rate > 0):
+    # the decoder's MoE rows (a transformers-layout qwen3_moe too, family_table.layout_row: its model has the blocks)
+    on_moe = moe_row(getattr(model.config, "model_type", None)) or bool(moe_blocks(model))
+    if on_moe and (getattr(model.config, "output_router_logits", False) or bias_rate > 0):
         # the aux loss in the training loss, logged on its own with the expert load; the bias update
         trainer.moe_aux_log = MoEAuxLog(aux_coef, bias_rate)
         if bias_rate > 0:
