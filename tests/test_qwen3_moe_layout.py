@@ -85,3 +85,59 @@ def test_loader_builds_the_decoder_for_transformers_layout_and_qwen3_for_paddlen
                                                 "float32")
     assert type(paddle_layout) is Qwen3MoeForCausalLM and stats["layout"] == "paddlenlp"
     assert split_lm_head(paddle_layout) is not None  # unchanged: models/qwen3 has no aux loss to drop
+
+
+def test_paddlenlp_layout_checkpoint_exports_to_transformers(tiny_qwen3_moe_dir, tmp_path):
+    """models/qwen3's own checkpoint -> llm/tools/export.py --format hf's function -> transformers gives its logits
+    (the way from PaddleNLP's layout onto the decoder's row: the export is in transformers' layout)."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from paddlenlp_ext.export import export_hf_model
+    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+
+    register_qwen3()
+    export_hf_model(tiny_qwen3_moe_dir, str(tmp_path / "hf"), log=lambda *a: None)
+    ours = AutoModelForCausalLM.from_pretrained(tiny_qwen3_moe_dir, dtype="float32")
+    ours.eval()
+    with paddle.no_grad():
+        got = ours(paddle.to_tensor(IDS))[0].numpy()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32).eval()
+    assert type(theirs).__name__ == "Qwen3MoeForCausalLM"
+    with torch.no_grad():
+        np.testing.assert_allclose(got, theirs(torch.tensor(IDS)).logits.numpy(), atol=1e-4, rtol=0)
+
+
+def test_paddlenlp_layout_with_a_window_loads_on_the_decoder(tmp_path):
+    """What a full fine-tune or a merge of a transformers qwen3_moe with a window saves (PaddleNLP's layout, config
+    use_sliding_window: true) is a config models/qwen3 refuses: it loads on the decoder's row, window honoured."""
+    from paddlenlp.transformers import AutoConfig
+
+    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.decoder.modeling import DecoderForCausalLM
+    from paddlenlp_ext.models.loading import load_model_streaming
+    from paddlenlp_ext.models.qwen3.support import unsupported_settings
+
+    register_qwen3()
+    torch.manual_seed(1)
+    hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**KW, use_sliding_window=True,
+                                                                      sliding_window=4)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    hf.save_pretrained(str(tmp_path / "hf"))
+    ours, _ = load_model_streaming(str(tmp_path / "hf"), AutoConfig.from_pretrained(str(tmp_path / "hf")), "float32")
+    ours.save_pretrained(str(tmp_path / "paddle"))  # PaddleNLP's names and [in, out] Linears
+    config = AutoConfig.from_pretrained(str(tmp_path / "paddle"))
+    assert unsupported_settings(config)  # models/qwen3 would refuse it
+    again, stats = load_model_streaming(str(tmp_path / "paddle"), config, "float32")
+    assert isinstance(again, DecoderForCausalLM) and stats["layout"] == "paddlenlp"
+    again.eval()
+    with paddle.no_grad():
+        got = again(input_ids=paddle.to_tensor(IDS)).logits.numpy()
+    with torch.no_grad():
+        want = hf(torch.tensor(IDS)).logits.numpy()
+        full = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**KW)).eval()  # no window
+        full.load_state_dict(hf.state_dict())
+        unwindowed = full(torch.tensor(IDS)).logits.numpy()
+    assert np.abs(want - unwindowed).max() > 1e-3  # the window matters on these 10 tokens
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

@@ -84,9 +84,11 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
         if layout:
             problems.append(f"{where}: model_name_or_path {path!r}: {layout}")
         hf = is_hf_layout(path)
-    family = layout_row(model_type, hf)  # qwen3_moe: transformers' layout trains on the decoder's MoE row
+    # qwen3_moe: transformers' layout (or a config models/qwen3 refuses) trains on the decoder's MoE row
+    family = layout_row(model_type, hf, _config_json(path))
+    on_hf_row = family is not row(model_type)
     for feature in requested_features(cfg, mode):
-        why = feature_problem(model_type, feature, hf_layout=hf)
+        why = feature_problem(model_type, feature, hf_layout=on_hf_row)
         if why is not None:
             problems.append(f"{where}: {why}")
     problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path, family)]
@@ -95,6 +97,15 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path, family)]
     problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
     return problems
+
+
+def _config_json(model_dir: str) -> dict:
+    from ..models.hf_layout import HFLayoutError, read_config_json
+
+    try:
+        return read_config_json(model_dir)
+    except HFLayoutError:  # reported by config_read_problems, naming the file
+        return {}
 
 
 def is_hf_layout(model_dir: str) -> bool:

@@ -39,7 +39,7 @@ models built by its own ``*Config`` / ``*ForCausalLM`` classes (hidden 64, 2 lay
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from .decoder.rows import GEMMA_SANDWICH, GLM_SANDWICH, POST_NORM, Arch
 
@@ -103,6 +103,10 @@ class Family:
     #: the row a transformers-layout checkpoint of this model_type trains on, when it is not this one (qwen3_moe:
     #: PaddleNLP's layout on models/qwen3, transformers' on the decoder's MoE row); :func:`layout_row` picks
     hf_row: Optional["Family"] = None
+    #: config.json keys that send a PaddleNLP-layout checkpoint to ``hf_row`` too when set (true / non-empty): what
+    #: this row's classes refuse and ``hf_row`` computes (qwen3_moe: a window, RoPE scaling, the aux loss -- what a
+    #: merge or a full fine-tune of a transformers checkpoint saves in PaddleNLP's layout)
+    hf_row_keys: Tuple[str, ...] = ()
 
     @property
     def body_prefix(self) -> str:
@@ -229,7 +233,8 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                                 "layout (models/qwen3); a transformers-layout qwen3_moe checkpoint predicts on our "
                                 "decoder",
                      "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
-           arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS)),
+           arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS),
+           hf_row_keys=("use_sliding_window", "rope_scaling", "output_router_logits")),
     # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor
     # names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py)
     _decoder_row("mistral", Arch(windows="all"), planner="llama"),
@@ -323,17 +328,28 @@ def row(model_type: Optional[str]) -> Optional[Family]:
     return FAMILIES.get(model_type or "")
 
 
-def layout_row(model_type: Optional[str], hf_layout: bool = False) -> Optional[Family]:
-    """The row a checkpoint of ``model_type`` trains on: :attr:`Family.hf_row` for a transformers-layout one where
-    the table has it (qwen3_moe), else the table's row (None when it is not in the table).
+def layout_row(model_type: Optional[str], hf_layout: bool = False, config: Any = None) -> Optional[Family]:
+    """The row a checkpoint of ``model_type`` trains on: :attr:`Family.hf_row` where the table has one (qwen3_moe)
+    for a transformers-layout checkpoint, or for one whose ``config`` (config.json dict or config object) sets a
+    key of :attr:`Family.hf_row_keys`; else the table's row (None when it is not in the table).
 
     >>> layout_row("qwen3_moe").decoder, layout_row("qwen3_moe", hf_layout=True).decoder
     (False, True)
+    >>> layout_row("qwen3_moe", config={"use_sliding_window": True, "sliding_window": 8}).decoder
+    True
     >>> layout_row("mixtral", hf_layout=True) is row("mixtral")
     True
     """
     f = row(model_type)
-    return f.hf_row if f is not None and hf_layout and f.hf_row is not None else f
+    if f is None or f.hf_row is None:
+        return f
+
+    def get(key):
+        return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+    if hf_layout or (config is not None and any(get(k) for k in f.hf_row_keys)):
+        return f.hf_row
+    return f
 
 
 def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> Optional[str]:

@@ -248,12 +248,12 @@ def _replace(model, name: str, new) -> None:
 def decoder_class_for(config, hf_layout: bool = False):
     """(our decoder's causal-LM class, config as its config class) for a row the table builds with the decoder
     whose model_type PaddleNLP also has (mixtral, qwen2_moe: the Auto classes would pick PaddleNLP's, which
-    crash on Paddle 3.3), or, with ``hf_layout``, whose transformers layout trains on the decoder
-    (``family_table.layout_row``: qwen3_moe, whose PaddleNLP layout stays on models/qwen3); (None, config)
-    otherwise."""
+    crash on Paddle 3.3), or whose transformers layout (``hf_layout``), or a config its PaddleNLP classes refuse,
+    trains on the decoder (``family_table.layout_row``: qwen3_moe, whose PaddleNLP layout stays on models/qwen3);
+    (None, config) otherwise."""
     from .family_table import layout_row
 
-    family = layout_row(getattr(config, "model_type", None), hf_layout)
+    family = layout_row(getattr(config, "model_type", None), hf_layout, config)
     if family is None or not family.decoder or family.arch is None:
         return None, config
     from .decoder import classes_for

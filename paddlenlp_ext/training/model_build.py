@@ -70,7 +70,8 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     # the row this checkpoint trains on: a transformers-layout qwen3_moe on the decoder's MoE row, PaddleNLP's on
     # models/qwen3 (family_table.layout_row)
     hf = bool(m.continue_training) and _is_hf_layout(m.model_name_or_path)
-    family = layout_row(getattr(config, "model_type", None), hf)
+    family = layout_row(getattr(config, "model_type", None), hf, config)
+    hf = family is not row(getattr(config, "model_type", None))  # on the family's hf_row (the decoder's)
     if family is not None and family.decoder and args.tensor_parallel_degree > 1:
         # our decoder reads sequence_parallel from its config (parallel/layers.py): the run's key, not a default
         config.sequence_parallel = bool(getattr(args, "sequence_parallel", False))
