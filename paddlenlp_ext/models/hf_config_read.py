@@ -195,7 +195,8 @@ def _decoder_row(model_type: Any) -> bool:
     from .family_table import row
 
     family = row(model_type)
-    return family is not None and family.decoder
+    # qwen3_moe: a RoPE scaling sends its checkpoint to the decoder's row (family_table.layout_row, Family.hf_row_keys)
+    return family is not None and (family.decoder or (family.hf_row is not None and family.hf_row.decoder))
 
 
 def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
