@@ -188,8 +188,8 @@ def test_lora_leaves_the_router_out_and_refusals(tmp_path):
 
 
 def test_cli_merge_and_peft_export_of_an_moe_lora_load_in_transformers_and_peft(tmp_path):
-    """A LoRA trained by llm/run_finetune.py on a transformers-saved qwen3_moe (which trains on the decoder's MoE row;
-    its experts adapted): llm/merge_lora_params.py --output_format hf passes its verification and loads in
+    """A LoRA trained by llm/run_finetune.py with the aux loss on a transformers-saved qwen3_moe (which trains on the
+    decoder's MoE row; its experts adapted): llm/merge_lora_params.py --output_format hf passes its verification and loads in
     transformers, the PEFT export (llm/tools/export.py --format peft) loads in peft.PeftModel on the same base, and
     the two give the
     same logits within 1e-4 (fp32 base: the merge rounds nothing) -- the judges are transformers and peft."""
@@ -202,8 +202,9 @@ def test_cli_merge_and_peft_export_of_an_moe_lora_load_in_transformers_and_peft(
 
     base = save_row("qwen3_moe", str(tmp_path / "base"), dtype="float32")
     out = str(tmp_path / "lora")
-    finetune(base, out, "--max_steps", "2", "--learning_rate", "5e-2")
+    finetune(base, out, "--max_steps", "2", "--learning_rate", "5e-2", "--router_aux_loss_coef", "0.05")
     assert any(".mlp.experts.3." in n for n in _adapter_names(out))  # the routed experts are adapted
+    assert all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in _logged(out))  # the decoder's aux loss
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = run([os.path.join(root, "llm", "merge_lora_params.py"), "--model_name_or_path", base, "--lora_path", out,
              "--merge_model_path", tmp_path / "merged", "--output_format", "hf", "--device", "cpu"])
