@@ -105,6 +105,9 @@ def test_paddlenlp_layout_checkpoint_exports_to_transformers(tiny_qwen3_moe_dir,
     assert type(theirs).__name__ == "Qwen3MoeForCausalLM"
     with torch.no_grad():
         np.testing.assert_allclose(got, theirs(torch.tensor(IDS)).logits.numpy(), atol=1e-4, rtol=0)
+    # the refusals' advice: the export takes the aux loss (it trains on the decoder's row), the original does not
+    assert _problems(str(tmp_path / "hf"), "--router_aux_loss_coef", "0.01") == []
+    assert "llm/tools/export.py --format hf" in _problems(tiny_qwen3_moe_dir, "--router_aux_loss_coef", "0.01")[0]
 
 
 def test_paddlenlp_layout_with_a_window_loads_on_the_decoder(tmp_path):

@@ -170,8 +170,8 @@ def moe_training_problems(cfg, model_type: str, model_dir: Optional[str], family
     if not (family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"):
         keys = [k for k, v in ((BIAS_RATE_KEY, rate), ("freeze_router", freeze)) if v]
         return [f"{k}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no MoE block of the "
-                f"decoder to act on (a transformers-layout {model_type} checkpoint trains on the decoder); remove {k}"
-                for k in keys]
+                f"decoder to act on; remove {k}, or export the checkpoint with llm/tools/export.py --format hf (a "
+                f"transformers-layout {model_type} trains on the decoder)" for k in keys]
     routers = _router_names(model_dir, model_type)
     if rate and routers is not None and not routers[1]:
         out.append(f"{BIAS_RATE_KEY}: this {model_type} checkpoint's router has no e_score_correction_bias to "
@@ -262,7 +262,7 @@ def moe_problems(model_args, model_type: str, model_dir: Optional[str], family=N
         key = AUX_LOSS_KEY if keys[AUX_LOSS_KEY] is not None else AUX_LOSS_ALIAS
         return [f"{key}={coef}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no "
                 "load-balancing loss; remove the key (or set it to 0), or train a transformers-layout checkpoint "
-                "(it trains on the decoder's MoE row, with the aux loss)"]
+                "(llm/tools/export.py --format hf writes one; it trains on the decoder's MoE row, with the aux loss)"]
     return []
 
 

@@ -230,8 +230,8 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
                            "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
                      "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
                      "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
-                                "layout (models/qwen3); a transformers-layout qwen3_moe checkpoint predicts on our "
-                                "decoder",
+                                "layout (models/qwen3); export the model with llm/tools/export.py --format hf and "
+                                "predict from that directory (a transformers-layout qwen3_moe runs on our decoder)",
                      "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
            arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS),
            hf_row_keys=("use_sliding_window", "rope_scaling", "output_router_logits")),
