@@ -26,8 +26,9 @@ from test_decoder_parity import build, load_ours  # the tiny transformers models
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-#: the decoder rows whose merge is verified (the MoE rows refuse merging: tests/test_moe_cli.py)
-DECODER_ROWS = [k for k, f in FAMILIES.items() if f.decoder and "merge" in f.features]
+#: the decoder rows whose merge is verified: the dense rows and the MoE rows (LoRA on every routed and shared
+#: expert's Linears; gpt_oss' fused experts take none, its attention does)
+DECODER_ROWS = [k for k, f in FAMILIES.items() if "merge" in f.features and (f.decoder or f.hf_row is not None)]
 IDS = np.array([[1, 17, 50, 3, 99, 42, 7, 100, 12, 5, 64, 127], [5, 9, 8, 7, 6, 5, 4, 3, 2, 1, 60, 111]])  # [2, 12]
 QUIET = dict(log=lambda *a: None)
 
@@ -74,6 +75,8 @@ def row(request, tmp_path_factory):
 
 def test_every_decoder_row_is_covered():
     assert len(DECODER_ROWS) >= 7 and {"phi3", "glm4"} <= set(DECODER_ROWS)  # fused qkv_proj / gate_up_proj
+    moe = {"mixtral", "qwen2_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
+    assert moe <= set(DECODER_ROWS)  # the MoE rows merge and export too
 
 
 def test_merged_export_loads_in_transformers_with_our_logits(row, tmp_path):
@@ -89,6 +92,8 @@ def test_merged_export_loads_in_transformers_with_our_logits(row, tmp_path):
     assert len(res.merge.modules_merged) == len(modules)
     if model_type in ("phi3", "glm4"):  # the fused Linears are adapted and merged as one weight
         assert any(m.endswith("gate_up_proj") for m in res.merge.modules_merged)
+    if FAMILIES[model_type].arch.mlp == "moe" and model_type != "gpt_oss":  # every routed expert is merged
+        assert any(".experts.3." in m for m in res.merge.modules_merged), res.merge.modules_merged
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["model_type"] == model_type and cfg["architectures"] == [type(hf).__name__]
     ref = _hf(out)
@@ -121,6 +126,8 @@ def test_peft_export_loads_on_transformers_model_with_our_logits(row, tmp_path):
     assert cfg["peft_type"] == "LORA" and len(cfg["target_modules"]) == len(modules)
     if model_type == "phi3":  # PEFT adapts transformers' fused Linear itself
         assert "model.layers.0.self_attn.qkv_proj" in cfg["target_modules"]
+    if FAMILIES[model_type].arch.mlp == "moe" and model_type != "gpt_oss":  # per-expert Linears, as transformers'
+        assert any(".experts.3." in t for t in cfg["target_modules"]), cfg["target_modules"]
     wrapped = peft.PeftModel.from_pretrained(_hf(path), str(tmp_path / "peft")).eval()
     np.testing.assert_allclose(_logits_hf(wrapped), want, atol=1e-4, rtol=0)
 

@@ -22,7 +22,8 @@ from test_decoder_parity import BASE, KNOBS, LONGROPE, VOCAB
 
 pytestmark = pytest.mark.slow
 
-ROWS = [k for k, f in FAMILIES.items() if f.decoder]
+#: the decoder's rows, and qwen3_moe, whose transformers-layout checkpoints train on the decoder (layout_row)
+ROWS = [k for k, f in FAMILIES.items() if f.decoder or (f.hf_row is not None and f.hf_row.decoder)]
 #: rows whose transformers 5.x architecture differs from 4.55's, which the decoder follows; the loader refuses
 #: such a checkpoint naming the tensors it lacks
 DIFFERS = {"ernie4_5_moe": "5.x's routed experts carry no bias with use_bias=true (4.55's do)",
@@ -35,9 +36,11 @@ PROMPT, NEW, EOS = [1, 17, 25, 3, 99, 42], 20, VOCAB - 1
 
 def ours(model_dir):
     from paddlenlp_ext.integrations.decoder import register_decoder
+    from paddlenlp_ext.integrations.qwen3 import register_qwen3
     from paddlenlp_ext.models.loading import load_model_streaming
     from paddlenlp_ext.models.model_config import load_model_config
 
+    register_qwen3()  # qwen3_moe's config class (its transformers layout then loads on the decoder's row)
     register_decoder()
     model = load_model_streaming(model_dir, load_model_config(model_dir, dtype="float32"), "float32", None,
                                  max_seq_len=64)[0]

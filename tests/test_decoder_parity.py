@@ -61,8 +61,10 @@ KNOBS = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5),
     "qwen2_moe": dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True),
+    # qwen3_moe: a dense layer between sparse ones (decoder_sparse_step), q/k norms, a window on every layer
     "qwen3_moe": dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                      decoder_sparse_step=2, head_dim=24, norm_topk_prob=True, attention_bias=True),
+                      decoder_sparse_step=2, head_dim=24, norm_topk_prob=True, attention_bias=True,
+                      use_sliding_window=True, sliding_window=5),
     "ernie4_5_moe": dict(num_hidden_layers=4, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
                          moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, use_bias=True,
                          tie_word_embeddings=True),

@@ -174,7 +174,8 @@ def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
 
 
 def test_hf_layout_flag_is_set_for_the_families_the_loader_reads():
-    decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # transformers' layout is what they load from
+    # transformers' layout is what the decoder rows load from (qwen3_moe's: its hf_row, family_table.layout_row)
+    decoder_rows = {k for k, f in FAMILIES.items() if f.decoder or (f.hf_row is not None and f.hf_row.decoder)}
     assert {k for k, f in FAMILIES.items() if f.hf_layout} == {"llama", "qwen2", "qwen3"} | decoder_rows
     assert hf_layout_problem("qwen2") is None and hf_layout_problem("gemma") is None
     assert "convert_from_torch=True" in hf_layout_problem("qwen")
@@ -247,7 +248,7 @@ def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tm
     text = "\n".join(map(str, problems(tmp_path, "qwen", "--lora", "true")))
     assert ("qwen: Hugging Face (transformers-layout) checkpoints are read for deepseek_v2, deepseek_v3, ernie4_5, "
             "ernie4_5_moe, gemma, gemma2") in text
-    assert "gpt_oss, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, smollm3 only" in text
+    assert "gpt_oss, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3 only" in text
     write(hf, "qwen")
     assert problems(tmp_path, "qwen", "--lora", "true") == []
 

@@ -38,7 +38,8 @@ EVIDENCE = {
               "predict": "test_qwen3_e2e.py", "hf_checkpoint": "test_hf_checkpoint.py, test_hf_e2e.py"},
     "qwen3_moe": {"lora": "test_qwen3_moe.py (CLI)", "qlora": "test_qwen3_moe.py (nf4 streaming load)",
                   "full": "test_qwen3_moe.py (gradients vs transformers)", "packing": "test_qwen3_moe.py",
-                  "flash_mask": "test_qwen3_moe.py", "merge": "test_qwen3_moe.py (CLI)"},
+                  "flash_mask": "test_qwen3_moe.py", "merge": "test_qwen3_moe.py (CLI)",
+                  "hf_checkpoint": "on our decoder: the transformers-layout row below"},
 }
 #: the rows built with our decoder (models/decoder; Family.decoder): the parity suite and the CLI suite
 _DEC = "test_decoder_cli.py::test_lora_packing_qlora_and_full_train_a_transformers_checkpoint"
@@ -102,7 +103,14 @@ def table() -> str:
             decoder = DENSE_DECODER if fam.arch is not None and fam.arch.mlp != "moe" else MOE_DECODER
             evidence = EVIDENCE.get(name, decoder if fam.decoder else NEW_FAMILY)
             cells.append(f"yes ({evidence[feature]})" if why is None else f"refused: {why}")
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        if fam.hf_row is None:
+            rows.append(f"| {name} | " + " | ".join(cells) + " |")
+            continue
+        # a family whose transformers-layout checkpoints train on another row (qwen3_moe: the decoder's MoE row)
+        rows.append(f"| {name} (PaddleNLP layout) | " + " | ".join(cells) + " |")
+        cells = [f"yes ({DECODER[f]})" if feature_problem(name, f, hf_layout=True) is None else
+                 f"refused: {feature_problem(name, f, hf_layout=True)}" for f, _ in COLUMNS]
+        rows.append(f"| {name} (transformers layout) | " + " | ".join(cells) + " |")
     rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",
              "| family | refused |", "|---|---|", *whole]
     return "\n".join(rows)

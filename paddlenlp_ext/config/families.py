@@ -10,7 +10,7 @@ import os
 from typing import List, Optional
 
 from ..models.families import read_model_type
-from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, row
+from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, layout_row, row
 
 
 #: load_config's mode -> the table feature the run asks for (PPO trains on DPO's log-prob path)
@@ -78,27 +78,52 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     if whole is not None:
         return [f"{where}: model_name_or_path {path!r}: {whole}"]
     problems = [f"{where}: model_name_or_path {path!r}: {p}" for p in config_read_problems(path)]
+    hf = False
     if getattr(cfg.model, "continue_training", True):
         layout = checkpoint_layout_problem(path, model_type)
         if layout:
             problems.append(f"{where}: model_name_or_path {path!r}: {layout}")
+        hf = is_hf_layout(path)
+    # qwen3_moe: transformers' layout (or a config models/qwen3 refuses) trains on the decoder's MoE row
+    family = layout_row(model_type, hf, _config_json(path))
+    on_hf_row = family is not row(model_type)
     for feature in requested_features(cfg, mode):
-        why = feature_problem(model_type, feature)
+        why = feature_problem(model_type, feature, hf_layout=on_hf_row)
         if why is not None:
             problems.append(f"{where}: {why}")
-    problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path)]
-    problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type)]
-    problems += [f"{where}: {p}" for p in decoder_fusion_problems(cfg.model, model_type)]
-    problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path)]
+    problems += [f"{where}: {p}" for p in moe_problems(cfg.model, model_type, path, family)]
+    problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type, family)]
+    problems += [f"{where}: {p}" for p in decoder_fusion_problems(cfg.model, model_type, family)]
+    problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path, family)]
     problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
     return problems
 
 
-def decoder_fusion_problems(m, model_type: str) -> List[str]:
+def _config_json(model_dir: str) -> dict:
+    from ..models.hf_layout import HFLayoutError, read_config_json
+
+    try:
+        return read_config_json(model_dir)
+    except HFLayoutError:  # reported by config_read_problems, naming the file
+        return {}
+
+
+def is_hf_layout(model_dir: str) -> bool:
+    """Whether ``model_dir``'s weights are in transformers' layout (read from the safetensors headers; False when
+    there are no readable weights, which the loader reports naming the file)."""
+    from ..models.checkpoint import CheckpointError, find_checkpoint
+
+    try:
+        return find_checkpoint(model_dir).hf_model_type is not None
+    except CheckpointError:
+        return False
+
+
+def decoder_fusion_problems(m, model_type: str, family=None) -> List[str]:
     """PaddleNLP's ``fuse_attention_qkv`` / ``fuse_attention_ffn`` on a row of our decoder, which takes its
     projections as the checkpoint stores them (fused for phi3 / glm4, separate otherwise) and has no such switch.
     E.g. fuse_attention_qkv=true on mistral -> ``["fuse_attention_qkv=true: ... remove fuse_attention_qkv"]``."""
-    family = row(model_type)
+    family = family or row(model_type)
     if family is None or not family.decoder:
         return []
     return [f"{key}=true: {model_type} trains on our decoder, which keeps the projections as the checkpoint "
@@ -106,11 +131,11 @@ def decoder_fusion_problems(m, model_type: str) -> List[str]:
             ("fuse_attention_qkv", "fuse_attention_ffn") if getattr(m, key, None)]
 
 
-def decoder_recompute_problems(t, model_type: str) -> List[str]:
+def decoder_recompute_problems(t, model_type: str, family=None) -> List[str]:
     """Recompute settings our decoder does not honour (it recomputes whole layers, non-reentrant, skipping
     ``no_recompute_layers``).  E.g. recompute=true, recompute_granularity="core_attn" on gemma2 ->
     ``["recompute_granularity 'core_attn' is not implemented on gemma2 (our decoder) ...; set ... full"]``."""
-    family = row(model_type)
+    family = family or row(model_type)
     if family is None or not family.decoder or not t.get("recompute", False):
         return []
     out = []
@@ -125,7 +150,7 @@ def decoder_recompute_problems(t, model_type: str) -> List[str]:
     return out
 
 
-def moe_training_problems(cfg, model_type: str, model_dir: Optional[str]) -> List[str]:
+def moe_training_problems(cfg, model_type: str, model_dir: Optional[str], family=None) -> List[str]:
     """``moe_router_bias_update_rate`` and ``freeze_router`` on a run that cannot honour them (docs/moe.md).
 
     Worked example: ``freeze_router: true`` with ``lora_target_modules: [".*mlp\\.gate"]`` on ernie4_5_moe ->
@@ -141,11 +166,12 @@ def moe_training_problems(cfg, model_type: str, model_dir: Optional[str]) -> Lis
     out = moe_key_problems({BIAS_RATE_KEY: rate, "freeze_router": freeze}, model_type)
     if out:
         return out
-    family = row(model_type)
+    family = family or row(model_type)
     if not (family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"):
         keys = [k for k, v in ((BIAS_RATE_KEY, rate), ("freeze_router", freeze)) if v]
-        return [f"{k}: {model_type} does not train on the decoder's MoE rows here (qwen3_moe trains on its "
-                f"PaddleNLP-layout model, models/qwen3), so there is no MoE block to act on; remove {k}" for k in keys]
+        return [f"{k}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no MoE block of the "
+                f"decoder to act on; remove {k}, or export the checkpoint with llm/tools/export.py --format hf (a "
+                f"transformers-layout {model_type} trains on the decoder)" for k in keys]
     routers = _router_names(model_dir, model_type)
     if rate and routers is not None and not routers[1]:
         out.append(f"{BIAS_RATE_KEY}: this {model_type} checkpoint's router has no e_score_correction_bias to "
@@ -211,7 +237,7 @@ def decoder_tp_problems(cfg, model_type: str, model_dir: str) -> List[str]:
     return out
 
 
-def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[str]:
+def moe_problems(model_args, model_type: str, model_dir: Optional[str], family=None) -> List[str]:
     """The MoE keys (``router_aux_loss_coef`` / alias ``moe_aux_loss_coef``) on a model that cannot honour them.
 
     Worked example: ``router_aux_loss_coef: 0.01`` on a llama -> ["router_aux_loss_coef: model_type 'llama'
@@ -230,12 +256,13 @@ def moe_problems(model_args, model_type: str, model_dir: Optional[str]) -> List[
         coef = router_aux_loss_coef(keys, {})
     except MoEConfigError as e:
         return [str(e)]
-    family = row(model_type)
+    family = family or row(model_type)
     on_decoder = family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"
     if coef > 0 and not on_decoder:
         key = AUX_LOSS_KEY if keys[AUX_LOSS_KEY] is not None else AUX_LOSS_ALIAS
-        return [f"{key}={coef}: {model_type} trains on its PaddleNLP-layout model here (models/qwen3), which has no "
-                "load-balancing loss; remove the key (or set it to 0)"]
+        return [f"{key}={coef}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no "
+                "load-balancing loss; remove the key (or set it to 0), or train a transformers-layout checkpoint "
+                "(llm/tools/export.py --format hf writes one; it trains on the decoder's MoE row, with the aux loss)"]
     return []
 
 

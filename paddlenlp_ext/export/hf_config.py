@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
-from ..models.family_table import row
+from ..models.family_table import layout_row
 from ..models.hf_config_read import DEFAULT_THETA, canonical_config
 from ..models.hf_layout import HF_FAMILIES, config_problems
 
@@ -41,6 +41,16 @@ _GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample",
                     "repetition_penalty", "max_new_tokens")
 
 
+def export_row(model_type):
+    """The table row whose transformers layout the export writes: qwen3_moe's is the decoder's MoE row whatever
+    the source's layout (``family_table.layout_row``); every other model_type's is its row.
+
+    >>> export_row("qwen3_moe").decoder, export_row("llama").decoder
+    (True, False)
+    """
+    return layout_row(model_type, hf_layout=True)
+
+
 def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
     """transformers config.json for PaddleNLP config ``cfg`` (a dict of its config.json).
 
@@ -54,7 +64,7 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
     if problems:
         raise ExportError("; ".join(problems))
     mt = cfg.get("model_type")
-    family = row(mt)
+    family = export_row(mt)
     if family is not None and family.decoder and mt in HF_FAMILIES:
         # 4.x spelling kept as saved (transformers' Phi-3 wants rope_scaling["type"]); 5.x spelling -> canonical
         return _decoder_config(cfg if "rope_parameters" in raw else raw, torch_dtype)
@@ -101,7 +111,7 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
 
 def exportable():
     """The model_types the transformers-layout export writes: the table's decoder rows and :data:`ARCHITECTURES`."""
-    return {k for k in HF_FAMILIES if k in ARCHITECTURES or row(k).decoder}
+    return {k for k in HF_FAMILIES if k in ARCHITECTURES or export_row(k).decoder}
 
 
 #: keys PaddleNLP's save_pretrained / our runs add that are no transformers config setting
@@ -130,7 +140,7 @@ def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
     out = {k: v for k, v in cfg.items() if k not in _PADDLE_ONLY_KEYS and k != "architectures"}
     out["architectures"] = [class_prefix(mt) + "ForCausalLM"]
     out["torch_dtype"] = torch_dtype
-    problems = decoder_problems(row(mt).arch, out)
+    problems = decoder_problems(export_row(mt).arch, out)
     if problems:
         raise ExportError("; ".join(problems))
     both = _rope_parameters(out)

@@ -32,9 +32,9 @@ from ..merge.common import SAFE_WEIGHTS_INDEX_NAME, Log, fmt_bytes, parse_size
 from ..merge.reader import BufferPool, Checkpoint, TensorEntry, TensorSource
 from ..merge.writer import (SafetensorsStreamWriter, TOKENIZER_PATTERNS, make_temp_dir, plan_shards, publish,
                             shard_file_names, write_json)
-from ..models.family_table import row
 from ..models.hf_layout import hf_name, read_json_dict
-from .hf_config import TORCH_DTYPE, ExportError, ExportVerifyFailed, hf_config_from_paddle, hf_generation_config
+from .hf_config import (TORCH_DTYPE, ExportError, ExportVerifyFailed, export_row, hf_config_from_paddle,
+                        hf_generation_config)
 
 EXPORT_INFO_NAME = "export_info.json"
 
@@ -53,7 +53,7 @@ class ExportResult:
 def _tied_decoder(hf_cfg: Dict[str, Any]) -> bool:
     """Whether ``hf_cfg`` is a decoder row with tied embeddings: our decoder's save_pretrained then also
     writes ``lm_head.weight`` (the shared embedding, [vocab, hidden]), which transformers does not read."""
-    family = row(hf_cfg.get("model_type"))
+    family = export_row(hf_cfg.get("model_type"))
     return bool(family and family.decoder and hf_cfg.get("tie_word_embeddings", family.arch.tie_default))
 
 

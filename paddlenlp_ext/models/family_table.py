@@ -39,7 +39,7 @@ models built by its own ``*Config`` / ``*ForCausalLM`` classes (hidden 64, 2 lay
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from .decoder.rows import GEMMA_SANDWICH, GLM_SANDWICH, POST_NORM, Arch
 
@@ -100,6 +100,13 @@ class Family:
     refused: Optional[str] = None
     arch: Optional[Arch] = None
     decoder: bool = False
+    #: the row a transformers-layout checkpoint of this model_type trains on, when it is not this one (qwen3_moe:
+    #: PaddleNLP's layout on models/qwen3, transformers' on the decoder's MoE row); :func:`layout_row` picks
+    hf_row: Optional["Family"] = None
+    #: config.json keys that send a PaddleNLP-layout checkpoint to ``hf_row`` too when set (true / non-empty): what
+    #: this row's classes refuse and ``hf_row`` computes (qwen3_moe: a window, RoPE scaling, the aux loss -- what a
+    #: merge or a full fine-tune of a transformers checkpoint saves in PaddleNLP's layout)
+    hf_row_keys: Tuple[str, ...] = ()
 
     @property
     def body_prefix(self) -> str:
@@ -160,16 +167,14 @@ def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Famil
 _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
                 r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
                 r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
-#: MoE decoder rows run the decoder's features (tests/test_decoder_cli.py, tests/test_moe_cli.py; DPO, KTO, reward
-#: models and GRPO with the policy forward's router aux loss: tests/test_moe_align.py) but merge, which is verified on
-#: the dense rows only (tests/test_decoder_export.py)
-_MOE_DECODER = _DECODER - {"merge"}
+#: MoE decoder rows run every decoder feature: tests/test_decoder_cli.py, tests/test_moe_cli.py; merge and the
+#: transformers / PEFT exports: tests/test_decoder_export.py; DPO, KTO, reward models and GRPO with the policy
+#: forward's router aux loss: tests/test_moe_align.py
+_MOE_DECODER = _DECODER
 
 
 def _moe_refusals(name: str) -> Dict[str, str]:
-    return {**_decoder_refusals(name),
-            "merge": f"{name}: merging an adapter into an MoE row is not verified yet; serve or predict with "
-                     "--lora_path instead of merging"}
+    return _decoder_refusals(name)
 
 
 #: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
@@ -185,6 +190,11 @@ def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> 
 
 
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
+#: Qwen3-MoE on the decoder: qwen3's attention (q/k RMSNorm per head, attention_bias) + the MoE block on every
+#: decoder_sparse_step-th layer not in mlp_only_layers (norm_topk_prob, no shared expert); transformers'
+#: Qwen3MoeConfig keeps sliding_window only with use_sliding_window, and then slides every layer
+_QWEN3_MOE = Arch(mlp="moe", qk_norm="head", windows="all", window_switch="use_sliding_window", **_ATTN_BIAS)
+_QWEN3_MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj", r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj")
 _GEMMA = dict(norm_plus_one=True, embed_scale=True, tie_default=True, **_ATTN_BIAS)
 
 _MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
@@ -204,23 +214,24 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"},
            arch=Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS)),
-    # Qwen3-MoE (models/qwen3/moe.py): attention and every expert's MLP are the targets; the router
-    # (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits pick the experts.
-    Family("qwen3_moe", targets=(r".*layers\.\d+\.self_attn\.[qkvo]_proj",
-                                 r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj"),
-           features=frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge"}),
-           qk_norm=True,
+    # Qwen3-MoE in PaddleNLP's layout (models/qwen3/moe.py, our own Paddle code): attention and every expert's MLP
+    # are the targets; the router (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits
+    # pick the experts. A transformers-layout qwen3_moe checkpoint trains on the decoder's MoE row (hf_row)
+    Family("qwen3_moe", targets=_QWEN3_MOE_TARGETS,
+           features=frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge",
+                               "hf_checkpoint"}),
+           qk_norm=True, hf_layout=True,
            masks=frozenset({"dense", "startend", "position_ids"}),
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={**{f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
                            "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
                      "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
-                     "predict": "qwen3_moe generation through the predictor is not verified yet; use a dense "
-                                "model (qwen3) to predict or serve",
+                     "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
+                                "layout (models/qwen3); export the model with llm/tools/export.py --format hf and "
+                                "predict from that directory (a transformers-layout qwen3_moe runs on our decoder)",
                      "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
-           # the decoder's MoE row (tests/test_decoder_parity.py); the CLI still trains models/qwen3 (PaddleNLP
-           # layout) and refuses a transformers-layout qwen3_moe checkpoint
-           arch=Arch(mlp="moe", qk_norm="head", windows="all", qkv_bias="attention_bias", o_bias="attention_bias")),
+           arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS),
+           hf_row_keys=("use_sliding_window", "rope_scaling", "output_router_logits")),
     # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor
     # names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py)
     _decoder_row("mistral", Arch(windows="all"), planner="llama"),
@@ -314,6 +325,30 @@ def row(model_type: Optional[str]) -> Optional[Family]:
     return FAMILIES.get(model_type or "")
 
 
+def layout_row(model_type: Optional[str], hf_layout: bool = False, config: Any = None) -> Optional[Family]:
+    """The row a checkpoint of ``model_type`` trains on: :attr:`Family.hf_row` where the table has one (qwen3_moe)
+    for a transformers-layout checkpoint, or for one whose ``config`` (config.json dict or config object) sets a
+    key of :attr:`Family.hf_row_keys`; else the table's row (None when it is not in the table).
+
+    >>> layout_row("qwen3_moe").decoder, layout_row("qwen3_moe", hf_layout=True).decoder
+    (False, True)
+    >>> layout_row("qwen3_moe", config={"use_sliding_window": True, "sliding_window": 8}).decoder
+    True
+    >>> layout_row("mixtral", hf_layout=True) is row("mixtral")
+    True
+    """
+    f = row(model_type)
+    if f is None or f.hf_row is None:
+        return f
+
+    def get(key):
+        return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+    if hf_layout or (config is not None and any(get(k) for k in f.hf_row_keys)):
+        return f.hf_row
+    return f
+
+
 def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> Optional[str]:
     """Why ``model_type`` cannot be fine-tuned at all here, or None.
 
@@ -336,8 +371,9 @@ def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> O
     return None
 
 
-def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
-    """Why ``feature`` (a key of :data:`FEATURES`) is refused on this family, or None.
+def feature_problem(model_type: Optional[str], feature: str, hf_layout: bool = False) -> Optional[str]:
+    """Why ``feature`` (a key of :data:`FEATURES`) is refused on this family, or None; ``hf_layout``: the
+    checkpoint is in transformers' layout (:func:`layout_row`).
 
     An unlisted model_type (allowed by the opt-in) gets :data:`GENERIC`'s answer.
 
@@ -346,7 +382,7 @@ def feature_problem(model_type: Optional[str], feature: str) -> Optional[str]:
     >>> feature_problem("gpt", "tp")
     'gpt models: tensor_parallel_degree > 1 is not verified on this family; set tensor_parallel_degree=1'
     """
-    f = row(model_type) or GENERIC
+    f = layout_row(model_type, hf_layout) or GENERIC
     if f.refused is not None:
         return f"{f.model_type}: {f.refused}"
     if feature in f.features:

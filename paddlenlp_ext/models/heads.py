@@ -42,6 +42,11 @@ def split_lm_head(model: Any, router_aux: bool = False) -> Optional[Tuple[Any, A
     attr = BODY_ATTRIBUTE.get(model_type) or (MOE_BODY_ATTRIBUTE.get(model_type) if router_aux else None)
     if attr is None:
         return None
+    if not router_aux and callable(getattr(model, "moe_blocks", None)) and model.moe_blocks():
+        # the decoder's MoE row under a model_type listed above (a transformers-layout qwen3_moe, which trains on
+        # the decoder; PaddleNLP's layout on models/qwen3): its forward adds the aux loss a body-only one drops
+        # (with router_aux the caller takes it from the body's router logits, as on the other MoE rows)
+        return None
     if getattr(config, "sequence_parallel", False) or int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         return None
     body, head = getattr(model, attr, None), getattr(model, "lm_head", None)

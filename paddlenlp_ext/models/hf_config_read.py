@@ -195,7 +195,13 @@ def _decoder_row(model_type: Any) -> bool:
     from .family_table import row
 
     family = row(model_type)
-    return family is not None and family.decoder
+    # qwen3_moe: a RoPE scaling sends its checkpoint to the decoder's row (family_table.layout_row, Family.hf_row_keys)
+    return family is not None and (family.decoder or (family.hf_row is not None and family.hf_row.decoder))
+
+
+#: model_type -> (4.55 key, the key transformers 5.x saves the same value under): 5.24's Qwen3MoeConfig writes the
+#: expert count as num_local_experts (num_experts: null)
+RENAMED_5X = {"qwen3_moe": (("num_experts", "num_local_experts"),)}
 
 
 def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
@@ -211,6 +217,8 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
     ([], 500000.0, 'llama3', 256)
     >>> "rope_parameters" in c, c["torch_dtype"]
     (False, 'float32')
+    >>> canonical_config({"model_type": "qwen3_moe", "num_experts": None, "num_local_experts": 4})[0]["num_experts"]
+    4
     >>> canonical_config({"model_type": "qwen2", "rope_parameters": {"rope_type": "su", "rope_theta": 1e6}})[1]
     ["config.json rope_parameters.rope_type='su': not a RoPE type transformers knows (default, linear, dynamic, yarn, longrope, llama3, proportional)"]
     """
@@ -220,6 +228,9 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
         out["torch_dtype"] = raw["dtype"] if raw.get("dtype") is not None else raw.get("torch_dtype")
     _canonical_rope(raw, out, problems)
     _canonical_layers(raw, out, problems)
+    for key, new in RENAMED_5X.get(raw.get("model_type"), ()):  # 5.x's name of a 4.55 key (the same value)
+        if raw.get(key) is None and raw.get(new) is not None:
+            out[key] = raw[new]
     why = NOT_READ_5X.get(raw.get("model_type"))
     if why and "rope_parameters" in raw:
         problems.append(f"config.json rope_parameters: a {raw.get('model_type')} checkpoint saved by transformers 5.x "

@@ -245,13 +245,15 @@ def _replace(model, name: str, new) -> None:
     setattr(parent, attr, new)
 
 
-def decoder_class_for(config):
+def decoder_class_for(config, hf_layout: bool = False):
     """(our decoder's causal-LM class, config as its config class) for a row the table builds with the decoder
     whose model_type PaddleNLP also has (mixtral, qwen2_moe: the Auto classes would pick PaddleNLP's, which
-    crash on Paddle 3.3); (None, config) otherwise."""
-    from .family_table import row
+    crash on Paddle 3.3), or whose transformers layout (``hf_layout``), or a config its PaddleNLP classes refuse,
+    trains on the decoder (``family_table.layout_row``: qwen3_moe, whose PaddleNLP layout stays on models/qwen3);
+    (None, config) otherwise."""
+    from .family_table import layout_row
 
-    family = row(getattr(config, "model_type", None))
+    family = layout_row(getattr(config, "model_type", None), hf_layout, config)
     if family is None or not family.decoder or family.arch is None:
         return None, config
     from .decoder import classes_for
@@ -311,7 +313,7 @@ def load_model_streaming(
     quant = _check_quantization(quantization)
     ckpt = find_checkpoint(model_dir)
     if model_class is None:
-        model_class, config = decoder_class_for(config)
+        model_class, config = decoder_class_for(config, hf_layout=ckpt.hf_model_type is not None)
     # our decoder (models/decoder), or one pipeline stage of it (models/decoder/pipe.py)
     decoder = model_class is not None and (hasattr(model_class, "body_class") or getattr(model_class, "decoder_pipe",
                                                                                           False))

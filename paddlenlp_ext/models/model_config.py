@@ -44,7 +44,8 @@ def load_model_config(model_dir: str, **kwargs: Any):
     # ... and the 4.x keys 5.x keeps elsewhere (partial_rotary_factor inside rope_parameters; Gemma 3's local theta
     # as rope_parameters.sliding_attention): absent from the file, so PaddleNLP's config has its class default
     raw = read_config_json(model_dir)
-    lifted = [k for k in canon if k not in raw and k != "torch_dtype"]
+    # ... and a 4.x key 5.x saves as null under its new name (qwen3_moe's num_experts: hf_config_read.RENAMED_5X)
+    lifted = [k for k in canon if (k not in raw or (raw[k] is None and canon[k] is not None)) and k != "torch_dtype"]
     for key in (*CANONICAL_KEYS, *lifted):
         if key in canon:
             setattr(config, key, canon[key])

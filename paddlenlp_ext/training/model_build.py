@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 from ..config.parse import ConfigError, RunConfig
 from ..models.families import DROPOUT_KEYS, dropout_config_updates
-from ..models.family_table import FAMILIES, row
+from ..models.family_table import FAMILIES, layout_row, row
 
 
 def model_dtype(args) -> str:
@@ -67,7 +67,11 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():
         setattr(config, attr, value)
-    family = row(getattr(config, "model_type", None))
+    # the row this checkpoint trains on: a transformers-layout qwen3_moe on the decoder's MoE row, PaddleNLP's on
+    # models/qwen3 (family_table.layout_row)
+    hf = bool(m.continue_training) and _is_hf_layout(m.model_name_or_path)
+    family = layout_row(getattr(config, "model_type", None), hf, config)
+    hf = family is not row(getattr(config, "model_type", None))  # on the family's hf_row (the decoder's)
     if args.tensor_parallel_degree > 1:
         # the model reads sequence_parallel from its config (our decoder: parallel/layers.py; PaddleNLP's llama /
         # qwen2 and our qwen3 likewise), so the run's key goes there, as PaddleNLP's run_finetune does
@@ -75,7 +79,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         config.sequence_parallel = bool(getattr(args, "sequence_parallel", False))
     from .moe_aux import configure as configure_moe, moe_row
 
-    if moe_row(getattr(config, "model_type", None)):  # router_aux_loss_coef -> output_router_logits (docs/moe.md)
+    if moe_row(getattr(config, "model_type", None), hf):  # router_aux_loss_coef -> output_router_logits (docs/moe.md)
         configure_moe(config, m)
     if family is not None and family.sets_ignore_index:
         from .loss import IGNORE_INDEX
@@ -86,7 +90,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         if getattr(m, key) is not None:
             setattr(config, key, getattr(m, key))
     where = f"{cfg.source or 'config'}: model_name_or_path {m.model_name_or_path!r}"
-    if getattr(config, "model_type", None) in ("qwen3", "qwen3_moe"):  # before any weight is read
+    if getattr(config, "model_type", None) in ("qwen3", "qwen3_moe") and not family.decoder:  # before any weight
         from ..models.qwen3.support import unsupported_settings
 
         refused = unsupported_settings(config)
@@ -136,6 +140,12 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
                           before_load=False) from e
     return model, stats
+
+
+def _is_hf_layout(model_dir: str) -> bool:
+    from ..config.families import is_hf_layout
+
+    return is_hf_layout(model_dir)
 
 
 def refuse_hf_layout(model_dir: str, where: str) -> None:

@@ -21,11 +21,13 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 
-def moe_row(model_type: Optional[str]) -> bool:
-    """Whether ``model_type`` trains on the decoder's MoE row (``Arch.mlp == "moe"`` and ``decoder=True``)."""
-    from ..models.family_table import row
+def moe_row(model_type: Optional[str], hf_layout: bool = False) -> bool:
+    """Whether ``model_type`` trains on the decoder's MoE row (``Arch.mlp == "moe"`` and ``decoder=True``);
+    ``hf_layout``: a transformers-layout checkpoint (qwen3_moe's trains on the decoder, ``family_table.layout_row``).
+    """
+    from ..models.family_table import layout_row
 
-    family = row(model_type)
+    family = layout_row(model_type, hf_layout)
     return family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"
 
 
@@ -174,8 +176,9 @@ def attach_moe_log(trainer, model, bias_rate: float) -> None:
     loss joins each training micro-batch's loss and is logged with the expert load) and the bias update callback.
     Every training mode (fine-tuning, DPO, KTO, reward models, GRPO, PPO) sets it up here."""
     config = getattr(model, "config", None)
-    if not moe_row(getattr(config, "model_type", None)) or not (getattr(config, "output_router_logits", False)
-                                                                or bias_rate > 0):
+    # the decoder's MoE rows, a transformers-layout qwen3_moe too (family_table.layout_row: its model has the blocks)
+    on_moe = moe_row(getattr(config, "model_type", None)) or bool(moe_blocks(model))
+    if not on_moe or not (getattr(config, "output_router_logits", False) or bias_rate > 0):
         return
     trainer.moe_aux_log = MoEAuxLog(float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0), bias_rate)
     if bias_rate > 0:

@@ -69,6 +69,9 @@ class Arch:
     rope_layers: Optional[str] = None
     #: "none", "all" (config sliding_window on every layer: Mistral, Phi-3) or "layer_types" (per layer)
     windows: str = "none"
+    #: the config key that switches the window on (Qwen3-MoE's use_sliding_window, default false: transformers keeps
+    #: sliding_window only with it); None: ``sliding_window`` alone decides
+    window_switch: Optional[str] = None
     #: config keys: attention / final logit soft-caps, query_pre_attn_scalar (scale = scalar ** -0.5)
     attn_softcap: Optional[str] = None
     final_softcap: Optional[str] = None
@@ -165,8 +168,12 @@ def _windows(arch: Arch, cfg: Mapping[str, Any], layers: int) -> Tuple[Optional[
     (4, 4)
     >>> _windows(Arch(), {"sliding_window": 4}, 2)
     (None, None)
+    >>> _windows(Arch(windows="all", window_switch="use_sliding_window"), {"sliding_window": 4}, 2)
+    (None, None)
     """
     window = cfg.get("sliding_window")
+    if arch.window_switch and not _flag(cfg, arch, arch.window_switch):
+        return (None,) * layers
     if arch.windows == "none" or not window:
         return (None,) * layers
     if arch.windows == "all":
