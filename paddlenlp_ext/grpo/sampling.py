@@ -9,6 +9,10 @@ what one process samples, and a resumed run samples what the uninterrupted run d
 
 A completion is cut after its first EOS (kept: the policy learns to stop) or at
 ``max_completion_length`` tokens.
+
+``engine="engine"`` (``rollout_engine``, the default) draws the same tokens faster: every group of the
+micro-batch is decoded as one batch with one prefill per prompt, finished rows leaving it, each group
+keeping its own RNG state and drawing exactly what ``generate`` draws (:mod:`paddlenlp_ext.generation.rollouts`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import List, Sequence
 import numpy as np
 import paddle
 from paddlenlp.generation import GenerationConfig
+
+from ..generation import SampleGroup, sample_batch
 
 __all__ = ["group_seed", "cut_completion", "sample_groups"]
 
@@ -49,8 +55,16 @@ def cut_completion(tokens: Sequence[int], budget: int, eos_ids: Sequence[int]) -
 
 def sample_groups(model, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int], *, group: int,
                   step: int, seed: int, max_new_tokens: int, temperature: float, top_p: float,
-                  eos_ids: Sequence[int], pad_id: int) -> List[List[int]]:
-    """``group`` completions of every prompt (prompt k's at ``k * group .. k * group + group - 1``)."""
+                  eos_ids: Sequence[int], pad_id: int, engine: str = "generate") -> List[List[int]]:
+    """``group`` completions of every prompt (prompt k's at ``k * group .. k * group + group - 1``);
+    ``engine``: "generate" (one ``model.generate`` per prompt) or "engine" (one batch, same tokens)."""
+    if engine == "engine":
+        groups = [SampleGroup(list(ids), int(group), group_seed(seed, index, step), int(max_new_tokens))
+                  for ids, index in zip(prompts, prompt_indices)]
+        drawn = sample_batch(model, groups, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
+        return [row for rows in drawn for row in rows]
+    if engine != "generate":
+        raise ValueError(f"rollout_engine must be engine or generate; got {engine!r}")
     cfg = GenerationConfig(decode_strategy="sampling", max_new_tokens=int(max_new_tokens), max_length=0, top_k=0,
                            top_p=float(top_p), temperature=float(temperature), repetition_penalty=1.0,
                            eos_token_id=list(eos_ids) if len(eos_ids) > 1 else int(eos_ids[0]),
