@@ -132,3 +132,14 @@ def test_unknown_engine_is_an_error(policy):
     with pytest.raises(ValueError, match="rollout_engine must be engine or generate"):
         sample_groups(policy, PROMPTS[:1], [0], group=2, step=0, seed=0, max_new_tokens=2, temperature=1.0,
                       top_p=1.0, eos_ids=[2], pad_id=0, engine="vllm")
+
+
+def test_a_step_of_two_micro_batches_samples_alike(policy):
+    """sample_step: the engine decodes the step's micro-batches as one batch, generate one by one; same tokens."""
+    from paddlenlp_ext.grpo.sampling import sample_step
+
+    plan = [[2, 0], [3, 1]]
+    kw = dict(group=2, step=1, seed=3, max_new_tokens=6, temperature=1.0, top_p=1.0, eos_ids=[2], pad_id=0)
+    ours = sample_step(policy, PROMPTS, plan, engine="engine", **kw)
+    assert ours == sample_step(policy, PROMPTS, plan, engine="generate", **kw)
+    assert [len(m) for m in ours] == [4, 4]

@@ -26,7 +26,7 @@ from paddlenlp.generation import GenerationConfig
 
 from ..generation import SampleGroup, sample_batch
 
-__all__ = ["group_seed", "cut_completion", "sample_groups"]
+__all__ = ["group_seed", "cut_completion", "sample_groups", "sample_step"]
 
 
 def group_seed(seed: int, prompt_index: int, step: int) -> int:
@@ -87,4 +87,21 @@ def sample_groups(model, prompts: Sequence[Sequence[int]], prompt_indices: Seque
         paddle.set_rng_state(state)
         if was_training:
             model.train()
+    return out
+
+
+def sample_step(model, prompts: Sequence[Sequence[int]], plan: Sequence[Sequence[int]], *, engine: str,
+                **kw) -> List[List[List[int]]]:
+    """The first turns of every micro-batch of one optimizer step (``plan``: each micro-batch's prompt indices,
+    ``prompts[i]``: prompt i's ids): ``out[k]`` = :func:`sample_groups` of micro-batch k.  The engine decodes
+    the whole step as one batch (a group's tokens do not depend on its batch, so they are the same);
+    ``generate`` samples micro-batch by micro-batch."""
+    if engine != "engine":
+        return [sample_groups(model, [prompts[i] for i in indices], indices, engine=engine, **kw) for indices in plan]
+    flat = [i for indices in plan for i in indices]
+    drawn = sample_groups(model, [prompts[i] for i in flat], flat, engine=engine, **kw)
+    out, at, group = [], 0, int(kw["group"])
+    for indices in plan:
+        out.append(drawn[at: at + len(indices) * group])
+        at += len(indices) * group
     return out
