@@ -143,3 +143,16 @@ def test_a_step_of_two_micro_batches_samples_alike(policy):
     ours = sample_step(policy, PROMPTS, plan, engine="engine", **kw)
     assert ours == sample_step(policy, PROMPTS, plan, engine="generate", **kw)
     assert [len(m) for m in ours] == [4, 4]
+
+
+def test_rollout_engine_key(tiny_model_dir, tmp_path):
+    """engine by default, generate selectable, anything else refused naming the key (exit 2 at the CLI)."""
+    from test_grpo import grpo_config
+
+    from paddlenlp_ext.config.parse import ConfigError
+
+    assert grpo_config(tiny_model_dir, tmp_path).dpo.rollout_engine == "engine"
+    assert grpo_config(tiny_model_dir, tmp_path, "--rollout_engine", "generate").dpo.rollout_engine == "generate"
+    with pytest.raises(ConfigError) as e:
+        grpo_config(tiny_model_dir, tmp_path, "--rollout_engine", "vllm")
+    assert "rollout_engine: must be one of engine, generate; got 'vllm'" in "\n".join(e.value.problems)
