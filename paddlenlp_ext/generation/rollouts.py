@@ -15,14 +15,17 @@ group's tokens to depend on its own seed only (GRPO: prompt i's G completions) c
   the group's ``size`` rows -- a row that already ended still takes part in the draw (as in ``generate``,
   which samples every row until the batch ends), so it consumes the same random numbers.  A group's
   tokens therefore depend on its prompt, seed and settings only, never on the other groups of the
-  batch, and equal the tokens ``generate`` samples for that group alone under the same seed (tested;
-  float rounding of a batched forward can only matter where a draw falls within ~1e-7 of a boundary).
+  batch, and from the same logits they are the tokens ``generate`` samples for that group alone under
+  the same seed (tests/test_grpo_engine.py).  The logits themselves are bit-equal only where the
+  matrix kernels agree: MKL picks them by shape, so a prompt prefilled once here and as ``size``
+  identical rows in ``generate`` can differ in the last bits, and a draw falling that close to the
+  boundary between two tokens flips (docs/benchmarks.md, "GRPO rollouts": 1 row in 32 on a 0.26B model).
 
 The global Paddle RNG state is restored afterwards: the caller's randomness is untouched.
 
-Worked example: ``sample_batch(model, [SampleGroup([1, 5, 6], size=2, seed=7, max_new_tokens=3)], eos_ids=[2],
-pad_id=0)`` -> ``[[[9, 4, 2], [8, 8, 3]]]``: the group's two rows, the first ended by its EOS 2 (kept),
-the second by its budget of 3 tokens.
+Shape of the result (token ids for illustration): ``sample_batch(model, [SampleGroup([1, 5, 6], size=2,
+seed=7, max_new_tokens=3)], eos_ids=[2], pad_id=0)`` -> ``[[[9, 4, 2], [8, 8, 3]]]``: one list per group,
+one per row; the first row ended with its EOS 2 (kept), the second at its budget of 3 tokens.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ what one process samples, and a resumed run samples what the uninterrupted run d
 A completion is cut after its first EOS (kept: the policy learns to stop) or at
 ``max_completion_length`` tokens.
 
-``engine="engine"`` (``rollout_engine``, the default) draws the same tokens faster: every group of the
-micro-batch is decoded as one batch with one prefill per prompt, finished rows leaving it, each group
-keeping its own RNG state and drawing exactly what ``generate`` draws (:mod:`paddlenlp_ext.generation.rollouts`).
+``engine="engine"`` (``rollout_engine``, the default) samples faster: every group is decoded in one batch
+with one prefill per prompt, finished rows leaving it, each group keeping its own RNG state and drawing
+from its logits exactly what ``generate`` draws (:mod:`paddlenlp_ext.generation.rollouts`; bit-equal tokens
+where the batched forward's logits are bit-equal to ``generate``'s).
 """
 
 from __future__ import annotations
