@@ -134,7 +134,8 @@ def sample_batch(model, groups: Sequence[SampleGroup], *, eos_ids: Sequence[int]
                     out[gi][m].append(t)
                     if t in eos or len(out[gi][m]) >= groups[gi].max_new_tokens:
                         ended.append(b)
-                keep = [b for b in range(len(rows)) if b not in set(ended)]
+                gone = set(ended)
+                keep = [b for b in range(len(rows)) if b not in gone]
                 if not keep:
                     break
                 if ended:  # the rows that ended leave the batch; all-padding cache columns are cut
