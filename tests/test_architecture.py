@@ -48,6 +48,9 @@ IMPORT_RULES = {
                  "paddlenlp_ext.adapters.api"},
     "serve": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.adapters",
               "paddlenlp.trainer"},
+    # the rollout engine is model-agnostic decoding: trainers and the server may use it, it uses none of them
+    "generation": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.serve",
+                   "paddlenlp_ext.predict", "paddlenlp_ext.grpo", "paddlenlp_ext.ppo", "paddlenlp.trainer"},
     "kto": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
     "grpo": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
     "reward": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},

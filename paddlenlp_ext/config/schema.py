@@ -311,6 +311,14 @@ class KTOArgument:
     loss_type = "kto"
 
 
+# how GRPO / PPO sample their completions (docs/alignment.md#rollouts): the same tokens under the same seeds
+ROLLOUT_ENGINES = ("engine", "generate")
+ROLLOUT_ENGINE_DEFAULT = "engine"
+ROLLOUT_ENGINE_HELP = ("How completions are sampled: engine (every group of a micro-batch decoded as one batch with a "
+                       "KV cache, finished rows leave it) or generate (PaddleNLP's model.generate, one call per "
+                       "group); both draw the same tokens under the same seed.")
+
+
 # Keys of llm/run_grpo.py only (load_config(..., mode="grpo"); held in RunConfig.dpo, the alignment key
 # group): TRL's GRPOConfig names (num_generations, max_completion_length, epsilon, beta, scale_rewards,
 # reward_weights, ...) plus PaddleNLP's data key names (train_dataset_path, max_prompt_len).
@@ -331,6 +339,7 @@ class GRPOArgument:
     temperature: float = _f(1.0, "Sampling temperature of the completions (also applied to the scored logits).",
                             gt=0.0)
     top_p: float = _f(1.0, "Top-p (nucleus) of the completions' sampling; 1.0 = off.", gt=0.0)
+    rollout_engine: str = _f(ROLLOUT_ENGINE_DEFAULT, ROLLOUT_ENGINE_HELP, choices=ROLLOUT_ENGINES)
     beta: float = _f(0.04, "Weight of the k3 KL term to the reference model; 0 = no reference model.", min=0.0)
     loss_type: str = _f("dapo", "TRL's GRPO loss (docs/alignment.md): dapo (tokens of the global batch), grpo "
                         "(per-completion mean), bnpo (micro-batch tokens), dr_grpo (completions x max_completion_length),"
@@ -386,6 +395,7 @@ class PPOArgument:
     max_completion_length: int = _f(64, "Maximum tokens of a completion (its EOS included).", gt=0)
     temperature: float = _f(1.0, "Sampling temperature (also applied to the scored logits).", gt=0.0)
     top_p: float = _f(1.0, "Top-p of the sampling; 1.0 = off.", gt=0.0)
+    rollout_engine: str = _f(ROLLOUT_ENGINE_DEFAULT, ROLLOUT_ENGINE_HELP, choices=ROLLOUT_ENGINES)
     kl_coeff: float = _f(0.02, "Weight of the per-token KL penalty (k1, to the reference) in the reward; 0 = no "
                          "reference model.", min=0.0)
     clip_range_ratio: float = _f(0.2, "Clipping range of the policy ratio.", gt=0.0)

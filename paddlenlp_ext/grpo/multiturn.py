@@ -36,6 +36,7 @@ from paddlenlp.generation import GenerationConfig
 
 from ..data.chat_template import TemplateRenderError, render
 from ..data.tokenize import _encode
+from ..generation import SampleGroup, sample_batch
 from ..serve.tools import parse_tool_calls
 from .sampling import cut_completion
 from .tools import ToolRunner
@@ -128,48 +129,68 @@ def sample_one(model, ids: Sequence[int], seed: int, *, max_new_tokens: int, tem
     return cut_completion(gen.numpy()[0], max_new_tokens, eos_ids)
 
 
+def _after_turn(env: ToolEnv, ep: Episode, turn: Sequence[int], budget: int, max_turns: int):
+    """Book the turn just sampled into ``ep``; run its tool calls and append their results: the room left for
+    the next turn (> 0), or None when the completion has ended (no calls, no EOS, max_turns, no room)."""
+    text = env.tokenizer.decode([t for t in turn if t not in env.eos_ids], skip_special_tokens=True)
+    message, calls = _assistant_message(text, env.style)
+    ep.messages.append(message)
+    ended = bool(turn) and int(turn[-1]) in env.eos_ids
+    if not calls or not ended or ep.turns >= max_turns:
+        return None
+    results = []
+    for name, arguments in calls:
+        content, ok = env.runner.call(name, arguments)
+        ep.tool_calls += 1
+        ep.tool_failures += int(not ok)
+        results.append({"role": "tool", "name": name, "content": content})
+    suffix = tool_suffix_ids(env, results)
+    room = budget - len(ep.tokens) - len(suffix)
+    if room < 1:  # no room left for another turn: the results are not appended (as TRL)
+        return None
+    ep.messages += results
+    ep.tokens += suffix
+    ep.trained += [0] * len(suffix)
+    return room
+
+
 def run_tools(model, env: ToolEnv, prompts: Sequence[Sequence[int]], first: Sequence[Sequence[int]],
               prompt_indices: Sequence[int], group: int, *, step: int, seed: int, max_turns: int, budget: int,
-              temperature: float, top_p: float, pad_id: int) -> List[Episode]:
+              temperature: float, top_p: float, pad_id: int, engine: str = "generate") -> List[Episode]:
     """Every completion of a micro-batch to its end (the module docstring).  ``prompts[k]`` / ``first[k]``:
-    the prompt and first turn of completion k (prompt ``prompt_indices[k // group]``, generation ``k % group``)."""
+    the prompt and first turn of completion k (prompt ``prompt_indices[k // group]``, generation ``k % group``).
+    ``engine``: "generate" samples each next turn alone with ``model.generate``; "engine" samples the next
+    turns of all completions together, one round per turn (``generation.sample_batch``: the same tokens)."""
     was_training = model.training
     state = paddle.get_rng_state()
-    episodes: List[Episode] = []
+    episodes = [Episode(tokens=list(turn), trained=[1] * len(turn)) for turn in first]
     model.eval()
     try:
         with paddle.no_grad():
-            for k, (prompt, turn) in enumerate(zip(prompts, first)):
-                ep = Episode(tokens=list(turn), trained=[1] * len(turn))
-                while True:
-                    text = env.tokenizer.decode([t for t in turn if t not in env.eos_ids], skip_special_tokens=True)
-                    message, calls = _assistant_message(text, env.style)
-                    ep.messages.append(message)
-                    ended = bool(turn) and int(turn[-1]) in env.eos_ids
-                    if not calls or not ended or ep.turns >= max_turns:
-                        break
-                    results = []
-                    for name, arguments in calls:
-                        content, ok = env.runner.call(name, arguments)
-                        ep.tool_calls += 1
-                        ep.tool_failures += int(not ok)
-                        results.append({"role": "tool", "name": name, "content": content})
-                    suffix = tool_suffix_ids(env, results)
-                    room = budget - len(ep.tokens) - len(suffix)
-                    if room < 1:  # no room left for another turn: the results are not appended (as TRL)
-                        break
-                    ep.messages += results
-                    ep.tokens += suffix
-                    ep.trained += [0] * len(suffix)
-                    s = turn_seed(seed, prompt_indices[k // group], step, k % group, ep.turns)
-                    turn = sample_one(model, list(prompt) + ep.tokens, s, max_new_tokens=room, temperature=temperature,
-                                      top_p=top_p, eos_ids=env.eos_ids, pad_id=pad_id)
-                    ep.tokens += turn
-                    ep.trained += [1] * len(turn)
-                    ep.turns += 1
-                    if not turn:
-                        break
-                episodes.append(ep)
+            live = [(k, first[k]) for k in range(len(episodes))]  # completions whose last turn is to be booked
+            while live:
+                pending = []  # (k, seed, room) of the completions that go on
+                for k, turn in live:
+                    ep = episodes[k]
+                    if ep.turns > 1 and not turn:
+                        continue
+                    room = _after_turn(env, ep, turn, budget, max_turns)
+                    if room is not None:
+                        pending.append((k, turn_seed(seed, prompt_indices[k // group], step, k % group, ep.turns),
+                                        room))
+                if engine == "engine":
+                    groups = [SampleGroup(list(prompts[k]) + episodes[k].tokens, 1, s, room) for k, s, room in pending]
+                    turns = [rows[0] for rows in sample_batch(model, groups, eos_ids=env.eos_ids, pad_id=pad_id,
+                                                              temperature=temperature, top_p=top_p)]
+                else:
+                    turns = [sample_one(model, list(prompts[k]) + episodes[k].tokens, s, max_new_tokens=room,
+                                        temperature=temperature, top_p=top_p, eos_ids=env.eos_ids, pad_id=pad_id)
+                             for k, s, room in pending]
+                for (k, _, _), turn in zip(pending, turns):
+                    episodes[k].tokens += turn
+                    episodes[k].trained += [1] * len(turn)
+                    episodes[k].turns += 1
+                live = [(k, turn) for (k, _, _), turn in zip(pending, turns)]
     finally:
         paddle.set_rng_state(state)
         if was_training:

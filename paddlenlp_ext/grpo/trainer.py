@@ -45,7 +45,7 @@ from .rollout import MicroRollout, Rollout, RolloutSampler, load_rollout, rollou
     truncation_mask
 from .rows import sequence_rows
 from .multiturn import final_answers, run_tools, tool_metrics
-from .sampling import sample_groups
+from .sampling import sample_step
 
 ROW_KEYS = ("input_ids", "position_ids") + MASK_KEYS
 
@@ -166,18 +166,18 @@ class GRPOTrainer(DPOTrainer):
         started = time.perf_counter()
         rollout = Rollout(step=step)
         need_old = o.num_iterations > 1 or (o.loss_type == "rloo" and o.beta > 0)
-        for indices in plan:
+        firsts = sample_step(self.model, dataset.ids, plan, engine=o.rollout_engine, group=G, step=step,
+                             seed=self.args.seed, max_new_tokens=o.max_completion_length, temperature=o.temperature,
+                             top_p=o.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+        for indices, completions in zip(plan, firsts):
             prompts = [dataset.ids[i] for i in indices]
-            completions = sample_groups(self.model, prompts, indices, group=G, step=step, seed=self.args.seed,
-                                        max_new_tokens=o.max_completion_length, temperature=o.temperature,
-                                        top_p=o.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
             columns = {k: [v for v in vals for _ in range(G)] for k, vals in dataset.columns(indices).items()}
             episodes = None
             if self.tool_env is not None:  # the tool calls run, generation continues (multiturn.py)
                 episodes = run_tools(self.model, self.tool_env, [p for p in prompts for _ in range(G)], completions,
                                      indices, G, step=step, seed=self.args.seed, max_turns=o.max_turns,
                                      budget=o.max_completion_length, temperature=o.temperature, top_p=o.top_p,
-                                     pad_id=self.pad_id)
+                                     pad_id=self.pad_id, engine=o.rollout_engine)
                 completions = [e.tokens for e in episodes]
                 texts = final_answers(episodes)
                 columns["messages"] = [dataset.messages[i] + e.messages
