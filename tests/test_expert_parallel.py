@@ -153,3 +153,40 @@ def test_fused_experts_are_refused():
     model = lm_cls(config_cls(**kw))
     with pytest.raises(ValueError, match="expert_parallel_degree"):
         apply_expert_parallel(model, SimulatedExpertComm(SimulatedGroup(2), 0))
+
+
+# ------------------------------------------------------------------------------------ config-time refusals
+def _model_dir(tmp_path, model_type, **over):
+    cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **ROWS.get(model_type, {}), **over})
+    cfg.save_pretrained(str(tmp_path / model_type))
+    return str(tmp_path / model_type)
+
+
+@pytest.mark.parametrize("model_type,degree,over,expect", [
+    ("mixtral", 3, {}, "not a multiple of 3"),
+    ("mixtral", 2, {}, "verified by simulation only"),
+    ("llama", 2, {}, "has no experts"),
+    ("qwen3_moe", 2, {"num_experts": 8}, "PaddleNLP-layout"),
+    ("gpt_oss", 2, {"num_local_experts": 4, "head_dim": 16}, "fused"),
+    ("mixtral", 2, {"tensor_parallel_degree": 2}, "tensor_parallel_degree=2"),
+])
+def test_expert_parallel_degree_is_refused_naming_the_key(tmp_path, model_type, degree, over, expect):
+    from types import SimpleNamespace
+
+    from paddlenlp_ext.config.expert_parallel import expert_parallel_problems
+
+    training = {"expert_parallel_degree": degree, **{k: v for k, v in over.items() if k.endswith("_degree")}}
+    model_dir = _model_dir(tmp_path, model_type, **{k: v for k, v in over.items() if not k.endswith("_degree")})
+    got = expert_parallel_problems(SimpleNamespace(training=training), model_type, model_dir)
+    assert len(got) == 1 and got[0].startswith(f"expert_parallel_degree={degree}") and expect in got[0], got
+    for off in (1, -1, None):  # PaddleNLP's default -1, and 1: no expert parallelism, nothing to refuse
+        assert expert_parallel_problems(SimpleNamespace(training={"expert_parallel_degree": off}), model_type,
+                                        model_dir) == []
+
+
+def test_the_cli_exits_2_naming_the_key(tmp_path):
+    from test_decoder_cli import finetune, save_row
+
+    base = save_row("mixtral", str(tmp_path / "base"))  # 4 experts
+    r = finetune(base, str(tmp_path / "out"), "--expert_parallel_degree", "3", check=False)
+    assert r.returncode == 2 and "expert_parallel_degree=3" in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
