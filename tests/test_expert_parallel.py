@@ -190,3 +190,12 @@ def test_the_cli_exits_2_naming_the_key(tmp_path):
     base = save_row("mixtral", str(tmp_path / "base"))  # 4 experts
     r = finetune(base, str(tmp_path / "out"), "--expert_parallel_degree", "3", check=False)
     assert r.returncode == 2 and "expert_parallel_degree=3" in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_docstring_examples():
+    import doctest
+
+    from bench import moe as bench_moe
+
+    assert doctest.testmod(ep_mod).failed == 0
+    assert doctest.testmod(bench_moe).failed == 0
