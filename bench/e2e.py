@@ -178,11 +178,14 @@ def dpo_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
             "--do_eval", "false", "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
 
 
-def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False) -> dict:
+def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False,
+            targets=None, use_fast=True) -> dict:
+    """One TRL + PEFT run (``targets``: PEFT's target_modules, default every Llama decoder linear;
+    ``use_fast=False``: transformers' slow SentencePiece tokenizer, for a venv whose protobuf cannot convert it)."""
     os.makedirs(out_dir, exist_ok=True)
     spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
             "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
-            "packing": packing}
+            "packing": packing, "use_fast": use_fast, **({"target_modules": list(targets)} if targets else {})}
     env = h.clean_env(("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS)  # torch's default threads
     worker = os.path.join(ROOT, "bench", "e2e_trl_dpo.py" if dpo else "e2e_trl.py")
     r = h.run([py, worker, json.dumps(spec)], name="TRL run", cwd=out_dir, env=env, mark=None)

@@ -26,7 +26,8 @@ def main(spec):
     with open(spec["train"], encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     data = Dataset.from_list([{"prompt": r["src"], "completion": r["tgt"]} for r in rows])
-    tok = AutoTokenizer.from_pretrained(spec["model"])
+    # "use_fast": false reads the SentencePiece model directly (the fast conversion needs protobuf)
+    tok = AutoTokenizer.from_pretrained(spec["model"], use_fast=spec.get("use_fast", True))
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []  # (wall, process CPU seconds) at every optimizer step end
     supervised = [0]
@@ -47,11 +48,12 @@ def main(spec):
 
 
 def lora_config(spec):
-    """LoRA r / alpha on every decoder linear, no dropout (as ours)."""
+    """LoRA r / alpha on every decoder linear (or ``spec["target_modules"]``), no dropout (as ours)."""
     from peft import LoraConfig
 
+    targets = spec.get("target_modules") or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     return LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+                      target_modules=targets)
 
 
 def step_marks(marks):

@@ -79,6 +79,9 @@ def render() -> str:
         "LoKr adapters on a Llama, Qwen2 or dense decoder-row float base (GPU; both verified by CPU simulation, "
         "see docs/parallel.md); "
         "`sharding` stage2/stage3 run on GPU (their optimizer step is verified by simulation).",
+        "- `expert_parallel_degree` > 1: the expert-parallel dispatch of the decoder's MoE rows is verified by CPU "
+        "simulation only and refused by the training CLI for now, naming the reason (docs/moe.md, \"Expert parallelism\"); "
+        "`use_expert_parallel` is refused on the decoder's rows.",
         "",
         _table(sorted((s for s in specs.values() if s.group == "training" and s.name not in ours), key=lambda s: s.name)),
         "",

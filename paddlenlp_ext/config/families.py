@@ -96,6 +96,9 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     problems += [f"{where}: {p}" for p in decoder_fusion_problems(cfg.model, model_type, family)]
     problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path, family)]
     problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
+    from .expert_parallel import expert_parallel_problems  # expert_parallel_degree (docs/moe.md)
+
+    problems += [f"{where}: {p}" for p in expert_parallel_problems(cfg, model_type, path)]
     return problems
 
 

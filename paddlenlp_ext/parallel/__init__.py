@@ -26,6 +26,10 @@ model-parallel group, the layers over pipeline stages):
   (:class:`FleetPipelineGroup`) and the checkpoint gathered to the first stage;
   :mod:`.pipeline_sim` -- N stages in one CPU process (PaddleNLP's own stage
   classes, activations sent and gradients received by hand).
+* :mod:`.expert` -- expert parallelism of the decoder's MoE blocks
+  (``expert_parallel_degree``): each rank keeps E/N experts, tokens go to their
+  expert's rank by all-to-all and come back; fleet's ``alltoall_single`` or N
+  simulated ranks (:class:`SimulatedExpertComm`).
 * :mod:`.sharding_sim` -- sharding stages 2 and 3 (GPU-only) simulated as their
   partitioned optimizer step: Paddle's own partition and slice parameters
   (through :mod:`paddlenlp_ext.integrations.sharding`), k replicas in one process.
@@ -62,6 +66,9 @@ _LAZY = {
     "FleetPipelineGroup": "pipeline",
     "attach_pipeline_group": "pipeline",
     "prepare_stage_for_adapters": "pipeline",
+    "apply_expert_parallel": "expert",
+    "SimulatedExpertComm": "expert",
+    "FleetExpertComm": "expert",
     "build_stages": "pipeline_sim",
     "run_pipeline": "pipeline_sim",
     "SimulatedPipelineGroup": "pipeline_sim",

@@ -112,6 +112,8 @@ class MoEBlock(nn.Layer):
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
         # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer
         self.routing_state = {"selected": None}
+        # parallel/expert.py's ExpertParallel when expert_parallel_degree > 1 (this rank then holds E/N experts)
+        self.expert_parallel = None
 
     @classmethod
     def from_config(cls, config: Any, model_type: Optional[str] = None) -> "MoEBlock":
@@ -142,10 +144,23 @@ class MoEBlock(nn.Layer):
         return [p for p in (self.gate_layer.weight, self.gate_layer.bias) if p is not None]
 
     def run_expert(self, e: int, x):
-        """Routed expert ``e`` on its tokens ``x`` [t, H] -> [t, H] (t > 0: never called without tokens)."""
+        """Routed expert ``e`` (global id) on its tokens ``x`` [t, H] -> [t, H] (t > 0: never called without
+        tokens)."""
         if self.spec.fused_experts:
             return self.experts.expert_forward(e, x)
+        if self.expert_parallel is not None:  # this rank holds experts local.start.. as experts.0..
+            e -= self.expert_parallel.local.start
         return self.experts[e](x)
+
+    def run_sorted(self, xs, counts):
+        """``xs`` [sum(counts), H], rows sorted by expert (``counts`` [E] host ints) -> each row's expert
+        output, same order; experts with no rows are never called."""
+        pieces, start = [], 0
+        for e in np.flatnonzero(counts).tolist():
+            n = int(counts[e])
+            pieces.append(self.run_expert(e, xs[start:start + n]))  # [n_e, H]
+            start += n
+        return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
 
     def forward(self, hidden_states):
         b, l, h = hidden_states.shape
@@ -174,11 +189,9 @@ class MoEBlock(nn.Layer):
         order = paddle.argsort(flat, stable=True)  # [T*k] (token, slot) pairs grouped by expert
         counts = paddle.bincount(flat, minlength=self.spec.num_experts).numpy()  # [E] on the host: slice sizes
         xs = paddle.gather(x, order // k)  # [T*k, H] token rows in expert order
-        pieces, start = [], 0
-        for e in np.flatnonzero(counts).tolist():
-            n = int(counts[e])
-            pieces.append(self.run_expert(e, xs[start:start + n]))  # [n_e, H]
-            start += n
-        ys = paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
+        if self.expert_parallel is not None:  # dispatch to the experts' ranks and combine back (parallel/expert.py)
+            ys = self.expert_parallel.run(self, xs, counts)  # [T*k, H] in expert order
+        else:
+            ys = self.run_sorted(xs, counts)  # [T*k, H] in expert order
         back = paddle.gather(ys, paddle.argsort(order)).reshape([t, k, -1])  # [T, k, H] in (token, slot) order
         return (back * weights.unsqueeze(-1)).sum(axis=1)  # [T, H]
