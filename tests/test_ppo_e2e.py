@@ -1,6 +1,7 @@
-"""PPO through llm/run_ppo.py: the reward rises on GRPO's toy task (after the demo SFT); LoRA saves the
-value head beside the adapter and a resume restores it (exact steps); a reward model of llm/run_reward.py
-scores the completions; config errors exit 2."""
+"""PPO through llm/run_ppo.py: the reward rises on GRPO's toy task (after the demo SFT), with the keyword
+function and with a reward model of llm/run_reward.py alone (trained on keyword pairs; the keyword rate rises
+too); LoRA saves the value head beside the adapter and a resume restores it (exact steps); a reward model
+weighted with a function scores the completions; config errors exit 2."""
 
 import json
 import os
