@@ -165,8 +165,8 @@ def _canonical_rope(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[
         omax = raw.get("original_max_position_embeddings", raw.get("max_position_embeddings"))
         if omax is not None:
             rope["original_max_position_embeddings"] = omax
-    if rtype == "yarn" and not _yarn_as_4x(raw, rope, problems):
-        return
+    if rtype == "yarn" and _decoder_row(raw.get("model_type")):  # the rows that compute yarn (others refuse it)
+        _yarn_as_4x(raw, rope, problems)
     scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type", "rope_type")}
     out["rope_theta"] = float(theta)
     out["rope_scaling"] = None if rtype == "default" and not scaling else {"rope_type": rtype, **scaling}
