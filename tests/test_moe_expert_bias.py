@@ -4,7 +4,8 @@ transformers 4.55 gives every routed expert's Linears a bias with those keys tru
 (both keep the shared experts' biases).  The loader (models/loading.py ``_routed_expert_bias``) reads which one
 saved a checkpoint from its tensor names.  Judged by transformers 4.55 itself: a checkpoint it saved, with every
 routed-expert bias removed, gives our logits equal to its model with those biases zeroed (what 5.x computes; the
-5.x-saved checkpoints themselves: tests/test_decoder_hf5.py); one bias removed is refused naming it.
+5.x-saved checkpoints themselves: tests/test_decoder_hf5.py), also after our save and HF export; one bias removed
+is refused naming it.
 """
 
 import numpy as np
@@ -56,6 +57,19 @@ def test_a_checkpoint_without_routed_expert_biases_builds_experts_without_them(m
     with paddle.no_grad():
         got = ours(input_ids=paddle.to_tensor(IDS)).logits.numpy()
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    # saved here (routed_expert_bias: false in config.json) and exported, it reads back in transformers 4.55 (which
+    # zero-initialises the biases it does not find) and in our loader to the same logits
+    from paddlenlp_ext.export.hf_model import export_hf_model
+
+    ours.save_pretrained(str(tmp_path / "ours"))
+    export_hf_model(str(tmp_path / "ours"), str(tmp_path / "hf"), log=lambda *a: None)
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(back(torch.tensor(IDS)).logits.numpy(), want, atol=1e-4, rtol=0)
+    with paddle.no_grad():
+        again = load_ours(str(tmp_path / "hf"), model_type)(input_ids=paddle.to_tensor(IDS)).logits.numpy()
+    np.testing.assert_allclose(again, want, atol=1e-4, rtol=0)
 
 
 def test_a_checkpoint_missing_one_routed_expert_bias_is_refused_naming_it(tmp_path):
