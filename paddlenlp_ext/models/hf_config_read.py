@@ -9,7 +9,9 @@ transformers 5 moved several settings when it saves a config (``configuration_ut
   are the config's ``layer_types``.  5.x reads a legacy ``rope_scaling`` as ``rope_parameters``
   (it wins when truthy) and a top-level ``rope_theta`` as the default of
   ``rope_parameters.rope_theta``; a ``llama3``/``yarn``/``longrope`` dict without
-  ``original_max_position_embeddings`` gets ``max_position_embeddings``.
+  ``original_max_position_embeddings`` gets ``max_position_embeddings``.  5.x's yarn scales by
+  ``factor``, 4.x's by ``max_position_embeddings / original_max_position_embeddings`` whenever
+  the latter is set (:func:`_yarn_as_4x`).
 * ``torch_dtype`` became ``dtype`` (``dtype`` wins when both are set).
 * ``layer_types`` (``"full_attention"`` / ``"sliding_attention"`` per layer) is written by
   Qwen2/Qwen3 (derived from ``use_sliding_window``, ``sliding_window``, ``max_window_layers``;
