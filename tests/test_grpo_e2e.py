@@ -57,10 +57,14 @@ def run_grpo(out, *overrides, procs=1, check=True, data=None):
     else:
         cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(procs),
                "--log_dir", str(out) + "_launch", CLI, *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    # a fatal signal in a worker prints the Python stack of every thread into its workerlog
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
     if check:
-        logs = "".join(open(f).read()[-3000:] for f in glob.glob(str(out) + "_launch/workerlog.*"))
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:] + logs
+        # each worker's own log first (the launcher's output repeats rank 0's), then the launcher's verdict
+        logs = "".join(f"--- {os.path.basename(f)} (end) ---\n{open(f).read()[-2500:]}\n"
+                       for f in sorted(glob.glob(str(out) + "_launch/workerlog.*")))
+        assert r.returncode == 0, logs + r.stderr[-1500:] + (r.stdout[-3000:] if procs == 1 else "")
     return r
 
 

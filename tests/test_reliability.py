@@ -156,6 +156,36 @@ def test_exit_code_mapping():
         run_or_exit_code(raises(ZeroDivisionError()), None)
 
 
+def test_launched_workers_exit_without_teardown(monkeypatch, capsys):
+    """Under the launcher (PADDLE_TRAINERS_NUM > 1) the script's code leaves through os._exit after a
+    flush; alone, it is returned to sys.exit as before."""
+    import types
+
+    from paddlenlp_ext.cli import common
+
+    runner = types.ModuleType("fake_runner_for_exit")
+    runner.run = lambda cfg: print("ran") or {"summary": 1}
+    monkeypatch.setitem(sys.modules, "fake_runner_for_exit", runner)
+    monkeypatch.setattr(common, "config_or_exit", lambda argv, usage, mode: None)
+    exits = []
+
+    def fake_exit(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    monkeypatch.delenv("PADDLE_TRAINERS_NUM", raising=False)
+    assert common.run_config_script([], "usage", "sft", "fake_runner_for_exit") == 0 and exits == []
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    with pytest.raises(SystemExit):
+        common.run_config_script([], "usage", "sft", "fake_runner_for_exit")
+    assert exits == [0] and capsys.readouterr().out == "ran\nran\n"
+    runner.run = lambda cfg: (_ for _ in ()).throw(ConfigError(["bad key"]))
+    with pytest.raises(SystemExit):
+        common.run_config_script([], "usage", "sft", "fake_runner_for_exit")
+    assert exits == [0, 2]
+
+
 def test_output_dir_that_is_a_file_exits_2_before_loading(tmp_path, tiny_model_dir):
     (tmp_path / "taken").write_text("not a directory")
     for out in ("taken", "taken/run"):

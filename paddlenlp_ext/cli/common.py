@@ -119,4 +119,37 @@ def run_config_script(argv: List[str], usage: str, mode: str, runner: str) -> in
     import importlib
 
     cfg = config_or_exit(argv, usage, mode=mode)
-    return run_or_exit_code(importlib.import_module(runner).run, cfg)
+    code = run_or_exit_code(importlib.import_module(runner).run, cfg)
+    if launched_processes() > 1:
+        exit_without_teardown(code)
+    return code
+
+
+def launched_processes() -> int:
+    """How many processes ``paddle.distributed.launch`` started for this job (1 when not launched)."""
+    import os
+
+    try:
+        return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    except ValueError:
+        return 1
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a launched worker at once with ``code``, after flushing its output.
+
+    Every file of the run is written and closed by now, and the ranks met at a final barrier
+    (``training.rank_counts.finish_together``).  What is skipped is the interpreter's teardown of
+    paddle's C++ state (gloo process groups and their threads), which on CPU data parallel could
+    abort a complete run at exit (SIGABRT, exit 250 from the launcher) now and then.
+    """
+    import logging
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing left to flush
+            pass
+    os._exit(code)

@@ -57,3 +57,17 @@ def sum_over_ranks(counts):
         replicas = _data_replicas()
         counts = [int(x) // replicas for x in t.numpy()]
     return list(counts)
+
+
+def finish_together() -> None:
+    """Every process of a multi-process run waits here for the others before it exits.
+
+    The main process writes the summary, loss.png and the final model after the last step while
+    the others are done: without this barrier they exit first, and a gloo connection closed under
+    a still-running peer can abort it at exit (SIGABRT after a complete run, seen on CPU data
+    parallel).  No-op in a single process or when the parallel environment is not set up.
+    """
+    from paddle.distributed import is_initialized
+
+    if paddle.distributed.get_world_size() > 1 and is_initialized():
+        paddle.distributed.barrier()

@@ -324,6 +324,7 @@ def cpu_setup_record() -> Dict[str, Any]:
 def write_run_summary(args, summary: Dict[str, Any], step_timer, wall_start: float) -> Dict[str, Any]:
     """Add step times, peak memory and wall time; write output_dir/run_summary.json (main process);
     then the final loss.png and the console's final table (``training.reporting``)."""
+    from .rank_counts import finish_together
     from .reporting import report_final
 
     if step_timer.step_times:
@@ -337,5 +338,6 @@ def write_run_summary(args, summary: Dict[str, Any], step_timer, wall_start: flo
         with open(os.path.join(args.output_dir, RUN_SUMMARY_NAME), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, default=str)
     report_final(args, summary)
+    finish_together()  # no process exits while another still writes (rank_counts.finish_together)
     return summary
 
