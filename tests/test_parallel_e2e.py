@@ -48,9 +48,13 @@ def run(tmp_path, model_dir, method, layout):
     else:
         cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(procs),
                "--log_dir", out + "_launch", script, *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    logs = "".join(open(f).read()[-3000:] for f in glob.glob(out + "_launch/workerlog.*")) if procs > 1 else ""
-    assert r.returncode == 0, (r.stdout[-2000:] + r.stderr[-3000:] + logs)
+    # a fatal signal in a worker prints the Python stack of every thread into its workerlog
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                       env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    # each worker's own log first, by name (the launcher's output repeats rank 0's)
+    logs = "".join(f"--- {os.path.basename(f)} (end) ---\n{open(f).read()[-2500:]}\n"
+                   for f in sorted(glob.glob(out + "_launch/workerlog.*")))
+    assert r.returncode == 0, logs + r.stderr[-1500:] + (r.stdout[-2000:] if procs == 1 else "")
     state = json.load(open(os.path.join(out, "trainer_state.json")))
     losses = [h["loss"] for h in state["log_history"] if "loss" in h]
     return losses, weights(out)
