@@ -15,7 +15,8 @@ is refused at config time (:func:`feature_problem`).
 from typing import Any, Dict, Optional
 
 from .decoder.rows import GEMMA_SANDWICH, GLM_SANDWICH, POST_NORM, Arch
-from .family_row import (  # noqa: F401  (FEATURES, Family, LAYERS_BLOCKS, H_BLOCKS: re-exported, read from here)
+# FEATURES, Family, LAYERS_BLOCKS and H_BLOCKS are read from here too (re-exported)
+from .family_row import (  # noqa: F401
     _ALL,
     _DENSE,
     _DENSE_DPO,
