@@ -70,26 +70,22 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import harness as h  # noqa: E402
-from bench.harness import reset_peak, rss_now, rss_peak  # noqa: E402
+from bench.qlora_tables import (  # noqa: E402
+    MiB,
+    table_bytes,
+    table_eval,
+    table_naive,
+    table_part0,
+    table_summary,
+    table_train,
+)
+from bench.qlora_worker import CONFIGS, MODEL_SHAPE, part0, worker  # noqa: E402
 
 REPO = Path(h.ROOT)
 CLI = REPO / "llm" / "run_finetune.py"
 SFT_CFG = REPO / "llm" / "config" / "tiny" / "sft_argument.json"
 
-MODEL_SHAPE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=8, intermediate_size=2048,
-                   num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048)
-
-# name -> (algo or None, double_quant); block size is --block-size (64) for nf4/fp4
-CONFIGS = {
-    "fp32": (None, False),
-    "weight_only_int8": ("weight_only_int8", False),
-    "weight_only_int4": ("weight_only_int4", False),
-    "nf4": ("nf4", False),
-    "nf4 + double quant": ("nf4", True),
-    "fp4": ("fp4", False),
-}
 THEORETICAL = {"bf16": 2.0}
-TARGETS = {"nf4 + double quant": 0.54, "weight_only_int4": 0.55, "weight_only_int8": 1.05}
 
 # part 2: name -> extra CLI args for the eval-only run
 EVAL_CONFIGS = {
@@ -104,264 +100,9 @@ EVAL_CONFIGS = {
     "fp4 (bs 16)": ["--weight_quantize_algo", "fp4", "--weight_blocksize", "16"],
 }
 
-MiB = 2 ** 20
-
 
 def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
-
-
-# =============================================================== worker (one configuration)
-def linear_weight_bytes(model) -> tuple:
-    """(params, bytes) of the decoder nn.Linear weights still in float (fp32 configuration)."""
-    import numpy as np
-    import paddle.nn as nn
-
-    params = nbytes = count = 0
-    for name, layer in model.named_sublayers():
-        if type(layer) is nn.Linear and ".layers." in f".{name}" and "lm_head" not in name:
-            n = int(np.prod(layer.weight.shape))
-            params += n
-            nbytes += n * layer.weight.element_size()
-            count += 1
-    return params, nbytes, count
-
-
-def build_layer_by_layer(cfg, algo, block_size, double_quant):
-    """Construct lazily, then materialise + quantize one decoder layer at a time.
-
-    Initialisation is PaddleNLP's (``LlamaPretrainedModel._init_weights``): every Linear / Embedding /
-    lm_head weight ~ normal(0, initializer_range), o_proj and down_proj then scaled by
-    1/sqrt(2 * num_hidden_layers), norms = 1.  It is applied through the initializer directly on the
-    not-yet-materialised parameter (PaddleNLP's ``set_value(normal(...))`` would hold a second full-size
-    copy of each weight -- 94 MiB for the embedding -- for a moment).
-    """
-    import math
-
-    import paddle
-    import paddle.nn as nn
-    from paddlenlp.transformers import LlamaForCausalLM
-    from paddlenlp.transformers.model_utils import no_init_weights
-
-    from paddlenlp_ext.quant import quantize_model
-
-    with no_init_weights(), paddle.LazyGuard():
-        model = LlamaForCausalLM(cfg)
-    after_lazy = rss_now()
-    normal = nn.initializer.Normal(0.0, cfg.initializer_range)
-    residual_scale = 1 / math.sqrt(2 * cfg.num_hidden_layers)
-
-    def materialise(layer):
-        for sub in layer.sublayers(include_self=True):
-            is_weight = type(sub) in (nn.Linear, nn.Embedding) or type(sub).__name__ == "LlamaLMHead"
-            for pname, p in sub.named_parameters(include_sublayers=False):
-                if p._is_initialized():
-                    continue
-                if is_weight and pname == "weight":
-                    normal(p)
-                else:
-                    p.initialize()  # the parameter's own initializer (norm weights: 1, biases: 0)
-
-    agg = {"layers_replaced": 0, "params": 0, "bytes_before": 0, "bytes_after": 0, "path": set()}
-    for dec in model.llama.layers:
-        materialise(dec)
-        with paddle.no_grad():
-            dec.self_attn.o_proj.weight.scale_(residual_scale)
-            dec.mlp.down_proj.weight.scale_(residual_scale)
-        if algo:  # quantize this layer's 7 linears before the next layer exists
-            st = quantize_model(dec, algo, block_size=block_size, double_quant=double_quant,
-                                target_modules=[r".*"])
-            for k in ("layers_replaced", "params", "bytes_before", "bytes_after"):
-                agg[k] += st[k]
-            agg["path"].update(st["path"])
-    materialise(model)  # embeddings, final norm, lm_head
-    missing = [n for n, p in model.named_parameters() if not p._is_initialized()]
-    if missing:
-        raise RuntimeError(f"not materialised: {missing[:5]}")
-    agg["path"] = sorted(agg["path"])
-    return model, (agg if algo else None), after_lazy
-
-
-def dequant_ms_per_step(model, repeats: int = 3):
-    """Time the weight dequantization alone: every QuantizedLinear dequantizes once in forward and once
-    in backward per step (``portable_dequant_matmul``), so 2 x (one pass over all layers); median of repeats."""
-    import statistics
-
-    from paddlenlp_ext.quant import QuantizedLinear
-    from paddlenlp_ext.quant.dispatch import PATH_PORTABLE
-
-    layers = [l for l in model.sublayers() if isinstance(l, QuantizedLinear)]
-    if not layers:
-        return None
-    runs = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        for l in layers:
-            l._dequant(PATH_PORTABLE)
-        runs.append(time.perf_counter() - t0)
-    return 2000 * statistics.median(runs[1:])
-
-
-def build_naive(cfg, algo, block_size, double_quant):
-    from paddlenlp.transformers import LlamaForCausalLM
-
-    from paddlenlp_ext.quant import quantize_model
-
-    model = LlamaForCausalLM(cfg)
-    after_fp32 = rss_now()
-    st = quantize_model(model, algo, block_size=block_size, double_quant=double_quant) if algo else None
-    return model, st, after_fp32
-
-
-def worker(args) -> dict:
-    import gc
-    import statistics
-
-    t_start = time.time()
-    import numpy as np
-    import paddle
-    from paddlenlp.transformers import LlamaConfig
-
-    from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
-    from paddlenlp_ext.quant import quantized_state_bytes
-
-    paddle.set_device("cpu")
-    paddle.seed(args.seed)
-    res = {"config": args.worker, "mode": args.mode, "rss_imports": rss_now()}
-    algo, dq = CONFIGS[args.worker]
-    cfg = LlamaConfig(**MODEL_SHAPE, dtype="float32")
-
-    t0 = time.time()
-    if args.mode == "lazy":
-        model, st, res["rss_before_layers"] = build_layer_by_layer(cfg, algo, args.block_size, dq)
-    else:
-        model, st, res["rss_fp32_model"] = build_naive(cfg, algo, args.block_size, dq)
-    gc.collect()
-    res["build_s"] = time.time() - t0
-    res["rss_after_build"] = rss_now()
-    res["peak_build"] = rss_peak()
-    res["total_params"] = int(sum(int(np.prod(p.shape)) for p in model.parameters()))
-    if st is not None:
-        qbytes = quantized_state_bytes(model)
-        if qbytes != st["bytes_after"]:
-            raise RuntimeError(f"quantized_state_bytes {qbytes} != stats bytes_after {st['bytes_after']}")
-        res.update(linear_params=st["params"], linear_bytes=qbytes, bytes_before=st["bytes_before"],
-                   layers=st["layers_replaced"], path=st["path"])
-    else:
-        p, b, c = linear_weight_bytes(model)
-        res.update(linear_params=p, linear_bytes=b, bytes_before=b, layers=c, path=["dense fp32 matmul"])
-    res["bytes_per_param"] = res["linear_bytes"] / res["linear_params"]
-    # parameters outside the quantized linears (embeddings, lm_head, norms): quantized layers hold buffers only
-    res["other_params"] = res["total_params"] - (res["linear_params"] if st is None else 0)
-
-    if args.mode == "naive" or args.steps <= 0:
-        res["wall_s"] = time.time() - t_start
-        return res
-
-    info = apply_adapters(model, AdapterConfig(method="lora", r=args.rank, alpha=2 * args.rank))
-    res["trainable"] = info["trainable_params"]
-    params = [p for p in model.parameters() if not p.stop_gradient]
-    opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=params)
-    model.train()
-    rng = np.random.default_rng(args.seed)
-    ids = paddle.to_tensor(rng.integers(3, cfg.vocab_size, size=(args.batch, args.seq + 1)), dtype="int64")
-    x, y = ids[:, :-1], ids[:, 1:]
-    gc.collect()
-    res["rss_before_train"] = rss_now()
-
-    def step():
-        out = model(input_ids=x, labels=y, return_dict=True)
-        out.loss.backward()
-        opt.step()
-        opt.clear_grad()
-        return float(out.loss)
-
-    times, rss_steps, losses = [], [], []
-    res["load_before"] = os.getloadavg()[0]
-    use_clear = reset_peak()
-    cpu_times = []
-    for i in range(args.warmup + args.steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        losses.append(step())
-        dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        if i >= args.warmup:
-            times.append(dt)
-            cpu_times.append(dc)
-        rss_steps.append(rss_now())
-    res["peak_train"] = rss_peak() if use_clear else None
-    res["peak_train_how"] = "VmHWM reset" if use_clear else "VmHWM not resettable"
-    res["rss_steady"] = rss_steps[-1]
-    res["load_after"] = os.getloadavg()[0]
-    res["dequant_ms"] = dequant_ms_per_step(model)
-    res["step_ms"] = 1000 * statistics.median(times)
-    res["step_ms_all"] = [round(1000 * t, 1) for t in times]
-    res["step_cpu_ms"] = 1000 * statistics.median(cpu_times)  # user + sys of all threads
-    res["losses"] = [round(v, 4) for v in losses]
-    res["wall_s"] = time.time() - t_start
-    return res
-
-
-# =============================================================== part 0: kernels
-PART0_ALGOS = [("nf4", False), ("nf4", True), ("fp4", False), ("weight_only_int8", False), ("weight_only_int4", False)]
-
-
-def part0(shape=(2048, 5504), tokens=256, repeats=5, seed=0):
-    """Quantize throughput per format and the layer's forward + backward against a plain fp32 matmul.
-
-    Every measurement is the best of ``repeats`` (the machine is shared: the minimum is the least disturbed
-    run), timed both as CPU time of this process (all threads) and as wall time."""
-    import numpy as np
-    import paddle
-
-    from paddlenlp_ext.quant import QuantizedLinear, quantize
-    from paddlenlp_ext.quant.dequant import decode_portable
-
-    paddle.set_device("cpu")
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal(shape) * 0.02).astype(np.float32)  # [in, out]
-
-    def best(fn):
-        wall, cpu = h.time_calls(fn, repeats)  # after a warm-up call (tables, allocator)
-        return min(wall), min(cpu)
-
-    quant_rows = []
-    for algo, dq in PART0_ALGOS:
-        wall, cpu = best(lambda: quantize(w, algo, 64, dq))
-        quant_rows.append((algo + (" + dq" if dq else ""), w.size / cpu / 1e6, w.size / wall / 1e6))
-
-    x = paddle.to_tensor(rng.standard_normal((tokens, shape[0])).astype(np.float32))  # [tokens, in]
-    x.stop_gradient = False
-    dy = paddle.to_tensor(rng.standard_normal((tokens, shape[1])).astype(np.float32))  # [tokens, out]
-    wt = paddle.to_tensor(w)  # frozen: no weight gradient, as the base of LoRA
-
-    def fwd_bwd(layer_fn):
-        def run():
-            (layer_fn(x) * dy).sum().backward()
-            x.clear_gradient()
-
-        return run
-
-    base_wall, base_cpu = best(fwd_bwd(lambda t: paddle.matmul(t, wt)))
-    step_rows = []
-    for algo, dq in PART0_ALGOS:
-        q = QuantizedLinear.from_weight(w, None, algo, 64, dq)
-        wall, cpu = best(fwd_bwd(q))
-        dwall, dcpu = best(lambda: decode_portable(q))
-        step_rows.append((algo + (" + dq" if dq else ""), wall * 1e3, cpu * 1e3, wall / base_wall, cpu / base_cpu,
-                          dwall * 1e3))
-    return quant_rows, step_rows, (base_wall * 1e3, base_cpu * 1e3)
-
-
-def table_part0(quant_rows, step_rows, base, shape, tokens):
-    quant = h.table(["format", "M params/s (CPU time)", "M params/s (wall)"],
-                    [[n, f"{c:.0f}", f"{w:.0f}"] for n, c, w in quant_rows])
-    step = h.table(["format", "fwd+bwd ms (wall)", "ms (CPU)", "ratio wall", "ratio CPU", "one dequant ms (wall)"],
-                   [[n, f"{w:.1f}", f"{c:.1f}", f"{rw:.2f}", f"{rc:.2f}", f"{d:.1f}"]
-                    for n, w, c, rw, rc, d in step_rows])
-    return "\n".join([f"Quantize one `[{shape[0]}, {shape[1]}]` fp32 weight (`quantize(w, algo, 64, dq)`, best of the "
-                      "repeats):", "", quant, "", f"x `[{tokens}, {shape[0]}]` through the layer, forward + backward "
-                      f"(gradient to x), against `paddle.matmul` on the fp32 weight: {base[0]:.1f} ms wall, "
-                      f"{base[1]:.1f} ms CPU:", "", step])
 
 
 # =============================================================== driver
@@ -379,81 +120,6 @@ def run_worker(name, mode, args, python):
     print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr,
           flush=True)
     return {"config": name, "mode": mode, "failed": True}
-
-
-def mib(v):
-    return "—" if v is None else f"{v / MiB:.0f}"
-
-
-def rows_table(header, rows, cells, first=(), key="config"):
-    """``harness.table`` of ``first`` (fixed rows) and ``cells(r)`` per row; a failed run's row says FAILED."""
-    body = [list(f) for f in first]
-    body += [[r[key], "FAILED"] + [""] * (len(header) - 2) if r.get("failed") else cells(r) for r in rows]
-    return h.table(header, body)
-
-
-def table_bytes(rows, block_size):
-    ref = next((r for r in rows if not r.get("failed")), None)
-    n = ref["linear_params"] if ref else 0
-    checks = []
-    for r in rows:
-        tgt = TARGETS.get(r["config"])
-        if tgt is not None and r.get("failed"):
-            checks.append(f"FAIL {r['config']}: run failed")
-        elif tgt is not None:
-            checks.append(f"{h.verdict(r['bytes_per_param'], tgt)} {r['config']}: {r['bytes_per_param']:.4f} "
-                          f"bytes/param <= {tgt} (bf16 2, fp32 4)")
-
-    def cells(r):
-        bpp, tgt = r["bytes_per_param"], TARGETS.get(r["config"])
-        label = r["config"] + (f" (block {block_size})" if CONFIGS[r["config"]][0] in ("nf4", "fp4") else "")
-        return [label, f"{r['linear_params']:,}", f"{r['linear_bytes'] / MiB:.1f} MiB", f"{bpp:.4f}",
-                f"{bpp / 2:.3f}x", f"{bpp / 4:.3f}x", "" if tgt is None else f"<= {tgt}",
-                "" if tgt is None else h.verdict(bpp, tgt)]
-
-    header = ["config", "base linear params", "base linear bytes", "bytes / param", "vs bf16", "vs fp32", "target",
-              "check"]
-    first = [["bf16 (theoretical, not run)", f"{n:,}", f"{2 * n / MiB:.1f} MiB", "2.0000", "1.00x", "0.50x", "", ""]]
-    return rows_table(header, rows, cells, first), checks
-
-
-def table_train(rows):
-    def cells(r):
-        dq = "0" if r.get("dequant_ms") is None else f"{r['dequant_ms']:.0f}"
-        how = "" if r.get("peak_train_how") == "VmHWM reset" else f" ({r.get('peak_train_how')})"
-        return [r["config"], mib(r["rss_imports"]), mib(r["rss_after_build"]), mib(r["peak_build"]),
-                mib(r.get("rss_before_train")), mib(r.get("peak_train")) + how, mib(r.get("rss_steady")),
-                f"{r['step_ms']:.0f}", ", ".join(f"{t:.0f}" for t in r["step_ms_all"]), f"{r['step_cpu_ms']:.0f}", dq,
-                f"{r['load_before']:.1f} / {r['load_after']:.1f}"]
-
-    header = ["config", "after imports (MiB)", "after build + quant + gc (MiB)", "build peak (MiB)",
-              "before steps (MiB)", "train peak (MiB)", "steady (MiB)", "step time, median (ms)", "timed steps (ms)",
-              "CPU time / step (ms)", "of which dequant (ms)", "load avg before / after"]
-    first = [["bf16 (theoretical)"] + ["—"] * 6 + ["— (no bf16 matmul on CPU)", "", "", "", ""]]
-    return rows_table(header, rows, cells, first)
-
-
-def table_summary(rows):
-    def cells(r):
-        tgt = TARGETS.get(r["config"])
-        chk = "" if tgt is None else f"<= {tgt} {h.verdict(r['bytes_per_param'], tgt)}"
-        return [r["config"], f"{r['bytes_per_param']:.4f}", chk, mib(r["rss_after_build"]), mib(r.get("peak_train")),
-                f"{r['step_ms']:.0f}", f"{r['step_cpu_ms']:.0f}"]
-
-    header = ["config", "bytes / param (base linears)", "target", "RSS after build (MiB)", "train peak RSS (MiB)",
-              "step time (ms)", "CPU time / step (ms)"]
-    return rows_table(header, rows, cells, [["bf16 (theoretical)", "2.0000", "", "—", "—", "—", "—"]])
-
-
-def table_naive(rows, lazy_by_name):
-    def cells(r):
-        lz = lazy_by_name.get(r["config"], {})
-        return [r["config"], mib(r["rss_fp32_model"]), mib(r["rss_after_build"]), mib(r["peak_build"]),
-                mib(lz.get("peak_build"))]
-
-    header = ["config", "fp32 model built (MiB)", "after quantize_model + gc (MiB)", "process peak (MiB)",
-              "layer-by-layer build peak (MiB)"]
-    return rows_table(header, rows, cells)
 
 
 def cli_eval_part(args, python, tmp: Path):
@@ -488,21 +154,6 @@ def cli_eval_part(args, python, tmp: Path):
                      "rss": r.peak_rss_bytes})
         print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
     return train, rows, train_cmd
-
-
-def table_eval(train, rows):
-    base = next((r for r in rows if r["name"] == "unquantized" and not r.get("failed")), None)
-    ref = base["eval_loss"] if base else train["eval_loss"]
-
-    def cells(r):
-        d = r["eval_loss"] - ref
-        bpp = "4 (fp32)" if r["bpp"] is None else f"{r['bpp']:.4f}"
-        return [r["name"], r["layers"] or 0, bpp, f"{r['eval_loss']:.4f}", f"{(r['ppl'] or float('nan')):.4f}",
-                f"{d:+.4f}", f"{100 * d / ref:+.1f}%"]
-
-    header = ["base weights", "linears quantized", "bytes / param (quantized linears)", "eval loss", "perplexity",
-              "change vs unquantized", "relative change of the loss"]
-    return rows_table(header, rows, cells, key="name")
 
 
 def main(argv=None):

@@ -46,14 +46,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, find_checkpoint, iter_tensors
+from .load_checks import QUANT_KEYS, KeyMap, check_hf_config, check_quantization, few_names, missing_message, precheck
 
 __all__ = ["load_model_streaming", "CheckpointError", "QUANT_KEYS"]
 
 _log = logging.getLogger("paddlenlp_ext.models.loading")
 
-#: the keys of ``quantization`` (the config keys of the same names)
-QUANT_KEYS = ("weight_quantize_algo", "weight_blocksize", "weight_double_quant", "weight_double_quant_block_size")
-_SHOW = 5  # names listed in an error message
 
 
 def _rss() -> int:
@@ -73,102 +71,6 @@ def _peak_rss() -> int:
         pass  # not Linux: ru_maxrss below
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
-
-
-def _few(names: Sequence[str]) -> str:
-    names = sorted(names)
-    more = f" and {len(names) - _SHOW} more" if len(names) > _SHOW else ""
-    return ", ".join(repr(n) for n in names[:_SHOW]) + more
-
-
-def _check_quantization(quantization: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    if not quantization:
-        return None
-    from ..quant import formats as F
-
-    unknown = sorted(set(quantization) - set(QUANT_KEYS))
-    if unknown or "weight_quantize_algo" not in quantization:
-        raise ValueError(f"quantization must be a dict with the keys {QUANT_KEYS}; got {sorted(quantization)}")
-    q = {
-        "weight_quantize_algo": quantization["weight_quantize_algo"],
-        "weight_blocksize": quantization.get("weight_blocksize", F.DEFAULT_BLOCK_SIZE),
-        "weight_double_quant": bool(quantization.get("weight_double_quant", False)),
-        "weight_double_quant_block_size": quantization.get(
-            "weight_double_quant_block_size", F.DEFAULT_DOUBLE_QUANT_BLOCK_SIZE
-        ),
-    }
-    fmt = F.get_format(q["weight_quantize_algo"])  # ValueError naming the supported algos
-    if q["weight_double_quant"] and not fmt.blockwise:
-        raise ValueError(
-            f"weight_double_quant is only defined for nf4/fp4, got weight_quantize_algo="
-            f"{q['weight_quantize_algo']!r}. Set weight_double_quant=False."
-        )
-    if q["weight_double_quant"] and int(q["weight_double_quant_block_size"]) <= 0:
-        raise ValueError(
-            f"weight_double_quant_block_size must be positive, got {q['weight_double_quant_block_size']!r}"
-        )
-    return q
-
-
-class _KeyMap:
-    """Checkpoint key -> model ``state_dict`` key, with PaddleNLP's base-model prefix rule
-    (a checkpoint of ``LlamaModel`` loads into ``LlamaForCausalLM`` and the reverse)."""
-
-    def __init__(self, expected: Dict[str, Any], prefix: str):
-        self.expected, self.prefix = expected, (prefix + ".") if prefix else ""
-
-    def __call__(self, key: str) -> Optional[str]:
-        if key in self.expected:
-            return key
-        if self.prefix:
-            if self.prefix + key in self.expected:
-                return self.prefix + key
-            if key.startswith(self.prefix) and key[len(self.prefix):] in self.expected:
-                return key[len(self.prefix):]
-        return None
-
-
-def _where(ckpt: Checkpoint, key: str) -> str:
-    t = ckpt.tensors.get(key)
-    return os.path.basename(t.file) if t is not None else os.path.basename(ckpt.files[0])
-
-
-def _missing_message(missing: List[str], ckpt: Checkpoint) -> str:
-    hint = ""
-    if any(("qkv_proj" in k or "gate_up_fused_proj" in k) for k in missing):
-        hint = (" The model fuses attention/FFN projections (fuse_attention_qkv / fuse_attention_ffn) but the "
-                "checkpoint stores them separately: the streaming loader does not convert; leave the fuse_* keys unset.")
-    return (f"{len(missing)} model tensor(s) are missing from the checkpoint in {ckpt.directory}: {_few(missing)}. "
-            f"Is config.json the checkpoint's own config?{hint}")
-
-
-def _precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip) -> None:
-    """Names (and shapes, for safetensors) against the model, before reading any tensor data."""
-    problems, unexpected, provided = [], [], set()
-    for key, info in ckpt.tensors.items():
-        mk = keymap(key)
-        if mk is None:
-            if any(re.search(p, key) for p in ignore_unexpected):
-                skip.add(key)
-            else:
-                unexpected.append(key)
-            continue
-        provided.add(id(expected[mk]))
-        want = getattr(expected[mk], "tp_full_shape", None) or tuple(expected[mk].shape)  # full, for a TP shard
-        if info.shape is not None and tuple(info.shape) != tuple(want):
-            problems.append(
-                f"tensor {key!r} in {os.path.basename(info.file)} has shape {list(info.shape)}, but the model built "
-                f"from config.json expects {list(want)}"
-            )
-    if unexpected:
-        files = sorted({_where(ckpt, k) for k in unexpected})
-        problems.append(f"{len(unexpected)} checkpoint tensor(s) in {files} are not in the model: {_few(unexpected)}")
-    missing = [keys[0] for pid, keys in groups.items()
-               if pid not in provided and not any(re.search(p, k) for k in keys for p in ignore_missing)]
-    if missing:
-        problems.append(_missing_message(missing, ckpt))
-    if problems:
-        raise CheckpointError("checkpoint does not match the model:\n  " + "\n  ".join(problems))
 
 
 def _as_tensor(arr):
@@ -221,20 +123,6 @@ def _check_tied_copy(param, arr, key: str, first: str, path: str) -> None:
             f"{key!r} in {os.path.basename(path)} differs from {first!r}, but the model ties them "
             "(config tie_word_embeddings=true): set tie_word_embeddings to false in config.json"
         )
-
-
-def _check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int], decoder: bool = False) -> None:
-    """Refuse a transformers config.json that the model built (PaddleNLP's, or our decoder's) would silently
-    compute otherwise."""
-    from . import hf_layout
-
-    raw = hf_layout.read_config_json(model_dir)
-    if raw.get("model_type") != getattr(config, "model_type", None):
-        raise CheckpointError(f"{model_dir}: the checkpoint is a transformers {raw.get('model_type')!r} model, but the "
-                              f"config given builds {getattr(config, 'model_type', None)!r}")
-    problems = hf_layout.config_problems(raw, max_seq_len, decoder=decoder)
-    if problems:
-        raise CheckpointError(f"{model_dir} (transformers layout): " + "; ".join(problems))
 
 
 #: model_type -> the config key that gives transformers 4.55's routed experts a bias (5.x's fused ones have none)
@@ -331,7 +219,7 @@ def load_model_streaming(
 
     log = logger if logger is not None else _log
     t0, rss0 = time.perf_counter(), _rss()
-    quant = _check_quantization(quantization)
+    quant = check_quantization(quantization)
     ckpt = find_checkpoint(model_dir)
     if model_class is None:
         model_class, config = decoder_class_for(config, hf_layout=ckpt.hf_model_type is not None)
@@ -339,7 +227,7 @@ def load_model_streaming(
     decoder = model_class is not None and (hasattr(model_class, "body_class") or getattr(model_class, "decoder_pipe",
                                                                                           False))
     if ckpt.hf_model_type is not None:
-        _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
+        check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
         _routed_expert_bias(ckpt, config)
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 and not decoder:
         raise ValueError("load_model_streaming splits checkpoints for tensor parallelism only for our decoder's rows "
@@ -363,14 +251,14 @@ def load_model_streaming(
     ignore_missing, ignore_unexpected = lazy_init.ignored_key_patterns(model)
     if getattr(model_class, "decoder_pipe", False):  # one stage: the other stages' tensors are not read
         ignore_unexpected = ignore_unexpected + [r".*"]
-    keymap = _KeyMap(expected, getattr(model, "base_model_prefix", "") or "")
+    keymap = KeyMap(expected, getattr(model, "base_model_prefix", "") or "")
 
     targets: Dict[str, Any] = {}
     if quant:
         # the same rules as quantize_model (one definition): exact nn.Linear, family targets, TP refused
         targets, skipped = select_targets(model, target_modules)
         if skipped:
-            log.info(f"load_model_streaming: not quantized (not a plain nn.Linear): {_few(skipped)}")
+            log.info(f"load_model_streaming: not quantized (not a plain nn.Linear): {few_names(skipped)}")
         for name, lin in targets.items():  # every target, before reading anything
             check_target_shape(name, int(lin.weight.shape[0]), int(lin.weight.shape[1]),
                                quant["weight_quantize_algo"], quant["weight_blocksize"])
@@ -380,7 +268,7 @@ def load_model_streaming(
 
     skip: set = set()
     if ckpt.names_known:
-        _precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip)
+        precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip)
 
     place = _device_place() if quant else None
     stats: Dict[str, Any] = {"format": ckpt.fmt, "layout": "transformers" if ckpt.hf_model_type else "paddlenlp",
@@ -396,7 +284,7 @@ def load_model_streaming(
             current = path
             stats["files"].append(os.path.basename(path))
         mk = keymap(key)
-        if mk is None:  # only for a single .pdparams (otherwise refused by _precheck)
+        if mk is None:  # only for a single .pdparams (otherwise refused by precheck)
             if any(re.search(p, key) for p in ignore_unexpected):
                 continue
             raise CheckpointError(f"checkpoint tensor {key!r} in {os.path.basename(path)} is not in the model")
@@ -432,10 +320,10 @@ def load_model_streaming(
     missing = [keys[0] for pid, keys in groups.items()
                if pid not in filled and not any(re.search(p, k) for k in keys for p in ignore_missing)]
     if missing:
-        raise CheckpointError(_missing_message(missing, ckpt))
+        raise CheckpointError(missing_message(missing, ckpt))
     lazy = lazy_init.lazy_tensors(model)
     if lazy:
-        raise CheckpointError(f"after loading {model_dir}, {len(lazy)} model tensor(s) hold no data: {_few(lazy)}")
+        raise CheckpointError(f"after loading {model_dir}, {len(lazy)} model tensor(s) hold no data: {few_names(lazy)}")
 
     if model.can_generate() and os.path.isfile(os.path.join(model_dir, "generation_config.json")):
         from paddlenlp.generation import GenerationConfig
