@@ -12,6 +12,14 @@ rows gathered once in that order, and each expert runs one matmul chain over its
 expert with no tokens is skipped (never called).  The only loop is over experts; the only host read is the
 E per-expert counts (slice sizes depend on the data).  The outputs are put back in (token, slot) order,
 weighted and summed over the k slots.
+
+Tensor parallel (``tp``, N ranks): the router, its correction bias and qwen2_moe's shared-expert gate are
+replicated (every rank routes every token identically, so the aux loss, the expert load and the bias update
+are one process's); every routed and shared expert is split like the dense MLP (:mod:`.moe_experts`), so each
+rank runs the same experts on the same tokens over its 1/N of their intermediate size, and each expert's
+row-parallel down projection all-reduces its output before the routing weights combine it.  Under sequence
+parallelism the block gathers its rank's tokens first (an all-gather whose backward keeps this rank's rows of
+its own, already complete, gradient) and hands back this rank's rows of the output (``seq_scatter``).
 """
 
 from __future__ import annotations
@@ -95,19 +103,24 @@ class MoEBlock(nn.Layer):
     the load statistics and the bias update of :mod:`.moe_balance`.
     """
 
-    def __init__(self, spec: MoESpec):
+    #: DecoderLayer passes the sequence-parallel padding (``MaskPlan.sp_pad``) to the block's forward
+    takes_sp_pad = True
+
+    def __init__(self, spec: MoESpec, tp=None):
         super().__init__()
-        self.spec = spec
+        self.spec, self.tp = spec, tp
+        # the experts see every token of the block (gathered under sequence parallelism): plain column/row layers
+        expert_tp = None if tp is None else type(tp)(tp.group, False)
         h, e = spec.hidden_size, spec.num_experts
         router = Router(h, e, bias=spec.router_bias, correction_bias=spec.correction_bias == "gate",
                         fp32=spec.router_fp32)
         setattr(self, spec.router_name, router)
         if spec.correction_bias == "moe_statics":
             self.moe_statics = MoEStatics(e)
-        self.experts = build_experts(spec)
+        self.experts = build_experts(spec, expert_tp)
         if spec.shared_intermediate_size:
             setattr(self, spec.shared_name, SwiGLUExpert(h, spec.shared_intermediate_size, spec.hidden_act,
-                                                         spec.shared_expert_bias))
+                                                         spec.shared_expert_bias, tp=expert_tp))
             if spec.shared_gate:
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
         # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer
@@ -116,9 +129,10 @@ class MoEBlock(nn.Layer):
         self.expert_parallel = None
 
     @classmethod
-    def from_config(cls, config: Any, model_type: Optional[str] = None) -> "MoEBlock":
-        """The block of a transformers config (object or dict) of ``model_type`` (default its own)."""
-        return cls(moe_spec(config, model_type))
+    def from_config(cls, config: Any, model_type: Optional[str] = None, tp=None) -> "MoEBlock":
+        """The block of a transformers config (object or dict) of ``model_type`` (default its own); ``tp``: the
+        decoder's :class:`~paddlenlp_ext.parallel.layers.TPContext` (None: one device)."""
+        return cls(moe_spec(config, model_type), tp)
 
     @property
     def last_selected(self) -> Optional[paddle.Tensor]:
@@ -162,7 +176,24 @@ class MoEBlock(nn.Layer):
             start += n
         return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states, sp_pad: int = 0):
+        """``hidden_states`` [B, L, H] -> ([B, L, H], router output [B*L, E]).  Sequence parallel: this rank's
+        rows [(B*L + sp_pad) / N, H] of the tokens (``sp_pad`` zero rows at the end of the last ranks) -> this
+        rank's rows of the output, and the router output of every token."""
+        if self.tp is None or not self.tp.sequence_parallel:
+            return self._forward(hidden_states)
+        comm, h = self.tp.comm, hidden_states.shape[-1]
+        # every rank's rows, [T + sp_pad, H]; the flat all-gather's backward keeps this rank's part of its own
+        # gradient, which is already complete (replicated router, experts whose column inputs sum the ranks')
+        full = comm.all_gather(hidden_states.reshape([1, -1])).reshape([-1, h])
+        t = full.shape[0] - sp_pad
+        out, router_out = self._forward(full[:t].unsqueeze(0))  # [1, T, H]
+        out = out.reshape([t, h])
+        if sp_pad:
+            out = paddle.concat([out, paddle.zeros([sp_pad, h], dtype=out.dtype)], axis=0)
+        return comm.seq_scatter(out), router_out  # this rank's rows; the backward gathers the complete gradient
+
+    def _forward(self, hidden_states):
         b, l, h = hidden_states.shape
         if self.training and self.spec.jitter_noise > 0:  # mixtral: multiplicative noise on the input
             j = self.spec.jitter_noise

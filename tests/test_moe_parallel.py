@@ -1,0 +1,183 @@
+"""The decoder's MoE rows under tensor (and sequence) parallelism and as pipeline stages: simulated ranks / stages
+equal one process, as tests/test_decoder_tp.py and tests/test_decoder_pp.py check the dense rows.
+
+Tensor parallel (2 simulated ranks, ``parallel.SimulatedGroup``): the router (and its correction bias, qwen2_moe's
+shared-expert gate) replicated, every routed and shared expert split like the dense MLP -- gate/up (mixtral's w1/w3)
+column-parallel, down (w2) row-parallel; gpt_oss' fused ``gate_up_proj`` [E, H, 2I] on its last axis (gate and up
+interleaved: one contiguous block per rank), ``down_proj`` [E, I, H] on axis 1, its down bias replicated.  Each rank
+gets the single-device weights sliced by THIS test's numpy code; with the aux loss on (``output_router_logits``,
+coefficient 0.1) and a non-zero correction bias, the loss on every rank and every gradient (gathered by this test)
+equal one process's, without and with sequence parallelism (an odd token count included); LoRA on the experts too.
+
+Pipeline (2 stages, ``parallel.pipeline_sim``): with the aux loss off, the stages' loss and every gradient equal
+one process's ``global_token_loss``.  The aux loss over all layers is not a sum of per-stage terms (transformers'
+loss multiplies means over every layer), so pipeline stages with the aux loss on are refused at config time.
+
+Rows come from the family table: a new MoE row is tested without edits (deepseek's latent attention has no
+tensor-parallel form: its rows are refused, checked below).
+"""
+
+import numpy as np
+import paddle
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from test_decoder_tp import N, TOL, _config_problems, batch, build, config_dict, expected_split  # noqa: E402
+from test_decoder_tp import np_join, np_take, rel_err  # noqa: E402
+
+from paddlenlp_ext.models.family_table import FAMILIES  # noqa: E402
+from paddlenlp_ext.parallel import SimulatedGroup  # noqa: E402
+
+#: the decoder's MoE rows (qwen3_moe: the row its transformers-layout checkpoints train on, ``Family.hf_row``)
+ROW_OF = {k: f.hf_row or f for k, f in FAMILIES.items()}
+MOE = [k for k, f in ROW_OF.items() if f.decoder and f.arch is not None and f.arch.mlp == "moe"]
+TP_ROWS = [k for k in MOE if ROW_OF[k].arch.attn != "mla"]
+AUX = dict(output_router_logits=True, router_aux_loss_coef=0.1)
+
+
+def moe_split(name, cfg, model_type):
+    """(axis, segments) of an MoE row's parameter under tensor parallelism (None: replicated)."""
+    leaf = name.split(".")
+    if leaf[-2] == "experts" and leaf[-1] in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+        return {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1, "down_proj_bias": None}[leaf[-1]], ()
+    if leaf[-1] == "sinks":  # gpt_oss: one sink logit per query head, split with the heads
+        return 0, ()
+    if leaf[-2] in ("w1", "w3"):
+        return (1 if leaf[-1] == "weight" else 0), ()
+    if leaf[-2] == "w2":
+        return (0 if leaf[-1] == "weight" else None), ()
+    return expected_split(name, cfg, model_type)
+
+
+def randomize(model, seed=0):
+    rng = np.random.default_rng(seed)
+    for name, p in model.named_parameters():
+        v = 1 + 0.3 * rng.standard_normal(p.shape) if "norm" in name else 0.15 * rng.standard_normal(p.shape)
+        p.set_value(v.astype("float32"))
+    for name, b in model.named_buffers():  # the routers' correction bias (ernie4_5_moe, deepseek_v3): non-zero
+        if name.endswith("e_score_correction_bias"):
+            b.set_value((0.1 * rng.standard_normal(b.shape)).astype("float32"))
+
+
+def load_shards(ref, tps, cfg, model_type):
+    full = {k: v.numpy() for k, v in ref.state_dict().items()}
+    for r, m in enumerate(tps):
+        for name, p in m.state_dict().items():
+            axis, segs = moe_split(name, cfg, model_type)
+            value = full[name] if axis is None else np_take(full[name], axis, segs, r)
+            assert list(value.shape) == list(p.shape), f"{name}: rank {r} holds {p.shape}, test slices {value.shape}"
+            p.set_value(value)
+
+
+def run_both(model_type, sp=False, lora=None, shape=(2, 8), over=AUX):
+    """(single model, its loss, the N rank models, their losses, config dict) after one backward each."""
+    cfg = config_dict(model_type, **over)
+    paddle.seed(0)
+    ref = build(model_type, **over)
+    randomize(ref)
+    sim = SimulatedGroup(N)
+    tps = sim.build(lambda r: build(model_type, N, r, sp, **over))
+    load_shards(ref, tps, cfg, model_type)
+    if lora is not None:
+        from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, load_adapter_state_dict
+
+        for m in [ref] + tps:
+            apply_adapters(m, AdapterConfig.from_dict(lora.to_dict()))
+        rng = np.random.default_rng(5)
+        state = {k: (rng.standard_normal(v.shape) * 0.1).astype("float32") for k, v in adapter_state_dict(ref).items()}
+        for m in [ref] + tps:
+            load_adapter_state_dict(m, state)
+    inputs = batch(shape=shape)
+    out = ref(**inputs)
+    out.loss.backward()
+    outs = sim.run(lambda r: tps[r](**inputs))
+    paddle.autograd.backward([o.loss for o in outs])
+    return ref, out, tps, outs, cfg
+
+
+@pytest.mark.parametrize("sp,shape", [(False, (2, 8)), (True, (2, 8)), (True, (3, 5))],
+                         ids=["tp2", "tp2_sp", "tp2_sp_odd_tokens"])
+@pytest.mark.parametrize("model_type", TP_ROWS)
+def test_moe_two_ranks_equal_one_process_loss_aux_and_every_gradient(model_type, sp, shape):
+    ref, out, tps, outs, cfg = run_both(model_type, sp, shape=shape)
+    assert float(out.aux_loss) > 0  # the aux loss is in the loss: the comparison covers its gradient
+    for r, o in enumerate(outs):
+        assert abs(float(o.loss) - float(out.loss)) <= TOL * max(1.0, abs(float(out.loss))), (r, o.loss, out.loss)
+        assert abs(float(o.aux_loss) - float(out.aux_loss)) <= TOL, (r, o.aux_loss, out.aux_loss)
+    ref_params = dict(ref.named_parameters())
+    rank_params = [dict(m.named_parameters()) for m in tps]
+    assert set(rank_params[0]) == set(ref_params)
+    split_experts = 0
+    for name, p in ref_params.items():
+        axis, segs = moe_split(name, cfg, model_type)
+        grads = [rp[name].grad for rp in rank_params]
+        assert p.grad is not None and all(g is not None for g in grads), name
+        grads = [g.numpy() for g in grads]
+        if axis is None:
+            for r, g in enumerate(grads):
+                err = rel_err(g, p.grad.numpy())
+                assert err <= TOL, f"{model_type}: replicated {name} grad on rank {r}: {err:.3g}"
+        else:
+            split_experts += ".experts." in name or name.endswith("experts.gate_up_proj")
+            err = rel_err(np_join(grads, axis, segs), p.grad.numpy())
+            assert err <= TOL, f"{model_type}: split {name} grad: {err:.3g}"
+    assert split_experts >= 2  # the routed experts were split (and their gradients compared)
+    router = [n for n in ref_params if n.endswith((".gate.weight", ".router.weight"))]
+    assert router and max(float(np.abs(ref_params[n].grad.numpy()).max()) for n in router) > 1e-6
+
+
+@pytest.mark.parametrize("model_type", [r for r in TP_ROWS if ROW_OF[r].arch.mlp_name == "mlp"
+                                        and r != "gpt_oss"][:2] + [r for r in TP_ROWS if r == "mixtral"])
+def test_moe_lora_on_split_experts_equals_one_process(model_type):
+    """LoRA on attention and every routed / shared expert's Linears (the row's default targets), TP=2 with
+    sequence parallelism: every adapter gradient (gathered with ``unshard_adapter_states``) equals one process's."""
+    from paddlenlp_ext.adapters import AdapterConfig, iter_adapter_layers
+    from paddlenlp_ext.parallel import adapter_shard_specs, adapter_split_axes, unshard_adapter_states
+
+    lora = AdapterConfig(target_modules=list(ROW_OF[model_type].targets), r=4, alpha=8)
+    ref, out, tps, outs, cfg = run_both(model_type, sp=True, lora=lora)
+    assert abs(float(outs[0].loss) - float(out.loss)) <= TOL * max(1.0, abs(float(out.loss)))
+
+    def grads(m):
+        return {f"{n}.{s}": getattr(l, s).grad for n, l in iter_adapter_layers(m) for s in l.state_suffixes}
+
+    got = unshard_adapter_states([grads(m) for m in tps], adapter_split_axes(tps[0]), adapter_shard_specs(tps[0]))
+    want = grads(ref)
+    assert set(got) == set(want) and any(".experts." in k for k in want)
+    for k in want:
+        assert rel_err(got[k], want[k].numpy()) <= TOL, k
+
+
+def test_negative_control_a_rank_holding_another_expert_slice_fails():
+    """Rank 0's first expert down projection off the single-device slice: the loss and that gradient move (so
+    the comparisons above can fail)."""
+    model_type = TP_ROWS[0]
+    cfg = config_dict(model_type, **AUX)
+    ref = build(model_type, **AUX)
+    randomize(ref)
+    sim = SimulatedGroup(N)
+    tps = sim.build(lambda r: build(model_type, N, r, False, **AUX))
+    load_shards(ref, tps, cfg, model_type)
+    name = next(n for n, _ in ref.named_parameters() if ".experts.0." in n and n.endswith(("down_proj.weight",
+                                                                                            "w2.weight")))
+    p0 = dict(tps[0].named_parameters())[name]
+    p0.set_value(np.flip(p0.numpy(), 0).copy())  # rank 0's rows of the down projection in reverse order
+    inputs = batch()
+    want = float(ref(**inputs).loss)
+    losses = sim.run(lambda r: float(tps[r](**inputs).loss))
+    assert abs(losses[0] - want) > 1e-4
+
+
+@pytest.mark.parametrize("model_type", MOE)
+def test_config_accepts_tp_on_moe_rows_and_refuses_latent_attention(tmp_path, model_type):
+    found = _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", "--lora", "true")
+    if model_type in TP_ROWS:
+        assert found == []
+    else:
+        assert any("latent attention" in p and "set tensor_parallel_degree=1" in p for p in found), found
+
+
+def test_config_refuses_expert_sizes_that_do_not_divide(tmp_path):
+    found = _config_problems(tmp_path, "qwen2_moe", "--tensor_parallel_degree", "2", moe_intermediate_size=33)
+    assert any("moe_intermediate_size=33 is not a multiple of tensor_parallel_degree=2" in p for p in found), found
