@@ -222,7 +222,8 @@ def decoder_tp_problems(cfg, model_type: str, model_dir: str) -> List[str]:
     """
     tp = int(cfg.training.get("tensor_parallel_degree", 1) or 1)
     family = row(model_type)
-    if tp <= 1 or family is None or not family.decoder or family.arch is None or family.arch.mlp != "dense":
+    family = layout_row(model_type, is_hf_layout(model_dir), _config_json(model_dir)) if tp > 1 else family
+    if tp <= 1 or family is None or not family.decoder or family.arch is None:
         return []
     from ..models.decoder.rows import ArchError, resolve, tensor_parallel_problems
     from ..models.hf_layout import HFLayoutError, read_config_json

@@ -143,11 +143,6 @@ _DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "fl
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
-def _decoder_refusals(name: str) -> Dict[str, str]:
-    return {"tp": f"{name}: the decoder's mixture-of-experts block has no tensor-parallel experts yet; set "
-                  "tensor_parallel_degree=1",
-            "pp": f"{name}: the decoder's mixture-of-experts layers have no pipeline stages yet (their router logits "
-                  "and load-balancing loss would have to travel between stages); set pipeline_parallel_degree=1"}
 
 
 #: a dense decoder row also runs tensor (and sequence) parallel and as pipeline stages (models/decoder/pipe.py;
@@ -169,12 +164,18 @@ _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
                 r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
 #: MoE decoder rows run every decoder feature: tests/test_decoder_cli.py, tests/test_moe_cli.py; merge and the
 #: transformers / PEFT exports: tests/test_decoder_export.py; DPO, KTO, reward models and GRPO with the policy
-#: forward's router aux loss: tests/test_moe_align.py
-_MOE_DECODER = _DECODER
+#: forward's router aux loss: tests/test_moe_align.py; tensor (and sequence) parallel: tests/test_moe_parallel.py
+#: (the router replicated, every expert split like the dense MLP)
+_MOE_DECODER = _DECODER | {"tp"}
 
 
-def _moe_refusals(name: str) -> Dict[str, str]:
-    return _decoder_refusals(name)
+def _moe_refusals(name: str, arch: Arch) -> Dict[str, str]:
+    out = {"pp": f"{name}: the decoder's mixture-of-experts layers have no pipeline stages yet (their router logits "
+                 "and load-balancing loss would have to travel between stages); set pipeline_parallel_degree=1"}
+    if arch.attn == "mla":
+        out["tp"] = (f"{name}: the decoder's multi-head latent attention (deepseek) has no tensor-parallel form yet; "
+                     "set tensor_parallel_degree=1")
+    return out
 
 
 #: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
@@ -185,8 +186,9 @@ _MLA_TARGETS = (r".*layers\.\d+\.self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_
 
 def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> "Family":
     """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
-    return Family(name, targets=targets, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
-                  arch=arch, decoder=True, refusals=_moe_refusals(name))
+    features = _MOE_DECODER - ({"tp"} if arch.attn == "mla" else set())
+    return Family(name, targets=targets, features=features, masks=_DECODER_MASKS, hf_layout=True,
+                  arch=arch, decoder=True, refusals=_moe_refusals(name, arch))
 
 
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
@@ -225,7 +227,10 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={**{f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
                            "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
-                     "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
+                     "tp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no tensor-parallel "
+                           "experts; set tensor_parallel_degree=1, or export the model with llm/tools/export.py "
+                           "--format hf and train from that directory (a transformers-layout qwen3_moe trains on "
+                           "our decoder, which is tensor parallel)",
                      "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
                                 "layout (models/qwen3); export the model with llm/tools/export.py --format hf and "
                                 "predict from that directory (a transformers-layout qwen3_moe runs on our decoder)",
