@@ -213,3 +213,55 @@ def test_moe_save_pretrained_merge_mappings_rebuild_the_single_device_checkpoint
         tp_named = {n for n, p in tps[r].named_parameters() if getattr(p, "tp_full_shape", None) is not None}
         assert tp_named <= set(named), sorted(tp_named - set(named))
         assert any(".experts." in n for n in tp_named)
+
+
+@pytest.mark.parametrize("model_type,sp,quant", [("qwen2_moe", False, True), ("gpt_oss", True, False)])
+def test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint(tmp_path, monkeypatch, model_type, sp, quant):
+    """What the run's ``load_model`` builds on each of 2 model-parallel ranks for an MoE row: the rank's shards
+    (per-expert Linears; gpt_oss' 3-D fused experts and sinks) streamed from a transformers-saved checkpoint, with
+    nf4 quantizing each rank's expert shards, or sequence parallel; the 2 ranks' loss (aux loss included) equals
+    the single process's on the same weights."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import ROOT
+    from test_decoder_parity import BASE as HF_BASE
+    from test_decoder_parity import KNOBS
+
+    from paddlenlp_ext.config.parse import load_config
+    from paddlenlp_ext.parallel import QuantizedParallelLinear
+    from paddlenlp_ext.training.model_build import load_model
+
+    # nf4 blocks of 16 must divide every rank's shard (the shared expert's 64 / 2), so the dequantized shards are
+    # the single-device weights' slices
+    over = {"shared_expert_intermediate_size": 64} if quant else {}
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **{**HF_BASE, **KNOBS.get(model_type, {}), **over})
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(hf_cfg).save_pretrained(str(tmp_path / "hf"))
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    extra = ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"] if quant else []
+
+    def run_config(tp, sp):
+        return load_config(os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+                           ["--model_name_or_path", str(tmp_path / "hf"), "--tensor_parallel_degree", str(tp),
+                            "--sequence_parallel", str(sp).lower(), "--router_aux_loss_coef", "0.1", *extra])
+
+    def args(tp, rank, sp):
+        return SimpleNamespace(fp16_opt_level="O1", fp16=False, bf16=False, tensor_parallel_degree=tp,
+                               tensor_parallel_rank=rank, tensor_parallel_output=False, recompute=False,
+                               pipeline_parallel_degree=1, sequence_parallel=sp)
+
+    q = {"weight_quantize_algo": "nf4", "weight_blocksize": 16, "weight_double_quant": False,
+         "weight_double_quant_block_size": 256} if quant else None
+    inputs = batch(vocab=HF_BASE["vocab_size"])
+    single, _ = load_model(run_config(1, False), args(1, 0, False), q)
+    sim = SimulatedGroup(N)
+    ranks = sim.build(lambda r: load_model(run_config(N, sp), args(N, r, sp), q)[0])
+    if quant:
+        assert any(isinstance(l, QuantizedParallelLinear) and ".experts." in n for n, l in ranks[0].named_sublayers())
+    out = single(**inputs)
+    assert out.aux_loss is not None and float(out.aux_loss) > 0
+    losses = sim.run(lambda r: float(ranks[r](**inputs).loss))
+    want = float(out.loss)
+    assert all(abs(x - want) <= TOL * max(1.0, abs(want)) for x in losses), (losses, want)
