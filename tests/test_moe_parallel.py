@@ -265,3 +265,67 @@ def test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint(tmp_path, monkeyp
     losses = sim.run(lambda r: float(ranks[r](**inputs).loss))
     want = float(out.loss)
     assert all(abs(x - want) <= TOL * max(1.0, abs(want)) for x in losses), (losses, want)
+
+
+def moe_stages(model_type, n=2, method="full"):
+    """test_decoder_pp's single model and stages of an MoE row (aux loss off, as the config requires for
+    pipelines), with the same non-zero correction bias in the single model and every stage."""
+    from test_decoder_pp import stages_of
+
+    single, parts = stages_of(model_type, n, method=method)
+    assert not getattr(single.config, "output_router_logits", False)
+    rng = np.random.default_rng(3)
+    for name, b in single.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            value = (0.1 * rng.standard_normal(b.shape)).astype("float32")
+            b.set_value(value)
+            for stage in parts:
+                if name in stage.state_dict():
+                    stage.state_dict()[name].set_value(value)
+    return single, parts
+
+
+@pytest.mark.parametrize("method,kind", [("full", "padded"), ("lora", "packed_flash")])
+@pytest.mark.parametrize("model_type", MOE)
+def test_moe_two_stages_equal_one_process(model_type, method, kind):
+    """PP=2 (4 layers, 2 per stage) on every MoE row: the loss and every gradient (every weight for full
+    fine-tuning -- routers, experts, shared experts --, every adapter tensor for LoRA) equal one process's."""
+    from test_decoder_pp import compare
+
+    single, parts = moe_stages(model_type, 2, method)
+    per_stage = [sorted({n.split(".")[2] for n in p.state_dict() if ".layers." in n}) for p in parts]
+    assert all(per_stage) and sum(len(s) for s in per_stage) == 4
+    assert all(p.moe_blocks() for p in parts)  # every stage routes experts
+    want = compare(single, parts, kind, method, model_type)
+    # the experts' gradients were compared (gpt_oss' fused experts take no adapter: its LoRA is attention-only)
+    assert any(".experts." in k for k in want) or (method == "lora" and not any(
+        "experts" in t for t in ROW_OF[model_type].targets))
+
+
+def test_freeze_router_reaches_every_stage():
+    """freeze_router on pipeline stages: the routers of every stage's MoE layers get no gradient (the trainer's
+    freeze_routers reads each stage's moe_blocks)."""
+    from paddlenlp_ext.training.moe_aux import freeze_routers
+
+    single, parts = moe_stages(TP_ROWS[0], 2)
+    frozen = [freeze_routers(p) for p in parts]
+    assert all(frozen) and sum(frozen) == freeze_routers(single)
+
+
+@pytest.mark.parametrize("over,refused", [((), False), (("--router_aux_loss_coef", "0.01"), True),
+                                          (("--router_aux_loss_coef", "0"), False)])
+def test_config_pipeline_on_moe_rows_refuses_the_aux_loss(tmp_path, over, refused):
+    for model_type in MOE:
+        found = _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true", *over)
+        if refused:
+            assert any("load-balancing loss on (router_aux_loss_coef=0.01)" in p and "set router_aux_loss_coef=0" in p
+                       for p in found), (model_type, found)
+        else:
+            assert found == [], (model_type, found)
+    # the checkpoint's own aux loss (output_router_logits true) is refused too, and the advice lifts it
+    found = _config_problems(tmp_path, TP_ROWS[0], "--pipeline_parallel_degree", "2", *over,
+                             output_router_logits=True, router_aux_loss_coef=0.02)
+    if not over:
+        assert any("output_router_logits true with router_aux_loss_coef 0.02" in p for p in found), found
+    else:
+        assert bool(found) == refused, found
