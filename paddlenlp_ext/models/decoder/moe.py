@@ -16,8 +16,10 @@ weighted and summed over the k slots.
 Tensor parallel (``tp``, N ranks): the router, its correction bias and qwen2_moe's shared-expert gate are
 replicated (every rank routes every token identically, so the aux loss, the expert load and the bias update
 are one process's); every routed and shared expert is split like the dense MLP (:mod:`.moe_experts`), so each
-rank runs the same experts on the same tokens over its 1/N of their intermediate size, and each expert's
-row-parallel down projection all-reduces its output before the routing weights combine it.  Under sequence
+rank runs the same experts on the same tokens over its 1/N of their intermediate size.  The combine is linear:
+the ranks' partial expert outputs are weighted and summed first and ONE all-reduce per block completes them
+(:meth:`MoEBlock._tensor_parallel`); when an adapter wraps an expert's Linear, that layer's own forward runs
+instead (its row-parallel all-reduce per expert), which computes the same.  Under sequence
 parallelism the block gathers its rank's tokens first (an all-gather whose backward keeps this rank's rows of
 its own, already complete, gradient) and hands back this rank's rows of the output (``seq_scatter``).
 """
@@ -157,24 +159,40 @@ class MoEBlock(nn.Layer):
         """The router's trainable parameters (weight, and gpt_oss' bias): what ``freeze_router`` fixes."""
         return [p for p in (self.gate_layer.weight, self.gate_layer.bias) if p is not None]
 
-    def run_expert(self, e: int, x):
+    def run_expert(self, e: int, x, partial: bool = False):
         """Routed expert ``e`` (global id) on its tokens ``x`` [t, H] -> [t, H] (t > 0: never called without
-        tokens)."""
+        tokens).  ``partial`` (tensor parallel): this rank's share of the output, before the all-reduce and the
+        down bias."""
         if self.spec.fused_experts:
-            return self.experts.expert_forward(e, x)
+            return self.experts.expert_forward(e, x, partial)
         if self.expert_parallel is not None:  # this rank holds experts local.start.. as experts.0..
             e -= self.expert_parallel.local.start
-        return self.experts[e](x)
+        return self.experts[e].partial(x) if partial else self.experts[e](x)
 
-    def run_sorted(self, xs, counts):
+    def run_sorted(self, xs, counts, partial: bool = False):
         """``xs`` [sum(counts), H], rows sorted by expert (``counts`` [E] host ints) -> each row's expert
         output, same order; experts with no rows are never called."""
         pieces, start = [], 0
         for e in np.flatnonzero(counts).tolist():
             n = int(counts[e])
-            pieces.append(self.run_expert(e, xs[start:start + n]))  # [n_e, H]
+            pieces.append(self.run_expert(e, xs[start:start + n], partial))  # [n_e, H]
             start += n
         return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
+
+    def _one_all_reduce(self) -> bool:
+        """Tensor parallel with every expert a plain split MLP (no adapter wraps one of its Linears): the ranks'
+        partial expert outputs are combined first and summed by ONE all-reduce per block (the combine is linear).
+        An adapter keeps its layer's own forward: then each expert all-reduces its output itself."""
+        if self.tp is None or self.spec.fused_experts:
+            return self.tp is not None
+        from ...parallel.layers import ParallelLinear
+        from ...parallel.quantized import QuantizedParallelLinear
+
+        experts = list(self.experts)
+        if self.spec.shared_intermediate_size:
+            experts.append(getattr(self, self.spec.shared_name))
+        return all(isinstance(getattr(ex, n), (ParallelLinear, QuantizedParallelLinear))
+                   for ex in experts for n in ex.names)
 
     def forward(self, hidden_states, sp_pad: int = 0):
         """``hidden_states`` [B, L, H] -> ([B, L, H], router output [B*L, E]).  Sequence parallel: this rank's
@@ -202,7 +220,10 @@ class MoEBlock(nn.Layer):
         logits = self.gate_layer(x)  # [T, E]
         weights, selected, router_out = route(logits.astype("float32"), self.spec, self.correction_bias)
         self.routing_state["selected"] = selected.detach()
-        out = self._grouped(x, weights.astype(x.dtype), selected)  # [T, H]
+        weights = weights.astype(x.dtype)
+        if self._one_all_reduce():
+            return self._tensor_parallel(x, weights, selected).reshape([b, l, h]), router_out
+        out = self._grouped(x, weights, selected)  # [T, H]
         if self.spec.shared_intermediate_size:
             shared = getattr(self, self.spec.shared_name)(x)  # [T, H]
             if self.spec.shared_gate:
@@ -210,9 +231,42 @@ class MoEBlock(nn.Layer):
             out = out + shared
         return out.reshape([b, l, h]), router_out
 
-    def _grouped(self, x, weights, selected):
+    def _tensor_parallel(self, x, weights, selected):
+        """The block's output [T, H] from the replicated tokens ``x`` [T, H] and routing, with ONE all-reduce:
+        sum_j w[t, j] * partial_e(x[t]) (+ the gated shared expert's partial) summed over the ranks, then the down
+        biases (replicated) weighted the same way.  ``identity`` on the experts' input and on the combine's weights
+        sums the ranks' partial gradients of both (each rank's partial outputs see 1/N of the intermediate units);
+        the biases' term uses the weights as they are (its gradient is already complete on every rank)."""
+        comm = self.tp.comm
+        xe = comm.identity(x)  # [T, H]
+        out = self._grouped(xe, comm.identity(weights), selected, partial=True)  # [T, H], this rank's share
+        gate = None
+        if self.spec.shared_intermediate_size:
+            shared = getattr(self, self.spec.shared_name)
+            part = shared.partial(xe)  # [T, H]
+            if self.spec.shared_gate:
+                gate = F.sigmoid(self.shared_expert_gate(x))  # [T, 1], replicated
+                part = comm.identity(gate) * part
+            out = out + part
+        out = comm.all_reduce(out)  # [T, H] complete
+        if self.spec.fused_experts:
+            down_bias = self.experts.down_proj_bias  # [E, H]
+        elif self.spec.expert_bias:
+            down_bias = paddle.stack([ex.down_bias() for ex in self.experts])  # [E, H]
+        else:
+            down_bias = None
+        if down_bias is not None:
+            t, k = selected.shape
+            picked = paddle.gather(down_bias, selected.reshape([-1])).reshape([t, k, -1])  # [T, k, H]
+            out = out + (picked.astype(out.dtype) * weights.unsqueeze(-1)).sum(axis=1)
+        if self.spec.shared_intermediate_size and shared.down_bias() is not None:
+            b = shared.down_bias().astype(out.dtype)
+            out = out + (b if gate is None else gate * b)
+        return out
+
+    def _grouped(self, x, weights, selected, partial: bool = False):
         """sum_j weights[t, j] * expert_{selected[t, j]}(x[t]), one expert call per expert with tokens.
-        x [T, H], weights [T, k], selected [T, k] -> [T, H]."""
+        x [T, H], weights [T, k], selected [T, k] -> [T, H] (``partial``: of each expert's partial output)."""
         t, k = selected.shape
         if t == 0:
             return paddle.zeros_like(x)
@@ -223,6 +277,6 @@ class MoEBlock(nn.Layer):
         if self.expert_parallel is not None:  # dispatch to the experts' ranks and combine back (parallel/expert.py)
             ys = self.expert_parallel.run(self, xs, counts)  # [T*k, H] in expert order
         else:
-            ys = self.run_sorted(xs, counts)  # [T*k, H] in expert order
+            ys = self.run_sorted(xs, counts, partial)  # [T*k, H] in expert order
         back = paddle.gather(ys, paddle.argsort(order)).reshape([t, k, -1])  # [T, k, H] in (token, slot) order
         return (back * weights.unsqueeze(-1)).sum(axis=1)  # [T, H]

@@ -56,6 +56,19 @@ class SwiGLUExpert(nn.Layer):
         gate, up, down = (getattr(self, n) for n in self.names)
         return down(self.act(gate(x)) * up(x))  # [t, H] -> [t, I] -> [t, H]
 
+    def partial(self, x):
+        """Tensor parallel: this rank's share of the output, ``act(x @ G_i) * (x @ U_i) @ D_i`` (column biases
+        included, no communication, no down bias: the block sums the ranks' shares and adds it).
+        x [t, H] -> [t, H]."""
+        from ...parallel.shard import local_product
+
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return local_product(down, self.act(local_product(gate, x)) * local_product(up, x))  # [t, I / N] -> [t, H]
+
+    def down_bias(self):
+        """The down projection's bias [H] (replicated under tensor parallelism) or None."""
+        return getattr(self, self.names[2]).bias
+
 
 class Router(nn.Linear):
     """The gate: ``nn.Linear(H, E)`` (weight ``[H, E]``), plus deepseek's ``e_score_correction_bias`` buffer
@@ -115,9 +128,10 @@ class GptOssExperts(nn.Layer):
             mark_split(self.gate_up_proj_bias, column, 1, [e, 2 * i])
             mark_split(self.down_proj, ShardSpec(ROW, tp.rank, n, i, h), 1, [e, i, h])
 
-    def expert_forward(self, e: int, x):
-        """Expert ``e`` on its tokens ``x`` [t, H] -> [t, H]."""
-        if self.tp is not None:  # column-parallel input: the ranks' partial input gradients are summed
+    def expert_forward(self, e: int, x, partial: bool = False):
+        """Expert ``e`` on its tokens ``x`` [t, H] -> [t, H]; ``partial`` (tensor parallel): this rank's share,
+        without the communication and the down bias (the block adds them once for all experts)."""
+        if self.tp is not None and not partial:  # column-parallel input: the ranks' partial input gradients summed
             x = self.tp.comm.identity(x)
         gate_up = paddle.matmul(x, self.gate_up_proj[e]) + self.gate_up_proj_bias[e]  # [t, 2I (/ N)]
         gate, up = gate_up[:, 0::2], gate_up[:, 1::2]  # [t, I (/ N)] each
@@ -125,6 +139,8 @@ class GptOssExperts(nn.Layer):
         up = paddle.clip(up, min=-self.limit, max=self.limit)
         glu = gate * F.sigmoid(gate * self.alpha)  # [t, I (/ N)]
         out = paddle.matmul((up + 1) * glu, self.down_proj[e])  # [t, H], this rank's share under tensor parallelism
+        if partial:
+            return out
         if self.tp is not None:
             out = self.tp.comm.all_reduce(out)
         return out + self.down_proj_bias[e]  # [t, H]
