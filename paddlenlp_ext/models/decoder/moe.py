@@ -175,7 +175,8 @@ class MoEBlock(nn.Layer):
         pieces, start = [], 0
         for e in np.flatnonzero(counts).tolist():
             n = int(counts[e])
-            pieces.append(self.run_expert(e, xs[start:start + n], partial))  # [n_e, H]
+            rows = xs[start:start + n]
+            pieces.append(self.run_expert(e, rows, True) if partial else self.run_expert(e, rows))  # [n_e, H]
             start += n
         return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
 
