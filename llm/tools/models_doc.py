@@ -81,7 +81,7 @@ MOE_DECODER = dict(
     grpo=f"{_MOE_T}grpo_and_ppo_losses_add_coef_times_the_policy_aux, {_MOE_CLI}",
     tp="test_moe_parallel.py::test_moe_two_ranks_equal_one_process_loss_aux_and_every_gradient (TP=2 and sequence "
        "parallel == one process with the aux loss on: loss and every gradient; "
-       "test_moe_lora_on_split_experts_equals_one_process; nf4 experts: "
+       "deepseek's latent attention split by heads; test_moe_lora_on_split_experts_equals_one_process; nf4 experts: "
        "test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint)",
     pp="test_moe_parallel.py::test_moe_two_stages_equal_one_process (PP=2 == one process: loss and every gradient, "
        "full and LoRA; with the aux loss off: with router_aux_loss_coef > 0 refused)")

@@ -165,17 +165,9 @@ _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
 #: MoE decoder rows run every decoder feature: tests/test_decoder_cli.py, tests/test_moe_cli.py; merge and the
 #: transformers / PEFT exports: tests/test_decoder_export.py; DPO, KTO, reward models and GRPO with the policy
 #: forward's router aux loss: tests/test_moe_align.py; tensor (and sequence) parallel: tests/test_moe_parallel.py
-#: (the router replicated, every expert split like the dense MLP); pipeline stages with the aux loss off (the
-#: aux loss across stages is refused by config.families.moe_pipeline_problems)
+#: (the router replicated, every expert split like the dense MLP, MLA's heads split); pipeline stages with the
+#: aux loss off (the aux loss across stages is refused by config.families.moe_pipeline_problems)
 _MOE_DECODER = _DECODER | {"tp", "pp"}
-
-
-def _moe_refusals(name: str, arch: Arch) -> Dict[str, str]:
-    out = {}
-    if arch.attn == "mla":
-        out["tp"] = (f"{name}: the decoder's multi-head latent attention (deepseek) has no tensor-parallel form yet; "
-                     "set tensor_parallel_degree=1")
-    return out
 
 
 #: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
@@ -186,9 +178,8 @@ _MLA_TARGETS = (r".*layers\.\d+\.self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_
 
 def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> "Family":
     """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
-    features = _MOE_DECODER - ({"tp"} if arch.attn == "mla" else set())
-    return Family(name, targets=targets, features=features, masks=_DECODER_MASKS, hf_layout=True,
-                  arch=arch, decoder=True, refusals=_moe_refusals(name, arch))
+    return Family(name, targets=targets, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
+                  arch=arch, decoder=True)
 
 
 _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")

@@ -262,13 +262,11 @@ class Attention(nn.Layer):
 def build_attention(k: Knobs, layer_idx: int, tp=None) -> nn.Layer:
     """The attention block of a layer: :class:`Attention`, or DeepSeek's latent attention (``Arch.attn == "mla"``,
     ``decoder/mla.py``); both map (x, rope, plan, past, use_cache) to (out, cache).  ``tp``: tensor parallel
-    (latent attention has none: the deepseek rows' "tp" refusal in the family table)."""
+    (latent attention: its heads split, its latent path replicated, ``decoder/mla.py``)."""
     if k.arch.attn == "mla":
-        if tp is not None:
-            raise ValueError("latent attention (deepseek rows) has no tensor-parallel form; set tensor_parallel_degree=1")
         from .mla import LatentAttention
 
-        return LatentAttention(k, layer_idx)
+        return LatentAttention(k, layer_idx, tp)
     if k.arch.attn != "default":
         raise ValueError(f"no attention kind {k.arch.attn!r} (known: default, mla)")
     return Attention(k, layer_idx, tp)

@@ -329,9 +329,6 @@ def tensor_parallel_problems(k: Knobs, degree: int) -> list:
     >>> [p[:45] for p in tensor_parallel_problems(k, 2)]
     ['num_key_value_heads=1 is not a multiple of te']
     """
-    if k.arch.attn == "mla":
-        return ["multi-head latent attention (the deepseek rows) has no tensor-parallel form yet; set "
-                "tensor_parallel_degree=1"]
     sizes = [("num_attention_heads", k.heads), ("num_key_value_heads", k.kv_heads), ("vocab_size", k.vocab)]
     if k.arch.mlp == "moe":  # each routed / shared expert is split like the dense MLP (decoder/moe_experts.py)
         from .moe_spec import is_moe_layer, moe_spec

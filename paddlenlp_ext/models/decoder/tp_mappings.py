@@ -48,8 +48,13 @@ def split_layout(arch: Arch, cfg: Mapping[str, Any]) -> Layout:
             column.update({f"{mlp}gate_proj": ((), k.mlp_bias), f"{mlp}up_proj": ((), k.mlp_bias)})
         if not (arch.mlp == "moe" and _is_moe_layer(cfg, i)):
             row.append(f"{mlp}down_proj")
-        column.update({f"{attn}qkv_proj": ((q_out, kv_out, kv_out), k.qkv_bias)} if arch.fused_qkv else
-                      {f"{attn}{p}_proj": ((), k.qkv_bias) for p in "qkv"})
+        if arch.attn == "mla":  # deepseek: the head-split projections; the latent path is replicated (mla.py)
+            column[f"{attn}q_proj" if cfg.get("q_lora_rank") is None else f"{attn}q_b_proj"] = ((), False)
+            column[f"{attn}kv_b_proj"] = ((), False)
+        elif arch.fused_qkv:
+            column[f"{attn}qkv_proj"] = ((q_out, kv_out, kv_out), k.qkv_bias)
+        else:
+            column.update({f"{attn}{p}_proj": ((), k.qkv_bias) for p in "qkv"})
         for name, (segs, bias) in column.items():
             out[f"{name}.weight"] = (1, segs)
             if bias:
