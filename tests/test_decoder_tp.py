@@ -367,14 +367,11 @@ def test_config_accepts_tensor_parallel_on_every_dense_row(tmp_path, model_type)
         assert _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", *method) == []
 
 
-def test_config_refuses_heads_that_do_not_divide_and_moe_rows(tmp_path):
+def test_config_refuses_heads_that_do_not_divide(tmp_path):
+    """(The MoE rows: tests/test_moe_parallel.py.)"""
     found = _config_problems(tmp_path, ROWS[0], "--tensor_parallel_degree", "2", "--lora", "true",
                              num_key_value_heads=1)
     assert len(found) == 1 and "num_key_value_heads=1 is not a multiple of tensor_parallel_degree=2" in found[0]
-    moe = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp == "moe"]
-    for model_type in moe[:1]:
-        found = _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", "--lora", "true")
-        assert any("no tensor-parallel experts" in p and "set tensor_parallel_degree=1" in p for p in found), found
 
 
 def test_config_refuses_vera_on_a_fused_projection_under_tensor_parallelism(tmp_path):

@@ -78,7 +78,13 @@ MOE_DECODER = dict(
         f"== each answer alone), {_MOE_CLI}",
     kto=f"{_MOE_KR}, {_MOE_CLI}",
     reward=f"{_MOE_KR} (the score head on the MoE body keeps its aux loss), {_MOE_CLI}",
-    grpo=f"{_MOE_T}grpo_and_ppo_losses_add_coef_times_the_policy_aux, {_MOE_CLI}")
+    grpo=f"{_MOE_T}grpo_and_ppo_losses_add_coef_times_the_policy_aux, {_MOE_CLI}",
+    tp="test_moe_parallel.py::test_moe_two_ranks_equal_one_process_loss_aux_and_every_gradient (TP=2 and sequence "
+       "parallel == one process with the aux loss on: loss and every gradient; "
+       "deepseek's latent attention split by heads; test_moe_lora_on_split_experts_equals_one_process; nf4 experts: "
+       "test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint)",
+    pp="test_moe_parallel.py::test_moe_two_stages_equal_one_process (PP=2 == one process: loss and every gradient, "
+       "full and LoRA; with the aux loss off: with router_aux_loss_coef > 0 refused)")
 #: the dense decoder rows also run the other adapter methods (the MoE rows: LoRA, QLoRA and full only)
 DENSE_DECODER = dict(DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, "
                                           "NEFTune)")
@@ -108,7 +114,8 @@ def table() -> str:
             continue
         # a family whose transformers-layout checkpoints train on another row (qwen3_moe: the decoder's MoE row)
         rows.append(f"| {name} (PaddleNLP layout) | " + " | ".join(cells) + " |")
-        cells = [f"yes ({DECODER[f]})" if feature_problem(name, f, hf_layout=True) is None else
+        hf_evidence = dict(DECODER, tp=MOE_DECODER["tp"], pp=MOE_DECODER["pp"])
+        cells = [f"yes ({hf_evidence[f]})" if feature_problem(name, f, hf_layout=True) is None else
                  f"refused: {feature_problem(name, f, hf_layout=True)}" for f, _ in COLUMNS]
         rows.append(f"| {name} (transformers layout) | " + " | ".join(cells) + " |")
     rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",

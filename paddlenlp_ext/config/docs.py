@@ -76,8 +76,8 @@ def render() -> str:
         "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters "
         "(`sequence_parallel` too, except QLoRA); "
         "`pipeline_parallel_degree` > 1 (with `virtual_pp_degree`) for full fine-tuning and LoRA / rsLoRA / LoRA+ / "
-        "LoKr adapters on a Llama, Qwen2 or dense decoder-row float base (GPU; both verified by CPU simulation, "
-        "see docs/parallel.md); "
+        "LoKr adapters on a Llama, Qwen2 or decoder-row float base (GPU; both verified by CPU simulation, "
+        "see docs/parallel.md; the MoE rows' pipeline stages without the aux loss, docs/moe.md); "
         "`sharding` stage2/stage3 run on GPU (their optimizer step is verified by simulation).",
         "- `expert_parallel_degree` > 1: the expert-parallel dispatch of the decoder's MoE rows is verified by CPU "
         "simulation only and refused by the training CLI for now, naming the reason (docs/moe.md, \"Expert parallelism\"); "

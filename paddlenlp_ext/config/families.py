@@ -95,6 +95,7 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     problems += [f"{where}: {p}" for p in decoder_recompute_problems(cfg.training, model_type, family)]
     problems += [f"{where}: {p}" for p in decoder_fusion_problems(cfg.model, model_type, family)]
     problems += [f"{where}: {p}" for p in moe_training_problems(cfg, model_type, path, family)]
+    problems += [f"{where}: {p}" for p in moe_pipeline_problems(cfg, path, family)]
     problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
     from .expert_parallel import expert_parallel_problems  # expert_parallel_degree (docs/moe.md)
 
@@ -194,6 +195,44 @@ def moe_training_problems(cfg, model_type: str, model_dir: Optional[str], family
     return out
 
 
+def moe_pipeline_problems(cfg, model_dir: Optional[str], family) -> List[str]:
+    """Pipeline stages of a decoder MoE row compute the training loss without the load-balancing loss: the stages
+    pass no router logits, and transformers' loss over every layer multiplies means over all layers (not a sum of
+    per-stage terms).  So ``pipeline_parallel_degree`` > 1 is refused while the aux loss is on (the run's
+    ``router_aux_loss_coef`` / ``moe_aux_loss_coef``, else the checkpoint's when its ``output_router_logits`` is
+    true) and with ``moe_router_bias_update_rate`` (its expert counts come from the whole model's forward).
+
+    Worked example: ``pipeline_parallel_degree: 2`` and ``router_aux_loss_coef: 0.01`` on mixtral ->
+    ["pipeline_parallel_degree=2 with the load-balancing loss on (router_aux_loss_coef=0.01): ... set
+    router_aux_loss_coef=0 or pipeline_parallel_degree=1"]; with ``router_aux_loss_coef: 0`` -> [].
+    """
+    from ..models.decoder.moe_spec import AUX_LOSS_ALIAS, AUX_LOSS_KEY, BIAS_RATE_KEY, MoEConfigError
+    from ..models.decoder.moe_spec import router_aux_loss_coef
+
+    pp = int(cfg.training.get("pipeline_parallel_degree", 1) or 1)
+    if pp <= 1 or family is None or not family.decoder or family.arch is None or family.arch.mlp != "moe":
+        return []
+    keys = {k: getattr(cfg.model, k, None) for k in (AUX_LOSS_KEY, AUX_LOSS_ALIAS)}
+    ckpt = _config_json(model_dir) if model_dir else {}
+    try:
+        coef = router_aux_loss_coef(keys, ckpt)
+    except MoEConfigError:
+        return []  # reported by moe_problems, naming the key
+    out = []
+    if coef > 0:
+        given = next((f"{k}={v}" for k, v in keys.items() if v is not None), None)
+        why = given or (f"the checkpoint's config.json sets output_router_logits true with {AUX_LOSS_KEY} "
+                        f"{ckpt.get(AUX_LOSS_KEY)}")
+        out.append(f"pipeline_parallel_degree={pp} with the load-balancing loss on ({why}): the MoE pipeline stages "
+                   "pass no router logits between stages, and the loss over every layer is not a sum of per-stage "
+                   f"terms; set {AUX_LOSS_KEY}=0 (train without the aux loss) or pipeline_parallel_degree=1")
+    if getattr(cfg.model, BIAS_RATE_KEY, None):
+        out.append(f"{BIAS_RATE_KEY} with pipeline_parallel_degree={pp}: the bias update reads the expert counts of "
+                   f"the whole model's forward, which no pipeline stage has; remove {BIAS_RATE_KEY} or set "
+                   "pipeline_parallel_degree=1")
+    return out
+
+
 def _router_names(model_dir: Optional[str], model_type: str):
     """(the full sublayer names of the checkpoint's routers, whether they carry an e_score_correction_bias), or
     None when ``model_dir``'s config.json cannot tell (reported elsewhere)."""
@@ -222,7 +261,8 @@ def decoder_tp_problems(cfg, model_type: str, model_dir: str) -> List[str]:
     """
     tp = int(cfg.training.get("tensor_parallel_degree", 1) or 1)
     family = row(model_type)
-    if tp <= 1 or family is None or not family.decoder or family.arch is None or family.arch.mlp != "dense":
+    family = layout_row(model_type, is_hf_layout(model_dir), _config_json(model_dir)) if tp > 1 else family
+    if tp <= 1 or family is None or not family.decoder or family.arch is None:
         return []
     from ..models.decoder.rows import ArchError, resolve, tensor_parallel_problems
     from ..models.hf_layout import HFLayoutError, read_config_json

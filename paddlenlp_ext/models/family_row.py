@@ -144,13 +144,6 @@ _DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "fl
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
-def _decoder_refusals(name: str) -> Dict[str, str]:
-    return {"tp": f"{name}: the decoder's mixture-of-experts block has no tensor-parallel experts yet; set "
-                  "tensor_parallel_degree=1",
-            "pp": f"{name}: the decoder's mixture-of-experts layers have no pipeline stages yet (their router logits "
-                  "and load-balancing loss would have to travel between stages); set pipeline_parallel_degree=1"}
-
-
 #: a dense decoder row also runs tensor (and sequence) parallel and as pipeline stages (models/decoder/pipe.py;
 #: tests/test_decoder_tp.py, tests/test_decoder_pp.py)
 _DECODER_DENSE = _DECODER | {"tp", "pp"}
@@ -170,12 +163,10 @@ _MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
                 r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
 #: MoE decoder rows run every decoder feature: tests/test_decoder_cli.py, tests/test_moe_cli.py; merge and the
 #: transformers / PEFT exports: tests/test_decoder_export.py; DPO, KTO, reward models and GRPO with the policy
-#: forward's router aux loss: tests/test_moe_align.py
-_MOE_DECODER = _DECODER
-
-
-def _moe_refusals(name: str) -> Dict[str, str]:
-    return _decoder_refusals(name)
+#: forward's router aux loss: tests/test_moe_align.py; tensor (and sequence) parallel: tests/test_moe_parallel.py
+#: (the router replicated, every expert split like the dense MLP, MLA's heads split); pipeline stages with the
+#: aux loss off (the aux loss across stages is refused by config.families.moe_pipeline_problems)
+_MOE_DECODER = _DECODER | {"tp", "pp"}
 
 
 #: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
@@ -187,4 +178,4 @@ _MLA_TARGETS = (r".*layers\.\d+\.self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_
 def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> "Family":
     """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
     return Family(name, targets=targets, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
-                  arch=arch, decoder=True, refusals=_moe_refusals(name))
+                  arch=arch, decoder=True)

@@ -70,11 +70,17 @@ FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
            dropout={"attention_probs_dropout_prob": "attention_dropout"},
            refusals={**{f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
                            "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
-                     "tp": "qwen3_moe has no tensor-parallel experts; set tensor_parallel_degree=1",
+                     "tp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no tensor-parallel "
+                           "experts; set tensor_parallel_degree=1, or export the model with llm/tools/export.py "
+                           "--format hf and train from that directory (a transformers-layout qwen3_moe trains on "
+                           "our decoder, which is tensor parallel)",
                      "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
                                 "layout (models/qwen3); export the model with llm/tools/export.py --format hf and "
                                 "predict from that directory (a transformers-layout qwen3_moe runs on our decoder)",
-                     "pp": "qwen3_moe has no pipeline model; set pipeline_parallel_degree=1"},
+                     "pp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no pipeline model; "
+                           "set pipeline_parallel_degree=1, or export the model with llm/tools/export.py --format hf "
+                           "and train from that directory (a transformers-layout qwen3_moe trains on our decoder, "
+                           "whose MoE rows run as pipeline stages without the aux loss)"},
            arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS),
            hf_row_keys=("use_sliding_window", "rope_scaling", "output_router_logits")),
     # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor

@@ -169,6 +169,7 @@ PIPELINE_CLASSES = {k: f.pipeline_class for k, f in FAMILIES.items() if f.suppor
 def decoder_pipeline_row(model_type: Optional[str]) -> bool:
     """A row our decoder builds as pipeline stages (``models/decoder/pipe.py``)."""
     f = row(model_type)
+    f = (f.hf_row or f) if f is not None else None  # qwen3_moe: the decoder's row (config time refuses models/qwen3)
     return f is not None and f.decoder and f.supports("pp")
 
 

@@ -169,10 +169,8 @@ def _moe_or_dense(k: Knobs, layer_idx: int, tp=None) -> nn.Layer:
     from .moe import MoEBlock
     from .moe_spec import is_moe_layer
 
-    if tp is not None:  # also refused at config time by the family table (the MoE rows' "tp" refusal)
-        raise NotImplementedError("the decoder's MoE block has no tensor-parallel experts; set "
-                                  "tensor_parallel_degree=1")
-    return MoEBlock.from_config(k.cfg) if is_moe_layer(k.cfg, layer_idx) else DenseMLP(k, layer_idx)
+    # tensor parallel: router replicated, every expert split like the dense MLP (moe.py, moe_experts.py)
+    return MoEBlock.from_config(k.cfg, tp=tp) if is_moe_layer(k.cfg, layer_idx) else DenseMLP(k, layer_idx, tp)
 
 
 MLP_BUILDERS["moe"] = _moe_or_dense
@@ -218,8 +216,13 @@ class Attention(nn.Layer):
                 norm_of(k, kv_out, tp, split=tp is not None)
         self.window = k.windows[layer_idx]
         # gpt-oss: one sink logit per head in the softmax (attention.attend)
-        self.sinks = self.create_parameter([k.heads], default_initializer=nn.initializer.Constant(0.0)) \
+        self.sinks = self.create_parameter([self.heads], default_initializer=nn.initializer.Constant(0.0)) \
             if k.arch.attn_sinks else None
+        if self.sinks is not None and tp is not None:  # one per head: this rank's heads' sinks
+            from ...parallel.layers import mark_split
+            from ...parallel.shard import COLUMN, ShardSpec
+
+            mark_split(self.sinks, ShardSpec(COLUMN, tp.rank, tp.degree, 1, k.heads), 0, [k.heads])
 
     def forward(self, x, rope, plan: MaskPlan, past=None, use_cache: bool = False):
         """x [B, L, hidden] (sequence parallel: this rank's [B * L / N, hidden] tokens); rope (cos, sin) or None
@@ -259,13 +262,11 @@ class Attention(nn.Layer):
 def build_attention(k: Knobs, layer_idx: int, tp=None) -> nn.Layer:
     """The attention block of a layer: :class:`Attention`, or DeepSeek's latent attention (``Arch.attn == "mla"``,
     ``decoder/mla.py``); both map (x, rope, plan, past, use_cache) to (out, cache).  ``tp``: tensor parallel
-    (the MLA rows are MoE rows, whose tensor parallelism is refused at config time)."""
+    (latent attention: its heads split, its latent path replicated, ``decoder/mla.py``)."""
     if k.arch.attn == "mla":
-        if tp is not None:
-            raise ValueError("latent attention (deepseek rows) has no tensor-parallel form; set tensor_parallel_degree=1")
         from .mla import LatentAttention
 
-        return LatentAttention(k, layer_idx)
+        return LatentAttention(k, layer_idx, tp)
     if k.arch.attn != "default":
         raise ValueError(f"no attention kind {k.arch.attn!r} (known: default, mla)")
     return Attention(k, layer_idx, tp)

@@ -70,7 +70,10 @@ class DecoderLayer(nn.Layer):
     def forward(self, x, rope, plan, past=None, use_cache=False):
         h, cache = self.self_attn(self._norm(0, x), rope, plan, past, use_cache)
         x = x + self._norm(1, h)
-        h = self.feed_forward(self._norm(2, x))
+        ff = self.feed_forward
+        # an MoE block under sequence parallelism drops the zero rows that pad the tokens before routing them
+        h = ff(self._norm(2, x), getattr(plan, "sp_pad", 0)) if getattr(ff, "takes_sp_pad", False) else \
+            ff(self._norm(2, x))
         router_logits = None
         if isinstance(h, tuple):  # an MoE block: (hidden [B, L, H], router logits [B*L, E])
             h, router_logits = h

@@ -12,6 +12,16 @@ rows gathered once in that order, and each expert runs one matmul chain over its
 expert with no tokens is skipped (never called).  The only loop is over experts; the only host read is the
 E per-expert counts (slice sizes depend on the data).  The outputs are put back in (token, slot) order,
 weighted and summed over the k slots.
+
+Tensor parallel (``tp``, N ranks): the router, its correction bias and qwen2_moe's shared-expert gate are
+replicated (every rank routes every token identically, so the aux loss, the expert load and the bias update
+are one process's); every routed and shared expert is split like the dense MLP (:mod:`.moe_experts`), so each
+rank runs the same experts on the same tokens over its 1/N of their intermediate size.  The combine is linear:
+the ranks' partial expert outputs are weighted and summed first and ONE all-reduce per block completes them
+(:meth:`MoEBlock._tensor_parallel`); when an adapter wraps an expert's Linear, that layer's own forward runs
+instead (its row-parallel all-reduce per expert), which computes the same.  Under sequence
+parallelism the block gathers its rank's tokens first (an all-gather whose backward keeps this rank's rows of
+its own, already complete, gradient) and hands back this rank's rows of the output (``seq_scatter``).
 """
 
 from __future__ import annotations
@@ -95,19 +105,24 @@ class MoEBlock(nn.Layer):
     the load statistics and the bias update of :mod:`.moe_balance`.
     """
 
-    def __init__(self, spec: MoESpec):
+    #: DecoderLayer passes the sequence-parallel padding (``MaskPlan.sp_pad``) to the block's forward
+    takes_sp_pad = True
+
+    def __init__(self, spec: MoESpec, tp=None):
         super().__init__()
-        self.spec = spec
+        self.spec, self.tp = spec, tp
+        # the experts see every token of the block (gathered under sequence parallelism): plain column/row layers
+        expert_tp = None if tp is None else type(tp)(tp.group, False)
         h, e = spec.hidden_size, spec.num_experts
         router = Router(h, e, bias=spec.router_bias, correction_bias=spec.correction_bias == "gate",
                         fp32=spec.router_fp32)
         setattr(self, spec.router_name, router)
         if spec.correction_bias == "moe_statics":
             self.moe_statics = MoEStatics(e)
-        self.experts = build_experts(spec)
+        self.experts = build_experts(spec, expert_tp)
         if spec.shared_intermediate_size:
             setattr(self, spec.shared_name, SwiGLUExpert(h, spec.shared_intermediate_size, spec.hidden_act,
-                                                         spec.shared_expert_bias))
+                                                         spec.shared_expert_bias, tp=expert_tp))
             if spec.shared_gate:
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
         # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer
@@ -116,9 +131,10 @@ class MoEBlock(nn.Layer):
         self.expert_parallel = None
 
     @classmethod
-    def from_config(cls, config: Any, model_type: Optional[str] = None) -> "MoEBlock":
-        """The block of a transformers config (object or dict) of ``model_type`` (default its own)."""
-        return cls(moe_spec(config, model_type))
+    def from_config(cls, config: Any, model_type: Optional[str] = None, tp=None) -> "MoEBlock":
+        """The block of a transformers config (object or dict) of ``model_type`` (default its own); ``tp``: the
+        decoder's :class:`~paddlenlp_ext.parallel.layers.TPContext` (None: one device)."""
+        return cls(moe_spec(config, model_type), tp)
 
     @property
     def last_selected(self) -> Optional[paddle.Tensor]:
@@ -143,26 +159,60 @@ class MoEBlock(nn.Layer):
         """The router's trainable parameters (weight, and gpt_oss' bias): what ``freeze_router`` fixes."""
         return [p for p in (self.gate_layer.weight, self.gate_layer.bias) if p is not None]
 
-    def run_expert(self, e: int, x):
+    def run_expert(self, e: int, x, partial: bool = False):
         """Routed expert ``e`` (global id) on its tokens ``x`` [t, H] -> [t, H] (t > 0: never called without
-        tokens)."""
+        tokens).  ``partial`` (tensor parallel): this rank's share of the output, before the all-reduce and the
+        down bias."""
         if self.spec.fused_experts:
-            return self.experts.expert_forward(e, x)
+            return self.experts.expert_forward(e, x, partial)
         if self.expert_parallel is not None:  # this rank holds experts local.start.. as experts.0..
             e -= self.expert_parallel.local.start
-        return self.experts[e](x)
+        return self.experts[e].partial(x) if partial else self.experts[e](x)
 
-    def run_sorted(self, xs, counts):
+    def run_sorted(self, xs, counts, partial: bool = False):
         """``xs`` [sum(counts), H], rows sorted by expert (``counts`` [E] host ints) -> each row's expert
         output, same order; experts with no rows are never called."""
         pieces, start = [], 0
         for e in np.flatnonzero(counts).tolist():
             n = int(counts[e])
-            pieces.append(self.run_expert(e, xs[start:start + n]))  # [n_e, H]
+            rows = xs[start:start + n]
+            pieces.append(self.run_expert(e, rows, True) if partial else self.run_expert(e, rows))  # [n_e, H]
             start += n
         return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
 
-    def forward(self, hidden_states):
+    def _one_all_reduce(self) -> bool:
+        """Tensor parallel with every expert a plain split MLP (no adapter wraps one of its Linears): the ranks'
+        partial expert outputs are combined first and summed by ONE all-reduce per block (the combine is linear).
+        An adapter keeps its layer's own forward: then each expert all-reduces its output itself."""
+        if self.tp is None or self.spec.fused_experts:
+            return self.tp is not None
+        from ...parallel.layers import ParallelLinear
+        from ...parallel.quantized import QuantizedParallelLinear
+
+        experts = list(self.experts)
+        if self.spec.shared_intermediate_size:
+            experts.append(getattr(self, self.spec.shared_name))
+        return all(isinstance(getattr(ex, n), (ParallelLinear, QuantizedParallelLinear))
+                   for ex in experts for n in ex.names)
+
+    def forward(self, hidden_states, sp_pad: int = 0):
+        """``hidden_states`` [B, L, H] -> ([B, L, H], router output [B*L, E]).  Sequence parallel: this rank's
+        rows [(B*L + sp_pad) / N, H] of the tokens (``sp_pad`` zero rows at the end of the last ranks) -> this
+        rank's rows of the output, and the router output of every token."""
+        if self.tp is None or not self.tp.sequence_parallel:
+            return self._forward(hidden_states)
+        comm, h = self.tp.comm, hidden_states.shape[-1]
+        # every rank's rows, [T + sp_pad, H]; the flat all-gather's backward keeps this rank's part of its own
+        # gradient, which is already complete (replicated router, experts whose column inputs sum the ranks')
+        full = comm.all_gather(hidden_states.reshape([1, -1])).reshape([-1, h])
+        t = full.shape[0] - sp_pad
+        out, router_out = self._forward(full[:t].unsqueeze(0))  # [1, T, H]
+        out = out.reshape([t, h])
+        if sp_pad:
+            out = paddle.concat([out, paddle.zeros([sp_pad, h], dtype=out.dtype)], axis=0)
+        return comm.seq_scatter(out), router_out  # this rank's rows; the backward gathers the complete gradient
+
+    def _forward(self, hidden_states):
         b, l, h = hidden_states.shape
         if self.training and self.spec.jitter_noise > 0:  # mixtral: multiplicative noise on the input
             j = self.spec.jitter_noise
@@ -171,7 +221,10 @@ class MoEBlock(nn.Layer):
         logits = self.gate_layer(x)  # [T, E]
         weights, selected, router_out = route(logits.astype("float32"), self.spec, self.correction_bias)
         self.routing_state["selected"] = selected.detach()
-        out = self._grouped(x, weights.astype(x.dtype), selected)  # [T, H]
+        weights = weights.astype(x.dtype)
+        if self._one_all_reduce():
+            return self._tensor_parallel(x, weights, selected).reshape([b, l, h]), router_out
+        out = self._grouped(x, weights, selected)  # [T, H]
         if self.spec.shared_intermediate_size:
             shared = getattr(self, self.spec.shared_name)(x)  # [T, H]
             if self.spec.shared_gate:
@@ -179,9 +232,42 @@ class MoEBlock(nn.Layer):
             out = out + shared
         return out.reshape([b, l, h]), router_out
 
-    def _grouped(self, x, weights, selected):
+    def _tensor_parallel(self, x, weights, selected):
+        """The block's output [T, H] from the replicated tokens ``x`` [T, H] and routing, with ONE all-reduce:
+        sum_j w[t, j] * partial_e(x[t]) (+ the gated shared expert's partial) summed over the ranks, then the down
+        biases (replicated) weighted the same way.  ``identity`` on the experts' input and on the combine's weights
+        sums the ranks' partial gradients of both (each rank's partial outputs see 1/N of the intermediate units);
+        the biases' term uses the weights as they are (its gradient is already complete on every rank)."""
+        comm = self.tp.comm
+        xe = comm.identity(x)  # [T, H]
+        out = self._grouped(xe, comm.identity(weights), selected, partial=True)  # [T, H], this rank's share
+        gate = None
+        if self.spec.shared_intermediate_size:
+            shared = getattr(self, self.spec.shared_name)
+            part = shared.partial(xe)  # [T, H]
+            if self.spec.shared_gate:
+                gate = F.sigmoid(self.shared_expert_gate(x))  # [T, 1], replicated
+                part = comm.identity(gate) * part
+            out = out + part
+        out = comm.all_reduce(out)  # [T, H] complete
+        if self.spec.fused_experts:
+            down_bias = self.experts.down_proj_bias  # [E, H]
+        elif self.spec.expert_bias:
+            down_bias = paddle.stack([ex.down_bias() for ex in self.experts])  # [E, H]
+        else:
+            down_bias = None
+        if down_bias is not None:
+            t, k = selected.shape
+            picked = paddle.gather(down_bias, selected.reshape([-1])).reshape([t, k, -1])  # [T, k, H]
+            out = out + (picked.astype(out.dtype) * weights.unsqueeze(-1)).sum(axis=1)
+        if self.spec.shared_intermediate_size and shared.down_bias() is not None:
+            b = shared.down_bias().astype(out.dtype)
+            out = out + (b if gate is None else gate * b)
+        return out
+
+    def _grouped(self, x, weights, selected, partial: bool = False):
         """sum_j weights[t, j] * expert_{selected[t, j]}(x[t]), one expert call per expert with tokens.
-        x [T, H], weights [T, k], selected [T, k] -> [T, H]."""
+        x [T, H], weights [T, k], selected [T, k] -> [T, H] (``partial``: of each expert's partial output)."""
         t, k = selected.shape
         if t == 0:
             return paddle.zeros_like(x)
@@ -192,6 +278,6 @@ class MoEBlock(nn.Layer):
         if self.expert_parallel is not None:  # dispatch to the experts' ranks and combine back (parallel/expert.py)
             ys = self.expert_parallel.run(self, xs, counts)  # [T*k, H] in expert order
         else:
-            ys = self.run_sorted(xs, counts)  # [T*k, H] in expert order
+            ys = self.run_sorted(xs, counts, partial)  # [T*k, H] in expert order
         back = paddle.gather(ys, paddle.argsort(order)).reshape([t, k, -1])  # [T, k, H] in (token, slot) order
         return (back * weights.unsqueeze(-1)).sum(axis=1)  # [T, H]

@@ -16,6 +16,11 @@ turned into the bool mask the layers use (``MaskPlan.allowed``), positions defau
 Parameter names are the plain model's (``gemma2.layers.3.self_attn.q_proj.weight``, ``lm_head.weight``):
 the prefixes given to ``add_sequential_layer`` are what PaddleNLP's ``PipelinePretrainedModel`` maps the stage's
 keys with, so checkpoints, adapters and ``from_pretrained`` read the same names as on one device.
+
+MoE rows: a stage's MoE layers route and combine as on one device and drop their router logits; the
+load-balancing loss over every layer (transformers' multiplies means over all layers, not a sum of per-layer
+terms) is not computed across stages, so pipeline stages with the aux loss on are refused (config time and
+here: set ``router_aux_loss_coef`` 0), as is the bias update (its counts come from the whole model's forward).
 """
 
 from __future__ import annotations
@@ -151,9 +156,10 @@ class DecoderForCausalLMPipe(PipelinePretrainedModel, PipelineLayer):
     def __init__(self, config: DecoderConfig):
         self.config = config
         k = config.knobs()
-        if k.arch.mlp != "dense":  # also refused at config time (the MoE rows' "pp" refusal)
-            raise NotImplementedError("the decoder's MoE layers have no pipeline stages (their router logits and "
-                                      "auxiliary loss would have to travel); set pipeline_parallel_degree=1")
+        if k.arch.mlp != "dense" and getattr(config, "output_router_logits", False):  # refused at config time too
+            raise NotImplementedError("the decoder's MoE stages do not pass router logits between stages, so the "
+                                      "load-balancing loss over every layer cannot be computed; set "
+                                      "router_aux_loss_coef=0 or pipeline_parallel_degree=1")
         hcg = fleet.get_hybrid_communicate_group()
         if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 or hcg.get_model_parallel_world_size() > 1:
             raise NotImplementedError("the decoder's pipeline stages are not tensor parallel; use one of "
@@ -178,6 +184,14 @@ class DecoderForCausalLMPipe(PipelinePretrainedModel, PipelineLayer):
             seg_method="layer:DecoderLayerPipe" if k.layers % stages == 0 else "uniform", recompute_interval=0,
             num_virtual_pipeline_stages=int(getattr(config, "virtual_pp_degree", 1) or 1))
         self.apply(self._init_weights)
+
+
+    def moe_blocks(self) -> list:
+        """The MoE blocks of this stage's layers (``freeze_router`` fixes their routers)."""
+        from .moe import MoEBlock
+
+        return [layer.feed_forward for layer in self.sublayers() if isinstance(layer, DecoderLayer)
+                and isinstance(layer.feed_forward, MoEBlock)]
 
 
 _PIPES: dict = {}

@@ -329,14 +329,25 @@ def tensor_parallel_problems(k: Knobs, degree: int) -> list:
     >>> [p[:45] for p in tensor_parallel_problems(k, 2)]
     ['num_key_value_heads=1 is not a multiple of te']
     """
+    sizes = [("num_attention_heads", k.heads), ("num_key_value_heads", k.kv_heads), ("vocab_size", k.vocab)]
+    if k.arch.mlp == "moe":  # each routed / shared expert is split like the dense MLP (decoder/moe_experts.py)
+        from .moe_spec import is_moe_layer, moe_spec
+
+        spec = moe_spec(k.cfg)
+        sizes.append(("intermediate_size" if spec.model_type in ("mixtral", "gpt_oss") else "moe_intermediate_size",
+                      spec.intermediate_size))
+        if spec.shared_intermediate_size:
+            key = "shared_expert_intermediate_size" if spec.shared_gate else "moe_intermediate_size x shared experts"
+            sizes.append((key, spec.shared_intermediate_size))
+        if not all(is_moe_layer(k.cfg, i) for i in range(k.layers)):
+            sizes.append(("intermediate_size", k.intermediate))  # the dense layers' MLP
+    else:
+        sizes.append(("intermediate_size", k.intermediate))
     out = []
-    for key, value in (("num_attention_heads", k.heads), ("num_key_value_heads", k.kv_heads),
-                       ("intermediate_size", k.intermediate), ("vocab_size", k.vocab)):
+    for key, value in sizes:
         if value % degree:
             out.append(f"{key}={value} is not a multiple of tensor_parallel_degree={degree} (each rank takes "
                        f"1/{degree} of them); choose a tensor_parallel_degree that divides it")
-    if k.arch.mlp != "dense":
-        out.append("the mixture-of-experts block has no tensor-parallel experts; set tensor_parallel_degree=1")
     return out
 
 

@@ -39,18 +39,60 @@ def split_layout(arch: Arch, cfg: Mapping[str, Any]) -> Layout:
     out: Layout = {"embed_tokens.weight": (0, ()), "lm_head.weight": (0 if k.tie else 1, ())}
     for i in range(k.layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.{arch.mlp_name}."
-        column = {f"{mlp}gate_up_proj": ((k.intermediate,) * 2, k.mlp_bias)} if arch.fused_gate_up else \
-            {f"{mlp}gate_proj": ((), k.mlp_bias), f"{mlp}up_proj": ((), k.mlp_bias)}
-        column.update({f"{attn}qkv_proj": ((q_out, kv_out, kv_out), k.qkv_bias)} if arch.fused_qkv else
-                      {f"{attn}{p}_proj": ((), k.qkv_bias) for p in "qkv"})
+        column, row = {}, [f"{attn}o_proj"]
+        if arch.mlp == "moe" and _is_moe_layer(cfg, i):
+            _moe_layout(cfg, mlp, column, row, out)
+        elif arch.fused_gate_up:
+            column[f"{mlp}gate_up_proj"] = ((k.intermediate,) * 2, k.mlp_bias)
+        else:
+            column.update({f"{mlp}gate_proj": ((), k.mlp_bias), f"{mlp}up_proj": ((), k.mlp_bias)})
+        if not (arch.mlp == "moe" and _is_moe_layer(cfg, i)):
+            row.append(f"{mlp}down_proj")
+        if arch.attn == "mla":  # deepseek: the head-split projections; the latent path is replicated (mla.py)
+            column[f"{attn}q_proj" if cfg.get("q_lora_rank") is None else f"{attn}q_b_proj"] = ((), False)
+            column[f"{attn}kv_b_proj"] = ((), False)
+        elif arch.fused_qkv:
+            column[f"{attn}qkv_proj"] = ((q_out, kv_out, kv_out), k.qkv_bias)
+        else:
+            column.update({f"{attn}{p}_proj": ((), k.qkv_bias) for p in "qkv"})
         for name, (segs, bias) in column.items():
             out[f"{name}.weight"] = (1, segs)
             if bias:
                 out[f"{name}.bias"] = (0, segs)
-        out[f"{attn}o_proj.weight"], out[f"{mlp}down_proj.weight"] = (0, ()), (0, ())
+        for name in row:
+            out[f"{name}.weight"] = (0, ())
         if arch.qk_norm == "proj":
             out[f"{attn}q_norm.weight"], out[f"{attn}k_norm.weight"] = (0, ()), (0, ())
+        if arch.attn_sinks:  # gpt_oss: one sink logit per query head
+            out[f"{attn}sinks"] = (0, ())
     return out
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    from .moe_spec import is_moe_layer
+
+    return is_moe_layer(cfg, i)
+
+
+def _moe_layout(cfg: Mapping[str, Any], mlp: str, column: dict, row: list, out: Layout) -> None:
+    """An MoE block's split tensors (``moe_experts.py``): each routed / shared expert's gate and up column-parallel,
+    down row-parallel; gpt_oss' fused 3-D experts on their intermediate axis.  The router is replicated."""
+    from .moe_spec import moe_spec
+
+    spec = moe_spec(cfg)
+    if spec.fused_experts:
+        out[f"{mlp}experts.gate_up_proj"], out[f"{mlp}experts.gate_up_proj_bias"] = (2, ()), (1, ())
+        out[f"{mlp}experts.down_proj"] = (1, ())
+        return
+    gate, up, down = spec.expert_names
+    experts = [(f"{mlp}experts.{j}.", spec.expert_bias) for j in range(spec.num_experts)]
+    if spec.shared_intermediate_size:
+        experts.append((f"{mlp}{spec.shared_name}.", spec.shared_expert_bias))
+    for prefix, bias in experts:
+        names = (gate, up, down) if not prefix.endswith(f"{spec.shared_name}.") else ("gate_proj", "up_proj", "down_proj")
+        column[f"{prefix}{names[0]}"] = ((), bias)
+        column[f"{prefix}{names[1]}"] = ((), bias)
+        row.append(f"{prefix}{names[2]}")
 
 
 def _numpy(t) -> np.ndarray:
