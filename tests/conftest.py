@@ -16,8 +16,11 @@ def run_jobs(jobs, workers=2):
     ``jobs`` maps a name to a callable that runs its subprocesses and asserts on their output.  A tiny
     model's CLI run is mostly Python start-up and imports on one core, so two at a time on CI's two cores
     halves a slow loop's wall time; every job still runs and every failure is reported at once.
-    Example: ``run_jobs({"a": lambda: None, "b": f})`` with ``f`` raising ``AssertionError("x")`` -> ``{"b": "x"}``.
+    Example: ``run_jobs({"a": lambda: None, "b": f})`` with ``f`` raising ``AssertionError("x")`` -> ``{"b": "x"}``;
+    any other exception (a missing output file, a JSON error) is a failure of its job too, reported as the tail of
+    its traceback (``{"b": "Traceback ... FileNotFoundError: ..."}``), not as one anonymous error of the pool.
     """
+    import traceback
     from concurrent.futures import ThreadPoolExecutor
 
     def one(job):
@@ -25,6 +28,8 @@ def run_jobs(jobs, workers=2):
             job()
         except AssertionError as e:
             return str(e)[-1500:]
+        except Exception as e:
+            return "".join(traceback.format_exception(type(e), e, e.__traceback__))[-1500:]
         return None
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
