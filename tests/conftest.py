@@ -37,6 +37,25 @@ def run_jobs(jobs, workers=2):
     return {name: text for name, text in results.items() if text is not None}
 
 
+def all_on_first_use(jobs):
+    """A ``check(name)`` for a module's cached CLI runs: its first call runs every job of ``jobs`` (two at a time,
+    run_jobs); each call then fails, with the job's output tail, only if ``name``'s own job failed.
+
+    The runs a module's tests share go two at a time instead of one per test as the tests ask for them; a
+    test selected alone (-k) waits for all of them.  Example: ``check = all_on_first_use({"a": f, "b": g})``;
+    ``check("a")`` runs f and g, then passes if f raised nothing; ``check("b")`` runs nothing more.
+    """
+    failures = None
+
+    def check(name):
+        nonlocal failures
+        if failures is None:
+            failures = run_jobs(jobs)
+        assert name not in failures, f"{name}: {failures[name]}"
+
+    return check
+
+
 @pytest.fixture(autouse=True)
 def no_library_patch_left_behind():
     """Every test leaves PaddleNLP unpatched: patches are installed by context (integrations)."""
