@@ -56,6 +56,19 @@ def all_on_first_use(jobs):
     return check
 
 
+def selected_params(request, test_name):
+    """The parameters (one dict per selected case, in order) that this session runs ``test_name``, a parametrized
+    test of the requesting module, with.
+
+    A module fixture that runs every case's CLI jobs at once (run_jobs) uses it to run only the cases that -k or
+    a node id selected, so a per-row parametrized test keeps its per-row selection and report.  Example: with
+    ``pytest 'tests/test_x.py::test_a[mistral]'``, ``selected_params(request, "test_a")`` ->
+    ``[{"model_type": "mistral"}]``.
+    """
+    return [item.callspec.params for item in request.session.items
+            if getattr(item, "originalname", None) == test_name and item.module is request.module]
+
+
 @pytest.fixture(autouse=True)
 def no_library_patch_left_behind():
     """Every test leaves PaddleNLP unpatched: patches are installed by context (integrations)."""

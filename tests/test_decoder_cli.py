@@ -6,8 +6,9 @@ row's non-default knobs (tests/test_decoder_parity.KNOBS: windows smaller than t
 soft-caps, scalings, tied embeddings), bf16, sharded, plus a tokenizer.json-only tokenizer.
 Then LoRA (unpacked, and packed: zero padding with FlashMask start rows), nf4 QLoRA (quantized while
 streaming) and full fine-tuning train with a falling loss, and what the decoder does not run yet is refused at config time (exit 2, naming the key).
-Each test loops over the rows and runs their independent CLI calls two at a time (conftest.run_jobs: a tiny
-model's CLI run is mostly start-up on one core), reporting every failing row and run at once.
+The selected rows' independent CLI calls run two at a time across rows (conftest.run_jobs: a tiny model's CLI
+run is mostly start-up on one core) in a module fixture, on the first row's test; each row's test then reports
+that row's failing runs with their output tails.
 """
 
 import functools
@@ -18,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import DATA_DIR, ROOT, run_jobs
+from conftest import DATA_DIR, ROOT, run_jobs, selected_params
 from hf_tokenizers import build as build_tokenizer
 from paddlenlp_ext.models.family_table import FAMILIES
 from test_decoder_parity import LONGROPE
@@ -103,12 +104,22 @@ def _train_one(model_type, name, base, out):
     assert len(got) == 20 and sum(got[-3:]) < 0.9 * sum(got[:3]), (model_type, name, got)
 
 
-def test_lora_packing_qlora_and_full_train_a_transformers_checkpoint(row_base, tmp_path):
-    jobs = {f"{model_type} {name}": functools.partial(_train_one, model_type, name, row_base(model_type),
-                                                      str(tmp_path / model_type / name))
-            for model_type in DECODER_ROWS for name in RUNS}
-    failures = run_jobs(jobs)
-    assert not failures, failed(failures)
+@pytest.fixture(scope="module")
+def trained(request, row_base, tmp_path_factory):
+    """{"<row> <run>": failure text} of the selected rows' four fine-tunes, all run at once two at a time (across
+    rows, so a slow row's runs overlap the next row's) on the first row's test."""
+    root = tmp_path_factory.mktemp("runs")
+    test = "test_lora_packing_qlora_and_full_train_a_transformers_checkpoint"
+    rows = [p["model_type"] for p in selected_params(request, test)]
+    return run_jobs({f"{model_type} {name}": functools.partial(_train_one, model_type, name, row_base(model_type),
+                                                               str(root / model_type / name))
+                     for model_type in rows for name in RUNS})
+
+
+@pytest.mark.parametrize("model_type", DECODER_ROWS)
+def test_lora_packing_qlora_and_full_train_a_transformers_checkpoint(trained, model_type):
+    mine = {job: text for job, text in trained.items() if job.split()[0] == model_type}
+    assert not mine, failed(mine)
 
 
 def test_what_the_decoder_does_not_run_is_refused_at_config_time(row_base, tmp_path):
@@ -165,13 +176,23 @@ def _predict_one(model_type, base, tmp_path):
         assert r["output"] == expected, (model_type, r["src"], r["output"], expected)
 
 
-def test_predictor_greedy_text_equals_transformers_generate(row_base, tmp_path):
-    """llm/predict/predictor.py (greedy) on each row's transformers-saved directory writes the text transformers'
-    own generate gives for the same prompt ids (tokenized by transformers' AutoTokenizer)."""
+@pytest.fixture(scope="module")
+def predicted(request, row_base, tmp_path_factory):
+    """{row: failure text} of the selected rows' predictor checks, all run at once two at a time."""
+    root = tmp_path_factory.mktemp("predict")
+    test = "test_predictor_greedy_text_equals_transformers_generate"
+    rows = [p["model_type"] for p in selected_params(request, test)]
     jobs = {}
-    transformers.AutoTokenizer.from_pretrained(row_base(DECODER_ROWS[0]))  # its imports done once, not by two threads
-    for model_type in DECODER_ROWS:
-        (tmp_path / model_type).mkdir()
-        jobs[model_type] = functools.partial(_predict_one, model_type, row_base(model_type), tmp_path / model_type)
-    failures = run_jobs(jobs)
-    assert not failures, failed(failures)
+    for model_type in rows:
+        (root / model_type).mkdir()
+        jobs[model_type] = functools.partial(_predict_one, model_type, row_base(model_type), root / model_type)
+    if rows:
+        transformers.AutoTokenizer.from_pretrained(row_base(rows[0]))  # its imports done once, not by two threads
+    return run_jobs(jobs)
+
+
+@pytest.mark.parametrize("model_type", DECODER_ROWS)
+def test_predictor_greedy_text_equals_transformers_generate(predicted, model_type):
+    """llm/predict/predictor.py (greedy) on the row's transformers-saved directory writes the text transformers'
+    own generate gives for the same prompt ids (tokenized by transformers' AutoTokenizer)."""
+    assert model_type not in predicted, predicted.get(model_type)
