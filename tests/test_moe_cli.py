@@ -16,7 +16,7 @@ import os
 import pytest
 
 from paddlenlp_ext.models.family_table import FAMILIES
-from conftest import DATA_DIR, run_jobs
+from conftest import DATA_DIR, run_jobs, selected_params
 from test_decoder_cli import LORA_CONFIG, failed, finetune, losses, save_row
 
 pytestmark = pytest.mark.slow
@@ -61,11 +61,26 @@ def _lora_with_aux(model_type, base, out):
     assert moe["router_aux_loss_coef"] == 0.05 and len(moe["logged"]) == 20, moe
 
 
-def test_lora_with_router_aux_loss_trains_and_logs_it(row_base, tmp_path):
-    jobs = {model_type: functools.partial(_lora_with_aux, model_type, row_base(model_type), str(tmp_path / model_type))
-            for model_type in MOE_ROWS}
-    failures = run_jobs(jobs)
-    assert not failures, failed(failures)
+@pytest.fixture(scope="module")
+def aux_runs(request, row_base, tmp_path_factory):
+    """{"<row> <run>": failure text} of the selected rows' 20-step runs with the aux loss (LoRA; nf4 and full), all
+    at once, two at a time across rows, on the first test that asks."""
+    root, jobs = tmp_path_factory.mktemp("aux"), {}
+    for p in selected_params(request, "test_lora_with_router_aux_loss_trains_and_logs_it"):
+        model_type = p["model_type"]
+        jobs[f"{model_type} lora"] = functools.partial(_lora_with_aux, model_type, row_base(model_type),
+                                                       str(root / model_type / "lora"))
+    for p in selected_params(request, "test_qlora_and_full_with_router_aux_loss_train"):
+        model_type, method = p["model_type"], p["method"]
+        jobs[f"{model_type} {method}"] = functools.partial(_method_with_aux, model_type, method, row_base(model_type),
+                                                           str(root / model_type / method))
+    return run_jobs(jobs)
+
+
+@pytest.mark.parametrize("model_type", MOE_ROWS)
+def test_lora_with_router_aux_loss_trains_and_logs_it(aux_runs, model_type):
+    job = f"{model_type} lora"
+    assert job not in aux_runs, failed({job: aux_runs[job]})
 
 
 #: nf4 QLoRA (experts quantized while streaming) and full fine-tuning, each with the aux loss in the training loss
@@ -85,12 +100,11 @@ def _method_with_aux(model_type, method, base, out):
     assert summary["method"] == name and summary["moe"]["router_aux_loss_coef"] == 0.05, (model_type, method, summary)
 
 
-def test_qlora_and_full_with_router_aux_loss_train(row_base, tmp_path):
-    jobs = {f"{model_type} {method}": functools.partial(_method_with_aux, model_type, method, row_base(model_type),
-                                                        str(tmp_path / model_type / method))
-            for model_type in MOE_ROWS for method in sorted(_METHODS)}
-    failures = run_jobs(jobs)
-    assert not failures, failed(failures)
+@pytest.mark.parametrize("method", sorted(_METHODS))
+@pytest.mark.parametrize("model_type", MOE_ROWS)
+def test_qlora_and_full_with_router_aux_loss_train(aux_runs, model_type, method):
+    job = f"{model_type} {method}"
+    assert job not in aux_runs, failed({job: aux_runs[job]})
 
 
 def _refused(base, out, extra, key):
@@ -346,14 +360,22 @@ def _short_with_aux(base, name, out):
             assert abs(sum(layer["fraction"]) - 1) < 1e-3, layer
 
 
-def test_nf4_and_full_with_router_aux_loss_log_finite_load(row_base, tmp_path):
+@pytest.fixture(scope="module")
+def short_aux_runs(request, row_base, tmp_path_factory):
+    """{"<row> <method>": failure text} of the selected rows' 3-step nf4 and full runs, all at once, two at a time."""
+    root = tmp_path_factory.mktemp("short_aux")
+    rows = [p["model_type"] for p in selected_params(request, "test_nf4_and_full_with_router_aux_loss_log_finite_load")]
+    return run_jobs({f"{model_type} {name}": functools.partial(_short_with_aux, row_base(model_type), name,
+                                                               str(root / model_type / name))
+                     for model_type in rows for name in ("nf4", "full")})
+
+
+@pytest.mark.parametrize("model_type", MOE_ROWS)
+def test_nf4_and_full_with_router_aux_loss_log_finite_load(short_aux_runs, model_type):
     """The other two methods of every MoE row with an aux loss (LoRA: above): nf4 QLoRA and full fine-tuning
     train and log a finite aux loss and per-layer load, in trainer_state.json and run_summary.json."""
-    jobs = {f"{model_type} {name}": functools.partial(_short_with_aux, row_base(model_type), name,
-                                                      str(tmp_path / model_type / name))
-            for model_type in MOE_ROWS for name in ("nf4", "full")}
-    failures = run_jobs(jobs)
-    assert not failures, failed(failures)
+    mine = {job: text for job, text in short_aux_runs.items() if job.split()[0] == model_type}
+    assert not mine, failed(mine)
 
 
 def _paddlenlp_layout_lora(model_type, base, out):
@@ -366,18 +388,24 @@ def _paddlenlp_layout_lora(model_type, base, out):
     assert layout == "paddlenlp", (model_type, layout)
 
 
-def test_paddlenlp_layout_checkpoint_trains_with_the_aux_loss(tmp_path):
-    """A checkpoint saved by PaddleNLP's own MoE class (PaddleNLP layout; its forward crashes on Paddle 3.3) trains
-    on the decoder row with LoRA and the aux loss, as the transformers-layout one does (deepseek_v2, deepseek_v3,
-    mixtral, qwen2_moe)."""
+@pytest.fixture(scope="module")
+def paddlenlp_layout_runs(request, tmp_path_factory):
+    """{row: failure text} of the selected rows' LoRA runs on PaddleNLP-saved checkpoints, two at a time."""
     from hf_tokenizers import build as build_tokenizer
     from test_moe_parity import save_paddlenlp_moe
 
-    jobs = {}
-    for model_type in ("deepseek_v2", "deepseek_v3", "mixtral", "qwen2_moe"):
-        base = str(tmp_path / model_type / "base")
+    root, jobs = tmp_path_factory.mktemp("paddlenlp_layout"), {}
+    for p in selected_params(request, "test_paddlenlp_layout_checkpoint_trains_with_the_aux_loss"):
+        model_type = p["model_type"]
+        base = str(root / model_type / "base")
         save_paddlenlp_moe(model_type, base, vocab_size=704, std=0.05)
         build_tokenizer(base, "llama3")
-        jobs[model_type] = functools.partial(_paddlenlp_layout_lora, model_type, base, str(tmp_path / model_type / "lora"))
-    failures = run_jobs(jobs)
-    assert not failures, failed(failures)
+        jobs[model_type] = functools.partial(_paddlenlp_layout_lora, model_type, base, str(root / model_type / "lora"))
+    return run_jobs(jobs)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3", "mixtral", "qwen2_moe"])
+def test_paddlenlp_layout_checkpoint_trains_with_the_aux_loss(paddlenlp_layout_runs, model_type):
+    """A checkpoint saved by PaddleNLP's own MoE class (PaddleNLP layout; its forward crashes on Paddle 3.3) trains
+    on the decoder row with LoRA and the aux loss, as the transformers-layout one does."""
+    assert model_type not in paddlenlp_layout_runs, failed({model_type: paddlenlp_layout_runs[model_type]})
