@@ -2,10 +2,12 @@
 SFT) for dapo with two updates per rollout, dr_grpo and GSPO's sequence-level ratio; gradient
 accumulation 2 x batch 2 reproduces batch 4 (LoRA); loss_type rloo and cispo train."""
 
+import functools
 import json
 import shutil
 
 import pytest
+from conftest import run_jobs
 from test_grpo_e2e import SHORT, e_prompts, run_grpo, step_logs, toy_sft  # noqa: F401  (e_prompts is a fixture)
 
 
@@ -20,32 +22,39 @@ def sft_model(tiny_model_dir, tmp_path_factory):
     return sft
 
 
-@pytest.mark.parametrize("name,extra", [
-    ("dapo_two_iterations", ("--loss_type", "dapo", "--num_iterations", "2")),
-    ("dr_grpo", ("--loss_type", "dr_grpo")),
-    ("gspo_sequence", ("--importance_sampling_level", "sequence")),
-])
-def test_reward_rises(sft_model, tmp_path, name, extra):
-    out = tmp_path / name
-    run_grpo(out, "--model_name_or_path", sft_model, "--max_steps", "30", "--report_to", "none", *extra)
+#: name -> the loss variant's CLI overrides
+VARIANTS = {"dapo_two_iterations": ("--loss_type", "dapo", "--num_iterations", "2"),
+            "dr_grpo": ("--loss_type", "dr_grpo"),
+            "gspo_sequence": ("--importance_sampling_level", "sequence")}
+
+
+def _reward_rises(sft_model, out, name):
+    run_grpo(out, "--model_name_or_path", sft_model, "--max_steps", "30", "--report_to", "none", *VARIANTS[name])
     logs = step_logs(out)
-    assert [h["step"] for h in logs] == list(range(1, 31))
+    assert [h["step"] for h in logs] == list(range(1, 31)), [h["step"] for h in logs]
     rewards = [h["reward"] for h in logs]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     print(f"{name}: mean reward first 10 steps {first:.4f}, last 10 steps {last:.4f}")
     assert last > first + 0.15, rewards
     summary = json.loads((out / "run_summary.json").read_text())
-    assert summary["loss_type"] == ("dr_grpo" if name == "dr_grpo" else "dapo")
+    assert summary["loss_type"] == ("dr_grpo" if name == "dr_grpo" else "dapo"), summary["loss_type"]
     if name == "dapo_two_iterations":
         # the second step of every rollout trains on the first step's samples: the ratio moves, clipping acts
-        assert summary["rollouts_generated"] == 15
-        assert all(logs[k]["clip_ratio"] == 0 for k in range(0, 30, 2))  # first step of a rollout: ratio 1
+        assert summary["rollouts_generated"] == 15, summary["rollouts_generated"]
+        assert all(logs[k]["clip_ratio"] == 0 for k in range(0, 30, 2)), [h["clip_ratio"] for h in logs]  # ratio 1
         assert sum(logs[k]["clip_ratio"] > 0 for k in range(1, 30, 2)) >= 5, [h["clip_ratio"] for h in logs]
-        assert logs[1]["reward"] == logs[0]["reward"]  # the same rollout's rewards
+        assert logs[1]["reward"] == logs[0]["reward"], logs[:2]  # the same rollout's rewards
     else:
-        assert summary["rollouts_generated"] == 30 and all(h["clip_ratio"] == 0 for h in logs)
+        assert summary["rollouts_generated"] == 30 and all(h["clip_ratio"] == 0 for h in logs), \
+            (summary["rollouts_generated"], [h["clip_ratio"] for h in logs])
     if name == "gspo_sequence":
-        assert summary["importance_sampling_level"] == "sequence"
+        assert summary["importance_sampling_level"] == "sequence", summary["importance_sampling_level"]
+
+
+def test_reward_rises(sft_model, tmp_path):
+    """dapo with two updates per rollout, dr_grpo and GSPO's sequence ratio: three independent runs, two at a time."""
+    failures = run_jobs({name: functools.partial(_reward_rises, sft_model, tmp_path / name, name) for name in VARIANTS})
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("extra", [(), ("--loss_type", "dr_grpo", "--scale_rewards", "batch", "--num_iterations", "2")],
@@ -58,8 +67,12 @@ def test_accumulation_equals_batch(tmp_path, e_prompts, extra):  # noqa: F811
     common = (*SHORT, "--max_steps", "3", "--lora", "true", "--lora_rank", "4", "--report_to", "none",
               "--save_strategy", "no", *extra)
     one, two = tmp_path / "b4", tmp_path / "b2x2"
-    run_grpo(one, *common, "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", data=e_prompts)
-    run_grpo(two, *common, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", data=e_prompts)
+    failures = run_jobs({  # independent runs: two at a time
+        "batch 4": lambda: run_grpo(one, *common, "--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
+                                    "1", data=e_prompts),
+        "batch 2 x 2": lambda: run_grpo(two, *common, "--per_device_train_batch_size", "2",
+                                        "--gradient_accumulation_steps", "2", data=e_prompts)})
+    assert not failures, failures
     a, b = step_logs(one), step_logs(two)
     assert len(a) == len(b) == 3
     assert any(0 < h["reward"] < 1 for h in a)  # advantages not all 0 (the loss value itself is ~0 at ratio 1)

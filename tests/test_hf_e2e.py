@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, run_jobs
 from hf_models import edit_config, save_hf_model
 from test_hf_tokenizer import build as build_tokenizer
 
@@ -84,19 +84,25 @@ def lora_runs():
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
 def test_lora_and_nf4_finetune(hf_dirs, lora_runs, tmp_path, family):
     base = hf_dirs[family]
-    lora = str(tmp_path / "lora")
-    finetune(base, lora)
-    s = summary(lora)
-    assert s["method"] == "lora" and s["load"]["layout"] == "transformers"
-    loss_fell(lora)
-    lora_runs[family] = lora
+    lora, qlora = str(tmp_path / "lora"), str(tmp_path / "qlora")
 
-    qlora = str(tmp_path / "qlora")
-    finetune(base, qlora, "--weight_quantize_algo", "nf4")
-    q = summary(qlora)
-    assert q["method"] == "lora+nf4" and q["quantization"]["layout"] == "transformers"
-    assert q["quantization"]["quantized_layers"] == 14
-    loss_fell(qlora)
+    def lora_run():
+        finetune(base, lora)
+        s = summary(lora)
+        assert s["method"] == "lora" and s["load"]["layout"] == "transformers", s
+        loss_fell(lora)
+
+    def nf4_run():
+        finetune(base, qlora, "--weight_quantize_algo", "nf4")
+        q = summary(qlora)
+        assert q["method"] == "lora+nf4" and q["quantization"]["layout"] == "transformers", q
+        assert q["quantization"]["quantized_layers"] == 14, q["quantization"]
+        loss_fell(qlora)
+
+    failures = run_jobs({"lora": lora_run, "nf4": nf4_run})  # independent: two at a time
+    if "lora" not in failures:
+        lora_runs[family] = lora
+    assert not failures, (family, failures)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
@@ -116,8 +122,16 @@ def test_merge_into_the_transformers_base_and_predict(hf_dirs, lora_runs, tmp_pa
         for src in ("type#shirt*color#red", "你好"):
             f.write(json.dumps({"src": src}, ensure_ascii=False) + "\n")
     # the merged bf16 weights round W + delta once more than base + adapter in float32: answers may differ
-    assert all(predictions(merged, prompts, str(tmp_path / "p1.json")))
-    assert all(predictions(base, prompts, str(tmp_path / "p2.json"), "--lora_path", lora))
+    def from_merged():
+        got = predictions(merged, prompts, str(tmp_path / "p1.json"))
+        assert all(got), got
+
+    def with_adapter():
+        got = predictions(base, prompts, str(tmp_path / "p2.json"), "--lora_path", lora)
+        assert all(got), got
+
+    failures = run_jobs({"merged": from_merged, "base + adapter": with_adapter})
+    assert not failures, (family, failures)
 
 
 def test_dpo_on_a_transformers_directory(hf_dirs, tmp_path):
@@ -134,10 +148,19 @@ def test_dpo_on_a_transformers_directory(hf_dirs, tmp_path):
 
 
 def test_what_paddlenlp_would_compute_otherwise_is_refused_with_exit_2(hf_dirs, tmp_path):
-    r = finetune(hf_dirs["llama"], str(tmp_path / "o"), "--fuse_attention_qkv", "true", check=False)
-    assert r.returncode == 2 and "transformers-layout checkpoint" in r.stderr and "Traceback" not in r.stderr
     d = tmp_path / "yarn"
     shutil.copytree(hf_dirs["llama"], d)
     edit_config(str(d), rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    r = finetune(str(d), str(tmp_path / "o2"), check=False)
-    assert r.returncode == 2 and "rope_scaling.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr
+
+    def fused_qkv():
+        r = finetune(hf_dirs["llama"], str(tmp_path / "o"), "--fuse_attention_qkv", "true", check=False)
+        assert r.returncode == 2 and "transformers-layout checkpoint" in r.stderr and "Traceback" not in r.stderr, \
+            (r.returncode, r.stderr[-2000:])
+
+    def yarn():
+        r = finetune(str(d), str(tmp_path / "o2"), check=False)
+        assert r.returncode == 2 and "rope_scaling.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr, \
+            (r.returncode, r.stderr[-2000:])
+
+    failures = run_jobs({"fuse_attention_qkv": fused_qkv, "yarn": yarn})
+    assert not failures, failures

@@ -7,6 +7,7 @@ the loss falls, the method string and the trainable parameter count are exact
 the expected tensors.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, all_on_first_use
 
 # end-to-end through the CLI: `make test-slow` (CI runs it after `make test`)
 pytestmark = pytest.mark.slow
@@ -111,19 +112,24 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
-    """run(name) -> Run: trains `name` once per module (lazily) through the CLI."""
-    cache = {}
+    """run(name) -> Run: the first call trains every run of RUNS through the CLI, two at a time
+    (conftest.all_on_first_use); a test then fails only if its own runs failed."""
     base = tmp_path_factory.mktemp("methods")
 
+    def train(name):
+        config, extra, _ = RUNS[name]
+        cmd = [sys.executable, CLI, os.path.join(ROOT, config), "--output_dir", str(base / name),
+               "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, *FAST, *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 0, f"{name}: {' '.join(cmd)}\n" + r.stdout[-3000:] + r.stderr[-6000:]
+
+    trained = all_on_first_use({name: functools.partial(train, name) for name in RUNS})
+    cache = {}
+
     def get(name):
+        trained(name)
         if name not in cache:
-            config, extra, _ = RUNS[name]
-            out = base / name
-            cmd = [sys.executable, CLI, os.path.join(ROOT, config), "--output_dir", str(out),
-                   "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, *FAST, *extra]
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            assert r.returncode == 0, f"{name}: {' '.join(cmd)}\n" + r.stdout[-3000:] + r.stderr[-6000:]
-            cache[name] = Run(out)
+            cache[name] = Run(base / name)
         return cache[name]
 
     return get

@@ -5,6 +5,7 @@ LoRA, QLoRA (nf4), full fine-tuning with zero padding + FlashMask, ``check_packi
 Each run is short; its loss must fall and its sizes must follow head_dim.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, all_on_first_use, run_jobs
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +39,8 @@ def losses(out):
 
 @pytest.fixture(scope="module")
 def runs(tiny_qwen3_dir, tmp_path_factory):
-    """name -> output dir, trained once per module (lazily)."""
-    base, done = tmp_path_factory.mktemp("qwen3"), {}
+    """name -> output dir, trained once per module (the four runs on the first use, conftest.all_on_first_use)."""
+    base = tmp_path_factory.mktemp("qwen3")
     specs = {
         "lora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", FAST + STEPS20),
         "qlora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
@@ -51,13 +52,16 @@ def runs(tiny_qwen3_dir, tmp_path_factory):
                 ("--max_steps", "5", "--per_device_train_batch_size", "4", "--do_eval", "false")),
     }
 
+    def train(name):
+        script, config, extra = specs[name]
+        cli(script, config, "--model_name_or_path", tiny_qwen3_dir, "--output_dir", base / name, *extra)
+
+    # the first use trains all four, two at a time; a test fails only if its own run failed
+    trained = all_on_first_use({name: functools.partial(train, name) for name in specs})
+
     def get(name):
-        if name not in done:
-            script, config, extra = specs[name]
-            out = base / name
-            cli(script, config, "--model_name_or_path", tiny_qwen3_dir, "--output_dir", out, *extra)
-            done[name] = out
-        return done[name]
+        trained(name)
+        return base / name
 
     return get
 
@@ -133,15 +137,22 @@ def test_dpo_trains(runs):
 def test_merge_then_predict_equals_adapter_predict(runs, tiny_qwen3_dir, tmp_path):
     lora = runs("lora")
     merged = tmp_path / "merged"
-    r = cli("llm/merge_lora_params.py", "--model_name_or_path", tiny_qwen3_dir, "--lora_path", lora,
-            "--merge_model_path", merged)
-    assert "verify: passed" in r.stdout + r.stderr  # merged == base + adapter on random tokens (1e-4)
-    assert json.loads((merged / "config.json").read_text())["model_type"] == "qwen3"
     common = ["--data_file", "llm/data/demo_prompts.json", "--decode_strategy", "greedy_search", "--max_length",
               "96", "--src_length", "48"]
-    cli("llm/predict/predictor.py", "--model_name_or_path", tiny_qwen3_dir, "--lora_path", lora,
-        "--output_file", tmp_path / "a.json", *common)
-    cli("llm/predict/predictor.py", "--model_name_or_path", merged, "--output_file", tmp_path / "m.json", *common)
+
+    def predict_with_adapter():  # runs beside the merge: it needs only the adapter
+        cli("llm/predict/predictor.py", "--model_name_or_path", tiny_qwen3_dir, "--lora_path", lora,
+            "--output_file", tmp_path / "a.json", *common)
+
+    def merge_and_predict():
+        r = cli("llm/merge_lora_params.py", "--model_name_or_path", tiny_qwen3_dir, "--lora_path", lora,
+                "--merge_model_path", merged)
+        assert "verify: passed" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]  # merged == base + adapter (1e-4)
+        assert json.loads((merged / "config.json").read_text())["model_type"] == "qwen3"
+        cli("llm/predict/predictor.py", "--model_name_or_path", merged, "--output_file", tmp_path / "m.json", *common)
+
+    failures = run_jobs({"predict with the adapter": predict_with_adapter, "merge, then predict": merge_and_predict})
+    assert not failures, failures
     read = lambda f: [json.loads(x)["output"] for x in (tmp_path / f).read_text().splitlines()]  # noqa: E731
     with_adapter, from_merged = read("a.json"), read("m.json")
     assert len(with_adapter) == 2 and all(with_adapter) and with_adapter == from_merged
