@@ -163,6 +163,7 @@ class DecoderModel(DecoderPretrainedModel):
         router_logits = [] if output_router_logits else None  # one [B*L, E] per MoE layer
         recomputing = self.training and getattr(self.config, "recompute", False) and not use_cache
         keep = set(getattr(self.config, "no_recompute_layers", None) or ())  # layers whose activations stay
+        plan.autograd_only = bool(recomputing)
         for i, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
