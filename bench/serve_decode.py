@@ -28,7 +28,6 @@ memory-bandwidth limit, side by side with transformers' ``generate`` on torch CP
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -178,10 +177,14 @@ def child(side: str, a) -> list:
            "--batches", ",".join(map(str, a.batches))]
     # no thread variables inherited (paddle's import in this process set OMP_NUM_THREADS=1): each side picks its own
     env = h.clean_env(drop=("OMP_NUM_THREADS", "MKL_NUM_THREADS"), PYTHONPATH=ROOT)
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise RuntimeError(f"{side} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    r = h.run(cmd, name=side, cwd=ROOT, env=env, mark=None, check=False)
+    if not r.ok:
+        raise RuntimeError(f"{side} failed:\n{r.tail()}")
+    # the child prints its result as the last JSON line (stderr is interleaved: skip its warnings)
+    for line in reversed(r.output.strip().splitlines()):
+        if line.startswith("["):
+            return json.loads(line)
+    raise RuntimeError(f"{side} printed no result:\n{r.tail()}")
 
 
 def compare(a) -> int:

@@ -100,10 +100,34 @@ def test_partial_rotary_factor_inside_rope_parameters_moves_to_the_top_level_on_
     ({"model_type": "qwen2", "num_hidden_layers": 2, "layer_types": ["full_attention"]}, "layer_types="),
     ({"model_type": "qwen", "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
      "rope_parameters.rope_type='linear': RoPE scaling written by transformers 5.x is read for"),
+    ({"model_type": "gpt_oss", "max_position_embeddings": 256, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 128}},
+     "yarn factor=4.0 with original_max_position_embeddings=128 and max_position_embeddings=256"),
 ])
 def test_what_cannot_be_read_exactly_is_a_problem_naming_the_key(raw, key):
     problems = read_problems(raw)
     assert problems and key in problems[0], problems
+
+
+def test_yarn_saved_by_transformers5_reads_as_5x_scales_it():
+    """5.x scales yarn by ``factor``; 4.55 (whose spelling the decoder reads) by max / original whenever
+    original_max_position_embeddings is set, which 5.x writes (= max_position_embeddings): gpt_oss saved by 5.24
+    read as 4.55 reads it had a RoPE factor of 1 (tests/test_decoder_hf5.py judges the logits)."""
+    yarn = {"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False}
+    for omax in ({"original_max_position_embeddings": 256}, {}):  # as 5.x saves it; as a user may write it
+        c, p = canonical_config({"model_type": "gpt_oss", **BASE, "rope_parameters": {**yarn, **omax}})
+        assert p == [] and c["rope_theta"] == 1.5e5
+        assert c["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False}
+    # a real gpt-oss: factor == max / original, so both readings agree and the key stays
+    c, p = canonical_config({"model_type": "gpt_oss", **BASE, "rope_parameters": {
+        **yarn, "factor": 32.0, "original_max_position_embeddings": 8}})
+    assert p == [] and c["rope_scaling"]["original_max_position_embeddings"] == 8
+    # factor null: 5.x takes the ratio, as 4.55 does
+    c, p = canonical_config({"model_type": "gpt_oss", **BASE, "rope_parameters": {
+        **yarn, "factor": None, "original_max_position_embeddings": 64}})
+    assert p == [] and c["rope_scaling"]["factor"] == 4.0 and c["rope_scaling"]["original_max_position_embeddings"] == 64
 
 
 def test_other_families_keep_paddlenlp_own_rope_keys():

@@ -9,7 +9,9 @@ transformers 5 moved several settings when it saves a config (``configuration_ut
   are the config's ``layer_types``.  5.x reads a legacy ``rope_scaling`` as ``rope_parameters``
   (it wins when truthy) and a top-level ``rope_theta`` as the default of
   ``rope_parameters.rope_theta``; a ``llama3``/``yarn``/``longrope`` dict without
-  ``original_max_position_embeddings`` gets ``max_position_embeddings``.
+  ``original_max_position_embeddings`` gets ``max_position_embeddings``.  5.x's yarn scales by
+  ``factor``, 4.x's by ``max_position_embeddings / original_max_position_embeddings`` whenever
+  the latter is set (:func:`_yarn_as_4x`).
 * ``torch_dtype`` became ``dtype`` (``dtype`` wins when both are set).
 * ``layer_types`` (``"full_attention"`` / ``"sliding_attention"`` per layer) is written by
   Qwen2/Qwen3 (derived from ``use_sliding_window``, ``sliding_window``, ``max_window_layers``;
@@ -40,7 +42,7 @@ DEFAULT_THETA = 10000.0
 #: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; qwen2 / qwen3 read none; the rows of our decoder, mistral and gemma included, are checked by decoder/rows.py)
 FAMILY_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",), "qwen2": (), "qwen3": ()}
 #: model_type -> why a config.json in transformers 5.x's spelling is refused for it (measured, not assumed)
-NOT_READ_5X = {"gpt_oss": "our logits differ from transformers 5.24's on the same 5.x-saved weights by up to 2.8"}
+NOT_READ_5X: Dict[str, str] = {}
 #: the keys of a llama3 rope_scaling dict, all required by both transformers and PaddleNLP
 LLAMA3_ROPE_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
 _LEGACY_LAYER_TYPES = {"attention": "full_attention"}
@@ -165,9 +167,42 @@ def _canonical_rope(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[
         omax = raw.get("original_max_position_embeddings", raw.get("max_position_embeddings"))
         if omax is not None:
             rope["original_max_position_embeddings"] = omax
+    if rtype == "yarn" and _decoder_row(raw.get("model_type")):  # the rows that compute yarn (others refuse it)
+        _yarn_as_4x(raw, rope, problems)
     scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type", "rope_type")}
     out["rope_theta"] = float(theta)
     out["rope_scaling"] = None if rtype == "default" and not scaling else {"rope_type": rtype, **scaling}
+
+
+def _yarn_as_4x(raw: Mapping[str, Any], rope: Dict[str, Any], problems: List[str]) -> bool:
+    """Rewrite a 5.x yarn dict (in place) so that 4.55's yarn formula computes what 5.x's does; False: it cannot.
+
+    5.x (``_compute_yarn_parameters`` of 5.24) scales by ``factor`` and takes
+    ``max_position_embeddings / original_max_position_embeddings`` only when ``factor`` is null; 4.55 replaces
+    ``factor`` by that ratio whenever ``original_max_position_embeddings`` is set (and, without it, takes the
+    original context to be ``max_position_embeddings``).  5.x fills ``original_max_position_embeddings`` with
+    ``max_position_embeddings`` when it saves (gpt-oss' config does), which 4.55 would read as a factor of 1.
+
+    >>> r = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    >>> _yarn_as_4x({"max_position_embeddings": 128}, r, []), r  # 4.55 then uses factor 4 and 128
+    (True, {'rope_type': 'yarn', 'factor': 4.0})
+    >>> r = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}  # gpt-oss-20b
+    >>> _yarn_as_4x({"max_position_embeddings": 131072}, r, []), r["original_max_position_embeddings"]
+    (True, 4096)
+    """
+    omax, maxp, factor = rope.get("original_max_position_embeddings"), raw.get("max_position_embeddings"), rope.get("factor")
+    if omax is None or maxp is None:
+        return True
+    if factor is None:  # 5.x: the ratio, which 4.55 computes from the same keys
+        rope["factor"] = float(maxp) / float(omax)
+    elif float(omax) == float(maxp):  # 4.55 without the key: factor as given, original context = max_position_embeddings
+        del rope["original_max_position_embeddings"]
+    elif float(factor) != float(maxp) / float(omax):
+        problems.append(f"config.json rope_parameters: yarn factor={factor} with original_max_position_embeddings={omax} "
+                        f"and max_position_embeddings={maxp}: transformers 5.x scales by factor, 4.x by "
+                        f"{maxp}/{omax}; the model here computes 4.x's yarn only, so make factor equal that ratio")
+        return False
+    return True
 
 
 def _canonical_layers(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[str]) -> None:

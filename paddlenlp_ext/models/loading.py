@@ -237,6 +237,27 @@ def _check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int], de
         raise CheckpointError(f"{model_dir} (transformers layout): " + "; ".join(problems))
 
 
+#: model_type -> the config key that gives transformers 4.55's routed experts a bias (5.x's fused ones have none)
+_ROUTED_BIAS_KEY = {"ernie4_5_moe": "use_bias", "deepseek_v2": "mlp_bias"}
+_ROUTED = re.compile(r"\.experts\.\d+\.\w+\.(weight|bias)$")
+
+
+def _routed_expert_bias(ckpt: Checkpoint, config: Any) -> None:
+    """Build the routed experts without a bias when the checkpoint is in transformers 5.x's layout.
+
+    With ``use_bias`` (ernie4_5_moe) / ``mlp_bias`` (deepseek_v2) true, 4.55 gives every routed expert's
+    Linears a bias and 5.x (``Ernie4_5_MoeExperts`` / ``DeepseekV2Experts``: fused 3-D weights) none; both
+    save per-expert names, so the checkpoint's tensor names tell which one built it.  With routed-expert
+    weights and not one routed-expert bias, ``config.routed_expert_bias = False`` (read by
+    ``decoder.moe_spec``); a checkpoint with some of them keeps the biases (any missing one is then named)."""
+    key = _ROUTED_BIAS_KEY.get(ckpt.hf_model_type)
+    if key is None or not getattr(config, key, False) or not ckpt.names_known:
+        return
+    kinds = {m.group(1) for m in map(_ROUTED.search, ckpt.tensors) if m}
+    if kinds == {"weight"}:
+        config.routed_expert_bias = False
+
+
 def _replace(model, name: str, new) -> None:
     parent = model
     *path, attr = name.split(".")
@@ -319,6 +340,7 @@ def load_model_streaming(
                                                                                           False))
     if ckpt.hf_model_type is not None:
         _check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
+        _routed_expert_bias(ckpt, config)
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 and not decoder:
         raise ValueError("load_model_streaming splits checkpoints for tensor parallelism only for our decoder's rows "
                          f"(tensor_parallel_degree={config.tensor_parallel_degree}): load with from_pretrained")

@@ -46,22 +46,17 @@ def generation_config(o: PredictOptions, max_new_tokens: int, eos_ids: List[int]
 
 
 def left_padded(rows: Sequence[Sequence[int]]):
-    """(input_ids, attention_mask, position_ids), numpy int64 [B, L] each, L the longest row.
+    """(input_ids, attention_mask, position_ids), numpy int64 [B, L] each, L the longest row; padding with the
+    row's own first token under mask 0 (see the module doc).  One implementation, shared with GRPO's rollouts
+    (``generation.rollouts.left_pad``).
 
     >>> ids, mask, pos = left_padded([[1, 5, 6], [1, 7]])
     >>> ids.tolist(), mask.tolist(), pos.tolist()
     ([[1, 5, 6], [1, 1, 7]], [[1, 1, 1], [0, 1, 1]], [[0, 1, 2], [0, 0, 1]])
     """
-    width = max(len(r) for r in rows)
-    ids = np.zeros((len(rows), width), dtype="int64")  # [B, L]
-    mask = np.zeros((len(rows), width), dtype="int64")  # [B, L]
-    for i, r in enumerate(rows):
-        pad = width - len(r)
-        ids[i, :pad] = r[0]  # the row's own first token: see the module doc
-        ids[i, pad:] = r
-        mask[i, pad:] = 1
-    pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)  # [B, L]: 0 on padding, 0..n-1 on the real tokens
-    return ids, mask, pos
+    from ..generation.rollouts import left_pad
+
+    return left_pad(rows)
 
 
 def cut_answer(tokens: Sequence[int], budget: int, eos_ids: Sequence[int]) -> List[int]:

@@ -69,7 +69,9 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         setattr(config, attr, value)
     # the row this checkpoint trains on: a transformers-layout qwen3_moe on the decoder's MoE row, PaddleNLP's on
     # models/qwen3 (family_table.layout_row)
-    hf = bool(m.continue_training) and _is_hf_layout(m.model_name_or_path)
+    from ..config.families import is_hf_layout
+
+    hf = bool(m.continue_training) and is_hf_layout(m.model_name_or_path)
     family = layout_row(getattr(config, "model_type", None), hf, config)
     hf = family is not row(getattr(config, "model_type", None))  # on the family's hf_row (the decoder's)
     if args.tensor_parallel_degree > 1:
@@ -140,12 +142,6 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
                           before_load=False) from e
     return model, stats
-
-
-def _is_hf_layout(model_dir: str) -> bool:
-    from ..config.families import is_hf_layout
-
-    return is_hf_layout(model_dir)
 
 
 def refuse_hf_layout(model_dir: str, where: str) -> None:

@@ -107,7 +107,7 @@ class MoEBlock(nn.Layer):
         self.experts = build_experts(spec)
         if spec.shared_intermediate_size:
             setattr(self, spec.shared_name, SwiGLUExpert(h, spec.shared_intermediate_size, spec.hidden_act,
-                                                         spec.expert_bias))
+                                                         spec.shared_expert_bias))
             if spec.shared_gate:
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
         # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer

@@ -58,7 +58,8 @@ class MoESpec:
     router_bias: bool = False
     router_fp32: bool = False  # the router runs in float32 whatever the model's dtype (ernie, deepseek)
     expert_names: Tuple[str, str, str] = _DEFAULT_EXPERT_NAMES
-    expert_bias: bool = False
+    expert_bias: bool = False  # the routed experts' Linears carry a bias
+    shared_bias: Optional[bool] = None  # the shared experts' (None: as expert_bias)
     fused_experts: bool = False  # gpt_oss: experts.{gate_up_proj, down_proj}[_bias] as 3-D parameters
     swiglu_alpha: float = 1.702  # gpt_oss' clamped SwiGLU
     swiglu_limit: float = 7.0
@@ -66,6 +67,10 @@ class MoESpec:
     shared_name: str = "shared_experts"
     shared_gate: bool = False  # qwen2_moe: sigmoid(shared_expert_gate(x)) * shared_expert(x)
     jitter_noise: float = 0.0  # mixtral's router_jitter_noise (training only)
+
+    @property
+    def shared_expert_bias(self) -> bool:
+        return self.expert_bias if self.shared_bias is None else self.shared_bias
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
@@ -130,7 +135,7 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
         inter = int(_need(config, "moe_intermediate_size", mt))
         return MoESpec(mt, h, int(_need(config, "moe_num_experts", mt)), int(_get(config, "moe_k", 6)), inter, act,
                        norm_min=float(_get(config, "moe_norm_min", 1e-12)), correction_bias="moe_statics",
-                       router_fp32=True, expert_bias=bool(_get(config, "use_bias", False)),
+                       router_fp32=True, **_biases(config, "use_bias"),
                        shared_intermediate_size=inter * int(_get(config, "moe_num_shared_experts", 0) or 0))
     if mt in ("deepseek_v2", "deepseek_v3"):
         _deepseek_keys(config, mt)
@@ -146,7 +151,7 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
                        routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
                        n_group=int(_need(config, "n_group", mt)) if grouped else 1,
                        topk_group=int(_need(config, "topk_group", mt)) if grouped else 1, group_score="max",
-                       expert_bias=bool(_get(config, "mlp_bias", False)),
+                       **_biases(config, "mlp_bias"),
                        shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0))
     if mt == "deepseek_v3":
         inter = int(_need(config, "moe_intermediate_size", mt))
@@ -160,6 +165,20 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
     return MoESpec(mt, h, int(_need(config, "num_local_experts", mt)), k, int(_need(config, "intermediate_size", mt)),
                    act, scoring="topk_softmax", router_name="router", router_bias=True,
                    fused_experts=True, swiglu_limit=float(_get(config, "swiglu_limit", 7.0) or 7.0))
+
+
+def _biases(config: Any, key: str) -> dict:
+    """The expert_bias / shared_bias of ernie4_5_moe (``use_bias``) or deepseek_v2 (``mlp_bias``).
+
+    transformers 4.55 gives the routed experts a bias with ``key`` true, 5.x (fused experts) never does, and both
+    give the shared experts one; the loader reads which one saved the checkpoint from its tensor names and sets
+    ``routed_expert_bias: false`` on the config for 5.x's layout (models/loading.py).
+
+    >>> _biases({"use_bias": True}, "use_bias"), _biases({"use_bias": True, "routed_expert_bias": False}, "use_bias")
+    ({'expert_bias': True, 'shared_bias': True}, {'expert_bias': False, 'shared_bias': True})
+    """
+    bias = bool(_get(config, key, False))
+    return {"expert_bias": bias and _get(config, "routed_expert_bias", True) is not False, "shared_bias": bias}
 
 
 #: the routing of transformers' DeepSeek classes, whatever config.json says: the original DeepSeek code's (and
