@@ -62,7 +62,12 @@ PLAIN_HEADS = ("LlamaLMHead", "Qwen2LMHead")
 def plain_head_weight(head: Any) -> Optional[Tuple[Any, bool]]:
     """``(weight, transpose_y)`` if ``head(x)`` is ``x @ weight`` (``x @ weight^T`` when tied to the embeddings),
     so that the loss can apply the weight itself in chunks (``kernels.linear_cross_entropy``); else None
-    (an adapter on lm_head, tensor-parallel output, another family's head)."""
+    (an adapter on lm_head, tensor-parallel output, another family's head, the decoder's head with a bias
+    (ERNIE-4.5-MoE) or a final soft-cap (Gemma 2))."""
+    if type(head).__name__ == "DecoderLMHead":  # the decoder's rows, dense and MoE (models/decoder/modeling.py)
+        if head.tp is not None or head.bias is not None or head.softcap is not None:
+            return None
+        return head.weight, bool(head.transpose_y)
     if type(head).__name__ not in PLAIN_HEADS:
         return None
     config = getattr(head, "config", None)
