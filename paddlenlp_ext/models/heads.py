@@ -27,7 +27,8 @@ BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_m
                   **{k: f.body_prefix for k, f in FAMILIES.items()
                      if f.decoder and f.arch is not None and f.arch.mlp != "moe"}}
 #: the decoder's MoE rows: their body returns the router logits (``router_logits``) from which a caller that asks
-#: for them (``split_lm_head(model, router_aux=True)``) computes the aux loss itself (training/moe_aux.py)
+#: for them (``split_lm_head(model, router_aux=True)``) computes the aux loss itself (training/moe_aux.py; the
+#: fine-tuning loss, training/loss.py, through ``DecoderForCausalLM.record_moe_forward``)
 MOE_BODY_ATTRIBUTE = {k: f.body_prefix for k, f in FAMILIES.items()
                       if f.decoder and f.arch is not None and f.arch.mlp == "moe"}
 
