@@ -5,7 +5,7 @@
 Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only; ``"packing": true``:
 TRL's ``packing=True``, its default best-fit-decreasing padding-free rows of max_length), trains
 with LoRA r / alpha on every decoder linear, and writes ``DIR/result.json``: supervised tokens (the
-shifted labels that are not -100, counted in ``compute_loss``), train time, step times, per-step
+shifted labels that are not -100, counted in ``compute_loss``), each micro-batch's row length, train time, step times, per-step
 losses and CPU% from the first to the last step end (peak RSS: the harness that runs this process).
 """
 
@@ -31,10 +31,12 @@ def main(spec):
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []  # (wall, process CPU seconds) at every optimizer step end
     supervised = [0]
+    row_tokens = []  # each micro-batch's row length: the peak RSS depends on the longest one
 
     class CountingTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, *args, **kwargs):
             supervised[0] += int((inputs["labels"][..., 1:] != -100).sum())
+            row_tokens.append(int(inputs["input_ids"].shape[-1]))
             return super().compute_loss(model, inputs, *args, **kwargs)
 
     cfg = SFTConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
@@ -44,7 +46,7 @@ def main(spec):
                     bf16=False, fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
     trainer = CountingTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok,
                               peft_config=lora_config(spec), callbacks=[step_marks(marks)])
-    write_result(spec, trainer, trainer.train(), marks, supervised_tokens=supervised[0])
+    write_result(spec, trainer, trainer.train(), marks, supervised_tokens=supervised[0], row_tokens=row_tokens)
 
 
 def lora_config(spec):

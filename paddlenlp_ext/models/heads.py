@@ -27,7 +27,8 @@ BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_m
                   **{k: f.body_prefix for k, f in FAMILIES.items()
                      if f.decoder and f.arch is not None and f.arch.mlp != "moe"}}
 #: the decoder's MoE rows: their body returns the router logits (``router_logits``) from which a caller that asks
-#: for them (``split_lm_head(model, router_aux=True)``) computes the aux loss itself (training/moe_aux.py)
+#: for them (``split_lm_head(model, router_aux=True)``) computes the aux loss itself (training/moe_aux.py; the
+#: fine-tuning loss, training/loss.py, through ``DecoderForCausalLM.record_moe_forward``)
 MOE_BODY_ATTRIBUTE = {k: f.body_prefix for k, f in FAMILIES.items()
                       if f.decoder and f.arch is not None and f.arch.mlp == "moe"}
 
@@ -62,7 +63,12 @@ PLAIN_HEADS = ("LlamaLMHead", "Qwen2LMHead")
 def plain_head_weight(head: Any) -> Optional[Tuple[Any, bool]]:
     """``(weight, transpose_y)`` if ``head(x)`` is ``x @ weight`` (``x @ weight^T`` when tied to the embeddings),
     so that the loss can apply the weight itself in chunks (``kernels.linear_cross_entropy``); else None
-    (an adapter on lm_head, tensor-parallel output, another family's head)."""
+    (an adapter on lm_head, tensor-parallel output, another family's head, the decoder's head with a bias
+    (ERNIE-4.5-MoE) or a final soft-cap (Gemma 2))."""
+    if type(head).__name__ == "DecoderLMHead":  # the decoder's rows, dense and MoE (models/decoder/modeling.py)
+        if head.tp is not None or head.bias is not None or head.softcap is not None:
+            return None
+        return head.weight, bool(head.transpose_y)
     if type(head).__name__ not in PLAIN_HEADS:
         return None
     config = getattr(head, "config", None)

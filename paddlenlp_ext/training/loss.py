@@ -16,10 +16,14 @@ same for any layout; the logged loss is the global batch's token mean.
 ``lm_head`` runs only on the supervised positions where the model splits into
 body + head (:func:`paddlenlp_ext.models.heads.split_lm_head`); a model wrapped
 for data parallel (``paddle.DataParallel`` has no ``config``) takes its own
-forward, which is what arms its gradient all-reduce.  With a plain fp32 lm_head
-the head and the loss run in chunks of tokens
-(:mod:`paddlenlp_ext.kernels.linear_cross_entropy`), so the [T, V] logits are
-never whole in memory.
+forward, which is what arms its gradient all-reduce.  The decoder's MoE rows
+split too: the body's router logits are recorded as the whole forward records
+them (``DecoderForCausalLM.record_moe_forward``), and the trainer adds the aux
+loss (``training.moe_aux.add_aux_loss``) as before.  With a plain fp32 lm_head
+(``models.heads.plain_head_weight``: PaddleNLP's Llama / Qwen2 heads, the
+decoder's without bias or soft-cap) the head and the loss run in chunks of
+tokens (:mod:`paddlenlp_ext.kernels.linear_cross_entropy`), so the [T, V]
+logits are never whole in memory.
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ def _logits_of(outputs):
 
 def supervised_logits(model, inputs, labels: paddle.Tensor):
     """(logits [T, V], targets [T]) at the ``T`` positions whose label is not -100."""
-    split = split_lm_head(model)
+    split = split_lm_head(model, router_aux=True)  # MoE rows: the body's router logits are recorded below
     if split is not None:
         body, head = split
-        rows, targets = _supervised_rows(body, inputs, labels)  # [T, H], [T]
+        rows, targets = _supervised_rows(model, body, inputs, labels)  # [T, H], [T]
         # squeeze, not [0]: the gradient of an index zero-fills a [1, T, V] tensor (~80 ms at T=170 on CPU)
         return head(rows.unsqueeze(0)).squeeze(0), targets  # [T, V], [T]
     flat_labels = labels.reshape([-1])  # [B*S]
@@ -87,22 +91,30 @@ def supervised_loss_sum(model, inputs, labels: paddle.Tensor) -> paddle.Tensor:
     together in chunks of tokens (``kernels.linear_cross_entropy``): the [T, V] logits and their gradient are
     never whole in memory.  Otherwise :func:`supervised_logits` + :func:`token_loss_sum`.
     """
-    split = split_lm_head(model)
+    split = split_lm_head(model, router_aux=True)
     plain = plain_head_weight(split[1]) if split is not None else None
     if plain is None or plain[0].dtype != paddle.float32 or paddle.amp.is_autocast_enabled():
         return token_loss_sum(*supervised_logits(model, inputs, labels))
-    rows, targets = _supervised_rows(split[0], inputs, labels)  # [T, H], [T]
+    rows, targets = _supervised_rows(model, split[0], inputs, labels)  # [T, H], [T]
     if targets.shape[0] == 0:  # no supervised token in this micro-batch: contributes 0, keeps the graph
         return rows.sum() * 0.0
     weight, transpose_y = plain
     return linear_cross_entropy_sum(rows, weight, targets, transpose_y)
 
 
-def _supervised_rows(body, inputs, labels: paddle.Tensor):
-    """(the body's hidden rows [T, H], their targets [T]) at the ``T`` positions whose label is not -100."""
+def _supervised_rows(model, body, inputs, labels: paddle.Tensor):
+    """(the body's hidden rows [T, H], their targets [T]) at the ``T`` positions whose label is not -100.
+
+    On the decoder's rows the body's router logits go to ``model.record_moe_forward``, which records the aux loss
+    and the expert counts exactly as the whole forward does (``training.moe_aux.add_aux_loss`` adds the aux loss
+    to the loss afterwards)."""
     flat_labels = labels.reshape([-1])  # [B*S]
     index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
-    hidden = body(**inputs, use_cache=False, return_dict=True)[0]  # [B, S, H]
+    out = body(**inputs, use_cache=False, return_dict=True)
+    if hasattr(model, "record_moe_forward"):
+        model.record_moe_forward(getattr(out, "router_logits", None), inputs.get("attention_mask"),
+                                 inputs.get("input_ids"), inputs.get("inputs_embeds"))
+    hidden = out[0]  # [B, S, H]
     b, s, h = hidden.shape
     return paddle.gather(hidden.reshape([b * s, h]), index, axis=0), paddle.gather(flat_labels, index)
 

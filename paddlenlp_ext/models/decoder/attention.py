@@ -25,6 +25,7 @@ from typing import Dict, Optional
 
 import paddle
 import paddle.nn.functional as F
+from paddle.autograd import PyLayer
 
 from ...integrations.flashmask import flashmask_dispatch
 from ...kernels import dense_mask_from_startend
@@ -55,6 +56,10 @@ class MaskPlan:
         self._additive: Dict[Optional[int], paddle.Tensor] = {}
         self._mask_in = attention_mask
         self.sp_pad = 0  # sequence parallel: zero token rows appended so the tokens divide over the ranks
+        # True when the layers are recomputed in the backward (recompute=true): plain autograd only, since
+        # Paddle's non-reentrant recompute gives wrong gradients through the memory-saving PyLayers below
+        # (_RecomputedProbsAttention, layers._Rotary); there the layers keep no activations anyway
+        self.autograd_only = False
 
     def allowed(self) -> paddle.Tensor:
         """Bool [B | 1, 1, Lq, Lk], True where query i may attend key j (before windows)."""
@@ -124,6 +129,11 @@ def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, 
     qt = q.transpose([0, 2, 1, 3])  # [B, H, Lq, D]
     kt = _repeat_kv(k, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
     vt = _repeat_kv(v, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
+    if softcap is None and sinks is None and q.dtype == paddle.float32 and not plan.autograd_only and not (
+            q.stop_gradient and k.stop_gradient and v.stop_gradient):
+        # training in fp32: keep q/k/v, not the [B, H, Lq, Lk] probabilities, for the backward
+        out = _RecomputedProbsAttention.apply(qt, kt, vt, plan.additive(window), scale)  # [B, H, Lq, D]
+        return out.transpose([0, 2, 1, 3]).reshape([b, lq, h * d])
     scores = paddle.matmul(qt, kt, transpose_y=True) * scale  # [B, H, Lq, Lk]
     if softcap is not None:
         scores = paddle.tanh(scores / softcap) * softcap
@@ -135,3 +145,43 @@ def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, 
         probs = F.softmax(scores, axis=-1).astype(q.dtype)  # [B, H, Lq, Lk]
     out = paddle.matmul(probs, vt).transpose([0, 2, 1, 3])  # [B, Lq, H, D]
     return out.reshape([b, lq, h * d])
+
+
+def _probs(qt, kt, additive, scale: float):
+    """softmax(q k^T * scale + mask) [B, H, Lq, Lk] in float32, by the same ops as :func:`attend`'s dense
+    path (so the backward's recomputation is bitwise the forward's)."""
+    scores = paddle.matmul(qt, kt, transpose_y=True) * scale  # [B, H, Lq, Lk]
+    return F.softmax(scores + additive, axis=-1)  # mask [B | 1, 1, Lq, Lk] broadcast over heads
+
+
+class _RecomputedProbsAttention(PyLayer):
+    """softmax(q k^T * scale + mask) v for fp32 training, saving q, k, v instead of the probabilities.
+
+    Autograd through the dense path keeps the [B, H, Lq, Lk] probabilities of every layer until the
+    backward (13.9 MB per layer at 16 heads and 466 tokens, quadratic in the length); here the backward
+    recomputes them (one q k^T and softmax per layer, ~1% of a layer's matmul work at that length) and
+    applies softmax's gradient by hand: dS = P * (dP - sum(dP * P)).  The forward is bitwise the dense
+    path's; the gradients agree with autograd's within float rounding (~1e-7 relative).  qt [B, H, Lq, D], kt / vt [B, H, Lk, D] (kv heads already repeated), additive
+    [B | 1, 1, Lq, Lk] (no gradient) -> [B, H, Lq, D].
+    """
+
+    @staticmethod
+    def forward(ctx, qt, kt, vt, additive, scale):
+        ctx.scale = scale
+        ctx.additive = additive  # not saved as an input: it never takes a gradient
+        ctx.needs_grad = tuple(not t.stop_gradient for t in (qt, kt, vt))
+        ctx.save_for_backward(qt, kt, vt)
+        return paddle.matmul(_probs(qt, kt, additive, scale), vt)  # [B, H, Lq, D]
+
+    @staticmethod
+    def backward(ctx, dout):
+        qt, kt, vt = ctx.saved_tensor()
+        probs = _probs(qt, kt, ctx.additive, ctx.scale)  # [B, H, Lq, Lk], bitwise the forward's
+        dv = paddle.matmul(probs, dout, transpose_x=True)  # [B, H, Lk, D]
+        dp = paddle.matmul(dout, vt, transpose_y=True)  # [B, H, Lq, Lk]
+        # softmax's gradient by hand (no paddle.grad here: a nested grad breaks under the layers' recompute)
+        ds = probs * (dp - (dp * probs).sum(axis=-1, keepdim=True))  # [B, H, Lq, Lk]
+        dq = paddle.matmul(ds, kt) * ctx.scale  # [B, H, Lq, D]
+        dk = paddle.matmul(ds, qt, transpose_x=True) * ctx.scale  # [B, H, Lk, D]
+        # PyLayer wants None for an input that takes no gradient (the mask never does)
+        return tuple(g if need else None for need, g in zip(ctx.needs_grad, (dq, dk, dv))) + (None,)

@@ -11,6 +11,7 @@ from typing import Callable, Dict, Optional
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from paddle.autograd import PyLayer
 
 from .attention import MaskPlan, attend
 from .rope import inv_freq
@@ -107,13 +108,33 @@ def _rotate(x, interleaved: bool):
     return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def apply_rotary(x, cos, sin, interleaved: bool):
-    """x [B, L, H, D] rotated on its first rotary_dim channels (the rest passes: partial rotary)."""
+def apply_rotary(x, cos, sin, interleaved: bool, lean: bool = False):
+    """x [B, L, H, D] rotated on its first rotary_dim channels (the rest passes: partial rotary).
+    ``lean``: when x takes a gradient, keep no copy of x for the backward (:class:`_Rotary`)."""
     r = cos.shape[-1]
     if r == x.shape[-1]:
+        if lean and not x.stop_gradient and cos.stop_gradient and sin.stop_gradient:
+            return _Rotary.apply(x, cos, sin, interleaved)
         return x * cos + _rotate(x, interleaved) * sin
     rot, rest = x[..., :r], x[..., r:]
     return paddle.concat([rot * cos + _rotate(rot, interleaved) * sin, rest], axis=-1)
+
+
+class _Rotary(PyLayer):
+    """x * cos + rotate(x) * sin whose backward keeps only the (shared) cos/sin tables: autograd would keep
+    x and rotate(x), two [B, L, H, D] per query and key and layer, until the backward.  The rotation's
+    transpose is -rotate, so dx = g * cos - rotate(g * sin): bitwise what autograd sums (the negation and
+    the zero halves of the slices' gradients are exact)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.tables, ctx.interleaved = (cos, sin), interleaved
+        return x * cos + _rotate(x, interleaved) * sin  # [B, L, H, D]
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.tables
+        return g * cos - _rotate(g * sin, ctx.interleaved), None, None  # [B, L, H, D]; the tables: none
 
 
 _ACT: Dict[str, Callable] = {
@@ -246,8 +267,8 @@ class Attention(nn.Layer):
             q, key = self.q_norm(q), self.k_norm(key)
         if rope is not None:
             cos, sin = rope
-            q = apply_rotary(q, cos, sin, k.arch.rope_interleaved)
-            key = apply_rotary(key, cos, sin, k.arch.rope_interleaved)
+            q = apply_rotary(q, cos, sin, k.arch.rope_interleaved, lean=not plan.autograd_only)
+            key = apply_rotary(key, cos, sin, k.arch.rope_interleaved, lean=not plan.autograd_only)
         if past is not None:
             key = paddle.concat([past[0], key], axis=1)  # [B, Lp + L, Hkv, D]
             val = paddle.concat([past[1], val], axis=1)

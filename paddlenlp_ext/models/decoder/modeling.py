@@ -166,6 +166,7 @@ class DecoderModel(DecoderPretrainedModel):
         router_logits = [] if output_router_logits else None  # one [B*L, E] per MoE layer
         recomputing = self.training and getattr(self.config, "recompute", False) and not use_cache
         keep = set(getattr(self.config, "no_recompute_layers", None) or ())  # layers whose activations stay
+        plan.autograd_only = bool(recomputing)
         for i, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
@@ -292,11 +293,24 @@ class DecoderForCausalLM(DecoderPretrainedModel):
             total = F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]), flat,
                                     ignore_index=-100, reduction="sum")
             loss = total / paddle.clip((flat != -100).astype("float32").sum(), min=1.0)
-        # the trainer's request for this forward (moe_next_forward): real tokens, expert counts
+        loss, aux_loss = self.record_moe_forward(out.router_logits, attention_mask, input_ids, inputs_embeds, loss)
+        if not return_dict:
+            rest = (logits, out.past_key_values) if use_cache else (logits,)
+            return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
+        return DecoderLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                               hidden_states=out.hidden_states, aux_loss=aux_loss, router_logits=out.router_logits)
+
+    def record_moe_forward(self, router_logits, attention_mask=None, input_ids=None, inputs_embeds=None, loss=None):
+        """After the body's forward: the aux loss of ``router_logits`` (the body output's; None without
+        ``output_router_logits``) over the tokens of the trainer's request (``moe_next_forward``), added to
+        ``loss`` (the mean cross-entropy, when labels were given) as transformers does, and in training what the
+        trainer reads (``moe_state``: the aux loss, whether ``loss`` holds it, each MoE layer's expert counts).
+        Returns ``(loss, aux_loss)``.  ``forward`` calls it; so does the fine-tuning loss, which runs the body
+        and the lm_head apart (training/loss.py: the chunked lm_head + cross-entropy), with ``loss`` None."""
         request = self.moe_state if "token_mask" in self.moe_state else {}
         self.moe_state = {}
         mask = self._moe_token_mask(attention_mask, request.get("token_mask"), input_ids, inputs_embeds)
-        aux_loss = self._aux_loss(out.router_logits, mask)
+        aux_loss = self._aux_loss(router_logits, mask)
         in_loss = False
         if aux_loss is not None and loss is not None:
             coef = float(getattr(self.config, "router_aux_loss_coef", 0.0) or 0.0)
@@ -304,11 +318,7 @@ class DecoderForCausalLM(DecoderPretrainedModel):
                 loss, in_loss = loss + coef * aux_loss, True
         if self.training and (aux_loss is not None or request.get("want_counts")):
             self.moe_state = {"aux_loss": aux_loss, "in_loss": in_loss, "counts": self._expert_counts(mask)}
-        if not return_dict:
-            rest = (logits, out.past_key_values) if use_cache else (logits,)
-            return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
-        return DecoderLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                               hidden_states=out.hidden_states, aux_loss=aux_loss, router_logits=out.router_logits)
+        return loss, aux_loss
 
     def moe_next_forward(self, token_mask=None, counts: bool = False) -> None:
         """What the next forward records for the trainer (training/moe_aux.py).  ``token_mask`` [B, L] (1 = a

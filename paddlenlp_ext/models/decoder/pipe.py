@@ -109,6 +109,7 @@ class DecoderLayerPipe(DecoderLayer):
         plan = MaskPlan(b, s, 0, mask, startend, positions)
         rope = None if self._rotary is None else self._rotary.tables(positions, x.dtype)
         if self.training and getattr(self.config, "recompute", False):
+            plan.autograd_only = True  # see MaskPlan.autograd_only
             x, _, _ = recompute(super().forward, x, rope, plan, None, False, use_reentrant=False)
         else:
             x, _, _ = super().forward(x, rope, plan)

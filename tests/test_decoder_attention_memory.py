@@ -1,0 +1,64 @@
+"""The decoder's fp32 training attention (``attention._RecomputedProbsAttention``): it keeps q/k/v instead of
+the [B, H, Lq, Lk] probabilities and recomputes them in the backward; output and gradients must be those of
+autograd through the same dense ops.  And the experts' fused SwiGLU equals ``silu(gate) * up``."""
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+import pytest
+
+from paddlenlp_ext.models.decoder.attention import MaskPlan, _repeat_kv, attend
+from paddlenlp_ext.models.decoder.moe_experts import SwiGLUExpert
+
+
+def _reference(q, k, v, plan, scale, window):
+    """The dense path by plain autograd: softmax(q k^T * scale + mask) v, [B, Lq, H * D]."""
+    b, lq, h, d = q.shape
+    rep = h // k.shape[2]
+    qt = q.transpose([0, 2, 1, 3])
+    kt = _repeat_kv(k, rep).transpose([0, 2, 1, 3])
+    vt = _repeat_kv(v, rep).transpose([0, 2, 1, 3])
+    probs = F.softmax(paddle.matmul(qt, kt, transpose_y=True) * scale + plan.additive(window), axis=-1)
+    return paddle.matmul(probs, vt).transpose([0, 2, 1, 3]).reshape([b, lq, h * d])
+
+
+def _run(fn, scale=0.125, window=None):
+    paddle.seed(0)
+    q, k, v = paddle.randn([2, 9, 4, 8]), paddle.randn([2, 9, 2, 8]), paddle.randn([2, 9, 2, 8])  # GQA 4 / 2
+    for t in (q, k, v):
+        t.stop_gradient = False
+    mask = paddle.ones([2, 9], "int64")
+    mask[1, :3] = 0  # left padding in the second row
+    plan = MaskPlan(2, 9, 0, attention_mask=mask)
+    out = fn(q, k, v, plan, scale, window)
+    (out * paddle.linspace(-1.0, 1.0, out.shape[-1])).sum().backward()  # a loss that weighs every output
+    return [t.numpy() for t in (out, q.grad, k.grad, v.grad)]
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_recomputed_attention_equals_autograd_through_the_dense_ops(window):
+    ours = _run(lambda q, k, v, plan, scale, w: attend(q, k, v, plan, scale, window=w), window=window)
+    ref = _run(_reference, window=window)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=name)
+    # negative control: another scale changes the gradients far beyond the tolerance
+    other = _run(_reference, scale=0.2, window=window)
+    assert np.abs(other[1] - ref[1]).max() > 1e-2
+
+
+def test_frozen_query_gets_no_gradient():
+    paddle.seed(0)
+    q, k, v = paddle.randn([1, 5, 2, 4]), paddle.randn([1, 5, 2, 4]), paddle.randn([1, 5, 2, 4])
+    k.stop_gradient = v.stop_gradient = False  # q frozen, k/v trained
+    attend(q, k, v, MaskPlan(1, 5, 0), 0.5).sum().backward()
+    assert q.grad is None and k.grad is not None and v.grad is not None
+
+
+def test_fused_swiglu_expert_equals_silu_times_up():
+    paddle.seed(0)
+    expert = SwiGLUExpert(16, 24)
+    assert expert.fused_swiglu
+    x = paddle.randn([7, 16])
+    plain = expert.down_proj(F.silu(expert.gate_proj(x)) * expert.up_proj(x))
+    np.testing.assert_allclose(expert(x).numpy(), plain.numpy(), rtol=0, atol=1e-6)
+    assert not SwiGLUExpert(16, 24, act="gelu").fused_swiglu  # other activations keep act(gate) * up
