@@ -18,7 +18,8 @@ run in its own process, interleaved (every toolkit of every case once, then agai
 the same work: no gradient checkpointing on either side (TRL 0.22's SFTConfig turns it on by default;
 the bench turns it off, as ours runs), and unpacked, TRL takes the examples in ours' order (seed 42,
 ``bench/e2e_trl.py``'s ``order_seed``), so every optimizer step of both trains the same four examples;
-each run's processed and supervised tokens are printed side by side.  Cases:
+each run's processed and supervised tokens are printed side by side (the SFT cases; the DPO worker keeps
+TRL's DPOConfig defaults).  Cases:
 
 * ``lora``: no packing.
 * ``packed``: ours ``zero_padding`` + ``greedy_zero_padding`` with ``use_flash_attention`` +
@@ -480,7 +481,7 @@ def main(argv=None):
                                   a.paddlenlp_cpu_env)
             else:
                 r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, steps, case == "packed",
-                            dpo=case == "dpo", use_fast=not ernie, same_work=True)
+                            dpo=case == "dpo", use_fast=not ernie, same_work=case != "dpo")
                 # ernie: transformers' slow tokenizer over the same SentencePiece model ours reads (the fast
                 # conversion needs protobuf, which the shared venv lacks)
             r.update(case=case, repeat=i, **achieved(r.get("sup_tok_s"), limit["per_sup_token"].get(case),
