@@ -1,17 +1,25 @@
 """Benchmark: our whole fine-tune vs PaddleNLP's own llm/run_finetune.py vs TRL + PEFT.
 
     .venv/bin/python -m bench.e2e [--cases lora,packed] [--steps 10] [--packed-steps N] [--repeats 2] [--scratch DIR]
-        [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--model 0.25b|0.8b] [--json F]
+        [--paddlenlp-llm DIR] [--paddlenlp-cpu-env] [--trl-python PY] [--model 0.25b|0.8b|ernie] [--json F]
         [--peak-json F | --no-peak]
     .venv/bin/python -m bench.e2e --quick [--tolerance 0.15] [--fail-on-slowdown] [--record]
 
 Every toolkit trains the same random 0.26B Llama (``bench/cpu_setup.py``'s: hidden 1024, intermediate
 2816, 16 layers; ``--model 0.8b``: hidden 2048, intermediate 5504, 14 layers, 0.84B parameters;
 Llama-2 tokenizer, built with PaddleNLP; for transformers saved once more in the Hugging Face layout:
-names ``llama.*`` -> ``model.*``, Linear weights transposed) on the same alpaca
+names ``llama.*`` -> ``model.*``, Linear weights transposed; ``--model ernie``: the ERNIE-4.5-shaped
+``Ernie4_5ForCausalLM`` of ``bench/ernie_shape.py``, hidden 1024, 18 layers, GQA 16/2, head_dim 128, vocab
+103424, tied embeddings, 0.36B parameters, built and saved by transformers, which both toolkits read as
+it is; no PaddleNLP column: PaddleNLP 3.0.0b4 has no ERNIE 4.5 model) on the same alpaca
 {src, tgt} rows, loss on the answer only, LoRA r8 / alpha 16 on every decoder linear, lr 1e-4 linear
 decay, no warm-up, max_length 1024, batch 1 x accumulation 4, ``--steps`` optimizer steps, fp32, each
-run in its own process, interleaved (every toolkit of every case once, then again).  Cases:
+run in its own process, interleaved (every toolkit of every case once, then again).  Ours and TRL do
+the same work: no gradient checkpointing on either side (TRL 0.22's SFTConfig turns it on by default;
+the bench turns it off, as ours runs), and unpacked, TRL takes the examples in ours' order (seed 42,
+``bench/e2e_trl.py``'s ``order_seed``), so every optimizer step of both trains the same four examples;
+each run's processed and supervised tokens are printed side by side (the SFT cases; the DPO worker keeps
+TRL's DPOConfig defaults).  Cases:
 
 * ``lora``: no packing.
 * ``packed``: ours ``zero_padding`` + ``greedy_zero_padding`` with ``use_flash_attention`` +
@@ -78,13 +86,15 @@ from bench.e2e_runs import (  # noqa: E402
     LR,
     MAX_LENGTH,
     RANK,
+    SEED,
     hf_copy,
     paddlenlp_llm,
     run_paddlenlp,
     run_trl,
     trl_python,
 )
-from bench.flops import achieved  # noqa: E402
+from bench.ernie_shape import ERNIE_SHAPE, ensure_ernie  # noqa: E402
+from bench.flops import DECODER_LINEARS, achieved  # noqa: E402
 from bench.guard import GuardTableError, append_rows, compare, parse_baselines, record_rows, report  # noqa: E402
 from bench.limits import data_stats, flops_per_supervised_token, load_peak, measure_peak, model_spm  # noqa: E402
 from bench.peak import this_cpu  # noqa: E402
@@ -94,12 +104,19 @@ DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
 DPO_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json")
 STEPS_DEFAULT = 10
 CASES = ("lora", "packed", "qlora", "dpo", "lora_b4", "packed_b4")
-SHAPES = {"0.25b": MODEL_SHAPE, "0.8b": dict(MODEL_SHAPE, hidden_size=2048, intermediate_size=5504, num_hidden_layers=14)}
+SHAPES = {"0.25b": MODEL_SHAPE, "0.8b": dict(MODEL_SHAPE, hidden_size=2048, intermediate_size=5504, num_hidden_layers=14),
+          "ernie": ERNIE_SHAPE}
 BATCH4 = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"]
 OURS_ARGS = {"lora": [], "qlora": ["--weight_quantize_algo", "nf4"],
              "packed": ["--zero_padding", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
                         "--flash_mask", "true"]}
 OURS_ARGS.update(lora_b4=BATCH4, packed_b4=OURS_ARGS["packed"] + BATCH4)
+
+
+def model_path(scratch: str, model: str) -> str:
+    """Where ``--model`` lives in the scratch dir: ``model_path("/s", "0.25b")`` -> ``"/s/llama-0.25b"``,
+    ``model_path("/s", "ernie")`` -> ``"/s/ernie-0.36b"``."""
+    return os.path.join(scratch, "ernie-0.36b" if model == "ernie" else f"llama-{model}")
 
 
 def ensure_dpo_data(scratch: str) -> str:
@@ -128,7 +145,7 @@ def machine_limit(a, info: dict, data_dir: str) -> dict:
     if peak is None and not a.no_peak:
         peak = measure_peak(os.path.join(a.scratch, f"peak-{a.model}.json"), shape, info["vocab"])
     cpu = peak["cpu"] if peak else this_cpu()
-    spm = model_spm(os.path.join(a.scratch, f"llama-{a.model}"))
+    spm = model_spm(model_path(a.scratch, a.model))
     train = os.path.join(data_dir, "train.json")
     stats = data_stats(train, spm, MAX_LENGTH) if spm and os.path.isfile(train) else None
     per_sup = {} if stats is None else {c: flops_per_supervised_token(shape, info["vocab"], stats, RANK)
@@ -179,10 +196,13 @@ def main(argv=None):
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
     p.add_argument("--model", choices=sorted(SHAPES), default="0.25b",
                    help="0.25b: the end-to-end benchmark's model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
-                        "(839M parameters, bench/big_model.py's shape)")
+                        "(839M parameters, bench/big_model.py's shape); ernie: the ERNIE-4.5-shaped 0.36B "
+                        "Ernie4_5ForCausalLM of bench/ernie_shape.py (transformers layout; no PaddleNLP column; "
+                        "TRL in this interpreter unless --trl-python)")
     p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
     p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")
-    p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl")
+    p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl (default: "
+                   "SCRATCH/venv-trl, set up when absent; --model ernie: this interpreter)")
     p.add_argument("--json", help="write the runs here")
     p.add_argument("--peak-json", help="bench/peak.py's --json of this machine, instead of measuring the peak")
     p.add_argument("--no-peak", action="store_true", help="no matmul peak measurement (no fraction of peak)")
@@ -210,17 +230,31 @@ def main(argv=None):
     bad = [c for c in cases if c not in CASES]
     if bad:
         p.error(f"unknown case(s) {bad}: choose from {CASES}")
-    model_dir = os.path.join(a.scratch, f"llama-{a.model}")
-    info = ensure_model(model_dir, SHAPES[a.model])
+    a.scratch = os.path.abspath(a.scratch)  # the TRL worker runs in its output directory
+    ernie = a.model == "ernie"
+    if ernie and a.trl_python is None:
+        a.trl_python = sys.executable  # the venv whose transformers saves the model has trl too
+    model_dir = model_path(a.scratch, a.model)
     data_dir = ensure_data(a.scratch)
     dpo_dir = ensure_dpo_data(a.scratch) if "dpo" in cases else None
     py, trl_why = trl_python(a.scratch, a.trl_python) if "trl" in toolkits else (None, "not asked")
+    info = ensure_ernie(model_dir) if ernie else ensure_model(model_dir, SHAPES[a.model])
     llm_dir, pn_why = paddlenlp_llm(a.paddlenlp_llm) if "paddlenlp" in toolkits else (None, "not asked")
-    hf_dir = hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf")) if py else None
+    if ernie and llm_dir:
+        llm_dir, pn_why = None, "PaddleNLP 3.0.0b4 has no ERNIE 4.5 model (--model ernie)"
+    # the ERNIE-shaped model is in transformers' layout already: TRL reads the same directory
+    hf_dir = (model_dir if ernie else hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf"))) if py else None
     limit = machine_limit(a, info, data_dir)
+    load = os.getloadavg()
     print(f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
-          f"{ACCUMULATION} (cases *_b4: 4 x 1) at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA}, fp32, "
-          f"cases {cases}", flush=True)
+          f"{ACCUMULATION} (cases *_b4: 4 x 1) at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA} on "
+          f"{'/'.join(DECODER_LINEARS)}, fp32, cases {cases}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+          f"on {os.cpu_count()} CPUs", flush=True)
+    if py:
+        print("same work, ours and TRL: no gradient checkpointing on either side; unpacked cases: TRL takes "
+              f"ours' example order (seed {SEED}), the same 4 examples per optimizer step; packed cases: both "
+              "pack (ours greedy zero padding, TRL packing=True); processed / supervised tokens per run below",
+              flush=True)
     for name, why in (("TRL", trl_why), ("PaddleNLP", pn_why)):
         if why:
             print(f"{name} column skipped: {why}", flush=True)
@@ -245,25 +279,32 @@ def main(argv=None):
             elif who == "ours":
                 r = run_once("on", model_dir, data_dir, out_dir, steps, OURS_ARGS[case])
                 r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""),
-                         supervised_fraction=r["summary"].get("supervised_token_fraction"))
+                         supervised_fraction=r["summary"].get("supervised_token_fraction"),
+                         tokens=r["summary"].get("tokens_trained"))
             elif who == "paddlenlp":
                 r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, steps, case == "packed",
                                   a.paddlenlp_cpu_env)
             else:
                 r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, steps, case == "packed",
-                            dpo=case == "dpo")
+                            dpo=case == "dpo", use_fast=not ernie, same_work=case != "dpo")
+                # ernie: transformers' slow tokenizer over the same SentencePiece model ours reads (the fast
+                # conversion needs protobuf, which the shared venv lacks)
             r.update(case=case, repeat=i, **achieved(r.get("sup_tok_s"), limit["per_sup_token"].get(case),
                                                      limit["peak_flops"]))
             runs.append({k: v for k, v in r.items() if k != "summary"})
             speed = f"{r['pairs_s']:.2f} pairs/s" if case == "dpo" else f"{r['sup_tok_s']:.1f} supervised tok/s"
             print(f"  {case} {r['toolkit']} #{i + 1}: {speed}, step {r['step_s']:.2f} s, "
-                  f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} "
-                  f"({time.time() - t0:.0f} s)", flush=True)
+                  f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f}, "
+                  f"tokens {fmt(r.get('tokens'), '.0f')} (supervised {fmt(r.get('supervised_tokens'), '.0f')})"
+                  + (f", {r['work']}" if r.get("work") else "")
+                  + f" ({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f})", flush=True)
     print()
     for case in cases:
         print("\n".join(table(runs, case)) + "\n")
     print("\n".join(ratios_across(runs)))
     print(limit_lines(limit, runs))
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     versions = next((r["versions"] for r in runs if r.get("versions")), None)
     if versions:
         print("TRL side:", versions)

@@ -19,6 +19,7 @@ from bench import harness as h
 from bench.cpu_setup import CODE_PATH_VARS, MODEL_SHAPE, ROOT, SWITCH, THREAD_VARS, TOKENIZER_MODEL
 
 RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 8, 16, 1e-4, 1024, 4
+SEED = 42  # ours' --seed (bench/cpu_setup.py), hence its example order
 TRL_PACKAGES = ["torch==2.13.0", "transformers", "peft", "trl", "sentencepiece", "protobuf"]
 TRL_CHECK = "import torch, transformers, peft, trl, sentencepiece; print(trl.__version__)"
 PADDLENLP_STEP = re.compile(r"loss: ([0-9.eE+-]+), learning_rate: .*global_step: (\d+), interval_runtime: ([0-9.]+)")
@@ -86,14 +87,25 @@ def paddlenlp_llm(given: str | None):
     return (None, f"{d} lacks {', '.join(missing)}") if missing else (os.path.abspath(d), None)
 
 
-def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False,
-            targets=None, use_fast=True) -> dict:
-    """One TRL + PEFT run (``targets``: PEFT's target_modules, default every Llama decoder linear;
-    ``use_fast=False``: transformers' slow SentencePiece tokenizer, for a venv whose protobuf cannot convert it)."""
-    os.makedirs(out_dir, exist_ok=True)
+def trl_spec(hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, targets=None, use_fast=True,
+             same_work=False) -> dict:
+    """bench/e2e_trl.py's spec.  ``same_work``: no gradient checkpointing (as ours runs) and, unpacked, ours'
+    example order (``order_seed``); without it TRL's defaults (checkpointing on, its own shuffle)."""
     spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
             "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
             "packing": packing, "use_fast": use_fast, **({"target_modules": list(targets)} if targets else {})}
+    if same_work:
+        spec.update(gradient_checkpointing=False, **({} if packing else {"order_seed": SEED}))
+    return spec
+
+
+def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False,
+            targets=None, use_fast=True, same_work=False) -> dict:
+    """One TRL + PEFT run (``targets``: PEFT's target_modules, default every Llama decoder linear;
+    ``use_fast=False``: transformers' slow SentencePiece tokenizer, for a venv whose protobuf cannot convert it;
+    ``same_work``: see :func:`trl_spec`)."""
+    os.makedirs(out_dir, exist_ok=True)
+    spec = trl_spec(hf_dir, data_dir, out_dir, steps, packing, targets, use_fast, same_work)
     env = h.clean_env(("PYTHONPATH",) + THREAD_VARS + CODE_PATH_VARS)  # torch's default threads
     worker = os.path.join(ROOT, "bench", "e2e_trl_dpo.py" if dpo else "e2e_trl.py")
     r = h.run([py, worker, json.dumps(spec)], name="TRL run", cwd=out_dir, env=env, mark=None)
@@ -106,7 +118,11 @@ def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packi
             "pairs_s": res["pairs"] / res["train_time_s"] if res.get("pairs") else None,
             "step_s": statistics.median(steady),
             "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": res["cpu_pct"], "final_loss": res["losses"][-1],
-            "losses": res["losses"], "versions": res["versions"], "padding": res.get("padding")}
+            "losses": res["losses"], "versions": res["versions"], "padding": res.get("padding"),
+            "tokens": res.get("tokens"), "supervised_tokens": sup,
+            "work": None if dpo else (f"gradient checkpointing {'on' if res.get('gradient_checkpointing') else 'off'}, "
+                                      f"{'packed' if packing else 'unpacked'}, "
+                                      f"order {res.get('order', 'trainer')}")}
 
 
 def paddlenlp_env(cpu_env: bool) -> dict:

@@ -5,8 +5,15 @@
 Reads {src, tgt} JSON lines as TRL prompt-completion rows (loss on the completion only; ``"packing": true``:
 TRL's ``packing=True``, its default best-fit-decreasing padding-free rows of max_length), trains
 with LoRA r / alpha on every decoder linear, and writes ``DIR/result.json``: supervised tokens (the
-shifted labels that are not -100, counted in ``compute_loss``), each micro-batch's row length, train time, step times, per-step
-losses and CPU% from the first to the last step end (peak RSS: the harness that runs this process).
+shifted labels that are not -100, counted in ``compute_loss``) and processed tokens (the attention
+mask's ones, or every input id of a padding-free batch), each micro-batch's row length, train time, step
+times, per-step losses and CPU% from the first to the last step end (peak RSS: the harness that runs this
+process).
+
+Optional keys: ``"gradient_checkpointing"`` (TRL 0.22's SFTConfig turns it on by default; absent: TRL's
+default), ``"order_seed": S`` (unpacked only: the examples in ours' order, ``RandomState(S).permutation(n)``
+of paddlenlp_ext/data/global_batches.py at epoch 0, instead of the Trainer's own shuffle, so both toolkits
+train on the same examples in every step), ``"threads"``.
 """
 
 import json
@@ -30,23 +37,57 @@ def main(spec):
     tok = AutoTokenizer.from_pretrained(spec["model"], use_fast=spec.get("use_fast", True))
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []  # (wall, process CPU seconds) at every optimizer step end
-    supervised = [0]
+    supervised, processed = [0], [0]
     row_tokens = []  # each micro-batch's row length: the peak RSS depends on the longest one
+    order = None
+    if spec.get("order_seed") is not None:
+        class OursOrder(torch.utils.data.Sampler):
+            def __init__(self, indices):
+                self.indices = indices
+
+            def __iter__(self):
+                return iter(self.indices)
+
+            def __len__(self):
+                return len(self.indices)
+
+        order = OursOrder(ours_order(len(rows), spec["order_seed"]))
+    if order is not None and spec.get("packing"):
+        raise SystemExit("order_seed is for unpacked runs (TRL's packing orders the examples itself)")
 
     class CountingTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, *args, **kwargs):
             supervised[0] += int((inputs["labels"][..., 1:] != -100).sum())
             row_tokens.append(int(inputs["input_ids"].shape[-1]))
+            mask = inputs.get("attention_mask")
+            processed[0] += int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
             return super().compute_loss(model, inputs, *args, **kwargs)
 
+        def _get_train_sampler(self, *args, **kwargs):
+            return super()._get_train_sampler(*args, **kwargs) if order is None else order
+
+    more = {} if spec.get("gradient_checkpointing") is None else {
+        "gradient_checkpointing": bool(spec["gradient_checkpointing"])}
     cfg = SFTConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
                     gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
                     lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
                     max_length=spec["max_length"], packing=bool(spec.get("packing")), completion_only_loss=True, use_cpu=True,
-                    bf16=False, fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
+                    bf16=False, fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True, **more)
     trainer = CountingTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok,
                               peft_config=lora_config(spec), callbacks=[step_marks(marks)])
-    write_result(spec, trainer, trainer.train(), marks, supervised_tokens=supervised[0], row_tokens=row_tokens)
+    write_result(spec, trainer, trainer.train(), marks, supervised_tokens=supervised[0], tokens=processed[0],
+                 row_tokens=row_tokens,
+                 gradient_checkpointing=bool(cfg.gradient_checkpointing), order="ours" if order else "trainer",
+                 trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
+
+
+def ours_order(n, seed):
+    """The example order of ours' first epoch at one process (paddlenlp_ext/data/global_batches.py:
+    ``RandomState(seed).permutation(n)``; at batch 1 x accumulation k every micro-step takes the next one):
+    ``ours_order(5, 0)`` -> ``[2, 0, 1, 3, 4]``."""
+    import numpy as np
+
+    return np.random.RandomState(seed).permutation(n).tolist()
 
 
 def lora_config(spec):

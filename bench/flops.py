@@ -122,7 +122,9 @@ def flops_per_token(shape: dict, vocab: int, context: float, lora_rank: Optional
             if name in first_layer_qkv:
                 out["lora"] -= 2 * lora_rank * n_in  # nor through its LoRA branch
     out["lm_head"] = (6 if lora_rank is None else 4) * hidden * vocab
-    out["attention"] = 12 * hidden * context * layers
+    heads = shape["num_attention_heads"]
+    width = heads * (shape.get("head_dim") or hidden // heads)  # the q/k width (hidden unless head_dim says)
+    out["attention"] = 12 * width * context * layers
     out["total"] = float(sum(out.values()))
     return out
 

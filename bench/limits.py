@@ -68,9 +68,13 @@ def data_stats(train_json: str, spm_model: str, max_length: int) -> dict:
 
 
 def model_spm(model_dir: str) -> Optional[str]:
-    """The SentencePiece model of a PaddleNLP Llama checkpoint directory, None when it has none."""
-    path = os.path.join(model_dir, "sentencepiece.bpe.model")
-    return path if os.path.isfile(path) else None
+    """The SentencePiece model of a checkpoint directory (PaddleNLP's Llama: ``sentencepiece.bpe.model``;
+    transformers': ``tokenizer.model``), None when it has none."""
+    for name in ("sentencepiece.bpe.model", "tokenizer.model"):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def flops_per_supervised_token(shape: dict, vocab: int, stats: dict, lora_rank: Optional[int]) -> float:

@@ -238,8 +238,102 @@ def test_e2e_puts_each_toolkit_against_the_peak(tmp_path, capsys):
     assert "GFLOP per supervised token" in e2e.limit_lines(limit, runs)
 
 
-@pytest.mark.parametrize("extra", [["--model", "0.8b"], ["--steps", "5"], ["--cases", "lora"]])
+@pytest.mark.parametrize("extra", [["--model", "0.8b"], ["--model", "ernie"], ["--steps", "5"], ["--cases", "lora"]])
 def test_quick_refuses_settings_it_would_override(extra, capsys):
     with pytest.raises(SystemExit) as e:
         e2e.main(["--quick", *extra])
     assert e.value.code == 2 and f"drop {extra[0]}" in capsys.readouterr().err
+
+
+def test_flop_count_matches_torchs_flop_counter_on_an_ernie_shaped_lora_model():
+    """As the Llama test above, on transformers' own ``Ernie4_5ForCausalLM`` (``bench.e2e --model ernie``'s
+    architecture): head_dim 32 x 4 heads = 128 != hidden 64, so q/o and the attention term are 128 wide; k/v
+    2 x 32; tied input / output embeddings (the LM head is the frozen embedding matrix)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    if not hasattr(transformers, "Ernie4_5ForCausalLM"):
+        pytest.skip("transformers without ERNIE 4.5")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = dict(TINY, head_dim=32)
+    torch.manual_seed(0)
+    cfg = transformers.Ernie4_5Config(vocab_size=100, max_position_embeddings=64, tie_word_embeddings=True, **shape)
+    model = transformers.Ernie4_5ForCausalLM(cfg)
+    model.config._attn_implementation = "eager"
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
+                                                       target_modules=list(flops.DECODER_LINEARS)))
+    length = 12
+    ids = torch.randint(0, 100, (1, length))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    ours = flops.flops_per_token(shape, 100, context=flops.causal_context([length]), lora_rank=2)
+    width = shape["num_attention_heads"] * shape["head_dim"]
+    assert ours["attention"] == 12 * width * flops.causal_context([length]) * shape["num_hidden_layers"]
+    dense_attention = 12 * width * length * shape["num_hidden_layers"]
+    rotary = 2 * (shape["head_dim"] // 2) * length  # the rotary angles' [head_dim / 2, 1] x [1, L] matmul
+    assert counter.get_total_flops() == (ours["total"] - ours["attention"] + dense_attention) * length + rotary
+
+
+def test_model_spm_reads_either_layouts_tokenizer(tmp_path):
+    assert limits.model_spm(str(tmp_path)) is None
+    (tmp_path / "tokenizer.model").write_bytes(b"x")  # transformers' name (bench/ernie_shape.py's checkpoint)
+    assert limits.model_spm(str(tmp_path)) == str(tmp_path / "tokenizer.model")
+    (tmp_path / "sentencepiece.bpe.model").write_bytes(b"x")  # PaddleNLP's Llama
+    assert limits.model_spm(str(tmp_path)) == str(tmp_path / "sentencepiece.bpe.model")
+
+
+def test_trl_does_ours_work_unpacked_in_ours_order_and_without_checkpointing():
+    """bench/e2e.py's TRL spec: no gradient checkpointing (TRL 0.22 turns it on by default, ours runs without),
+    and unpacked the examples in ours' order; without ``same_work`` (bench/moe.py) TRL's own defaults."""
+    spec = e2e.trl_spec("/m", "/d", "/o", 5, packing=False, use_fast=False, same_work=True)
+    assert spec["gradient_checkpointing"] is False and spec["order_seed"] == e2e.SEED and spec["use_fast"] is False
+    packed = e2e.trl_spec("/m", "/d", "/o", 5, packing=True, same_work=True)
+    assert packed["gradient_checkpointing"] is False and "order_seed" not in packed  # TRL packs in its own order
+    plain = e2e.trl_spec("/m", "/d", "/o", 5, packing=False)
+    assert "gradient_checkpointing" not in plain and "order_seed" not in plain
+
+
+def test_the_trl_order_is_ours_order():
+    """bench/e2e_trl.py's order_seed against ours' own sampler order (batch 1 x accumulation 4, one process)."""
+    from bench import e2e_trl
+    from paddlenlp_ext.data.global_batches import global_batches
+
+    n = 949
+    ours = [i for batch in global_batches(n, 4, e2e.SEED, 0, drop_last=False) for i in batch][:n]
+    assert e2e_trl.ours_order(n, e2e.SEED) == ours
+
+
+def test_model_ernie_runs_ours_and_trl_on_one_checkpoint_without_paddlenlp(tmp_path, monkeypatch, capsys):
+    """``--model ernie``'s wiring, with the model build and the runs stubbed: the transformers-layout checkpoint
+    goes to both sides as it is, TRL gets the same-work spec and the slow tokenizer, PaddleNLP is skipped with
+    the reason, and the table puts ours against TRL."""
+    calls = {}
+    monkeypatch.setattr(e2e, "ensure_ernie", lambda d: calls.setdefault("built", d) and {"params": 360748032,
+                                                                                          "vocab": 103424})
+    monkeypatch.setattr(e2e, "ensure_data", lambda scratch: str(tmp_path / "data"))
+    monkeypatch.setattr(e2e, "trl_python", lambda scratch, given: (given, None))
+    monkeypatch.setattr(e2e, "hf_copy", lambda *a: pytest.fail("the ERNIE checkpoint needs no copy"))
+
+    def run(tok_s, **extra):
+        return {"sup_tok_s": tok_s, "step_s": 1.0, "peak_rss_gib": 2.0, "cpu_pct": 190.0, "final_loss": 1.0,
+                "padding": None, "tokens": 100, "supervised_tokens": 90, **extra}
+
+    monkeypatch.setattr(e2e, "run_once", lambda setting, model_dir, *a, **k: calls.setdefault("ours", model_dir)
+                        and run(20.0, summary={}))
+    monkeypatch.setattr(e2e, "run_trl", lambda py, hf_dir, *a, **k: calls.setdefault("trl", (py, hf_dir, k))
+                        and run(10.0, toolkit="TRL + PEFT", detail="2 torch threads", work="w"))
+    (tmp_path / "llm").mkdir()
+    for f in ("run_finetune.py", "utils/argument.py", "utils/data.py"):
+        os.makedirs(os.path.dirname(tmp_path / "llm" / f), exist_ok=True)
+        (tmp_path / "llm" / f).write_text("")
+    assert e2e.main(["--model", "ernie", "--cases", "lora", "--steps", "2", "--repeats", "1", "--no-peak",
+                     "--scratch", str(tmp_path), "--paddlenlp-llm", str(tmp_path / "llm")]) == 0
+    out = capsys.readouterr().out
+    model_dir = str(tmp_path / "ernie-0.36b")
+    assert calls["built"] == calls["ours"] == model_dir
+    py, hf_dir, kwargs = calls["trl"]
+    assert py == e2e.sys.executable and hf_dir == model_dir and kwargs["use_fast"] is False and kwargs["same_work"]
+    assert "PaddleNLP column skipped: PaddleNLP 3.0.0b4 has no ERNIE 4.5 model" in out
+    assert "| ours / TRL + PEFT |  | 2.00x |" in out and "no gradient checkpointing on either side" in out
