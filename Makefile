@@ -26,6 +26,7 @@ demo: tiny
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: lint tiny
 	$(PY) -m pytest tests -m "not slow"

@@ -174,8 +174,10 @@ def _peak_extra(fn):
 
 def timing_and_memory(args):
     s, h, d, nseg = args.seq, args.heads, args.head_dim, args.segments
-    print(f"\n== 3. forward+backward, batch 1, seq {s}, {nseg} packed segments (causal LTS), "
-          f"{h} heads, head_dim {d}, fp32; ours = the block-sparse tile kernel")
+    print(
+        f"\n== 3. forward+backward, batch 1, seq {s}, {nseg} packed segments (causal LTS), "
+        f"{h} heads, head_dim {d}, fp32; ours = the block-sparse tile kernel"
+    )
     rng = np.random.default_rng(0)
     lts = packed_lts(1, s, nseg, 0, rng)
     lengths = np.diff(np.concatenate([[0], np.unique(lts)]))
@@ -199,33 +201,50 @@ def timing_and_memory(args):
     dense()
     t_dense, t_dense_min = _timed(dense, max(1, args.reps // 2))
     print(f"segment lengths: {lengths.tolist()}")
-    print(f"score entries computed: ours {st['score_elems']:,} vs dense {st['dense_score_elems']:,} "
-          f"({st['score_elems'] / st['dense_score_elems']:.3f}); sum(L^2)*heads = {int((lengths ** 2).sum()) * h:,}")
-    print(f"tiles ({fm.BLOCK_SIZE}x{fm.BLOCK_SIZE}, up to {fm.KV_MERGE} key blocks fused): "
-          f"{st['tiles_total']} total, {st['tiles_skipped']} skipped, "
-          f"{st['tiles_visible']} unmasked + {st['tiles_partial']} partial computed")
-    print(harness.table(["", "ours", "dense", "dense / ours"],
-                        [["fwd+bwd median (s)", f"{t_ours:.3f}", f"{t_dense:.3f}", f"{t_dense / t_ours:.1f}x"],
-                         ["fwd+bwd best (s)", f"{t_ours_min:.3f}", f"{t_dense_min:.3f}",
-                          f"{t_dense_min / t_ours_min:.1f}x"]]))
+    print(
+        f"score entries computed: ours {st['score_elems']:,} vs dense {st['dense_score_elems']:,} "
+        f"({st['score_elems'] / st['dense_score_elems']:.3f}); sum(L^2)*heads = {int((lengths**2).sum()) * h:,}"
+    )
+    print(
+        f"tiles ({fm.BLOCK_SIZE}x{fm.BLOCK_SIZE}, up to {fm.KV_MERGE} key blocks fused): "
+        f"{st['tiles_total']} total, {st['tiles_skipped']} skipped, "
+        f"{st['tiles_visible']} unmasked + {st['tiles_partial']} partial computed"
+    )
+    print(
+        harness.table(
+            ["", "ours", "dense", "dense / ours"],
+            [
+                ["fwd+bwd median (s)", f"{t_ours:.3f}", f"{t_dense:.3f}", f"{t_dense / t_ours:.1f}x"],
+                ["fwd+bwd best (s)", f"{t_ours_min:.3f}", f"{t_dense_min:.3f}", f"{t_dense_min / t_ours_min:.1f}x"],
+            ],
+        )
+    )
     print(f"target >= 4x: {harness.verdict(t_dense / t_ours, 4, at_least=True)}")
 
     print("\n== 4. memory")
-    mib = 1024 ** 2
+    mib = 1024**2
     ours_mask = st["bounds_bytes"] + st["peak_tile_mask_bytes"]
     dense_bool = st["dense_mask_bytes"]
-    print(f"ours, mask-related: bounds {st['bounds_bytes'] / 1024:.1f} KiB (O(seq): host int64 intervals + "
-          f"per-block min/max + device int32) + largest tile mask {st['peak_tile_mask_bytes'] / 1024:.1f} KiB "
-          f"= {ours_mask / mib:.3f} MiB")
-    print(f"dense mask (seq x seq per bound head): {dense_bool / mib:.1f} MiB as bool, "
-          f"{4 * dense_bool / mib:.1f} MiB as fp32 additive (x{h} if per-head) "
-          f"-> ours is {4 * dense_bool / ours_mask:.0f}x smaller than the fp32 mask")
-    print(f"largest per-tile score temporary (all heads): {st['peak_tile_score_bytes'] / mib:.2f} MiB "
-          f"vs dense scores {4 * st['dense_score_elems'] / mib:.0f} MiB")
+    print(
+        f"ours, mask-related: bounds {st['bounds_bytes'] / 1024:.1f} KiB (O(seq): host int64 intervals + "
+        f"per-block min/max + device int32) + largest tile mask {st['peak_tile_mask_bytes'] / 1024:.1f} KiB "
+        f"= {ours_mask / mib:.3f} MiB"
+    )
+    print(
+        f"dense mask (seq x seq per bound head): {dense_bool / mib:.1f} MiB as bool, "
+        f"{4 * dense_bool / mib:.1f} MiB as fp32 additive (x{h} if per-head) "
+        f"-> ours is {4 * dense_bool / ours_mask:.0f}x smaller than the fp32 mask"
+    )
+    print(
+        f"largest per-tile score temporary (all heads): {st['peak_tile_score_bytes'] / mib:.2f} MiB "
+        f"vs dense scores {4 * st['dense_score_elems'] / mib:.0f} MiB"
+    )
     peak_ours = _peak_extra(ours)
     peak_dense = _peak_extra(dense)
-    print(f"measured peak host allocation during fwd+bwd (excl. inputs and the prebuilt dense mask): "
-          f"ours {peak_ours / mib:.1f} MiB, dense {peak_dense / mib:.1f} MiB")
+    print(
+        f"measured peak host allocation during fwd+bwd (excl. inputs and the prebuilt dense mask): "
+        f"ours {peak_ours / mib:.1f} MiB, dense {peak_dense / mib:.1f} MiB"
+    )
 
 
 def main():
@@ -239,8 +258,10 @@ def main():
     args = ap.parse_args()
     exe = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
     print("command: cd " + shlex.quote(os.getcwd()) + " && " + " ".join(shlex.quote(a) for a in [exe, *sys.argv]))
-    print(f"paddle {paddle.__version__}, device {paddle.get_device()}, threads: "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, cpus={os.cpu_count()}")
+    print(
+        f"paddle {paddle.__version__}, device {paddle.get_device()}, threads: "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, cpus={os.cpu_count()}"
+    )
     t0 = time.time()
     if not args.skip_accuracy:
         accuracy(args)

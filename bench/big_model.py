@@ -35,8 +35,15 @@ MARKER = "bench_build.json"
 SHARD_LIMIT = 10**9  # bytes, PaddleNLP's "1GB"
 MIN_SHARDS = 4
 DEV_EXAMPLES = 50
-MODEL_SHAPE = dict(hidden_size=2048, intermediate_size=5504, num_hidden_layers=14, num_attention_heads=16,
-                   num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
+MODEL_SHAPE = dict(
+    hidden_size=2048,
+    intermediate_size=5504,
+    num_hidden_layers=14,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+)
 
 
 def llama_config():
@@ -143,8 +150,14 @@ def build_model(model_dir, seed=0, verify=True):
     write_seconds = time.time() - t0
     if verify:
         verify_load(model_dir)
-    info = dict(params=n_params, shards=n_shards, total_bytes=total, write_seconds=round(write_seconds, 1),
-                build_seconds=round(time.time() - t0, 1), seed=seed)
+    info = dict(
+        params=n_params,
+        shards=n_shards,
+        total_bytes=total,
+        write_seconds=round(write_seconds, 1),
+        build_seconds=round(time.time() - t0, 1),
+        seed=seed,
+    )
     with open(os.path.join(model_dir, MARKER), "w") as f:
         json.dump(info, f, indent=2)
     return info

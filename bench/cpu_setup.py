@@ -44,8 +44,14 @@ from paddlenlp_ext.cli.cpu_env import CODE_PATH_VARS, SWITCH, THREAD_VARS  # noq
 ROOT, SHARED, ALPACA, TOKENIZER_MODEL = h.ROOT, h.SHARED, h.ALPACA, h.TOKENIZER_MODEL
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
-MODEL_SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-                   num_key_value_heads=16, max_position_embeddings=2048)
+MODEL_SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    max_position_embeddings=2048,
+)
 CPU_LINE = re.compile(r"\| (cpu: .*)$")
 
 BUILD = r"""
@@ -73,8 +79,12 @@ def ensure_model(model_dir: str, shape: dict = None) -> dict:
     marker = os.path.join(model_dir, "bench_build.json")
     if not os.path.isfile(marker):
         os.makedirs(model_dir, exist_ok=True)
-        r = h.run([sys.executable, "-c", BUILD, model_dir, TOKENIZER_MODEL, h.TINY_MODEL,
-                   json.dumps(shape or MODEL_SHAPE)], name="model build", env=h.clean_env(PYTHONPATH=ROOT), mark=None)
+        r = h.run(
+            [sys.executable, "-c", BUILD, model_dir, TOKENIZER_MODEL, h.TINY_MODEL, json.dumps(shape or MODEL_SHAPE)],
+            name="model build",
+            env=h.clean_env(PYTHONPATH=ROOT),
+            mark=None,
+        )
         print(r.output.strip().splitlines()[-1], flush=True)
     with open(marker) as f:
         return json.load(f)
@@ -92,16 +102,60 @@ def ensure_data(scratch: str) -> str:
 
 def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
     """``llm/run_finetune.py``'s arguments of these benchmarks (after the config file)."""
-    return ["--model_name_or_path", model_dir, "--dataset_name_or_path", data_dir,
-            "--output_dir", out_dir, "--overwrite_output_dir", "true", "--max_steps", str(steps),
-            "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4", "--learning_rate", "1e-4",
-            "--warmup_steps", "0", "--lora_rank", "8", "--lora_alpha", "16", "--max_length", "1024",
-            "--src_length", "1024", "--logging_steps", "1", "--do_eval", "false", "--eval_before_train", "false",
-            "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+    return [
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name_or_path",
+        data_dir,
+        "--output_dir",
+        out_dir,
+        "--overwrite_output_dir",
+        "true",
+        "--max_steps",
+        str(steps),
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "4",
+        "--learning_rate",
+        "1e-4",
+        "--warmup_steps",
+        "0",
+        "--lora_rank",
+        "8",
+        "--lora_alpha",
+        "16",
+        "--max_length",
+        "1024",
+        "--src_length",
+        "1024",
+        "--logging_steps",
+        "1",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+        "--seed",
+        "42",
+    ]
 
 
-def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: int, extra=(), cli=CLI,
-             config=CONFIG, args=None, root=ROOT) -> dict:
+def run_once(
+    setting: str,
+    model_dir: str,
+    data_dir: str,
+    out_dir: str,
+    steps: int,
+    extra=(),
+    cli=CLI,
+    config=CONFIG,
+    args=None,
+    root=ROOT,
+) -> dict:
     """One run of our CLI (default ``llm/run_finetune.py`` with :func:`finetune_args`; ``extra``: more
     ``--key value`` arguments, e.g. packing) with the CPU set-up ``on`` or ``off``, from the checkout ``root``."""
     env = h.clean_env(THREAD_VARS + CODE_PATH_VARS + (SWITCH,), PYTHONPATH=root)
@@ -109,10 +163,19 @@ def run_once(setting: str, model_dir: str, data_dir: str, out_dir: str, steps: i
         env[SWITCH] = "0"
     args = finetune_args(model_dir, data_dir, out_dir, steps) if args is None else args
     cpu_text = []
-    r = h.run([sys.executable, cli, config, *args, *extra], name=f"{setting} run", env=env, out_dir=out_dir,
-              on_line=lambda line: cpu_text.extend(CPU_LINE.findall(line)))
-    return {"setting": setting, "cpu_line": cpu_text[0] if cpu_text else None, **read_run(r),
-            "env": r.summary["cpu"]["env"]}
+    r = h.run(
+        [sys.executable, cli, config, *args, *extra],
+        name=f"{setting} run",
+        env=env,
+        out_dir=out_dir,
+        on_line=lambda line: cpu_text.extend(CPU_LINE.findall(line)),
+    )
+    return {
+        "setting": setting,
+        "cpu_line": cpu_text[0] if cpu_text else None,
+        **read_run(r),
+        "env": r.summary["cpu"]["env"],
+    }
 
 
 def read_run(r: h.Run) -> dict:
@@ -120,18 +183,27 @@ def read_run(r: h.Run) -> dict:
     s = r.summary
     losses = r.losses()
     sup = s.get("supervised_tokens_trained", s.get("answer_tokens_trained"))  # DPO: the answers' tokens
-    return {"sup_tok_s": sup / s["train_time_s"], "step_s": r.median_step_s(),
-            "pairs_s": s["pairs_trained"] / s["train_time_s"] if s.get("pairs_trained") else None,
-            "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": r.cpu_pct, "final_loss": losses[-1],
-            "losses": losses, "supervised_tokens": sup, "train_time_s": s["train_time_s"],
-            "padding": ((s.get("data") or {}).get("train") or {}).get("padding_ratio"), "summary": s}
+    return {
+        "sup_tok_s": sup / s["train_time_s"],
+        "step_s": r.median_step_s(),
+        "pairs_s": s["pairs_trained"] / s["train_time_s"] if s.get("pairs_trained") else None,
+        "peak_rss_gib": r.peak_rss_bytes / h.GiB,
+        "cpu_pct": r.cpu_pct,
+        "final_loss": losses[-1],
+        "losses": losses,
+        "supervised_tokens": sup,
+        "train_time_s": s["train_time_s"],
+        "padding": ((s.get("data") or {}).get("train") or {}).get("padding_ratio"),
+        "summary": s,
+    }
 
 
 def loss_rel_diff(runs_a, runs_b) -> float:
     """Largest relative difference between paired runs' per-step losses:
     ``loss_rel_diff([{"losses": [1.0, 2.0]}], [{"losses": [1.0, 2.5]}])`` -> ``0.2``."""
-    return max(abs(x - y) / max(abs(y), 1e-12) for ra, rb in zip(runs_a, runs_b)
-               for x, y in zip(ra["losses"], rb["losses"]))
+    return max(
+        abs(x - y) / max(abs(y), 1e-12) for ra, rb in zip(runs_a, runs_b) for x, y in zip(ra["losses"], rb["losses"])
+    )
 
 
 COLUMNS = ("sup_tok_s", "step_s", "peak_rss_gib", "cpu_pct")
@@ -139,8 +211,12 @@ COLUMNS = ("sup_tok_s", "step_s", "peak_rss_gib", "cpu_pct")
 
 def cells(r: dict) -> list:
     """A run's (or a mean's) supervised tok/s, step time, peak RSS and CPU% cells."""
-    return [h.fmt(r["sup_tok_s"], ".1f"), h.fmt(r["step_s"]) + " s", h.fmt(r["peak_rss_gib"]) + " GiB",
-            h.fmt(r["cpu_pct"], ".0f") + "%"]
+    return [
+        h.fmt(r["sup_tok_s"], ".1f"),
+        h.fmt(r["step_s"]) + " s",
+        h.fmt(r["peak_rss_gib"]) + " GiB",
+        h.fmt(r["cpu_pct"], ".0f") + "%",
+    ]
 
 
 def compare(runs: dict, label: str, base: str, ours: str) -> str:
@@ -148,8 +224,16 @@ def compare(runs: dict, label: str, base: str, ours: str) -> str:
     run's supervised tok/s in brackets), and the ratios ours / base."""
     head = [label, "runs", "supervised tok/s", "step time", "peak RSS", "CPU% in steps", "final loss"]
     means = {k: {c: h.mean(rs, c) for c in COLUMNS + ("final_loss",)} for k, rs in runs.items()}
-    rows = [[k, len(rs), cells(means[k])[0] + f" ({', '.join(h.fmt(r['sup_tok_s'], '.1f') for r in rs)})",
-             *cells(means[k])[1:], h.fmt(means[k]["final_loss"], ".6f")] for k, rs in runs.items()]
+    rows = [
+        [
+            k,
+            len(rs),
+            cells(means[k])[0] + f" ({', '.join(h.fmt(r['sup_tok_s'], '.1f') for r in rs)})",
+            *cells(means[k])[1:],
+            h.fmt(means[k]["final_loss"], ".6f"),
+        ]
+        for k, rs in runs.items()
+    ]
     rows.append([f"{ours} / {base}", "", *h.ratio_cells(means[ours], means[base], COLUMNS[:3]), "", ""])
     return h.table(head, rows)
 
@@ -164,20 +248,28 @@ def main(argv=None):
     model_dir = os.path.join(a.scratch, "llama-0.25b")
     info = ensure_model(model_dir)
     data_dir = ensure_data(a.scratch)
-    print(f"model {model_dir} ({info['params']:,} parameters, vocab {info['vocab']}), data {data_dir}, "
-          f"{a.steps} steps of 1 x 4 at max_length 1024, LoRA r8, fp32", flush=True)
+    print(
+        f"model {model_dir} ({info['params']:,} parameters, vocab {info['vocab']}), data {data_dir}, "
+        f"{a.steps} steps of 1 x 4 at max_length 1024, LoRA r8, fp32",
+        flush=True,
+    )
     runs = {"off": [], "on": []}
     for i in range(a.repeats):
         for setting in ("off", "on"):
             r = run_once(setting, model_dir, data_dir, os.path.join(a.scratch, f"run_{setting}_{i}"), a.steps)
             runs[setting].append(r)
-            print(f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
-                  f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})", flush=True)
+            print(
+                f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
+                f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})",
+                flush=True,
+            )
     print()
     print(compare(runs, "setting", "off", "on"))
     diff = loss_rel_diff(runs["on"], runs["off"])
-    print(f"\nper-step losses, on vs off: largest relative difference {diff:.2e} "
-          f"over {len(runs['on'][0]['losses'])} steps x {len(runs['on'])} pairs")
+    print(
+        f"\nper-step losses, on vs off: largest relative difference {diff:.2e} "
+        f"over {len(runs['on'][0]['losses'])} steps x {len(runs['on'])} pairs"
+    )
     print("cpu line (on):", runs["on"][0]["cpu_line"], "| env:", runs["on"][0]["env"])
     if a.json:
         with open(a.json, "w") as f:

@@ -72,29 +72,79 @@ def speed(a, tmp):
     data_dir, model_dir = os.path.join(tmp, "dpo_data"), os.path.join(tmp, "model")
     n, skipped = convert_dpo_demo(demo, data_dir)
     build_tiny_model(model_dir, None, spm_model=spm, max_position_embeddings=a.max_seq_len)
-    common = ["--model_name_or_path", model_dir, "--train_dataset_path", data_dir, "--dev_dataset_path", data_dir,
-              "--max_steps", a.steps, "--max_seq_len", a.max_seq_len, "--max_prompt_len", a.max_seq_len // 2,
-              "--do_eval", "false", "--logging_steps", 5]
-    base = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
-                   common + ["--per_device_train_batch_size", a.batch_size, "--zero_padding", "false"],
-                   os.path.join(tmp, "unpacked")).summary
+    common = [
+        "--model_name_or_path",
+        model_dir,
+        "--train_dataset_path",
+        data_dir,
+        "--dev_dataset_path",
+        data_dir,
+        "--max_steps",
+        a.steps,
+        "--max_seq_len",
+        a.max_seq_len,
+        "--max_prompt_len",
+        a.max_seq_len // 2,
+        "--do_eval",
+        "false",
+        "--logging_steps",
+        5,
+    ]
+    base = run_cli(
+        "llm/run_dpo.py",
+        "llm/config/tiny/dpo_lora_argument.json",
+        common + ["--per_device_train_batch_size", a.batch_size, "--zero_padding", "false"],
+        os.path.join(tmp, "unpacked"),
+    ).summary
     tokens_per_pair = base["tokens_trained"] / base["pairs_trained"]
     rows = max(1, math.ceil(a.batch_size * tokens_per_pair / a.max_seq_len))
-    packed = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
-                     common + ["--per_device_train_batch_size", rows, "--zero_padding", "true",
-                               "--greedy_zero_padding", "true", "--use_flash_attention", "true", "--flash_mask", "true"],
-                     os.path.join(tmp, "packed")).summary
-    print(f"\ndpo_en_demo: {n} pairs ({skipped} skipped by the converter), tiny Llama (hidden 64, 2 layers, LoRA) "
-          f"with the Llama 2 tokenizer, max_seq_len {a.max_seq_len}, {a.steps} steps\n")
+    packed = run_cli(
+        "llm/run_dpo.py",
+        "llm/config/tiny/dpo_lora_argument.json",
+        common
+        + [
+            "--per_device_train_batch_size",
+            rows,
+            "--zero_padding",
+            "true",
+            "--greedy_zero_padding",
+            "true",
+            "--use_flash_attention",
+            "true",
+            "--flash_mask",
+            "true",
+        ],
+        os.path.join(tmp, "packed"),
+    ).summary
+    print(
+        f"\ndpo_en_demo: {n} pairs ({skipped} skipped by the converter), tiny Llama (hidden 64, 2 layers, LoRA) "
+        f"with the Llama 2 tokenizer, max_seq_len {a.max_seq_len}, {a.steps} steps\n"
+    )
     out, rows_ = {}, []
-    for name, s, batch in (("unpacked (batch padding)", base, f"{a.batch_size} pairs"),
-                           ("zero_padding+greedy+flash_mask", packed, f"{rows} rows of {a.max_seq_len}")):
-        out[name] = {"pairs_per_second": s["pairs_per_second"], "padding_ratio": s["row_padding_ratio"],
-                     "pairs_trained": s["pairs_trained"], "step_time_s": s["train_time_s"] / s["global_steps"]}
-        rows_.append([name, batch, f"{out[name]['padding_ratio']:.4f}", s["pairs_trained"],
-                      f"{s['pairs_per_second']:.1f}", f"{out[name]['step_time_s']:.3f}"])
+    for name, s, batch in (
+        ("unpacked (batch padding)", base, f"{a.batch_size} pairs"),
+        ("zero_padding+greedy+flash_mask", packed, f"{rows} rows of {a.max_seq_len}"),
+    ):
+        out[name] = {
+            "pairs_per_second": s["pairs_per_second"],
+            "padding_ratio": s["row_padding_ratio"],
+            "pairs_trained": s["pairs_trained"],
+            "step_time_s": s["train_time_s"] / s["global_steps"],
+        }
+        rows_.append(
+            [
+                name,
+                batch,
+                f"{out[name]['padding_ratio']:.4f}",
+                s["pairs_trained"],
+                f"{s['pairs_per_second']:.1f}",
+                f"{out[name]['step_time_s']:.3f}",
+            ]
+        )
     print(h.table(["run", "batch", "padding ratio", "pairs trained", "pairs/s", "step time (s)"], rows_))
-    ratio = out["zero_padding+greedy+flash_mask"]["pairs_per_second"] / out["unpacked (batch padding)"]["pairs_per_second"]
+    ratio = (
+        out["zero_padding+greedy+flash_mask"]["pairs_per_second"] / out["unpacked (batch padding)"]["pairs_per_second"]
+    )
     print(f"\nspeed-up (pairs/s): {ratio:.2f}x  (target >= 1.5x: {h.verdict(ratio, 1.5, at_least=True)})")
     out["speedup"] = ratio
     return out
@@ -104,23 +154,76 @@ def memory(a, tmp):
     ensure(a.model_dir, a.sft_data)
     dpo_dir = os.path.join(tmp, "dpo_mem")
     convert_dpo_demo(h.DPO_DEMO, dpo_dir)
-    steps = ["--max_steps", 3, "--per_device_train_batch_size", 1, "--do_eval", "false", "--save_strategy", "no",
-             "--lora", "true", "--lora_rank", 8, "--logging_steps", 1, "--model_name_or_path", a.model_dir]
-    sft = run_cli("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
-                  steps + ["--dataset_name_or_path", a.sft_data, "--max_length", 512, "--src_length", 256,
-                           "--pad_to_max_length", "true", "--eval_before_train", "false"],
-                  os.path.join(tmp, "sft_mem"))
-    dpo = run_cli("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
-                  steps + ["--train_dataset_path", dpo_dir, "--dev_dataset_path", dpo_dir, "--max_seq_len", 512,
-                           "--max_prompt_len", 256, "--zero_padding", "true"],
-                  os.path.join(tmp, "dpo_mem"))
+    steps = [
+        "--max_steps",
+        3,
+        "--per_device_train_batch_size",
+        1,
+        "--do_eval",
+        "false",
+        "--save_strategy",
+        "no",
+        "--lora",
+        "true",
+        "--lora_rank",
+        8,
+        "--logging_steps",
+        1,
+        "--model_name_or_path",
+        a.model_dir,
+    ]
+    sft = run_cli(
+        "llm/run_finetune.py",
+        "llm/config/tiny/lora_argument.json",
+        steps
+        + [
+            "--dataset_name_or_path",
+            a.sft_data,
+            "--max_length",
+            512,
+            "--src_length",
+            256,
+            "--pad_to_max_length",
+            "true",
+            "--eval_before_train",
+            "false",
+        ],
+        os.path.join(tmp, "sft_mem"),
+    )
+    dpo = run_cli(
+        "llm/run_dpo.py",
+        "llm/config/tiny/dpo_lora_argument.json",
+        steps
+        + [
+            "--train_dataset_path",
+            dpo_dir,
+            "--dev_dataset_path",
+            dpo_dir,
+            "--max_seq_len",
+            512,
+            "--max_prompt_len",
+            256,
+            "--zero_padding",
+            "true",
+        ],
+        os.path.join(tmp, "dpo_mem"),
+    )
     ratio = dpo.peak_rss_bytes / sft.peak_rss_bytes
     print("\n0.84B Llama, LoRA r=8, batch 1, rows of 512 tokens, 3 steps, each run in its own process\n")
-    print(h.table(["run", "peak RSS (GiB)", "RSS after load (GiB)", "median step (s)"],
-                  [[name, f"{r.peak_rss_bytes / h.GiB:.2f}", f"{r.summary['rss_after_load_bytes'] / h.GiB:.2f}",
-                    h.fmt(r.median_step_s())]
-                   for name, r in (("LoRA-SFT (run_finetune)", sft),
-                                   ("LoRA-DPO (run_dpo, reference = adapters off)", dpo))]))
+    print(
+        h.table(
+            ["run", "peak RSS (GiB)", "RSS after load (GiB)", "median step (s)"],
+            [
+                [
+                    name,
+                    f"{r.peak_rss_bytes / h.GiB:.2f}",
+                    f"{r.summary['rss_after_load_bytes'] / h.GiB:.2f}",
+                    h.fmt(r.median_step_s()),
+                ]
+                for name, r in (("LoRA-SFT (run_finetune)", sft), ("LoRA-DPO (run_dpo, reference = adapters off)", dpo))
+            ],
+        )
+    )
     print(f"\nLoRA-DPO / LoRA-SFT peak RSS: {ratio:.2f}x  (target <= 1.15x: {h.verdict(ratio, 1.15)})")
     return {"sft_peak": sft.peak_rss_bytes, "dpo_peak": dpo.peak_rss_bytes, "ratio": ratio}
 

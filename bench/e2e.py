@@ -104,12 +104,26 @@ DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
 DPO_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json")
 STEPS_DEFAULT = 10
 CASES = ("lora", "packed", "qlora", "dpo", "lora_b4", "packed_b4")
-SHAPES = {"0.25b": MODEL_SHAPE, "0.8b": dict(MODEL_SHAPE, hidden_size=2048, intermediate_size=5504, num_hidden_layers=14),
-          "ernie": ERNIE_SHAPE}
+SHAPES = {
+    "0.25b": MODEL_SHAPE,
+    "0.8b": dict(MODEL_SHAPE, hidden_size=2048, intermediate_size=5504, num_hidden_layers=14),
+    "ernie": ERNIE_SHAPE,
+}
 BATCH4 = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1"]
-OURS_ARGS = {"lora": [], "qlora": ["--weight_quantize_algo", "nf4"],
-             "packed": ["--zero_padding", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
-                        "--flash_mask", "true"]}
+OURS_ARGS = {
+    "lora": [],
+    "qlora": ["--weight_quantize_algo", "nf4"],
+    "packed": [
+        "--zero_padding",
+        "true",
+        "--greedy_zero_padding",
+        "true",
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+    ],
+}
 OURS_ARGS.update(lora_b4=BATCH4, packed_b4=OURS_ARGS["packed"] + BATCH4)
 
 
@@ -128,12 +142,46 @@ def ensure_dpo_data(scratch: str) -> str:
 
 
 def dpo_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
-    return ["--model_name_or_path", model_dir, "--train_dataset_path", data_dir, "--dev_dataset_path", data_dir,
-            "--output_dir", out_dir, "--overwrite_output_dir", "true", "--max_steps", str(steps),
-            "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", str(ACCUMULATION),
-            "--learning_rate", str(LR), "--warmup_steps", "0", "--lora_rank", str(RANK), "--lora_alpha", str(ALPHA),
-            "--max_seq_len", str(MAX_LENGTH), "--max_prompt_len", str(MAX_LENGTH // 2), "--logging_steps", "1",
-            "--do_eval", "false", "--save_strategy", "no", "--disable_tqdm", "true", "--seed", "42"]
+    return [
+        "--model_name_or_path",
+        model_dir,
+        "--train_dataset_path",
+        data_dir,
+        "--dev_dataset_path",
+        data_dir,
+        "--output_dir",
+        out_dir,
+        "--overwrite_output_dir",
+        "true",
+        "--max_steps",
+        str(steps),
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        str(ACCUMULATION),
+        "--learning_rate",
+        str(LR),
+        "--warmup_steps",
+        "0",
+        "--lora_rank",
+        str(RANK),
+        "--lora_alpha",
+        str(ALPHA),
+        "--max_seq_len",
+        str(MAX_LENGTH),
+        "--max_prompt_len",
+        str(MAX_LENGTH // 2),
+        "--logging_steps",
+        "1",
+        "--do_eval",
+        "false",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+        "--seed",
+        "42",
+    ]
 
 
 def machine_limit(a, info: dict, data_dir: str) -> dict:
@@ -148,12 +196,23 @@ def machine_limit(a, info: dict, data_dir: str) -> dict:
     spm = model_spm(model_path(a.scratch, a.model))
     train = os.path.join(data_dir, "train.json")
     stats = data_stats(train, spm, MAX_LENGTH) if spm and os.path.isfile(train) else None
-    per_sup = {} if stats is None else {c: flops_per_supervised_token(shape, info["vocab"], stats, RANK)
-                                         for c in CASES if c != "dpo"}
-    print(f"CPU: {cpu['model']}, ISA {cpu['isa']} ({' '.join(cpu['flags']) or '-'}); load average "
-          f"{os.getloadavg()[0]:.2f}; matmul peak {fmt(peak and peak['peak_gflops'], '.1f')} GFLOP/s", flush=True)
-    return {"cpu": cpu, "peak": peak, "peak_flops": peak["peak_gflops"] * 1e9 if peak else None, "stats": stats,
-            "per_sup_token": per_sup}
+    per_sup = (
+        {}
+        if stats is None
+        else {c: flops_per_supervised_token(shape, info["vocab"], stats, RANK) for c in CASES if c != "dpo"}
+    )
+    print(
+        f"CPU: {cpu['model']}, ISA {cpu['isa']} ({' '.join(cpu['flags']) or '-'}); load average "
+        f"{os.getloadavg()[0]:.2f}; matmul peak {fmt(peak and peak['peak_gflops'], '.1f')} GFLOP/s",
+        flush=True,
+    )
+    return {
+        "cpu": cpu,
+        "peak": peak,
+        "peak_flops": peak["peak_gflops"] * 1e9 if peak else None,
+        "stats": stats,
+        "per_sup_token": per_sup,
+    }
 
 
 def quick_guard(a, runs: list, cpu: dict) -> int:
@@ -172,8 +231,14 @@ def quick_guard(a, runs: list, cpu: dict) -> int:
     print(f"\nregression guard ({cpu['isa']}, {cpu['model']}): against docs/benchmarks.md's recorded figures\n")
     print(report(verdicts, cpu["isa"], a.tolerance))
     git = h.run(["git", "rev-parse", "--short", "HEAD"], name="git", mark=None, check=False)
-    rows = record_rows(now, cpu["isa"], time.strftime("%Y-%m-%d", time.gmtime()), git.output.strip() if git.ok else "-",
-                       f"load average {os.getloadavg()[0]:.1f}", "bench.e2e --quick")
+    rows = record_rows(
+        now,
+        cpu["isa"],
+        time.strftime("%Y-%m-%d", time.gmtime()),
+        git.output.strip() if git.ok else "-",
+        f"load average {os.getloadavg()[0]:.1f}",
+        "bench.e2e --quick",
+    )
     if a.record:
         with open(docs, "w", encoding="utf-8") as f:
             f.write(append_rows(text, rows))
@@ -190,37 +255,65 @@ def main(argv=None):
     p.add_argument("--cases", default="lora,packed", help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--toolkits", default="ours,paddlenlp,trl")
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT)
-    p.add_argument("--packed-steps", type=int, help="optimizer steps of the packed case (default --steps): its "
-                                                     "steps hold ~5x the examples")
+    p.add_argument(
+        "--packed-steps",
+        type=int,
+        help="optimizer steps of the packed case (default --steps): its steps hold ~5x the examples",
+    )
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_e2e"))
-    p.add_argument("--model", choices=sorted(SHAPES), default="0.25b",
-                   help="0.25b: the end-to-end benchmark's model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
-                        "(839M parameters, bench/big_model.py's shape); ernie: the ERNIE-4.5-shaped 0.36B "
-                        "Ernie4_5ForCausalLM of bench/ernie_shape.py (transformers layout; no PaddleNLP column; "
-                        "TRL in this interpreter unless --trl-python)")
+    p.add_argument(
+        "--model",
+        choices=sorted(SHAPES),
+        default="0.25b",
+        help="0.25b: the end-to-end benchmark's model; 0.8b: hidden 2048 / intermediate 5504 / 14 layers "
+        "(839M parameters, bench/big_model.py's shape); ernie: the ERNIE-4.5-shaped 0.36B "
+        "Ernie4_5ForCausalLM of bench/ernie_shape.py (transformers layout; no PaddleNLP column; "
+        "TRL in this interpreter unless --trl-python)",
+    )
     p.add_argument("--paddlenlp-llm", help="PaddleNLP's llm/ dir (run_finetune.py + utils/) at v3.0.0-beta4")
     p.add_argument("--paddlenlp-cpu-env", action="store_true", help="give PaddleNLP our CPU set-up's variables")
-    p.add_argument("--trl-python", help="an interpreter with torch, transformers, peft and trl (default: "
-                   "SCRATCH/venv-trl, set up when absent; --model ernie: this interpreter)")
+    p.add_argument(
+        "--trl-python",
+        help="an interpreter with torch, transformers, peft and trl (default: "
+        "SCRATCH/venv-trl, set up when absent; --model ernie: this interpreter)",
+    )
     p.add_argument("--json", help="write the runs here")
     p.add_argument("--peak-json", help="bench/peak.py's --json of this machine, instead of measuring the peak")
     p.add_argument("--no-peak", action="store_true", help="no matmul peak measurement (no fraction of peak)")
-    p.add_argument("--quick", action="store_true", help="the regression guard: ours only, lora and packed, 2 steps, "
-                   "1 repeat, no peak; compared with the figures recorded in docs/benchmarks.md for this ISA")
-    p.add_argument("--tolerance", type=float, default=0.15, help="--quick: a slowdown (or more peak RSS) beyond "
-                   "this fraction is flagged (default 0.15)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the regression guard: ours only, lora and packed, 2 steps, "
+        "1 repeat, no peak; compared with the figures recorded in docs/benchmarks.md for this ISA",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.15,
+        help="--quick: a slowdown (or more peak RSS) beyond this fraction is flagged (default 0.15)",
+    )
     p.add_argument("--fail-on-slowdown", action="store_true", help="--quick: exit 1 when a case is flagged")
-    p.add_argument("--record", action="store_true", help="--quick: add this run's figures to docs/benchmarks.md "
-                   "as the last recorded ones of this ISA")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="--quick: add this run's figures to docs/benchmarks.md as the last recorded ones of this ISA",
+    )
     a = p.parse_args(argv)
     if a.quick:
-        fixed = {"--cases": a.cases != "lora,packed", "--toolkits": a.toolkits != "ours,paddlenlp,trl",
-                 "--steps": a.steps != STEPS_DEFAULT, "--packed-steps": a.packed_steps is not None,
-                 "--repeats": a.repeats != 2, "--model": a.model != "0.25b"}
+        fixed = {
+            "--cases": a.cases != "lora,packed",
+            "--toolkits": a.toolkits != "ours,paddlenlp,trl",
+            "--steps": a.steps != STEPS_DEFAULT,
+            "--packed-steps": a.packed_steps is not None,
+            "--repeats": a.repeats != 2,
+            "--model": a.model != "0.25b",
+        }
         if any(fixed.values()):  # the recorded figures are of exactly this run
-            p.error(f"--quick runs ours on the 0.25b model, lora and packed, 2 steps, once (the recorded figures' "
-                    f"run): drop {', '.join(k for k, v in fixed.items() if v)}")
+            p.error(
+                f"--quick runs ours on the 0.25b model, lora and packed, 2 steps, once (the recorded figures' "
+                f"run): drop {', '.join(k for k, v in fixed.items() if v)}"
+            )
         a.cases, a.toolkits, a.steps, a.packed_steps, a.repeats = "lora,packed", "ours", 2, 2, 1
         a.no_peak = a.no_peak or not a.peak_json
     elif a.record or a.fail_on_slowdown:
@@ -243,18 +336,25 @@ def main(argv=None):
     if ernie and llm_dir:
         llm_dir, pn_why = None, "PaddleNLP 3.0.0b4 has no ERNIE 4.5 model (--model ernie)"
     # the ERNIE-shaped model is in transformers' layout already: TRL reads the same directory
-    hf_dir = (model_dir if ernie else hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf"))) if py else None
+    hf_dir = (
+        (model_dir if ernie else hf_copy(model_dir, os.path.join(a.scratch, f"llama-{a.model}-hf"))) if py else None
+    )
     limit = machine_limit(a, info, data_dir)
     load = os.getloadavg()
-    print(f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
-          f"{ACCUMULATION} (cases *_b4: 4 x 1) at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA} on "
-          f"{'/'.join(DECODER_LINEARS)}, fp32, cases {cases}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-          f"on {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"model {model_dir} ({info['params']:,} parameters), data {data_dir}, {a.steps} steps of 1 x "
+        f"{ACCUMULATION} (cases *_b4: 4 x 1) at max_length {MAX_LENGTH}, LoRA r{RANK}/{ALPHA} on "
+        f"{'/'.join(DECODER_LINEARS)}, fp32, cases {cases}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        f"on {os.cpu_count()} CPUs",
+        flush=True,
+    )
     if py:
-        print("same work, ours and TRL: no gradient checkpointing on either side; unpacked cases: TRL takes "
-              f"ours' example order (seed {SEED}), the same 4 examples per optimizer step; packed cases: both "
-              "pack (ours greedy zero padding, TRL packing=True); processed / supervised tokens per run below",
-              flush=True)
+        print(
+            "same work, ours and TRL: no gradient checkpointing on either side; unpacked cases: TRL takes "
+            f"ours' example order (seed {SEED}), the same 4 examples per optimizer step; packed cases: both "
+            "pack (ours greedy zero padding, TRL packing=True); processed / supervised tokens per run below",
+            flush=True,
+        )
     for name, why in (("TRL", trl_why), ("PaddleNLP", pn_why)):
         if why:
             print(f"{name} column skipped: {why}", flush=True)
@@ -273,31 +373,56 @@ def main(argv=None):
             steps = a.packed_steps if case.startswith("packed") and a.packed_steps else a.steps
             out_dir = os.path.join(a.scratch, f"{who}_{case}_{i}")
             if who == "ours" and case == "dpo":
-                r = run_once("on", model_dir, dpo_dir, out_dir, steps, cli=DPO_CLI, config=DPO_CONFIG,
-                             args=dpo_args(model_dir, dpo_dir, out_dir, steps))
+                r = run_once(
+                    "on",
+                    model_dir,
+                    dpo_dir,
+                    out_dir,
+                    steps,
+                    cli=DPO_CLI,
+                    config=DPO_CONFIG,
+                    args=dpo_args(model_dir, dpo_dir, out_dir, steps),
+                )
                 r.update(toolkit="ours", detail="llm/run_dpo.py")
             elif who == "ours":
                 r = run_once("on", model_dir, data_dir, out_dir, steps, OURS_ARGS[case])
-                r.update(toolkit="ours", detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""),
-                         supervised_fraction=r["summary"].get("supervised_token_fraction"),
-                         tokens=r["summary"].get("tokens_trained"))
+                r.update(
+                    toolkit="ours",
+                    detail="llm/run_finetune.py" + (", nf4" if case == "qlora" else ""),
+                    supervised_fraction=r["summary"].get("supervised_token_fraction"),
+                    tokens=r["summary"].get("tokens_trained"),
+                )
             elif who == "paddlenlp":
-                r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, steps, case == "packed",
-                                  a.paddlenlp_cpu_env)
+                r = run_paddlenlp(llm_dir, model_dir, data_dir, out_dir, steps, case == "packed", a.paddlenlp_cpu_env)
             else:
-                r = run_trl(py, hf_dir, dpo_dir if case == "dpo" else data_dir, out_dir, steps, case == "packed",
-                            dpo=case == "dpo", use_fast=not ernie, same_work=case != "dpo")
+                r = run_trl(
+                    py,
+                    hf_dir,
+                    dpo_dir if case == "dpo" else data_dir,
+                    out_dir,
+                    steps,
+                    case == "packed",
+                    dpo=case == "dpo",
+                    use_fast=not ernie,
+                    same_work=case != "dpo",
+                )
                 # ernie: transformers' slow tokenizer over the same SentencePiece model ours reads (the fast
                 # conversion needs protobuf, which the shared venv lacks)
-            r.update(case=case, repeat=i, **achieved(r.get("sup_tok_s"), limit["per_sup_token"].get(case),
-                                                     limit["peak_flops"]))
+            r.update(
+                case=case,
+                repeat=i,
+                **achieved(r.get("sup_tok_s"), limit["per_sup_token"].get(case), limit["peak_flops"]),
+            )
             runs.append({k: v for k, v in r.items() if k != "summary"})
             speed = f"{r['pairs_s']:.2f} pairs/s" if case == "dpo" else f"{r['sup_tok_s']:.1f} supervised tok/s"
-            print(f"  {case} {r['toolkit']} #{i + 1}: {speed}, step {r['step_s']:.2f} s, "
-                  f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f}, "
-                  f"tokens {fmt(r.get('tokens'), '.0f')} (supervised {fmt(r.get('supervised_tokens'), '.0f')})"
-                  + (f", {r['work']}" if r.get("work") else "")
-                  + f" ({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f})", flush=True)
+            print(
+                f"  {case} {r['toolkit']} #{i + 1}: {speed}, step {r['step_s']:.2f} s, "
+                f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f}, "
+                f"tokens {fmt(r.get('tokens'), '.0f')} (supervised {fmt(r.get('supervised_tokens'), '.0f')})"
+                + (f", {r['work']}" if r.get("work") else "")
+                + f" ({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
     print()
     for case in cases:
         print("\n".join(table(runs, case)) + "\n")
@@ -310,9 +435,20 @@ def main(argv=None):
         print("TRL side:", versions)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"runs": runs, "steps": a.steps, "trl_skipped": trl_why, "paddlenlp_skipped": pn_why,
-                       "cpu": limit["cpu"], "peak": limit["peak"], "data": limit["stats"],
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f, indent=2)
+            json.dump(
+                {
+                    "runs": runs,
+                    "steps": a.steps,
+                    "trl_skipped": trl_why,
+                    "paddlenlp_skipped": pn_why,
+                    "cpu": limit["cpu"],
+                    "peak": limit["peak"],
+                    "data": limit["stats"],
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                },
+                f,
+                indent=2,
+            )
     return quick_guard(a, runs, limit["cpu"]) if a.quick else 0
 
 

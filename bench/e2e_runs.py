@@ -43,18 +43,41 @@ def hf_copy(paddle_dir: str, hf_dir: str) -> str:
     save_file(tensors, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(paddle_dir, "config.json")) as f:
         src = json.load(f)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
-              "vocab_size": src["vocab_size"], "rms_norm_eps": src["rms_norm_eps"], "rope_theta": src["rope_theta"],
-              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
-              "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-              **{k: src[k] for k in MODEL_SHAPE}}  # the shape of the checkpoint (--model)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": "float32",
+        "vocab_size": src["vocab_size"],
+        "rms_norm_eps": src["rms_norm_eps"],
+        "rope_theta": src["rope_theta"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        **{k: src[k] for k in MODEL_SHAPE},
+    }  # the shape of the checkpoint (--model)
     with open(os.path.join(hf_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     spm = TOKENIZER_MODEL if os.path.isfile(TOKENIZER_MODEL) else os.path.join(paddle_dir, "sentencepiece.bpe.model")
     shutil.copyfile(spm, os.path.join(hf_dir, "tokenizer.model"))
     with open(os.path.join(hf_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                   "pad_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "legacy": True}, f, indent=2)
+        json.dump(
+            {
+                "tokenizer_class": "LlamaTokenizer",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<unk>",
+                "add_bos_token": True,
+                "add_eos_token": False,
+                "legacy": True,
+            },
+            f,
+            indent=2,
+        )
     return hf_dir
 
 
@@ -82,25 +105,48 @@ def paddlenlp_llm(given: str | None):
     d = given or os.environ.get("PADDLENLP_LLM")
     if not d:
         return None, "no --paddlenlp-llm DIR (PaddleNLP's llm/run_finetune.py + llm/utils/ at v3.0.0-beta4)"
-    missing = [f for f in ("run_finetune.py", "utils/argument.py", "utils/data.py") if not os.path.isfile(
-        os.path.join(d, f))]
+    missing = [
+        f for f in ("run_finetune.py", "utils/argument.py", "utils/data.py") if not os.path.isfile(os.path.join(d, f))
+    ]
     return (None, f"{d} lacks {', '.join(missing)}") if missing else (os.path.abspath(d), None)
 
 
-def trl_spec(hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, targets=None, use_fast=True,
-             same_work=False) -> dict:
+def trl_spec(
+    hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, targets=None, use_fast=True, same_work=False
+) -> dict:
     """bench/e2e_trl.py's spec.  ``same_work``: no gradient checkpointing (as ours runs) and, unpacked, ours'
     example order (``order_seed``); without it TRL's defaults (checkpointing on, its own shuffle)."""
-    spec = {"model": hf_dir, "train": os.path.join(data_dir, "train.json"), "out": out_dir, "steps": steps,
-            "accumulation": ACCUMULATION, "lr": LR, "max_length": MAX_LENGTH, "rank": RANK, "alpha": ALPHA,
-            "packing": packing, "use_fast": use_fast, **({"target_modules": list(targets)} if targets else {})}
+    spec = {
+        "model": hf_dir,
+        "train": os.path.join(data_dir, "train.json"),
+        "out": out_dir,
+        "steps": steps,
+        "accumulation": ACCUMULATION,
+        "lr": LR,
+        "max_length": MAX_LENGTH,
+        "rank": RANK,
+        "alpha": ALPHA,
+        "packing": packing,
+        "use_fast": use_fast,
+        **({"target_modules": list(targets)} if targets else {}),
+    }
     if same_work:
         spec.update(gradient_checkpointing=False, **({} if packing else {"order_seed": SEED}))
     return spec
 
 
-def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packing: bool, dpo=False,
-            targets=None, use_fast=True, same_work=False) -> dict:
+def run_trl(
+    py: str,
+    hf_dir: str,
+    data_dir: str,
+    out_dir: str,
+    steps: int,
+    packing: bool,
+    dpo=False,
+    targets=None,
+    use_fast=True,
+    same_work=False,
+) -> dict:
     """One TRL + PEFT run (``targets``: PEFT's target_modules, default every Llama decoder linear;
     ``use_fast=False``: transformers' slow SentencePiece tokenizer, for a venv whose protobuf cannot convert it;
     ``same_work``: see :func:`trl_spec`)."""
@@ -113,16 +159,28 @@ def run_trl(py: str, hf_dir: str, data_dir: str, out_dir: str, steps: int, packi
         res = json.load(f)
     steady = res["step_times_s"] or [res["train_time_s"] / steps]
     sup = res.get("supervised_tokens")
-    return {"toolkit": "TRL + PEFT", "detail": f"{res['torch_threads']} torch threads",
-            "sup_tok_s": sup / res["train_time_s"] if sup else None,
-            "pairs_s": res["pairs"] / res["train_time_s"] if res.get("pairs") else None,
-            "step_s": statistics.median(steady),
-            "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": res["cpu_pct"], "final_loss": res["losses"][-1],
-            "losses": res["losses"], "versions": res["versions"], "padding": res.get("padding"),
-            "tokens": res.get("tokens"), "supervised_tokens": sup,
-            "work": None if dpo else (f"gradient checkpointing {'on' if res.get('gradient_checkpointing') else 'off'}, "
-                                      f"{'packed' if packing else 'unpacked'}, "
-                                      f"order {res.get('order', 'trainer')}")}
+    return {
+        "toolkit": "TRL + PEFT",
+        "detail": f"{res['torch_threads']} torch threads",
+        "sup_tok_s": sup / res["train_time_s"] if sup else None,
+        "pairs_s": res["pairs"] / res["train_time_s"] if res.get("pairs") else None,
+        "step_s": statistics.median(steady),
+        "peak_rss_gib": r.peak_rss_bytes / h.GiB,
+        "cpu_pct": res["cpu_pct"],
+        "final_loss": res["losses"][-1],
+        "losses": res["losses"],
+        "versions": res["versions"],
+        "padding": res.get("padding"),
+        "tokens": res.get("tokens"),
+        "supervised_tokens": sup,
+        "work": None
+        if dpo
+        else (
+            f"gradient checkpointing {'on' if res.get('gradient_checkpointing') else 'off'}, "
+            f"{'packed' if packing else 'unpacked'}, "
+            f"order {res.get('order', 'trainer')}"
+        ),
+    }
 
 
 def paddlenlp_env(cpu_env: bool) -> dict:
@@ -137,16 +195,36 @@ def paddlenlp_env(cpu_env: bool) -> dict:
     return env
 
 
-def run_paddlenlp(llm_dir: str, model_dir: str, data_dir: str, out_dir: str, steps: int, packed: bool,
-                  cpu_env: bool) -> dict:
+def run_paddlenlp(
+    llm_dir: str, model_dir: str, data_dir: str, out_dir: str, steps: int, packed: bool, cpu_env: bool
+) -> dict:
     os.makedirs(out_dir, exist_ok=True)
-    config = {"model_name_or_path": model_dir, "dataset_name_or_path": data_dir, "output_dir": out_dir,
-              "overwrite_output_dir": True, "per_device_train_batch_size": 1,
-              "gradient_accumulation_steps": ACCUMULATION, "max_steps": steps, "learning_rate": LR,
-              "warmup_steps": 0, "lr_scheduler_type": "linear", "logging_steps": 1, "save_strategy": "no",
-              "evaluation_strategy": "no", "src_length": MAX_LENGTH, "max_length": MAX_LENGTH, "do_train": True,
-              "do_eval": False, "seed": 42, "lora": True, "lora_rank": RANK, "disable_tqdm": True, "device": "cpu",
-              "zero_padding": packed, "greedy_zero_padding": packed}
+    config = {
+        "model_name_or_path": model_dir,
+        "dataset_name_or_path": data_dir,
+        "output_dir": out_dir,
+        "overwrite_output_dir": True,
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": ACCUMULATION,
+        "max_steps": steps,
+        "learning_rate": LR,
+        "warmup_steps": 0,
+        "lr_scheduler_type": "linear",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "evaluation_strategy": "no",
+        "src_length": MAX_LENGTH,
+        "max_length": MAX_LENGTH,
+        "do_train": True,
+        "do_eval": False,
+        "seed": 42,
+        "lora": True,
+        "lora_rank": RANK,
+        "disable_tqdm": True,
+        "device": "cpu",
+        "zero_padding": packed,
+        "greedy_zero_padding": packed,
+    }
     cfg_path, result_path = os.path.join(out_dir, "bench_config.json"), os.path.join(out_dir, "bench_result.json")
     with open(cfg_path, "w") as f:
         json.dump(config, f, indent=2)
@@ -157,14 +235,27 @@ def run_paddlenlp(llm_dir: str, model_dir: str, data_dir: str, out_dir: str, ste
         if m:
             steps_seen.append((float(m.group(1)), float(m.group(3))))
 
-    r = h.run(h.cli("bench/e2e_paddlenlp.py", llm_dir, cfg_path, result_path), name="PaddleNLP run", cwd=out_dir,
-              env=paddlenlp_env(cpu_env), mark=PADDLENLP_STEP, on_line=step)
+    r = h.run(
+        h.cli("bench/e2e_paddlenlp.py", llm_dir, cfg_path, result_path),
+        name="PaddleNLP run",
+        cwd=out_dir,
+        env=paddlenlp_env(cpu_env),
+        mark=PADDLENLP_STEP,
+        on_line=step,
+    )
     with open(result_path) as f:
         res = json.load(f)
     with open(os.path.join(out_dir, "train_results.json")) as f:
         train_time = json.load(f)["train_runtime"]
     step_times = [t for _, t in steps_seen]
-    return {"toolkit": "PaddleNLP 3.0.0b4", "detail": "our CPU env" if cpu_env else "Paddle's defaults",
-            "sup_tok_s": res["supervised_tokens"] / train_time, "step_s": statistics.median(step_times[1:] or step_times),
-            "peak_rss_gib": r.peak_rss_bytes / h.GiB, "cpu_pct": r.cpu_pct, "final_loss": steps_seen[-1][0],
-            "losses": [x for x, _ in steps_seen], "padding": None}
+    return {
+        "toolkit": "PaddleNLP 3.0.0b4",
+        "detail": "our CPU env" if cpu_env else "Paddle's defaults",
+        "sup_tok_s": res["supervised_tokens"] / train_time,
+        "step_s": statistics.median(step_times[1:] or step_times),
+        "peak_rss_gib": r.peak_rss_bytes / h.GiB,
+        "cpu_pct": r.cpu_pct,
+        "final_loss": steps_seen[-1][0],
+        "losses": [x for x, _ in steps_seen],
+        "padding": None,
+    }

@@ -41,6 +41,7 @@ def main(spec):
     row_tokens = []  # each micro-batch's row length: the peak RSS depends on the longest one
     order = None
     if spec.get("order_seed") is not None:
+
         class OursOrder(torch.utils.data.Sampler):
             def __init__(self, indices):
                 self.indices = indices
@@ -66,19 +67,53 @@ def main(spec):
         def _get_train_sampler(self, *args, **kwargs):
             return super()._get_train_sampler(*args, **kwargs) if order is None else order
 
-    more = {} if spec.get("gradient_checkpointing") is None else {
-        "gradient_checkpointing": bool(spec["gradient_checkpointing"])}
-    cfg = SFTConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
-                    gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
-                    lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
-                    max_length=spec["max_length"], packing=bool(spec.get("packing")), completion_only_loss=True, use_cpu=True,
-                    bf16=False, fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True, **more)
-    trainer = CountingTrainer(model=model, args=cfg, train_dataset=data, processing_class=tok,
-                              peft_config=lora_config(spec), callbacks=[step_marks(marks)])
-    write_result(spec, trainer, trainer.train(), marks, supervised_tokens=supervised[0], tokens=processed[0],
-                 row_tokens=row_tokens,
-                 gradient_checkpointing=bool(cfg.gradient_checkpointing), order="ours" if order else "trainer",
-                 trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad))
+    more = (
+        {}
+        if spec.get("gradient_checkpointing") is None
+        else {"gradient_checkpointing": bool(spec["gradient_checkpointing"])}
+    )
+    cfg = SFTConfig(
+        output_dir=spec["out"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=spec["accumulation"],
+        learning_rate=spec["lr"],
+        warmup_steps=0,
+        lr_scheduler_type="linear",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        max_length=spec["max_length"],
+        packing=bool(spec.get("packing")),
+        completion_only_loss=True,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=42,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **more,
+    )
+    trainer = CountingTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=data,
+        processing_class=tok,
+        peft_config=lora_config(spec),
+        callbacks=[step_marks(marks)],
+    )
+    write_result(
+        spec,
+        trainer,
+        trainer.train(),
+        marks,
+        supervised_tokens=supervised[0],
+        tokens=processed[0],
+        row_tokens=row_tokens,
+        gradient_checkpointing=bool(cfg.gradient_checkpointing),
+        order="ours" if order else "trainer",
+        trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    )
 
 
 def ours_order(n, seed):
@@ -94,9 +129,18 @@ def lora_config(spec):
     """LoRA r / alpha on every decoder linear (or ``spec["target_modules"]``), no dropout (as ours)."""
     from peft import LoraConfig
 
-    targets = spec.get("target_modules") or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    return LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=targets)
+    targets = spec.get("target_modules") or [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
+    return LoraConfig(
+        r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=0.0, task_type="CAUSAL_LM", target_modules=targets
+    )
 
 
 def step_marks(marks):
@@ -113,15 +157,22 @@ def step_marks(marks):
 def write_result(spec, trainer, out, marks, **extra):
     """``OUT/result.json``: train time, step times, CPU% over the steps, losses, versions, ``extra``."""
     import torch
+
     step_ends = [m[0] for m in marks]
     step_times = [b - a for a, b in zip(step_ends, step_ends[1:])]
     cpu_pct = 100.0 * (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0]) if len(marks) > 1 else None
-    result = {**extra, "train_time_s": out.metrics["train_runtime"],
-              "step_times_s": step_times,
-              "cpu_pct": cpu_pct, "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-              "torch_threads": torch.get_num_threads(), "versions": {
-                  m.__name__: m.__version__ for m in (torch, __import__("transformers"), __import__("peft"),
-                                                      __import__("trl"))}}
+    result = {
+        **extra,
+        "train_time_s": out.metrics["train_runtime"],
+        "step_times_s": step_times,
+        "cpu_pct": cpu_pct,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "torch_threads": torch.get_num_threads(),
+        "versions": {
+            m.__name__: m.__version__
+            for m in (torch, __import__("transformers"), __import__("peft"), __import__("trl"))
+        },
+    }
     with open(os.path.join(spec["out"], "result.json"), "w") as f:
         json.dump(result, f, indent=2)
 

@@ -30,18 +30,40 @@ def main(spec):
     data = []
     for r in rows:
         turns = [t for pair in zip(r["src"], r["tgt"] + [None]) for t in pair if t is not None]
-        chosen, rejected = (r["response"] if r["sort"][0] > r["sort"][1] else r["response"][::-1])
+        chosen, rejected = r["response"] if r["sort"][0] > r["sort"][1] else r["response"][::-1]
         data.append({"prompt": "\n".join(turns) + "\n", "chosen": chosen, "rejected": rejected})
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []
-    cfg = DPOConfig(output_dir=spec["out"], max_steps=spec["steps"], per_device_train_batch_size=1,
-                    gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], warmup_steps=0,
-                    lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none",
-                    max_length=spec["max_length"], beta=0.1, loss_type=["sigmoid"], use_cpu=True, bf16=False,
-                    fp16=False, seed=42, dataloader_num_workers=0, disable_tqdm=True)
-    trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(data), processing_class=tok,
-                         peft_config=lora_config(spec), callbacks=[step_marks(marks)])
+    cfg = DPOConfig(
+        output_dir=spec["out"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=spec["accumulation"],
+        learning_rate=spec["lr"],
+        warmup_steps=0,
+        lr_scheduler_type="linear",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        max_length=spec["max_length"],
+        beta=0.1,
+        loss_type=["sigmoid"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=42,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=Dataset.from_list(data),
+        processing_class=tok,
+        peft_config=lora_config(spec),
+        callbacks=[step_marks(marks)],
+    )
     write_result(spec, trainer, trainer.train(), marks, pairs=spec["steps"] * spec["accumulation"])
 
 

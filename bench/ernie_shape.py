@@ -25,13 +25,28 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
 from bench import harness as h  # noqa: E402
 
 #: Ernie4_5Config keys of the shape (bench/flops.py reads hidden/intermediate/layers/heads/kv heads/head_dim)
-ERNIE_SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=18, num_attention_heads=16,
-                   num_key_value_heads=2, head_dim=128, max_position_embeddings=4096)
+ERNIE_SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=18,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=128,
+    max_position_embeddings=4096,
+)
 ERNIE_VOCAB = 103424
 MARKER = "bench_build.json"
 #: the tokenizer files next to the weights: transformers' slow LlamaTokenizer over the SentencePiece model
-TOKENIZER_CONFIG = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                    "pad_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "legacy": True}
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "LlamaTokenizer",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<unk>",
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "legacy": True,
+}
 
 #: run in a child process (torch): ``BUILD OUT SPM SHAPE_JSON VOCAB TOKENIZER_CONFIG_JSON``
 BUILD = r"""
@@ -64,9 +79,21 @@ def ensure_ernie(model_dir: str, py: str = sys.executable) -> dict:
     if not os.path.isfile(marker):
         h.require_shared(h.TOKENIZER_MODEL, what="bench/e2e.py --model ernie")
         os.makedirs(model_dir, exist_ok=True)
-        r = h.run([py, "-c", BUILD, model_dir, h.TOKENIZER_MODEL, json.dumps(ERNIE_SHAPE), str(ERNIE_VOCAB),
-                   json.dumps(TOKENIZER_CONFIG, indent=2)], name="ERNIE-shaped model build",
-                  env=h.clean_env(("PYTHONPATH",)), mark=None)
+        r = h.run(
+            [
+                py,
+                "-c",
+                BUILD,
+                model_dir,
+                h.TOKENIZER_MODEL,
+                json.dumps(ERNIE_SHAPE),
+                str(ERNIE_VOCAB),
+                json.dumps(TOKENIZER_CONFIG, indent=2),
+            ],
+            name="ERNIE-shaped model build",
+            env=h.clean_env(("PYTHONPATH",)),
+            mark=None,
+        )
         print(r.output.strip().splitlines()[-1], flush=True)
     with open(marker) as f:
         return json.load(f)

@@ -68,8 +68,15 @@ def decoder_linears(shape: dict) -> Dict[str, tuple]:
     heads = shape["num_attention_heads"]
     kv = (shape.get("num_key_value_heads") or heads) * (shape.get("head_dim") or hidden // heads)
     q = heads * (shape.get("head_dim") or hidden // heads)
-    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
-            "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+    return {
+        "q_proj": (hidden, q),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (q, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
 
 
 def causal_context(lengths: Sequence[int]) -> float:
@@ -83,8 +90,9 @@ def causal_context(lengths: Sequence[int]) -> float:
     return sum(n * (n + 1) for n in lengths) / (2 * total) if total else 0.0
 
 
-def flops_per_token(shape: dict, vocab: int, context: float, lora_rank: Optional[int] = None,
-                    targets: Sequence[str] = DECODER_LINEARS) -> Dict[str, float]:
+def flops_per_token(
+    shape: dict, vocab: int, context: float, lora_rank: Optional[int] = None, targets: Sequence[str] = DECODER_LINEARS
+) -> Dict[str, float]:
     """Training FLOPs per processed token by part (see the module docstring), and their ``total``.
 
     ``lora_rank`` None: full training (every weight trains); else LoRA of that rank on ``targets``, the
@@ -129,8 +137,9 @@ def flops_per_token(shape: dict, vocab: int, context: float, lora_rank: Optional
     return out
 
 
-def achieved(tokens_per_s: Optional[float], per_token: Optional[float],
-             peak_flops: Optional[float]) -> Dict[str, float]:
+def achieved(
+    tokens_per_s: Optional[float], per_token: Optional[float], peak_flops: Optional[float]
+) -> Dict[str, float]:
     """Achieved FLOP/s and its fraction of the measured peak:
     ``achieved(90, 1e9, 300e9)`` -> ``{'gflops': 90.0, 'of_peak': 0.3}``; None where a figure is missing
     (``per_token`` None: a case whose FLOPs are not counted, such as DPO).

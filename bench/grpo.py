@@ -56,9 +56,20 @@ def worker(args) -> None:
     from paddlenlp_ext.grpo.sampling import sample_step
 
     out = tempfile.mkdtemp(prefix="bench_grpo_")
-    cfg = load_config(CONFIG, ["--model_name_or_path", args.model, "--output_dir", out,
-                               "--per_device_train_batch_size", str(args.batch),
-                               "--gradient_accumulation_steps", str(args.accumulation)], mode="grpo")
+    cfg = load_config(
+        CONFIG,
+        [
+            "--model_name_or_path",
+            args.model,
+            "--output_dir",
+            out,
+            "--per_device_train_batch_size",
+            str(args.batch),
+            "--gradient_accumulation_steps",
+            str(args.accumulation),
+        ],
+        mode="grpo",
+    )
     o = cfg.dpo
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     dataset, _ = build_prompts(cfg, tokenizer)
@@ -69,9 +80,20 @@ def worker(args) -> None:
     plan = [list(range(k * args.batch, (k + 1) * args.batch)) for k in range(args.accumulation)]  # one step
 
     def rollout(engine):  # as GRPOTrainer._make_rollout samples a step's first turns
-        return sample_step(model, dataset.ids, plan, engine=engine, group=o.num_generations, step=0,
-                           seed=int(cfg.training["seed"]), max_new_tokens=o.max_completion_length,
-                           temperature=o.temperature, top_p=o.top_p, eos_ids=eos_ids, pad_id=pad_id)
+        return sample_step(
+            model,
+            dataset.ids,
+            plan,
+            engine=engine,
+            group=o.num_generations,
+            step=0,
+            seed=int(cfg.training["seed"]),
+            max_new_tokens=o.max_completion_length,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+        )
 
     rounds = {"generate": [], "engine": []}
 
@@ -80,23 +102,40 @@ def worker(args) -> None:
             result = rollout(engine)
             rounds[engine].append(result)
             return result
+
         return call
 
-    times, _ = h.interleave({"generate": variant("generate"), "engine": variant("engine")}, args.repeats,
-                            warmup=1, log=True)
+    times, _ = h.interleave(
+        {"generate": variant("generate"), "engine": variant("engine")}, args.repeats, warmup=1, log=True
+    )
     # row by row: identical, or the index of the first token where the two engines' rows differ
-    pairs = [(a, b) for ga, gb in zip(rounds["generate"], rounds["engine"]) for ma, mb in zip(ga, gb)
-             for a, b in zip(ma, mb)]
-    diverge = [next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-               for a, b in pairs if a != b]
+    pairs = [
+        (a, b) for ga, gb in zip(rounds["generate"], rounds["engine"]) for ma, mb in zip(ga, gb) for a, b in zip(ma, mb)
+    ]
+    diverge = [
+        next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in pairs if a != b
+    ]
     tokens = sum(len(c) for micro in rounds["engine"][-1] for c in micro)
-    print("RESULT " + json.dumps({
-        "times": times, "same_tokens": not diverge, "rows_compared": len(pairs), "rows_differing": len(diverge),
-        "first_difference_at": diverge, "completion_tokens": tokens,
-        "rows": sum(len(micro) for micro in rounds["engine"][-1]),
-        "prompt_tokens": [len(dataset.ids[i]) for indices in plan for i in indices],
-        "group": o.num_generations, "max_completion_length": o.max_completion_length,
-        "temperature": o.temperature, "top_p": o.top_p}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "times": times,
+                "same_tokens": not diverge,
+                "rows_compared": len(pairs),
+                "rows_differing": len(diverge),
+                "first_difference_at": diverge,
+                "completion_tokens": tokens,
+                "rows": sum(len(micro) for micro in rounds["engine"][-1]),
+                "prompt_tokens": [len(dataset.ids[i]) for indices in plan for i in indices],
+                "group": o.num_generations,
+                "max_completion_length": o.max_completion_length,
+                "temperature": o.temperature,
+                "top_p": o.top_p,
+            }
+        ),
+        flush=True,
+    )
 
 
 def main(argv=None) -> int:
@@ -118,33 +157,71 @@ def main(argv=None) -> int:
     model_dir = os.path.join(args.scratch, "llama-0.25b")
     built = ensure_model(model_dir)
     load_before = os.getloadavg()
-    run = h.run(h.module("bench.grpo", "--worker", "--model", model_dir, "--repeats", args.repeats, "--batch",
-                         args.batch, "--accumulation", args.accumulation),
-                name="grpo rollout worker", env=h.clean_env(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1"), mark=None,
-                on_line=lambda line: line.startswith("  round") and print(line, flush=True))
+    run = h.run(
+        h.module(
+            "bench.grpo",
+            "--worker",
+            "--model",
+            model_dir,
+            "--repeats",
+            args.repeats,
+            "--batch",
+            args.batch,
+            "--accumulation",
+            args.accumulation,
+        ),
+        name="grpo rollout worker",
+        env=h.clean_env(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1"),
+        mark=None,
+        on_line=lambda line: line.startswith("  round") and print(line, flush=True),
+    )
     load_after = os.getloadavg()
     result = json.loads(next(line for line in run.output.splitlines() if line.startswith("RESULT "))[7:])
     t = result["times"]
     med = {k: h.median(v) for k, v in t.items()}
     speed = h.ratio(med["generate"], med["engine"])
-    rows = [[k, " / ".join(h.fmt(x) for x in t[k]), h.fmt(med[k]), h.fmt(result["completion_tokens"] / med[k], ".1f")]
-            for k in ("generate", "engine")]
-    print(f"\nmodel: {built['params']:,} parameters (random Llama, fp32), vocab {built['vocab']}; one GRPO step: "
-          f"{args.accumulation} x {args.batch} prompts (prompt tokens {result['prompt_tokens']}) x G "
-          f"{result['group']} = {result['rows']} completions of <= {result['max_completion_length']} tokens, "
-          f"temperature {result['temperature']}, top_p {result['top_p']}")
+    rows = [
+        [k, " / ".join(h.fmt(x) for x in t[k]), h.fmt(med[k]), h.fmt(result["completion_tokens"] / med[k], ".1f")]
+        for k in ("generate", "engine")
+    ]
+    print(
+        f"\nmodel: {built['params']:,} parameters (random Llama, fp32), vocab {built['vocab']}; one GRPO step: "
+        f"{args.accumulation} x {args.batch} prompts (prompt tokens {result['prompt_tokens']}) x G "
+        f"{result['group']} = {result['rows']} completions of <= {result['max_completion_length']} tokens, "
+        f"temperature {result['temperature']}, top_p {result['top_p']}"
+    )
     print(h.table(["rollout_engine", "rollout s per round", "median s", "completion tokens/s"], rows))
-    print(f"engine vs generate: {h.fmt(speed)}x faster (target >= {TARGET}x: {h.verdict(speed, TARGET, at_least=True)})")
-    print(f"same sampled tokens: {result['rows_compared'] - result['rows_differing']} of {result['rows_compared']} "
-          f"rows (every round) identical" + (f"; the others first differ at token {result['first_difference_at']} "
-                                              "(float rounding of the batched forward, docs/benchmarks.md)"
-                                              if result["rows_differing"] else ""))
-    print(f"worker peak RSS {run.peak_rss_bytes / h.GiB:.2f} GiB, wall {run.wall_s:.0f} s; load average before "
-          f"{load_before[0]:.2f} / after {load_after[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    print(
+        f"engine vs generate: {h.fmt(speed)}x faster (target >= {TARGET}x: {h.verdict(speed, TARGET, at_least=True)})"
+    )
+    print(
+        f"same sampled tokens: {result['rows_compared'] - result['rows_differing']} of {result['rows_compared']} "
+        f"rows (every round) identical"
+        + (
+            f"; the others first differ at token {result['first_difference_at']} "
+            "(float rounding of the batched forward, docs/benchmarks.md)"
+            if result["rows_differing"]
+            else ""
+        )
+    )
+    print(
+        f"worker peak RSS {run.peak_rss_bytes / h.GiB:.2f} GiB, wall {run.wall_s:.0f} s; load average before "
+        f"{load_before[0]:.2f} / after {load_after[0]:.2f} (1 min), {os.cpu_count()} CPUs"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**result, "median": med, "speedup": speed, "load_before": load_before,
-                       "load_after": load_after, "peak_rss_bytes": run.peak_rss_bytes}, f, indent=1)
+            json.dump(
+                {
+                    **result,
+                    "median": med,
+                    "speedup": speed,
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "peak_rss_bytes": run.peak_rss_bytes,
+                },
+                f,
+                indent=1,
+            )
     return 0 if speed is not None and speed >= TARGET else 1
 
 

@@ -37,8 +37,10 @@ def _block(text: str, where: str) -> Tuple[int, int]:
     begin = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
     end = [i for i, line in enumerate(lines) if line.strip() == END]
     if len(begin) != 1 or len(end) != 1 or end[0] < begin[0]:
-        raise GuardTableError(f"{where}: want exactly one {BEGIN} ... {END} block with the recorded figures "
-                              f"(found {len(begin)} begin and {len(end)} end markers)")
+        raise GuardTableError(
+            f"{where}: want exactly one {BEGIN} ... {END} block with the recorded figures "
+            f"(found {len(begin)} begin and {len(end)} end markers)"
+        )
     return begin[0], end[0]
 
 
@@ -53,10 +55,11 @@ def parse_baselines(text: str, where: str = "docs/benchmarks.md") -> Dict[Tuple[
     """
     begin, end = _block(text, where)
     lines = text.splitlines()
-    rows = [(i, line) for i, line in enumerate(lines[begin + 1:end], begin + 1) if line.strip().startswith("|")]
+    rows = [(i, line) for i, line in enumerate(lines[begin + 1 : end], begin + 1) if line.strip().startswith("|")]
     if not rows or tuple(_cells(rows[0][1])) != COLUMNS:
-        raise GuardTableError(f"{where}:{begin + 2}: the guard's table must start with the header "
-                              f"| {' | '.join(COLUMNS)} |")
+        raise GuardTableError(
+            f"{where}:{begin + 2}: the guard's table must start with the header | {' | '.join(COLUMNS)} |"
+        )
     out = {}
     for i, line in rows[2:]:  # after the header and its |---| line
         cells = _cells(line)
@@ -66,15 +69,21 @@ def parse_baselines(text: str, where: str = "docs/benchmarks.md") -> Dict[Tuple[
         try:
             figures = {"sup_tok_s": float(row["supervised tok/s"]), "peak_rss_gib": float(row["peak RSS GiB"])}
         except ValueError:
-            raise GuardTableError(f"{where}:{i + 1}: supervised tok/s and peak RSS GiB must be numbers, got "
-                                  f"{row['supervised tok/s']!r} and {row['peak RSS GiB']!r}") from None
-        out[(row["isa"], row["case"])] = {**figures, "date": row["date"], "commit": row["commit"],
-                                          "load": row["load"], "line": i + 1}
+            raise GuardTableError(
+                f"{where}:{i + 1}: supervised tok/s and peak RSS GiB must be numbers, got "
+                f"{row['supervised tok/s']!r} and {row['peak RSS GiB']!r}"
+            ) from None
+        out[(row["isa"], row["case"])] = {
+            **figures,
+            "date": row["date"],
+            "commit": row["commit"],
+            "load": row["load"],
+            "line": i + 1,
+        }
     return out
 
 
-def compare(now: Dict[str, dict], baselines: Dict[Tuple[str, str], dict], isa: str,
-            tolerance: float) -> List[dict]:
+def compare(now: Dict[str, dict], baselines: Dict[Tuple[str, str], dict], isa: str, tolerance: float) -> List[dict]:
     """One verdict per case of ``now`` ({case: {"sup_tok_s", "peak_rss_gib"}}) against the recorded row of
     the same ISA: ``speed`` and ``memory`` are ratios now / recorded, ``flags`` what is over the tolerance
     (``recorded`` None: nothing recorded for this ISA and case).
@@ -101,16 +110,33 @@ def compare(now: Dict[str, dict], baselines: Dict[Tuple[str, str], dict], isa: s
 
 def report(verdicts: List[dict], isa: str, tolerance: float) -> str:
     """The guard's table: now, recorded (date, commit), ratios and flags per case."""
-    head = ["case", "supervised tok/s now", "recorded", "now / recorded", "peak RSS now", "recorded", "now / recorded",
-            f"verdict (tolerance {tolerance:.0%})"]
+    head = [
+        "case",
+        "supervised tok/s now",
+        "recorded",
+        "now / recorded",
+        "peak RSS now",
+        "recorded",
+        "now / recorded",
+        f"verdict (tolerance {tolerance:.0%})",
+    ]
     rows = []
     for v in verdicts:
         rec = v["recorded"] or {}
         when = f" ({rec.get('date', '-')}, {rec.get('commit', '-')})" if rec else ""
         verdict = ", ".join(v["flags"]) if v["flags"] else ("ok" if rec else f"nothing recorded for {isa}")
-        rows.append([v["case"], f"{v['now']['sup_tok_s']:.1f}", _fmt(rec.get("sup_tok_s"), ".1f") + when,
-                     _fmt(v["speed"], ".2f", "x"), f"{v['now']['peak_rss_gib']:.2f} GiB",
-                     _fmt(rec.get("peak_rss_gib"), ".2f", " GiB"), _fmt(v["memory"], ".2f", "x"), verdict])
+        rows.append(
+            [
+                v["case"],
+                f"{v['now']['sup_tok_s']:.1f}",
+                _fmt(rec.get("sup_tok_s"), ".1f") + when,
+                _fmt(v["speed"], ".2f", "x"),
+                f"{v['now']['peak_rss_gib']:.2f} GiB",
+                _fmt(rec.get("peak_rss_gib"), ".2f", " GiB"),
+                _fmt(v["memory"], ".2f", "x"),
+                verdict,
+            ]
+        )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
@@ -126,8 +152,10 @@ def record_rows(now: Dict[str, dict], isa: str, date: str, commit: str, load: st
     ...             "load average 3.1", "bench.e2e --quick")
     ['| avx512 | lora | 81.0 | 2.46 | 2026-11-27 | abc1234 | load average 3.1 | bench.e2e --quick |']
     """
-    return [f"| {isa} | {case} | {f['sup_tok_s']:.1f} | {f['peak_rss_gib']:.2f} | {date} | {commit} | {load} | "
-            f"{command} |" for case, f in now.items()]
+    return [
+        f"| {isa} | {case} | {f['sup_tok_s']:.1f} | {f['peak_rss_gib']:.2f} | {date} | {commit} | {load} | {command} |"
+        for case, f in now.items()
+    ]
 
 
 def append_rows(text: str, rows: List[str], where: str = "docs/benchmarks.md") -> str:

@@ -44,7 +44,7 @@ ALPACA = os.path.join(SHARED, "alpaca_en_demo.json")
 DPO_DEMO = os.path.join(SHARED, "dpo_en_demo.json")
 TOKENIZER_MODEL = os.path.join(SHARED, "llama2_tokenizer.model")
 TINY_MODEL = os.path.join(ROOT, "build", "tiny-llama")
-GiB, MiB = 2 ** 30, 2 ** 20
+GiB, MiB = 2**30, 2**20
 #: the CLI's per-step log line (``step 3/10 ...``)
 STEP_LINE = re.compile(r"^step +(\d+)/(\d+) ")
 
@@ -68,9 +68,12 @@ def require_shared(*paths: str, what: str = "this benchmark") -> None:
     """Exit 2 naming the shared data files that are missing (default: the tokenizer and the Alpaca demo)."""
     missing = [p for p in (paths or (TOKENIZER_MODEL, ALPACA)) if not os.path.isfile(p)]
     if missing:
-        print(f"error: {what} needs the shared benchmark data; missing: {', '.join(missing)}\n"
-              f"(the shared data directory: {SHARED}; ../shared/data next to the repository, or set "
-              "PADDLENLP_EXT_SHARED_DATA)", file=sys.stderr)
+        print(
+            f"error: {what} needs the shared benchmark data; missing: {', '.join(missing)}\n"
+            f"(the shared data directory: {SHARED}; ../shared/data next to the repository, or set "
+            "PADDLENLP_EXT_SHARED_DATA)",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -157,9 +160,16 @@ class _Launch:
         os.close(fd)
         os.remove(self.report)
         # its own process group: an interrupted benchmark stops the command too (kill), not only the launcher
-        self.proc = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, self.report, *self.cmd], cwd=cwd,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     errors="replace", start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", LAUNCHER, self.report, *self.cmd],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         self.lines, self.marks, self._child = [], [], None
         self.logf = open(log, "w") if log else None
 
@@ -200,8 +210,16 @@ class _Launch:
         for path in (self.report, self.report + ".pid"):
             if os.path.exists(path):
                 os.remove(path)
-        r = Run(self.name, self.cmd, m["rc"], m["wall_s"], m["peak_rss_bytes"], "".join(self.lines), self.marks,
-                self.out_dir)
+        r = Run(
+            self.name,
+            self.cmd,
+            m["rc"],
+            m["wall_s"],
+            m["peak_rss_bytes"],
+            "".join(self.lines),
+            self.marks,
+            self.out_dir,
+        )
         summary_path = os.path.join(self.out_dir, "run_summary.json") if self.out_dir else None
         if r.ok and summary_path and os.path.isfile(summary_path):
             with open(summary_path) as f:
@@ -211,9 +229,18 @@ class _Launch:
         return r
 
 
-def run(cmd: Sequence[str], *, name: str = "", cwd: str = ROOT, env: Optional[dict] = None,
-        out_dir: Optional[str] = None, log: Optional[str] = None, mark: Optional[re.Pattern] = STEP_LINE,
-        on_line: Optional[Callable[[str], None]] = None, check: bool = True) -> Run:
+def run(
+    cmd: Sequence[str],
+    *,
+    name: str = "",
+    cwd: str = ROOT,
+    env: Optional[dict] = None,
+    out_dir: Optional[str] = None,
+    log: Optional[str] = None,
+    mark: Optional[re.Pattern] = STEP_LINE,
+    on_line: Optional[Callable[[str], None]] = None,
+    check: bool = True,
+) -> Run:
     """Run ``cmd`` in its own process (see the module docstring for what is measured) and return a :class:`Run`.
 
     ``log``: also write the output there.  ``on_line``: called with every output line as it comes.
@@ -241,8 +268,17 @@ class Server:
     a command still running (SIGTERM to its process group).
     """
 
-    def __init__(self, cmd: Sequence[str], *, ready: re.Pattern, name: str = "", cwd: str = ROOT,
-                 env: Optional[dict] = None, log: Optional[str] = None, timeout: float = 180.0):
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        ready: re.Pattern,
+        name: str = "",
+        cwd: str = ROOT,
+        env: Optional[dict] = None,
+        log: Optional[str] = None,
+        timeout: float = 180.0,
+    ):
         self._launch = _Launch(cmd, name, cwd, env, None, log, None, None)
         self.ready: Optional[re.Match] = None
         self.run: Optional[Run] = None
@@ -259,8 +295,10 @@ class Server:
         if not seen.wait(timeout) or self.ready is None:
             self._launch.kill()
             out = self.stop(check=False)
-            sys.exit(f"{self._launch.name} was not ready (exit {out.returncode}, {timeout:.0f} s at most): "
-                     f"{' '.join(self._launch.cmd)}\n{out.tail()}")
+            sys.exit(
+                f"{self._launch.name} was not ready (exit {out.returncode}, {timeout:.0f} s at most): "
+                f"{' '.join(self._launch.cmd)}\n{out.tail()}"
+            )
 
     def output(self) -> str:
         """What the command printed so far."""
@@ -348,8 +386,9 @@ def time_calls(fn: Callable, repeats: int, warmup: int = 1) -> tuple:
     return wall, cpu
 
 
-def interleave(variants: dict, repeats: int, warmup: int = 1, context: Optional[Callable] = None,
-               log: bool = False) -> tuple:
+def interleave(
+    variants: dict, repeats: int, warmup: int = 1, context: Optional[Callable] = None, log: bool = False
+) -> tuple:
     """Time in-process variants in interleaved rounds (A, B, A, B, ...), so that other load on a shared
     machine spreads over all of them: ``warmup`` untimed rounds, then ``repeats`` timed ones.
 

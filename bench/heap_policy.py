@@ -96,9 +96,16 @@ def child(model_dir: str, policy: str, lengths) -> dict:
             if i % 4 == 3:
                 model.clear_gradients()
         wall, r1 = time.perf_counter() - t0, h.usage()
-    return {"policy": policy, "wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
-            "minflt": r1.ru_minflt - r0.ru_minflt, "peak_mb": h.rss_peak() / 2 ** 20,
-            "after_mb": h.rss_now() / 2 ** 20, "losses": losses}
+    return {
+        "policy": policy,
+        "wall_s": wall,
+        "user_s": r1.ru_utime - r0.ru_utime,
+        "sys_s": r1.ru_stime - r0.ru_stime,
+        "minflt": r1.ru_minflt - r0.ru_minflt,
+        "peak_mb": h.rss_peak() / 2**20,
+        "after_mb": h.rss_now() / 2**20,
+        "losses": losses,
+    }
 
 
 def main(argv=None):
@@ -120,30 +127,73 @@ def main(argv=None):
     runs = []
     for i in range(a.repeats):
         for policy in policies:
-            r = h.run(h.module("bench.heap_policy", a.model_dir, "--lengths", a.lengths, "--child", policy),
-                      name=policy, env=h.clean_env(PYTHONPATH=ROOT), mark=None)
+            r = h.run(
+                h.module("bench.heap_policy", a.model_dir, "--lengths", a.lengths, "--child", policy),
+                name=policy,
+                env=h.clean_env(PYTHONPATH=ROOT),
+                mark=None,
+            )
             run = json.loads(next(ln for ln in r.output.splitlines()[::-1] if ln.startswith('{"policy"')))
             runs.append(run)
-            print(f"  {policy} #{i + 1}: wall {run['wall_s']:.1f} s, user {run['user_s']:.1f} s, sys {run['sys_s']:.1f} s, "
-                  f"{run['minflt'] / 1e6:.2f} M faults, peak {run['peak_mb']:,.0f} MB", flush=True)
+            print(
+                f"  {policy} #{i + 1}: wall {run['wall_s']:.1f} s, user {run['user_s']:.1f} s, sys {run['sys_s']:.1f} s, "
+                f"{run['minflt'] / 1e6:.2f} M faults, peak {run['peak_mb']:,.0f} MB",
+                flush=True,
+            )
     first = runs[0]["losses"]
     print(f"\n{len(lengths)} micro-steps of {min(lengths)}-{max(lengths)} tokens, {a.model_dir}\n")
     med, body = {}, []
     for policy in policies:
         rs = [r for r in runs if r["policy"] == policy]
-        med[policy] = {k: statistics.median(r[k] for r in rs)
-                       for k in ("wall_s", "user_s", "sys_s", "minflt", "peak_mb", "after_mb")}
+        med[policy] = {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("wall_s", "user_s", "sys_s", "minflt", "peak_mb", "after_mb")
+        }
         m = med[policy]
-        body.append([policy, len(rs), f"{m['wall_s']:.1f} s", f"{m['user_s']:.1f} s", f"{m['sys_s']:.1f} s",
-                     f"{m['minflt'] / 1e6:.2f} M", f"{m['peak_mb']:,.0f} MB", f"{m['after_mb']:,.0f} MB",
-                     "yes" if all(r["losses"] == first for r in rs) else "NO"])
+        body.append(
+            [
+                policy,
+                len(rs),
+                f"{m['wall_s']:.1f} s",
+                f"{m['user_s']:.1f} s",
+                f"{m['sys_s']:.1f} s",
+                f"{m['minflt'] / 1e6:.2f} M",
+                f"{m['peak_mb']:,.0f} MB",
+                f"{m['after_mb']:,.0f} MB",
+                "yes" if all(r["losses"] == first for r in rs) else "NO",
+            ]
+        )
     if "ours" in med and "mmap1m" in med:
         o, b = med["ours"], med["mmap1m"]
-        body.append(["ours / mmap1m", "", f"{o['wall_s'] / b['wall_s']:.2f}x", "",
-                     f"{o['sys_s'] / max(b['sys_s'], 1e-9):.2f}x", f"{o['minflt'] / max(b['minflt'], 1):.2f}x",
-                     f"{o['peak_mb'] / b['peak_mb']:.2f}x", "", ""])
-    print(h.table(["policy", "runs", "wall", "user CPU", "system CPU", "minor faults", "peak RSS", "RSS after",
-                   "losses as first"], body))
+        body.append(
+            [
+                "ours / mmap1m",
+                "",
+                f"{o['wall_s'] / b['wall_s']:.2f}x",
+                "",
+                f"{o['sys_s'] / max(b['sys_s'], 1e-9):.2f}x",
+                f"{o['minflt'] / max(b['minflt'], 1):.2f}x",
+                f"{o['peak_mb'] / b['peak_mb']:.2f}x",
+                "",
+                "",
+            ]
+        )
+    print(
+        h.table(
+            [
+                "policy",
+                "runs",
+                "wall",
+                "user CPU",
+                "system CPU",
+                "minor faults",
+                "peak RSS",
+                "RSS after",
+                "losses as first",
+            ],
+            body,
+        )
+    )
     return 0
 
 

@@ -142,8 +142,10 @@ def main(argv=None):
     print(f"models: {json.dumps(build)}", flush=True)
     work = tempfile.mkdtemp(prefix="hf_memory_", dir=a.workdir)
     try:
-        records = {"paddlenlp-layout": run("paddlenlp-layout", pd_dir, data_dir, work, a.steps),
-                   "transformers-layout": run("transformers-layout", hf_dir, data_dir, work, a.steps)}
+        records = {
+            "paddlenlp-layout": run("paddlenlp-layout", pd_dir, data_dir, work, a.steps),
+            "transformers-layout": run("transformers-layout", hf_dir, data_dir, work, a.steps),
+        }
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -152,15 +154,32 @@ def main(argv=None):
     pd, hf = records["paddlenlp-layout"], records["transformers-layout"]
     ratio = hf["peak_rss_bytes"] / pd["peak_rss_bytes"]
     print()
-    print(h.table(["run", "layout", "peak RSS (GiB)", "load peak (GiB)", "median step (s)", "train loss"],
-                  [[name, r["layout"], f"{r['peak_rss_bytes'] / GB:.3f}", h.fmt((r["load_peak_bytes"] or 0) / GB, ".3f"),
-                    h.fmt(r["median_step_s"]), h.fmt(r["train_loss"], ".4f")] for name, r in records.items()]))
+    print(
+        h.table(
+            ["run", "layout", "peak RSS (GiB)", "load peak (GiB)", "median step (s)", "train loss"],
+            [
+                [
+                    name,
+                    r["layout"],
+                    f"{r['peak_rss_bytes'] / GB:.3f}",
+                    h.fmt((r["load_peak_bytes"] or 0) / GB, ".3f"),
+                    h.fmt(r["median_step_s"]),
+                    h.fmt(r["train_loss"], ".4f"),
+                ]
+                for name, r in records.items()
+            ],
+        )
+    )
     ok = h.verdict(ratio, TARGET) == "PASS"
     print(f"transformers / PaddleNLP peak RSS = {ratio:.3f} (target <= {TARGET}): {h.verdict(ratio, TARGET)}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"build": build, "steps": a.steps, "runs": records, "ratio": ratio, "pass": ok}, f, indent=2,
-                      default=str)
+            json.dump(
+                {"build": build, "steps": a.steps, "runs": records, "ratio": ratio, "pass": ok},
+                f,
+                indent=2,
+                default=str,
+            )
     return 0 if ok else 1
 
 

@@ -25,10 +25,13 @@ from bench.flops import causal_context, flops_per_token
 def measure_peak(out_json: str, shape: dict, vocab: int, *more: str) -> dict:
     """Run ``bench.peak`` for this model shape (``more``: its other arguments); its JSON (see bench/peak.py)."""
     env = h.clean_env(PYTHONPATH=h.ROOT)
-    r = h.run(h.module("bench.peak", "--shape", json.dumps(shape), "--vocab", vocab, "--json", out_json, *more),
-              name="matmul peak", env=env, mark=None)
-    print("\n".join(line for line in r.output.splitlines() if line.startswith(("CPU:", "cpu:", "peak:"))),
-          flush=True)
+    r = h.run(
+        h.module("bench.peak", "--shape", json.dumps(shape), "--vocab", vocab, "--json", out_json, *more),
+        name="matmul peak",
+        env=env,
+        mark=None,
+    )
+    print("\n".join(line for line in r.output.splitlines() if line.startswith(("CPU:", "cpu:", "peak:"))), flush=True)
     return load_peak(out_json)
 
 
@@ -63,8 +66,12 @@ def data_stats(train_json: str, spm_model: str, max_length: int) -> dict:
                 n, s = example_lengths(len(sp.encode(row["src"])), len(sp.encode(row["tgt"])), max_length)
                 lengths.append(n)
                 supervised += s
-    return {"examples": len(lengths), "mean_length": sum(lengths) / len(lengths),
-            "context": causal_context(lengths), "supervised_fraction": supervised / sum(lengths)}
+    return {
+        "examples": len(lengths),
+        "mean_length": sum(lengths) / len(lengths),
+        "context": causal_context(lengths),
+        "supervised_fraction": supervised / sum(lengths),
+    }
 
 
 def model_spm(model_dir: str) -> Optional[str]:

@@ -42,9 +42,15 @@ ROOT = h.ROOT
 
 SHARD_LIMIT = 10**9  # 1 GB, PaddleNLP's convention for "1GB"
 HIDDEN, INTER, HEADS, VOCAB, RANK, ALPHA = 2048, 5504, 16, 32000, 8, 16.0
-LINEARS = (("self_attn.q_proj", HIDDEN, HIDDEN), ("self_attn.k_proj", HIDDEN, HIDDEN),
-           ("self_attn.v_proj", HIDDEN, HIDDEN), ("self_attn.o_proj", HIDDEN, HIDDEN),
-           ("mlp.gate_proj", HIDDEN, INTER), ("mlp.up_proj", HIDDEN, INTER), ("mlp.down_proj", INTER, HIDDEN))
+LINEARS = (
+    ("self_attn.q_proj", HIDDEN, HIDDEN),
+    ("self_attn.k_proj", HIDDEN, HIDDEN),
+    ("self_attn.v_proj", HIDDEN, HIDDEN),
+    ("self_attn.o_proj", HIDDEN, HIDDEN),
+    ("mlp.gate_proj", HIDDEN, INTER),
+    ("mlp.up_proj", HIDDEN, INTER),
+    ("mlp.down_proj", INTER, HIDDEN),
+)
 
 
 def gib(n):
@@ -104,10 +110,20 @@ def build_checkpoint(d, layers, dtype, seed=0):
     with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-        "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
-        "num_hidden_layers": layers, "vocab_size": VOCAB, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS,
+        "num_hidden_layers": layers,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
         "dtype": "bfloat16" if dtype == "bf16" else "float32",
     }
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -129,7 +145,9 @@ def build_adapter(d, base_dir, layers, seed=1):
             tensors[m + ".lora_B"] = (rng.standard_normal((RANK, b)) * 0.01).astype(np.float32)  # non-zero
     os.makedirs(d)
     AdapterConfig(method="lora", r=RANK, alpha=ALPHA, base_model_name_or_path=base_dir).save(d)
-    save_file(tensors, os.path.join(d, "adapter_model.safetensors"), metadata={"format": "np", "adapter_method": "lora"})
+    save_file(
+        tensors, os.path.join(d, "adapter_model.safetensors"), metadata={"format": "np", "adapter_method": "lora"}
+    )
     shutil.copy(os.path.join(base_dir, "config.json"), os.path.join(d, "config.json"))
     return tensors
 
@@ -196,8 +214,13 @@ def main():
         baseline_copy(*args._baseline)
         return 0
 
-    print("command: " + " ".join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT)
-                                  else sys.executable] + sys.argv), flush=True)
+    print(
+        "command: "
+        + " ".join(
+            [os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT) else sys.executable] + sys.argv
+        ),
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(prefix="merge_bench_", dir=args.workdir)
     base, adapter, out, copy = (os.path.join(tmp, n) for n in ("base", "adapter", "merged", "copy"))
     itemsize = 2 if args.dtype == "bf16" else 4
@@ -206,13 +229,26 @@ def main():
         t0 = time.perf_counter()
         total, nshards = build_checkpoint(base, layers, args.dtype)
         tensors = build_adapter(adapter, base, layers)
-        print(f"built {args.dtype} Llama checkpoint: {layers} layers, {total / 1e9:.2f} GB ({gib(total):.2f} GiB) "
-              f"in {nshards} shards <= 1 GB, adapter {len(tensors) // 2} LoRA modules "
-              f"({sum(v.nbytes for v in tensors.values()) / 2**20:.1f} MiB), in {time.perf_counter() - t0:.0f}s",
-              flush=True)
+        print(
+            f"built {args.dtype} Llama checkpoint: {layers} layers, {total / 1e9:.2f} GB ({gib(total):.2f} GiB) "
+            f"in {nshards} shards <= 1 GB, adapter {len(tensors) // 2} LoRA modules "
+            f"({sum(v.nbytes for v in tensors.values()) / 2**20:.1f} MiB), in {time.perf_counter() - t0:.0f}s",
+            flush=True,
+        )
 
-        merge_cmd = [sys.executable, os.path.join(ROOT, "llm", "merge_lora_params.py"), "--model_name_or_path", base,
-                     "--lora_path", adapter, "--merge_model_path", out, "--no-verify", "--max_shard_size", "1GB"]
+        merge_cmd = [
+            sys.executable,
+            os.path.join(ROOT, "llm", "merge_lora_params.py"),
+            "--model_name_or_path",
+            base,
+            "--lora_path",
+            adapter,
+            "--merge_model_path",
+            out,
+            "--no-verify",
+            "--max_shard_size",
+            "1GB",
+        ]
         base_cmd = h.module("bench.merge", "--_baseline", base, copy)
         merges, copies = [], []
         for r in range(args.rounds):
@@ -225,16 +261,27 @@ def main():
                 shutil.rmtree(out, ignore_errors=True)
             run = h.run(merge_cmd, name="merge", mark=None)
             merges.append((run.wall_s, run.peak_rss_bytes))
-            print(f"round {r + 1}: baseline {copies[-1][0]:.1f}s / {copies[-1][1] / 1e9:.2f} GB RSS, "
-                  f"merge {run.wall_s:.1f}s / {run.peak_rss_bytes / 1e9:.2f} GB RSS", flush=True)
+            print(
+                f"round {r + 1}: baseline {copies[-1][0]:.1f}s / {copies[-1][1] / 1e9:.2f} GB RSS, "
+                f"merge {run.wall_s:.1f}s / {run.peak_rss_bytes / 1e9:.2f} GB RSS",
+                flush=True,
+            )
             if not last:
                 shutil.rmtree(out, ignore_errors=True)
-        print("merge output (last round):\n  " + "\n  ".join(ln for ln in run.output.splitlines() if ln.startswith("[merge]")))
+        print(
+            "merge output (last round):\n  "
+            + "\n  ".join(ln for ln in run.output.splitlines() if ln.startswith("[merge]"))
+        )
 
         mid = layers // 2
-        names = ["llama.layers.0.self_attn.q_proj.weight", f"llama.layers.{mid}.mlp.down_proj.weight",
-                 f"llama.layers.{layers - 1}.mlp.gate_proj.weight", f"llama.layers.{layers - 1}.self_attn.v_proj.weight",
-                 "llama.embed_tokens.weight", "lm_head.weight"]
+        names = [
+            "llama.layers.0.self_attn.q_proj.weight",
+            f"llama.layers.{mid}.mlp.down_proj.weight",
+            f"llama.layers.{layers - 1}.mlp.gate_proj.weight",
+            f"llama.layers.{layers - 1}.self_attn.v_proj.weight",
+            "llama.embed_tokens.weight",
+            "lm_head.weight",
+        ]
         rows = spot_check(base, out, tensors, names, args.dtype)
         print("spot check (merged vs base + scale*A@B; copied vs base):")
         ok_spot = True
@@ -248,12 +295,25 @@ def main():
         ratio = m_time / b_time
         print()
         print(f"checkpoint: {total / 1e9:.2f} GB ({gib(total):.2f} GiB), {args.dtype}, {nshards} shards\n")
-        print(h.table(["", "merge", "baseline copy", "merge / baseline"],
-                      [["peak RSS (kernel maxrss)", f"{m_rss / 1e9:.2f} GB ({gib(m_rss):.2f} GiB)",
-                        f"{b_rss / 1e9:.2f} GB ({gib(b_rss):.2f} GiB)", f"{m_rss / b_rss:.2f}x"],
-                       [f"wall time (best of {args.rounds})", f"{m_time:.1f} s", f"{b_time:.1f} s", f"{ratio:.2f}x"]]))
-        targets = [("peak RSS <= 2.5 GB", m_rss <= 2.5e9), ("merge time <= 1.5x baseline", ratio <= 1.5),
-                   ("spot check", ok_spot)]
+        print(
+            h.table(
+                ["", "merge", "baseline copy", "merge / baseline"],
+                [
+                    [
+                        "peak RSS (kernel maxrss)",
+                        f"{m_rss / 1e9:.2f} GB ({gib(m_rss):.2f} GiB)",
+                        f"{b_rss / 1e9:.2f} GB ({gib(b_rss):.2f} GiB)",
+                        f"{m_rss / b_rss:.2f}x",
+                    ],
+                    [f"wall time (best of {args.rounds})", f"{m_time:.1f} s", f"{b_time:.1f} s", f"{ratio:.2f}x"],
+                ],
+            )
+        )
+        targets = [
+            ("peak RSS <= 2.5 GB", m_rss <= 2.5e9),
+            ("merge time <= 1.5x baseline", ratio <= 1.5),
+            ("spot check", ok_spot),
+        ]
         for label, ok in targets:
             print(f"target {label}: {'MET' if ok else 'MISSED'}")
         return 0 if all(ok for _, ok in targets) else 1

@@ -47,11 +47,29 @@ from bench.cpu_setup import ROOT, ensure_data, run_once  # noqa: E402
 from bench.e2e import run_trl, trl_python  # noqa: E402
 
 fmt = h.fmt
-BASE = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
-            max_position_embeddings=2048, experts=8, top_k=2, expert_intermediate=1408)
-SIZES = {"0.5b": dict(BASE, num_hidden_layers=12), "0.3b": dict(BASE, num_hidden_layers=6),
-         "tiny": dict(BASE, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
-                      experts=4, expert_intermediate=48)}
+BASE = dict(
+    hidden_size=1024,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    experts=8,
+    top_k=2,
+    expert_intermediate=1408,
+)
+SIZES = {
+    "0.5b": dict(BASE, num_hidden_layers=12),
+    "0.3b": dict(BASE, num_hidden_layers=6),
+    "tiny": dict(
+        BASE,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=2,
+        experts=4,
+        expert_intermediate=48,
+    ),
+}
 MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3"]
 TOOLKITS = ("ours", "dense", "trl")
 
@@ -96,8 +114,12 @@ def ensure_models(scratch: str, size: str, py: str) -> tuple:
     if not all(os.path.isfile(os.path.join(d, "bench_build.json")) for d in (moe_dir, dense_dir)):
         h.require_shared(h.TOKENIZER_MODEL, what="bench/moe.py")
         env = h.clean_env(("PYTHONPATH",))
-        r = h.run([py, "-c", BUILD, moe_dir, dense_dir, h.TOKENIZER_MODEL, json.dumps(SIZES[size])],
-                  name="model build", env=env, mark=None)
+        r = h.run(
+            [py, "-c", BUILD, moe_dir, dense_dir, h.TOKENIZER_MODEL, json.dumps(SIZES[size])],
+            name="model build",
+            env=env,
+            mark=None,
+        )
         print(r.output.strip(), flush=True)
     info = {}
     for d in (moe_dir, dense_dir):
@@ -115,15 +137,16 @@ def side_by_side(runs: list) -> list:
     >>> [(name, round(v, 2), target, ok) for name, v, target, ok in side_by_side(rs)]
     [('MoE step / dense step (ours)', 1.5, '<= 1.5x', 'PASS'), ('ours / TRL supervised tok/s', 2.0, '>= 1.5x', 'PASS'), ('ours / TRL peak RSS', 0.75, '<= 1.0x', 'PASS')]
     """
-    m = {who: {k: h.mean([r for r in runs if r["who"] == who], k) for k in ("step_s", "sup_tok_s", "peak_rss_gib")}
-         for who in TOOLKITS}
+    m = {
+        who: {k: h.mean([r for r in runs if r["who"] == who], k) for k in ("step_s", "sup_tok_s", "peak_rss_gib")}
+        for who in TOOLKITS
+    }
     out = []
-    for name, a, b, limit, at_least in (("MoE step / dense step (ours)", m["ours"]["step_s"], m["dense"]["step_s"], 1.5,
-                                         False),
-                                        ("ours / TRL supervised tok/s", m["ours"]["sup_tok_s"], m["trl"]["sup_tok_s"],
-                                         1.5, True),
-                                        ("ours / TRL peak RSS", m["ours"]["peak_rss_gib"], m["trl"]["peak_rss_gib"], 1.0,
-                                         False)):
+    for name, a, b, limit, at_least in (
+        ("MoE step / dense step (ours)", m["ours"]["step_s"], m["dense"]["step_s"], 1.5, False),
+        ("ours / TRL supervised tok/s", m["ours"]["sup_tok_s"], m["trl"]["sup_tok_s"], 1.5, True),
+        ("ours / TRL peak RSS", m["ours"]["peak_rss_gib"], m["trl"]["peak_rss_gib"], 1.0, False),
+    ):
         v = h.ratio(a, b)
         if v is not None:
             out.append((name, v, f"{'>=' if at_least else '<='} {limit}x", h.verdict(v, limit, at_least)))
@@ -135,8 +158,12 @@ def main(argv=None):
     p.add_argument("--size", choices=sorted(SIZES), default="0.5b")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--toolkits", default=",".join(TOOLKITS), help="comma-separated, of ours (the MoE through our "
-                   "CLI), dense (the equal-active dense model through our CLI), trl (the MoE under TRL + PEFT)")
+    p.add_argument(
+        "--toolkits",
+        default=",".join(TOOLKITS),
+        help="comma-separated, of ours (the MoE through our "
+        "CLI), dense (the equal-active dense model through our CLI), trl (the MoE under TRL + PEFT)",
+    )
     p.add_argument("--scratch", default=os.path.join(ROOT, "build", "bench_moe"))
     p.add_argument("--trl-python", default=sys.executable, help="an interpreter with torch, transformers, peft, trl")
     p.add_argument("--json", help="write the runs here")
@@ -154,47 +181,75 @@ def main(argv=None):
     moe_dir, dense_dir, info = ensure_models(a.scratch, a.size, py)
     data_dir = ensure_data(a.scratch)
     moe, dense = info[os.path.basename(moe_dir)], info[os.path.basename(dense_dir)]
-    print(f"MoE {moe_dir}: {moe['params'] / 1e9:.3f}B parameters, {moe['active'] / 1e9:.3f}B active; dense "
-          f"{dense_dir}: {dense['params'] / 1e9:.3f}B; data {data_dir}; {a.steps} steps of 1 x 4 at max_length "
-          f"1024, LoRA r8/16, fp32; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on "
-          f"{os.cpu_count()} CPUs", flush=True)
+    print(
+        f"MoE {moe_dir}: {moe['params'] / 1e9:.3f}B parameters, {moe['active'] / 1e9:.3f}B active; dense "
+        f"{dense_dir}: {dense['params'] / 1e9:.3f}B; data {data_dir}; {a.steps} steps of 1 x 4 at max_length "
+        f"1024, LoRA r8/16, fp32; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
     runs = []
     for i in range(a.repeats):
         for who in who_all:
             t0 = time.time()
             out_dir = os.path.join(a.scratch, f"{who}_{a.size}_{i}")
             if who == "trl":
-                r = run_trl(py, moe_dir, data_dir, out_dir, a.steps, packing=False, targets=MOE_TARGETS,
-                            use_fast=False)  # the shared venv's protobuf cannot convert the SentencePiece model
+                r = run_trl(
+                    py, moe_dir, data_dir, out_dir, a.steps, packing=False, targets=MOE_TARGETS, use_fast=False
+                )  # the shared venv's protobuf cannot convert the SentencePiece model
             else:
                 r = run_once("on", moe_dir if who == "ours" else dense_dir, data_dir, out_dir, a.steps)
                 r.pop("summary", None)
             r.update(who=who, repeat=i, load=os.getloadavg()[0])
             runs.append(r)
-            print(f"  {who} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, RSS "
-                  f"{r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} "
-                  f"({time.time() - t0:.0f} s, load {r['load']:.2f})", flush=True)
+            print(
+                f"  {who} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, RSS "
+                f"{r['peak_rss_gib']:.2f} GiB, CPU {fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.4f} "
+                f"({time.time() - t0:.0f} s, load {r['load']:.2f})",
+                flush=True,
+            )
     load1 = os.getloadavg()
-    labels = {"ours": "ours, MoE (llm/run_finetune.py)", "dense": "ours, dense equal-active (llm/run_finetune.py)",
-              "trl": "TRL + PEFT, MoE (SFTTrainer)"}
+    labels = {
+        "ours": "ours, MoE (llm/run_finetune.py)",
+        "dense": "ours, dense equal-active (llm/run_finetune.py)",
+        "trl": "TRL + PEFT, MoE (SFTTrainer)",
+    }
     rows = []
     for who in who_all:
         rs = [r for r in runs if r["who"] == who]
-        rows.append([labels[who], len(rs), f"{h.mean(rs, 'sup_tok_s'):.1f} ("
-                     + ", ".join(format(r["sup_tok_s"], ".1f") for r in rs) + ")",
-                     f"{h.mean(rs, 'step_s'):.2f} s", f"{h.mean(rs, 'peak_rss_gib'):.2f} GiB",
-                     f"{fmt(h.mean(rs, 'cpu_pct'), '.0f')}%", f"{h.mean(rs, 'final_loss'):.4f}"])
+        rows.append(
+            [
+                labels[who],
+                len(rs),
+                f"{h.mean(rs, 'sup_tok_s'):.1f} (" + ", ".join(format(r["sup_tok_s"], ".1f") for r in rs) + ")",
+                f"{h.mean(rs, 'step_s'):.2f} s",
+                f"{h.mean(rs, 'peak_rss_gib'):.2f} GiB",
+                f"{fmt(h.mean(rs, 'cpu_pct'), '.0f')}%",
+                f"{h.mean(rs, 'final_loss'):.4f}",
+            ]
+        )
     print()
     print(h.table(["run", "runs", "supervised tok/s", "step time", "peak RSS", "CPU% in steps", "final loss"], rows))
     print()
     ratios = side_by_side(runs)
-    print(h.table(["ratio (one run, means)", "value", "target", ""],
-                  [[n, f"{v:.2f}x", t, ok] for n, v, t, ok in ratios]))
+    print(
+        h.table(["ratio (one run, means)", "value", "target", ""], [[n, f"{v:.2f}x", t, ok] for n, v, t, ok in ratios])
+    )
     print(f"\nload average: {load0[0]:.2f} at the start, {load1[0]:.2f} at the end ({os.cpu_count()} CPUs, shared)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"size": a.size, "models": info, "runs": runs, "ratios": ratios, "load": [load0, load1],
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f, indent=2)
+            json.dump(
+                {
+                    "size": a.size,
+                    "models": info,
+                    "runs": runs,
+                    "ratios": ratios,
+                    "load": [load0, load1],
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -46,8 +46,10 @@ def load_examples(tokenizer, max_length: int):
 
     if os.path.isfile(ALPACA):
         with open(ALPACA, encoding="utf-8") as f:
-            raw = [{"src": (r["instruction"] + ("\n" + r["input"] if r.get("input") else "")), "tgt": r["output"]}
-                   for r in json.load(f)]
+            raw = [
+                {"src": (r["instruction"] + ("\n" + r["input"] if r.get("input") else "")), "tgt": r["output"]}
+                for r in json.load(f)
+            ]
     else:
         with open(os.path.join(ROOT, "llm", "data", "advertise", "train.json"), encoding="utf-8") as f:
             raw = [json.loads(line) for line in f if line.strip()]
@@ -89,8 +91,10 @@ def main(argv=None):
     docs = [examples[i] for i in used]
     supervised = sum(int((np.asarray(d["labels"]) != -100).sum()) for d in docs)
     real = sum(len(d["input_ids"]) for d in docs)
-    print(f"{len(docs)} examples in {len(rows)} rows of {a.max_length} ({real} tokens, {supervised} supervised, "
-          f"padding {1 - real / (len(rows) * a.max_length):.1%}); lengths {sorted(len(d['input_ids']) for d in docs)}")
+    print(
+        f"{len(docs)} examples in {len(rows)} rows of {a.max_length} ({real} tokens, {supervised} supervised, "
+        f"padding {1 - real / (len(rows) * a.max_length):.1%}); lengths {sorted(len(d['input_ids']) for d in docs)}"
+    )
 
     stack = contextlib.ExitStack()
     stack.enter_context(fast_rotary())
@@ -108,8 +112,7 @@ def main(argv=None):
         return {k: paddle.to_tensor(v) for k, v in batch.items() if k != "real_tokens"}
 
     dense_model, flash_model = build(False), build(True)
-    unpacked = [tensors({"input_ids": np.asarray([d["input_ids"]]), "labels": np.asarray([d["labels"]])})
-                for d in docs]
+    unpacked = [tensors({"input_ids": np.asarray([d["input_ids"]]), "labels": np.asarray([d["labels"]])}) for d in docs]
     dense_batches = [tensors(PackedCollator(False)([r])) for r in rows]
     flash_batches = [tensors(PackedCollator(True)([r])) for r in rows]
 
@@ -126,13 +129,20 @@ def main(argv=None):
     variants = {  # name -> (model, batches, the patches it runs under)
         "unpacked": (dense_model, unpacked, contextlib.nullcontext),
         "packed dense": (dense_model, dense_batches, contextlib.nullcontext),
-        "packed flashmask tiles": (flash_model, flash_batches, lambda: _patched(fm_kernel, "_document_layout",
-                                                                                 lambda *x: None)),
+        "packed flashmask tiles": (
+            flash_model,
+            flash_batches,
+            lambda: _patched(fm_kernel, "_document_layout", lambda *x: None),
+        ),
         "packed flashmask varlen": (flash_model, flash_batches, contextlib.nullcontext),
     }
     assert fm_kernel._document_layout is original_layout
-    times, losses = h.interleave({k: (lambda m=m, b=b: step(m, b)) for k, (m, b, _) in variants.items()}, a.repeats,
-                                 context=lambda name: variants[name][2](), log=True)
+    times, losses = h.interleave(
+        {k: (lambda m=m, b=b: step(m, b)) for k, (m, b, _) in variants.items()},
+        a.repeats,
+        context=lambda name: variants[name][2](),
+        log=True,
+    )
     stack.close()
     base = statistics.median(times["unpacked"])
     out, body = {}, []
@@ -140,11 +150,21 @@ def main(argv=None):
         med = statistics.median(ts)
         diff = abs(losses[name] - losses["unpacked"]) / abs(losses["unpacked"])
         out[name] = {"times": ts, "median": med, "sup_tok_s": supervised / med, "loss": losses[name], "rel": diff}
-        body.append([name, f"{med:.2f} s ({', '.join(f'{t:.2f}' for t in ts)})", f"{supervised / med:.1f}",
-                     f"{base / med:.2f}x", f"{diff:.1e}"])
+        body.append(
+            [
+                name,
+                f"{med:.2f} s ({', '.join(f'{t:.2f}' for t in ts)})",
+                f"{supervised / med:.1f}",
+                f"{base / med:.2f}x",
+                f"{diff:.1e}",
+            ]
+        )
     print()
-    print(h.table(["variant", "median time (each)", "supervised tok/s", "vs unpacked", "loss rel. diff vs unpacked"],
-                  body))
+    print(
+        h.table(
+            ["variant", "median time (each)", "supervised tok/s", "vs unpacked", "loss rel. diff vs unpacked"], body
+        )
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"variants": out, "examples": len(docs), "supervised": supervised, "tokens": real}, f, indent=2)

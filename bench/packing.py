@@ -213,7 +213,10 @@ def main():
     rep = rng.choice(raw, size=args.replicate, replace=True)
 
     all_ok = True
-    for title, lens_all in ((f"alpaca_en_demo ({len(raw)} examples)", raw), (f"alpaca lengths resampled x{args.replicate} (with replacement, seed {args.seed})", rep)):
+    for title, lens_all in (
+        (f"alpaca_en_demo ({len(raw)} examples)", raw),
+        (f"alpaca lengths resampled x{args.replicate} (with replacement, seed {args.seed})", rep),
+    ):
         per_len = {}
         for L in MAX_LENGTHS:
             lens = np.minimum(lens_all, L)  # truncation happens before packing; counted below

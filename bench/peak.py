@@ -56,8 +56,9 @@ def cpu_info(cpuinfo: str) -> dict:
     {'model': 'AMD EPYC 7B13', 'vendor': 'AuthenticAMD', 'flags': ['avx2', 'fma', 'avx512f', 'avx512_bf16'], 'isa': 'avx512'}
     """
     vendor, flags = parse_cpuinfo(cpuinfo)
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
-                  if line.startswith("model name")), "unknown")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "unknown"
+    )
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "baseline"
     return {"model": model, "vendor": vendor, "flags": [f for f in ISA_FLAGS if f in flags], "isa": isa}
 
@@ -79,8 +80,13 @@ def matmul_shapes(shape: dict, vocab: int, tokens: int, rank: int = 8) -> list:
     """
     lin = decoder_linears(shape)
     hidden = shape["hidden_size"]
-    picks = [("q/k/v/o", *lin["q_proj"]), ("up/gate", *lin["up_proj"]), ("down", *lin["down_proj"]),
-             ("LM head", hidden, vocab), (f"LoRA A r{rank}", hidden, rank)]
+    picks = [
+        ("q/k/v/o", *lin["q_proj"]),
+        ("up/gate", *lin["up_proj"]),
+        ("down", *lin["down_proj"]),
+        ("LM head", hidden, vocab),
+        (f"LoRA A r{rank}", hidden, rank),
+    ]
     return [(f"{name} [{tokens}, {k}] x [{k}, {n}]", tokens, k, n) for name, k, n in picks]
 
 
@@ -105,8 +111,12 @@ def measure_matmul(m: int, k: int, n: int, repeats: int) -> dict:
     threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
     # per CPU time: what the threads did while they ran (time spent waiting for another process's turn on
     # a shared core is not counted; OpenMP's spin-waits are, so it is no upper bound either)
-    return {"gflops": flops / best / 1e9, "gflops_median": flops / med / 1e9, "best_s": best,
-            "gflops_cpu": flops / (cpu / threads) / 1e9 if cpu > 0 else None}
+    return {
+        "gflops": flops / best / 1e9,
+        "gflops_median": flops / med / 1e9,
+        "best_s": best,
+        "gflops_cpu": flops / (cpu / threads) / 1e9 if cpu > 0 else None,
+    }
 
 
 def peak_of(results: list) -> float:
@@ -151,8 +161,11 @@ def main(argv=None):
     paddle.set_device("cpu")
     cpu = this_cpu()
     threads = os.environ.get("OMP_NUM_THREADS")
-    print(f"CPU: {cpu['model']} ({cpu['vendor']}), ISA {cpu['isa']}: {' '.join(cpu['flags']) or '-'}; "
-          f"{threads} threads; paddle {paddle.__version__}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"CPU: {cpu['model']} ({cpu['vendor']}), ISA {cpu['isa']}: {' '.join(cpu['flags']) or '-'}; "
+        f"{threads} threads; paddle {paddle.__version__}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     print(decision.text, flush=True)
     shapes = [s for t in a.tokens.split(",") if t for s in matmul_shapes(a.shape, a.vocab, int(t))]
     shapes.append((f"square [{a.square}, {a.square}] x [{a.square}, {a.square}]", a.square, a.square, a.square))
@@ -160,21 +173,51 @@ def main(argv=None):
     for label, m, k, n in shapes:
         r = measure_matmul(m, k, n, a.repeats)
         results.append({"label": label, "m": m, "k": k, "n": n, **r})
-        rows.append([label, h.fmt(r["gflops"], ".1f"), h.fmt(r["gflops_median"], ".1f"), h.fmt(r["gflops_cpu"], ".1f"),
-                     f"{r['best_s'] * 1e3:.2f} ms"])
+        rows.append(
+            [
+                label,
+                h.fmt(r["gflops"], ".1f"),
+                h.fmt(r["gflops_median"], ".1f"),
+                h.fmt(r["gflops_cpu"], ".1f"),
+                f"{r['best_s'] * 1e3:.2f} ms",
+            ]
+        )
         print(f"  {label}: {r['gflops']:.1f} GFLOP/s", flush=True)
     peak = peak_of(results)
     copy = measure_copy(a.copy_mib, a.repeats)
     print()
-    print(h.table(["fp32 matmul (paddle.matmul, MKL)", "GFLOP/s (best)", "GFLOP/s (median)",
-                   "GFLOP/s per thread CPU time", "best time"], rows))
-    print(f"\npeak: {peak:.1f} GFLOP/s; copy bandwidth ({a.copy_mib} MiB, read + written): "
-          f"{copy['numpy_gbs']:.1f} GB/s numpy (1 thread), {copy['paddle_gbs']:.1f} GB/s paddle.assign")
+    print(
+        h.table(
+            [
+                "fp32 matmul (paddle.matmul, MKL)",
+                "GFLOP/s (best)",
+                "GFLOP/s (median)",
+                "GFLOP/s per thread CPU time",
+                "best time",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\npeak: {peak:.1f} GFLOP/s; copy bandwidth ({a.copy_mib} MiB, read + written): "
+        f"{copy['numpy_gbs']:.1f} GB/s numpy (1 thread), {copy['paddle_gbs']:.1f} GB/s paddle.assign"
+    )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpu": cpu, "threads": threads, "paddle": paddle.__version__, "matmul": results,
-                       "peak_gflops": peak, "copy": copy, "load_average": os.getloadavg(),
-                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f, indent=2)
+            json.dump(
+                {
+                    "cpu": cpu,
+                    "threads": threads,
+                    "paddle": paddle.__version__,
+                    "matmul": results,
+                    "peak_gflops": peak,
+                    "copy": copy,
+                    "load_average": os.getloadavg(),
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

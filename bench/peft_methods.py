@@ -59,11 +59,32 @@ def slug(name: str) -> str:
 def run_method(name, python, args, out_root: Path):
     config, lr, extra = METHODS[name]
     out = out_root / slug(name)
-    cmd = [python, str(CLI), str(config), "--output_dir", str(out), "--max_steps", str(args.steps),
-           "--per_device_train_batch_size", str(args.batch_size), "--seed", str(args.seed),
-           "--learning_rate", f"{lr:g}", "--eval_before_train", "true", "--do_eval", "true",
-           "--logging_steps", "10", "--model_name_or_path", str(args.model),
-           "--dataset_name_or_path", str(args.data), *extra]
+    cmd = [
+        python,
+        str(CLI),
+        str(config),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(args.steps),
+        "--per_device_train_batch_size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--learning_rate",
+        f"{lr:g}",
+        "--eval_before_train",
+        "true",
+        "--do_eval",
+        "true",
+        "--logging_steps",
+        "10",
+        "--model_name_or_path",
+        str(args.model),
+        "--dataset_name_or_path",
+        str(args.data),
+        *extra,
+    ]
     r = h.run(cmd, name=name, out_dir=str(out), check=False)
     if not r.ok:
         print(f"!! {name} failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
@@ -72,26 +93,54 @@ def run_method(name, python, args, out_root: Path):
     # per logging interval (10 steps): robust to the first step's warm-up and to short load spikes
     intervals = sorted(x["interval_runtime"] / 10 for x in r.trainer_state()["log_history"] if "interval_runtime" in x)
     return {
-        "name": name, "lr": lr, "failed": False, "wall": r.wall_s, "method": s["method"],
-        "trainable": s["trainable_params"], "total": s["total_params"], "rss": r.peak_rss_bytes,
-        "step_ms": 1000.0 * s["train_time_s"] / s["global_steps"], "steps": s["global_steps"],
+        "name": name,
+        "lr": lr,
+        "failed": False,
+        "wall": r.wall_s,
+        "method": s["method"],
+        "trainable": s["trainable_params"],
+        "total": s["total_params"],
+        "rss": r.peak_rss_bytes,
+        "step_ms": 1000.0 * s["train_time_s"] / s["global_steps"],
+        "steps": s["global_steps"],
         "median_ms": 1000.0 * intervals[len(intervals) // 2] if intervals else float("nan"),
-        "tok_s": s["tokens_per_second"], "before": s["eval_loss_before_train"], "after": s["eval_loss"],
+        "tok_s": s["tokens_per_second"],
+        "before": s["eval_loss_before_train"],
+        "after": s["eval_loss"],
         "train_loss": s["train_loss"],
     }
 
 
 def table(rows):
-    head = ["method", "run_summary method", "lr", "trainable params", "peak RSS (MiB)", "step time (ms)",
-            "median step (ms)", "eval loss before", "eval loss after"]
+    head = [
+        "method",
+        "run_summary method",
+        "lr",
+        "trainable params",
+        "peak RSS (MiB)",
+        "step time (ms)",
+        "median step (ms)",
+        "eval loss before",
+        "eval loss after",
+    ]
     body = []
     for r in rows:
         if r["failed"]:
             body.append([r["name"], "FAILED", f"{r['lr']:g}"] + [""] * (len(head) - 3))
             continue
-        body.append([r["name"], f"`{r['method']}`", f"{r['lr']:g}",
-                     f"{r['trainable']:,} ({100.0 * r['trainable'] / r['total']:.2f}%)", f"{r['rss'] / h.MiB:.0f}",
-                     f"{r['step_ms']:.0f}", f"{r['median_ms']:.0f}", f"{r['before']:.3f}", f"{r['after']:.3f}"])
+        body.append(
+            [
+                r["name"],
+                f"`{r['method']}`",
+                f"{r['lr']:g}",
+                f"{r['trainable']:,} ({100.0 * r['trainable'] / r['total']:.2f}%)",
+                f"{r['rss'] / h.MiB:.0f}",
+                f"{r['step_ms']:.0f}",
+                f"{r['median_ms']:.0f}",
+                f"{r['before']:.3f}",
+                f"{r['after']:.3f}",
+            ]
+        )
     return h.table(head, body)
 
 
@@ -103,17 +152,41 @@ def main(argv=None):
     p.add_argument("--model", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--data", default=str(REPO / "llm" / "data" / "advertise"))
     p.add_argument("--out", default=str(REPO / "output" / "bench_peft"), help="one output_dir per method under here")
-    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), metavar="NAME",
-                   help=f"subset of: {', '.join(METHODS)}")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHODS),
+        default=list(METHODS),
+        metavar="NAME",
+        help=f"subset of: {', '.join(METHODS)}",
+    )
     args = p.parse_args(argv)
 
     python = sys.executable
     shown = os.path.relpath(python, REPO) if python.startswith(str(REPO)) else python
     print("command: " + shlex.join([shown, "-m", "bench.peft_methods", *(sys.argv[1:] if argv is None else argv)]))
-    print("each method: " + shlex.join([shown, "llm/run_finetune.py", "llm/config/tiny/{sft,lora}_argument.json",
-                                        "--max_steps", str(args.steps), "--per_device_train_batch_size",
-                                        str(args.batch_size), "--seed", str(args.seed), "--learning_rate", "LR",
-                                        "--eval_before_train", "true", "[method flags]"]), flush=True)
+    print(
+        "each method: "
+        + shlex.join(
+            [
+                shown,
+                "llm/run_finetune.py",
+                "llm/config/tiny/{sft,lora}_argument.json",
+                "--max_steps",
+                str(args.steps),
+                "--per_device_train_batch_size",
+                str(args.batch_size),
+                "--seed",
+                str(args.seed),
+                "--learning_rate",
+                "LR",
+                "--eval_before_train",
+                "true",
+                "[method flags]",
+            ]
+        ),
+        flush=True,
+    )
     if not (Path(args.model) / "config.json").exists():
         sys.exit(f"no tiny model at {args.model}: run `.venv/bin/python llm/tools/make_tiny_model.py` first")
     out_root = Path(args.out)
@@ -125,8 +198,10 @@ def main(argv=None):
         rows.append(row)
         status = "FAILED" if row["failed"] else f"eval {row['before']:.3f} -> {row['after']:.3f}"
         print(f"  {name:<18} {status}  ({row['wall']:.1f} s)", flush=True)
-    print(f"\n{args.steps} steps, batch {args.batch_size}, seed {args.seed}, tiny model "
-          f"({Path(args.model).name}), data {Path(args.data).name}; total {time.time() - t0:.0f} s\n")
+    print(
+        f"\n{args.steps} steps, batch {args.batch_size}, seed {args.seed}, tiny model "
+        f"({Path(args.model).name}), data {Path(args.data).name}; total {time.time() - t0:.0f} s\n"
+    )
     print(table(rows))
     return 1 if any(r["failed"] for r in rows) else 0
 

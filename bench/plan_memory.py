@@ -48,21 +48,34 @@ MARGIN = 2 * GiB  # free memory wanted beyond the planned peak before a run star
 SMALL_DIR = os.path.join(ROOT, "build", "llama-0.3b")
 BIG_DIR = os.path.join(ROOT, "build", "llama-0.8b")
 DATA_DIR = os.path.join(ROOT, "build", "alpaca_en_demo")
-SMALL_SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=18, num_attention_heads=16,
-                   num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
+SMALL_SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=18,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+)
 
 LORA = ["--lora", "true", "--lora_rank", "8"]
 # name -> (base config, model dir, extra overrides, what it is)
 RUNS = {
     "full-0.3b": ("llm/config/tiny/sft_argument.json", SMALL_DIR, [], "full fine-tuning, 0.30B Llama"),
     "lora-0.8b": ("llm/config/tiny/lora_argument.json", BIG_DIR, LORA, "LoRA r=8, 0.84B Llama"),
-    "nf4-0.8b": ("llm/config/tiny/lora_argument.json", BIG_DIR,
-                 LORA + ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
-                 "QLoRA nf4 + double quant, LoRA r=8, 0.84B Llama"),
+    "nf4-0.8b": (
+        "llm/config/tiny/lora_argument.json",
+        BIG_DIR,
+        LORA + ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
+        "QLoRA nf4 + double quant, LoRA r=8, 0.84B Llama",
+    ),
     # a point outside the activation fit's settings: twice the tokens, and recompute
-    "lora-0.8b-512-rc": ("llm/config/tiny/lora_argument.json", BIG_DIR,
-                         LORA + ["--max_length", "512", "--src_length", "256", "--recompute", "true"],
-                         "LoRA r=8, 0.84B Llama, batch 1 x 512, recompute"),
+    "lora-0.8b-512-rc": (
+        "llm/config/tiny/lora_argument.json",
+        BIG_DIR,
+        LORA + ["--max_length", "512", "--src_length", "256", "--recompute", "true"],
+        "LoRA r=8, 0.84B Llama, batch 1 x 512, recompute",
+    ),
 }
 
 BUILD_SMALL = r"""
@@ -86,17 +99,50 @@ print(open(os.path.join(model_dir, big_model.MARKER)).read())
 
 
 def common_overrides(model_dir, out_dir, steps):
-    return ["--model_name_or_path", model_dir, "--dataset_name_or_path", DATA_DIR, "--output_dir", out_dir,
-            "--max_steps", str(steps), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
-            "--max_length", "256", "--src_length", "128", "--pad_to_max_length", "true", "--zero_padding", "false",
-            "--do_train", "true", "--do_eval", "false", "--eval_before_train", "false",
-            "--evaluation_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0"]
+    return [
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--output_dir",
+        out_dir,
+        "--max_steps",
+        str(steps),
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_length",
+        "256",
+        "--src_length",
+        "128",
+        "--pad_to_max_length",
+        "true",
+        "--zero_padding",
+        "false",
+        "--do_train",
+        "true",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--evaluation_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+    ]
 
 
 def ensure_models():
     """Build the 0.84B model + data (bench/big_model.py) and the 0.3B model, each in a subprocess."""
-    for cmd in (h.module("bench.big_model", "--model_dir", BIG_DIR, "--data_dir", DATA_DIR),
-                [sys.executable, "-c", BUILD_SMALL, SMALL_DIR, json.dumps(SMALL_SHAPE)]):
+    for cmd in (
+        h.module("bench.big_model", "--model_dir", BIG_DIR, "--data_dir", DATA_DIR),
+        [sys.executable, "-c", BUILD_SMALL, SMALL_DIR, json.dumps(SMALL_SHAPE)],
+    ):
         h.run(cmd, name="model build", env=h.clean_env(PYTHONPATH=ROOT), mark=None)
 
 
@@ -112,8 +158,10 @@ def wait_for_memory(need, wait_s):
     t0 = time.time()
     while mem_available() < need:
         if time.time() - t0 > wait_s:
-            sys.exit(f"refusing to start: MemAvailable {mem_available() / GiB:.1f} GiB < {need / GiB:.1f} GiB needed "
-                     f"(planned peak + {MARGIN / GiB:.0f} GiB) for {wait_s} s; other jobs hold the memory")
+            sys.exit(
+                f"refusing to start: MemAvailable {mem_available() / GiB:.1f} GiB < {need / GiB:.1f} GiB needed "
+                f"(planned peak + {MARGIN / GiB:.0f} GiB) for {wait_s} s; other jobs hold the memory"
+            )
         time.sleep(15)
 
 
@@ -134,14 +182,24 @@ def run_one(name, work, steps, wait_s):
     load0 = os.getloadavg()[0]
     r = h.run(h.cli(CLI, config, *overrides), name=name, out_dir=out_dir, log=os.path.join(work, name + ".log"))
     summary, peak = r.summary, r.peak_rss_bytes
-    rec = {"run": name, "peak_rss_bytes": peak, "runtime_bytes": summary["rss_before_model_bytes"],
-           "after_load_bytes": summary["rss_after_load_bytes"], "planned_bytes": est.per_device_bytes,
-           "planned_breakdown": dict(est.breakdown), "ratio": est.per_device_bytes / peak,
-           "wall_s": round(r.wall_s, 1),
-           "loadavg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
-           "trainable_params": summary.get("trainable_params"), "total_params": summary.get("total_params")}
-    print(f"[{name}] peak {peak / GiB:.2f} GiB, planned {est.per_device_bytes / GiB:.2f} GiB "
-          f"(x{rec['ratio']:.3f}) in {rec['wall_s']} s", flush=True)
+    rec = {
+        "run": name,
+        "peak_rss_bytes": peak,
+        "runtime_bytes": summary["rss_before_model_bytes"],
+        "after_load_bytes": summary["rss_after_load_bytes"],
+        "planned_bytes": est.per_device_bytes,
+        "planned_breakdown": dict(est.breakdown),
+        "ratio": est.per_device_bytes / peak,
+        "wall_s": round(r.wall_s, 1),
+        "loadavg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "trainable_params": summary.get("trainable_params"),
+        "total_params": summary.get("total_params"),
+    }
+    print(
+        f"[{name}] peak {peak / GiB:.2f} GiB, planned {est.per_device_bytes / GiB:.2f} GiB "
+        f"(x{rec['ratio']:.3f}) in {rec['wall_s']} s",
+        flush=True,
+    )
     return rec
 
 
@@ -152,56 +210,110 @@ def gib(x):
 # LLaMA-Factory README "Hardware Requirement" (hiyouga/LLaMA-Factory@7638f1070e6ffc0303e30fcdf3d68006334c323d):
 # Full 32-bit (AMP) 18x GB, Full 16-bit 8x, LoRA 16-bit 2x, QLoRA 4-bit x/2 for x billion parameters
 LLAMA_FACTORY = {"7b": ("120 / 60", "16", "6"), "13b": ("240 / 120", "32", "12"), "70b": ("1200 / 600", "160", "48")}
-GPU_METHODS = (("full bf16 O2", "sft_argument.json"), ("LoRA r=8 bf16", "lora_argument.json"),
-               ("QLoRA nf4+dq r=8", "qlora_argument.json"))
+GPU_METHODS = (
+    ("full bf16 O2", "sft_argument.json"),
+    ("LoRA r=8 bf16", "lora_argument.json"),
+    ("QLoRA nf4+dq r=8", "qlora_argument.json"),
+)
 
 
 def gpu_layouts():
     from paddlenlp_ext.planner import Layout
 
-    return (("1 GPU", Layout()), ("8 x sharding stage2", Layout(sharding_stage=2, sharding_degree=8)),
-            ("8 x sharding stage3", Layout(sharding_stage=3, sharding_degree=8)), ("TP 2", Layout(tp=2)),
-            ("TP 4", Layout(tp=4)), ("TP 8", Layout(tp=8)), ("TP 4 x PP 2", Layout(tp=4, pp=2)),
-            ("TP 8 x PP 2", Layout(tp=8, pp=2)))
+    return (
+        ("1 GPU", Layout()),
+        ("8 x sharding stage2", Layout(sharding_stage=2, sharding_degree=8)),
+        ("8 x sharding stage3", Layout(sharding_stage=3, sharding_degree=8)),
+        ("TP 2", Layout(tp=2)),
+        ("TP 4", Layout(tp=4)),
+        ("TP 8", Layout(tp=8)),
+        ("TP 4 x PP 2", Layout(tp=4, pp=2)),
+        ("TP 8 x PP 2", Layout(tp=8, pp=2)),
+    )
 
 
 def gpu_table():
     from paddlenlp_ext.planner import estimate, inputs_from_run, load_plan_config
 
     layouts = gpu_layouts()
-    print("GiB per device (2^30 bytes), planner target gpu; batch 1 x 1024 tokens, recompute, flash attention, "
-          "gradient_accumulation_steps 4 (PP: 2 micro-batches in flight on the first stage).  LLaMA-Factory: GB "
-          "total, its README's estimate (full: AMP / pure bf16)\n")
+    print(
+        "GiB per device (2^30 bytes), planner target gpu; batch 1 x 1024 tokens, recompute, flash attention, "
+        "gradient_accumulation_steps 4 (PP: 2 micro-batches in flight on the first stage).  LLaMA-Factory: GB "
+        "total, its README's estimate (full: AMP / pure bf16)\n"
+    )
     print("| model | method | " + " | ".join(n for n, _ in layouts) + " | LLaMA-Factory |")
     print("|---|---|" + "---|" * (len(layouts) + 1))
     for size in ("7b", "13b", "70b"):
         for i, (label, config) in enumerate(GPU_METHODS):
-            cfg, _ = load_plan_config(os.path.join(ROOT, "llm", "config", "llama", config),
-                                      ["--model_name_or_path", f"meta-llama/Llama-2-{size}", "--max_length", "1024",
-                                       "--src_length", "512", "--per_device_train_batch_size", "1",
-                                       "--tensor_parallel_degree", "1", "--sharding", ""])
+            cfg, _ = load_plan_config(
+                os.path.join(ROOT, "llm", "config", "llama", config),
+                [
+                    "--model_name_or_path",
+                    f"meta-llama/Llama-2-{size}",
+                    "--max_length",
+                    "1024",
+                    "--src_length",
+                    "512",
+                    "--per_device_train_batch_size",
+                    "1",
+                    "--tensor_parallel_degree",
+                    "1",
+                    "--sharding",
+                    "",
+                ],
+            )
             inp = inputs_from_run(cfg, target="gpu")
             cells = [f"{estimate(inp, lay).per_device_bytes / GiB:.1f}" for _, lay in layouts]
             print(f"| Llama-2-{size.upper()} | {label} | " + " | ".join(cells) + f" | {LLAMA_FACTORY[size][i]} |")
 
 
 def report(records, runtime_constant):
-    print("\nGiB (2^30 bytes). measured = peak RSS of the CLI run (the bench harness's); planned = "
-          "paddlenlp_ext.planner (target cpu)\n")
-    print(h.table(["run", "what", "measured peak", "planned", "planned / measured", "within +-15%"],
-                  [[r["run"], RUNS[r["run"]][3], gib(r["peak_rss_bytes"]), gib(r["planned_bytes"]), f"{r['ratio']:.3f}",
-                    h.verdict(abs(r["ratio"] - 1), TARGET)] for r in records]))
-    print("\nBreakdown (planned) and the measured parts the CLI reports (runtime = RSS before the model; "
-          "model = RSS after load/adapters/trainer setup - runtime; step = peak - RSS after load):\n")
+    print(
+        "\nGiB (2^30 bytes). measured = peak RSS of the CLI run (the bench harness's); planned = "
+        "paddlenlp_ext.planner (target cpu)\n"
+    )
+    print(
+        h.table(
+            ["run", "what", "measured peak", "planned", "planned / measured", "within +-15%"],
+            [
+                [
+                    r["run"],
+                    RUNS[r["run"]][3],
+                    gib(r["peak_rss_bytes"]),
+                    gib(r["planned_bytes"]),
+                    f"{r['ratio']:.3f}",
+                    h.verdict(abs(r["ratio"] - 1), TARGET),
+                ]
+                for r in records
+            ],
+        )
+    )
+    print(
+        "\nBreakdown (planned) and the measured parts the CLI reports (runtime = RSS before the model; "
+        "model = RSS after load/adapters/trainer setup - runtime; step = peak - RSS after load):\n"
+    )
     keys = list(records[0]["planned_breakdown"]) if records else []
-    print(h.table(["run", *keys, "measured runtime", "measured model", "measured step"],
-                  [[r["run"], *(gib(r["planned_breakdown"][k]) for k in keys), gib(r["runtime_bytes"]),
-                    gib(r["after_load_bytes"] - r["runtime_bytes"]), gib(r["peak_rss_bytes"] - r["after_load_bytes"])]
-                   for r in records]))
+    print(
+        h.table(
+            ["run", *keys, "measured runtime", "measured model", "measured step"],
+            [
+                [
+                    r["run"],
+                    *(gib(r["planned_breakdown"][k]) for k in keys),
+                    gib(r["runtime_bytes"]),
+                    gib(r["after_load_bytes"] - r["runtime_bytes"]),
+                    gib(r["peak_rss_bytes"] - r["after_load_bytes"]),
+                ]
+                for r in records
+            ],
+        )
+    )
     runtimes = [r["runtime_bytes"] for r in records]
     if runtimes:
-        print(f"\nframework overhead on CPU: the planner uses {gib(runtime_constant)} GiB; measured runtime in these "
-              f"runs {min(runtimes) / GiB:.2f}-{max(runtimes) / GiB:.2f} GiB")
+        print(
+            f"\nframework overhead on CPU: the planner uses {gib(runtime_constant)} GiB; measured runtime in these "
+            f"runs {min(runtimes) / GiB:.2f}-{max(runtimes) / GiB:.2f} GiB"
+        )
     worst = max((abs(r["ratio"] - 1) for r in records), default=0)
     print(f"worst |planned/measured - 1| = {worst:.3f} (target <= {TARGET}: {h.verdict(worst, TARGET)})")
 

@@ -95,8 +95,14 @@ EVAL_CONFIGS = {
     "nf4 (bs 64)": ["--weight_quantize_algo", "nf4"],
     "nf4 (bs 64) + double quant": ["--weight_quantize_algo", "nf4", "--weight_double_quant", "true"],
     "nf4 (bs 16)": ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"],
-    "nf4 (bs 16) + double quant": ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16",
-                                   "--weight_double_quant", "true"],
+    "nf4 (bs 16) + double quant": [
+        "--weight_quantize_algo",
+        "nf4",
+        "--weight_blocksize",
+        "16",
+        "--weight_double_quant",
+        "true",
+    ],
     "fp4 (bs 16)": ["--weight_quantize_algo", "fp4", "--weight_blocksize", "16"],
 }
 
@@ -107,41 +113,100 @@ def slug(name: str) -> str:
 
 # =============================================================== driver
 def run_worker(name, mode, args, python):
-    cmd = [python, "-m", "bench.qlora", "--worker", name, "--mode", mode,
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-           "--seq", str(args.seq), "--rank", str(args.rank), "--block-size", str(args.block_size),
-           "--seed", str(args.seed)]
+    cmd = [
+        python,
+        "-m",
+        "bench.qlora",
+        "--worker",
+        name,
+        "--mode",
+        mode,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+        "--rank",
+        str(args.rank),
+        "--block-size",
+        str(args.block_size),
+        "--seed",
+        str(args.seed),
+    ]
     r = h.run(cmd, name=name, mark=None, check=False)
     for line in r.output.splitlines()[::-1]:
         if line.startswith("RESULT "):
-            res = json.loads(line[len("RESULT "):])
+            res = json.loads(line[len("RESULT ") :])
             res["proc_wall_s"] = r.wall_s
             return res
-    print(f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr,
-          flush=True)
+    print(
+        f"!! {name} ({mode}) failed (exit {r.returncode}): {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr, flush=True
+    )
     return {"config": name, "mode": mode, "failed": True}
 
 
 def cli_eval_part(args, python, tmp: Path):
     model_dir = tmp / "tiny_sft"
-    common = ["--model_name_or_path", str(args.tiny_model), "--dataset_name_or_path", str(args.data),
-              "--seed", str(args.seed)]
-    train_cmd = [python, str(CLI), str(SFT_CFG), *common, "--output_dir", str(model_dir),
-                 "--max_steps", str(args.tiny_steps), "--do_train", "true", "--do_eval", "true",
-                 "--eval_before_train", "true"]
+    common = [
+        "--model_name_or_path",
+        str(args.tiny_model),
+        "--dataset_name_or_path",
+        str(args.data),
+        "--seed",
+        str(args.seed),
+    ]
+    train_cmd = [
+        python,
+        str(CLI),
+        str(SFT_CFG),
+        *common,
+        "--output_dir",
+        str(model_dir),
+        "--max_steps",
+        str(args.tiny_steps),
+        "--do_train",
+        "true",
+        "--do_eval",
+        "true",
+        "--eval_before_train",
+        "true",
+    ]
     r = h.run(train_cmd, name="tiny training", out_dir=str(model_dir), check=False)
     if not r.ok:
         print(f"!! tiny training failed: {shlex.join(train_cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
         return None
     train = r.summary
-    print(f"  tiny full fine-tuning, {train['global_steps']} steps: eval loss {train['eval_loss_before_train']:.4f} "
-          f"-> {train['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
+    print(
+        f"  tiny full fine-tuning, {train['global_steps']} steps: eval loss {train['eval_loss_before_train']:.4f} "
+        f"-> {train['eval_loss']:.4f} ({r.wall_s:.0f} s)",
+        flush=True,
+    )
     rows = []
     for name, extra in EVAL_CONFIGS.items():
         out = tmp / ("eval_" + slug(name))
-        cmd = [python, str(CLI), str(SFT_CFG), "--model_name_or_path", str(model_dir),
-               "--dataset_name_or_path", str(args.data), "--seed", str(args.seed), "--output_dir", str(out),
-               "--do_train", "false", "--do_eval", "true", "--eval_before_train", "false", *extra]
+        cmd = [
+            python,
+            str(CLI),
+            str(SFT_CFG),
+            "--model_name_or_path",
+            str(model_dir),
+            "--dataset_name_or_path",
+            str(args.data),
+            "--seed",
+            str(args.seed),
+            "--output_dir",
+            str(out),
+            "--do_train",
+            "false",
+            "--do_eval",
+            "true",
+            "--eval_before_train",
+            "false",
+            *extra,
+        ]
         r = h.run(cmd, name=f"eval {name}", out_dir=str(out), check=False)
         if not r.ok:
             print(f"!! eval {name} failed: {shlex.join(cmd)}\n{r.tail()}", file=sys.stderr, flush=True)
@@ -149,9 +214,16 @@ def cli_eval_part(args, python, tmp: Path):
             continue
         s = r.summary
         q = s.get("quantization") or {}
-        rows.append({"name": name, "eval_loss": s["eval_loss"], "ppl": s.get("eval_perplexity"),
-                     "bpp": q.get("bytes_per_param"), "layers": q.get("layers_replaced"),
-                     "rss": r.peak_rss_bytes})
+        rows.append(
+            {
+                "name": name,
+                "eval_loss": s["eval_loss"],
+                "ppl": s.get("eval_perplexity"),
+                "bpp": q.get("bytes_per_param"),
+                "layers": q.get("layers_replaced"),
+                "rss": r.peak_rss_bytes,
+            }
+        )
         print(f"  eval {name:<28} loss {s['eval_loss']:.4f} ({r.wall_s:.0f} s)", flush=True)
     return train, rows, train_cmd
 
@@ -165,11 +237,22 @@ def main(argv=None):
     p.add_argument("--rank", type=int, default=8, help="LoRA r (alpha = 2r)")
     p.add_argument("--block-size", type=int, default=64, help="nf4/fp4 block size for the 100M model")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), metavar="NAME",
-                   help=f"subset of: {', '.join(CONFIGS)}")
-    p.add_argument("--naive", nargs="*", choices=list(CONFIGS), default=["weight_only_int8", "nf4 + double quant"],
-                   metavar="NAME", help="configurations also built the naive way (fp32 model, then quantize_model); "
-                                        "no training steps")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        choices=list(CONFIGS),
+        default=list(CONFIGS),
+        metavar="NAME",
+        help=f"subset of: {', '.join(CONFIGS)}",
+    )
+    p.add_argument(
+        "--naive",
+        nargs="*",
+        choices=list(CONFIGS),
+        default=["weight_only_int8", "nf4 + double quant"],
+        metavar="NAME",
+        help="configurations also built the naive way (fp32 model, then quantize_model); no training steps",
+    )
     p.add_argument("--skip-part0", action="store_true")
     p.add_argument("--part0-shape", type=int, nargs=2, default=[2048, 5504], metavar=("IN", "OUT"))
     p.add_argument("--part0-tokens", type=int, default=256)
@@ -211,9 +294,13 @@ def main(argv=None):
 
     if not args.skip_part1:
         n_lin = 8 * (4 * 768 * 768 + 3 * 768 * 2048)
-        print(f"\n## Part 1: ~106M-parameter random-init LlamaForCausalLM "
-              f"({', '.join(f'{k}={v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
-              f"fp32; {n_lin:,} parameters in the 56 decoder linears\n", flush=True)
+        print(
+            f"\n## Part 1: ~106M-parameter random-init LlamaForCausalLM "
+            f"({', '.join(f'{k}={v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
+            f"fp32; {n_lin:,} parameters in the 56 decoder linears\n",
+            flush=True,
+        )
+
         def workers(names, mode, line):
             """Run one worker per configuration; ``line(name, result)``: its progress line."""
             nonlocal failed
@@ -226,9 +313,14 @@ def main(argv=None):
                     print(line(name, r) + f" ({r['proc_wall_s']:.0f} s)", flush=True)
             return out
 
-        rows = workers(args.configs, "lazy", lambda name, r: (
-            f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
-            f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')}"))
+        rows = workers(
+            args.configs,
+            "lazy",
+            lambda name, r: (
+                f"  {name:<20} {r['bytes_per_param']:.4f} B/param, build {r['build_s']:.1f} s, "
+                f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')}"
+            ),
+        )
         naive = workers(args.naive, "naive", lambda name, r: f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB")
 
         t_bytes, checks = table_bytes(rows, args.block_size)
@@ -280,18 +372,39 @@ def main(argv=None):
             "from a 2-core CPU shared with other jobs (see the load column below) and are only indicative; on CPU "
             "the quantized layers dequantize their weight on every call (measured separately below: "
             f"{dq_range} ms per step). CPU time / wall time per step is {cpu_ratio:.2f} on average (about 1 means "
-            "Paddle's CPU kernels ran on a single thread).")
-        parts = ["### Summary\n", summary, "", table_summary(rows), "",
-                 "### Bytes per parameter of the base linear weights\n", intro, "", t_bytes, "",
-                 "\n".join(checks), "", "### LoRA training: RSS and step time\n", train_intro, "", t_train]
+            "Paddle's CPU kernels ran on a single thread)."
+        )
+        parts = [
+            "### Summary\n",
+            summary,
+            "",
+            table_summary(rows),
+            "",
+            "### Bytes per parameter of the base linear weights\n",
+            intro,
+            "",
+            t_bytes,
+            "",
+            "\n".join(checks),
+            "",
+            "### LoRA training: RSS and step time\n",
+            train_intro,
+            "",
+            t_train,
+        ]
         if naive:
             lazy_by = {r["config"]: r for r in rows if not r.get("failed")}
-            parts += ["", "### Naive build for comparison: full fp32 model first, then `quantize_model`\n",
-                      "Same model, one subprocess each, no training. *fp32 model built* = VmRSS right after "
-                      "`LlamaForCausalLM(config)`; the process peak includes the whole fp32 model plus the "
-                      "quantization temporaries, so a peak RSS measured this way says nothing about the quantized "
-                      "footprint. *After quantize_model + gc* shows how much of the freed fp32 memory went back "
-                      "to the OS.", "", table_naive(naive, lazy_by)]
+            parts += [
+                "",
+                "### Naive build for comparison: full fp32 model first, then `quantize_model`\n",
+                "Same model, one subprocess each, no training. *fp32 model built* = VmRSS right after "
+                "`LlamaForCausalLM(config)`; the process peak includes the whole fp32 model plus the "
+                "quantization temporaries, so a peak RSS measured this way says nothing about the quantized "
+                "footprint. *After quantize_model + gc* shows how much of the freed fp32 memory went back "
+                "to the OS.",
+                "",
+                table_naive(naive, lazy_by),
+            ]
         text = "\n".join(parts)
         print("\n" + text + "\n", flush=True)
         md += ["## Part 1: quantized base + LoRA on a ~106M-parameter Llama\n", text, ""]

@@ -64,24 +64,60 @@ TARGETS = [("nf4-dq", "peak", 0.45), ("int4", "peak", 0.45), ("int8", "peak", 0.
 
 def common_overrides(model_dir, data_dir, output_dir, steps):
     return [
-        "--model_name_or_path", model_dir, "--dataset_name_or_path", data_dir, "--output_dir", output_dir,
-        "--max_steps", str(steps), "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
-        "--max_length", "256", "--src_length", "128", "--pad_to_max_length", "true", "--zero_padding", "false",
-        "--do_train", "true", "--do_eval", "false", "--eval_before_train", "false",
-        "--evaluation_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0",
-        "--lora", "true", "--lora_rank", "8",
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name_or_path",
+        data_dir,
+        "--output_dir",
+        output_dir,
+        "--max_steps",
+        str(steps),
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_length",
+        "256",
+        "--src_length",
+        "128",
+        "--pad_to_max_length",
+        "true",
+        "--zero_padding",
+        "false",
+        "--do_train",
+        "true",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--evaluation_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--lora",
+        "true",
+        "--lora_rank",
+        "8",
     ]
 
 
 # ---------------------------------------------------------------- build
+
 
 def ensure_model(model_dir, data_dir):
     """Run bench/big_model.py in a subprocess (keeps paddle out of this process); returns its info."""
     fd, info_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     t0 = time.time()
-    h.run(h.module("bench.big_model", "--model_dir", model_dir, "--data_dir", data_dir, "--info-json", info_path),
-          name="model build", mark=None)
+    h.run(
+        h.module("bench.big_model", "--model_dir", model_dir, "--data_dir", data_dir, "--info-json", info_path),
+        name="model build",
+        mark=None,
+    )
     with open(info_path) as f:
         info = json.load(f)
     os.unlink(info_path)
@@ -90,6 +126,7 @@ def ensure_model(model_dir, data_dir):
 
 
 # ---------------------------------------------------------------- one run
+
 
 def code_fingerprint():
     """Hash of every .py under paddlenlp_ext/ and llm/: the checkout is edited concurrently, and rows
@@ -117,23 +154,38 @@ def run_one(name, model_dir, data_dir, work, steps, extra=(), args=None):
     overrides = common_overrides(model_dir, data_dir, out_dir, steps) + list(args) + list(extra)
     print(f"[{name}] python {h.cli('llm/run_finetune.py')[1]} {BASE_CONFIG} {' '.join(overrides)}", flush=True)
     code_before, load_before = code_fingerprint(), os.getloadavg()[0]
-    r = h.run(h.cli("llm/run_finetune.py", BASE_CONFIG, *overrides), name=name, out_dir=out_dir,
-              log=os.path.join(work, f"{name}.log"), check=False)
-    rec = {"run": name, "returncode": r.returncode, "process_wall_s": round(r.wall_s, 1),
-           "log": os.path.join(work, f"{name}.log"), "args": list(args), "code_before": code_before,
-           "code_after": code_fingerprint(),
-           "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+    r = h.run(
+        h.cli("llm/run_finetune.py", BASE_CONFIG, *overrides),
+        name=name,
+        out_dir=out_dir,
+        log=os.path.join(work, f"{name}.log"),
+        check=False,
+    )
+    rec = {
+        "run": name,
+        "returncode": r.returncode,
+        "process_wall_s": round(r.wall_s, 1),
+        "log": os.path.join(work, f"{name}.log"),
+        "args": list(args),
+        "code_before": code_before,
+        "code_after": code_fingerprint(),
+        "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
     if not r.ok or r.summary is None:
-        rec["error"] = "\n".join(ln for ln in r.tail(200).splitlines() if "Warning" not in ln
-                                 and "warnings.warn" not in ln)[-3000:]
+        rec["error"] = "\n".join(
+            ln for ln in r.tail(200).splitlines() if "Warning" not in ln and "warnings.warn" not in ln
+        )[-3000:]
         print(f"[{name}] FAILED (exit {r.returncode}); last lines of {rec['log']}:\n{rec['error']}\n", flush=True)
         return rec
     rec["summary"] = r.summary
     rec["peak_rss_bytes"] = r.peak_rss_bytes
     rec["output_dir_bytes"] = dir_bytes(out_dir)
     rec.update(derive(rec["summary"], rec["peak_rss_bytes"]))
-    print(f"[{name}] done in {rec['process_wall_s']} s: peak {rec['peak_rss_bytes'] / GB:.2f} GB, "
-          f"median step {fmt(rec['median_step_s'], '.2f')} s", flush=True)
+    print(
+        f"[{name}] done in {rec['process_wall_s']} s: peak {rec['peak_rss_bytes'] / GB:.2f} GB, "
+        f"median step {fmt(rec['median_step_s'], '.2f')} s",
+        flush=True,
+    )
     return rec
 
 
@@ -175,19 +227,43 @@ def gb(x):
     return fmt(None if x is None else x / GB, ".2f")
 
 
-COLUMNS = ["run", "peak GB", "x base", "runtime", "weights", "step ovh", "load pk", "after st1", "B/param", "load s",
-           "step s", "x base", "loss", "out MB"]
+COLUMNS = [
+    "run",
+    "peak GB",
+    "x base",
+    "runtime",
+    "weights",
+    "step ovh",
+    "load pk",
+    "after st1",
+    "B/param",
+    "load s",
+    "step s",
+    "x base",
+    "loss",
+    "out MB",
+]
 
 
 def table_row(rec):
     if "summary" not in rec:
         return [rec["run"], f"FAILED (exit {rec['returncode']})"] + [""] * (len(COLUMNS) - 2)
-    return [rec["run"], gb(rec["peak_rss_bytes"]), fmt(rec["peak_ratio"], ".2f") + "x", gb(rec["runtime_bytes"]),
-            gb(rec["weights_bytes"]), gb(rec["step_overhead_bytes"]), gb(rec["load_peak_bytes"]),
-            gb(rec["rss_after_first_step_bytes"]),
-            fmt(rec["bytes_per_param"], ".3f"), fmt(rec["non_step_s"], ".1f"), fmt(rec["median_step_s"], ".2f"),
-            fmt(rec["step_ratio"], ".2f") + "x", fmt(rec["train_loss"], ".3f"),
-            fmt(rec["output_dir_bytes"] / 1e6, ".1f")]
+    return [
+        rec["run"],
+        gb(rec["peak_rss_bytes"]),
+        fmt(rec["peak_ratio"], ".2f") + "x",
+        gb(rec["runtime_bytes"]),
+        gb(rec["weights_bytes"]),
+        gb(rec["step_overhead_bytes"]),
+        gb(rec["load_peak_bytes"]),
+        gb(rec["rss_after_first_step_bytes"]),
+        fmt(rec["bytes_per_param"], ".3f"),
+        fmt(rec["non_step_s"], ".1f"),
+        fmt(rec["median_step_s"], ".2f"),
+        fmt(rec["step_ratio"], ".2f") + "x",
+        fmt(rec["train_loss"], ".3f"),
+        fmt(rec["output_dir_bytes"] / 1e6, ".1f"),
+    ]
 
 
 def print_table(records):
@@ -201,16 +277,26 @@ def check_targets(records):
         value = None if rec is None else rec.get("peak_ratio" if metric == "peak" else "step_ratio")
         status = "n/a" if value is None else h.verdict(value, limit)
         what = "peak RSS" if metric == "peak" else "median step time"
-        results.append(dict(run=run, metric=metric, limit=limit, value=value, status=status,
-                            text=f"{run:7s} {what:16s} <= {limit:.2f}x {BASELINE}: {fmt(value, '.2f')}x  {status}"))
+        results.append(
+            dict(
+                run=run,
+                metric=metric,
+                limit=limit,
+                value=value,
+                status=status,
+                text=f"{run:7s} {what:16s} <= {limit:.2f}x {BASELINE}: {fmt(value, '.2f')}x  {status}",
+            )
+        )
     return results
 
 
 def print_report(records, targets, build):
     print()
-    print(f"model: {build['params']:,} params, {build['shards']} safetensors shards, "
-          f"{build['total_bytes'] / 1e9:.2f} GB fp32; built in {build['build_seconds']} s"
-          f"{' (now)' if build.get('built_now') else ' (cached)'}")
+    print(
+        f"model: {build['params']:,} params, {build['shards']} safetensors shards, "
+        f"{build['total_bytes'] / 1e9:.2f} GB fp32; built in {build['build_seconds']} s"
+        f"{' (now)' if build.get('built_now') else ' (cached)'}"
+    )
     print("memory in GiB (2^30 bytes); runtime = RSS before the model (imports + tokenizer + data); weights = RSS")
     print("after load/quantize/adapters/trainer - runtime; step ovh = peak - RSS after load; after st1 = RSS after")
     print("step 1; B/param = bytes per quantized linear weight; load s = CLI wall - sum(step times); step s =")
@@ -227,18 +313,23 @@ def print_report(records, targets, build):
 
 def print_conditions(records):
     """Machine load, and whether the code changed between the rows."""
-    print("1-min load average before/after each run (2 cores; > 2 means other processes competed for CPU): "
-          + ", ".join(f"{r['run']} {r['loadavg_1min_before_after']}" for r in records.values()))
+    print(
+        "1-min load average before/after each run (2 cores; > 2 means other processes competed for CPU): "
+        + ", ".join(f"{r['run']} {r['loadavg_1min_before_after']}" for r in records.values())
+    )
     codes = {c for r in records.values() for c in (r["code_before"], r["code_after"])}
     if len(codes) > 1:
-        print("WARNING: paddlenlp_ext/ or llm/ changed during the benchmark (code fingerprints "
-              + ", ".join(f"{r['run']} {r['code_before']}->{r['code_after']}" for r in records.values())
-              + "): rows measured with different code are not comparable; run again")
+        print(
+            "WARNING: paddlenlp_ext/ or llm/ changed during the benchmark (code fingerprints "
+            + ", ".join(f"{r['run']} {r['code_before']}->{r['code_after']}" for r in records.values())
+            + "): rows measured with different code are not comparable; run again"
+        )
     else:
         print(f"code fingerprint (paddlenlp_ext/ + llm/ *.py): {codes.pop() if codes else '-'} for every run")
 
 
 # ---------------------------------------------------------------- main
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -249,8 +340,12 @@ def parse_args(argv):
     p.add_argument("--workdir", default=None, help="parent of the temporary output dirs")
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--keep", action="store_true", help="keep the output dirs and logs")
-    p.add_argument("--extra", default="", help="more CLI overrides for every run, e.g. '--recompute true' "
-                   "(the same for the baseline and the quantized runs)")
+    p.add_argument(
+        "--extra",
+        default="",
+        help="more CLI overrides for every run, e.g. '--recompute true' "
+        "(the same for the baseline and the quantized runs)",
+    )
     a = p.parse_args(argv)
     a.extra = a.extra.split()
     a.runs = [r.strip() for r in a.runs.split(",") if r.strip()]
@@ -280,8 +375,20 @@ def main(argv=None):
     print_report(records, targets, build)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": build, "steps": a.steps, "extra": a.extra, "baseline": BASELINE, "runs": records,
-                       "targets": targets, "workdir": work if a.keep else None}, f, indent=2, default=str)
+            json.dump(
+                {
+                    "model": build,
+                    "steps": a.steps,
+                    "extra": a.extra,
+                    "baseline": BASELINE,
+                    "runs": records,
+                    "targets": targets,
+                    "workdir": work if a.keep else None,
+                },
+                f,
+                indent=2,
+                default=str,
+            )
     return 0 if all("summary" in r for r in records.values()) else 1
 
 

@@ -11,8 +11,15 @@ import time
 from bench import harness as h
 from bench.harness import reset_peak, rss_now, rss_peak
 
-MODEL_SHAPE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=8, intermediate_size=2048,
-                   num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048)
+MODEL_SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    num_hidden_layers=8,
+    intermediate_size=2048,
+    num_attention_heads=12,
+    num_key_value_heads=12,
+    max_position_embeddings=2048,
+)
 
 # name -> (algo or None, double_quant); block size is --block-size (64) for nf4/fp4
 CONFIGS = {
@@ -83,8 +90,7 @@ def build_layer_by_layer(cfg, algo, block_size, double_quant):
             dec.self_attn.o_proj.weight.scale_(residual_scale)
             dec.mlp.down_proj.weight.scale_(residual_scale)
         if algo:  # quantize this layer's 7 linears before the next layer exists
-            st = quantize_model(dec, algo, block_size=block_size, double_quant=double_quant,
-                                target_modules=[r".*"])
+            st = quantize_model(dec, algo, block_size=block_size, double_quant=double_quant, target_modules=[r".*"])
             for k in ("layers_replaced", "params", "bytes_before", "bytes_after"):
                 agg[k] += st[k]
             agg["path"].update(st["path"])
@@ -159,8 +165,13 @@ def worker(args) -> dict:
         qbytes = quantized_state_bytes(model)
         if qbytes != st["bytes_after"]:
             raise RuntimeError(f"quantized_state_bytes {qbytes} != stats bytes_after {st['bytes_after']}")
-        res.update(linear_params=st["params"], linear_bytes=qbytes, bytes_before=st["bytes_before"],
-                   layers=st["layers_replaced"], path=st["path"])
+        res.update(
+            linear_params=st["params"],
+            linear_bytes=qbytes,
+            bytes_before=st["bytes_before"],
+            layers=st["layers_replaced"],
+            path=st["path"],
+        )
     else:
         p, b, c = linear_weight_bytes(model)
         res.update(linear_params=p, linear_bytes=b, bytes_before=b, layers=c, path=["dense fp32 matmul"])
@@ -261,6 +272,7 @@ def part0(shape=(2048, 5504), tokens=256, repeats=5, seed=0):
         q = QuantizedLinear.from_weight(w, None, algo, 64, dq)
         wall, cpu = best(fwd_bwd(q))
         dwall, dcpu = best(lambda: decode_portable(q))
-        step_rows.append((algo + (" + dq" if dq else ""), wall * 1e3, cpu * 1e3, wall / base_wall, cpu / base_cpu,
-                          dwall * 1e3))
+        step_rows.append(
+            (algo + (" + dq" if dq else ""), wall * 1e3, cpu * 1e3, wall / base_wall, cpu / base_cpu, dwall * 1e3)
+        )
     return quant_rows, step_rows, (base_wall * 1e3, base_cpu * 1e3)

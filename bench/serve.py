@@ -67,8 +67,7 @@ def percentile(values, q):
 
 
 def one(url, model, text, max_tokens, timeout):
-    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0}
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0}
     t0 = time.time()
     try:
         status, r = post(url + "/v1/chat/completions", body, timeout=timeout)
@@ -76,8 +75,12 @@ def one(url, model, text, max_tokens, timeout):
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "seconds": time.time() - t0}
     if status != 200:
         return {"ok": False, "error": f"{status}: {r}", "seconds": time.time() - t0}
-    return {"ok": True, "text": r["choices"][0]["message"]["content"], "tokens": r["usage"]["completion_tokens"],
-            "seconds": time.time() - t0}
+    return {
+        "ok": True,
+        "text": r["choices"][0]["message"]["content"],
+        "tokens": r["usage"]["completion_tokens"],
+        "seconds": time.time() - t0,
+    }
 
 
 def run_sequential(url, model, texts, a, deadline):
@@ -91,11 +94,15 @@ def run_sequential(url, model, texts, a, deadline):
 
 
 def run_concurrent(url, model, texts, a, deadline):
-    per_client = [texts[c::a.clients] for c in range(a.clients)]
+    per_client = [texts[c :: a.clients] for c in range(a.clients)]
 
     def client(mine):
-        return [one(url, model, t, a.max_tokens, a.timeout) if time.time() < deadline
-                else {"ok": False, "error": "deadline", "seconds": 0.0} for t in mine]
+        return [
+            one(url, model, t, a.max_tokens, a.timeout)
+            if time.time() < deadline
+            else {"ok": False, "error": "deadline", "seconds": 0.0}
+            for t in mine
+        ]
 
     with concurrent.futures.ThreadPoolExecutor(a.clients) as pool:
         results = list(pool.map(client, per_client))
@@ -110,11 +117,19 @@ def summary(name, results, seconds):
     ok = [r for r in results if r["ok"]]
     tokens = sum(r["tokens"] for r in ok)
     lat = [r["seconds"] for r in ok] or [0.0]
-    row = {"requests": len(results), "errors": len(results) - len(ok), "seconds": round(seconds, 2),
-           "req_per_s": round(len(ok) / seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
-           "p50_s": round(percentile(lat, 50), 3), "p95_s": round(percentile(lat, 95), 3)}
-    print(f"{name:<12} {row['requests']:>8} {row['errors']:>6} {row['seconds']:>8.2f} {row['req_per_s']:>8.2f} "
-          f"{row['tokens_per_s']:>9.1f} {row['p50_s']:>7.3f} {row['p95_s']:>7.3f}")
+    row = {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "seconds": round(seconds, 2),
+        "req_per_s": round(len(ok) / seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "p50_s": round(percentile(lat, 50), 3),
+        "p95_s": round(percentile(lat, 95), 3),
+    }
+    print(
+        f"{name:<12} {row['requests']:>8} {row['errors']:>6} {row['seconds']:>8.2f} {row['req_per_s']:>8.2f} "
+        f"{row['tokens_per_s']:>9.1f} {row['p50_s']:>7.3f} {row['p95_s']:>7.3f}"
+    )
     return row
 
 
@@ -126,8 +141,11 @@ def check_refusals(url, model):
         except OSError as e:
             bad.append(f"{what}: {type(e).__name__}: {e}")
             continue
-        fine = 400 <= status < 500 and isinstance(err, dict) and set(err.get("error", {})) >= {
-            "message", "type", "param", "code"}
+        fine = (
+            400 <= status < 500
+            and isinstance(err, dict)
+            and set(err.get("error", {})) >= {"message", "type", "param", "code"}
+        )
         print(f"  {status}  {what:<32} {err.get('error', {}).get('code') if isinstance(err, dict) else err}")
         if not fine:
             bad.append(f"{what}: {status} {err}")
@@ -137,8 +155,10 @@ def check_refusals(url, model):
 def mixed_workload(n):
     """(prompt, max_tokens) pairs of mixed prompt and answer lengths (1-12 words, 8-128 tokens)."""
     budgets = [8, 128, 16, 64, 32, 96, 8, 48]
-    return [(" ".join([WORDS[(i + k) % len(WORDS)] for k in range(1 + i % 12)]) + f"*n#{i}", budgets[i % len(budgets)])
-            for i in range(n)]
+    return [
+        (" ".join([WORDS[(i + k) % len(WORDS)] for k in range(1 + i % 12)]) + f"*n#{i}", budgets[i % len(budgets)])
+        for i in range(n)
+    ]
 
 
 def compare_batching(a):
@@ -151,12 +171,27 @@ def compare_batching(a):
     servers = {}
     with contextlib.ExitStack() as stack:
         for mode in rows:
-            servers[mode] = stack.enter_context(server(
-                ["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
-                 "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients), "--batching", mode],
-                name=f"{mode} server"))
+            servers[mode] = stack.enter_context(
+                server(
+                    [
+                        "--model_name_or_path",
+                        a.model,
+                        "--served_model_name",
+                        "bench",
+                        "--max_length",
+                        "256",
+                        "--max_batch_size",
+                        str(a.clients),
+                        "--max_queue",
+                        str(4 * a.clients),
+                        "--batching",
+                        mode,
+                    ],
+                    name=f"{mode} server",
+                )
+            )
             one(servers[mode].ready.group(1), "bench", "warm-up", 4, a.timeout)
-        per_client = [work[c::a.clients] for c in range(a.clients)]
+        per_client = [work[c :: a.clients] for c in range(a.clients)]
         for r in range(a.repeats):
             for mode in rows:
                 url = servers[mode].ready.group(1)
@@ -179,8 +214,10 @@ def compare_batching(a):
     ratios = [c["tokens_per_s"] / max(s["tokens_per_s"], 1e-9) for s, c in zip(rows["static"], rows["continuous"])]
     differ = sum(x != y for x, y in zip(texts["static"], texts["continuous"]))
     med = h.median(ratios)
-    print(f"continuous / static throughput per round: {', '.join(f'{x:.2f}x' for x in ratios)}; median {med:.2f}x "
-          f"(target >= 1.5x: {h.verdict(med, 1.5, at_least=True)}); answers differing: {differ}")
+    print(
+        f"continuous / static throughput per round: {', '.join(f'{x:.2f}x' for x in ratios)}; median {med:.2f}x "
+        f"(target >= 1.5x: {h.verdict(med, 1.5, at_least=True)}); answers differing: {differ}"
+    )
     errors = sum(x["errors"] for rs in rows.values() for x in rs)
     return 0 if differ == 0 and not errors else 1
 
@@ -194,11 +231,19 @@ def main():
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds for the whole benchmark")
     p.add_argument("--repeats", type=int, default=2, help="--compare_batching: interleaved rounds of each mode")
-    p.add_argument("--compare_batching", action="store_true", help="only: --batching static vs continuous on a "
-                   "mixed workload (prompts of 1-12 words, max_tokens 8-128) from --clients concurrent clients")
-    p.add_argument("--decode", action="store_true", help="only: decode tokens/s at batch 1 and 32 on a ~0.5B random "
-                   "Llama, as a fraction of the memory-bandwidth limit and against transformers' generate "
-                   "(bench/serve_decode.py; --repeats interleaved rounds)")
+    p.add_argument(
+        "--compare_batching",
+        action="store_true",
+        help="only: --batching static vs continuous on a "
+        "mixed workload (prompts of 1-12 words, max_tokens 8-128) from --clients concurrent clients",
+    )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="only: decode tokens/s at batch 1 and 32 on a ~0.5B random "
+        "Llama, as a fraction of the memory-bandwidth limit and against transformers' generate "
+        "(bench/serve_decode.py; --repeats interleaved rounds)",
+    )
     a = p.parse_args()
     if a.decode:
         from bench import serve_decode
@@ -209,19 +254,35 @@ def main():
 
         ensure_tiny_model(a.model, os.path.join(ROOT, "llm", "data", "advertise"))
     if a.compare_batching:
-        print(f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
-              f"{'p95 s':>7}")
+        print(
+            f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
+            f"{'p95 s':>7}"
+        )
         return compare_batching(a)
     deadline = time.time() + a.deadline
     texts = prompts(a.clients * a.rounds)
     problems = []
-    with server(["--model_name_or_path", a.model, "--served_model_name", "bench", "--max_length", "256",
-                 "--max_batch_size", str(a.clients), "--max_queue", str(4 * a.clients)]) as srv:
+    with server(
+        [
+            "--model_name_or_path",
+            a.model,
+            "--served_model_name",
+            "bench",
+            "--max_length",
+            "256",
+            "--max_batch_size",
+            str(a.clients),
+            "--max_queue",
+            str(4 * a.clients),
+        ]
+    ) as srv:
         url = srv.ready.group(1)
         print(f"server: {url}  model: {a.model}  requests: {len(texts)} (greedy, max_tokens {a.max_tokens})")
         one(url, "bench", "warm-up", 4, a.timeout)
-        print(f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
-              f"{'p95 s':>7}")
+        print(
+            f"{'':<12} {'requests':>8} {'errors':>6} {'seconds':>8} {'req/s':>8} {'tokens/s':>9} {'p50 s':>7} "
+            f"{'p95 s':>7}"
+        )
         t0 = time.time()
         seq = run_sequential(url, "bench", texts, a, deadline)
         s_row = summary("one-by-one", seq, time.time() - t0)
@@ -232,12 +293,15 @@ def main():
         after = json.load(urllib.request.urlopen(url + "/health"))
         differ = sum(1 for x, y in zip(seq, con) if x["ok"] and y["ok"] and x["text"] != y["text"])
         speedup = c_row["req_per_s"] / max(s_row["req_per_s"], 1e-9)
-        print(f"speed-up: {speedup:.2f}x; concurrent requests ran in {after['batches'] - before['batches']} "
-              f"batch(es) (largest {after['largest_batch']}); answers differing from one-by-one: {differ}")
+        print(
+            f"speed-up: {speedup:.2f}x; concurrent requests ran in {after['batches'] - before['batches']} "
+            f"batch(es) (largest {after['largest_batch']}); answers differing from one-by-one: {differ}"
+        )
         errors = s_row["errors"] + c_row["errors"]
         if errors:
-            problems.append(f"{errors} request(s) failed: " + "; ".join(
-                r["error"] for r in seq + con if not r["ok"])[:500])
+            problems.append(
+                f"{errors} request(s) failed: " + "; ".join(r["error"] for r in seq + con if not r["ok"])[:500]
+            )
         if differ:
             problems.append(f"{differ} concurrent answer(s) differ from the same request alone")
         if speedup < 2.0:

@@ -39,9 +39,19 @@ if __package__ in (None, ""):
 from bench import harness as h  # noqa: E402
 
 ROOT = h.ROOT
-SHAPE = dict(hidden_size=1024, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=16,
-             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False,
-             bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 
 def ensure_model(model_dir: str, hf_dir: str) -> dict:
@@ -58,8 +68,14 @@ def ensure_model(model_dir: str, hf_dir: str) -> dict:
         n_shards, total = big_model.write_shards(model_dir, shapes, seed=0)
         cfg.save_pretrained(model_dir)
         with open(marker, "w") as f:
-            json.dump({"params": sum(int(np.prod(s)) for s in shapes.values()), "total_bytes": total,
-                       "embedding": int(np.prod(shapes["llama.embed_tokens.weight"]))}, f)
+            json.dump(
+                {
+                    "params": sum(int(np.prod(s)) for s in shapes.values()),
+                    "total_bytes": total,
+                    "embedding": int(np.prod(shapes["llama.embed_tokens.weight"])),
+                },
+                f,
+            )
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         from paddlenlp_ext.export.hf_model import export_hf_model
 
@@ -156,11 +172,21 @@ def theirs(a) -> list:
         ids = torch.from_numpy(prompts(batch, a.prompt_len, SHAPE["vocab_size"]))
         st = Stamp()
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=new, min_new_tokens=new, pad_token_id=0,
-                                 stopping_criteria=StoppingCriteriaList([st]))
-        return {"batch": batch, "decode_s": st.stamps[-1] - st.stamps[0], "steps": len(st.stamps) - 1,
-                "tokens": out[0, a.prompt_len:].tolist()}
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=0,
+                stopping_criteria=StoppingCriteriaList([st]),
+            )
+        return {
+            "batch": batch,
+            "decode_s": st.stamps[-1] - st.stamps[0],
+            "steps": len(st.stamps) - 1,
+            "tokens": out[0, a.prompt_len :].tolist(),
+        }
 
     run(2, 3)
     out = [run(b, a.new_tokens) for b in a.batches]
@@ -172,9 +198,23 @@ def theirs(a) -> list:
 
 
 def child(side: str, a) -> list:
-    cmd = [sys.executable, "-m", "bench.serve_decode", "--child", side, "--model_dir", a.model_dir, "--hf_dir",
-           a.hf_dir, "--new_tokens", str(a.new_tokens), "--prompt_len", str(a.prompt_len),
-           "--batches", ",".join(map(str, a.batches))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.serve_decode",
+        "--child",
+        side,
+        "--model_dir",
+        a.model_dir,
+        "--hf_dir",
+        a.hf_dir,
+        "--new_tokens",
+        str(a.new_tokens),
+        "--prompt_len",
+        str(a.prompt_len),
+        "--batches",
+        ",".join(map(str, a.batches)),
+    ]
     # no thread variables inherited (paddle's import in this process set OMP_NUM_THREADS=1): each side picks its own
     env = h.clean_env(drop=("OMP_NUM_THREADS", "MKL_NUM_THREADS"), PYTHONPATH=ROOT)
     r = h.run(cmd, name=side, cwd=ROOT, env=env, mark=None, check=False)
@@ -189,8 +229,11 @@ def child(side: str, a) -> list:
 
 def compare(a) -> int:
     info = ensure_model(a.model_dir, a.hf_dir)
-    print(f"model: {info['params']:,} parameters; weights read per decode step: {info['bytes_per_step'] / 1e9:.3f} GB"
-          " (fp32, embedding left out)", flush=True)
+    print(
+        f"model: {info['params']:,} parameters; weights read per decode step: {info['bytes_per_step'] / 1e9:.3f} GB"
+        " (fp32, embedding left out)",
+        flush=True,
+    )
     res, bws = {"ours": [], "theirs": []}, []
     for r in range(a.repeats):
         for side in ("ours", "theirs"):
@@ -198,29 +241,62 @@ def compare(a) -> int:
             bws.append(copy_bandwidth())  # measured next to each run: the machine is shared
             out = child(side, a)
             res[side].append(out)
-            print(f"round {r + 1} {side:<6} load average {load[0]:.1f} {load[1]:.1f}: " + ", ".join(
-                f"batch {x['batch']}: {x['batch'] * x['steps'] / x['decode_s']:.1f} tok/s" for x in out[:-1])
-                + f"  ({out[-1]}); copy bandwidth before it {bws[-1] / 1e9:.1f} GB/s", flush=True)
+            print(
+                f"round {r + 1} {side:<6} load average {load[0]:.1f} {load[1]:.1f}: "
+                + ", ".join(
+                    f"batch {x['batch']}: {x['batch'] * x['steps'] / x['decode_s']:.1f} tok/s" for x in out[:-1]
+                )
+                + f"  ({out[-1]}); copy bandwidth before it {bws[-1] / 1e9:.1f} GB/s",
+                flush=True,
+            )
     bw = h.median(bws)
-    print(f"copy bandwidth (median of {len(bws)}): {bw / 1e9:.2f} GB/s -> limit {bw / info['bytes_per_step']:.2f} "
-          "decode steps/s")
+    print(
+        f"copy bandwidth (median of {len(bws)}): {bw / 1e9:.2f} GB/s -> limit {bw / info['bytes_per_step']:.2f} "
+        "decode steps/s"
+    )
     flops_per_token = 2 * info["bytes_per_step"] / 4  # a multiply-add per weight (fp32: 4 bytes)
     rows = []
     for k, b in enumerate(a.batches):
         flops = h.median([rr[-1]["gemm_flops"][str(b)] for rr in res["ours"]])  # JSON keys are strings
-        print(f"batch {b}: Paddle's matmul over weights larger than the caches {flops / 1e9:.1f} GFLOP/s (torch's "
-              f"{h.median([rr[-1]['gemm_flops'][str(b)] for rr in res['theirs']]) / 1e9:.1f}) -> matmul limit "
-              f"{flops / flops_per_token:.1f} tok/s")
+        print(
+            f"batch {b}: Paddle's matmul over weights larger than the caches {flops / 1e9:.1f} GFLOP/s (torch's "
+            f"{h.median([rr[-1]['gemm_flops'][str(b)] for rr in res['theirs']]) / 1e9:.1f}) -> matmul limit "
+            f"{flops / flops_per_token:.1f} tok/s"
+        )
         tps = {s: h.median([rr[k]["batch"] * rr[k]["steps"] / rr[k]["decode_s"] for rr in res[s]]) for s in res}
         limit = b * bw / info["bytes_per_step"]
         same = sum(x == y for x, y in zip(res["ours"][0][k]["tokens"], res["theirs"][0][k]["tokens"]))
-        rows.append([b, f"{tps['ours']:.1f}", f"{tps['ours'] / limit:.0%}", f"{tps['theirs']:.1f}",
-                     f"{tps['theirs'] / limit:.0%}", f"{limit:.1f}", f"{tps['ours'] / tps['theirs']:.2f}x",
-                     f"{same}/{a.new_tokens}", f"{flops / flops_per_token:.1f}",
-                     f"{tps['ours'] / (flops / flops_per_token):.0%}"])
-    print(h.table(["batch", "ours tok/s", "ours / limit", "transformers tok/s", "transformers / limit",
-                   "bandwidth limit tok/s", "ours / transformers", "row 0 greedy tokens equal",
-                   "Paddle matmul limit tok/s", "ours / matmul limit"], rows))
+        rows.append(
+            [
+                b,
+                f"{tps['ours']:.1f}",
+                f"{tps['ours'] / limit:.0%}",
+                f"{tps['theirs']:.1f}",
+                f"{tps['theirs'] / limit:.0%}",
+                f"{limit:.1f}",
+                f"{tps['ours'] / tps['theirs']:.2f}x",
+                f"{same}/{a.new_tokens}",
+                f"{flops / flops_per_token:.1f}",
+                f"{tps['ours'] / (flops / flops_per_token):.0%}",
+            ]
+        )
+    print(
+        h.table(
+            [
+                "batch",
+                "ours tok/s",
+                "ours / limit",
+                "transformers tok/s",
+                "transformers / limit",
+                "bandwidth limit tok/s",
+                "ours / transformers",
+                "row 0 greedy tokens equal",
+                "Paddle matmul limit tok/s",
+                "ours / matmul limit",
+            ],
+            rows,
+        )
+    )
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 

@@ -86,16 +86,21 @@ def main(argv=None):
                 stack.enter_context(fast_rms_norm())
             yield
 
-    times, results = h.interleave({name: (lambda m=m: step(m)) for name, m in models.items()}, a.repeats,
-                                  context=patches)
+    times, results = h.interleave(
+        {name: (lambda m=m: step(m)) for name, m in models.items()}, a.repeats, context=patches
+    )
     for name in times:
-        print(f"{name}: forward+backward {statistics.median(times[name]):.3f} s (median of {a.repeats}: "
-              f"{', '.join(f'{t:.3f}' for t in times[name])})")
+        print(
+            f"{name}: forward+backward {statistics.median(times[name]):.3f} s (median of {a.repeats}: "
+            f"{', '.join(f'{t:.3f}' for t in times[name])})"
+        )
     print(f"ours / stock: {statistics.median(times['ours']) / statistics.median(times['stock']):.2f}x time")
     (l0, g0), (l1, g1) = results["stock"], results["ours"]
     worst = max(float(np.abs(g1[n] - g0[n]).max() / max(np.abs(g0[n]).max(), 1e-30)) for n in g0)
-    print(f"loss {l0:.6f} vs {l1:.6f} (relative difference {abs(l1 - l0) / abs(l0):.1e}); {len(g0)} LoRA gradients: "
-          f"largest difference {worst:.1e} of the gradient's largest entry")
+    print(
+        f"loss {l0:.6f} vs {l1:.6f} (relative difference {abs(l1 - l0) / abs(l0):.1e}); {len(g0)} LoRA gradients: "
+        f"largest difference {worst:.1e} of the gradient's largest entry"
+    )
     assert abs(l1 - l0) <= 1e-5 * abs(l0) and worst <= 1e-3, "ours drifted from PaddleNLP's step"
     return 0
 

@@ -46,15 +46,28 @@ def main(argv=None):
     runs = {"before": [], "after": []}
     for i in range(a.repeats):
         for name, root in roots.items():
-            r = run_once("on", model_dir, data_dir, os.path.join(a.scratch, f"run_{name}_{i}"), a.steps, extra,
-                         cli=os.path.join(root, "llm", "run_finetune.py"), root=root)
+            r = run_once(
+                "on",
+                model_dir,
+                data_dir,
+                os.path.join(a.scratch, f"run_{name}_{i}"),
+                a.steps,
+                extra,
+                cli=os.path.join(root, "llm", "run_finetune.py"),
+                root=root,
+            )
             runs[name].append(r)
-            print(f"  {name} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
-                  f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {r['cpu_pct'] or 0:.0f}%, losses {r['losses']}", flush=True)
+            print(
+                f"  {name} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
+                f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {r['cpu_pct'] or 0:.0f}%, losses {r['losses']}",
+                flush=True,
+            )
     print()
     print(compare(runs, "checkout", "before", "after"))
-    print(f"\nper-step losses, after vs before: largest relative difference "
-          f"{loss_rel_diff(runs['after'], runs['before']):.2e}")
+    print(
+        f"\nper-step losses, after vs before: largest relative difference "
+        f"{loss_rel_diff(runs['after'], runs['before']):.2e}"
+    )
     return 0
 
 

@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from paddlenlp_ext.cli.prelude import prepare_script  # noqa: E402
 
-prepare_script(__file__, config_first=True)  # this project's Python; CPU threads and MKL before paddle loads; import noise off
+prepare_script(
+    __file__, config_first=True
+)  # this project's Python; CPU threads and MKL before paddle loads; import noise off
 
 from paddlenlp_ext.cli.common import run_config_script  # noqa: E402
 

@@ -65,8 +65,11 @@ def selected_params(request, test_name):
     ``pytest 'tests/test_x.py::test_a[mistral]'``, ``selected_params(request, "test_a")`` ->
     ``[{"model_type": "mistral"}]``.
     """
-    return [item.callspec.params for item in request.session.items
-            if getattr(item, "originalname", None) == test_name and item.module is request.module]
+    return [
+        item.callspec.params
+        for item in request.session.items
+        if getattr(item, "originalname", None) == test_name and item.module is request.module
+    ]
 
 
 @pytest.fixture(autouse=True)

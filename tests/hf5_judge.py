@@ -49,9 +49,19 @@ def _build() -> str:
     if os.path.isdir(VENV):
         shutil.rmtree(VENV)
     base = os.path.join(sys.base_prefix, "bin", "python3")
-    steps = [[base, "-m", "venv", VENV],
-             [_python(), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
-              f"transformers=={HF5_VERSION}"]]
+    steps = [
+        [base, "-m", "venv", VENV],
+        [
+            _python(),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-compile",
+            f"transformers=={HF5_VERSION}",
+        ],
+    ]
     for cmd in steps:
         try:
             r = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=600)
@@ -63,12 +73,20 @@ def _build() -> str:
     shared = _shared_site_packages()
     if not shared:
         return "torch is not installed in the project venv"
-    own = subprocess.run([_python(), "-c", "import site; print(site.getsitepackages()[0])"], env=_clean_env(),
-                         capture_output=True, text=True).stdout.strip()
+    own = subprocess.run(
+        [_python(), "-c", "import site; print(site.getsitepackages()[0])"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with open(os.path.join(own, "zz_project_venv.pth"), "w") as f:
         f.write(shared + "\n")
-    r = subprocess.run([_python(), "-c", "import torch, transformers; print(transformers.__version__)"],
-                       env=_clean_env(), capture_output=True, text=True)
+    r = subprocess.run(
+        [_python(), "-c", "import torch, transformers; print(transformers.__version__)"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 or r.stdout.strip() != HF5_VERSION:
         return f"the judge venv does not import transformers {HF5_VERSION} with torch: {r.stderr.strip()[-300:]}"
     with open(_READY, "w") as f:  # which project venv it leans on: another one (a new clone's) rebuilds it
@@ -100,8 +118,9 @@ def judge(command: str, workdir: str, **args):
     res = os.path.join(workdir, f"{command}_result.json")
     with open(req, "w") as f:
         json.dump(args, f)
-    r = subprocess.run([hf5_python(), WORKER, command, req, res], env=_clean_env(), capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [hf5_python(), WORKER, command, req, res], env=_clean_env(), capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, f"transformers {HF5_VERSION} judge failed:\n{r.stderr[-3000:]}"
     with open(res) as f:
         return json.load(f)

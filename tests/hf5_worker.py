@@ -46,13 +46,23 @@ def run(a):
     with torch.no_grad():
         np.save(a["logits_out"], model(ids).logits.numpy())
         prompt = torch.tensor([a["prompt"]])
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                             max_new_tokens=a["max_new_tokens"], eos_token_id=a["eos"], pad_token_id=0)
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=a["max_new_tokens"],
+            eos_token_id=a["eos"],
+            pad_token_id=0,
+        )
     c = model.config
-    return {"version": transformers.__version__, "class": type(model).__name__,
-            "greedy": out[0, prompt.shape[1]:].tolist(),
-            "rope_parameters": getattr(c, "rope_parameters", None),
-            "layer_types": getattr(c, "layer_types", None), "sliding_window": getattr(c, "sliding_window", None)}
+    return {
+        "version": transformers.__version__,
+        "class": type(model).__name__,
+        "greedy": out[0, prompt.shape[1] :].tolist(),
+        "rope_parameters": getattr(c, "rope_parameters", None),
+        "layer_types": getattr(c, "layer_types", None),
+        "sliding_window": getattr(c, "sliding_window", None),
+    }
 
 
 def tokenizer(a):

@@ -12,8 +12,17 @@ import pytest
 
 #: the families whose transformers layout the streaming loader reads (models/hf_layout.HF_FAMILIES)
 FAMILIES = ["llama", "qwen2", "mistral", "qwen3"]
-TINY = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.2)
+TINY = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    initializer_range=0.2,
+)
 
 
 def family_param(family):
@@ -25,8 +34,9 @@ def family_param(family):
         ok = True
     except ImportError:
         ok = False
-    return pytest.param(family, id=family, marks=pytest.mark.skipif(not ok, reason="paddlenlp_ext.models.qwen3 "
-                                                                               "is not importable yet"))
+    return pytest.param(
+        family, id=family, marks=pytest.mark.skipif(not ok, reason="paddlenlp_ext.models.qwen3 is not importable yet")
+    )
 
 
 FAMILY_PARAMS = [family_param(f) for f in FAMILIES]

@@ -14,8 +14,20 @@ TINY = os.path.join(ROOT, "build", "tiny-llama")
 def run_preference_cli(cli, data, config, out, *overrides, check=True):
     """``python CLI CONFIG --output_dir OUT`` on the tiny model with ``data`` as train and dev set;
     ``check``: assert exit 0 (the message shows the output's tail)."""
-    cmd = [sys.executable, cli, os.path.join(ROOT, config), "--output_dir", str(out), "--model_name_or_path", TINY,
-           "--train_dataset_path", data, "--dev_dataset_path", data, *map(str, overrides)]
+    cmd = [
+        sys.executable,
+        cli,
+        os.path.join(ROOT, config),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        TINY,
+        "--train_dataset_path",
+        data,
+        "--dev_dataset_path",
+        data,
+        *map(str, overrides),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]

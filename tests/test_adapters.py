@@ -180,8 +180,16 @@ def test_config_defaults_scaling_and_validation(tmp_path):
     assert json.load(open(tmp_path / CONFIG_NAME))["alpha"] == 8.0
     assert AdapterConfig.load(str(tmp_path)) == c
 
-    f = adapter_config_from_args({"lora": True, "lora_rank": 4, "pissa": True, "pissa_niter": 2,
-                                      "lora_target_modules": [".*q_proj"], "learning_rate": 1e-4})
+    f = adapter_config_from_args(
+        {
+            "lora": True,
+            "lora_rank": 4,
+            "pissa": True,
+            "pissa_niter": 2,
+            "lora_target_modules": [".*q_proj"],
+            "learning_rate": 1e-4,
+        }
+    )
     assert (f.method, f.r, f.alpha, f.pissa, f.pissa_niter, f.target_modules) == ("lora", 4, 8.0, True, 2, [".*q_proj"])
     v = adapter_config_from_args({"vera": True, "vera_rank": 16, "lora_alpha": 32})
     assert (v.method, v.r, v.alpha) == ("vera", 16, None)
@@ -296,7 +304,11 @@ def test_pissa_residual_and_principal_part():
     np.testing.assert_array_equal(layer.pissa_A0.numpy(), a)
     np.testing.assert_array_equal(layer.pissa_B0.numpy(), b)
     assert layer.pissa_A0.stop_gradient and set(layer.adapter_state_dict()) == {
-        "lora_A", "lora_B", "pissa_A0", "pissa_B0"}
+        "lora_A",
+        "lora_B",
+        "pissa_A0",
+        "pissa_B0",
+    }
 
 
 def test_randomized_svd_close_to_exact():
@@ -431,11 +443,14 @@ def test_token_lengths_from_batch():
     # pad ids; unpacked rows of different lengths
     ids = np.array([[5, 6, 7, 8, 0, 0], [5, 6, 0, 0, 0, 0]])
     np.testing.assert_array_equal(
-        token_lengths_from_batch(input_ids=ids, pad_token_id=0).numpy(), [[4, 4, 4, 4, 0, 0], [2, 2, 0, 0, 0, 0]])
+        token_lengths_from_batch(input_ids=ids, pad_token_id=0).numpy(), [[4, 4, 4, 4, 0, 0], [2, 2, 0, 0, 0, 0]]
+    )
     np.testing.assert_array_equal(
-        token_lengths_from_batch(attention_mask=paddle.to_tensor(ids != 0).astype("int64"),
-                                 position_ids=np.tile(np.arange(6), (2, 1))).numpy(),
-        [[4, 4, 4, 4, 0, 0], [2, 2, 0, 0, 0, 0]])
+        token_lengths_from_batch(
+            attention_mask=paddle.to_tensor(ids != 0).astype("int64"), position_ids=np.tile(np.arange(6), (2, 1))
+        ).numpy(),
+        [[4, 4, 4, 4, 0, 0], [2, 2, 0, 0, 0, 0]],
+    )
     # no padding information: the whole row is one example
     np.testing.assert_array_equal(token_lengths_from_batch(labels=np.full((1, 4), -100)).numpy(), [[4, 4, 4, 4]])
     with pytest.raises(ValueError):
@@ -510,7 +525,9 @@ def test_apply_targets_freezing_and_errors():
 
     m2 = tiny_llama()
     info = apply_adapters(m2, AdapterConfig(r=2, target_modules=[r".*\.q_proj", r".*\.v_proj"]))
-    assert info["adapted_modules"] == [f"llama.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "v_proj")]
+    assert info["adapted_modules"] == [
+        f"llama.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "v_proj")
+    ]
 
     with pytest.raises(ValueError, match="linear modules available") as e:
         apply_adapters(tiny_llama(), AdapterConfig(r=2, target_modules=["q_proj"]))  # fullmatch: no hit

@@ -31,17 +31,29 @@ PRIVATE = [
     (re.compile(r"^\s*from\s+(?:paddle|paddlenlp)[\w.]*\s+import\s+.*\b_[A-Za-z]", re.M), "private name imported"),
     (re.compile(r"^\s*from\s+(?:paddle|paddlenlp)[\w.]*\._\w+", re.M), "private module imported"),
     (re.compile(r"\binspect\.getsource\b|\bast\.parse\b"), "reading library source"),
-    (re.compile(r"^\s*def\s+_(?:save|save_checkpoint|load_from_checkpoint|inner_training_loop|maybe_log_save_evaluate)\(",
-                re.M), "override of a private Trainer method"),
-    (re.compile(r"\._(?:sub_layers|parameters|buffers|forward_pre_hooks|forward_post_hooks)\b"),
-     "private nn.Layer state"),
+    (
+        re.compile(
+            r"^\s*def\s+_(?:save|save_checkpoint|load_from_checkpoint|inner_training_loop|maybe_log_save_evaluate)\(",
+            re.M,
+        ),
+        "override of a private Trainer method",
+    ),
+    (
+        re.compile(r"\._(?:sub_layers|parameters|buffers|forward_pre_hooks|forward_post_hooks)\b"),
+        "private nn.Layer state",
+    ),
 ]
 
 # package -> top-level names it must never import (anywhere in the file)
 IMPORT_RULES = {
     "config": {"paddle", "paddlenlp", "paddlenlp_ext.training", "paddlenlp_ext.quant", "paddlenlp_ext.kernels"},
-    "data": {"paddlenlp_ext.models", "paddlenlp_ext.adapters", "paddlenlp_ext.training", "paddlenlp_ext.quant",
-             "paddlenlp_ext.merge"},
+    "data": {
+        "paddlenlp_ext.models",
+        "paddlenlp_ext.adapters",
+        "paddlenlp_ext.training",
+        "paddlenlp_ext.quant",
+        "paddlenlp_ext.merge",
+    },
     "adapters": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "kernels": {"paddlenlp", "paddlenlp_ext.training", "paddlenlp_ext.adapters", "paddlenlp_ext.data"},
     "quant": {"paddlenlp_ext.training", "paddlenlp_ext.adapters", "paddlenlp_ext.data", "paddlenlp.trainer"},
@@ -50,13 +62,31 @@ IMPORT_RULES = {
     "predict": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "planner": {"paddle", "paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.adapters"},
     # parallel builds on the adapter layers (adapters.base); adapters.api calls parallel to save TP adapters
-    "parallel": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer",
-                 "paddlenlp_ext.adapters.api"},
-    "serve": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.adapters",
-              "paddlenlp.trainer"},
+    "parallel": {
+        "paddlenlp_ext.training",
+        "paddlenlp_ext.data",
+        "paddlenlp_ext.merge",
+        "paddlenlp.trainer",
+        "paddlenlp_ext.adapters.api",
+    },
+    "serve": {
+        "paddlenlp_ext.training",
+        "paddlenlp_ext.dpo",
+        "paddlenlp_ext.merge",
+        "paddlenlp_ext.adapters",
+        "paddlenlp.trainer",
+    },
     # the rollout engine is model-agnostic decoding: trainers and the server may use it, it uses none of them
-    "generation": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp_ext.serve",
-                   "paddlenlp_ext.predict", "paddlenlp_ext.grpo", "paddlenlp_ext.ppo", "paddlenlp.trainer"},
+    "generation": {
+        "paddlenlp_ext.training",
+        "paddlenlp_ext.dpo",
+        "paddlenlp_ext.merge",
+        "paddlenlp_ext.serve",
+        "paddlenlp_ext.predict",
+        "paddlenlp_ext.grpo",
+        "paddlenlp_ext.ppo",
+        "paddlenlp.trainer",
+    },
     "kto": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
     "grpo": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
     "reward": {"paddlenlp_ext.merge", "paddlenlp_ext.predict", "paddlenlp_ext.serve", "paddlenlp_ext.export"},
@@ -102,17 +132,27 @@ def imported_names(tree, modname):
 
 # (module, enclosing function) -> why a broad handler that does not re-raise is right there.
 BROAD_EXCEPT_ALLOWED = {
-    ("merge/verify.py", "run_verification"):
-        "the merge is complete; any failure of the verification run is recorded in merge_info.json and "
-        "MERGE_VERIFY_FAILED and the run exits 3 (the output is marked, not deleted)",
-    ("merge/writer.py", "_drain"):
-        "writer thread: the exception is stored and re-raised in the caller by the next write()/close()",
-    ("grpo/tool_worker.py", "run_call"):
-        "the tool process: a tool's exception is its call's result (an error message the model reads), as TRL does",
-    ("serve/engine.py", "_main"):
-        "generation thread: a failure to load the models is stored and reported (or re-raised) by the main thread",
-    ("serve/engine.py", "_run"):
-        "generation thread: a failed batch answers each of its requests with a 500 error and the server goes on",
+    (
+        "merge/verify.py",
+        "run_verification",
+    ): "the merge is complete; any failure of the verification run is recorded in merge_info.json and "
+    "MERGE_VERIFY_FAILED and the run exits 3 (the output is marked, not deleted)",
+    (
+        "merge/writer.py",
+        "_drain",
+    ): "writer thread: the exception is stored and re-raised in the caller by the next write()/close()",
+    (
+        "grpo/tool_worker.py",
+        "run_call",
+    ): "the tool process: a tool's exception is its call's result (an error message the model reads), as TRL does",
+    (
+        "serve/engine.py",
+        "_main",
+    ): "generation thread: a failure to load the models is stored and reported (or re-raised) by the main thread",
+    (
+        "serve/engine.py",
+        "_run",
+    ): "generation thread: a failed batch answers each of its requests with a 500 error and the server goes on",
 }
 
 
@@ -151,8 +191,10 @@ def test_module_rules(rel, path):
     if not rel.startswith("integrations" + os.sep):
         for pattern, what in PRIVATE:
             m = pattern.search(text)
-            assert m is None, f"{rel}:{text[:m.start()].count(chr(10)) + 1}: {what} ({m.group(0).strip()!r}); " \
-                              "move it to paddlenlp_ext/integrations/"
+            assert m is None, (
+                f"{rel}:{text[: m.start()].count(chr(10)) + 1}: {what} ({m.group(0).strip()!r}); "
+                "move it to paddlenlp_ext/integrations/"
+            )
     tree = ast.parse(text, filename=path)
     lines = list(swallowing_handlers(tree, rel.replace(os.sep, "/")))
     assert not lines, f"{rel}: broad except that does not re-raise at lines {lines}; catch the expected exception"
@@ -160,9 +202,14 @@ def test_module_rules(rel, path):
     forbidden = IMPORT_RULES.get(package, set())
     modname = "paddlenlp_ext." + rel[:-3].replace(os.sep, ".")
     allowed = IMPORT_ALLOWED.get(package, set())
-    bad = sorted({n for n in imported_names(tree, modname)
-                  for f in forbidden if (n == f or n.startswith(f + "."))
-                  and not any(n == a or n.startswith(a + ".") for a in allowed)})
+    bad = sorted(
+        {
+            n
+            for n in imported_names(tree, modname)
+            for f in forbidden
+            if (n == f or n.startswith(f + ".")) and not any(n == a or n.startswith(a + ".") for a in allowed)
+        }
+    )
     assert not bad, f"{rel} imports {bad}, which docs/architecture.md forbids for {package}/"
 
 
@@ -178,6 +225,7 @@ def test_the_rules_catch_what_they_are_for(tmp_path):
 
 def module_import_graph():
     """{module: the paddlenlp_ext modules it imports anywhere in its file} (a package's name is its __init__)."""
+
     def name(rel):
         m = "paddlenlp_ext." + rel[:-3].replace(os.sep, ".")
         return m[: -len(".__init__")] if m.endswith(".__init__") else m
@@ -199,15 +247,18 @@ def module_import_graph():
 
 def cross_package_cycles(graph):
     package = lambda m: m.split(".")[1]  # noqa: E731
-    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a]
-                   if a in graph.get(b, ()) and package(a) != package(b)})
+    return sorted(
+        {tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ()) and package(a) != package(b)}
+    )
 
 
 def test_no_import_cycle_between_packages():
     """e.g. adapters/api.py <-> parallel/checkpoint.py: parallel reads adapter layers from adapters.base."""
     assert cross_package_cycles(module_import_graph()) == []
-    sample = {"paddlenlp_ext.adapters.api": {"paddlenlp_ext.parallel.checkpoint"},
-              "paddlenlp_ext.parallel.checkpoint": {"paddlenlp_ext.adapters.api"}}
+    sample = {
+        "paddlenlp_ext.adapters.api": {"paddlenlp_ext.parallel.checkpoint"},
+        "paddlenlp_ext.parallel.checkpoint": {"paddlenlp_ext.adapters.api"},
+    }
     assert cross_package_cycles(sample) == [("paddlenlp_ext.adapters.api", "paddlenlp_ext.parallel.checkpoint")]
 
 
@@ -242,8 +293,7 @@ def formatted_line_counts(root, dirs, ruff):
                         os.makedirs(os.path.join(tmp, os.path.dirname(rel)), exist_ok=True)
                         shutil.copy(os.path.join(root, rel), os.path.join(tmp, rel))
                         copied.append(rel)
-        done = subprocess.run([*ruff, "format", "--quiet", *dirs], cwd=tmp, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([*ruff, "format", "--quiet", *dirs], cwd=tmp, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"ruff format failed: {done.stderr[-2000:]}"
         return {rel: read(os.path.join(tmp, rel)).count("\n") for rel in copied}
 
@@ -257,8 +307,10 @@ def test_modules_stay_within_the_limit_once_formatted(tmp_path):
     counts = formatted_line_counts(ROOT, FORMATTED_DIRS, ruff)
     assert len(counts) > 100 and os.path.join("paddlenlp_ext", "models", "family_table.py") in counts
     over = {rel: n for rel, n in sorted(counts.items()) if n > MAX_LINES}
-    assert not over, (f"once `ruff format`ted these modules have more than {MAX_LINES} lines: {over}; split them "
-                      "by job (the formatter puts each argument of a long call on a line of its own)")
+    assert not over, (
+        f"once `ruff format`ted these modules have more than {MAX_LINES} lines: {over}; split them "
+        "by job (the formatter puts each argument of a long call on a line of its own)"
+    )
     # the measure formats with the project's line length (120): a 137-character call becomes 10 lines
     os.makedirs(tmp_path / "paddlenlp_ext")
     (tmp_path / "pyproject.toml").write_text(read(os.path.join(ROOT, "pyproject.toml")))

@@ -53,6 +53,7 @@ def packed_causal_lts(b, s, nseg, pad, rng):
 
 def random_bounds(b, h, s, form, rng):
     """Random bounds for each form, including empty/inverted intervals and edges."""
+
     def col(low=0):
         return rng.integers(low, s + 1, size=(b, h, s))
 
@@ -276,9 +277,7 @@ def test_block_mask_per_head():
     q, k, v = make_qkv(1, s, hq, hq, 8, 6)
     masked = docstring_dense_mask(lts, True)
     dense_bm = np.kron(bm, np.ones((128, 128), np.int32))[:, :, :s, :s] == 0
-    check_against_reference(
-        q, k, v, lts, causal=True, masked=masked | dense_bm, block_mask=paddle.to_tensor(bm)
-    )
+    check_against_reference(q, k, v, lts, causal=True, masked=masked | dense_bm, block_mask=paddle.to_tensor(bm))
 
 
 def test_half_precision_inputs():

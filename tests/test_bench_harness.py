@@ -18,7 +18,7 @@ from bench import harness
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: benchmarks not on the harness yet (none: a new one starts on it)
 NOT_YET: set = set()
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def test_docstring_examples():
@@ -29,8 +29,9 @@ def test_peak_rss_is_the_commands_own_not_the_parents():
     hold = bytearray(300 * MiB)  # the benchmark's own memory: a child spawned from it must not report it
     hold[::4096] = b"x" * len(hold[::4096])
     small = harness.run([sys.executable, "-c", "print('hi')"], name="small", mark=None)
-    big = harness.run([sys.executable, "-c", "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
-                      name="big", mark=None)
+    big = harness.run(
+        [sys.executable, "-c", "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])"], name="big", mark=None
+    )
     assert small.ok and small.output.strip() == "hi"
     assert small.peak_rss_bytes < 100 * MiB, small.peak_rss_bytes
     assert 200 * MiB < big.peak_rss_bytes < 300 * MiB, big.peak_rss_bytes
@@ -46,9 +47,11 @@ def test_peak_rss_covers_the_process_tree():
 
 
 def test_step_marks_give_the_commands_cpu_share():
-    busy = "import time\nfor i in range(3):\n    t = time.process_time()\n    while time.process_time() - t < 0.2: pass\n" \
-           "    print(f'step {i + 1}/3 loss 1.0', flush=True)\n" \
-           "time.sleep(2)"  # alive while its last line is read: a mark of a command that ended has no CPU to read
+    busy = (
+        "import time\nfor i in range(3):\n    t = time.process_time()\n    while time.process_time() - t < 0.2: pass\n"
+        "    print(f'step {i + 1}/3 loss 1.0', flush=True)\n"
+        "time.sleep(2)"
+    )  # alive while its last line is read: a mark of a command that ended has no CPU to read
     lines = []
     r = harness.run([sys.executable, "-c", busy], name="busy", on_line=lines.append)
     assert len(r.marks) == 3 and lines[0] == "step 1/3 loss 1.0"
@@ -70,10 +73,12 @@ def test_a_failed_command_exits_with_its_output_or_is_returned(tmp_path):
 
 
 def test_the_runs_summary_losses_and_median_step(tmp_path):
-    write = ("import json, sys; d = sys.argv[1]; "
-             "json.dump({'step_times_s': [9.0, 1.0, 3.0, 2.0]}, open(d + '/run_summary.json', 'w')); "
-             "json.dump({'log_history': [{'loss': 2.5}, {'eval_loss': 9}, {'loss': 2.0}]}, "
-             "open(d + '/trainer_state.json', 'w'))")
+    write = (
+        "import json, sys; d = sys.argv[1]; "
+        "json.dump({'step_times_s': [9.0, 1.0, 3.0, 2.0]}, open(d + '/run_summary.json', 'w')); "
+        "json.dump({'log_history': [{'loss': 2.5}, {'eval_loss': 9}, {'loss': 2.0}]}, "
+        "open(d + '/trainer_state.json', 'w'))"
+    )
     r = harness.run([sys.executable, "-c", write, str(tmp_path)], out_dir=str(tmp_path), mark=None)
     assert r.summary["step_times_s"][0] == 9.0
     assert r.median_step_s() == 2.0  # the first (warm-up) step left out
@@ -97,15 +102,19 @@ def test_in_process_phase_peak():
 
 def test_interleave_times_every_variant_after_a_warm_up():
     calls = []
-    times, results = harness.interleave({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2},
-                                        repeats=2)
+    times, results = harness.interleave(
+        {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, repeats=2
+    )
     assert calls == ["a", "b"] * 3 and results == {"a": 1, "b": 2}
     assert [len(t) for t in times.values()] == [2, 2]
 
 
 def _bench_scripts():
-    return sorted(p for p in glob.glob(os.path.join(ROOT, "bench", "*.py"))
-                  if os.path.basename(p) not in NOT_YET | {"__init__.py", "harness.py"})
+    return sorted(
+        p
+        for p in glob.glob(os.path.join(ROOT, "bench", "*.py"))
+        if os.path.basename(p) not in NOT_YET | {"__init__.py", "harness.py"}
+    )
 
 
 @pytest.mark.parametrize("path", _bench_scripts(), ids=os.path.basename)
@@ -119,9 +128,15 @@ def test_every_benchmark_runs_its_commands_through_the_harness(path):
     siblings = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "bench", "*.py"))}
     assert not imported & siblings, f"import {sorted(imported & siblings)} as bench.<name>"
     # (putting another project's directory first, as the PaddleNLP worker does for its llm/, is not this)
-    inserts = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr == "insert" and ast.unparse(n.func.value) == "sys.path"
-               and any(w in ast.unparse(n) for w in ("__file__", "ROOT", "REPO", "HERE", "bench"))]
+    inserts = [
+        ast.unparse(n)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "insert"
+        and ast.unparse(n.func.value) == "sys.path"
+        and any(w in ast.unparse(n) for w in ("__file__", "ROOT", "REPO", "HERE", "bench"))
+    ]
     assert not inserts, f"{inserts}: import the package (bench.<name>) instead"
     timers = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "/usr/bin/time"]
     assert not timers, "peak RSS: the harness's, not /usr/bin/time"
@@ -148,8 +163,9 @@ while True:
 def test_a_server_is_ready_at_its_line_and_stopped_with_sigterm():
     import re
 
-    with harness.Server([sys.executable, "-c", SERVER], ready=re.compile(r"ready on (http://\S+)"), name="srv",
-                        timeout=60) as s:
+    with harness.Server(
+        [sys.executable, "-c", SERVER], ready=re.compile(r"ready on (http://\S+)"), name="srv", timeout=60
+    ) as s:
         assert s.ready.group(1) == "http://127.0.0.1:1234"
         r = s.stop()
     assert r.returncode == 0 and "draining" in r.output and "draining" in s.output()
@@ -168,8 +184,10 @@ def test_a_server_that_exits_before_it_is_ready_stops_the_benchmark():
 def test_an_interrupted_run_stops_the_command(tmp_path):
     """A benchmark stopped mid-run (Ctrl-C, a failing callback) leaves no command running."""
     pid_file = tmp_path / "pid"
-    script = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-              "print('step 1/2 x', flush=True); time.sleep(60)")
+    script = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+        "print('step 1/2 x', flush=True); time.sleep(60)"
+    )
 
     def stop(line):
         raise KeyboardInterrupt

@@ -10,11 +10,12 @@ import types
 
 import pytest
 
-from bench import e2e, flops, guard, harness, limits, peak
+from bench import e2e, e2e_runs, flops, guard, harness, limits, peak
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LLAMA_026B = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-                  num_key_value_heads=16)
+LLAMA_026B = dict(
+    hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16
+)
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -57,8 +58,9 @@ def test_flop_count_matches_torchs_flop_counter_on_a_lora_llama():
     cfg = transformers.LlamaConfig(vocab_size=100, max_position_embeddings=64, **TINY)
     model = transformers.LlamaForCausalLM(cfg)
     model.config._attn_implementation = "eager"
-    model = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
-                                                       target_modules=list(flops.DECODER_LINEARS)))
+    model = peft.get_peft_model(
+        model, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, target_modules=list(flops.DECODER_LINEARS))
+    )
     length = 12
     ids = torch.randint(0, 100, (1, length))
     with FlopCounterMode(display=False) as counter:
@@ -87,8 +89,14 @@ def test_flops_per_supervised_token_and_achieved():
 def test_data_stats_count_the_tokenized_rows(tmp_path):
     import sentencepiece
 
-    spm = next((p for p in (harness.TOKENIZER_MODEL, os.path.join(harness.TINY_MODEL, "sentencepiece.bpe.model"))
-                if os.path.isfile(p)), None)
+    spm = next(
+        (
+            p
+            for p in (harness.TOKENIZER_MODEL, os.path.join(harness.TINY_MODEL, "sentencepiece.bpe.model"))
+            if os.path.isfile(p)
+        ),
+        None,
+    )
     if spm is None:
         pytest.skip("no SentencePiece model: neither the shared Llama-2 tokenizer nor build/tiny-llama's")
 
@@ -107,13 +115,18 @@ def test_data_stats_count_the_tokenized_rows(tmp_path):
 def test_the_peak_measurement_runs_and_writes_its_figures(tmp_path, capsys):
     """A small real run (tiny shapes) through the harness: the JSON e2e reads has every figure."""
     out = tmp_path / "peak.json"
-    got = limits.measure_peak(str(out), TINY, 100, "--tokens", 64, "--square", 256, "--repeats", 1,
-                              "--copy-mib", 4)
+    got = limits.measure_peak(str(out), TINY, 100, "--tokens", 64, "--square", 256, "--repeats", 1, "--copy-mib", 4)
     assert got == json.loads(out.read_text())
     assert "ISA" in capsys.readouterr().out  # the CPU line is passed on
     assert got["cpu"]["isa"] in ("avx512", "avx2", "baseline") and got["cpu"]["model"]
-    assert [m["label"].split(" [")[0] for m in got["matmul"]] == ["q/k/v/o", "up/gate", "down", "LM head",
-                                                                  "LoRA A r8", "square"]
+    assert [m["label"].split(" [")[0] for m in got["matmul"]] == [
+        "q/k/v/o",
+        "up/gate",
+        "down",
+        "LM head",
+        "LoRA A r8",
+        "square",
+    ]
     assert got["peak_gflops"] == peak.peak_of(got["matmul"]) > 0
     assert got["copy"]["numpy_gbs"] > 0 and got["copy"]["paddle_gbs"] > 0
     assert int(got["threads"]) >= 1 and got["matmul"][-1]["gflops_cpu"] > 0  # the square's, per CPU time
@@ -134,8 +147,11 @@ def test_the_docs_guard_table_parses():
 
 
 def test_the_last_row_of_an_isa_and_case_is_the_baseline():
-    text = doc("| avx512 | lora | 80.0 | 2.50 | d1 | c1 | quiet | x |", "| avx2 | lora | 50.0 | 2.60 | d1 | c1 | q | x |",
-               "| avx512 | lora | 90.0 | 2.40 | d2 | c2 | quiet | x |")
+    text = doc(
+        "| avx512 | lora | 80.0 | 2.50 | d1 | c1 | quiet | x |",
+        "| avx2 | lora | 50.0 | 2.60 | d1 | c1 | q | x |",
+        "| avx512 | lora | 90.0 | 2.40 | d2 | c2 | quiet | x |",
+    )
     b = guard.parse_baselines(text)
     assert b[("avx512", "lora")]["sup_tok_s"] == 90.0 and b[("avx512", "lora")]["line"] == 8
     assert b[("avx2", "lora")]["sup_tok_s"] == 50.0
@@ -145,20 +161,31 @@ def test_the_last_row_of_an_isa_and_case_is_the_baseline():
     assert guard.append_rows(text, rows).endswith(f"{guard.END}\nafter\n")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("no table here", "want exactly one"),
-    (f"{guard.BEGIN}\n| isa | case |\n|---|---|\n{guard.END}\n", ":2: the guard's table must start with the header"),
-    (doc("| avx512 | lora | 80.0 | 2.50 |"), ":6: 4 cells, want 8"),
-    (doc("| avx512 | lora | fast | 2.50 | d | c | l | x |"), ":6: supervised tok/s and peak RSS GiB must be numbers"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("no table here", "want exactly one"),
+        (
+            f"{guard.BEGIN}\n| isa | case |\n|---|---|\n{guard.END}\n",
+            ":2: the guard's table must start with the header",
+        ),
+        (doc("| avx512 | lora | 80.0 | 2.50 |"), ":6: 4 cells, want 8"),
+        (
+            doc("| avx512 | lora | fast | 2.50 | d | c | l | x |"),
+            ":6: supervised tok/s and peak RSS GiB must be numbers",
+        ),
+    ],
+)
 def test_a_malformed_table_is_named_by_line(text, message):
     with pytest.raises(guard.GuardTableError, match=message):
         guard.parse_baselines(text, "docs/benchmarks.md")
 
 
 def test_compare_flags_slower_and_heavier_beyond_the_tolerance_only():
-    base = {("avx512", "lora"): {"sup_tok_s": 100.0, "peak_rss_gib": 2.0},
-            ("avx512", "packed"): {"sup_tok_s": 80.0, "peak_rss_gib": 3.0}}
+    base = {
+        ("avx512", "lora"): {"sup_tok_s": 100.0, "peak_rss_gib": 2.0},
+        ("avx512", "packed"): {"sup_tok_s": 80.0, "peak_rss_gib": 3.0},
+    }
     now = {"lora": {"sup_tok_s": 90.0, "peak_rss_gib": 2.5}, "packed": {"sup_tok_s": 60.0, "peak_rss_gib": 3.0}}
     v = {x["case"]: x for x in guard.compare(now, base, "avx512", 0.15)}
     assert v["lora"]["flags"] == ["more memory"]  # 0.90x speed is within 15%; 1.25x memory is not
@@ -179,9 +206,13 @@ def _quick(tmp_path, monkeypatch, text, runs, isa="avx512", **flags):
     return e2e.quick_guard(a, runs, {"isa": isa, "model": "AMD EPYC"}), docs.read_text()
 
 
-RECORDED = doc("| avx512 | lora | 80.0 | 2.50 | d1 | c1 | quiet | x |", "| avx512 | packed | 80.0 | 3.00 | d1 | c1 | q | x |")
-SLOWER = [{"case": "lora", "sup_tok_s": 60.0, "peak_rss_gib": 2.5}, {"case": "packed", "sup_tok_s": 79.0,
-                                                                     "peak_rss_gib": 3.0}]
+RECORDED = doc(
+    "| avx512 | lora | 80.0 | 2.50 | d1 | c1 | quiet | x |", "| avx512 | packed | 80.0 | 3.00 | d1 | c1 | q | x |"
+)
+SLOWER = [
+    {"case": "lora", "sup_tok_s": 60.0, "peak_rss_gib": 2.5},
+    {"case": "packed", "sup_tok_s": 79.0, "peak_rss_gib": 3.0},
+]
 
 
 def test_quick_guard_exits_1_on_a_slowdown_only_when_asked(tmp_path, monkeypatch, capsys):
@@ -219,8 +250,9 @@ def test_e2e_puts_each_toolkit_against_the_peak(tmp_path, capsys):
     (tmp_path / "data" / "train.json").write_text(json.dumps({"src": "Name a colour.", "tgt": "Blue."}) + "\n")
     cpu = {"model": "AMD EPYC", "vendor": "AuthenticAMD", "flags": ["avx2", "avx512f"], "isa": "avx512"}
     (tmp_path / "peak.json").write_text(json.dumps({"cpu": cpu, "peak_gflops": 200.0, "date": "d"}))
-    a = types.SimpleNamespace(model="0.25b", peak_json=str(tmp_path / "peak.json"), no_peak=False,
-                              scratch=str(tmp_path))
+    a = types.SimpleNamespace(
+        model="0.25b", peak_json=str(tmp_path / "peak.json"), no_peak=False, scratch=str(tmp_path)
+    )
     limit = e2e.machine_limit(a, {"vocab": 32000}, str(tmp_path / "data"))
     assert "ISA avx512" in capsys.readouterr().out and limit["peak_flops"] == 200e9
     per = limit["per_sup_token"]["lora"]
@@ -228,9 +260,18 @@ def test_e2e_puts_each_toolkit_against_the_peak(tmp_path, capsys):
     assert "dpo" not in limit["per_sup_token"] and per == limit["per_sup_token"]["packed"]
     runs = []
     for toolkit, tok_s in (("ours", 100.0), ("TRL + PEFT", 50.0)):
-        r = {"toolkit": toolkit, "detail": "d", "case": "lora", "sup_tok_s": tok_s, "step_s": 1.0,
-             "peak_rss_gib": 2.0, "cpu_pct": 190.0, "final_loss": 1.0, "padding": None,
-             **flops.achieved(tok_s, per, limit["peak_flops"])}
+        r = {
+            "toolkit": toolkit,
+            "detail": "d",
+            "case": "lora",
+            "sup_tok_s": tok_s,
+            "step_s": 1.0,
+            "peak_rss_gib": 2.0,
+            "cpu_pct": 190.0,
+            "final_loss": 1.0,
+            "padding": None,
+            **flops.achieved(tok_s, per, limit["peak_flops"]),
+        }
         runs.append(r)
     text = "\n".join(e2e.table(runs, "lora"))
     assert f"| {100 * per / 1e9:.1f} ({100 * per / 200e9:.0%}) |" in text
@@ -262,8 +303,9 @@ def test_flop_count_matches_torchs_flop_counter_on_an_ernie_shaped_lora_model():
     model = transformers.Ernie4_5ForCausalLM(cfg)
     model.config._attn_implementation = "eager"
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    model = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
-                                                       target_modules=list(flops.DECODER_LINEARS)))
+    model = peft.get_peft_model(
+        model, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, target_modules=list(flops.DECODER_LINEARS))
+    )
     length = 12
     ids = torch.randint(0, 100, (1, length))
     with FlopCounterMode(display=False) as counter:
@@ -287,11 +329,11 @@ def test_model_spm_reads_either_layouts_tokenizer(tmp_path):
 def test_trl_does_ours_work_unpacked_in_ours_order_and_without_checkpointing():
     """bench/e2e.py's TRL spec: no gradient checkpointing (TRL 0.22 turns it on by default, ours runs without),
     and unpacked the examples in ours' order; without ``same_work`` (bench/moe.py) TRL's own defaults."""
-    spec = e2e.trl_spec("/m", "/d", "/o", 5, packing=False, use_fast=False, same_work=True)
+    spec = e2e_runs.trl_spec("/m", "/d", "/o", 5, packing=False, use_fast=False, same_work=True)
     assert spec["gradient_checkpointing"] is False and spec["order_seed"] == e2e.SEED and spec["use_fast"] is False
-    packed = e2e.trl_spec("/m", "/d", "/o", 5, packing=True, same_work=True)
+    packed = e2e_runs.trl_spec("/m", "/d", "/o", 5, packing=True, same_work=True)
     assert packed["gradient_checkpointing"] is False and "order_seed" not in packed  # TRL packs in its own order
-    plain = e2e.trl_spec("/m", "/d", "/o", 5, packing=False)
+    plain = e2e_runs.trl_spec("/m", "/d", "/o", 5, packing=False)
     assert "gradient_checkpointing" not in plain and "order_seed" not in plain
 
 
@@ -310,26 +352,63 @@ def test_model_ernie_runs_ours_and_trl_on_one_checkpoint_without_paddlenlp(tmp_p
     goes to both sides as it is, TRL gets the same-work spec and the slow tokenizer, PaddleNLP is skipped with
     the reason, and the table puts ours against TRL."""
     calls = {}
-    monkeypatch.setattr(e2e, "ensure_ernie", lambda d: calls.setdefault("built", d) and {"params": 360748032,
-                                                                                          "vocab": 103424})
+    monkeypatch.setattr(
+        e2e, "ensure_ernie", lambda d: calls.setdefault("built", d) and {"params": 360748032, "vocab": 103424}
+    )
     monkeypatch.setattr(e2e, "ensure_data", lambda scratch: str(tmp_path / "data"))
     monkeypatch.setattr(e2e, "trl_python", lambda scratch, given: (given, None))
     monkeypatch.setattr(e2e, "hf_copy", lambda *a: pytest.fail("the ERNIE checkpoint needs no copy"))
 
     def run(tok_s, **extra):
-        return {"sup_tok_s": tok_s, "step_s": 1.0, "peak_rss_gib": 2.0, "cpu_pct": 190.0, "final_loss": 1.0,
-                "padding": None, "tokens": 100, "supervised_tokens": 90, **extra}
+        return {
+            "sup_tok_s": tok_s,
+            "step_s": 1.0,
+            "peak_rss_gib": 2.0,
+            "cpu_pct": 190.0,
+            "final_loss": 1.0,
+            "padding": None,
+            "tokens": 100,
+            "supervised_tokens": 90,
+            **extra,
+        }
 
-    monkeypatch.setattr(e2e, "run_once", lambda setting, model_dir, *a, **k: calls.setdefault("ours", model_dir)
-                        and run(20.0, summary={}))
-    monkeypatch.setattr(e2e, "run_trl", lambda py, hf_dir, *a, **k: calls.setdefault("trl", (py, hf_dir, k))
-                        and run(10.0, toolkit="TRL + PEFT", detail="2 torch threads", work="w"))
+    monkeypatch.setattr(
+        e2e,
+        "run_once",
+        lambda setting, model_dir, *a, **k: calls.setdefault("ours", model_dir) and run(20.0, summary={}),
+    )
+    monkeypatch.setattr(
+        e2e,
+        "run_trl",
+        lambda py, hf_dir, *a, **k: (
+            calls.setdefault("trl", (py, hf_dir, k))
+            and run(10.0, toolkit="TRL + PEFT", detail="2 torch threads", work="w")
+        ),
+    )
     (tmp_path / "llm").mkdir()
     for f in ("run_finetune.py", "utils/argument.py", "utils/data.py"):
         os.makedirs(os.path.dirname(tmp_path / "llm" / f), exist_ok=True)
         (tmp_path / "llm" / f).write_text("")
-    assert e2e.main(["--model", "ernie", "--cases", "lora", "--steps", "2", "--repeats", "1", "--no-peak",
-                     "--scratch", str(tmp_path), "--paddlenlp-llm", str(tmp_path / "llm")]) == 0
+    assert (
+        e2e.main(
+            [
+                "--model",
+                "ernie",
+                "--cases",
+                "lora",
+                "--steps",
+                "2",
+                "--repeats",
+                "1",
+                "--no-peak",
+                "--scratch",
+                str(tmp_path),
+                "--paddlenlp-llm",
+                str(tmp_path / "llm"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     model_dir = str(tmp_path / "ernie-0.36b")
     assert calls["built"] == calls["ours"] == model_dir

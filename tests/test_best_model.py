@@ -81,25 +81,60 @@ def test_paddlenlp_writer_final_save_is_staged_too(tmp_path):
 
 def run_cli(tmp_path, name, *overrides):
     out = tmp_path / name
-    cmd = [sys.executable, CLI, os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
-           "--output_dir", str(out), "--model_name_or_path", os.path.join(ROOT, "build", "tiny-llama"),
-           "--dataset_name_or_path", DATA_DIR, "--eval_before_train", "false", *map(str, overrides)]
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        os.path.join(ROOT, "build", "tiny-llama"),
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--eval_before_train",
+        "false",
+        *map(str, overrides),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return r, out
 
 
-@pytest.mark.parametrize("method,extra", [
-    ("lora", ["--unified_checkpoint", "true"]),
-    ("full", ["--lora", "false", "--learning_rate", "1e-3"]),
-])
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("lora", ["--unified_checkpoint", "true"]),
+        ("full", ["--lora", "false", "--learning_rate", "1e-3"]),
+    ],
+)
 def test_best_checkpoint_is_reloaded_not_the_last(tiny_model_dir, tmp_path, method, extra):
     """Choosing the *highest* eval loss makes the first checkpoint the best one (training lowers the
     loss), so the final weights must be step 4's, not step 12's."""
-    r, out = run_cli(tmp_path, method, "--max_steps", "12", "--per_device_train_batch_size", "8",
-                     "--evaluation_strategy", "steps", "--save_strategy", "steps", "--eval_steps", "4",
-                     "--save_steps", "4", "--load_best_model_at_end", "true", "--metric_for_best_model", "loss",
-                     "--greater_is_better", "true", "--save_total_limit", "1", *extra)
+    r, out = run_cli(
+        tmp_path,
+        method,
+        "--max_steps",
+        "12",
+        "--per_device_train_batch_size",
+        "8",
+        "--evaluation_strategy",
+        "steps",
+        "--save_strategy",
+        "steps",
+        "--eval_steps",
+        "4",
+        "--save_steps",
+        "4",
+        "--load_best_model_at_end",
+        "true",
+        "--metric_for_best_model",
+        "loss",
+        "--greater_is_better",
+        "true",
+        "--save_total_limit",
+        "1",
+        *extra,
+    )
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["best_model_checkpoint"].endswith("checkpoint-4")
     evals = {h["step"]: h for h in state["log_history"] if "eval_loss" in h}

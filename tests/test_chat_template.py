@@ -25,25 +25,39 @@ TEMPLATE = (
     "{%- if m.role == 'user' %}<|im_start|>user\n{{ m.content }}{{ eos_token }}\n"
     "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n"
     "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>\n{% endif %}{{ m.content }}"
-    "{%- for tc in m.tool_calls or [] %}\n<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": "
+    '{%- for tc in m.tool_calls or [] %}\n<tool_call>\n{"name": "{{ tc.function.name }}", "arguments": '
     "{{ tc.function.arguments | tojson }}}\n</tool_call>{%- endfor %}{{ eos_token }}\n"
     "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>{{ eos_token }}\n"
     "{%- elif m.role != 'system' %}{{ raise_exception('unknown role ' + m.role) }}"
-    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-    {"role": "tool", "content": "{\"t\": 20}"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+    },
+    {"role": "tool", "content": '{"t": 20}'},
     {"role": "assistant", "content": "It is 20 C in Paris.", "reasoning_content": "The tool said 20."},
 ]
 # what each assistant turn is, as the template writes it (+ its end-of-turn token, eos)
-ASSISTANT_TEXTS = ["<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
-                   "<think>The tool said 20.</think>\nIt is 20 C in Paris."]
+ASSISTANT_TEXTS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "<think>The tool said 20.</think>\nIt is 20 C in Paris.",
+]
 
 
 def test_docstring_examples():
@@ -75,9 +89,19 @@ def our_features(template_dir, tmp_path, records, **keys):
     data = tmp_path / "chat.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     cfg_path = tmp_path / "cfg.json"
-    cfg_path.write_text(json.dumps({"model_name_or_path": template_dir, "dataset_name_or_path": str(data),
-                                    "output_dir": str(tmp_path / "out"), "do_train": True, "max_steps": 1,
-                                    "max_length": 1024, **keys}))
+    cfg_path.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": template_dir,
+                "dataset_name_or_path": str(data),
+                "output_dir": str(tmp_path / "out"),
+                "do_train": True,
+                "max_steps": 1,
+                "max_length": 1024,
+                **keys,
+            }
+        )
+    )
     cfg = load_config(str(cfg_path))
     tok = load_tokenizer(cfg)
     return build_datasets(cfg, tok, do_train=True, do_eval=False, seed=1), tok
@@ -103,8 +127,11 @@ def test_ids_equal_transformers_apply_chat_template(template_dir, tmp_path):
     for text in ASSISTANT_TEXTS:
         body = hf(text + hf.eos_token, add_special_tokens=False)["input_ids"]
         header = hf("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-        starts = [i for i in range(len(want)) if want[i:i + len(body)] == body
-                  and want[i - len(header[-2:]):i] == header[-2:]]
+        starts = [
+            i
+            for i in range(len(want))
+            if want[i : i + len(body)] == body and want[i - len(header[-2:]) : i] == header[-2:]
+        ]
         assert len(starts) == 1, text
         expected += list(range(starts[0], starts[0] + len(body)))
     assert sup == expected
@@ -123,15 +150,31 @@ def test_train_on_prompt_never_supervises_tool_results(template_dir, tmp_path):
 def test_role_order_the_template_refuses_names_the_line(template_dir, tmp_path):
     from paddlenlp_ext.data.reader import DataError
 
-    bad = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}
-    tpl = TEMPLATE.replace("{%- if m.role == 'user' %}", "{%- if m.role == 'user' and loop.index > 2 %}"
-                           "{{ raise_exception('only one user turn') }}{%- elif m.role == 'user' %}")
+    bad = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+            {"role": "assistant", "content": "d"},
+        ]
+    }
+    tpl = TEMPLATE.replace(
+        "{%- if m.role == 'user' %}",
+        "{%- if m.role == 'user' and loop.index > 2 %}"
+        "{{ raise_exception('only one user turn') }}{%- elif m.role == 'user' %}",
+    )
     (tmp_path / "t.jinja").write_text(tpl)
-    with pytest.raises(DataError, match=r"chat.jsonl:2: could not tokenize: the chat template cannot render this "
-                                        r"conversation: only one user turn"):
-        our_features(template_dir, tmp_path, [{"messages": MESSAGES, "tools": TOOLS}, bad],
-                     chat_template=str(tmp_path / "t.jinja"))
+    with pytest.raises(
+        DataError,
+        match=r"chat.jsonl:2: could not tokenize: the chat template cannot render this "
+        r"conversation: only one user turn",
+    ):
+        our_features(
+            template_dir,
+            tmp_path,
+            [{"messages": MESSAGES, "tools": TOOLS}, bad],
+            chat_template=str(tmp_path / "t.jinja"),
+        )
 
 
 def test_named_templates_pick_tool_use():

@@ -24,8 +24,12 @@ def write(tmp_path, obj, name="cfg.json"):
 
 @pytest.fixture
 def base(tmp_path, tiny_model_dir):
-    return {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR,
-            "output_dir": str(tmp_path / "out"), "do_train": True}
+    return {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "out"),
+        "do_train": True,
+    }
 
 
 def problems(path, overrides=()):
@@ -48,11 +52,26 @@ def test_intokens_is_the_old_name_of_zero_padding(tmp_path, base):
 
 
 def test_benchmark_mode_does_what_paddlenlp_does_and_says_so(tmp_path, base):
-    cfg = load_config(write(tmp_path, {**base, "benchmark": True, "do_eval": True, "load_best_model_at_end": True,
-                                       "save_strategy": "steps", "max_steps": 3}))
+    cfg = load_config(
+        write(
+            tmp_path,
+            {
+                **base,
+                "benchmark": True,
+                "do_eval": True,
+                "load_best_model_at_end": True,
+                "save_strategy": "steps",
+                "max_steps": 3,
+            },
+        )
+    )
     t = cfg.training
-    assert (t["do_eval"], t["load_best_model_at_end"], t["save_strategy"], t["evaluation_strategy"]) == \
-        (False, False, "no", "no")
+    assert (t["do_eval"], t["load_best_model_at_end"], t["save_strategy"], t["evaluation_strategy"]) == (
+        False,
+        False,
+        "no",
+        "no",
+    )
     assert {"do_eval", "load_best_model_at_end", "save_strategy"} <= set(cfg.derived)
     cfg = load_config(write(tmp_path, {**base, "autotuner_benchmark": True, "max_steps": 100}))
     assert cfg.training["max_steps"] == 5
@@ -80,8 +99,9 @@ def test_unsupported_device_and_precision_reported_with_other_problems(tmp_path,
 @pytest.mark.skipif(not CPU_BUILD, reason="checks the CPU build's refusal")
 def test_explicit_gpu_on_a_cpu_build_is_refused(tmp_path, base):
     assert "is a CPU build" in problems(write(tmp_path, {**base, "device": "gpu"}))
-    assert "bf16=true with fp16_opt_level=O2" in problems(write(tmp_path, {**base, "bf16": True,
-                                                                            "fp16_opt_level": "O2"}))
+    assert "bf16=true with fp16_opt_level=O2" in problems(
+        write(tmp_path, {**base, "bf16": True, "fp16_opt_level": "O2"})
+    )
 
 
 def test_parallel_degree_larger_than_the_launch_says_how_to_launch(tmp_path, base, monkeypatch):
@@ -93,18 +113,31 @@ def test_parallel_degree_larger_than_the_launch_says_how_to_launch(tmp_path, bas
     cfg = load_config(write(tmp_path, {**base, "tensor_parallel_degree": 2}))
     assert cfg.training["tensor_parallel_degree"] == 2
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "3")
-    assert "multiple of 2 processes but this run has 3" in problems(write(tmp_path, {**base,
-                                                                                     "tensor_parallel_degree": 2}))
+    assert "multiple of 2 processes but this run has 3" in problems(
+        write(tmp_path, {**base, "tensor_parallel_degree": 2})
+    )
 
 
 def test_llm_meta_keys_are_accepted_and_pipeline_ones_refused(tmp_path, base):
-    cfg = load_config(write(tmp_path, {**base, "recompute": True, "recompute_granularity": "core_attn",
-                                       "recompute_use_reentrant": True, "use_fused_rms_norm": True,
-                                       "use_fused_rope": True}), ["--no_recompute_layers", "0,1"])
+    cfg = load_config(
+        write(
+            tmp_path,
+            {
+                **base,
+                "recompute": True,
+                "recompute_granularity": "core_attn",
+                "recompute_use_reentrant": True,
+                "use_fused_rms_norm": True,
+                "use_fused_rope": True,
+            },
+        ),
+        ["--no_recompute_layers", "0,1"],
+    )
     assert cfg.training["no_recompute_layers"] == [0, 1]
     assert cfg.training["recompute_granularity"] == "core_attn"
-    p = problems(write(tmp_path, {**base, "virtual_pp_degree": 2, "pp_recompute_interval": 2,
-                                  "recompute_granularity": "half"}))
+    p = problems(
+        write(tmp_path, {**base, "virtual_pp_degree": 2, "pp_recompute_interval": 2, "recompute_granularity": "half"})
+    )
     assert "virtual_pp_degree=2 needs pipeline_parallel_degree > 2" in p
     assert "pp_recompute_interval=2 is not read by PaddleNLP's Llama/Qwen2 pipeline models" in p
     assert "recompute_granularity: must be one of full, full_attn, core_attn" in p
@@ -115,8 +148,18 @@ def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys)
     GPT-only keys only get a notice.  No key is dropped without a word."""
     from paddlenlp_ext.models.llm_meta import apply_llm_meta, llm_meta_notices
 
-    cfg = load_config(write(tmp_path, {**base, "recompute": True, "recompute_granularity": "full_attn",
-                                       "use_fused_rms_norm": True, "use_fused_linear": True}))
+    cfg = load_config(
+        write(
+            tmp_path,
+            {
+                **base,
+                "recompute": True,
+                "recompute_granularity": "full_attn",
+                "use_fused_rms_norm": True,
+                "use_fused_linear": True,
+            },
+        )
+    )
     on_cpu = SimpleNamespace()
     applied = apply_llm_meta(cfg, on_cpu, on_gpu=False)
     assert on_cpu.recompute_granularity == "full_attn" and applied["recompute_granularity"] == "full_attn"
@@ -154,14 +197,18 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     as a CPU user must; launched with as many processes as its parallel degrees ask; the method's
     adapter config builds)."""
     raw = json.load(open(path))
-    monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
-                                                  raw.get("pipeline_parallel_degree", 1)))
+    monkeypatch.setenv(
+        "PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) * raw.get("pipeline_parallel_degree", 1))
+    )
     # llm/run_dpo.py / llm/run_kto.py / llm/run_grpo.py / llm/run_reward.py configs: their keys (load_config modes "dpo", "kto", "grpo")
     mode = next((m for m in ("dpo", "kto", "grpo", "ppo", "reward") if os.path.basename(path).startswith(m)), "sft")
     dpo = mode != "sft"
     pref_data = KTO_DATA_DIR if mode == "kto" else DPO_DATA_DIR
-    data = ["--train_dataset_path", pref_data, "--dev_dataset_path", pref_data] if dpo else \
-        ["--dataset_name_or_path", DATA_DIR]
+    data = (
+        ["--train_dataset_path", pref_data, "--dev_dataset_path", pref_data]
+        if dpo
+        else ["--dataset_name_or_path", DATA_DIR]
+    )
     if mode in ("grpo", "ppo"):  # prompts only (GRPO and PPO have no dev set)
         data = ["--train_dataset_path", os.path.join(ROOT, "llm", "data", "grpo_tiny")]
     overrides = ["--model_name_or_path", tiny_model_dir, *data, "--output_dir", str(tmp_path)]
@@ -175,12 +222,19 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
 
 
 #: llm/config/<dir> -> the model_type of the hub model its configs name (transformers layout, read by our loaders)
-ZOO_FAMILIES = {"ernie4_5": ("ernie4_5", "baidu/ERNIE-4.5-0.3B-PT"), "gemma3": ("gemma3_text", "google/gemma-3-1b-it"),
-                "phi3": ("phi3", "microsoft/Phi-3-mini-4k-instruct"), "qwen3": ("qwen3", "Qwen/Qwen3-0.6B")}
+ZOO_FAMILIES = {
+    "ernie4_5": ("ernie4_5", "baidu/ERNIE-4.5-0.3B-PT"),
+    "gemma3": ("gemma3_text", "google/gemma-3-1b-it"),
+    "phi3": ("phi3", "microsoft/Phi-3-mini-4k-instruct"),
+    "qwen3": ("qwen3", "Qwen/Qwen3-0.6B"),
+}
 
 
-@pytest.mark.parametrize("path", [p for p in zoo_configs() if os.path.basename(os.path.dirname(p)) in ZOO_FAMILIES],
-                         ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "llm", "config")))
+@pytest.mark.parametrize(
+    "path",
+    [p for p in zoo_configs() if os.path.basename(os.path.dirname(p)) in ZOO_FAMILIES],
+    ids=lambda p: os.path.relpath(p, os.path.join(ROOT, "llm", "config")),
+)
 def test_family_zoo_configs_validate_against_their_family(tmp_path, path, monkeypatch):
     """The family configs name the hub model (as PaddleNLP's do) and pass the family table's checks for its
     model_type: a tiny transformers-saved config.json of that family stands in for the hub download."""
@@ -189,14 +243,25 @@ def test_family_zoo_configs_validate_against_their_family(tmp_path, path, monkey
     model_type, hub = ZOO_FAMILIES[os.path.basename(os.path.dirname(path))]
     assert raw["model_name_or_path"] == hub
     model_dir = tmp_path / "model"
-    transformers.AutoConfig.for_model(model_type, vocab_size=128, hidden_size=64, intermediate_size=96,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=8192).save_pretrained(str(model_dir))
-    monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) *
-                                                  raw.get("pipeline_parallel_degree", 1)))
+    transformers.AutoConfig.for_model(
+        model_type,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    ).save_pretrained(str(model_dir))
+    monkeypatch.setenv(
+        "PADDLE_TRAINERS_NUM", str(raw.get("tensor_parallel_degree", 1) * raw.get("pipeline_parallel_degree", 1))
+    )
     mode = "dpo" if os.path.basename(path).startswith("dpo") else "sft"
-    data = ["--train_dataset_path", DPO_DATA_DIR, "--dev_dataset_path", DPO_DATA_DIR] if mode == "dpo" else \
-        ["--dataset_name_or_path", DATA_DIR]
+    data = (
+        ["--train_dataset_path", DPO_DATA_DIR, "--dev_dataset_path", DPO_DATA_DIR]
+        if mode == "dpo"
+        else ["--dataset_name_or_path", DATA_DIR]
+    )
     overrides = ["--model_name_or_path", str(model_dir), *data, "--output_dir", str(tmp_path / "out")]
     if CPU_BUILD and (raw.get("bf16") or raw.get("fp16")):
         overrides += ["--bf16", "false", "--fp16", "false"]

@@ -51,14 +51,32 @@ def test_unknown_key_suggests_nearest(tmp_path, base):
 
 
 def test_every_problem_reported_together(tmp_path, base):
-    cfg = {**base, "flash_mask": True, "greedy_zero_padding": True, "lora": True, "vera": True,
-           "src_length": 4096, "lora_rank": 0, "learning_rate": "fast", "dataset_name_or_path": str(tmp_path),
-           "per_device_train_batch_size": 0, "evaluation_strategy": "sometimes", "reft": True}
+    cfg = {
+        **base,
+        "flash_mask": True,
+        "greedy_zero_padding": True,
+        "lora": True,
+        "vera": True,
+        "src_length": 4096,
+        "lora_rank": 0,
+        "learning_rate": "fast",
+        "dataset_name_or_path": str(tmp_path),
+        "per_device_train_batch_size": 0,
+        "evaluation_strategy": "sometimes",
+        "reft": True,
+    }
     p = "\n".join(problems(write(tmp_path, cfg)))
-    for needle in ("flash_mask=true needs use_flash_attention", "greedy_zero_padding=true needs zero_padding",
-                   "only one adapter method", "lora_rank: must be > 0", "learning_rate: expected a number",
-                   "has no train.json", "per_device_train_batch_size: must be > 0",
-                   "evaluation_strategy: must be one of", "reft=True is not supported yet"):
+    for needle in (
+        "flash_mask=true needs use_flash_attention",
+        "greedy_zero_padding=true needs zero_padding",
+        "only one adapter method",
+        "lora_rank: must be > 0",
+        "learning_rate: expected a number",
+        "has no train.json",
+        "per_device_train_batch_size: must be > 0",
+        "evaluation_strategy: must be one of",
+        "reft=True is not supported yet",
+    ):
         assert needle in p, needle
     assert "src_length (4096) must not exceed max_length (2048)" in p
 
@@ -80,7 +98,11 @@ def test_missing_required_and_nothing_to_do(tmp_path):
 
 def test_override_parsing():
     assert parse_overrides(["--a", "1", "--b=x y", "--flag", "--c", "2"]) == [
-        ("a", "1"), ("b", "x y"), ("flag", None), ("c", "2")]
+        ("a", "1"),
+        ("b", "x y"),
+        ("flag", None),
+        ("c", "2"),
+    ]
     with pytest.raises(ConfigError):
         parse_overrides(["positional"])
 
@@ -109,16 +131,22 @@ def test_cli_exits_2_fast_without_loading_paddle(tmp_path, base):
     path = write(tmp_path, {**base, "lora_rnak": 4, "src_length": 9999, "zero_padding": "yes"})
     # -X importtime lists every module the CLI imported: the config error must come before paddle loads
     # (a deterministic stand-in for "fast"; a wall-time bound would depend on the machine).
-    r = subprocess.run([sys.executable, "-X", "importtime", os.path.join(ROOT, "llm", "run_finetune.py"), path,
-                        "--bogus", "1"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", os.path.join(ROOT, "llm", "run_finetune.py"), path, "--bogus", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2, r.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
     assert "paddlenlp_ext.config.parse" in imported
     assert not [m for m in imported if m.split(".")[0] in ("paddle", "paddlenlp")], "config errors must not load paddle"
     assert "4 problems" in r.stderr and "lora_rnak" in r.stderr and "bogus" in r.stderr
     # validation itself never imports paddle
-    code = ("import sys; from paddlenlp_ext.config.parse import load_config, ConfigError\n"
-            f"try: load_config({path!r})\nexcept ConfigError: pass\nprint('paddle' in sys.modules)")
+    code = (
+        "import sys; from paddlenlp_ext.config.parse import load_config, ConfigError\n"
+        f"try: load_config({path!r})\nexcept ConfigError: pass\nprint('paddle' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -133,8 +161,9 @@ def test_config_docs_are_current():
 def test_lora_path_settings_must_match_saved_adapter(tmp_path, base):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"method": "lora", "r": 8, "alpha": 16, "rslora": False,
-                                                              "pissa": False, "lora_plus_scale": 1.0}))
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"method": "lora", "r": 8, "alpha": 16, "rslora": False, "pissa": False, "lora_plus_scale": 1.0})
+    )
     ok = load_config(write(tmp_path, {**base, "lora": True, "lora_path": str(adapter)}))
     assert ok.model.lora_path == str(adapter)
     p = "\n".join(problems(write(tmp_path, {**base, "vera": True, "lora_path": str(adapter)})))
@@ -178,8 +207,13 @@ def test_dropout_keys_apply_or_fail_never_ignored(tmp_path, base):
     cfg = load_config(write(tmp_path, {**base, "model_name_or_path": str(qwen), "attention_probs_dropout_prob": 0.2}))
     from paddlenlp_ext.models.families import dropout_config_updates
 
-    assert dropout_config_updates("qwen2", {"attention_probs_dropout_prob": cfg.model.attention_probs_dropout_prob,
-                                            "hidden_dropout_prob": None}) == {"attention_dropout": 0.2}
-    ps = problems(write(tmp_path, {**base, "model_name_or_path": str(qwen), "attention_probs_dropout_prob": 0.2,
-                                   "use_flash_attention": True}))
+    assert dropout_config_updates(
+        "qwen2", {"attention_probs_dropout_prob": cfg.model.attention_probs_dropout_prob, "hidden_dropout_prob": None}
+    ) == {"attention_dropout": 0.2}
+    ps = problems(
+        write(
+            tmp_path,
+            {**base, "model_name_or_path": str(qwen), "attention_probs_dropout_prob": 0.2, "use_flash_attention": True},
+        )
+    )
     assert len(ps) == 1 and "flash attention path" in ps[0]

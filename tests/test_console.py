@@ -21,13 +21,17 @@ from paddlenlp_ext.training.logfile import console_level, is_library_file, run_l
 
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
-PROGRESS = re.compile(r"^step +(\d+)/(\d+) \( *\d+%\)  loss \d+\.\d{4}  lr \S+  (?:[a-z ]+ \d\.\d{4}  )?"
-                      r"[\d,]+ tok/s  elapsed \d+:\d\d  ETA \d+:\d\d$")  # DPO adds "reward acc 0.6250"
+PROGRESS = re.compile(
+    r"^step +(\d+)/(\d+) \( *\d+%\)  loss \d+\.\d{4}  lr \S+  (?:[a-z ]+ \d\.\d{4}  )?"
+    r"[\d,]+ tok/s  elapsed \d+:\d\d  ETA \d+:\d\d$"
+)  # DPO adds "reward acc 0.6250"
 
 
 # -- formats --------------------------------------------------------------------
-@pytest.mark.parametrize("seconds,text", [(0, "0:00"), (47.4, "0:47"), (61, "1:01"), (3723, "1:02:03"),
-                                          (None, "?"), (float("inf"), "?"), (-1, "?")])
+@pytest.mark.parametrize(
+    "seconds,text",
+    [(0, "0:00"), (47.4, "0:47"), (61, "1:01"), (3723, "1:02:03"), (None, "?"), (float("inf"), "?"), (-1, "?")],
+)
 def test_format_duration(seconds, text):
     assert con.format_duration(seconds) == text
 
@@ -65,32 +69,55 @@ def test_progress_line_and_bar():
 
 
 def test_config_line_for_fine_tuning_and_dpo_reports():
-    sft = {"train": {"examples": 2000, "tokens": 191781, "packing": "none", "padding_ratio": 0.101072},
-           "dev": {"examples": 64, "tokens": 6290}}
+    sft = {
+        "train": {"examples": 2000, "tokens": 191781, "packing": "none", "padding_ratio": 0.101072},
+        "dev": {"examples": 64, "tokens": 6290},
+    }
     assert con.config_line("build/tiny-llama", "lora", 18688, 176704, sft) == (
         "model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples, 191,781 tokens"
-        " | dev 64 | packing none, padding 10.1%")
+        " | dev 64 | packing none, padding 10.1%"
+    )
     dpo = {"train": {"pairs": 32, "tokens": 5118, "packing": "in_order", "padding_ratio": 0.167}}
-    assert con.config_line("m/", "full", 5, 5, dpo).endswith("train 32 pairs, 5,118 tokens | packing in_order, "
-                                                            "padding 16.7%")
+    assert con.config_line("m/", "full", 5, 5, dpo).endswith(
+        "train 32 pairs, 5,118 tokens | packing in_order, padding 16.7%"
+    )
     dpo["train"].update(truncated_examples=3, dropped_examples=0)  # the truncation policy's counts
     assert "train 32 pairs, 5,118 tokens, 3 truncated, 0 dropped | packing" in con.config_line("m/", "full", 5, 5, dpo)
 
 
 def test_final_table_fine_tuning_and_dpo():
-    sft = {"train_loss": 2.1612, "global_steps": 150, "eval_loss": 0.7063, "eval_loss_before_train": 7.5299,
-           "eval_perplexity": 2.0266, "eval_accuracy": 0.902, "train_time_s": 50.2, "wall_time_s": 58.0,
-           "tokens_trained": 229993, "peak_rss_bytes": 834666496}
+    sft = {
+        "train_loss": 2.1612,
+        "global_steps": 150,
+        "eval_loss": 0.7063,
+        "eval_loss_before_train": 7.5299,
+        "eval_perplexity": 2.0266,
+        "eval_accuracy": 0.902,
+        "train_time_s": 50.2,
+        "wall_time_s": 58.0,
+        "tokens_trained": 229993,
+        "peak_rss_bytes": 834666496,
+    }
     rows = con.final_table(sft, "output/x", ["adapter", "loss.png"])
     text = "\n".join(rows)
-    for part in ("train loss:    2.1612 (150 steps)", "eval loss:     0.7063 (before training 7.5299, perplexity "
-                 "2.027)", "eval accuracy: 0.9020", "time:          train 0:50, total 0:58",
-                 "tokens/s:      4,582 (229,993 tokens)", "peak memory:   796 MiB RSS",
-                 "outputs:       output/x: adapter, loss.png"):
+    for part in (
+        "train loss:    2.1612 (150 steps)",
+        "eval loss:     0.7063 (before training 7.5299, perplexity 2.027)",
+        "eval accuracy: 0.9020",
+        "time:          train 0:50, total 0:58",
+        "tokens/s:      4,582 (229,993 tokens)",
+        "peak memory:   796 MiB RSS",
+        "outputs:       output/x: adapter, loss.png",
+    ):
         assert part in text, (part, text)
-    dpo = {"train_loss": 0.38, "global_steps": 6, "eval": {"eval_loss": 0.79, "eval_rewards/accuracies": 0.625,
-                                                         "eval_rewards/margins": 0.83},
-           "eval_before_train": {"eval_loss": 0.69}, "wall_time_s": 19.0, "peak_rss_bytes": 3 << 30}
+    dpo = {
+        "train_loss": 0.38,
+        "global_steps": 6,
+        "eval": {"eval_loss": 0.79, "eval_rewards/accuracies": 0.625, "eval_rewards/margins": 0.83},
+        "eval_before_train": {"eval_loss": 0.69},
+        "wall_time_s": 19.0,
+        "peak_rss_bytes": 3 << 30,
+    }
     text = "\n".join(con.final_table(dpo, "o", []))
     assert "reward accuracy: 0.6250 (margin 0.8300)" in text and "(before training 0.6900)" in text
     assert "3.00 GiB RSS" in text and "tokens/s" not in text  # no train time: no rate
@@ -148,8 +175,10 @@ def test_loss_curve_seeds_from_the_resumed_history_and_writes_on_save(tmp_path):
     from paddlenlp_ext.training.callbacks import LossCurve
 
     curve = LossCurve(str(tmp_path / "loss.png"))
-    state = SimpleNamespace(log_history=[{"loss": 3.0, "step": 10}, {"eval_loss": 2.5, "step": 10},
-                                         {"train_loss": 2.0, "step": 20}], global_step=10)
+    state = SimpleNamespace(
+        log_history=[{"loss": 3.0, "step": 10}, {"eval_loss": 2.5, "step": 10}, {"train_loss": 2.0, "step": 20}],
+        global_step=10,
+    )
     curve.on_train_begin(None, state, None)
     state.global_step = 20
     curve.on_log(None, state, None, logs={"loss": 2.0, "learning_rate": 1e-3})
@@ -215,21 +244,34 @@ def test_run_logging_routes_paddlenlp_and_warnings_then_restores(tmp_path, capsy
     assert err.count("a repeated warning") == 2  # once per run, not once per call
     assert shown == ["our own warning"] * 2
     assert err.count("a library warning") == 2
-    for hidden in ("the argument dump", "Running training chatter", "fontManager", SUPERSEDED_WARNINGS[0],
-                   "Loading best model from"):  # PaddleNLP's INFO; the reload is our own console line
+    for hidden in (
+        "the argument dump",
+        "Running training chatter",
+        "fontManager",
+        SUPERSEDED_WARNINGS[0],
+        "Loading best model from",
+    ):  # PaddleNLP's INFO; the reload is our own console line
         assert hidden not in err + out, hidden
     log = (tmp_path / "train.log").read_text()
     assert log.count("===== run started") == 2
-    for text in ("the argument dump", "Running training chatter", "library noise", "our own warning", "fontManager",
-                 "step 1/2 progress", SUPERSEDED_WARNINGS[0]):
+    for text in (
+        "the argument dump",
+        "Running training chatter",
+        "library noise",
+        "our own warning",
+        "fontManager",
+        "step 1/2 progress",
+        SUPERSEDED_WARNINGS[0],
+    ):
         assert log.count(text) == 2, text
     assert log.count("a repeated warning") == 4
     # everything is back as it was
     assert logger.handler.level == handler_level and logger.handler.filters == handler_filters
     assert warnings.showwarning is showwarning and not con._active
     ours = str(tmp_path / "train.log")
-    assert not [h for h in logger.logger.handlers + logging.getLogger().handlers
-                if getattr(h, "baseFilename", None) == ours]
+    assert not [
+        h for h in logger.logger.handlers + logging.getLogger().handlers if getattr(h, "baseFilename", None) == ours
+    ]
     assert root_console.filters == []
 
 
@@ -289,8 +331,10 @@ def visualdl_scalars(logdir_glob):
     files = glob.glob(logdir_glob)
     assert len(files) == 1, files
     reader = LogReader(file_path=files[0])
-    return {tag: [(int(r.id), r.value) for r in reader.get_data("scalar", tag)]
-            for tag in reader.get_tags().get("scalar", [])}
+    return {
+        tag: [(int(r.id), r.value) for r in reader.get_data("scalar", tag)]
+        for tag in reader.get_tags().get("scalar", [])
+    }
 
 
 def check_loss_png(path):
@@ -302,10 +346,29 @@ def check_loss_png(path):
 
 def test_cli_console_train_log_visualdl_and_loss_plot(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, CLI, os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), "--output_dir", str(out),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "6",
-           "--logging_steps", "2", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "32",
-           "--report_to", "visualdl", "--disable_tqdm", "false"]  # not a terminal: plain lines all the same
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--max_steps",
+        "6",
+        "--logging_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--per_device_eval_batch_size",
+        "32",
+        "--report_to",
+        "visualdl",
+        "--disable_tqdm",
+        "false",
+    ]  # not a terminal: plain lines all the same
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.splitlines()
@@ -320,8 +383,14 @@ def test_cli_console_train_log_visualdl_and_loss_plot(tiny_model_dir, tmp_path):
     assert len(console.splitlines()) <= 20, console
 
     log = (out / "train.log").read_text()
-    for text in ("Training Configuration Arguments", "paddle commit id", "[   DEBUG]", "***** Running training *****",
-                 "step 6/6 (100%)", "eval loss:"):
+    for text in (
+        "Training Configuration Arguments",
+        "paddle commit id",
+        "[   DEBUG]",
+        "***** Running training *****",
+        "step 6/6 (100%)",
+        "eval loss:",
+    ):
         assert text in log, text
     scalars = visualdl_scalars(str(out / "runs" / "*" / "vdlrecords*"))
     assert [s for s, _ in scalars["train/loss"]] == [2, 4, 6]
@@ -334,9 +403,21 @@ def test_cli_console_train_log_visualdl_and_loss_plot(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_dpo_cli_writes_the_same_logs(tiny_model_dir, tmp_path):
     out = tmp_path / "dpo"
-    cmd = [sys.executable, DPO_CLI, os.path.join(ROOT, "llm/config/tiny/dpo_lora_argument.json"), "--output_dir",
-           str(out), "--model_name_or_path", tiny_model_dir, "--max_steps", "4", "--logging_steps", "2",
-           "--report_to", "visualdl"]
+    cmd = [
+        sys.executable,
+        DPO_CLI,
+        os.path.join(ROOT, "llm/config/tiny/dpo_lora_argument.json"),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "2",
+        "--report_to",
+        "visualdl",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"^model tiny-llama \| lora \| .*train \d+ pairs", r.stdout, re.M), r.stdout
@@ -354,10 +435,26 @@ def test_show_summary_tabulates_fine_tuning_and_dpo_runs(tmp_path, capsys):
         import show_summary
     finally:
         sys.path.pop(0)
-    runs = {"sft": {"method": "lora", "trainable_params": 18688, "train_loss": 2.1612, "eval_loss_before_train": 7.5,
-                    "eval_loss": 0.75, "eval_accuracy": 0.902, "tokens_trained": 229993, "train_time_s": 50.0},
-            "dpo": {"method": "lora", "trainable_params": 18688, "train_loss": 0.38, "eval": {
-                "eval_loss": 0.79, "eval_rewards/accuracies": 0.625}, "tokens_trained": 900, "train_time_s": 2.0}}
+    runs = {
+        "sft": {
+            "method": "lora",
+            "trainable_params": 18688,
+            "train_loss": 2.1612,
+            "eval_loss_before_train": 7.5,
+            "eval_loss": 0.75,
+            "eval_accuracy": 0.902,
+            "tokens_trained": 229993,
+            "train_time_s": 50.0,
+        },
+        "dpo": {
+            "method": "lora",
+            "trainable_params": 18688,
+            "train_loss": 0.38,
+            "eval": {"eval_loss": 0.79, "eval_rewards/accuracies": 0.625},
+            "tokens_trained": 900,
+            "train_time_s": 2.0,
+        },
+    }
     for name, summary in runs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "run_summary.json").write_text(json.dumps(summary))

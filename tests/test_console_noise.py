@@ -55,9 +55,13 @@ def test_noise_patterns_catch_library_lines_and_pass_ours():
         "INFO paddlenlp_ext.quant.linear: QuantizedLinear(nf4): forward path = dequant",
     ]
     assert [line for _, line in noise_lines("\n".join(library))] == library  # every one caught
-    ours = ["step  10/150 (  7%)  loss 7.1777  lr 1.00e-02  3,180 tok/s  elapsed 0:05  ETA 1:07",
-            "model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples",
-            "merged: output/m (verified: max |diff| 1.2e-06)", "summary:", "  train loss:    2.1612 (150 steps)"]
+    ours = [
+        "step  10/150 (  7%)  loss 7.1777  lr 1.00e-02  3,180 tok/s  elapsed 0:05  ETA 1:07",
+        "model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples",
+        "merged: output/m (verified: max |diff| 1.2e-06)",
+        "summary:",
+        "  train loss:    2.1612 (150 steps)",
+    ]
     assert noise_lines("\n".join(ours)) == []
 
 
@@ -83,11 +87,40 @@ def assert_quiet(name, r, rc=0):
 def lora_run(tiny_model_dir, tmp_path_factory):
     """A 4-step LoRA run (saving a checkpoint at step 2, evaluation, load_best_model_at_end), its output dir."""
     out = tmp_path_factory.mktemp("noise") / "lora"
-    r = run("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", "--model_name_or_path", tiny_model_dir,
-            "--output_dir", out, "--max_steps", 4, "--logging_steps", 2, "--per_device_train_batch_size", 4,
-            "--per_device_eval_batch_size", 16, "--eval_before_train", "false", "--evaluation_strategy", "steps",
-            "--eval_steps", 2, "--save_strategy", "steps", "--save_steps", 2, "--load_best_model_at_end", "true",
-            "--metric_for_best_model", "loss", "--report_to", "none", "--use_fused_rms_norm", "true")
+    r = run(
+        "llm/run_finetune.py",
+        "llm/config/tiny/lora_argument.json",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        out,
+        "--max_steps",
+        4,
+        "--logging_steps",
+        2,
+        "--per_device_train_batch_size",
+        4,
+        "--per_device_eval_batch_size",
+        16,
+        "--eval_before_train",
+        "false",
+        "--evaluation_strategy",
+        "steps",
+        "--eval_steps",
+        2,
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        2,
+        "--load_best_model_at_end",
+        "true",
+        "--metric_for_best_model",
+        "loss",
+        "--report_to",
+        "none",
+        "--use_fused_rms_norm",
+        "true",
+    )
     return out, r
 
 
@@ -103,8 +136,10 @@ def test_finetune_console_is_ours_and_the_best_model_notice_is_our_line(lora_run
 def test_llm_meta_notice_is_a_console_line(lora_run):
     """A GPU-only fusion set on a CPU run is said on stdout, as our line (and in train.log)."""
     out, r = lora_run
-    notice = "notice: use_fused_rms_norm=True is a GPU-only fused kernel (same results, other speed); this run is " \
+    notice = (
+        "notice: use_fused_rms_norm=True is a GPU-only fused kernel (same results, other speed); this run is "
         "on CPU, where the unfused ops run"
+    )
     assert r.stdout.splitlines().count(notice) == 1, r.stdout
     assert notice not in r.stderr and notice in (out / "train.log").read_text()
 
@@ -123,10 +158,32 @@ def test_resume_draws_no_skipping_bar(lora_run, tmp_path):
     out, _ = lora_run
     resumed = tmp_path / "resumed"
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
-    r = run("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", "--model_name_or_path", ROOT + "/build/tiny-llama",
-            "--output_dir", resumed, "--max_steps", 4, "--logging_steps", 2, "--per_device_train_batch_size", 4,
-            "--do_eval", "false", "--eval_before_train", "false", "--save_strategy", "no",
-            "--resume_from_checkpoint", "true", "--overwrite_output_dir", "false", "--report_to", "none")
+    r = run(
+        "llm/run_finetune.py",
+        "llm/config/tiny/lora_argument.json",
+        "--model_name_or_path",
+        ROOT + "/build/tiny-llama",
+        "--output_dir",
+        resumed,
+        "--max_steps",
+        4,
+        "--logging_steps",
+        2,
+        "--per_device_train_batch_size",
+        4,
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--save_strategy",
+        "no",
+        "--resume_from_checkpoint",
+        "true",
+        "--overwrite_output_dir",
+        "false",
+        "--report_to",
+        "none",
+    )
     assert_quiet("run_finetune (resumed)", r)
     assert "Skipping the first batches" not in r.stdout + r.stderr
     assert "step 4/4" in r.stdout.replace("  ", " ")
@@ -138,24 +195,77 @@ def test_merge_predict_and_tools_console_is_ours(lora_run, tiny_model_dir, tmp_p
     with open(os.path.join(ROOT, "llm", "data", "demo_prompts.json"), encoding="utf-8") as f:
         prompts.write_text("".join(f.readlines()[:2]))
     runs = {
-        "merge_lora_params": ("llm/merge_lora_params.py", "--model_name_or_path", tiny_model_dir, "--lora_path", out,
-                              "--merge_model_path", tmp_path / "merged"),
-        "tools/merge_lora_params": ("llm/tools/merge_lora_params.py", "--model_name_or_path", tiny_model_dir,
-                                    "--lora_path", out, "--output_path", tmp_path / "merged_tools"),
-        "predictor": ("llm/predict/predictor.py", "--model_name_or_path", tiny_model_dir, "--lora_path", out,
-                      "--data_file", prompts, "--output_file", tmp_path / "pred.json", "--src_length", 64,
-                      "--max_length", 72),
-        "check_packing": ("llm/tools/check_packing.py", "llm/config/tiny/lora_argument.json", "--model_name_or_path",
-                          tiny_model_dir, "--check_examples", 2),
-        "data_report": ("llm/tools/data_report.py", "llm/config/tiny/lora_argument.json", "--model_name_or_path",
-                        tiny_model_dir),
+        "merge_lora_params": (
+            "llm/merge_lora_params.py",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            out,
+            "--merge_model_path",
+            tmp_path / "merged",
+        ),
+        "tools/merge_lora_params": (
+            "llm/tools/merge_lora_params.py",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            out,
+            "--output_path",
+            tmp_path / "merged_tools",
+        ),
+        "predictor": (
+            "llm/predict/predictor.py",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            out,
+            "--data_file",
+            prompts,
+            "--output_file",
+            tmp_path / "pred.json",
+            "--src_length",
+            64,
+            "--max_length",
+            72,
+        ),
+        "check_packing": (
+            "llm/tools/check_packing.py",
+            "llm/config/tiny/lora_argument.json",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--check_examples",
+            2,
+        ),
+        "data_report": (
+            "llm/tools/data_report.py",
+            "llm/config/tiny/lora_argument.json",
+            "--model_name_or_path",
+            tiny_model_dir,
+        ),
         "make_tiny_model": ("llm/tools/make_tiny_model.py", "--output", tmp_path / "tiny", "--force"),
-        "plan_memory": ("llm/tools/plan_memory.py", "llm/config/tiny/lora_argument.json", "--model_name_or_path",
-                        tiny_model_dir),
+        "plan_memory": (
+            "llm/tools/plan_memory.py",
+            "llm/config/tiny/lora_argument.json",
+            "--model_name_or_path",
+            tiny_model_dir,
+        ),
         "show_summary": ("llm/tools/show_summary.py", out),
-        "run_dpo": ("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json", "--model_name_or_path",
-                    tiny_model_dir, "--output_dir", tmp_path / "dpo", "--max_steps", 2, "--logging_steps", 1,
-                    "--per_device_train_batch_size", 2, "--per_device_eval_batch_size", 8),
+        "run_dpo": (
+            "llm/run_dpo.py",
+            "llm/config/tiny/dpo_lora_argument.json",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            tmp_path / "dpo",
+            "--max_steps",
+            2,
+            "--logging_steps",
+            1,
+            "--per_device_train_batch_size",
+            2,
+            "--per_device_eval_batch_size",
+            8,
+        ),
     }
     with ThreadPoolExecutor(2) as pool:  # two at a time: the machine's cores
         results = dict(zip(runs, pool.map(lambda args: run(*args), runs.values())))
@@ -168,29 +278,55 @@ def test_merge_predict_and_tools_console_is_ours(lora_run, tiny_model_dir, tmp_p
 def test_quantized_forward_path_line_is_not_on_the_console(capfd):
     """The QLoRA predictor's "forward path" INFO record (quant/probe.py) stays off the console
     under the policy (prelude installs the root handler at WARNING before paddle adds its INFO one)."""
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "from paddlenlp_ext.cli.prelude import prepare_script; prepare_script(%r)\n"
-            "import logging; logging.getLogger('paddlenlp_ext.quant.linear').info('forward path = dequant')\n"
-            "logging.getLogger('paddlenlp_ext.quant.linear').warning('a real warning')\n") % (ROOT, __file__)
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from paddlenlp_ext.cli.prelude import prepare_script; prepare_script(%r)\n"
+        "import logging; logging.getLogger('paddlenlp_ext.quant.linear').info('forward path = dequant')\n"
+        "logging.getLogger('paddlenlp_ext.quant.linear').warning('a real warning')\n"
+    ) % (ROOT, __file__)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "forward path" not in r.stdout + r.stderr and "a real warning" in r.stderr
 
 
 #: the launch command docs/logging.md tells users to type (CPU data parallel over gloo)
-LAUNCH = [sys.executable, "-W", "ignore:No ccache found", "-m", "paddle.distributed.launch", "--log_level", "WARNING",
-          "--nproc_per_node", "2"]
+LAUNCH = [
+    sys.executable,
+    "-W",
+    "ignore:No ccache found",
+    "-m",
+    "paddle.distributed.launch",
+    "--log_level",
+    "WARNING",
+    "--nproc_per_node",
+    "2",
+]
 
 
 @pytest.mark.slow
 def test_launch_console_is_rank_0_and_ours(tiny_model_dir, tmp_path):
     """Under the documented launch command: no LAUNCH INFO, FLAGS banner or glog line; our lines once
     (rank 0); each rank's full output in log/workerlog.N."""
-    cmd = LAUNCH + [os.path.join(ROOT, "llm", "run_finetune.py"), os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
-                    "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path",
-                    os.path.join(ROOT, "llm", "data", "advertise"), "--output_dir", str(tmp_path / "out"),
-                    "--max_steps", "2", "--logging_steps", "1", "--eval_before_train", "false", "--do_eval", "false",
-                    "--report_to", "none"]
+    cmd = LAUNCH + [
+        os.path.join(ROOT, "llm", "run_finetune.py"),
+        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        os.path.join(ROOT, "llm", "data", "advertise"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--max_steps",
+        "2",
+        "--logging_steps",
+        "1",
+        "--eval_before_train",
+        "false",
+        "--do_eval",
+        "false",
+        "--report_to",
+        "none",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
     assert_quiet("launch run_finetune", r)
     assert r.stdout.count("step 2/2 (100%)") == 1 and r.stdout.count("summary:") == 1, r.stdout
@@ -203,16 +339,43 @@ def test_alignment_scripts_console_is_ours(tiny_model_dir, tmp_path):
     """run_kto, run_reward, run_grpo and reward_score print only our lines at the default level."""
     short = ("--model_name_or_path", tiny_model_dir, "--max_steps", 2, "--logging_steps", 1)
     runs = {
-        "run_kto": ("llm/run_kto.py", "llm/config/tiny/kto_lora_argument.json", *short, "--output_dir", tmp_path / "kto"),
-        "run_reward": ("llm/run_reward.py", "llm/config/tiny/reward_lora_argument.json", *short,
-                       "--output_dir", tmp_path / "reward"),
-        "run_grpo": ("llm/run_grpo.py", "llm/config/tiny/grpo_argument.json", *short, "--num_generations", 2,
-                     "--max_completion_length", 4, "--output_dir", tmp_path / "grpo"),
+        "run_kto": (
+            "llm/run_kto.py",
+            "llm/config/tiny/kto_lora_argument.json",
+            *short,
+            "--output_dir",
+            tmp_path / "kto",
+        ),
+        "run_reward": (
+            "llm/run_reward.py",
+            "llm/config/tiny/reward_lora_argument.json",
+            *short,
+            "--output_dir",
+            tmp_path / "reward",
+        ),
+        "run_grpo": (
+            "llm/run_grpo.py",
+            "llm/config/tiny/grpo_argument.json",
+            *short,
+            "--num_generations",
+            2,
+            "--max_completion_length",
+            4,
+            "--output_dir",
+            tmp_path / "grpo",
+        ),
     }
     with ThreadPoolExecutor(2) as pool:  # two at a time: the machine's cores
         results = dict(zip(runs, pool.map(lambda args: run(*args), runs.values())))
-    results["reward_score"] = run("llm/predict/reward_score.py", "--model_name_or_path", tmp_path / "reward",
-                                  "--input_file", "llm/data/reward_tiny/dev.json", "--output_file", tmp_path / "s.jsonl")
+    results["reward_score"] = run(
+        "llm/predict/reward_score.py",
+        "--model_name_or_path",
+        tmp_path / "reward",
+        "--input_file",
+        "llm/data/reward_tiny/dev.json",
+        "--output_file",
+        tmp_path / "s.jsonl",
+    )
     problems = [p for name, r in results.items() for p in console_problems(name, r)]
     assert not problems, "\n".join(problems)
     assert "pair accuracy" in results["reward_score"].stdout

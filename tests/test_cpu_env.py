@@ -14,8 +14,10 @@ from paddlenlp_ext.cli import cpu_env
 from paddlenlp_ext.cli.cpu_env import CpuFacts, cgroup_cpu_quota, decide, local_ranks, parse_cpuinfo, setup_cpu
 from paddlenlp_ext.training.console import config_line
 
-AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nflags\t\t: fpu sse2 avx fma avx2 bmi2\n\n" \
-      "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx fma avx2 bmi2\n"
+AMD = (
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nflags\t\t: fpu sse2 avx fma avx2 bmi2\n\n"
+    "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx fma avx2 bmi2\n"
+)
 MKL = "/site-packages/paddle/libs/libmklml_intel.so"
 
 
@@ -100,15 +102,18 @@ def test_the_switch_turns_everything_off():
     assert d.text == "cpu: set-up off (PADDLENLP_EXT_CPU_SETUP=0)"
 
 
-@pytest.mark.parametrize("vendor, flags, mkl, expected", [
-    ("AuthenticAMD", {"avx2", "fma"}, MKL, ("5", "AMD CPU")),
-    ("AuthenticAMD", {"avx2", "fma", "avx512f"}, MKL, ("5", "AMD CPU with AVX-512")),
-    ("HygonGenuine", {"avx2", "fma"}, MKL, ("5", "Hygon CPU")),
-    ("GenuineIntel", {"avx2", "fma", "avx512f"}, MKL, (None, "Intel CPU")),
-    ("AuthenticAMD", {"avx", "sse2"}, MKL, (None, "AMD without AVX2/FMA")),
-    ("AuthenticAMD", {"avx2", "fma"}, None, (None, "no MKL-ML in paddle/libs")),
-    ("", set(), MKL, (None, "unknown CPU")),
-])
+@pytest.mark.parametrize(
+    "vendor, flags, mkl, expected",
+    [
+        ("AuthenticAMD", {"avx2", "fma"}, MKL, ("5", "AMD CPU")),
+        ("AuthenticAMD", {"avx2", "fma", "avx512f"}, MKL, ("5", "AMD CPU with AVX-512")),
+        ("HygonGenuine", {"avx2", "fma"}, MKL, ("5", "Hygon CPU")),
+        ("GenuineIntel", {"avx2", "fma", "avx512f"}, MKL, (None, "Intel CPU")),
+        ("AuthenticAMD", {"avx", "sse2"}, MKL, (None, "AMD without AVX2/FMA")),
+        ("AuthenticAMD", {"avx2", "fma"}, None, (None, "no MKL-ML in paddle/libs")),
+        ("", set(), MKL, (None, "unknown CPU")),
+    ],
+)
 def test_the_mkl_code_path_follows_the_cpu(vendor, flags, mkl, expected):
     facts = CpuFacts(affinity=2, vendor=vendor, flags=frozenset(flags), mkl_library=mkl)
     assert cpu_env.mkl_code_path(facts) == expected
@@ -124,25 +129,33 @@ def test_the_configuration_line_ends_with_the_cpu_choice():
 
 
 def test_setup_reads_this_machine_without_importing_paddle():
-    code = ("import os, sys; from paddlenlp_ext.cli.cpu_env import setup_cpu, current; d = setup_cpu(); "
-            "assert 'paddle' not in sys.modules and current() is d; "
-            "assert os.environ['OMP_NUM_THREADS'] == str(d.threads) == os.environ['MKL_NUM_THREADS']; print(d.text)")
+    code = (
+        "import os, sys; from paddlenlp_ext.cli.cpu_env import setup_cpu, current; d = setup_cpu(); "
+        "assert 'paddle' not in sys.modules and current() is d; "
+        "assert os.environ['OMP_NUM_THREADS'] == str(d.threads) == os.environ['MKL_NUM_THREADS']; print(d.text)"
+    )
     env = {k: v for k, v in os.environ.items() if k not in cpu_env.THREAD_VARS + cpu_env.CODE_PATH_VARS}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       env={**env, "PYTHONPATH": ROOT})
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**env, "PYTHONPATH": ROOT}
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("cpu: ") and " thread" in r.stdout
 
 
 #: llm/ scripts that never import paddle (config/, planner/, training.console, models.family_table only),
 #: so need no set-up; models_doc.py is the families helper's (models/family_table.py, paddle-free)
-PADDLE_FREE_SCRIPTS = {"llm/tools/config_docs.py", "llm/tools/plan_memory.py", "llm/tools/show_summary.py",
-                       "llm/tools/models_doc.py"}
+PADDLE_FREE_SCRIPTS = {
+    "llm/tools/config_docs.py",
+    "llm/tools/plan_memory.py",
+    "llm/tools/show_summary.py",
+    "llm/tools/models_doc.py",
+}
 
 
 def test_every_entry_script_sets_up_the_cpu_before_importing_the_library():
-    scripts = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "llm", "**", "*.py"),
-                                                                    recursive=True))
+    scripts = sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "llm", "**", "*.py"), recursive=True)
+    )
     assert "llm/run_finetune.py" in scripts
     for rel in scripts:
         if rel in PADDLE_FREE_SCRIPTS or not open(os.path.join(ROOT, rel)).read().strip():
@@ -150,29 +163,57 @@ def test_every_entry_script_sets_up_the_cpu_before_importing_the_library():
         tree = ast.parse(open(os.path.join(ROOT, rel)).read())
         first_call = None
         for i, node in enumerate(tree.body):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
-                    and getattr(node.value.func, "id", None) == "prepare_script":
+            if (
+                isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "prepare_script"
+            ):
                 first_call = i
                 break
         assert first_call is not None, f"{rel}: call prepare_script(__file__) before importing paddlenlp_ext / paddle"
         for node in tree.body[:first_call]:
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             for name in names:
-                assert not name.startswith(("paddle", "paddlenlp")) or name == "paddlenlp_ext.cli.prelude", \
+                assert not name.startswith(("paddle", "paddlenlp")) or name == "paddlenlp_ext.cli.prelude", (
                     f"{rel}: imports {name} before prepare_script()"
+                )
 
 
 # -- through the real CLI ---------------------------------------------------------------------
 def _run_tiny(tmp_path, name, extra_env):
-    env = {k: v for k, v in os.environ.items() if k not in cpu_env.THREAD_VARS + cpu_env.CODE_PATH_VARS
-           and k != cpu_env.SWITCH}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in cpu_env.THREAD_VARS + cpu_env.CODE_PATH_VARS and k != cpu_env.SWITCH
+    }
     out = tmp_path / name
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-           os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), "--output_dir", str(out),
-           "--model_name_or_path", os.path.join(ROOT, "build", "tiny-llama"), "--dataset_name_or_path", DATA_DIR,
-           "--max_steps", "6", "--logging_steps", "1", "--per_device_train_batch_size", "4",
-           "--do_eval", "false", "--eval_before_train", "false"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "llm", "run_finetune.py"),
+        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        os.path.join(ROOT, "build", "tiny-llama"),
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--max_steps",
+        "6",
+        "--logging_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "4",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**env, **extra_env})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     summary = json.loads((out / "run_summary.json").read_text())

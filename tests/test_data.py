@@ -56,20 +56,29 @@ def test_find_split_files(tmp_path):
 
 
 def test_every_bad_line_reported_with_file_and_line(tmp_path):
-    path = write_lines(tmp_path, [
-        '{"src": "a", "tgt": "b"}',
-        '{"src": "a", "tgt": "b"',  # bad JSON
-        '{"src": "a"}',  # missing tgt
-        '{"src": 3, "tgt": "b"}',  # wrong type
-        '{"src": "a", "tgt": "  "}',  # empty target
-        '{"src": ["a", "b"], "tgt": ["c"]}',  # mismatched turns
-        '{"src": "a", "tgt": "b", "context": {"system": 1}}',
-    ])
+    path = write_lines(
+        tmp_path,
+        [
+            '{"src": "a", "tgt": "b"}',
+            '{"src": "a", "tgt": "b"',  # bad JSON
+            '{"src": "a"}',  # missing tgt
+            '{"src": 3, "tgt": "b"}',  # wrong type
+            '{"src": "a", "tgt": "  "}',  # empty target
+            '{"src": ["a", "b"], "tgt": ["c"]}',  # mismatched turns
+            '{"src": "a", "tgt": "b", "context": {"system": 1}}',
+        ],
+    )
     with pytest.raises(DataError) as e:
         read_examples([path])
     msg = str(e.value)
-    for line, needle in ((2, "invalid JSON"), (3, "missing key 'tgt'"), (4, "'src' must be a string"),
-                         (5, "empty target"), (6, "mismatched turns"), (7, "'context.system'")):
+    for line, needle in (
+        (2, "invalid JSON"),
+        (3, "missing key 'tgt'"),
+        (4, "'src' must be a string"),
+        (5, "empty target"),
+        (6, "mismatched turns"),
+        (7, "'context.system'"),
+    ):
         assert f"{path}:{line}: {needle}" in msg, (line, msg)
     assert f"{path}:1:" not in msg
 
@@ -110,7 +119,7 @@ def test_tokenize_multi_turn_keeps_latest_rounds(tiny_tokenizer):
     feat, truncated, dropped = tokenize_example(ex, tok, src_length=64, max_length=16, use_chat_template=False)
     assert truncated and dropped == 1
     last = tok("Red.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    assert feat["labels"][-len(last):] == last
+    assert feat["labels"][-len(last) :] == last
     assert len(feat["input_ids"]) <= 15
 
 
@@ -127,7 +136,9 @@ def test_padding_collator():
 
 
 def test_packed_collator_dense_and_flashmask():
-    row = build_packed_row([{"input_ids": [1, 2, 3], "labels": [2, 3, 4]}, {"input_ids": [5, 6], "labels": [6, 7]}], 8, 0)
+    row = build_packed_row(
+        [{"input_ids": [1, 2, 3], "labels": [2, 3, 4]}, {"input_ids": [5, 6], "labels": [6, 7]}], 8, 0
+    )
     fm = PackedCollator(flash_mask=True)([row])
     assert fm["attn_mask_startend_row_indices"].shape == (1, 1, 8, 1)
     assert fm["attn_mask_startend_row_indices"][0, 0, :, 0].tolist() == [3, 3, 3, 5, 5, 5, 5, 5]
@@ -160,12 +171,21 @@ def test_chat_template_applied_and_prompt_masked(tmp_path, tiny_model_dir, kind)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     if kind == "json":
         path = tmp_path / "chat_template.json"
-        path.write_text(json.dumps({"system": "<s>{{system}}\n", "conversation": ["user: {{user}}\nbot: ", "{{bot}}</s>"],
-                                    "query": "user: {{query}}\nbot: "}))
+        path.write_text(
+            json.dumps(
+                {
+                    "system": "<s>{{system}}\n",
+                    "conversation": ["user: {{user}}\nbot: ", "{{bot}}</s>"],
+                    "query": "user: {{query}}\nbot: ",
+                }
+            )
+        )
     else:
         path = tmp_path / "template.jinja"
-        path.write_text("{% for m in messages %}{% if m['role'] == 'user' %}user: {{ m['content'] }}\nbot: "
-                        "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}")
+        path.write_text(
+            "{% for m in messages %}{% if m['role'] == 'user' %}user: {{ m['content'] }}\nbot: "
+            "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+        )
     assert resolve_chat_template(tok, str(path))
     ex = Example(src=["color#red", "type#dress"], tgt=["Red.", "A dress."], system="Be brief")
     feat, _, _ = tokenize_example(ex, tok, 64, 128, use_chat_template=True)

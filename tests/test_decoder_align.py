@@ -44,9 +44,26 @@ def _summary(out):
 
 
 def _kto(run, base, out):
-    run([os.path.join(LLM, "run_kto.py"), os.path.join(TINY_CONFIG, "kto_lora_argument.json"),
-         "--model_name_or_path", base, "--output_dir", out, "--max_steps", "8", "--do_eval", "false",
-         "--max_seq_len", "256", "--max_prompt_len", "128", "--warmup_steps", "0"])
+    run(
+        [
+            os.path.join(LLM, "run_kto.py"),
+            os.path.join(TINY_CONFIG, "kto_lora_argument.json"),
+            "--model_name_or_path",
+            base,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "8",
+            "--do_eval",
+            "false",
+            "--max_seq_len",
+            "256",
+            "--max_prompt_len",
+            "128",
+            "--warmup_steps",
+            "0",
+        ]
+    )
     loss = [h["loss"] for h in _logs(out)]
     assert _summary(out)["reference"] == "adapters"
     assert len(loss) == 8 and abs(loss[0] - 0.5) < 1e-5, ("kto: policy != adapters-off reference at step 1", loss)
@@ -54,9 +71,24 @@ def _kto(run, base, out):
 
 
 def _reward(run, base, out):
-    run([os.path.join(LLM, "run_reward.py"), os.path.join(TINY_CONFIG, "reward_lora_argument.json"),
-         "--model_name_or_path", base, "--output_dir", out, "--max_steps", "12", "--max_seq_len", "256",
-         "--max_prompt_len", "128", "--per_device_train_batch_size", "4"])
+    run(
+        [
+            os.path.join(LLM, "run_reward.py"),
+            os.path.join(TINY_CONFIG, "reward_lora_argument.json"),
+            "--model_name_or_path",
+            base,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "12",
+            "--max_seq_len",
+            "256",
+            "--max_prompt_len",
+            "128",
+            "--per_device_train_batch_size",
+            "4",
+        ]
+    )
     loss = [h["loss"] for h in _logs(out)]
     ev = _summary(out)["eval"]
     assert len(loss) == 12 and all(x == x and abs(x) < 1e4 for x in loss), ("reward: loss", loss)
@@ -64,16 +96,45 @@ def _reward(run, base, out):
     assert ev["eval_rewards/accuracies"] > 0.5, ("reward: dev pair accuracy at or below chance", ev)
     # llm/predict/reward_score.py reloads the row + adapter + head and reproduces the dev pair accuracy
     scores = os.path.join(out, "scores.jsonl")
-    r = run([os.path.join(LLM, "predict", "reward_score.py"), "--model_name_or_path", out, "--input_file",
-             os.path.join(ROOT, "llm", "data", "reward_tiny", "dev.json"), "--output_file", scores])
+    r = run(
+        [
+            os.path.join(LLM, "predict", "reward_score.py"),
+            "--model_name_or_path",
+            out,
+            "--input_file",
+            os.path.join(ROOT, "llm", "data", "reward_tiny", "dev.json"),
+            "--output_file",
+            scores,
+        ]
+    )
     assert f"pair accuracy {ev['eval_rewards/accuracies']:.4f}" in r.stdout, (ev, r.stdout[-500:])
 
 
 def _grpo(run, base, out, prompts):
-    run([os.path.join(LLM, "run_grpo.py"), os.path.join(TINY_CONFIG, "grpo_argument.json"),
-         "--model_name_or_path", base, "--output_dir", out, "--train_dataset_path", prompts, "--lora", "true",
-         "--max_steps", "4", "--num_generations", "4", "--max_completion_length", "8", "--learning_rate", "1e-2",
-         "--report_to", "none"])
+    run(
+        [
+            os.path.join(LLM, "run_grpo.py"),
+            os.path.join(TINY_CONFIG, "grpo_argument.json"),
+            "--model_name_or_path",
+            base,
+            "--output_dir",
+            out,
+            "--train_dataset_path",
+            prompts,
+            "--lora",
+            "true",
+            "--max_steps",
+            "4",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "8",
+            "--learning_rate",
+            "1e-2",
+            "--report_to",
+            "none",
+        ]
+    )
     logs = _logs(out, "reward")
     assert len(logs) == 4, logs
     assert all(abs(h["loss"]) < 1e4 and h["loss"] == h["loss"] for h in logs), ("grpo: loss", logs)

@@ -56,10 +56,36 @@ def save_row(model_type, out_dir, dtype="bfloat16"):
 
 
 def finetune(model_dir, out, *overrides, check=True):
-    return run([FINETUNE, LORA_CONFIG, "--model_name_or_path", model_dir, "--dataset_name_or_path", DATA_DIR,
-                "--output_dir", out, "--max_steps", "20", "--per_device_train_batch_size", "8", "--logging_steps",
-                "1", "--learning_rate", "3e-2", "--warmup_steps", "0", "--do_eval", "false", "--src_length", "64",
-                "--max_length", "128", *overrides], check=check)
+    return run(
+        [
+            FINETUNE,
+            LORA_CONFIG,
+            "--model_name_or_path",
+            model_dir,
+            "--dataset_name_or_path",
+            DATA_DIR,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "20",
+            "--per_device_train_batch_size",
+            "8",
+            "--logging_steps",
+            "1",
+            "--learning_rate",
+            "3e-2",
+            "--warmup_steps",
+            "0",
+            "--do_eval",
+            "false",
+            "--src_length",
+            "64",
+            "--max_length",
+            "128",
+            *overrides,
+        ],
+        check=check,
+    )
 
 
 def losses(out):
@@ -68,10 +94,12 @@ def losses(out):
 
 
 #: run name -> (CLI overrides, the method run_summary.json reports)
-RUNS = {"lora": ((), "lora"),
-        "packed": (("--zero_padding", "true", "--flash_mask", "true", "--use_flash_attention", "true"), "lora"),
-        "nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
-        "full": (("--lora", "false", "--learning_rate", "3e-3"), "full")}
+RUNS = {
+    "lora": ((), "lora"),
+    "packed": (("--zero_padding", "true", "--flash_mask", "true", "--use_flash_attention", "true"), "lora"),
+    "nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
+    "full": (("--lora", "false", "--learning_rate", "3e-3"), "full"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +139,15 @@ def trained(request, row_base, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     test = "test_lora_packing_qlora_and_full_train_a_transformers_checkpoint"
     rows = [p["model_type"] for p in selected_params(request, test)]
-    return run_jobs({f"{model_type} {name}": functools.partial(_train_one, model_type, name, row_base(model_type),
-                                                               str(root / model_type / name))
-                     for model_type in rows for name in RUNS})
+    return run_jobs(
+        {
+            f"{model_type} {name}": functools.partial(
+                _train_one, model_type, name, row_base(model_type), str(root / model_type / name)
+            )
+            for model_type in rows
+            for name in RUNS
+        }
+    )
 
 
 @pytest.mark.parametrize("model_type", DECODER_ROWS)
@@ -129,13 +163,21 @@ def test_what_the_decoder_does_not_run_is_refused_at_config_time(row_base, tmp_p
         # tensor parallel alone is accepted (tests/test_decoder_tp.py); what is left is the launch it needs
         r = finetune(base, str(tmp_path / "tp"), "--tensor_parallel_degree", "2", check=False)
         out = r.stdout + r.stderr
-        assert r.returncode == 2 and "1 problem found" in out and "paddle.distributed.launch --nproc_per_node 2" in out, \
-            (r.returncode, out[-3000:])
+        assert (
+            r.returncode == 2 and "1 problem found" in out and "paddle.distributed.launch --nproc_per_node 2" in out
+        ), (r.returncode, out[-3000:])
 
     def tp_and_pp():
         # tensor x pipeline together is not
-        r = finetune(base, str(tmp_path / "tp_pp"), "--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2",
-                     check=False)
+        r = finetune(
+            base,
+            str(tmp_path / "tp_pp"),
+            "--tensor_parallel_degree",
+            "2",
+            "--pipeline_parallel_degree",
+            "2",
+            check=False,
+        )
         out = r.stdout + r.stderr
         assert r.returncode == 2 and "use one of them" in out and "Traceback" not in out, (r.returncode, out[-3000:])
 
@@ -150,11 +192,29 @@ def _predict_one(model_type, base, tmp_path):
     prompts = tmp_path / "prompts.json"
     prompts.write_text('{"src": "hello world, tell me"}\n{"src": "abc"}\n', encoding="utf-8")
     out = tmp_path / "pred.json"
-    run([PREDICT, "--model_name_or_path", base, "--data_file", prompts, "--output_file", out,
-         "--decode_strategy", "greedy_search", "--src_length", "48", "--max_length", "64", "--device", "cpu"])
+    run(
+        [
+            PREDICT,
+            "--model_name_or_path",
+            base,
+            "--data_file",
+            prompts,
+            "--output_file",
+            out,
+            "--decode_strategy",
+            "greedy_search",
+            "--src_length",
+            "48",
+            "--max_length",
+            "64",
+            "--device",
+            "cpu",
+        ]
+    )
     tok = transformers.AutoTokenizer.from_pretrained(base)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        base, torch_dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 2, (model_type, rows)
     # the predictor ends an answer at the tokenizer's eos or generation_config.json's (predict.session.eos_token_ids)
@@ -168,10 +228,11 @@ def _predict_one(model_type, base, tmp_path):
                     seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
                 gen = torch.tensor([seq])
             else:
-                gen = hf.generate(ids, max_new_tokens=64 - ids.shape[1], do_sample=False,
-                                  eos_token_id=eos, pad_token_id=0)
-        answer = gen[0, ids.shape[1]:].tolist()
-        answer = answer[:next((i for i, t in enumerate(answer) if t in eos), len(answer))]  # up to, not incl., EOS
+                gen = hf.generate(
+                    ids, max_new_tokens=64 - ids.shape[1], do_sample=False, eos_token_id=eos, pad_token_id=0
+                )
+        answer = gen[0, ids.shape[1] :].tolist()
+        answer = answer[: next((i for i, t in enumerate(answer) if t in eos), len(answer))]  # up to, not incl., EOS
         expected = tok.decode(answer, skip_special_tokens=True)
         assert r["output"] == expected, (model_type, r["src"], r["output"], expected)
 

@@ -69,10 +69,34 @@ def test_lora_dpo_through_the_cli(model_type, tmp_path):
 
     base = save_row(model_type, str(tmp_path / "base"))
     out = tmp_path / "dpo"
-    run([os.path.join(ROOT, "llm", "run_dpo.py"), os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json"),
-         "--model_name_or_path", base, "--output_dir", out, "--max_steps", "12", "--do_eval", "false",
-         "--max_seq_len", "256", "--max_prompt_len", "128", "--learning_rate", "2e-2", "--warmup_steps", "0",
-         "--zero_padding", "true", "--flash_mask", "true", "--use_flash_attention", "true"])
+    run(
+        [
+            os.path.join(ROOT, "llm", "run_dpo.py"),
+            os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json"),
+            "--model_name_or_path",
+            base,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "12",
+            "--do_eval",
+            "false",
+            "--max_seq_len",
+            "256",
+            "--max_prompt_len",
+            "128",
+            "--learning_rate",
+            "2e-2",
+            "--warmup_steps",
+            "0",
+            "--zero_padding",
+            "true",
+            "--flash_mask",
+            "true",
+            "--use_flash_attention",
+            "true",
+        ]
+    )
     with open(out / "trainer_state.json") as f:
         logs = [h for h in json.load(f)["log_history"] if "loss" in h]
     loss = [h["loss"] for h in logs]

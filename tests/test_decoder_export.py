@@ -45,8 +45,9 @@ def _logits_hf(model):
 
 
 def _hf(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
-                                                             torch_dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="eager", torch_dtype=torch.float32
+    ).eval()
 
 
 def _with_lora(path, model_type, adapter_dir, seed=0):
@@ -148,12 +149,37 @@ def test_cli_trained_lora_merges_and_exports_to_transformers_and_peft(model_type
 
     base = save_row(model_type, str(tmp_path / "base"))
     finetune(base, str(tmp_path / "lora"), "--max_steps", "6")
-    r = run(["llm/merge_lora_params.py", "--model_name_or_path", base, "--lora_path", tmp_path / "lora",
-             "--merge_model_path", tmp_path / "merged", "--output_format", "hf", "--device", "cpu",
-             "--tolerance", "0.1"])
+    r = run(
+        [
+            "llm/merge_lora_params.py",
+            "--model_name_or_path",
+            base,
+            "--lora_path",
+            tmp_path / "lora",
+            "--merge_model_path",
+            tmp_path / "merged",
+            "--output_format",
+            "hf",
+            "--device",
+            "cpu",
+            "--tolerance",
+            "0.1",
+        ]
+    )
     assert "verify: passed" in r.stdout, r.stdout[-2000:]
-    run(["llm/tools/export.py", "--format", "peft", "--lora_path", tmp_path / "lora", "--output_path",
-         tmp_path / "peft", "--model_name_or_path", base])
+    run(
+        [
+            "llm/tools/export.py",
+            "--format",
+            "peft",
+            "--lora_path",
+            tmp_path / "lora",
+            "--output_path",
+            tmp_path / "peft",
+            "--model_name_or_path",
+            base,
+        ]
+    )
     merged = _logits_hf(_hf(str(tmp_path / "merged")))
     base_logits = _logits_hf(_hf(base))
     wrapped = peft.PeftModel.from_pretrained(_hf(base), str(tmp_path / "peft")).eval()

@@ -43,8 +43,9 @@ def ours(model_dir):
 
     register_qwen3()  # qwen3_moe's config class (its transformers layout then loads on the decoder's row)
     register_decoder()
-    model = load_model_streaming(model_dir, load_model_config(model_dir, dtype="float32"), "float32", None,
-                                 max_seq_len=64)[0]
+    model = load_model_streaming(
+        model_dir, load_model_config(model_dir, dtype="float32"), "float32", None, max_seq_len=64
+    )[0]
     model.eval()
     return model
 
@@ -54,15 +55,36 @@ def saved(tmp_path_factory):
     """row -> (5.x-saved directory, 5.x's logits of IDS, 5.x's run result), in two judge processes."""
     work = tmp_path_factory.mktemp("hf5_decoder")
     dirs = {mt: str(work / mt) for mt in ROWS}
-    judge("batch", str(work), jobs=[["save", dict(model_type=mt, config={**BASE, **KNOBS.get(mt, {})},
-                                                  out_dir=dirs[mt], weights_std=0.15)] for mt in ROWS])
+    judge(
+        "batch",
+        str(work),
+        jobs=[
+            ["save", dict(model_type=mt, config={**BASE, **KNOBS.get(mt, {})}, out_dir=dirs[mt], weights_std=0.15)]
+            for mt in ROWS
+        ],
+    )
     np.save(work / "ids.npy", IDS)
     runs = [mt for mt in ROWS if mt not in DIFFERS and mt not in REFUSED]
     # eager attention: transformers' sdpa path drops Gemma 2's attention soft-cap
-    res = judge("batch", str(work), jobs=[["run", dict(model_dir=dirs[mt], ids=str(work / "ids.npy"),
-                                                       logits_out=str(work / f"{mt}.npy"), prompt=PROMPT,
-                                                       max_new_tokens=NEW, eos=EOS, attn_implementation="eager")]
-                                          for mt in runs])
+    res = judge(
+        "batch",
+        str(work),
+        jobs=[
+            [
+                "run",
+                dict(
+                    model_dir=dirs[mt],
+                    ids=str(work / "ids.npy"),
+                    logits_out=str(work / f"{mt}.npy"),
+                    prompt=PROMPT,
+                    max_new_tokens=NEW,
+                    eos=EOS,
+                    attn_implementation="eager",
+                ),
+            ]
+            for mt in runs
+        ],
+    )
     out = {mt: (dirs[mt], None, None) for mt in (*DIFFERS, *REFUSED)}
     out.update({mt: (dirs[mt], np.load(work / f"{mt}.npy"), r) for mt, r in zip(runs, res)})
     return out

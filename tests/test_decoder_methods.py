@@ -30,8 +30,11 @@ DENSE_ROWS = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None
 CONFIG = os.path.join(ROOT, "llm", "config", "tiny")
 #: run -> (config, CLI overrides, run_summary.json's method)
 RUNS = {
-    "rslora_loraplus_neftune": ("lora_argument.json", ("--rslora", "true", "--lora_plus_scale", "16", "--neftune",
-                                                       "true"), "lora+rslora+lora_plus_scale=16+neftune"),
+    "rslora_loraplus_neftune": (
+        "lora_argument.json",
+        ("--rslora", "true", "--lora_plus_scale", "16", "--neftune", "true"),
+        "lora+rslora+lora_plus_scale=16+neftune",
+    ),
     "pissa": ("lora_argument.json", ("--pissa", "true", "--pissa_niter", "2"), "lora+pissa"),
     "vera": ("lora_argument.json", ("--vera", "true", "--lora", "false", "--learning_rate", "1"), "vera"),
     "lokr": ("lokr_argument.json", (), "lokr"),  # its lr 0.1
@@ -40,10 +43,35 @@ MERGED = ("vera", "lokr")
 
 
 def _train(run, base, out, config, extra, method):
-    run([os.path.join(ROOT, "llm", "run_finetune.py"), os.path.join(CONFIG, config), "--model_name_or_path", base,
-         "--dataset_name_or_path", DATA_DIR, "--output_dir", out, "--max_steps", "12", "--per_device_train_batch_size",
-         "8", "--logging_steps", "1", "--do_eval", "false", "--eval_before_train", "false", "--src_length", "64",
-         "--max_length", "128", "--warmup_steps", "0", *extra])
+    run(
+        [
+            os.path.join(ROOT, "llm", "run_finetune.py"),
+            os.path.join(CONFIG, config),
+            "--model_name_or_path",
+            base,
+            "--dataset_name_or_path",
+            DATA_DIR,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "12",
+            "--per_device_train_batch_size",
+            "8",
+            "--logging_steps",
+            "1",
+            "--do_eval",
+            "false",
+            "--eval_before_train",
+            "false",
+            "--src_length",
+            "64",
+            "--max_length",
+            "128",
+            "--warmup_steps",
+            "0",
+            *extra,
+        ]
+    )
     with open(os.path.join(out, "trainer_state.json")) as f:
         loss = [h["loss"] for h in json.load(f)["log_history"] if "loss" in h]
     with open(os.path.join(out, "run_summary.json")) as f:
@@ -54,8 +82,19 @@ def _train(run, base, out, config, extra, method):
 
 
 def _merge(run, base, adapter, out):
-    r = run([os.path.join(ROOT, "llm", "merge_lora_params.py"), "--model_name_or_path", base, "--lora_path", adapter,
-             "--merge_model_path", out, "--device", "cpu"])
+    r = run(
+        [
+            os.path.join(ROOT, "llm", "merge_lora_params.py"),
+            "--model_name_or_path",
+            base,
+            "--lora_path",
+            adapter,
+            "--merge_model_path",
+            out,
+            "--device",
+            "cpu",
+        ]
+    )
     assert "verify: passed" in r.stdout, r.stdout[-1500:]
 
 
@@ -63,6 +102,7 @@ def test_rslora_loraplus_neftune_pissa_vera_lokr_train_and_merge_on_every_dense_
     from test_decoder_cli import run, save_row
 
     assert len(DENSE_ROWS) >= 7, DENSE_ROWS
+
     def job(base, out, config, extra, method, merged):
         _train(run, base, out, config, extra, method)
         if merged:

@@ -29,66 +29,189 @@ from paddlenlp_ext.models.family_table import FAMILIES  # noqa: E402
 
 ROWS = [k for k, f in FAMILIES.items() if f.arch is not None]
 VOCAB = 128
-BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            tie_word_embeddings=False)
-_LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-             "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0]}
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+_LONGROPE = {
+    "type": "longrope",
+    "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+    "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+}
 #: model_type -> transformers config overrides: the non-default knobs of the row (windows < sequence lengths)
 KNOBS = {
-    "llama": dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True, head_dim=24,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-    "qwen2": dict(use_sliding_window=True, sliding_window=5, max_window_layers=1,
-                  rope_scaling={"rope_type": "linear", "factor": 2.0}),
-    "qwen3": dict(head_dim=24, attention_bias=True, use_sliding_window=True, sliding_window=6, max_window_layers=1,
-                  rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+    "llama": dict(
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+        head_dim=24,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "qwen2": dict(
+        use_sliding_window=True,
+        sliding_window=5,
+        max_window_layers=1,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+    "qwen3": dict(
+        head_dim=24,
+        attention_bias=True,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=1,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    ),
     "mistral": dict(sliding_window=5, head_dim=24, rope_theta=1000.0),
     "gemma": dict(head_dim=24, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True),
-    "gemma2": dict(head_dim=16, sliding_window=5, attn_logit_softcapping=20.0, final_logit_softcapping=8.0,
-                   query_pre_attn_scalar=24, tie_word_embeddings=True, num_hidden_layers=4),
-    "gemma3_text": dict(head_dim=16, sliding_window=5, attn_logit_softcapping=30.0, final_logit_softcapping=10.0,
-                        query_pre_attn_scalar=24, rope_local_base_freq=1000.0, num_hidden_layers=4,
-                        rope_scaling={"rope_type": "linear", "factor": 4.0},
-                        layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=True),
-    "phi3": dict(partial_rotary_factor=0.75, sliding_window=5, max_position_embeddings=64,
-                 original_max_position_embeddings=16, rope_scaling=_LONGROPE),
+    "gemma2": dict(
+        head_dim=16,
+        sliding_window=5,
+        attn_logit_softcapping=20.0,
+        final_logit_softcapping=8.0,
+        query_pre_attn_scalar=24,
+        tie_word_embeddings=True,
+        num_hidden_layers=4,
+    ),
+    "gemma3_text": dict(
+        head_dim=16,
+        sliding_window=5,
+        attn_logit_softcapping=30.0,
+        final_logit_softcapping=10.0,
+        query_pre_attn_scalar=24,
+        rope_local_base_freq=1000.0,
+        num_hidden_layers=4,
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        tie_word_embeddings=True,
+    ),
+    "phi3": dict(
+        partial_rotary_factor=0.75,
+        sliding_window=5,
+        max_position_embeddings=64,
+        original_max_position_embeddings=16,
+        rope_scaling=_LONGROPE,
+    ),
     "glm4": dict(partial_rotary_factor=0.5, attention_bias=True, head_dim=16),
     "ernie4_5": dict(use_bias=True, tie_word_embeddings=True, rope_theta=500000.0),
     "olmo2": dict(attention_bias=True, rope_scaling={"type": "linear", "factor": 2.0}),
     # MoE rows (decoder/moe.py): 4 experts top-2; qwen2_moe with a dense layer (mlp_only_layers), a shared expert
     # and renormalised top-k; mixtral with a window
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5),
-    "qwen2_moe": dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                      shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True),
+    "qwen2_moe": dict(
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        mlp_only_layers=[1],
+        norm_topk_prob=True,
+    ),
     # qwen3_moe: a dense layer between sparse ones (decoder_sparse_step), q/k norms, a window on every layer
-    "qwen3_moe": dict(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                      decoder_sparse_step=2, head_dim=24, norm_topk_prob=True, attention_bias=True,
-                      use_sliding_window=True, sliding_window=5),
-    "ernie4_5_moe": dict(num_hidden_layers=4, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
-                         moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, use_bias=True,
-                         tie_word_embeddings=True),
+    "qwen3_moe": dict(
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=2,
+        head_dim=24,
+        norm_topk_prob=True,
+        attention_bias=True,
+        use_sliding_window=True,
+        sliding_window=5,
+    ),
+    "ernie4_5_moe": dict(
+        num_hidden_layers=4,
+        moe_num_experts=4,
+        moe_k=2,
+        moe_intermediate_size=32,
+        moe_num_shared_experts=1,
+        moe_layer_start_index=1,
+        moe_layer_interval=2,
+        use_bias=True,
+        tie_word_embeddings=True,
+    ),
     # multi-head latent attention (decoder/mla.py): V2 without q_lora_rank (V2-Lite's q_proj), group-limited
     # softmax routing, biases; V3 with q/kv ranks, yarn with mscale != mscale_all_dim (mscale in the softmax scale),
     # sigmoid routing in 2 groups; v_head_dim != nope + rope on both; one dense layer first
-    "deepseek_v2": dict(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
-                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4,
-                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-                        topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=1.5,
-                        attention_bias=True, mlp_bias=True, num_key_value_heads=4,
-                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
-    "deepseek_v3": dict(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16,
-                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=32, n_routed_experts=8,
-                        num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=4,
-                        topk_group=2, routed_scaling_factor=2.5, num_key_value_heads=4,
-                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
-                                      "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0}),
+    "deepseek_v2": dict(
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        topk_method="group_limited_greedy",
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+        attention_bias=True,
+        mlp_bias=True,
+        num_key_value_heads=4,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+    "deepseek_v3": dict(
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        num_key_value_heads=4,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.8,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+    ),
     # attention sinks, alternating windows (layer_types: sliding, full, sliding), yarn, 4 experts top-2 (fused)
-    "gpt_oss": dict(num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, head_dim=24, sliding_window=5,
-                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                  "truncate": False}),
-    "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=5,
-                    tie_word_embeddings=True, attention_bias=True),
+    "gpt_oss": dict(
+        num_hidden_layers=3,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=24,
+        sliding_window=5,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+    ),
+    "smollm3": dict(
+        num_hidden_layers=4,
+        no_rope_layer_interval=2,
+        use_sliding_window=True,
+        sliding_window=5,
+        tie_word_embeddings=True,
+        attention_bias=True,
+    ),
 }
 #: rows whose RoPE depends on the longest position of the batch (longrope): equal-length prompts for generate,
 #: and the judge is transformers' forward token by token: its Phi-3 generate, when it resets the cache at the
@@ -156,8 +279,9 @@ def assert_padded_logits_match(hf, ours, label):
     _, (ids, mask, pos) = _left_padded([12, 7, 10], seed=1)
     with torch.no_grad():
         want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)).logits.numpy()
-    got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-               position_ids=paddle.to_tensor(pos)).logits.numpy()
+    got = ours(
+        input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), position_ids=paddle.to_tensor(pos)
+    ).logits.numpy()
     real = mask.astype(bool)
     assert np.abs(got[real] - want[real]).max() < 1e-4, label
     assert np.abs(want[real]).max() > 0.5, label
@@ -183,11 +307,17 @@ def test_20_greedy_tokens_identical(row):
                 seq = list(p)
                 for _ in range(20):
                     seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-                want.append(seq[len(p):])
+                want.append(seq[len(p) :])
                 continue
-            out = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        want.append(out[0, len(p):].tolist())
+            out = hf.generate(
+                torch.tensor([p]),
+                max_new_tokens=20,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            )
+        want.append(out[0, len(p) :].tolist())
     assert all(len(w) == 20 for w in want) and len(set(map(tuple, want))) == 2
     eos = next(t for t in range(3, VOCAB) if all(t not in w for w in want))  # never generated: no early stop
     o = PredictOptions(model_name_or_path="unused", decode_strategy="greedy_search")
@@ -204,9 +334,9 @@ def _packed(docs, width):
     at = 0
     for d in docs:
         n = len(d)
-        ids[0, at:at + n], pos[0, at:at + n] = d, np.arange(n)
-        start[0, 0, at:at + n, 0] = at + n  # rows from the document's end on must not see its columns
-        dense[0, 0, at:at + n, at:at + n] = np.tril(np.ones((n, n), dtype=bool))
+        ids[0, at : at + n], pos[0, at : at + n] = d, np.arange(n)
+        start[0, 0, at : at + n, 0] = at + n  # rows from the document's end on must not see its columns
+        dense[0, 0, at : at + n, at : at + n] = np.tril(np.ones((n, n), dtype=bool))
         at += n
     for i in range(at, width):  # padding rows see themselves only (a finite softmax)
         dense[0, 0, i, i] = True
@@ -223,8 +353,10 @@ def test_packed_documents_match_each_document_alone(row):
         with torch.no_grad():
             want.append(hf(torch.tensor([d])).logits[0].numpy())
     want = np.concatenate(want)  # [15, V]
-    for mask in ({"attn_mask_startend_row_indices": paddle.to_tensor(start)},
-                 {"attention_mask": paddle.to_tensor(dense)}):
+    for mask in (
+        {"attn_mask_startend_row_indices": paddle.to_tensor(start)},
+        {"attention_mask": paddle.to_tensor(dense)},
+    ):
         got = ours(input_ids=paddle.to_tensor(ids), position_ids=paddle.to_tensor(pos), **mask).logits.numpy()[0]
         assert np.abs(got[:15] - want).max() < 1e-4, (model_type, list(mask))
 
@@ -243,13 +375,15 @@ def test_lora_gradients_match_peft(row):
 
     model_type, hf, path, _ = row
     ours = load_ours(path, model_type)  # a fresh copy: the adapters change the model
-    apply_adapters(ours, adapter_config_from_args({"lora": True, "lora_rank": 4, "lora_alpha": 8,
-                                                   "model_type": model_type}))
-    names = {n[:-len(".lora_A")] for n, _ in ours.named_parameters() if n.endswith(".lora_A")}
+    apply_adapters(
+        ours, adapter_config_from_args({"lora": True, "lora_rank": 4, "lora_alpha": 8, "model_type": model_type})
+    )
+    names = {n[: -len(".lora_A")] for n, _ in ours.named_parameters() if n.endswith(".lora_A")}
     leaves = sorted({n.rsplit(".", 1)[1] for n in names})
     wrapped = peft.get_peft_model(
         transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", torch_dtype=torch.float32),
-        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=leaves))
+        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=leaves),
+    )
     theirs = dict(wrapped.named_parameters())
     ours_params = dict(ours.named_parameters())
     rng = np.random.default_rng(11)
@@ -269,16 +403,20 @@ def test_lora_gradients_match_peft(row):
     assert pairs, model_type
     prompts, (ids, mask, pos) = _left_padded([12, 7], seed=3)
     target = np.where(mask[:, 1:] == 1, ids[:, 1:], -100)  # [B, L - 1]: next token on real positions
-    logits = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                  position_ids=paddle.to_tensor(pos)).logits[:, :-1]
-    loss = paddle.nn.functional.cross_entropy(logits.reshape([-1, VOCAB]), paddle.to_tensor(target.reshape([-1, 1])),
-                                              ignore_index=-100, reduction="sum") / float((target != -100).sum())
+    logits = ours(
+        input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), position_ids=paddle.to_tensor(pos)
+    ).logits[:, :-1]
+    loss = paddle.nn.functional.cross_entropy(
+        logits.reshape([-1, VOCAB]), paddle.to_tensor(target.reshape([-1, 1])), ignore_index=-100, reduction="sum"
+    ) / float((target != -100).sum())
     loss.backward()
     wrapped.train(False)
-    t_logits = wrapped(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                       position_ids=torch.tensor(pos)).logits[:, :-1]
-    t_loss = torch.nn.functional.cross_entropy(t_logits.reshape(-1, VOCAB), torch.tensor(target.reshape(-1)),
-                                               ignore_index=-100)
+    t_logits = wrapped(
+        input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)
+    ).logits[:, :-1]
+    t_loss = torch.nn.functional.cross_entropy(
+        t_logits.reshape(-1, VOCAB), torch.tensor(target.reshape(-1)), ignore_index=-100
+    )
     t_loss.backward()
     assert abs(float(loss) - float(t_loss)) < 1e-5 * max(1.0, abs(float(t_loss)))
     for a, b, ta, tb, name in pairs:
@@ -322,7 +460,9 @@ def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_mode
     register_decoder()
     # PaddleNLP's Auto classes pick our class for a model_type PaddleNLP has no module of (mistral, gemma, mixtral,
     # ... resolve to PaddleNLP's own: the toolkit builds those through models.loading.decoder_class_for)
-    model_type = next(t for t in decoder_model_types() if not os.path.isdir(os.path.join(os.path.dirname(T.__file__), t)))
+    model_type = next(
+        t for t in decoder_model_types() if not os.path.isdir(os.path.join(os.path.dirname(T.__file__), t))
+    )
     _, _, ours = build(model_type, tmp_path_factory)
     ours.save_pretrained(str(tmp_path))
     ids = paddle.to_tensor(np.random.default_rng(4).integers(3, VOCAB, size=(2, 9)))
@@ -338,13 +478,31 @@ def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_mode
 #: the MLA forms the rows' KNOBS leave out: V3 rotating halves (rope_interleave false) without q_lora_rank, greedy
 #: top-k without groups; V2 with q_lora_rank, yarn (no mscale in V2's softmax scale) and v_head_dim > nope + rope
 MLA_VARIANTS = {
-    "v3_halves": ("deepseek_v3", dict(rope_interleave=False, q_lora_rank=None, n_group=1, topk_group=1,
-                                      norm_topk_prob=False, attention_bias=True)),
-    "v2_yarn": ("deepseek_v2", dict(q_lora_rank=24, v_head_dim=32, topk_method="greedy", n_group=None,
-                                    topk_group=None, attention_bias=False, mlp_bias=False,
-                                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                                  "original_max_position_embeddings": 32, "mscale": 1.0,
-                                                  "mscale_all_dim": 0.8})),
+    "v3_halves": (
+        "deepseek_v3",
+        dict(
+            rope_interleave=False, q_lora_rank=None, n_group=1, topk_group=1, norm_topk_prob=False, attention_bias=True
+        ),
+    ),
+    "v2_yarn": (
+        "deepseek_v2",
+        dict(
+            q_lora_rank=24,
+            v_head_dim=32,
+            topk_method="greedy",
+            n_group=None,
+            topk_group=None,
+            attention_bias=False,
+            mlp_bias=False,
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.8,
+            },
+        ),
+    ),
 }
 
 
@@ -367,14 +525,16 @@ def test_mla_configs_it_cannot_honour_are_refused_naming_the_key():
 
     base = {**BASE, **KNOBS["deepseek_v3"], "model_type": "deepseek_v3", "head_dim": 8}
     assert config_problems(FAMILIES["deepseek_v3"].arch, base) == []
-    for change, key in (({"num_key_value_heads": 2}, "num_key_value_heads=2"),
-                        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
-                        ({"kv_lora_rank": None}, "kv_lora_rank is missing"),
-                        ({"n_group": 3}, "n_group=3"),
-                        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
-                        # the original DeepSeek code's routing keys (PaddleNLP's configs carry them): another routing
-                        ({"scoring_func": "softmax"}, "scoring_func='softmax'"),
-                        ({"topk_method": "gready"}, "topk_method='gready'")):
+    for change, key in (
+        ({"num_key_value_heads": 2}, "num_key_value_heads=2"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+        ({"kv_lora_rank": None}, "kv_lora_rank is missing"),
+        ({"n_group": 3}, "n_group=3"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+        # the original DeepSeek code's routing keys (PaddleNLP's configs carry them): another routing
+        ({"scoring_func": "softmax"}, "scoring_func='softmax'"),
+        ({"topk_method": "gready"}, "topk_method='gready'"),
+    ):
         found = config_problems(FAMILIES["deepseek_v3"].arch, {**base, **change})
         assert len(found) == 1 and key in found[0], (change, found)
     real = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}  # what DeepSeek-V3's own config.json says

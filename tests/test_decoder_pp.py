@@ -47,7 +47,9 @@ def stages_of(model_type, n, virtual=1, method="full", seed=0, recompute=False):
         cfg = AdapterConfig(target_modules=list(FAMILIES[model_type].targets), r=4, alpha=8)
         apply_adapters(single, cfg)
         rng = np.random.default_rng(7)
-        state = {k: (rng.standard_normal(v.shape) * 0.1).astype("float32") for k, v in adapter_state_dict(single).items()}
+        state = {
+            k: (rng.standard_normal(v.shape) * 0.1).astype("float32") for k, v in adapter_state_dict(single).items()
+        }
         load_adapter_state_dict(single, state)
         for stage in parts:
             apply_adapters(stage, AdapterConfig.from_dict(cfg.to_dict()), layer_names=prepare_stage_for_adapters(stage))
@@ -61,8 +63,12 @@ def grads(model, method):
     if method == "full":
         return {k: v.grad.numpy() for k, v in model.state_dict().items() if v.grad is not None}
     # an MoE expert that no token chose in the batch has no gradient (on one device and on its stage alike)
-    return {f"{n}.{s}": getattr(l, s).grad.numpy() for n, l in iter_adapter_layers(model) for s in l.state_suffixes
-            if getattr(l, s).grad is not None}
+    return {
+        f"{n}.{s}": getattr(l, s).grad.numpy()
+        for n, l in iter_adapter_layers(model)
+        for s in l.state_suffixes
+        if getattr(l, s).grad is not None
+    }
 
 
 def compare(single, parts, kind, method, model_type):
@@ -90,8 +96,7 @@ def compare(single, parts, kind, method, model_type):
             got[k] = g
     assert set(got) == set(want) and want
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=max(1e-6, 2e-6 * np.abs(want[k]).max()),
-                                   err_msg=k)
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=max(1e-6, 2e-6 * np.abs(want[k]).max()), err_msg=k)
     assert max(float(np.abs(g).max()) for g in want.values()) > 1e-4  # the comparison can fail
     return want
 
@@ -107,8 +112,11 @@ def test_two_stages_equal_one_process(model_type, method, kind):
 
 @pytest.mark.parametrize("stages,virtual,kind", [(4, 1, "packed_dense"), (2, 2, "padded")])
 def test_four_stages_and_virtual_chunks(stages, virtual, kind):
-    model_type = next(r for r in ROWS if FAMILIES[r].arch.fused_qkv) if any(FAMILIES[r].arch.fused_qkv
-                                                                            for r in ROWS) else ROWS[0]
+    model_type = (
+        next(r for r in ROWS if FAMILIES[r].arch.fused_qkv)
+        if any(FAMILIES[r].arch.fused_qkv for r in ROWS)
+        else ROWS[0]
+    )
     single, parts = stages_of(model_type, stages, virtual, method="lora")
     compare(single, parts, kind, "lora", model_type)
 
@@ -176,20 +184,28 @@ def test_stages_stream_a_transformers_checkpoint_and_save_one_single_device_chec
     from paddlenlp_ext.parallel.pipeline import attach_pipeline_group, save_stage_weights
     from paddlenlp_ext.parallel.pipeline_sim import SimulatedPipelineGroup, run_stages_in_threads
 
-    hf_cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS.get(model_type, {}),
-                                                              "num_hidden_layers": LAYERS})
+    hf_cfg = transformers.AutoConfig.for_model(
+        model_type, **{**BASE, **KNOBS.get(model_type, {}), "num_hidden_layers": LAYERS}
+    )
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(hf_cfg)
     hf.save_pretrained(str(tmp_path / "hf"))
     config_cls, _, lm_cls = classes_for(model_type)
-    single = load_model_streaming(str(tmp_path / "hf"), config_cls.from_pretrained(str(tmp_path / "hf")), "float32",
-                                  model_class=lm_cls)[0]
+    single = load_model_streaming(
+        str(tmp_path / "hf"), config_cls.from_pretrained(str(tmp_path / "hf")), "float32", model_class=lm_cls
+    )[0]
     want = {k: v.numpy() for k, v in single.state_dict().items()}
     parts = []
     for s in range(2):
         with pipeline_stage_construction(2, s):
-            parts.append(load_model_streaming(str(tmp_path / "hf"), config_cls.from_pretrained(str(tmp_path / "hf")),
-                                              "float32", model_class=pipe_class_for(model_type))[0])
+            parts.append(
+                load_model_streaming(
+                    str(tmp_path / "hf"),
+                    config_cls.from_pretrained(str(tmp_path / "hf")),
+                    "float32",
+                    model_class=pipe_class_for(model_type),
+                )[0]
+            )
     seen = set()
     for stage in parts:
         for k, v in stage.state_dict().items():
@@ -225,8 +241,9 @@ def test_a_run_builds_and_wires_its_decoder_stage(tmp_path):
     from paddlenlp_ext.training.pipeline import PipelineCriterion
 
     model_type = ROWS[-1]
-    hf_cfg = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS.get(model_type, {}),
-                                                              "num_hidden_layers": LAYERS})
+    hf_cfg = transformers.AutoConfig.for_model(
+        model_type, **{**BASE, **KNOBS.get(model_type, {}), "num_hidden_layers": LAYERS}
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(hf_cfg).save_pretrained(str(tmp_path))
     from paddlenlp_ext.integrations.decoder import register_decoder
@@ -236,8 +253,9 @@ def test_a_run_builds_and_wires_its_decoder_stage(tmp_path):
     config.seq_length = 64
     args = SimpleNamespace(pipeline_parallel_degree=2, dataset_world_size=1, gradient_accumulation_steps=2)
     with pipeline_stage_construction(2, 1):
-        stage = load_pipeline_stage(SimpleNamespace(continue_training=True, model_name_or_path=str(tmp_path)),
-                                    config, "float32", args, "c.json")
+        stage = load_pipeline_stage(
+            SimpleNamespace(continue_training=True, model_name_or_path=str(tmp_path)), config, "float32", args, "c.json"
+        )
         names = prepare_pipeline_stage(stage, args)
     assert isinstance(stage, DecoderForCausalLMPipe) and isinstance(stage._loss_fn[0], PipelineCriterion)
     assert any(k.startswith(f"{model_type}.layers.{LAYERS - 1}.") for k in stage.state_dict())
@@ -256,6 +274,7 @@ def test_config_accepts_pipeline_on_dense_rows_and_on_moe_rows_without_the_aux_l
     moe = [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp == "moe"]
     for model_type in moe[:1]:
         assert _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true") == []
-        found = _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true",
-                                 "--router_aux_loss_coef", "0.01")
+        found = _config_problems(
+            tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true", "--router_aux_loss_coef", "0.01"
+        )
         assert any("load-balancing loss on" in p and "set router_aux_loss_coef=0" in p for p in found), found

@@ -82,8 +82,13 @@ def test_no_recompute_layers_skips_those_layers(checkpoint, monkeypatch):
     assert calls == [layers[0], layers[2]]
 
 
-@pytest.mark.parametrize("key,value,advice", [("recompute_granularity", "core_attn", 'recompute_granularity to "full"'),
-                                              ("recompute_use_reentrant", "true", "recompute_use_reentrant=false")])
+@pytest.mark.parametrize(
+    "key,value,advice",
+    [
+        ("recompute_granularity", "core_attn", 'recompute_granularity to "full"'),
+        ("recompute_use_reentrant", "true", "recompute_use_reentrant=false"),
+    ],
+)
 def test_what_the_decoder_does_not_recompute_is_refused(checkpoint, key, value, advice):
     from conftest import ROOT
     from paddlenlp_ext.config.parse import ConfigError, load_config

@@ -20,8 +20,11 @@ def _complete(served, ids, max_tokens):
     from paddlenlp_ext.serve.engine import Job, Scheduler
 
     loop = asyncio.new_event_loop()
-    req = parse_completion({"model": "base", "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
-                            "logprobs": 0}, ["base"], Sampling())
+    req = parse_completion(
+        {"model": "base", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0},
+        ["base"],
+        Sampling(),
+    )
     job = Job(req, served, serve_models.prompt_ids(req, served), max_tokens, loop)
     Scheduler([served])._run([job])  # noqa: SLF001 -- the worker's step, run here synchronously
     loop.run_until_complete(asyncio.sleep(0.01))
@@ -46,12 +49,13 @@ def test_server_loads_a_decoder_row_and_answers_transformers_greedy_text(model_t
     ids = tok("hello world, tell me").input_ids
     events = _complete(served, ids, 8)
     text = "".join(e[1] for e in events if e[0] == "delta")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        base, torch_dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
         gen = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
-    answer = gen[0, len(ids):].tolist()
+    answer = gen[0, len(ids) :].tolist()
     eos = sorted({tok.eos_token_id, hf.generation_config.eos_token_id} - {None})
-    answer = answer[:next((i for i, t in enumerate(answer) if t in eos), len(answer))]
+    answer = answer[: next((i for i, t in enumerate(answer) if t in eos), len(answer))]
     assert answer, "transformers ended at once: the comparison would be empty"
     assert text == tok.decode(answer, skip_special_tokens=True), (model_type, events[-1:])

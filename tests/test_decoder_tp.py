@@ -41,8 +41,9 @@ def build(model_type, tp=1, rank=0, sp=False, **over):
     from paddlenlp_ext.models.decoder import classes_for
 
     config_cls, _, lm_cls = classes_for(model_type)
-    cfg = config_cls(**config_dict(model_type, **over), tensor_parallel_degree=tp, tensor_parallel_rank=rank,
-                     sequence_parallel=sp)
+    cfg = config_cls(
+        **config_dict(model_type, **over), tensor_parallel_degree=tp, tensor_parallel_rank=rank, sequence_parallel=sp
+    )
     return lm_cls(cfg)
 
 
@@ -112,9 +113,12 @@ def batch(seed=1, vocab=BASE["vocab_size"], shape=(B, S)):
     mask[-1, :3] = 0  # left padding
     labels = np.where(rng.random(shape) < 0.3, -100, rng.integers(3, vocab, shape))
     labels[-1, :3] = -100
-    return dict(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                position_ids=paddle.to_tensor(np.maximum(np.cumsum(mask, 1) - 1, 0)),
-                labels=paddle.to_tensor(labels))
+    return dict(
+        input_ids=paddle.to_tensor(ids),
+        attention_mask=paddle.to_tensor(mask),
+        position_ids=paddle.to_tensor(np.maximum(np.cumsum(mask, 1) - 1, 0)),
+        labels=paddle.to_tensor(labels),
+    )
 
 
 def rel_err(got, want):
@@ -153,8 +157,9 @@ def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, s
     return ref, loss, tps, losses, cfg
 
 
-@pytest.mark.parametrize("sp,shape", [(False, (B, S)), (True, (B, S)), (True, (3, 5))],
-                         ids=["tp2", "tp2_sp", "tp2_sp_odd_tokens"])
+@pytest.mark.parametrize(
+    "sp,shape", [(False, (B, S)), (True, (B, S)), (True, (3, 5))], ids=["tp2", "tp2_sp", "tp2_sp_odd_tokens"]
+)
 @pytest.mark.parametrize("model_type", ROWS)
 def test_two_ranks_equal_one_process_loss_and_every_gradient(model_type, sp, shape):
     """tp2_sp_odd_tokens: 15 tokens over 2 ranks (sequence parallel pads a zero row and drops it again)."""
@@ -282,8 +287,9 @@ def test_heads_that_do_not_divide_the_degree_are_refused():
         sim.build(lambda r: build(ROWS[0], N, r, num_key_value_heads=1))
 
 
-@pytest.mark.parametrize("model_type", [r for r in ROWS if FAMILIES[r].arch.fused_qkv or
-                                        FAMILIES[r].arch.fused_gate_up][:1] or ROWS[:1])
+@pytest.mark.parametrize(
+    "model_type", [r for r in ROWS if FAMILIES[r].arch.fused_qkv or FAMILIES[r].arch.fused_gate_up][:1] or ROWS[:1]
+)
 def test_streaming_loader_cuts_each_rank_from_a_single_process_checkpoint(model_type, tmp_path):
     from paddlenlp_ext.models.decoder import classes_for
     from paddlenlp_ext.models.loading import load_model_streaming
@@ -354,8 +360,20 @@ def _config_problems(tmp_path, model_type, *overrides, **config_over):
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(json.dumps(config_dict(model_type, **config_over)), encoding="utf-8")
     try:
-        load_config(None, ["--dataset_name_or_path", DATA_DIR, "--do_train", "true", "--model_name_or_path", str(d),
-                           "--output_dir", str(tmp_path / "out"), *overrides])
+        load_config(
+            None,
+            [
+                "--dataset_name_or_path",
+                DATA_DIR,
+                "--do_train",
+                "true",
+                "--model_name_or_path",
+                str(d),
+                "--output_dir",
+                str(tmp_path / "out"),
+                *overrides,
+            ],
+        )
     except ConfigError as e:
         return [str(p) for p in e.problems if getattr(p, "kind", None) != "launch"]
     return []
@@ -369,8 +387,9 @@ def test_config_accepts_tensor_parallel_on_every_dense_row(tmp_path, model_type)
 
 def test_config_refuses_heads_that_do_not_divide(tmp_path):
     """(The MoE rows: tests/test_moe_parallel.py.)"""
-    found = _config_problems(tmp_path, ROWS[0], "--tensor_parallel_degree", "2", "--lora", "true",
-                             num_key_value_heads=1)
+    found = _config_problems(
+        tmp_path, ROWS[0], "--tensor_parallel_degree", "2", "--lora", "true", num_key_value_heads=1
+    )
     assert len(found) == 1 and "num_key_value_heads=1 is not a multiple of tensor_parallel_degree=2" in found[0]
 
 
@@ -427,26 +446,52 @@ def test_a_run_loads_its_rank_of_a_transformers_checkpoint_with_sequence_paralle
     quant = ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"]
 
     def run_config(tp, sp):
-        return load_config(__import__("os").path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
-                           ["--model_name_or_path", str(tmp_path / "hf"), "--tensor_parallel_degree", str(tp),
-                            "--sequence_parallel", str(sp).lower(), *(quant if not sp else [])])
+        return load_config(
+            __import__("os").path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+            [
+                "--model_name_or_path",
+                str(tmp_path / "hf"),
+                "--tensor_parallel_degree",
+                str(tp),
+                "--sequence_parallel",
+                str(sp).lower(),
+                *(quant if not sp else []),
+            ],
+        )
 
     def args(tp, rank, sp):
-        return SimpleNamespace(fp16_opt_level="O1", fp16=False, bf16=False, tensor_parallel_degree=tp,
-                               tensor_parallel_rank=rank, tensor_parallel_output=False, recompute=False,
-                               pipeline_parallel_degree=1, sequence_parallel=sp)
+        return SimpleNamespace(
+            fp16_opt_level="O1",
+            fp16=False,
+            bf16=False,
+            tensor_parallel_degree=tp,
+            tensor_parallel_rank=rank,
+            tensor_parallel_output=False,
+            recompute=False,
+            pipeline_parallel_degree=1,
+            sequence_parallel=sp,
+        )
 
     inputs = batch(vocab=HF_BASE["vocab_size"])
     for sp in (False, True):
-        q = None if sp else {"weight_quantize_algo": "nf4", "weight_blocksize": 16, "weight_double_quant": False,
-                             "weight_double_quant_block_size": 256}
+        q = (
+            None
+            if sp
+            else {
+                "weight_quantize_algo": "nf4",
+                "weight_blocksize": 16,
+                "weight_double_quant": False,
+                "weight_double_quant_block_size": 256,
+            }
+        )
         single, _ = load_model(run_config(1, False), args(1, 0, False), q)
         sim = SimulatedGroup(N)
         ranks = sim.build(lambda r: load_model(run_config(N, sp), args(N, r, sp), q)[0])
         assert all(m.config.sequence_parallel == sp for m in ranks)
         assert any(isinstance(l, QuantizedParallelLinear) for _, l in ranks[0].named_sublayers()) == (q is not None)
-        assert any(isinstance(l, ParallelLinear) and l.tp_spec.sequence_parallel == sp
-                   for _, l in ranks[0].named_sublayers()) == (q is None)
+        assert any(
+            isinstance(l, ParallelLinear) and l.tp_spec.sequence_parallel == sp for _, l in ranks[0].named_sublayers()
+        ) == (q is None)
         want = float(single(**inputs).loss)
         losses = sim.run(lambda r: float(ranks[r](**inputs).loss))
         assert all(abs(x - want) <= TOL * max(1.0, abs(want)) for x in losses), (sp, losses, want)
@@ -474,12 +519,28 @@ def test_sequence_parallel_reaches_a_paddlenlp_family_model_config(tiny_model_di
 
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(capture))
-    cfg = load_config(os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
-                      ["--model_name_or_path", tiny_model_dir, "--tensor_parallel_degree", "2",
-                       "--sequence_parallel", str(sp).lower()])
-    args = SimpleNamespace(fp16_opt_level="O1", fp16=False, bf16=False, tensor_parallel_degree=2,
-                           tensor_parallel_rank=0, tensor_parallel_output=False, recompute=False,
-                           pipeline_parallel_degree=1, sequence_parallel=sp)
+    cfg = load_config(
+        os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--tensor_parallel_degree",
+            "2",
+            "--sequence_parallel",
+            str(sp).lower(),
+        ],
+    )
+    args = SimpleNamespace(
+        fp16_opt_level="O1",
+        fp16=False,
+        bf16=False,
+        tensor_parallel_degree=2,
+        tensor_parallel_rank=0,
+        tensor_parallel_output=False,
+        recompute=False,
+        pipeline_parallel_degree=1,
+        sequence_parallel=sp,
+    )
     with pytest.raises(Built) as got:
         load_model(cfg, args, None)
     config = got.value.args[0]

@@ -56,8 +56,9 @@ def test_equal_to_paddlenlp_forward_and_backward(kind, monkeypatch):
     want = _run(modeling.scaled_dot_product_attention, q0, k0, v0, mask, config)
     used = []
     monkeypatch.setattr(dense_attention, "CAUSAL_KERNEL_FROM", 2)
-    monkeypatch.setattr(dense_attention, "causal_attention", lambda *a: used.append(1) or causal.causal_attention(
-        *a, chunk=4))  # chunks of 4 rows: the multi-chunk backward is exercised
+    monkeypatch.setattr(
+        dense_attention, "causal_attention", lambda *a: used.append(1) or causal.causal_attention(*a, chunk=4)
+    )  # chunks of 4 rows: the multi-chunk backward is exercised
     with dense_attention.fast_dense_attention():
         got = _run(dense_attention.scaled_dot_product_attention, q0, k0, v0, mask, config)
     assert bool(used) == (kind == "causal")
@@ -88,8 +89,7 @@ def test_plain_causal_check():
     from paddlenlp.transformers.llama.modeling import LlamaModel
 
     padded = paddle.to_tensor([[1, 1, 1, 1, 0, 0]])  # a right-padded row is not plain causal
-    assert not dense_attention.is_plain_causal(LlamaModel._prepare_decoder_attention_mask(padded, (1, 6), 0,
-                                                                                           "float32"))
+    assert not dense_attention.is_plain_causal(LlamaModel._prepare_decoder_attention_mask(padded, (1, 6), 0, "float32"))
 
 
 def test_other_calls_go_to_paddlenlp(monkeypatch):
@@ -100,8 +100,9 @@ def test_other_calls_go_to_paddlenlp(monkeypatch):
         assert dense_attention.scaled_dot_product_attention(q, _config(), q, q, None, False) == "theirs"  # no mask
         mask = _masks("causal", 1, 5)
         assert dense_attention.scaled_dot_product_attention(q, _config(), q, q, mask, True) == "theirs"  # weights
-        assert dense_attention.scaled_dot_product_attention(q.astype("bfloat16"), _config(), q, q, mask,
-                                                             False) == "theirs"
+        assert (
+            dense_attention.scaled_dot_product_attention(q.astype("bfloat16"), _config(), q, q, mask, False) == "theirs"
+        )
     assert len(calls) == 3 and not dense_attention.is_installed()
 
 
@@ -109,8 +110,11 @@ def test_whole_model_loss_and_lora_gradients_are_bitwise_equal(tiny_model_dir):
     def loss_and_grads(patched):
         with dense_attention.fast_dense_attention() if patched else contextlib.nullcontext():
             model = lora_model(tiny_model_dir)
-        inputs = {**random_batch(2, 11, 3), "attention_mask": _masks("packed", 2, 11) == 0,
-                  "position_ids": paddle.to_tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3], list(range(11))])}
+        inputs = {
+            **random_batch(2, 11, 3),
+            "attention_mask": _masks("packed", 2, 11) == 0,
+            "position_ids": paddle.to_tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3], list(range(11))]),
+        }
         return loss_and_lora_grads(model, inputs)
 
     calls = []

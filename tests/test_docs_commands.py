@@ -30,9 +30,9 @@ TINY_LORA = "output/tiny_lora"
 
 
 class Command(NamedTuple):
-    doc: str      # path relative to the repo
-    line: int     # 1-based line of the command's first line
-    text: str     # the command, continuation lines joined
+    doc: str  # path relative to the repo
+    line: int  # 1-based line of the command's first line
+    text: str  # the command, continuation lines joined
     exit_code: int
 
 
@@ -54,7 +54,7 @@ def runnable_commands(doc: str, text: str) -> List[Command]:
         if fence is not None:
             fence = None if stripped == fence else fence
         elif stripped.startswith(("```", "~~~")):
-            fence = stripped[:len(stripped) - len(stripped.lstrip(stripped[0]))]
+            fence = stripped[: len(stripped) - len(stripped.lstrip(stripped[0]))]
         elif stripped == MARKER:
             if i + 1 >= len(lines) or lines[i + 1].strip() != "```bash":
                 raise ValueError(f"{doc}:{i + 1}: {MARKER} must be followed by a ```bash block")
@@ -71,7 +71,7 @@ def runnable_commands(doc: str, text: str) -> List[Command]:
                     continue
                 m = EXIT_COMMENT.search(cmd)
                 code = int(m.group(1)) if m else 0
-                cmd = cmd[:m.start()].rstrip() if m else cmd  # other trailing comments: bash skips them
+                cmd = cmd[: m.start()].rstrip() if m else cmd  # other trailing comments: bash skips them
                 commands.append(Command(doc, start + 1, cmd, code))
         i += 1
     return commands
@@ -100,8 +100,9 @@ def environment() -> dict:
     """``python`` is this interpreter: its bin directory (the venv's) first on PATH."""
     bin_dir = os.path.dirname(sys.executable)
     assert os.path.basename(sys.executable) == "python" or os.path.exists(os.path.join(bin_dir, "python"))
-    return dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT,
-                OMP_NUM_THREADS="1")
+    return dict(
+        os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT, OMP_NUM_THREADS="1"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +110,26 @@ def tiny_lora(tiny_model_dir, tmp_path_factory):
     """output/tiny_lora: the README's LoRA config for 4 steps (an adapter, train.log, run_summary.json),
     run once in a workspace of its own; copied into each doc's workspace that needs it."""
     workspace = make_workspace(str(tmp_path_factory.mktemp("docs") / "repo"))
-    r = subprocess.run(["python", "llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
-                        "--max_steps", "4", "--logging_steps", "2", "--eval_before_train", "false",
-                        "--per_device_eval_batch_size", "64"],
-                       cwd=workspace, env=environment(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            "python",
+            "llm/run_finetune.py",
+            "llm/config/tiny/lora_argument.json",
+            "--max_steps",
+            "4",
+            "--logging_steps",
+            "2",
+            "--eval_before_train",
+            "false",
+            "--per_device_eval_batch_size",
+            "64",
+        ],
+        cwd=workspace,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return os.path.join(workspace, TINY_LORA)
 
@@ -149,11 +166,19 @@ def test_runnable_commands_exit_as_documented(doc, request, tmp_path):
     if any(TINY_LORA in c.text for c in BY_DOC[doc]):
         shutil.copytree(request.getfixturevalue("tiny_lora"), os.path.join(workspace, TINY_LORA), symlinks=True)
     for c in BY_DOC[doc]:
-        r = subprocess.run(["bash", "-c", c.text], cwd=workspace, env=env, capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL, timeout=300)
+        r = subprocess.run(
+            ["bash", "-c", c.text],
+            cwd=workspace,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
         assert r.returncode == c.exit_code, (
             f"{c.doc}:{c.line}: `{c.text}` exited {r.returncode}, the doc says {c.exit_code}\n"
-            f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+            f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        )
 
 
 def test_shlex_can_split_every_command():

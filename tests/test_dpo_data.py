@@ -36,16 +36,19 @@ def test_single_pair_worked_example():
 
 
 def test_dense_mask_from_start_rows():
-    expected = np.array([
-        # p  p  p  c  c  r  r
-        [1, 0, 0, 0, 0, 0, 0],  # prompt
-        [1, 1, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0],  # chosen
-        [1, 1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 0, 0, 1, 0],  # rejected: sees the prompt, not chosen
-        [1, 1, 1, 0, 0, 1, 1],
-    ], dtype=bool)
+    expected = np.array(
+        [
+            # p  p  p  c  c  r  r
+            [1, 0, 0, 0, 0, 0, 0],  # prompt
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0],  # chosen
+            [1, 1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 0, 0, 1, 0],  # rejected: sees the prompt, not chosen
+            [1, 1, 1, 0, 0, 1, 1],
+        ],
+        dtype=bool,
+    )
     start = build_pair_row([PAIR])["attn_mask_startend_row_indices"]
     assert (startend_to_dense_mask(start) == expected).all()
     batch = PreferenceCollator(0, flash_mask=False)([build_pair_row([PAIR])])
@@ -95,23 +98,32 @@ def _write(tmp_path, lines, name="train.json"):
 
 def test_every_error_case_is_reported_with_file_line(tmp_path):
     ok = '{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]}'
-    path = _write(tmp_path, [
-        ok,
-        '{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [2, 2]}',  # 2 tie
-        '{"src": "q", "tgt": [], "sort": [1, 0]}',  # 3 missing response
-        '{"src": "q", "tgt": [], "response": ["a", "  "], "sort": [1, 0]}',  # 4 empty response
-        '{"src": "q", "tgt": [], "response": ["a", "b", "c"], "sort": [1, 0]}',  # 5 three responses
-        '{"src": ["q1", "q2"], "tgt": [], "response": ["a", "b"], "sort": [1, 0]}',  # 6 src != tgt+1
-        '{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]',  # 7 bad JSON
-        "",
-        ok,
-    ])
+    path = _write(
+        tmp_path,
+        [
+            ok,
+            '{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [2, 2]}',  # 2 tie
+            '{"src": "q", "tgt": [], "sort": [1, 0]}',  # 3 missing response
+            '{"src": "q", "tgt": [], "response": ["a", "  "], "sort": [1, 0]}',  # 4 empty response
+            '{"src": "q", "tgt": [], "response": ["a", "b", "c"], "sort": [1, 0]}',  # 5 three responses
+            '{"src": ["q1", "q2"], "tgt": [], "response": ["a", "b"], "sort": [1, 0]}',  # 6 src != tgt+1
+            '{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]',  # 7 bad JSON
+            "",
+            ok,
+        ],
+    )
     with pytest.raises(DataError) as ei:
         read_preference_files([path])
     problems = ei.value.problems
     assert len(problems) == 6
-    expect = {2: "sort values tie", 3: "missing key(s) 'response'", 4: "response 1 is empty",
-              5: "exactly 2 strings (got 3)", 6: "mismatched turns: 2 src and 0 tgt", 7: "invalid JSON"}
+    expect = {
+        2: "sort values tie",
+        3: "missing key(s) 'response'",
+        4: "response 1 is empty",
+        5: "exactly 2 strings (got 3)",
+        6: "mismatched turns: 2 src and 0 tgt",
+        7: "invalid JSON",
+    }
     for (line, text), msg in zip(sorted(expect.items()), problems):
         assert msg.startswith(f"{path}:{line}: ") and text in msg, msg
 
@@ -142,10 +154,13 @@ def test_fit_pair_truncation_rules():
 
 def test_truncation_counted_and_every_pair_fits(tiny_tokenizer, tmp_path):
     long = " ".join(["word"] * 60)
-    path = _write(tmp_path, [
-        json.dumps({"src": "short question", "tgt": [], "response": ["yes", "no"], "sort": [1, 0]}),
-        json.dumps({"src": long, "tgt": [], "response": [long, "no"], "sort": [1, 0]}),
-    ])
+    path = _write(
+        tmp_path,
+        [
+            json.dumps({"src": "short question", "tgt": [], "response": ["yes", "no"], "sort": [1, 0]}),
+            json.dumps({"src": long, "tgt": [], "response": [long, "no"], "sort": [1, 0]}),
+        ],
+    )
     exs = read_preference_files([path])
     pairs, st = tokenize_preference_examples(exs, tiny_tokenizer, 32, 16, False)  # "short question": 12 tokens
     assert st["pairs"] == 2 and st["truncated_prompts"] == 1 and st["truncated_responses"] == 1
@@ -180,9 +195,14 @@ def _check_batch_against_unpacked(batch, pairs_in_order):
 @pytest.mark.parametrize("packing", [None, "in_order", "greedy"])
 def test_property_mask_matches_unpacked_context(packing):
     rng = np.random.default_rng(0)
-    pairs = [{"prompt": rng.integers(3, 100, rng.integers(1, 6)).tolist(),
-              "chosen": rng.integers(3, 100, rng.integers(1, 5)).tolist(),
-              "rejected": rng.integers(3, 100, rng.integers(1, 5)).tolist()} for _ in range(40)]
+    pairs = [
+        {
+            "prompt": rng.integers(3, 100, rng.integers(1, 6)).tolist(),
+            "chosen": rng.integers(3, 100, rng.integers(1, 5)).tolist(),
+            "rejected": rng.integers(3, 100, rng.integers(1, 5)).tolist(),
+        }
+        for _ in range(40)
+    ]
     ds = PreferenceDataset(pairs, max_length=24, packing=packing, shuffle=False)
     if packing:
         assert len(ds) < len(pairs)
@@ -196,8 +216,15 @@ def test_property_mask_matches_unpacked_context(packing):
 
 
 def _args(**kw):
-    base = dict(train_dataset_path=TINY, dev_dataset_path=os.path.join(TINY, "dev.json"), max_seq_len=256,
-                max_prompt_len=128, zero_padding=True, greedy_zero_padding=True, lazy=False)
+    base = dict(
+        train_dataset_path=TINY,
+        dev_dataset_path=os.path.join(TINY, "dev.json"),
+        max_seq_len=256,
+        max_prompt_len=128,
+        zero_padding=True,
+        greedy_zero_padding=True,
+        lazy=False,
+    )
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -208,18 +235,38 @@ def test_build_preference_datasets_on_tiny_data(tiny_tokenizer):
     assert data.reports["train"]["packing"] == "greedy" and data.reports["train"]["rows"] < 32
     batch = data.collator([data.train[0], data.train[1]])
     assert batch["input_ids"].shape == (2, 256)
-    assert set(batch) == {"input_ids", "position_ids", "attn_mask_startend_row_indices", "logp_index",
-                          "logp_token", "logp_segment", "num_pairs", "num_real_tokens", "real_tokens"}
-    plain = build_preference_datasets(_args(zero_padding=False, greedy_zero_padding=False), tiny_tokenizer,
-                                      do_train=False, do_eval=True, flash_mask=False)
+    assert set(batch) == {
+        "input_ids",
+        "position_ids",
+        "attn_mask_startend_row_indices",
+        "logp_index",
+        "logp_token",
+        "logp_segment",
+        "num_pairs",
+        "num_real_tokens",
+        "real_tokens",
+    }
+    plain = build_preference_datasets(
+        _args(zero_padding=False, greedy_zero_padding=False),
+        tiny_tokenizer,
+        do_train=False,
+        do_eval=True,
+        flash_mask=False,
+    )
     assert plain.train is None and len(plain.dev) == 16
     b = plain.collator([plain.dev[0], plain.dev[1]])
     assert b["attention_mask"].shape[:2] == (2, 1) and b["num_pairs"] == 2
     eos = tiny_tokenizer.eos_token_id
     assert b["logp_token"][b["logp_segment"] == 0][-1] == eos  # chosen ends with eos
     # lazy: the same pairs, streamed group by group (one epoch of the stream scores the same tokens)
-    lazy = build_preference_datasets(_args(lazy=True, resume_cursor=None), tiny_tokenizer, do_train=True,
-                                     do_eval=False, flash_mask=True, group_size=32)  # a group = one epoch
+    lazy = build_preference_datasets(
+        _args(lazy=True, resume_cursor=None),
+        tiny_tokenizer,
+        do_train=True,
+        do_eval=False,
+        flash_mask=True,
+        group_size=32,
+    )  # a group = one epoch
     assert lazy.reports["train"]["lazy"] is True
     stream = iter(lazy.train)
     streamed = [next(stream) for _ in range(len(data.train))]  # the first group holds all 32 pairs
@@ -227,5 +274,6 @@ def test_build_preference_datasets_on_tiny_data(tiny_tokenizer):
     assert sum(len(r["logp_token"]) for r in streamed) == data.reports["train"]["scored_tokens"]
     assert lazy.collator(streamed[:2])["input_ids"].shape == (2, 256)
     with pytest.raises(ValueError, match="needs zero_padding"):
-        build_preference_datasets(_args(zero_padding=False), tiny_tokenizer, do_train=True, do_eval=False,
-                                  flash_mask=True)
+        build_preference_datasets(
+            _args(zero_padding=False), tiny_tokenizer, do_train=True, do_eval=False, flash_mask=True
+        )

@@ -23,21 +23,31 @@ FULL_CONFIG = "llm/config/tiny/dpo_argument.json"
 run_dpo = cli_runner("run_dpo.py", DPO_DATA)
 
 
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-           "logps/rejected")
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
 
 
-@pytest.mark.parametrize("loss_type,expected", [
-    ("sigmoid", math.log(2.0)),  # -log sigmoid(0)
-    ("hinge", 1.0),  # relu(1 - 0)
-    ("ipo", (1 / (2 * 0.1)) ** 2),  # (0 - 1/(2 beta))^2 = 25
-])
+@pytest.mark.parametrize(
+    "loss_type,expected",
+    [
+        ("sigmoid", math.log(2.0)),  # -log sigmoid(0)
+        ("hinge", 1.0),  # relu(1 - 0)
+        ("ipo", (1 / (2 * 0.1)) ** 2),  # (0 - 1/(2 beta))^2 = 25
+    ],
+)
 def test_first_loss_at_initialization(tiny_model_dir, tmp_path, loss_type, expected):
     """Step 1's forward sees policy == reference (the LR schedule starts at 0 during warmup and
     the first logged loss is step 1's forward anyway): the loss is the formula at logits = 0."""
     out = tmp_path / loss_type
-    run_dpo(LORA_CONFIG, out, "--loss_type", loss_type, "--max_steps", "2", "--logging_steps", "1",
-            "--do_eval", "false")
+    run_dpo(
+        LORA_CONFIG, out, "--loss_type", loss_type, "--max_steps", "2", "--logging_steps", "1", "--do_eval", "false"
+    )
     first = train_logs(out)[0]
     assert abs(first["loss"] - expected) < 1e-4, first
     assert abs(first["rewards/margins"]) < 1e-6 and abs(first["rewards/chosen"]) < 1e-6
@@ -60,9 +70,23 @@ def test_lora_dpo_learns_preferences_and_merges(tiny_model_dir, tmp_path):
     assert (out / "adapter_model.safetensors").exists() and not list(out.glob("model*.safetensors"))
     assert "reward accuracy" in r.stdout
     merged = tmp_path / "merged"
-    m = subprocess.run([sys.executable, MERGE_CLI, "--model_name_or_path", TINY, "--lora_path", str(out),
-                        "--merge_model_path", str(merged), "--device", "cpu"], capture_output=True, text=True,
-                       cwd=ROOT)
+    m = subprocess.run(
+        [
+            sys.executable,
+            MERGE_CLI,
+            "--model_name_or_path",
+            TINY,
+            "--lora_path",
+            str(out),
+            "--merge_model_path",
+            str(merged),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert m.returncode == 0, m.stdout[-3000:] + m.stderr[-3000:]  # 0 includes the --verify check
     assert list(merged.glob("model*.safetensors")) and not (merged / "MERGE_VERIFY_FAILED").exists()
 
@@ -80,8 +104,22 @@ def test_full_dpo_learns_with_frozen_reference_copy(tiny_model_dir, tmp_path):
 
 def test_packed_flashmask_lora_dpo_trains(tiny_model_dir, tmp_path):
     out = tmp_path / "packed"
-    run_dpo(LORA_CONFIG, out, "--zero_padding", "true", "--use_flash_attention", "true", "--flash_mask", "true",
-            "--per_device_train_batch_size", "2", "--max_steps", "20", "--do_eval", "false")
+    run_dpo(
+        LORA_CONFIG,
+        out,
+        "--zero_padding",
+        "true",
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "20",
+        "--do_eval",
+        "false",
+    )
     logs = train_logs(out)
     assert abs(logs[0]["loss"] - math.log(2)) < 1e-4
     assert logs[-1]["loss"] < 0.5 * logs[0]["loss"]
@@ -90,8 +128,23 @@ def test_packed_flashmask_lora_dpo_trains(tiny_model_dir, tmp_path):
 
 
 def test_config_errors_exit_2(tiny_model_dir, tmp_path):
-    r = run_dpo(LORA_CONFIG, tmp_path / "bad", "--beta", "0", "--label_smoothing", "0.7", "--loss_type", "nope",
-                "--max_length", "512", "--src_length", "128", "--ref_model_update_steps", "5", check=False)
+    r = run_dpo(
+        LORA_CONFIG,
+        tmp_path / "bad",
+        "--beta",
+        "0",
+        "--label_smoothing",
+        "0.7",
+        "--loss_type",
+        "nope",
+        "--max_length",
+        "512",
+        "--src_length",
+        "128",
+        "--ref_model_update_steps",
+        "5",
+        check=False,
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     err = r.stderr
     assert "beta: must be > 0.0" in err
@@ -101,8 +154,19 @@ def test_config_errors_exit_2(tiny_model_dir, tmp_path):
     assert "use max_prompt_len instead" in err
     assert "ref_model_update_steps=5 needs full fine-tuning" in err
     assert not (tmp_path / "bad").exists()  # nothing was loaded or written
-    r = run_dpo(FULL_CONFIG, tmp_path / "bad2", "--train_dataset_path", tmp_path / "missing.jsonl",
-                "--reference_free", "true", "--loss_type", "kto_pair", "--max_prompt_len", "600", check=False)
+    r = run_dpo(
+        FULL_CONFIG,
+        tmp_path / "bad2",
+        "--train_dataset_path",
+        tmp_path / "missing.jsonl",
+        "--reference_free",
+        "true",
+        "--loss_type",
+        "kto_pair",
+        "--max_prompt_len",
+        "600",
+        check=False,
+    )
     assert r.returncode == 2
     assert "missing.jsonl" in r.stderr and "does not exist" in r.stderr
     assert "loss_type 'kto_pair' needs the reference model" in r.stderr
@@ -113,8 +177,9 @@ def test_run_finetune_points_dpo_keys_to_run_dpo(tiny_model_dir, tmp_path):
     from paddlenlp_ext.config.parse import ConfigError, load_config
 
     with pytest.raises(ConfigError) as e:
-        load_config(os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
-                    ["--output_dir", str(tmp_path), "--beta", "0.2"])
+        load_config(
+            os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), ["--output_dir", str(tmp_path), "--beta", "0.2"]
+        )
     assert "llm/run_dpo.py" in e.value.report()
 
 
@@ -140,10 +205,32 @@ def test_adapters_disabled_gives_the_base_model():
 def test_lazy_packed_stream_resumes_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     """lazy: true (PaddleNLP's flashmask dpo.json) streams the pairs; resuming from a checkpoint seeks
     the stream to its stored cursor, so steps 7..12 see the same rows and end at the same adapter."""
-    common = ("--lazy", "true", "--greedy_zero_padding", "true", "--use_flash_attention", "true",
-              "--flash_mask", "true", "--max_seq_len", "256", "--max_prompt_len", "128", "--per_device_train_batch_size", "2",
-              "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "6", "--do_eval", "false",
-              "--warmup_steps", "0")
+    common = (
+        "--lazy",
+        "true",
+        "--greedy_zero_padding",
+        "true",
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+        "--max_seq_len",
+        "256",
+        "--max_prompt_len",
+        "128",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "12",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "6",
+        "--do_eval",
+        "false",
+        "--warmup_steps",
+        "0",
+    )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     a, b = resume_from_copy(run_dpo, LORA_CONFIG, full, resumed, 6, *common)
     assert (full / "checkpoint-6" / "data_state.json").exists()

@@ -43,8 +43,9 @@ def test_packed_pair_logps_equal_each_answer_alone(tiny_model_dir, tiny_tokenize
     assert r["max_rel_diff"] <= 1e-5 and r["max_abs_diff"] <= 1e-3, r
 
 
-def test_check_detects_a_rejected_answer_that_sees_the_chosen_one(tiny_model_dir, tiny_tokenizer, tiny_pairs,
-                                                                   monkeypatch):
+def test_check_detects_a_rejected_answer_that_sees_the_chosen_one(
+    tiny_model_dir, tiny_tokenizer, tiny_pairs, monkeypatch
+):
     """Negative control: the same check on rows whose rejected answer can see the chosen one fails."""
     from paddlenlp_ext.dpo import packing_check, pair_rows
 
@@ -58,8 +59,9 @@ def test_check_detects_a_rejected_answer_that_sees_the_chosen_one(tiny_model_dir
 
     monkeypatch.setattr(pair_rows, "build_pair_row", leaky)
     model = model_for(tiny_model_dir, False)
-    r = packing_check.check_pair_packing(model, tiny_pairs[:4], 256, tiny_tokenizer.pad_token_id, flash_mask=False,
-                                         greedy=False)
+    r = packing_check.check_pair_packing(
+        model, tiny_pairs[:4], 256, tiny_tokenizer.pad_token_id, flash_mask=False, greedy=False
+    )
     assert r["max_rel_diff"] > 1e-3, r
 
 
@@ -68,13 +70,30 @@ def test_check_packing_tool_recognises_preference_data(tiny_model_dir, tmp_path)
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "tools", "check_packing.py"),
-                        os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json"),
-                        "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path), "--zero_padding", "true",
-                        "--use_flash_attention", "true", "--flash_mask", "true", "--check_examples", "12"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm", "tools", "check_packing.py"),
+            os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json"),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path),
+            "--zero_padding",
+            "true",
+            "--use_flash_attention",
+            "true",
+            "--flash_mask",
+            "true",
+            "--check_examples",
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout[r.stdout.index("{"):])
+    out = json.loads(r.stdout[r.stdout.index("{") :])
     assert out["pairs"] == 12 and out["rows"] < 12 and out["ok"] and out["max_rel_diff"] <= 1e-4
 
 
@@ -91,8 +110,9 @@ def test_lm_head_at_scored_rows_equals_the_full_forward(request, tiny_tokenizer,
     model_dir = request.getfixturevalue("tiny_model_dir" if family == "llama" else "tiny_qwen2_dir")
     model = model_for(model_dir, False)
     assert heads.split_lm_head(model) is not None  # the cheap path is really taken for this family
-    ds = PreferenceDataset(tiny_pairs[:8], 256, packing="greedy", pad_token_id=tiny_tokenizer.pad_token_id,
-                           shuffle=False)
+    ds = PreferenceDataset(
+        tiny_pairs[:8], 256, packing="greedy", pad_token_id=tiny_tokenizer.pad_token_id, shuffle=False
+    )
     batch = PreferenceCollator(tiny_tokenizer.pad_token_id, False, 256)([ds[i] for i in range(len(ds))])
     inputs = {k: paddle.to_tensor(batch[k]) for k in ("input_ids", "position_ids", "attention_mask")}
     index, tok, seg = (paddle.to_tensor(batch[k]) for k in ("logp_index", "logp_token", "logp_segment"))

@@ -14,9 +14,20 @@ CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 
 def run_cli(config, tmp_path, *overrides, name="out", check=True):
     out = tmp_path / name
-    cmd = [sys.executable, CLI, os.path.join(ROOT, config), "--output_dir", str(out), "--logging_steps", "5",
-           "--model_name_or_path", os.path.join(ROOT, "build", "tiny-llama"),
-           "--dataset_name_or_path", DATA_DIR, *map(str, overrides)]
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, config),
+        "--output_dir",
+        str(out),
+        "--logging_steps",
+        "5",
+        "--model_name_or_path",
+        os.path.join(ROOT, "build", "tiny-llama"),
+        "--dataset_name_or_path",
+        DATA_DIR,
+        *map(str, overrides),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
@@ -39,8 +50,16 @@ def test_full_finetune_writes_everything_and_learns(tiny_model_dir, tmp_path):
     for key in ("tokens_trained", "supervised_token_fraction", "tokens_per_second", "wall_time_s", "peak_rss_bytes"):
         assert s[key] > 0, key
     assert s["data"]["train"]["examples"] == 2000
-    for f in ("model.safetensors", "config.json", "tokenizer_config.json", "train_results.json", "eval_results.json",
-              "trainer_state.json", "run_summary.json", "resolved_config.json"):
+    for f in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer_config.json",
+        "train_results.json",
+        "eval_results.json",
+        "trainer_state.json",
+        "run_summary.json",
+        "resolved_config.json",
+    ):
         assert (out / f).exists(), f
     state = json.loads((out / "trainer_state.json").read_text())
     losses = [h["loss"] for h in state["log_history"] if "loss" in h]
@@ -57,8 +76,17 @@ def test_lora_saves_adapter_only_and_reload_reproduces_eval(tiny_model_dir, tmp_
     assert (out / "adapter_model.safetensors").exists() and (out / "adapter_config.json").exists()
     assert not list(out.glob("model*.safetensors")) and not list(out.glob("*.pdparams"))
     # reload the adapter for eval only: same eval loss
-    r2, out2 = run_cli("llm/config/tiny/lora_argument.json", tmp_path, "--lora_path", out, "--do_train", "false",
-                       "--eval_before_train", "false", name="reload")
+    r2, out2 = run_cli(
+        "llm/config/tiny/lora_argument.json",
+        tmp_path,
+        "--lora_path",
+        out,
+        "--do_train",
+        "false",
+        "--eval_before_train",
+        "false",
+        name="reload",
+    )
     s2 = summary(out2)
     assert s2["eval_loss"] == pytest.approx(s["eval_loss"], rel=1e-5)
 
@@ -66,10 +94,27 @@ def test_lora_saves_adapter_only_and_reload_reproduces_eval(tiny_model_dir, tmp_
 def test_data_parallel_two_cpu_processes(tiny_model_dir, tmp_path):
     """DP over gloo on CPU: `paddle.distributed.launch --nproc_per_node 2` runs the same CLI."""
     out = tmp_path / "dp"
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
-           str(tmp_path / "log"), CLI, os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
-           "--output_dir", str(out), "--max_steps", "12", "--per_device_train_batch_size", "4",
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        "2",
+        "--log_dir",
+        str(tmp_path / "log"),
+        CLI,
+        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "12",
+        "--per_device_train_batch_size",
+        "4",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     logs = "".join(p.read_text() for p in (tmp_path / "log").glob("workerlog.*"))
     assert r.returncode == 0, logs[-6000:]

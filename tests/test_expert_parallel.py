@@ -26,17 +26,46 @@ from paddlenlp_ext.parallel.expert import SimulatedExpertComm, apply_expert_para
 from paddlenlp_ext.parallel.simulate import SimulatedGroup  # noqa: E402
 
 TOL = 1e-5
-BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            tie_word_embeddings=False)
+BASE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
 ROWS = {
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
-    "qwen2_moe": dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                      shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True),
-    "deepseek_v3": dict(first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
-                        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
-                        moe_intermediate_size=32, n_shared_experts=1, n_group=4, topk_group=2,
-                        routed_scaling_factor=2.5, num_key_value_heads=4),
+    "qwen2_moe": dict(
+        num_hidden_layers=3,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        mlp_only_layers=[1],
+        norm_topk_prob=True,
+    ),
+    "deepseek_v3": dict(
+        first_k_dense_replace=1,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        num_key_value_heads=4,
+    ),
 }
 
 
@@ -93,7 +122,7 @@ def global_grads(model, rank, degree):
         if "experts" in parts and parts[parts.index("experts") + 1].isdigit():
             i = parts.index("experts") + 1
             block = model
-            for part in parts[:i - 1]:
+            for part in parts[: i - 1]:
                 block = getattr(block, part) if not part.isdigit() else block[int(part)]
             parts[i] = str(block.expert_parallel.local.start + int(parts[i]))
         out[".".join(parts)] = p.grad.numpy()
@@ -148,8 +177,9 @@ def test_fused_experts_are_refused():
     from paddlenlp_ext.models.decoder import classes_for
 
     config_cls, _, lm_cls = classes_for("gpt_oss")
-    kw = transformers.AutoConfig.for_model("gpt_oss", **{**BASE, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                                          "head_dim": 16}).to_dict()
+    kw = transformers.AutoConfig.for_model(
+        "gpt_oss", **{**BASE, "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16}
+    ).to_dict()
     model = lm_cls(config_cls(**kw))
     with pytest.raises(ValueError, match="expert_parallel_degree"):
         apply_expert_parallel(model, SimulatedExpertComm(SimulatedGroup(2), 0))
@@ -162,14 +192,17 @@ def _model_dir(tmp_path, model_type, **over):
     return str(tmp_path / model_type)
 
 
-@pytest.mark.parametrize("model_type,degree,over,expect", [
-    ("mixtral", 3, {}, "not a multiple of 3"),
-    ("mixtral", 2, {}, "verified by simulation only"),
-    ("llama", 2, {}, "has no experts"),
-    ("qwen3_moe", 2, {"num_experts": 8}, "PaddleNLP-layout"),
-    ("gpt_oss", 2, {"num_local_experts": 4, "head_dim": 16}, "fused"),
-    ("mixtral", 2, {"tensor_parallel_degree": 2}, "tensor_parallel_degree=2"),
-])
+@pytest.mark.parametrize(
+    "model_type,degree,over,expect",
+    [
+        ("mixtral", 3, {}, "not a multiple of 3"),
+        ("mixtral", 2, {}, "verified by simulation only"),
+        ("llama", 2, {}, "has no experts"),
+        ("qwen3_moe", 2, {"num_experts": 8}, "PaddleNLP-layout"),
+        ("gpt_oss", 2, {"num_local_experts": 4, "head_dim": 16}, "fused"),
+        ("mixtral", 2, {"tensor_parallel_degree": 2}, "tensor_parallel_degree=2"),
+    ],
+)
 def test_expert_parallel_degree_is_refused_naming_the_key(tmp_path, model_type, degree, over, expect):
     from types import SimpleNamespace
 
@@ -180,8 +213,10 @@ def test_expert_parallel_degree_is_refused_naming_the_key(tmp_path, model_type, 
     got = expert_parallel_problems(SimpleNamespace(training=training), model_type, model_dir)
     assert len(got) == 1 and got[0].startswith(f"expert_parallel_degree={degree}") and expect in got[0], got
     for off in (1, -1, None):  # PaddleNLP's default -1, and 1: no expert parallelism, nothing to refuse
-        assert expert_parallel_problems(SimpleNamespace(training={"expert_parallel_degree": off}), model_type,
-                                        model_dir) == []
+        assert (
+            expert_parallel_problems(SimpleNamespace(training={"expert_parallel_degree": off}), model_type, model_dir)
+            == []
+        )
 
 
 def test_the_cli_exits_2_naming_the_key(tmp_path):

@@ -74,9 +74,15 @@ def greedy_equal(model, ref, n=20):
     opts = PredictOptions(model_name_or_path="unused", decode_strategy="greedy_search", max_length=64)
     got = generate_batch(model, [Prompt(prompt, n)], opts, [eos], 0)[0]
     with torch.no_grad():
-        out = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                           do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0)
-    want = out[0, len(prompt):].tolist()
+        out = ref.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=n,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+    want = out[0, len(prompt) :].tolist()
     want = want[: want.index(eos)] if eos in want else want
     assert got == want and len(got) == n
 
@@ -91,13 +97,15 @@ def test_merged_model_in_transformers_layout_matches_ours(bases, family, tmp_pat
     model = make_adapter(bases[family], str(tmp_path / "adapter"), lora=True, lora_rank=4)
     want = our_logits(model)
     out = str(tmp_path / "hf")
-    res = export_merged_hf(bases[family], str(tmp_path / "adapter"), out, verify=family == "llama", device="cpu",
-                           **QUIET)
+    res = export_merged_hf(
+        bases[family], str(tmp_path / "adapter"), out, verify=family == "llama", device="cpu", **QUIET
+    )
     assert res.merge is not None and len(res.merge.modules_merged) == 14 and res.transposed == 15
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["model_type"] == family and cfg["torch_dtype"] == "float32"
-    assert cfg["architectures"] == [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                     "qwen3": "Qwen3ForCausalLM"}[family]]
+    assert cfg["architectures"] == [
+        {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
+    ]
     ref = hf_model(out)
     np.testing.assert_allclose(torch_logits(ref), want, atol=1e-4, rtol=0)
     greedy_equal(model, ref)
@@ -208,8 +216,9 @@ def _run(script, *argv):
     from conftest import ROOT
 
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *argv], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), *argv], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -217,18 +226,44 @@ def test_cli_merge_to_hf_and_peft_export_load_in_transformers_and_peft(bases, tm
     peft = pytest.importorskip("peft")
     model = make_adapter(bases["qwen2"], str(tmp_path / "ours"), seed=5, lora=True, lora_rank=4, rslora=True)
     want = our_logits(model)
-    r = _run("llm/merge_lora_params.py", "--model_name_or_path", bases["qwen2"], "--lora_path",
-             str(tmp_path / "ours"), "--merge_model_path", str(tmp_path / "merged"), "--output_format", "hf",
-             "--device", "cpu")
+    r = _run(
+        "llm/merge_lora_params.py",
+        "--model_name_or_path",
+        bases["qwen2"],
+        "--lora_path",
+        str(tmp_path / "ours"),
+        "--merge_model_path",
+        str(tmp_path / "merged"),
+        "--output_format",
+        "hf",
+        "--device",
+        "cpu",
+    )
     assert r.returncode == 0, r.stderr
     assert "verify: passed" in r.stdout
     np.testing.assert_allclose(torch_logits(hf_model(str(tmp_path / "merged"))), want, atol=1e-4, rtol=0)
 
-    r = _run("llm/tools/export.py", "--format", "hf", "--model_name_or_path", bases["qwen2"], "--output_path",
-             str(tmp_path / "base"))
+    r = _run(
+        "llm/tools/export.py",
+        "--format",
+        "hf",
+        "--model_name_or_path",
+        bases["qwen2"],
+        "--output_path",
+        str(tmp_path / "base"),
+    )
     assert r.returncode == 0, r.stderr
-    r = _run("llm/tools/export.py", "--format", "peft", "--lora_path", str(tmp_path / "ours"), "--output_path",
-             str(tmp_path / "peft"), "--model_name_or_path", str(tmp_path / "base"))
+    r = _run(
+        "llm/tools/export.py",
+        "--format",
+        "peft",
+        "--lora_path",
+        str(tmp_path / "ours"),
+        "--output_path",
+        str(tmp_path / "peft"),
+        "--model_name_or_path",
+        str(tmp_path / "base"),
+    )
     assert r.returncode == 0, r.stderr
     got = torch_logits(peft.PeftModel.from_pretrained(hf_model(str(tmp_path / "base")), str(tmp_path / "peft")))
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
@@ -236,8 +271,19 @@ def test_cli_merge_to_hf_and_peft_export_load_in_transformers_and_peft(bases, tm
     # refusals: exit 2 with the reason, nothing written
     r = _run("llm/tools/export.py", "--format", "peft", "--output_path", str(tmp_path / "x"))
     assert r.returncode == 2 and "--lora_path" in r.stderr and not os.path.exists(tmp_path / "x")
-    r = _run("llm/merge_lora_params.py", "--model_name_or_path", bases["qwen2"], "--lora_path", str(tmp_path / "ours"),
-             "--merge_model_path", str(tmp_path / "y"), "--output_format", "hf", "--safe_serialization", "false")
+    r = _run(
+        "llm/merge_lora_params.py",
+        "--model_name_or_path",
+        bases["qwen2"],
+        "--lora_path",
+        str(tmp_path / "ours"),
+        "--merge_model_path",
+        str(tmp_path / "y"),
+        "--output_format",
+        "hf",
+        "--safe_serialization",
+        "false",
+    )
     assert r.returncode == 2 and "safetensors" in r.stderr and not os.path.exists(tmp_path / "y")
 
 
@@ -283,8 +329,9 @@ def test_bf16_pdparams_output_of_a_full_finetune(tiny_model_dir, tmp_path):
     from paddlenlp.transformers import AutoModelForCausalLM
 
     src = str(tmp_path / "pd")
-    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="bfloat16").save_pretrained(src,
-                                                                                           safe_serialization=False)
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="bfloat16").save_pretrained(
+        src, safe_serialization=False
+    )
     assert os.path.exists(os.path.join(src, "model_state.pdparams"))
     out = str(tmp_path / "hf")
     export_hf_model(src, out, **QUIET)
@@ -299,8 +346,10 @@ def test_jinja_chat_template_reaches_transformers(tiny_model_dir, tmp_path):
 
     src = tmp_path / "m"
     shutil.copytree(tiny_model_dir, src)
-    template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}" \
-               "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     (src / "chat_template.jinja").write_text(template)
     out = str(tmp_path / "hf")
     export_hf_model(str(src), out, **QUIET)
@@ -332,8 +381,9 @@ def test_paddlenlp_saved_lora_exports_to_peft(tiny_model_dir, hf_bases, tmp_path
     from paddlenlp_ext.export import export_peft_adapter
 
     d = str(tmp_path / "pnlp")
-    _save_paddlenlp_lora(tiny_model_dir, d, seed=2, r=4, lora_alpha=8, rslora=True,
-                         target_modules=[".*q_proj.*", ".*v_proj.*"])
+    _save_paddlenlp_lora(
+        tiny_model_dir, d, seed=2, r=4, lora_alpha=8, rslora=True, target_modules=[".*q_proj.*", ".*v_proj.*"]
+    )
     lm = LoRAModel.from_pretrained(_base_model(tiny_model_dir), d)
     want = our_logits(lm)
     cfg = export_peft_adapter(d, str(tmp_path / "peft"), model_type="llama", **QUIET)

@@ -20,21 +20,57 @@ from paddlenlp_ext.models.family_table import FAMILIES, UNLISTED_ENV, feature_pr
 from paddlenlp_ext.models.targets import NEVER_TARGET_PARTS, decoder_linear_targets
 
 #: the causal-LM model_types of PaddleNLP 3.0.0b4 (paddlenlp.transformers.*ForCausalLM, the encoder-only ones aside)
-PADDLENLP_DECODERS = {"bloom", "chatglm", "chatglm_v2", "codegen", "deepseek_v2", "deepseek_v3", "gpt", "gptj",
-                      "gemma", "jamba", "llama", "mamba", "mistral", "mixtral", "opt", "qwen", "qwen2", "qwen2_moe",
-                      "rw", "yuan"}
+PADDLENLP_DECODERS = {
+    "bloom",
+    "chatglm",
+    "chatglm_v2",
+    "codegen",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt",
+    "gptj",
+    "gemma",
+    "jamba",
+    "llama",
+    "mamba",
+    "mistral",
+    "mixtral",
+    "opt",
+    "qwen",
+    "qwen2",
+    "qwen2_moe",
+    "rw",
+    "yuan",
+}
 
 
 def test_every_paddlenlp_decoder_family_has_a_row():
     decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # our decoder's rows (models/decoder)
-    assert decoder_rows == {"mistral", "gemma", "gemma2", "gemma3_text", "phi3", "glm4", "ernie4_5", "olmo2",
-                            "smollm3", "mixtral", "qwen2_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3",
-                            "gpt_oss"}  # the last six: MoE rows (docs/moe.md)
+    assert decoder_rows == {
+        "mistral",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "glm4",
+        "ernie4_5",
+        "olmo2",
+        "smollm3",
+        "mixtral",
+        "qwen2_moe",
+        "ernie4_5_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gpt_oss",
+    }  # the last six: MoE rows (docs/moe.md)
     # + our own families, and gpt_oss (not a PaddleNLP family)
     assert PADDLENLP_DECODERS | {"qwen3", "qwen3_moe"} | decoder_rows == set(FAMILIES)
     trainable = {k for k, f in FAMILIES.items() if f.refused is None}
-    assert trainable == {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt",
-                         "codegen"} | decoder_rows
+    assert (
+        trainable
+        == {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "chatglm_v2", "qwen", "gpt", "opt", "codegen"}
+        | decoder_rows
+    )
     for f in FAMILIES.values():  # a packing family must be able to express the packed mask and positions
         if f.supports("packing"):
             assert "position_ids" in f.masks and ("dense" in f.masks or "startend" in f.masks), f.model_type
@@ -44,8 +80,19 @@ def test_every_paddlenlp_decoder_family_has_a_row():
             assert not f.supports("packing") and not f.supports("dpo"), f.model_type
 
 
-@pytest.mark.parametrize("family, n", [("mistral", 14), ("gemma", 14), ("chatglm_v2", 8), ("qwen", 10), ("bloom", 8),
-                                       ("gpt", 12), ("opt", 12), ("codegen", 8)])
+@pytest.mark.parametrize(
+    "family, n",
+    [
+        ("mistral", 14),
+        ("gemma", 14),
+        ("chatglm_v2", 8),
+        ("qwen", 10),
+        ("bloom", 8),
+        ("gpt", 12),
+        ("opt", 12),
+        ("codegen", 8),
+    ],
+)
 def test_targets_match_every_decoder_linear_and_nothing_else(family, n):
     import paddle
     import paddlenlp.transformers as T
@@ -53,8 +100,12 @@ def test_targets_match_every_decoder_linear_and_nothing_else(family, n):
     config_cls, model_cls, sizes = TINY_FAMILIES[family]
     model = getattr(T, model_cls)(getattr(T, config_cls)(vocab_size=64, **{**sizes, "num_hidden_layers": 2}))
     linears = [name for name, layer in model.named_sublayers() if isinstance(layer, paddle.nn.Linear)]
-    hit = [name for name in linears if any(re.fullmatch(p, name) for p in decoder_linear_targets(family))
-           and not any(part in name for part in NEVER_TARGET_PARTS)]
+    hit = [
+        name
+        for name in linears
+        if any(re.fullmatch(p, name) for p in decoder_linear_targets(family))
+        and not any(part in name for part in NEVER_TARGET_PARTS)
+    ]
     assert len(hit) == n, (hit, linears)
     assert all(re.search(r"\.(layers|h)\.\d+\.", name) for name in hit)
 
@@ -72,8 +123,13 @@ def test_every_decoder_linear_gets_a_gradient_unless_the_family_is_refused(famil
     ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 60, (1, 8)))
     (model(input_ids=ids, return_dict=True).logits ** 2).mean().backward()  # [1, 8, 64] -> []
     targets = decoder_linear_targets(family)
-    zero = [n for n, layer in model.named_sublayers() if isinstance(layer, paddle.nn.Linear)
-            and any(re.fullmatch(p, n) for p in targets) and float(layer.weight.grad.abs().max()) == 0.0]
+    zero = [
+        n
+        for n, layer in model.named_sublayers()
+        if isinstance(layer, paddle.nn.Linear)
+        and any(re.fullmatch(p, n) for p in targets)
+        and float(layer.weight.grad.abs().max()) == 0.0
+    ]
     if family == "bloom":
         assert len(zero) == 8 and row("bloom").refused  # every block weight: the reason bloom is refused
     else:
@@ -88,8 +144,13 @@ def model_dir(tmp_path, model_type, **extra):
 
 
 def load(tmp_path, model_type, *overrides, mode="sft"):
-    args = ["--model_name_or_path", model_dir(tmp_path, model_type), "--output_dir", str(tmp_path / "out"),
-            *map(str, overrides)]
+    args = [
+        "--model_name_or_path",
+        model_dir(tmp_path, model_type),
+        "--output_dir",
+        str(tmp_path / "out"),
+        *map(str, overrides),
+    ]
     if mode == "sft":
         args = ["--dataset_name_or_path", DATA_DIR, "--do_train", "true", *args]
     return load_config(None, args, mode=mode)
@@ -110,26 +171,52 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
     assert problems(tmp_path, family, "--lora", "true", "--weight_quantize_algo", "nf4") == []
 
 
-@pytest.mark.parametrize("family, overrides, needles", [
-    ("qwen", ["--use_flash_attention", "true", "--flash_mask", "true"],
-     ["qwen models do not take FlashMask start rows", "set flash_mask=false"]),
-    ("chatglm_v2", ["--use_flash_attention", "true"], ["with use_flash_attention=true chatglm_v2 models ignore the "
-                                                       "attention mask", "set use_flash_attention=false"]),
-    ("opt", ["--use_flash_attention", "true"], ["opt models: use_flash_attention", "set use_flash_attention=false"]),
-    ("opt", ["--lora", "true", "--zero_padding", "true"],
-     ["opt models build their own causal mask", "set zero_padding=false"]),
-    ("gpt", ["--lora", "true", "--tensor_parallel_degree", "2"], ["gpt models", "set tensor_parallel_degree=1"]),
-    ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
-    ("chatglm_v2", ["--pipeline_parallel_degree", "2"], ["chatglm_v2 models", "set pipeline_parallel_degree=1"]),
-    ("qwen3", ["--pipeline_parallel_degree", "2"], ["qwen3 has no pipeline model", "set pipeline_parallel_degree=1"]),
-    ("codegen", ["--lora", "true", "--zero_padding", "true"], ["codegen models take no position_ids",
-                                                                "set zero_padding=false"]),
-    ("yuan", [], ["yuan builds its own attention mask from eod_token"]),
-    ("jamba", [], ["MoE code on Paddle 3.3", "its MoE routing"]),
-    ("gptj", [], ["Auto classes cannot build gptj"]),
-    ("chatglm", [], ["prefix-LM"]),
-    ("falcon", [], ["model_type 'falcon' is not in the model-family table", UNLISTED_ENV]),
-])
+@pytest.mark.parametrize(
+    "family, overrides, needles",
+    [
+        (
+            "qwen",
+            ["--use_flash_attention", "true", "--flash_mask", "true"],
+            ["qwen models do not take FlashMask start rows", "set flash_mask=false"],
+        ),
+        (
+            "chatglm_v2",
+            ["--use_flash_attention", "true"],
+            [
+                "with use_flash_attention=true chatglm_v2 models ignore the attention mask",
+                "set use_flash_attention=false",
+            ],
+        ),
+        (
+            "opt",
+            ["--use_flash_attention", "true"],
+            ["opt models: use_flash_attention", "set use_flash_attention=false"],
+        ),
+        (
+            "opt",
+            ["--lora", "true", "--zero_padding", "true"],
+            ["opt models build their own causal mask", "set zero_padding=false"],
+        ),
+        ("gpt", ["--lora", "true", "--tensor_parallel_degree", "2"], ["gpt models", "set tensor_parallel_degree=1"]),
+        ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
+        ("chatglm_v2", ["--pipeline_parallel_degree", "2"], ["chatglm_v2 models", "set pipeline_parallel_degree=1"]),
+        (
+            "qwen3",
+            ["--pipeline_parallel_degree", "2"],
+            ["qwen3 has no pipeline model", "set pipeline_parallel_degree=1"],
+        ),
+        (
+            "codegen",
+            ["--lora", "true", "--zero_padding", "true"],
+            ["codegen models take no position_ids", "set zero_padding=false"],
+        ),
+        ("yuan", [], ["yuan builds its own attention mask from eod_token"]),
+        ("jamba", [], ["MoE code on Paddle 3.3", "its MoE routing"]),
+        ("gptj", [], ["Auto classes cannot build gptj"]),
+        ("chatglm", [], ["prefix-LM"]),
+        ("falcon", [], ["model_type 'falcon' is not in the model-family table", UNLISTED_ENV]),
+    ],
+)
 def test_refused_at_config_time_naming_family_and_key(tmp_path, family, overrides, needles):
     found = problems(tmp_path, family, *overrides)
     text = "\n".join(map(str, found))
@@ -156,8 +243,19 @@ def test_config_without_model_type_is_refused(tmp_path):
     d.mkdir()
     (d / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(ConfigError, match="has no model_type"):
-        load_config(None, ["--model_name_or_path", str(d), "--dataset_name_or_path", DATA_DIR, "--do_train", "true",
-                           "--output_dir", str(tmp_path / "o")])
+        load_config(
+            None,
+            [
+                "--model_name_or_path",
+                str(d),
+                "--dataset_name_or_path",
+                DATA_DIR,
+                "--do_train",
+                "true",
+                "--output_dir",
+                str(tmp_path / "o"),
+            ],
+        )
 
 
 def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
@@ -168,8 +266,7 @@ def test_dpo_is_refused_on_families_not_verified_for_it(tmp_path):
     dpo.mkdir()
     row_json = json.dumps({"src": ["q"], "tgt": [], "response": ["a", "b"], "sort": [1, 0]})
     (dpo / "train.jsonl").write_text(row_json + "\n")
-    text = "\n".join(map(str, problems(tmp_path, "opt", "--train_dataset_path", str(dpo / "train.jsonl"),
-                                       mode="dpo")))
+    text = "\n".join(map(str, problems(tmp_path, "opt", "--train_dataset_path", str(dpo / "train.jsonl"), mode="dpo")))
     assert "opt models: preference training" in text
 
 
@@ -192,32 +289,83 @@ def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
     assert dropout_problem("qwen", "hidden_dropout_prob", 0.1, flash=False)  # no such field verified: refused
     assert dropout_problem("gpt", "hidden_dropout_prob", 0.1, flash=False) is None  # GPT reads it itself
     # gemma: explicit head_dim (q width heads x head_dim, not hidden_size)
-    gemma = read_model_shape(model_dir(tmp_path, "gemma", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=1, head_dim=32, vocab_size=512,
-                                       tie_word_embeddings=True))
-    assert ("self_attn.q_proj", 64, 128) in gemma.layer_linears() and ("self_attn.o_proj", 128, 64) in \
-        gemma.layer_linears() and ("self_attn.k_proj", 64, 32) in gemma.layer_linears()
-    qwen3 = read_model_shape(model_dir(tmp_path, "qwen3", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512))
+    gemma = read_model_shape(
+        model_dir(
+            tmp_path,
+            "gemma",
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            vocab_size=512,
+            tie_word_embeddings=True,
+        )
+    )
+    assert (
+        ("self_attn.q_proj", 64, 128) in gemma.layer_linears()
+        and ("self_attn.o_proj", 128, 64) in gemma.layer_linears()
+        and ("self_attn.k_proj", 64, 32) in gemma.layer_linears()
+    )
+    qwen3 = read_model_shape(
+        model_dir(
+            tmp_path,
+            "qwen3",
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=512,
+        )
+    )
     assert qwen3.layer_other_params == 2 * 64 + 2 * 32  # two RMSNorms + q/k norms of head_dim
     with pytest.raises(PlanError, match="Llama-layout families"):
-        read_model_shape(model_dir(tmp_path, "gpt", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                   num_attention_heads=4, vocab_size=512))
+        read_model_shape(
+            model_dir(
+                tmp_path,
+                "gpt",
+                hidden_size=64,
+                intermediate_size=176,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                vocab_size=512,
+            )
+        )
 
 
 def test_cli_refusal_exits_2_before_loading(tmp_path):
     d = model_dir(tmp_path, "jamba")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-                        os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"), "--model_name_or_path", d,
-                        "--output_dir", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm", "run_finetune.py"),
+            os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+            "--model_name_or_path",
+            d,
+            "--output_dir",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "nothing was loaded" in r.stderr and "jamba" in r.stderr and "model_name_or_path" in r.stderr
 
 
 def test_docs_models_md_is_current():
     """docs/models.md's table is the family table's (regenerate: python llm/tools/models_doc.py)."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "tools", "models_doc.py"), "--check"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "llm", "tools", "models_doc.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -238,16 +386,23 @@ def test_hf_layout_checkpoint_of_a_family_the_loader_does_not_read_is_refused(tm
     from safetensors.numpy import save_file
 
     def write(d, prefix):
-        save_file({f"{prefix}.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), "float32"),
-                   f"{prefix}.embed_tokens.weight": np.zeros((8, 4), "float32")}, str(d / "model.safetensors"))
+        save_file(
+            {
+                f"{prefix}.layers.0.self_attn.q_proj.weight": np.zeros((4, 4), "float32"),
+                f"{prefix}.embed_tokens.weight": np.zeros((8, 4), "float32"),
+            },
+            str(d / "model.safetensors"),
+        )
 
     hf = tmp_path / "m_qwen"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"model_type": "qwen"}), encoding="utf-8")
     write(hf, "model")
     text = "\n".join(map(str, problems(tmp_path, "qwen", "--lora", "true")))
-    assert ("qwen: Hugging Face (transformers-layout) checkpoints are read for deepseek_v2, deepseek_v3, ernie4_5, "
-            "ernie4_5_moe, gemma, gemma2") in text
+    assert (
+        "qwen: Hugging Face (transformers-layout) checkpoints are read for deepseek_v2, deepseek_v3, ernie4_5, "
+        "ernie4_5_moe, gemma, gemma2"
+    ) in text
     assert "gpt_oss, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3 only" in text
     write(hf, "qwen")
     assert problems(tmp_path, "qwen", "--lora", "true") == []
@@ -283,9 +438,15 @@ def test_qwen3_moe_targets_attention_and_experts_never_the_router():
 
     from paddlenlp_ext.models.targets import decoder_linear_targets
 
-    names = ["qwen3_moe.layers.0.self_attn.q_proj", "qwen3_moe.layers.0.self_attn.o_proj",
-             "qwen3_moe.layers.1.mlp.experts.3.down_proj", "qwen3_moe.layers.0.mlp.gate_proj",
-             "qwen3_moe.layers.1.mlp.gate", "qwen3_moe.layers.0.self_attn.q_norm", "lm_head"]
+    names = [
+        "qwen3_moe.layers.0.self_attn.q_proj",
+        "qwen3_moe.layers.0.self_attn.o_proj",
+        "qwen3_moe.layers.1.mlp.experts.3.down_proj",
+        "qwen3_moe.layers.0.mlp.gate_proj",
+        "qwen3_moe.layers.1.mlp.gate",
+        "qwen3_moe.layers.0.self_attn.q_norm",
+        "lm_head",
+    ]
     hit = [n for n in names if any(re.fullmatch(p, n) for p in decoder_linear_targets("qwen3_moe"))]
     assert hit == names[:4]
 
@@ -293,8 +454,9 @@ def test_qwen3_moe_targets_attention_and_experts_never_the_router():
 def test_lora_on_gpt_oss_fused_experts_is_refused_naming_the_key(tmp_path):
     """gpt_oss' experts are 3-D parameters (no Linear to wrap): a lora_target_modules pattern reaching them is
     refused at config time; attention patterns are not."""
-    found = problems(tmp_path, "gpt_oss", "--lora", "true", "--lora_target_modules",
-                     ".*self_attn.q_proj,.*mlp.experts.*")
+    found = problems(
+        tmp_path, "gpt_oss", "--lora", "true", "--lora_target_modules", ".*self_attn.q_proj,.*mlp.experts.*"
+    )
     text = "\n".join(map(str, found))
     assert "lora_target_modules" in text and "'.*mlp.experts.*'" in text and "fused experts" in text, text
     assert "q_proj'" not in text

@@ -25,8 +25,9 @@ LLM = os.path.join(ROOT, "llm")
 CLI = os.path.join(LLM, "run_finetune.py")
 
 
-@pytest.mark.parametrize("module", ["paddlenlp_ext.config.paths", "paddlenlp_ext.config.device",
-                                    "paddlenlp_ext.config.output_dir"])
+@pytest.mark.parametrize(
+    "module", ["paddlenlp_ext.config.paths", "paddlenlp_ext.config.device", "paddlenlp_ext.config.output_dir"]
+)
 def test_docstring_examples(module):
     import doctest
     import importlib
@@ -40,12 +41,13 @@ def test_shipped_config_runs_from_llm_dir_with_root_relative_paths(tiny_model_di
     cfg = load_config("./config/tiny/sft_argument.json", ["--output_dir", str(tmp_path / "o")])
     assert cfg.model.model_name_or_path == os.path.join(ROOT, "build/tiny-llama")
     assert cfg.data.dataset_name_or_path == os.path.join(ROOT, "llm/data/advertise")
-    assert f"is not in the current directory {LLM}; found from the repository root" in \
-        cfg.derived["model_name_or_path"]
+    assert f"is not in the current directory {LLM}; found from the repository root" in cfg.derived["model_name_or_path"]
     # a path given on the command line is the user's: relative to the current directory, never remapped
     with pytest.raises(ConfigError) as e:
-        load_config("./config/tiny/sft_argument.json", ["--output_dir", str(tmp_path / "o"),
-                                                       "--dataset_name_or_path", "llm/data/advertise"])
+        load_config(
+            "./config/tiny/sft_argument.json",
+            ["--output_dir", str(tmp_path / "o"), "--dataset_name_or_path", "llm/data/advertise"],
+        )
     assert f"(looked for {os.path.join(LLM, 'llm/data/advertise')})" in e.value.report()
     assert "[dataset_name_or_path from the command line]" in e.value.report()
 
@@ -54,26 +56,38 @@ def test_root_resolution_only_for_configs_in_a_checkout(tmp_path):
     assert repo_root_of(str(tmp_path / "my.json")) is None
     assert repo_root_of(os.path.join(LLM, "config", "tiny", "x.json")) == ROOT
     cfg = os.path.join(LLM, "config", "tiny", "x.json")
-    assert resolve_from_root({"model_name_or_path": "build/tiny-llama", "output_dir": "output/x"}, cfg, cwd=LLM) == \
-        {"model_name_or_path": os.path.join(ROOT, "build/tiny-llama")}  # outputs follow the current directory
+    assert resolve_from_root({"model_name_or_path": "build/tiny-llama", "output_dir": "output/x"}, cfg, cwd=LLM) == {
+        "model_name_or_path": os.path.join(ROOT, "build/tiny-llama")
+    }  # outputs follow the current directory
     assert resolve_from_root({"model_name_or_path": "build/tiny-llama"}, cfg, cwd=ROOT) == {}
 
 
 def test_missing_model_and_hub_id_messages_name_the_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = {"model_name_or_path": "meta-llama/Llama-2-7b", "dataset_name_or_path": DATA_DIR,
-           "output_dir": str(tmp_path / "o"), "do_train": True}
+    cfg = {
+        "model_name_or_path": "meta-llama/Llama-2-7b",
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "o"),
+        "do_train": True,
+    }
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError) as e:
         load_config(str(tmp_path / "c.json"))
     msg = e.value.report()
-    assert f"model_name_or_path 'meta-llama/Llama-2-7b' does not exist (looked for {tmp_path}/meta-llama/Llama-2-7b)" \
+    assert (
+        f"model_name_or_path 'meta-llama/Llama-2-7b' does not exist (looked for {tmp_path}/meta-llama/Llama-2-7b)"
         in msg
-    assert "models are never downloaded; download it first (e.g. `huggingface-cli download meta-llama/Llama-2-7b " \
-           "--local-dir Llama-2-7b`)" in msg and "config.json" not in msg
+    )
+    assert (
+        "models are never downloaded; download it first (e.g. `huggingface-cli download meta-llama/Llama-2-7b "
+        "--local-dir Llama-2-7b`)"
+        in msg
+        and "config.json" not in msg
+    )
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=re.escape(f"is not a model directory: {tmp_path / 'empty'} has no "
-                                                    "config.json")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"is not a model directory: {tmp_path / 'empty'} has no config.json")
+    ):
         load_config(str(tmp_path / "c.json"), ["--model_name_or_path", "empty"])
     assert "never downloaded" not in missing_path_text("model_name_or_path", "./missing/dir")
 
@@ -100,24 +114,45 @@ def test_output_dir_read_only_mount_is_named_as_such(tmp_path, monkeypatch):
 
 
 def test_output_dir_in_proc_exits_2_without_a_traceback(tiny_model_dir):
-    r = subprocess.run([sys.executable, CLI, os.path.join(LLM, "config/tiny/lora_argument.json"), "--output_dir",
-                        "/proc/out", "--model_name_or_path", tiny_model_dir], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            CLI,
+            os.path.join(LLM, "config/tiny/lora_argument.json"),
+            "--output_dir",
+            "/proc/out",
+            "--model_name_or_path",
+            tiny_model_dir,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "output_dir '/proc/out' cannot be created in '/proc'" in r.stderr and "Traceback" not in r.stderr
     assert "[output_dir from the command line]" in r.stderr
 
 
 # -- PaddleNLP's GPU configs on a CPU: --device cpu ------------------------------------------------------
-GPU_CONFIGS = sorted(glob.glob(os.path.join(LLM, "config", "llama", "*.json")) +
-                     glob.glob(os.path.join(LLM, "config", "qwen", "*.json")))
+GPU_CONFIGS = sorted(
+    glob.glob(os.path.join(LLM, "config", "llama", "*.json")) + glob.glob(os.path.join(LLM, "config", "qwen", "*.json"))
+)
 
 
 def cpu_command(path, model_dir):
     """The documented CPU command's overrides (README, docs/compat.md) for a shipped GPU config."""
     if "dpo" in os.path.basename(path):
         data = os.path.join(LLM, "data", "dpo_tiny")
-        return "dpo", ["--model_name_or_path", model_dir, "--train_dataset_path", data, "--dev_dataset_path", data,
-                       "--device", "cpu"]
+        return "dpo", [
+            "--model_name_or_path",
+            model_dir,
+            "--train_dataset_path",
+            data,
+            "--dev_dataset_path",
+            data,
+            "--device",
+            "cpu",
+        ]
     return "sft", ["--model_name_or_path", model_dir, "--dataset_name_or_path", DATA_DIR, "--device", "cpu"]
 
 
@@ -135,23 +170,53 @@ def test_every_shipped_gpu_config_loads_with_device_cpu(path, tiny_model_dir, ti
 def test_without_device_cpu_the_gpu_settings_are_refused_not_changed(tiny_model_dir, tmp_path, monkeypatch):
     from paddlenlp_ext.config import environment
 
-    monkeypatch.setattr(environment, "paddle_build", lambda: {"installed": True, "cuda": False, "xpu": False,
-                                                              "version": "3.3.1"})
+    monkeypatch.setattr(
+        environment, "paddle_build", lambda: {"installed": True, "cuda": False, "xpu": False, "version": "3.3.1"}
+    )
     with pytest.raises(ConfigError) as e:
-        load_config(os.path.join(LLM, "config/llama/sft_argument.json"),
-                    ["--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR])
+        load_config(
+            os.path.join(LLM, "config/llama/sft_argument.json"),
+            ["--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR],
+        )
     assert "fp16_opt_level=O2 needs a GPU" in e.value.report() and "tensor_parallel_degree=4" in e.value.report()
-    assert cpu_changes({"bf16": True, "fp16_opt_level": "O2", "tensor_parallel_degree": 4}, processes=4) == \
-        {"bf16": False}  # a 4-process CPU launch keeps its tensor parallel degree
+    assert cpu_changes({"bf16": True, "fp16_opt_level": "O2", "tensor_parallel_degree": 4}, processes=4) == {
+        "bf16": False
+    }  # a 4-process CPU launch keeps its tensor parallel degree
 
 
 @pytest.mark.slow
 def test_gpu_config_from_llm_dir_with_device_cpu_trains(tiny_model_dir, tmp_path):
-    cmd = [sys.executable, "run_finetune.py", "./config/llama/sft_argument.json", "--model_name_or_path",
-           tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--device", "cpu", "--output_dir",
-           str(tmp_path / "o"), "--max_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "2",
-           "--per_device_eval_batch_size", "8", "--max_length", "64", "--src_length", "32", "--save_strategy", "no",
-           "--do_eval", "false", "--load_best_model_at_end", "false"]
+    cmd = [
+        sys.executable,
+        "run_finetune.py",
+        "./config/llama/sft_argument.json",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--device",
+        "cpu",
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--max_steps",
+        "2",
+        "--logging_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "2",
+        "--per_device_eval_batch_size",
+        "8",
+        "--max_length",
+        "64",
+        "--src_length",
+        "32",
+        "--save_strategy",
+        "no",
+        "--do_eval",
+        "false",
+        "--load_best_model_at_end",
+        "false",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=LLM)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "derived setting: tensor_parallel_degree = 1 (device=cpu, 1 process; was 4)" in r.stdout
@@ -162,9 +227,21 @@ def test_gpu_config_from_llm_dir_with_device_cpu_trains(tiny_model_dir, tmp_path
 
 @pytest.mark.slow
 def test_eval_only_run_evaluates_once(tiny_model_dir, tmp_path):
-    cmd = [sys.executable, CLI, os.path.join(LLM, "config/tiny/sft_argument.json"), "--model_name_or_path",
-           tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--output_dir", str(tmp_path / "o"), "--do_train",
-           "false", "--per_device_eval_batch_size", "32"]
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(LLM, "config/tiny/sft_argument.json"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--do_train",
+        "false",
+        "--per_device_eval_batch_size",
+        "32",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "before training" not in r.stdout and re.search(r"eval loss: +\d+\.\d{4}", r.stdout), r.stdout
@@ -178,8 +255,15 @@ def scripted_session(tok, answers):
     from paddlenlp_ext.predict.session import Session
 
     model = ScriptedModel(answers, tok.eos_token_id)
-    session = Session(model=model, tokenizer=tok, use_template=False, eos_ids=[tok.eos_token_id], pad_id=0,
-                      device="cpu", description="scripted")
+    session = Session(
+        model=model,
+        tokenizer=tok,
+        use_template=False,
+        eos_ids=[tok.eos_token_id],
+        pad_id=0,
+        device="cpu",
+        description="scripted",
+    )
     return session, PredictOptions("unused", src_length=64, max_length=128, decode_strategy="greedy_search")
 
 
@@ -234,15 +318,21 @@ def doc_block_after(doc: str, first_line: str) -> str:
     with open(os.path.join(ROOT, "docs", doc), encoding="utf-8") as f:
         text = f.read()
     start = text.index(first_line)
-    return text[start:text.index("```", start)]
+    return text[start : text.index("```", start)]
 
 
 def test_parallel_md_plan_memory_sample_is_the_program_output():
     block = doc_block_after("parallel.md", "$ python llm/tools/plan_memory.py llm/config/llama/lora_argument.json")
-    argv = ["llm/config/llama/lora_argument.json", "--model_name_or_path", "meta-llama/Llama-2-13b",
-            "--device_memory", "24GB"]
-    r = subprocess.run([sys.executable, os.path.join(LLM, "tools", "plan_memory.py")] + argv, capture_output=True,
-                       text=True, cwd=ROOT)
+    argv = [
+        "llm/config/llama/lora_argument.json",
+        "--model_name_or_path",
+        "meta-llama/Llama-2-13b",
+        "--device_memory",
+        "24GB",
+    ]
+    r = subprocess.run(
+        [sys.executable, os.path.join(LLM, "tools", "plan_memory.py")] + argv, capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     assert block.split("\n", 2)[2] == r.stdout
 
@@ -271,8 +361,15 @@ def test_final_table_of_a_resumed_run_says_the_train_time_spans_the_resume():
 
 
 def test_device_cpu_in_the_file_next_to_gpu_settings_is_still_refused(tiny_model_dir, tmp_path):
-    cfg = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR, "output_dir": str(tmp_path / "o"),
-           "do_train": True, "device": "cpu", "bf16": True, "fp16_opt_level": "O2"}
+    cfg = {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "o"),
+        "do_train": True,
+        "device": "cpu",
+        "bf16": True,
+        "fp16_opt_level": "O2",
+    }
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="fp16_opt_level=O2 needs a GPU"):
         load_config(str(tmp_path / "c.json"))

@@ -194,13 +194,16 @@ def test_install_is_idempotent_local_and_nests():
     install_cpu_flashmask()  # leave it as the fixture expects
 
 
-@pytest.mark.parametrize("available,on_device,dtype,expected", [
-    (True, True, "bfloat16", "native"),
-    (True, True, "float16", "native"),
-    (True, True, "float32", "portable"),  # the native kernel has no fp32 kernel: fp32 weights without O2
-    (True, False, "bfloat16", "portable"),  # CPU tensor in a GPU build
-    (False, True, "bfloat16", "portable"),  # no native op / no device
-])
+@pytest.mark.parametrize(
+    "available,on_device,dtype,expected",
+    [
+        (True, True, "bfloat16", "native"),
+        (True, True, "float16", "native"),
+        (True, True, "float32", "portable"),  # the native kernel has no fp32 kernel: fp32 weights without O2
+        (True, False, "bfloat16", "portable"),  # CPU tensor in a GPU build
+        (False, True, "bfloat16", "portable"),  # no native op / no device
+    ],
+)
 def test_dispatch_decision(monkeypatch, available, on_device, dtype, expected):
     """The decision only (no GPU here): capability flags patched, the query's dtype real."""
     monkeypatch.setattr(flashmask_patch, "native_flashmask_available", lambda: available)

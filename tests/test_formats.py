@@ -15,11 +15,11 @@ from paddlenlp_ext.data.tokenize import tokenize_example
 GLAIVE = {
     "conversations": [
         {"from": "human", "value": "Weather in Paris?"},
-        {"from": "function_call", "value": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"},
-        {"from": "observation", "value": "{\"t\": 20}"},
+        {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+        {"from": "observation", "value": '{"t": 20}'},
         {"from": "gpt", "value": "It is 20 C."},
     ],
-    "tools": "[{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}]",
+    "tools": '[{"name": "get_weather", "parameters": {"type": "object"}}]',
 }
 
 
@@ -52,17 +52,24 @@ def test_alpaca_with_system_and_history(tmp_path):
     rec = {"instruction": "Add", "input": "1 2", "output": "3", "system": "Be exact.", "history": [["hi", "hello"]]}
     (conv,), fmts = read_items([write(tmp_path, "a.json", [rec], array=True)])
     assert [(m.role, m.content) for m in conv.messages] == [
-        ("system", "Be exact."), ("user", "hi"), ("assistant", "hello"), ("user", "Add\n1 2"), ("assistant", "3")]
+        ("system", "Be exact."),
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("user", "Add\n1 2"),
+        ("assistant", "3"),
+    ]
     assert conv.origin.endswith("a.json:2") and list(fmts.values()) == ["alpaca"]
-    assert to_example(conv) == Example(src=["hi", "Add\n1 2"], tgt=["hello", "3"], system="Be exact.",
-                                       origin=conv.origin)
+    assert to_example(conv) == Example(
+        src=["hi", "Add\n1 2"], tgt=["hello", "3"], system="Be exact.", origin=conv.origin
+    )
 
 
 def test_sharegpt_tools_and_function_calls(tmp_path):
     (conv,), _ = read_items([write(tmp_path, "g.jsonl", [GLAIVE])])
     assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
     assert conv.messages[1].tool_calls == [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    ]
     assert conv.tools == [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
@@ -74,13 +81,19 @@ def test_sharegpt_renamed_tags(tmp_path):
 
 
 def test_openai_messages_parts_reasoning_and_tool_call_text(tmp_path):
-    rec = {"messages": [
-        {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 2}"}}]},
-        {"role": "tool", "content": "4"},
-        {"role": "assistant", "content": "4", "reasoning_content": "2+2=4", "loss_weight": 1}],
-        "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}
+    rec = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}],
+            },
+            {"role": "tool", "content": "4"},
+            {"role": "assistant", "content": "4", "reasoning_content": "2+2=4", "loss_weight": 1},
+        ],
+        "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+    }
     (conv,), _ = read_items([write(tmp_path, "m.jsonl", [rec])])
     assert conv.messages[0].content == "2+2?"
     assert conv.messages[1].tool_calls[0]["function"]["arguments"] == {"a": 2, "b": 2}
@@ -110,22 +123,62 @@ def test_paddlenlp_records_unchanged(tmp_path):
         read_items([bad])
 
 
-@pytest.mark.parametrize("record, message", [
-    ({"question": "q"}, r"x.json:3: the record matches no dataset format \(it has \['question'\]\)"),
-    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
-      "tool_calls": [{"function": {"name": "f", "arguments": "{city: 1}"}}]}]},
-     r"x.json:3: messages\[2\]: tool call arguments are not valid JSON"),
-    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
-     r"x.json:3: message 2 is an empty assistant turn"),
-    ({"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"},
-                   {"role": "assistant", "content": "b"}]}, r"x.json:3: the conversation starts with 'assistant'"),
-    ({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"},
-                   {"role": "assistant", "content": "b"}]}, r"x.json:3: message 2 is a tool result that follows no"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]},
-                   {"role": "assistant", "content": "b"}]}, r"content part of type 'image_url' is not supported"),
-    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b", "loss_weight": 0.5}]},
-     r"loss_weight must be 0 \(not learned\) or 1"),
-])
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"question": "q"}, r"x.json:3: the record matches no dataset format \(it has \['question'\]\)"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{city: 1}"}}],
+                    },
+                ]
+            },
+            r"x.json:3: messages\[2\]: tool call arguments are not valid JSON",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
+            r"x.json:3: message 2 is an empty assistant turn",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "content": "a"},
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "b"},
+                ]
+            },
+            r"x.json:3: the conversation starts with 'assistant'",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "tool", "content": "r"},
+                    {"role": "assistant", "content": "b"},
+                ]
+            },
+            r"x.json:3: message 2 is a tool result that follows no",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": "u"}]},
+                    {"role": "assistant", "content": "b"},
+                ]
+            },
+            r"content part of type 'image_url' is not supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b", "loss_weight": 0.5}]},
+            r"loss_weight must be 0 \(not learned\) or 1",
+        ),
+    ],
+)
 def test_bad_records_name_file_and_line(tmp_path, record, message):
     good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     path = str(tmp_path / "x.json")
@@ -176,8 +229,10 @@ def test_no_template_refuses_tool_calls():
         Renderer(Tok(), 64, 64, False)(conv)
 
 
-SIMPLE = ("{% for m in messages %}<{{ m.role }}> {{ m.content }} {{ eos_token }} {% endfor %}"
-          "{% if add_generation_prompt %}<assistant> {% endif %}")
+SIMPLE = (
+    "{% for m in messages %}<{{ m.role }}> {{ m.content }} {{ eos_token }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
 
 
 def labelled_words(tok, feat):
@@ -187,8 +242,16 @@ def labelled_words(tok, feat):
 
 def test_template_supervises_assistant_turns_and_weights():
     tok = Tok()
-    conv = Conversation([Message("system", "sys"), Message("user", "hi there"), Message("assistant", "yo", loss=False),
-                         Message("user", "again"), Message("assistant", "fine thanks")], origin="f:1")
+    conv = Conversation(
+        [
+            Message("system", "sys"),
+            Message("user", "hi there"),
+            Message("assistant", "yo", loss=False),
+            Message("user", "again"),
+            Message("assistant", "fine thanks"),
+        ],
+        origin="f:1",
+    )
     r = Renderer(tok, 64, 64, False, {False: SIMPLE}, Tok.special_tokens_map)
     (feat,), _, _ = r(conv)
     assert labelled_words(tok, feat) == ["fine", "thanks", "</s>"]
@@ -203,9 +266,11 @@ def test_template_supervises_assistant_turns_and_weights():
 def test_template_never_supervises_tool_results_and_cuts_to_max_length():
     tok = Tok()
     conv = sharegpt.convert(GLAIVE, "g:1")
-    tmpl = ("{% for m in messages %}<{{ m.role }}> {{ m.content }}{% for c in m.tool_calls or [] %} CALL "
-            "{{ c.function.name }}{% endfor %} {{ eos_token }} {% endfor %}{% if add_generation_prompt %}<assistant> "
-            "{% endif %}")
+    tmpl = (
+        "{% for m in messages %}<{{ m.role }}> {{ m.content }}{% for c in m.tool_calls or [] %} CALL "
+        "{{ c.function.name }}{% endfor %} {{ eos_token }} {% endfor %}{% if add_generation_prompt %}<assistant> "
+        "{% endif %}"
+    )
     r = Renderer(tok, 64, 64, False, {True: tmpl, False: tmpl}, Tok.special_tokens_map, train_on_prompt=True)
     (feat,), _, _ = r(conv)
     words = labelled_words(tok, feat)
@@ -230,11 +295,20 @@ def test_text_features_split_long_documents_never_drop():
 def test_preference_forms(tmp_path):
     from paddlenlp_ext.dpo.data import read_preference_files
 
-    lf = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "Name a color."}],
-          "chosen": {"from": "gpt", "value": "Blue."}, "rejected": {"from": "gpt", "value": "No."}}
-    oa = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                       {"role": "user", "content": "bye?"}],
-          "chosen": [{"role": "assistant", "content": "Bye!"}], "rejected": {"role": "assistant", "content": "No"}}
+    lf = {
+        "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "Name a color."}],
+        "chosen": {"from": "gpt", "value": "Blue."},
+        "rejected": {"from": "gpt", "value": "No."},
+    }
+    oa = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "bye?"},
+        ],
+        "chosen": [{"role": "assistant", "content": "Bye!"}],
+        "rejected": {"role": "assistant", "content": "No"},
+    }
     path = write(tmp_path, "p.json", [lf, oa], array=True)
     a, b = read_preference_files([path])
     assert (a.system, a.src, a.tgt, a.chosen, a.rejected) == ("s", ["Name a color."], [], "Blue.", "No.")
@@ -259,8 +333,13 @@ def test_mixture_shares_and_determinism(tmp_path):
     b = tmp_path / "b"
     b.mkdir()
     write(b, "train.json", [{"src": f"b{i}", "tgt": "y"} for i in range(900)])
-    cfg = mixture_cfg(tmp_path, dataset_name_or_path=f"{a},{b}", dataset_weights=[0.7, 0.3],
-                      mix_strategy="interleave_over", max_length=16)
+    cfg = mixture_cfg(
+        tmp_path,
+        dataset_name_or_path=f"{a},{b}",
+        dataset_weights=[0.7, 0.3],
+        mix_strategy="interleave_over",
+        max_length=16,
+    )
     tok = Tok()
     feats, report = tokenize_split(cfg, tok, "train", False, seed=3)
     first = [tok.vocab.get("x") in f["labels"] for f in feats[:1000]]
@@ -277,8 +356,7 @@ def test_mixture_config_checks(tmp_path):
     from paddlenlp_ext.config.data_checks import dataset_path_problems
 
     a = write(tmp_path, "a.jsonl", [{"text": "t"}])
-    d = mixture_cfg(tmp_path, dataset_name_or_path=f"{a},{tmp_path}/missing", dataset_weights=[1.0],
-                    lazy=True).data
+    d = mixture_cfg(tmp_path, dataset_name_or_path=f"{a},{tmp_path}/missing", dataset_weights=[1.0], lazy=True).data
     msgs = "\n".join(dataset_path_problems(d, True, False, "cfg.json"))
     assert "missing' is not a directory or a data file" in msgs and "has 1 values for 2 source(s)" in msgs
     assert "need mix_strategy interleave_under" in msgs and "lazy=true streams one source" in msgs

@@ -29,7 +29,8 @@ def test_bleu_worked_examples():
     #   p1 p2 p3 p4 = 5/6 * 4/6 * 3/5 * 1/2 = 1/6; BP = exp(1 - 7/6) = exp(-1/6)
     #   BLEU = (1/6) ** (1/4) * exp(-1/6) = 0.638943 * 0.846482 = 0.540854
     assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on a red mat"]) == pytest.approx(
-        (1 / 6) ** 0.25 * math.exp(-1 / 6))
+        (1 / 6) ** 0.25 * math.exp(-1 / 6)
+    )
     assert corpus_bleu(["the cat sat on the mat"], ["the cat sat on a red mat"]) == pytest.approx(0.5408537)
     # clipping, and no brevity penalty when the prediction is longer (c = 4 > r = 2):
     # "the the the the" vs "the cat": p1 = min(4, 1)/4 = 1/4, p2 = (0+1)/(3+1), p3 = (0+1)/(2+1), p4 = (0+1)/(1+1)
@@ -61,7 +62,7 @@ def test_score_worked_example():
     # BLEU pools the corpus: p1 = 1/2 ("yes" of "yes no"), no 2/3/4-grams in the predictions ((0+1)/(0+1) = 1
     # each), c = 2 < r = 3 -> BP = exp(1 - 3/2); BLEU = (1/2) ** (1/4) * exp(-1/2) = 0.840896 * 0.606531 = 0.510029
     s = score(["yes", "no"], ["yes", "maybe so"])
-    assert s == {"exact_match": 0.5, "bleu4": pytest.approx(0.5 ** 0.25 * math.exp(-0.5)), "rouge_l": 0.5}
+    assert s == {"exact_match": 0.5, "bleu4": pytest.approx(0.5**0.25 * math.exp(-0.5)), "rouge_l": 0.5}
     # exact match compares whole strings: case and punctuation count (unlike the BLEU/ROUGE tokens)
     # (surrounding spaces are stripped): only the first of these three matches "A red dress."
     assert score([" A red dress. ", "a red dress.", "A red dress"], ["A red dress."] * 3)["exact_match"] == 1 / 3
@@ -87,11 +88,35 @@ def test_cli_eval_with_do_generation(tiny_model_dir, tmp_path):
     # 30 steps memorize the one training answer (each of its tokens gets p > 0.999, so the top_p 0.9 nucleus is
     # that one token and sampling is deterministic); the dev reference differs, so every metric has a known value.
     # Later overrides win: the dataset is ours, not run_cli's default.
-    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "30", "--warmup_steps", "0",
-                     "--learning_rate", "0.01", "--per_device_train_batch_size", "3", "--eval_before_train", "false",
-                     "--max_length", "48", "--src_length", "24", "--eval_with_do_generation", "true",
-                     "--save_generation_output", "true", "--top_k", "5", "--top_p", "0.9",
-                     "--dataset_name_or_path", data, name="gen")
+    r, out = run_cli(
+        "llm/config/tiny/sft_argument.json",
+        tmp_path,
+        "--max_steps",
+        "30",
+        "--warmup_steps",
+        "0",
+        "--learning_rate",
+        "0.01",
+        "--per_device_train_batch_size",
+        "3",
+        "--eval_before_train",
+        "false",
+        "--max_length",
+        "48",
+        "--src_length",
+        "24",
+        "--eval_with_do_generation",
+        "true",
+        "--save_generation_output",
+        "true",
+        "--top_k",
+        "5",
+        "--top_p",
+        "0.9",
+        "--dataset_name_or_path",
+        data,
+        name="gen",
+    )
     preds = [json.loads(line) for line in (out / "generated_predictions.json").read_text().splitlines()]
     assert [(p["prediction"], p["reference"]) for p in preds] == [("A red dress.", "A red dress, size M.")] * 3
     # prediction tokens: a red dress .  (4 each, c = 12); reference: a red dress , size m .  (7 each, r = 21)
@@ -100,7 +125,7 @@ def test_cli_eval_with_do_generation(tiny_model_dir, tmp_path):
     #     p3 = (3+1)/(6+1) (a-red-dress); p4 = (0+1)/(3+1); p1 p2 p3 p4 = 1 * 7/10 * 4/7 * 1/4 = 1/10;
     #     BP = exp(1 - 21/12) = exp(-3/4); BLEU = (1/10) ** (1/4) * exp(-3/4) = 0.562341 * 0.472367 = 0.265629
     #   ROUGE-L: LCS "a red dress ." = 4, F1 = 2*4/(4+7) = 8/11 = 0.727273 for each pair
-    expected = {"eval_exact_match": 0.0, "eval_bleu4": 0.1 ** 0.25 * math.exp(-0.75), "eval_rouge_l": 8 / 11}
+    expected = {"eval_exact_match": 0.0, "eval_bleu4": 0.1**0.25 * math.exp(-0.75), "eval_rouge_l": 8 / 11}
     s = summary(out)
     assert {k: s[k] for k in expected} == pytest.approx(expected)
     assert "generation eval: eval_exact_match 0.0000, eval_bleu4 0.2656, eval_rouge_l 0.7273" in r.stdout
@@ -115,20 +140,42 @@ def test_prompt_and_reference_every_format():
 
     tok = Tok()
     no_template = Renderer(tok, 64, 64, False)
-    msgs = {"messages": [{"role": "user", "content": "color#red"}, {"role": "assistant", "content": "Red."},
-                         {"role": "user", "content": "type#dress"}, {"role": "assistant", "content": "A dress."}]}
+    msgs = {
+        "messages": [
+            {"role": "user", "content": "color#red"},
+            {"role": "assistant", "content": "Red."},
+            {"role": "user", "content": "type#dress"},
+            {"role": "assistant", "content": "A dress."},
+        ]
+    }
     ex = Example(src=["color#red", "type#dress"], tgt=["Red.", "A dress."], origin="d:1")
     want = prompt_and_reference(ex, no_template)
     assert want[1:] == ("A dress.", "type#dress")
-    for rec in (msgs, {"conversations": [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]}
-                                         for m in msgs["messages"]]},
-                {"instruction": "type#dress", "output": "A dress.", "history": [["color#red", "Red."]]}):
+    for rec in (
+        msgs,
+        {
+            "conversations": [
+                {"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in msgs["messages"]
+            ]
+        },
+        {"instruction": "type#dress", "output": "A dress.", "history": [["color#red", "Red."]]},
+    ):
         assert prompt_and_reference(parse_record(rec, "auto", "d:1"), no_template) == want  # same as src/tgt
     jinja = Renderer(tok, 64, 64, False, {False: SIMPLE}, Tok.special_tokens_map, train_on_prompt=True)
     ids, ref, _ = prompt_and_reference(parse_record(msgs, "auto", "d:1"), jinja)
     inv = {v: k for k, v in tok.vocab.items()}
-    assert [inv[i] for i in ids] == ["<user>", "color#red", "</s>", "<assistant>", "Red.", "</s>", "<user>",
-                                     "type#dress", "</s>", "<assistant>"] and ref == "A dress."
+    assert [inv[i] for i in ids] == [
+        "<user>",
+        "color#red",
+        "</s>",
+        "<assistant>",
+        "Red.",
+        "</s>",
+        "<user>",
+        "type#dress",
+        "</s>",
+        "<assistant>",
+    ] and ref == "A dress."
 
 
 @pytest.mark.slow
@@ -145,14 +192,39 @@ def test_cli_eval_with_do_generation_on_a_messages_dev_file(tiny_model_dir, tmp_
 
     (data / "train.jsonl").write_text(rec("A red dress.") + "\n")
     (data / "dev.jsonl").write_text((rec("A red dress, size M.") + "\n") * 3)
-    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "30", "--warmup_steps", "0",
-                     "--learning_rate", "0.01", "--per_device_train_batch_size", "3", "--eval_before_train", "false",
-                     "--max_length", "48", "--src_length", "24", "--eval_with_do_generation", "true",
-                     "--save_generation_output", "true", "--top_k", "5", "--top_p", "0.9",
-                     "--dataset_name_or_path", data, name="gen")
+    r, out = run_cli(
+        "llm/config/tiny/sft_argument.json",
+        tmp_path,
+        "--max_steps",
+        "30",
+        "--warmup_steps",
+        "0",
+        "--learning_rate",
+        "0.01",
+        "--per_device_train_batch_size",
+        "3",
+        "--eval_before_train",
+        "false",
+        "--max_length",
+        "48",
+        "--src_length",
+        "24",
+        "--eval_with_do_generation",
+        "true",
+        "--save_generation_output",
+        "true",
+        "--top_k",
+        "5",
+        "--top_p",
+        "0.9",
+        "--dataset_name_or_path",
+        data,
+        name="gen",
+    )
     preds = [json.loads(line) for line in (out / "generated_predictions.json").read_text().splitlines()]
-    assert [(p["prediction"], p["reference"], p["src"]) for p in preds] == [("A red dress.", "A red dress, size M.",
-                                                                            src)] * 3
-    expected = {"eval_exact_match": 0.0, "eval_bleu4": 0.1 ** 0.25 * math.exp(-0.75), "eval_rouge_l": 8 / 11}
+    assert [(p["prediction"], p["reference"], p["src"]) for p in preds] == [
+        ("A red dress.", "A red dress, size M.", src)
+    ] * 3
+    expected = {"eval_exact_match": 0.0, "eval_bleu4": 0.1**0.25 * math.exp(-0.75), "eval_rouge_l": 8 / 11}
     s = summary(out)
     assert {k: s[k] for k in expected} == pytest.approx(expected)

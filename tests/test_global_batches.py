@@ -20,8 +20,10 @@ def test_doctests():
 
 def consumed(dataset, per_device, accumulation, ranks, epoch=0, drop_last=False):
     """Per global step: the multiset of examples and the N each index carries, over all ranks."""
-    samplers = [gb.GlobalBatchSampler(dataset, per_device, accumulation, ranks, r, seed=7, drop_last=drop_last)
-                for r in range(ranks)]
+    samplers = [
+        gb.GlobalBatchSampler(dataset, per_device, accumulation, ranks, r, seed=7, drop_last=drop_last)
+        for r in range(ranks)
+    ]
     for s in samplers:
         s.set_epoch(epoch)
     per_rank = [list(s) for s in samplers]
@@ -30,7 +32,7 @@ def consumed(dataset, per_device, accumulation, ranks, epoch=0, drop_last=False)
     for step in range(len(per_rank[0]) // accumulation):
         ids, ns = [], set()
         for r in range(ranks):
-            for micro in per_rank[r][step * accumulation:(step + 1) * accumulation]:
+            for micro in per_rank[r][step * accumulation : (step + 1) * accumulation]:
                 assert len(micro) == per_device
                 ids += [int(i) for i in micro]
                 ns |= {i.global_label_tokens for i in micro}
@@ -41,8 +43,10 @@ def consumed(dataset, per_device, accumulation, ranks, epoch=0, drop_last=False)
 
 def toy(n=11, seed=0):
     rng = np.random.RandomState(seed)
-    return [{"labels": [-100] * int(rng.randint(0, 4)) + list(rng.randint(1, 9, size=int(rng.randint(1, 6))))}
-            for _ in range(n)]
+    return [
+        {"labels": [-100] * int(rng.randint(0, 4)) + list(rng.randint(1, 9, size=int(rng.randint(1, 6))))}
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -88,13 +92,15 @@ def test_scaled_micro_losses_give_the_single_process_gradient():
 
     def step_values(per_device, accumulation, ranks):
         out = []
-        samplers = [list(gb.GlobalBatchSampler(data, per_device, accumulation, ranks, r, seed=1, drop_last=True))
-                    for r in range(ranks)]
+        samplers = [
+            list(gb.GlobalBatchSampler(data, per_device, accumulation, ranks, r, seed=1, drop_last=True))
+            for r in range(ranks)
+        ]
         for step in range(len(samplers[0]) // accumulation):
             rank_totals = []
             for r in range(ranks):
                 total = 0.0
-                for micro in samplers[r][step * accumulation:(step + 1) * accumulation]:
+                for micro in samplers[r][step * accumulation : (step + 1) * accumulation]:
                     n = micro[0].global_label_tokens
                     scaled = sum(token_loss[int(i)].sum() for i in micro) * ranks * accumulation / n
                     total += scaled / accumulation  # PaddleNLP's training_step
@@ -108,9 +114,16 @@ def test_scaled_micro_losses_give_the_single_process_gradient():
     # PaddleNLP's normalization (each rank's own token mean, then the mean over ranks) differs:
     # the test would catch a trainer that kept it
     samplers = [list(gb.GlobalBatchSampler(data, 2, 1, 2, r, seed=1, drop_last=True)) for r in range(2)]
-    mean_of_means = [np.mean([sum(token_loss[int(i)].sum() for i in samplers[r][k])
-                              / sum((np.asarray(data[int(i)]["labels"]) != -100).sum() for i in samplers[r][k])
-                              for r in range(2)]) for k in range(len(samplers[0]))]
+    mean_of_means = [
+        np.mean(
+            [
+                sum(token_loss[int(i)].sum() for i in samplers[r][k])
+                / sum((np.asarray(data[int(i)]["labels"]) != -100).sum() for i in samplers[r][k])
+                for r in range(2)
+            ]
+        )
+        for k in range(len(samplers[0]))
+    ]
     assert not np.allclose(mean_of_means, reference, rtol=1e-3)
 
 

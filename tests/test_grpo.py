@@ -56,8 +56,9 @@ def test_loss_and_advantages_match_numpy_reference(seed, scale, beta):
     old = logps + rng.normal(0, 0.3, T)  # ratios both sides of the clip range
     ref = logps + rng.normal(0, 0.5, T)
     global_tokens = T + 17  # the other rank's tokens count too
-    adv_np, per_np, kl_np, clip_np, loss_np = numpy_grpo(rewards, group, logps, old, ref, seg, beta, eps, scale,
-                                                         world, global_tokens)
+    adv_np, per_np, kl_np, clip_np, loss_np = numpy_grpo(
+        rewards, group, logps, old, ref, seg, beta, eps, scale, world, global_tokens
+    )
     adv = group_advantages(rewards, group, scale=scale)
     np.testing.assert_allclose(adv, adv_np, rtol=1e-5, atol=1e-6)
     assert np.all(adv[:group] == 0)
@@ -102,22 +103,41 @@ def write(path, records):
 def grpo_config(tiny_model_dir, tmp_path, *extra):
     from paddlenlp_ext.config.parse import load_config
 
-    return load_config(None, ["--model_name_or_path", tiny_model_dir, "--train_dataset_path", GRPO_TINY,
-                              "--output_dir", str(tmp_path / "out"), "--do_train", "true",
-                              "--reward_funcs", '["paddlenlp_ext.grpo.rewards:contains_keyword"]', *extra],
-                       mode="grpo")
+    return load_config(
+        None,
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--train_dataset_path",
+            GRPO_TINY,
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--do_train",
+            "true",
+            "--reward_funcs",
+            '["paddlenlp_ext.grpo.rewards:contains_keyword"]',
+            *extra,
+        ],
+        mode="grpo",
+    )
 
 
 def test_reward_function_errors_name_the_key(tiny_model_dir, tmp_path):
     from paddlenlp_ext.config.parse import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        grpo_config(tiny_model_dir, tmp_path, "--reward_funcs",
-                    '["no_such_module_xyz:f", "paddlenlp_ext.grpo.rewards:nope", "missing_colon"]')
+        grpo_config(
+            tiny_model_dir,
+            tmp_path,
+            "--reward_funcs",
+            '["no_such_module_xyz:f", "paddlenlp_ext.grpo.rewards:nope", "missing_colon"]',
+        )
     text = "\n".join(e.value.problems)
     assert "reward_funcs[0]: 'no_such_module_xyz:f': cannot import module 'no_such_module_xyz'" in text
-    assert "reward_funcs[1]: 'paddlenlp_ext.grpo.rewards:nope': module 'paddlenlp_ext.grpo.rewards' has no " \
-           "function 'nope'" in text
+    assert (
+        "reward_funcs[1]: 'paddlenlp_ext.grpo.rewards:nope': module 'paddlenlp_ext.grpo.rewards' has no "
+        "function 'nope'" in text
+    )
     assert "reward_funcs[2]: 'missing_colon' is not \"package.module:function\"" in text
     with pytest.raises(ConfigError) as e:
         grpo_config(tiny_model_dir, tmp_path, "--reward_funcs", "[]")
@@ -139,8 +159,10 @@ def test_reward_return_value_errors_name_the_key():
     from paddlenlp_ext.config.parse import ConfigError
     from paddlenlp_ext.grpo.rewards import RewardSet
 
-    for name, want in (("wrong_length", "returned 1 reward(s) for 3 completions"),
-                       ("not_numbers", "must return a list of 3 floats")):
+    for name, want in (
+        ("wrong_length", "returned 1 reward(s) for 3 completions"),
+        ("not_numbers", "must return a list of 3 floats"),
+    ):
         rewards = RewardSet([f"test_grpo:{name}"])
         with pytest.raises(ConfigError) as e:
             rewards(["p"] * 3, ["a", "b", "c"], {})
@@ -148,8 +170,10 @@ def test_reward_return_value_errors_name_the_key():
     rewards = RewardSet(["paddlenlp_ext.grpo.rewards:contains_keyword"])
     with pytest.raises(ConfigError) as e:  # the data has no "keyword" field
         rewards(["p"], ["a"], {"topic": ["x"]})
-    assert "reward_funcs[0] 'paddlenlp_ext.grpo.rewards:contains_keyword' cannot be called as f(prompts=, " \
-           "completions=, topic=, ...)" in e.value.problems[0]
+    assert (
+        "reward_funcs[0] 'paddlenlp_ext.grpo.rewards:contains_keyword' cannot be called as f(prompts=, "
+        "completions=, topic=, ...)" in e.value.problems[0]
+    )
     rewards = RewardSet(["paddlenlp_ext.grpo.rewards:contains_keyword"] * 2, weights=[1.0, 0.5])
     total, per = rewards(["p", "p"], ["a gym day", "calm"], {"keyword": ["GYM", "gym"]})
     assert total.tolist() == [1.5, 0.0] and sorted(per) == ["contains_keyword_0", "contains_keyword_1"]
@@ -182,26 +206,50 @@ def test_config_refusals(tiny_model_dir, tmp_path):
     from paddlenlp_ext.config.parse import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        grpo_config(tiny_model_dir, tmp_path, "--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2",
-                    "--do_eval", "true", "--src_length", "64", "--loss_type", "sigmoid", "--dpop_lambda", "3")
+        grpo_config(
+            tiny_model_dir,
+            tmp_path,
+            "--tensor_parallel_degree",
+            "2",
+            "--pipeline_parallel_degree",
+            "2",
+            "--do_eval",
+            "true",
+            "--src_length",
+            "64",
+            "--loss_type",
+            "sigmoid",
+            "--dpop_lambda",
+            "3",
+        )
     text = "\n".join(e.value.problems)
-    for want in ("tensor_parallel_degree > 1 is not supported for GRPO", "pipeline_parallel_degree > 1 is not "
-                 "supported for GRPO", "GRPO has no evaluation set", "'src_length' is a fine-tuning "
-                 "(llm/run_finetune.py) key; in a GRPO config use max_prompt_len",
-                 "loss_type: must be one of dapo, grpo, bnpo, dr_grpo, cispo, rloo; got 'sigmoid'", "'dpop_lambda' is a DPO"):
+    for want in (
+        "tensor_parallel_degree > 1 is not supported for GRPO",
+        "pipeline_parallel_degree > 1 is not supported for GRPO",
+        "GRPO has no evaluation set",
+        "'src_length' is a fine-tuning (llm/run_finetune.py) key; in a GRPO config use max_prompt_len",
+        "loss_type: must be one of dapo, grpo, bnpo, dr_grpo, cispo, rloo; got 'sigmoid'",
+        "'dpop_lambda' is a DPO",
+    ):
         assert want in text, (want, text)
     cfg = grpo_config(tiny_model_dir, tmp_path, "--top_p", "0.9")
     assert cfg.dpo.top_p == 0.9 and cfg.dpo.max_seq_len == 256 + 64 and cfg.data.zero_padding
     assert (cfg.dpo.loss_type, cfg.dpo.scale_rewards, cfg.dpo.importance_sampling_level) == ("dapo", "group", "token")
 
 
-@pytest.mark.parametrize("extra,want", [
-    (("--loss_type", "cispo"), "loss_type cispo clips the importance weight itself at epsilon_high"),
-    (("--loss_type", "rloo", "--scale_rewards", "batch"), "scale_rewards is not used by loss_type rloo"),
-    (("--normalize_advantages", "true"), "normalize_advantages belongs to loss_type rloo; for dapo use scale_rewards"),
-    (("--scale_rewards", "std"), "scale_rewards must be group, batch or none (or true/false); got 'std'"),
-    (("--importance_sampling_level", "word"), "importance_sampling_level: must be one of token, sequence"),
-])
+@pytest.mark.parametrize(
+    "extra,want",
+    [
+        (("--loss_type", "cispo"), "loss_type cispo clips the importance weight itself at epsilon_high"),
+        (("--loss_type", "rloo", "--scale_rewards", "batch"), "scale_rewards is not used by loss_type rloo"),
+        (
+            ("--normalize_advantages", "true"),
+            "normalize_advantages belongs to loss_type rloo; for dapo use scale_rewards",
+        ),
+        (("--scale_rewards", "std"), "scale_rewards must be group, batch or none (or true/false); got 'std'"),
+        (("--importance_sampling_level", "word"), "importance_sampling_level: must be one of token, sequence"),
+    ],
+)
 def test_loss_key_refusals(tiny_model_dir, tmp_path, extra, want):
     from paddlenlp_ext.config.parse import ConfigError
 
@@ -212,9 +260,24 @@ def test_loss_key_refusals(tiny_model_dir, tmp_path, extra, want):
 
 def test_new_keys_accepted(tiny_model_dir, tmp_path):
     """What the issue asks for is accepted (no longer refused); scale_rewards keeps TRL's boolean spelling."""
-    cfg = grpo_config(tiny_model_dir, tmp_path, "--gradient_accumulation_steps", "2", "--num_iterations", "2",
-                      "--loss_type", "cispo", "--epsilon_high", "5.0", "--importance_sampling_level", "sequence",
-                      "--mask_truncated_completions", "true", "--scale_rewards", "false")
+    cfg = grpo_config(
+        tiny_model_dir,
+        tmp_path,
+        "--gradient_accumulation_steps",
+        "2",
+        "--num_iterations",
+        "2",
+        "--loss_type",
+        "cispo",
+        "--epsilon_high",
+        "5.0",
+        "--importance_sampling_level",
+        "sequence",
+        "--mask_truncated_completions",
+        "true",
+        "--scale_rewards",
+        "false",
+    )
     o = cfg.dpo
     assert (o.num_iterations, o.loss_type, o.epsilon_high, o.importance_sampling_level) == (2, "cispo", 5.0, "sequence")
     assert o.scale_rewards == "none" and "scale_rewards" in cfg.derived and o.mask_truncated_completions
@@ -227,13 +290,18 @@ def test_prompts_from_every_format(tmp_path, tiny_tokenizer):
     from paddlenlp_ext.data.tokenize import _encode
     from paddlenlp_ext.grpo.data import read_prompts, render_prompt
 
-    path = write(tmp_path / "p.json", [
-        {"src": "type#shirt", "keyword": "a"},
-        {"src": "type#shirt", "tgt": "an answer", "keyword": "b"},
-        {"messages": [{"role": "user", "content": "type#shirt"}, {"role": "assistant", "content": "x"}],
-         "keyword": "c"},
-        {"instruction": "type#shirt", "keyword": "d"},
-    ])
+    path = write(
+        tmp_path / "p.json",
+        [
+            {"src": "type#shirt", "keyword": "a"},
+            {"src": "type#shirt", "tgt": "an answer", "keyword": "b"},
+            {
+                "messages": [{"role": "user", "content": "type#shirt"}, {"role": "assistant", "content": "x"}],
+                "keyword": "c",
+            },
+            {"instruction": "type#shirt", "keyword": "d"},
+        ],
+    )
     recs = read_prompts([path])
     assert [r.text for r in recs] == ["type#shirt"] * 4
     assert [r.columns for r in recs] == [{"keyword": k} for k in "abcd"]
@@ -299,8 +367,9 @@ def test_packed_equals_unpacked(tiny_model_dir, attention):
             model.clear_gradients()
             logps = token_logps(model, batch, temperature=0.7)
             ref = logps.detach() + 0.3
-            per, _, _ = token_losses(logps, logps.detach() - 0.1, adv[batch["logp_segment"]], ref, epsilon=0.2,
-                                     beta=0.04)
+            per, _, _ = token_losses(
+                logps, logps.detach() - 0.1, adv[batch["logp_segment"]], ref, epsilon=0.2, beta=0.04
+            )
             loss = global_token_loss(per, int(per.shape[0]), 1)
             loss.backward()
             grads = {p.name: p.grad.numpy().copy() for p in model.parameters() if p.grad is not None}
@@ -318,10 +387,16 @@ def test_rollout_file_round_trip(tmp_path):
 
     from paddlenlp_ext.grpo.rollout import MicroRollout, Rollout, load_rollout, rollout_file, save_rollout
 
-    micro = MicroRollout(indices=[3, 1], completions=[[5, 2], [6], [7, 8, 9], [2]], rewards=np.array([1.0, 0, 1, 0]),
-                         per_func={"f": np.array([1.0, 0, 1, 0])}, advantages=np.array([0.7, -0.7, 0.7, -0.7]),
-                         batch=None, old_logps=paddle.to_tensor([-1.0, -2.0, -0.5, -0.1, -0.2, -0.3, -0.4]),
-                         mask=paddle.to_tensor([1.0, 1, 1, 1, 1, 1, 1]))
+    micro = MicroRollout(
+        indices=[3, 1],
+        completions=[[5, 2], [6], [7, 8, 9], [2]],
+        rewards=np.array([1.0, 0, 1, 0]),
+        per_func={"f": np.array([1.0, 0, 1, 0])},
+        advantages=np.array([0.7, -0.7, 0.7, -0.7]),
+        batch=None,
+        old_logps=paddle.to_tensor([-1.0, -2.0, -0.5, -0.1, -0.2, -0.3, -0.4]),
+        mask=paddle.to_tensor([1.0, 1, 1, 1, 1, 1, 1]),
+    )
     rollout = Rollout(step=6, micro=[micro], global_tokens=7, global_sequences=4)
     path = rollout_file(str(tmp_path), 0)
     save_rollout(rollout, path)

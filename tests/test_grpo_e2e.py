@@ -23,17 +23,41 @@ CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "grpo_argument.json")
 TINY = os.path.join(ROOT, "build", "tiny-llama")
 # short runs from the random tiny model: 2 prompts x 4 completions of <= 8 tokens per step; the keyword
 # "e" is in some of the random completions and not in others, so the advantages are not all 0
-SHORT = ("--model_name_or_path", TINY, "--num_generations", "4", "--max_completion_length", "8",
-         "--learning_rate", "1e-3", "--logging_steps", "1")
-
+SHORT = (
+    "--model_name_or_path",
+    TINY,
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "8",
+    "--learning_rate",
+    "1e-3",
+    "--logging_steps",
+    "1",
+)
 
 
 def toy_sft(tiny_model_dir, sft):
     """The toy task's starting point: the tiny model after 60 SFT steps on the advertise data (the CLI)."""
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(sft),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "60",
-           "--do_eval", "false", "--eval_before_train", "false", "--report_to", "none"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "llm", "run_finetune.py"),
+        os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"),
+        "--output_dir",
+        str(sft),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--max_steps",
+        "60",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--report_to",
+        "none",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return sft
@@ -41,12 +65,23 @@ def toy_sft(tiny_model_dir, sft):
 
 def train_reward_model(rm):
     """A LoRA reward model of the tiny model, 3 steps of llm/run_reward.py (the CLI)."""
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_reward.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"), "--output_dir", str(rm),
-           "--model_name_or_path", TINY, "--max_steps", "3", "--do_eval", "false"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "llm", "run_reward.py"),
+        os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"),
+        "--output_dir",
+        str(rm),
+        "--model_name_or_path",
+        TINY,
+        "--max_steps",
+        "3",
+        "--do_eval",
+        "false",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return rm
+
 
 def run_grpo(out, *overrides, procs=1, check=True, data=None):
     args = [CONFIG, "--output_dir", str(out), *map(str, overrides)]
@@ -55,15 +90,26 @@ def run_grpo(out, *overrides, procs=1, check=True, data=None):
     if procs == 1:
         cmd = [sys.executable, CLI, *args]
     else:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(procs),
-               "--log_dir", str(out) + "_launch", CLI, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            "--nproc_per_node",
+            str(procs),
+            "--log_dir",
+            str(out) + "_launch",
+            CLI,
+            *args,
+        ]
     # a fatal signal in a worker prints the Python stack of every thread into its workerlog
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
     if check:
         # each worker's own log first (the launcher's output repeats rank 0's), then the launcher's verdict
-        logs = "".join(f"--- {os.path.basename(f)} (end) ---\n{open(f).read()[-2500:]}\n"
-                       for f in sorted(glob.glob(str(out) + "_launch/workerlog.*")))
+        logs = "".join(
+            f"--- {os.path.basename(f)} (end) ---\n{open(f).read()[-2500:]}\n"
+            for f in sorted(glob.glob(str(out) + "_launch/workerlog.*"))
+        )
         assert r.returncode == 0, logs + r.stderr[-1500:] + (r.stdout[-3000:] if procs == 1 else "")
     return r
 
@@ -127,8 +173,23 @@ def test_lora_resume_is_exact(tmp_path, e_prompts):
     equal the uninterrupted run's (sampling is seeded by the step)."""
     from safetensors.numpy import load_file
 
-    common = (*SHORT, "--max_steps", "4", "--per_device_train_batch_size", "2", "--save_strategy", "steps",
-              "--save_steps", "2", "--report_to", "none", "--lora", "true", "--lora_rank", "4")
+    common = (
+        *SHORT,
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--report_to",
+        "none",
+        "--lora",
+        "true",
+        "--lora_rank",
+        "4",
+    )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     run_grpo(full, *common, data=e_prompts)
     resumed.mkdir()
@@ -146,8 +207,16 @@ def test_lora_resume_is_exact(tmp_path, e_prompts):
 
 
 def test_bad_config_and_data_exit_2(tmp_path):
-    r = run_grpo(tmp_path / "a", "--model_name_or_path", TINY, "--reward_funcs", '["nowhere_mod:f"]',
-                 "--tensor_parallel_degree", "2", check=False)
+    r = run_grpo(
+        tmp_path / "a",
+        "--model_name_or_path",
+        TINY,
+        "--reward_funcs",
+        '["nowhere_mod:f"]',
+        "--tensor_parallel_degree",
+        "2",
+        check=False,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "reward_funcs[0]: 'nowhere_mod:f': cannot import module 'nowhere_mod'" in r.stderr
     assert "tensor_parallel_degree > 1 is not supported for GRPO" in r.stderr
@@ -163,8 +232,17 @@ def test_reward_model_from_run_reward(e_prompts, tmp_path):
     rm = tmp_path / "rm"
     train_reward_model(rm)
     out = tmp_path / "grpo"
-    run_grpo(out, *SHORT, "--max_steps", "2", "--reward_model_name_or_path", rm, "--reward_weights", "[1.0, 0.25]",
-             data=e_prompts)
+    run_grpo(
+        out,
+        *SHORT,
+        "--max_steps",
+        "2",
+        "--reward_model_name_or_path",
+        rm,
+        "--reward_weights",
+        "[1.0, 0.25]",
+        data=e_prompts,
+    )
     logs = step_logs(out)
     assert len(logs) == 2
     for h in logs:  # the logged means combine as the rewards do: function + 0.25 * reward model

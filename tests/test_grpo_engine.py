@@ -30,8 +30,19 @@ def frequent_tokens(policy):
     """Tokens the tiny model samples often: used as EOS ids, so that rows end at different steps."""
     from paddlenlp_ext.grpo.sampling import sample_groups
 
-    out = sample_groups(policy, PROMPTS, [0, 1, 2, 3], group=4, step=0, seed=1, max_new_tokens=12, temperature=1.0,
-                        top_p=1.0, eos_ids=[2], pad_id=0)
+    out = sample_groups(
+        policy,
+        PROMPTS,
+        [0, 1, 2, 3],
+        group=4,
+        step=0,
+        seed=1,
+        max_new_tokens=12,
+        temperature=1.0,
+        top_p=1.0,
+        eos_ids=[2],
+        pad_id=0,
+    )
     return [t for t, _ in Counter(t for row in out for t in row).most_common(4)]
 
 
@@ -40,8 +51,7 @@ def test_engine_samples_what_generate_samples(policy, temperature, top_p):
     from paddlenlp_ext.grpo.sampling import sample_groups
 
     eos = frequent_tokens(policy)
-    kw = dict(group=4, step=5, seed=42, max_new_tokens=12, temperature=temperature, top_p=top_p, eos_ids=eos,
-              pad_id=0)
+    kw = dict(group=4, step=5, seed=42, max_new_tokens=12, temperature=temperature, top_p=top_p, eos_ids=eos, pad_id=0)
     was = policy.training
     ours = sample_groups(policy, PROMPTS, [3, 8, 1, 6], engine="engine", **kw)
     assert policy.training == was
@@ -58,16 +68,21 @@ def test_greedy_equals_generate_greedy_search(policy):
 
     from paddlenlp_ext.generation import SampleGroup, sample_batch
 
-    ours = sample_batch(policy, [SampleGroup(p, 2, seed=0, max_new_tokens=10) for p in PROMPTS], eos_ids=[2],
-                        pad_id=0, greedy=True)
-    cfg = GenerationConfig(decode_strategy="greedy_search", max_new_tokens=10, max_length=0, eos_token_id=2,
-                           pad_token_id=0, use_cache=True)
+    ours = sample_batch(
+        policy, [SampleGroup(p, 2, seed=0, max_new_tokens=10) for p in PROMPTS], eos_ids=[2], pad_id=0, greedy=True
+    )
+    cfg = GenerationConfig(
+        decode_strategy="greedy_search", max_new_tokens=10, max_length=0, eos_token_id=2, pad_token_id=0, use_cache=True
+    )
     policy.eval()
     for p, rows in zip(PROMPTS, ours):
         ids = paddle.to_tensor(np.asarray([p], "int64"))
-        gen, _ = policy.generate(input_ids=ids, attention_mask=paddle.ones_like(ids),
-                                 position_ids=paddle.to_tensor(np.arange(len(p), dtype="int64")[None]),
-                                 generation_config=cfg)
+        gen, _ = policy.generate(
+            input_ids=ids,
+            attention_mask=paddle.ones_like(ids),
+            position_ids=paddle.to_tensor(np.arange(len(p), dtype="int64")[None]),
+            generation_config=cfg,
+        )
         want = gen.numpy()[0].tolist()
         want = want[: want.index(2) + 1] if 2 in want else want
         assert rows == [want, want]
@@ -102,13 +117,20 @@ def test_multiturn_tool_rollouts_equal(policy, tiny_tokenizer):
         msgs[1]["tool_calls"] = [{"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}]
         full = _encode(tiny_tokenizer, render(TEMPLATE, msgs, tools, False, special))
         prompt = _encode(tiny_tokenizer, render(TEMPLATE, msgs[:1], tools, True, special))
-        call = full[len(prompt): full.index(eos, len(prompt)) + 1]  # the call turn, up to its EOS
+        call = full[len(prompt) : full.index(eos, len(prompt)) + 1]  # the call turn, up to its EOS
         prompts += [prompt, prompt]
         first += [call, call[:-1]]  # the second of each pair did not end: no tool run
     runner = ToolRunner(["paddlenlp_ext.examples.calculator:add"], timeout=30.0)
     try:
-        env = ToolEnv(tokenizer=tiny_tokenizer, source=TEMPLATE, special=special, style="hermes", schemas=tools,
-                      runner=runner, eos_ids=[eos])
+        env = ToolEnv(
+            tokenizer=tiny_tokenizer,
+            source=TEMPLATE,
+            special=special,
+            style="hermes",
+            schemas=tools,
+            runner=runner,
+            eos_ids=[eos],
+        )
         kw = dict(step=2, seed=5, max_turns=3, budget=len(first[0]) + 120, temperature=1.0, top_p=1.0, pad_id=0)
         ours = run_tools(policy, env, prompts, first, [0, 1], 2, engine="engine", **kw)
         base = run_tools(policy, env, prompts, first, [0, 1], 2, engine="generate", **kw)
@@ -116,8 +138,12 @@ def test_multiturn_tool_rollouts_equal(policy, tiny_tokenizer):
         runner.close()
 
     def seen(e):  # a tool call's id is random (call_<uuid>)
-        messages = [{**m, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]}
-                    if "tool_calls" in m else m for m in e.messages]
+        messages = [
+            {**m, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]}
+            if "tool_calls" in m
+            else m
+            for m in e.messages
+        ]
         return e.tokens, e.trained, messages, e.turns, e.tool_calls
 
     assert [seen(e) for e in ours] == [seen(e) for e in base]
@@ -130,8 +156,20 @@ def test_unknown_engine_is_an_error(policy):
     from paddlenlp_ext.grpo.sampling import sample_groups
 
     with pytest.raises(ValueError, match="rollout_engine must be engine or generate"):
-        sample_groups(policy, PROMPTS[:1], [0], group=2, step=0, seed=0, max_new_tokens=2, temperature=1.0,
-                      top_p=1.0, eos_ids=[2], pad_id=0, engine="vllm")
+        sample_groups(
+            policy,
+            PROMPTS[:1],
+            [0],
+            group=2,
+            step=0,
+            seed=0,
+            max_new_tokens=2,
+            temperature=1.0,
+            top_p=1.0,
+            eos_ids=[2],
+            pad_id=0,
+            engine="vllm",
+        )
 
 
 def test_a_step_of_two_micro_batches_samples_alike(policy):

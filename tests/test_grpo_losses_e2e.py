@@ -23,9 +23,11 @@ def sft_model(tiny_model_dir, tmp_path_factory):
 
 
 #: name -> the loss variant's CLI overrides
-VARIANTS = {"dapo_two_iterations": ("--loss_type", "dapo", "--num_iterations", "2"),
-            "dr_grpo": ("--loss_type", "dr_grpo"),
-            "gspo_sequence": ("--importance_sampling_level", "sequence")}
+VARIANTS = {
+    "dapo_two_iterations": ("--loss_type", "dapo", "--num_iterations", "2"),
+    "dr_grpo": ("--loss_type", "dr_grpo"),
+    "gspo_sequence": ("--importance_sampling_level", "sequence"),
+}
 
 
 def _reward_rises(sft_model, out, name):
@@ -45,8 +47,10 @@ def _reward_rises(sft_model, out, name):
         assert sum(logs[k]["clip_ratio"] > 0 for k in range(1, 30, 2)) >= 5, [h["clip_ratio"] for h in logs]
         assert logs[1]["reward"] == logs[0]["reward"], logs[:2]  # the same rollout's rewards
     else:
-        assert summary["rollouts_generated"] == 30 and all(h["clip_ratio"] == 0 for h in logs), \
-            (summary["rollouts_generated"], [h["clip_ratio"] for h in logs])
+        assert summary["rollouts_generated"] == 30 and all(h["clip_ratio"] == 0 for h in logs), (
+            summary["rollouts_generated"],
+            [h["clip_ratio"] for h in logs],
+        )
     if name == "gspo_sequence":
         assert summary["importance_sampling_level"] == "sequence", summary["importance_sampling_level"]
 
@@ -57,21 +61,41 @@ def test_reward_rises(sft_model, tmp_path):
     assert not failures, failures
 
 
-@pytest.mark.parametrize("extra", [(), ("--loss_type", "dr_grpo", "--scale_rewards", "batch", "--num_iterations", "2")],
-                         ids=["dapo", "dr_grpo_batch_mu2"])
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("--loss_type", "dr_grpo", "--scale_rewards", "batch", "--num_iterations", "2")],
+    ids=["dapo", "dr_grpo_batch_mu2"],
+)
 def test_accumulation_equals_batch(tmp_path, e_prompts, extra):  # noqa: F811
     """LoRA: batch 2 x 2 accumulation steps reproduces batch 4 over 3 steps (losses, rewards, adapter weights):
     every micro-batch's completions are generated before the step, so the global counts are the same."""
     from safetensors.numpy import load_file
 
-    common = (*SHORT, "--max_steps", "3", "--lora", "true", "--lora_rank", "4", "--report_to", "none",
-              "--save_strategy", "no", *extra)
+    common = (
+        *SHORT,
+        "--max_steps",
+        "3",
+        "--lora",
+        "true",
+        "--lora_rank",
+        "4",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        *extra,
+    )
     one, two = tmp_path / "b4", tmp_path / "b2x2"
-    failures = run_jobs({  # independent runs: two at a time
-        "batch 4": lambda: run_grpo(one, *common, "--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
-                                    "1", data=e_prompts),
-        "batch 2 x 2": lambda: run_grpo(two, *common, "--per_device_train_batch_size", "2",
-                                        "--gradient_accumulation_steps", "2", data=e_prompts)})
+    failures = run_jobs(
+        {  # independent runs: two at a time
+            "batch 4": lambda: run_grpo(
+                one, *common, "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", data=e_prompts
+            ),
+            "batch 2 x 2": lambda: run_grpo(
+                two, *common, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", data=e_prompts
+            ),
+        }
+    )
     assert not failures, failures
     a, b = step_logs(one), step_logs(two)
     assert len(a) == len(b) == 3
@@ -86,13 +110,30 @@ def test_accumulation_equals_batch(tmp_path, e_prompts, extra):  # noqa: F811
     assert max(float(abs(wa[k] - wb[k]).max()) for k in wa) < 1e-5
 
 
-@pytest.mark.parametrize("extra", [("--loss_type", "rloo", "--normalize_advantages", "true"),
-                                   ("--loss_type", "cispo", "--epsilon_high", "5.0", "--num_iterations", "2")],
-                         ids=["rloo", "cispo"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--loss_type", "rloo", "--normalize_advantages", "true"),
+        ("--loss_type", "cispo", "--epsilon_high", "5.0", "--num_iterations", "2"),
+    ],
+    ids=["rloo", "cispo"],
+)
 def test_other_losses_train(tmp_path, e_prompts, extra):  # noqa: F811
     out = tmp_path / "run"
-    run_grpo(out, *SHORT, "--max_steps", "4", "--per_device_train_batch_size", "2", "--report_to", "none",
-             "--save_strategy", "no", *extra, data=e_prompts)
+    run_grpo(
+        out,
+        *SHORT,
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        *extra,
+        data=e_prompts,
+    )
     logs = step_logs(out)
     assert len(logs) == 4 and any(0 < h["reward"] < 1 for h in logs) and logs[-1]["kl"] > 0
     assert json.loads((out / "run_summary.json").read_text())["loss_type"] == extra[1]
@@ -101,8 +142,25 @@ def test_other_losses_train(tmp_path, e_prompts, extra):  # noqa: F811
 def test_resume_inside_a_rollout_is_exact(tmp_path, e_prompts):  # noqa: F811
     """num_iterations 2 with a checkpoint after step 1: the checkpoint keeps the rollout (completions, old
     log-probs, advantages), so a resume trains step 2 on it exactly as the uninterrupted run did."""
-    common = (*SHORT, "--max_steps", "4", "--per_device_train_batch_size", "2", "--save_strategy", "steps",
-              "--save_steps", "1", "--report_to", "none", "--lora", "true", "--lora_rank", "4", "--num_iterations", "2")
+    common = (
+        *SHORT,
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--lora",
+        "true",
+        "--lora_rank",
+        "4",
+        "--num_iterations",
+        "2",
+    )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     run_grpo(full, *common, data=e_prompts)
     assert (full / "checkpoint-1" / "rollout-rank0.npz").is_file()
@@ -124,9 +182,25 @@ def test_two_processes_reproduce_one_with_batch_scaling(tmp_path, e_prompts):  #
     """Data parallel with the settings whose normalisers span ranks: scale_rewards batch (the std of every
     rank's rewards), grpo (the global batch's completions), accumulation and two steps per rollout."""
     one, two = tmp_path / "one", tmp_path / "two"
-    common = (*SHORT, "--max_steps", "4", "--save_strategy", "no", "--report_to", "none", "--adam_epsilon", "0.01",
-              "--scale_rewards", "batch", "--loss_type", "grpo", "--num_iterations", "2",
-              "--gradient_accumulation_steps", "2")
+    common = (
+        *SHORT,
+        "--max_steps",
+        "4",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--adam_epsilon",
+        "0.01",
+        "--scale_rewards",
+        "batch",
+        "--loss_type",
+        "grpo",
+        "--num_iterations",
+        "2",
+        "--gradient_accumulation_steps",
+        "2",
+    )
     run_grpo(one, *common, "--per_device_train_batch_size", "2", data=e_prompts)
     run_grpo(two, *common, "--per_device_train_batch_size", "1", procs=2, data=e_prompts)
     a, b = step_logs(one), step_logs(two)

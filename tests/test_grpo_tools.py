@@ -36,8 +36,14 @@ def test_schema_equals_transformers_get_json_schema():
     from paddlenlp_ext.examples.calculator import add
     from paddlenlp_ext.grpo.tools import function_schema
 
-    def search(query: str, limit: int = 3, exact: bool = False, tags: Optional[List[str]] = None,
-               weights: Dict[str, float] = None, key: Union[int, str] = 0) -> List[str]:
+    def search(
+        query: str,
+        limit: int = 3,
+        exact: bool = False,
+        tags: Optional[List[str]] = None,
+        weights: Dict[str, float] = None,
+        key: Union[int, str] = 0,
+    ) -> List[str]:
         """Search the notes.
 
         Longer explanation.
@@ -62,8 +68,17 @@ def test_schema_equals_transformers_get_json_schema():
 def load(tmp_path, *overrides):
     from paddlenlp_ext.config.parse import load_config
 
-    return load_config(TOY_CONFIG, ["--output_dir", str(tmp_path / "o"), "--model_name_or_path",
-                                    os.path.join(ROOT, "build", "tiny-llama"), *map(str, overrides)], mode="grpo")
+    return load_config(
+        TOY_CONFIG,
+        [
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--model_name_or_path",
+            os.path.join(ROOT, "build", "tiny-llama"),
+            *map(str, overrides),
+        ],
+        mode="grpo",
+    )
 
 
 def test_config_checks(tmp_path):
@@ -74,9 +89,14 @@ def test_config_checks(tmp_path):
     assert load(tmp_path).dpo.max_turns == 1 and load(tmp_path).dpo.tools is None  # today's behaviour
     cases = [
         (("--tools", '["nowhere_mod:f"]', "--max_turns", "2"), "tools[0]: 'nowhere_mod:f': cannot import module"),
-        (("--tools", '["grpo_tools:no_doc"]', "--max_turns", "2"), "tools[0] 'grpo_tools:no_doc': no_doc has no docstring"),
-        (("--tools", json.dumps([ADD, ADD]), "--max_turns", "2"), "tools[1] 'paddlenlp_ext.examples.calculator:add': "
-                                                                  "a second tool named 'add'"),
+        (
+            ("--tools", '["grpo_tools:no_doc"]', "--max_turns", "2"),
+            "tools[0] 'grpo_tools:no_doc': no_doc has no docstring",
+        ),
+        (
+            ("--tools", json.dumps([ADD, ADD]), "--max_turns", "2"),
+            "tools[1] 'paddlenlp_ext.examples.calculator:add': a second tool named 'add'",
+        ),
         (("--tools", json.dumps([ADD])), "set max_turns >= 2"),
         (("--max_turns", "2"), "max_turns 2 needs tools"),
         (("--tool_timeout", "3"), "tool_timeout is set but there are no tools"),
@@ -92,8 +112,18 @@ def test_config_checks(tmp_path):
 def runner():
     from paddlenlp_ext.grpo.tools import ToolRunner
 
-    r = ToolRunner([ADD, "grpo_tools:slow", "grpo_tools:fetch", "grpo_tools:run_program", "grpo_tools:crash",
-                    "grpo_tools:chatty", "grpo_tools:resolve"], timeout=1.0)
+    r = ToolRunner(
+        [
+            ADD,
+            "grpo_tools:slow",
+            "grpo_tools:fetch",
+            "grpo_tools:run_program",
+            "grpo_tools:crash",
+            "grpo_tools:chatty",
+            "grpo_tools:resolve",
+        ],
+        timeout=1.0,
+    )
     yield r
     r.close()
 
@@ -103,8 +133,10 @@ def test_calls_results_and_errors(runner):
     assert runner.call("chatty", {"x": 4}) == ("8", True)  # its print does not disturb the protocol
     content, ok = runner.call("add", {"a": 2})
     assert not ok and json.loads(content)["error"].startswith("TypeError: add() missing 1 required positional")
-    assert runner.call("add", "{not json") == ('{"error": "the arguments are not JSON: Expecting property name '
-                                              'enclosed in double quotes"}', False)
+    assert runner.call("add", "{not json") == (
+        '{"error": "the arguments are not JSON: Expecting property name enclosed in double quotes"}',
+        False,
+    )
     content, ok = runner.call("nope", {})
     assert not ok and "unknown tool 'nope'" in content
 
@@ -169,17 +201,27 @@ def test_suffix_tokens_are_what_training_renders(tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     assert full[: len(prompt)] == prompt
     end1 = full.index(eos, len(prompt)) + 1  # the call turn as sampled, up to its EOS
-    env = ToolEnv(tokenizer=tiny_tokenizer, source=TEMPLATE, special=special, style="hermes", schemas=tools,
-                  runner=None, eos_ids=[eos])
+    env = ToolEnv(
+        tokenizer=tiny_tokenizer,
+        source=TEMPLATE,
+        special=special,
+        style="hermes",
+        schemas=tools,
+        runner=None,
+        eos_ids=[eos],
+    )
     suffix = tool_suffix_ids(env, [{"role": "tool", "name": "add", "content": "5"}])
-    assert full[end1: end1 + len(suffix)] == suffix
-    answer = full[end1 + len(suffix):]
+    assert full[end1 : end1 + len(suffix)] == suffix
+    answer = full[end1 + len(suffix) :]
     assert tiny_tokenizer.decode(answer, skip_special_tokens=True).strip() == "The answer is 5."
-    text = tiny_tokenizer.decode(full[len(prompt): end1 - 1], skip_special_tokens=True)
+    text = tiny_tokenizer.decode(full[len(prompt) : end1 - 1], skip_special_tokens=True)
     from paddlenlp_ext.grpo.multiturn import _assistant_message
 
     message, calls = _assistant_message(text, "hermes")
-    assert calls == [("add", '{"a": 2, "b": 3}')] and message["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}
+    assert calls == [("add", '{"a": 2, "b": 3}')] and message["tool_calls"][0]["function"]["arguments"] == {
+        "a": 2,
+        "b": 3,
+    }
 
 
 class Logits:
@@ -188,9 +230,13 @@ class Logits:
     def __init__(self, S, V, seed=0):
         import paddle
 
-        self.param = paddle.create_parameter([1, S, V], "float32",
-                                             default_initializer=paddle.nn.initializer.Assign(
-                                                 np.random.default_rng(seed).normal(size=(1, S, V)).astype("float32")))
+        self.param = paddle.create_parameter(
+            [1, S, V],
+            "float32",
+            default_initializer=paddle.nn.initializer.Assign(
+                np.random.default_rng(seed).normal(size=(1, S, V)).astype("float32")
+            ),
+        )
 
     def __call__(self, **kw):
         return self.param
@@ -217,11 +263,21 @@ def test_tool_tokens_carry_no_loss_and_no_gradient(loss_type):
     logps = token_logps(policy, batch, 1.0)  # [T = 8]
     adv = paddle.to_tensor(np.asarray([1.0, -1.0], dtype=np.float32))
     seg = batch["logp_segment"]
-    per, _, _ = token_losses(logps, logps.detach() - 0.05, adv[seg], logps.detach() + 0.1, epsilon=0.2, beta=0.04,
-                             epsilon_high=5.0 if loss_type == "cispo" else None, loss_type=loss_type, segment=seg,
-                             sequences=2)
-    loss = aggregate(per, loss_type, segment=seg, sequences=2, global_tokens=8, global_sequences=2,
-                     max_completion_length=7)
+    per, _, _ = token_losses(
+        logps,
+        logps.detach() - 0.05,
+        adv[seg],
+        logps.detach() + 0.1,
+        epsilon=0.2,
+        beta=0.04,
+        epsilon_high=5.0 if loss_type == "cispo" else None,
+        loss_type=loss_type,
+        segment=seg,
+        sequences=2,
+    )
+    loss = aggregate(
+        per, loss_type, segment=seg, sequences=2, global_tokens=8, global_sequences=2, max_completion_length=7
+    )
     loss.backward()
     grad = np.abs(policy.param.grad.numpy()[0]).sum(-1)  # [S]: gradient reaching each position's logits
     # row layout: prompt (3) + completion (7) per sequence; position p predicts token p + 1
@@ -232,8 +288,9 @@ def test_tool_tokens_carry_no_loss_and_no_gradient(loss_type):
     assert np.all(grad[generated_positions] > 0), grad
     # the scored log-probs are exactly those of the generated tokens (the tool tokens only condition later ones)
     full = paddle.nn.functional.log_softmax(policy.param[0].detach(), -1).numpy()  # [S, V]
-    want = np.asarray([full[p, t] for p, t in zip(generated_positions, [10, 2, 11, 2, 12, 2, 13, 14])],
-                      dtype=np.float32)
+    want = np.asarray(
+        [full[p, t] for p, t in zip(generated_positions, [10, 2, 11, 2, 12, 2, 13, 14])], dtype=np.float32
+    )
     np.testing.assert_allclose(logps.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
@@ -242,9 +299,18 @@ def test_rollout_with_tool_masks_survives_a_checkpoint(tmp_path):
     from paddlenlp_ext.grpo.rollout import MicroRollout, Rollout, load_rollout, save_rollout
 
     completions, trained = [[10, 2, 30, 31, 11, 2], [12, 13, 2]], [[1, 1, 0, 0, 1, 1], [1, 1, 1]]
-    micro = MicroRollout(indices=[3], completions=completions, rewards=np.array([1.0, 0.0]), per_func={},
-                         advantages=np.array([0.7, -0.7], dtype=np.float32), batch=None, trained=trained,
-                         tool_calls=np.array([1.0, 0.0]), tool_failures=np.array([0.0, 0.0]), turns=np.array([2.0, 1.0]))
+    micro = MicroRollout(
+        indices=[3],
+        completions=completions,
+        rewards=np.array([1.0, 0.0]),
+        per_func={},
+        advantages=np.array([0.7, -0.7], dtype=np.float32),
+        batch=None,
+        trained=trained,
+        tool_calls=np.array([1.0, 0.0]),
+        tool_failures=np.array([0.0, 0.0]),
+        turns=np.array([2.0, 1.0]),
+    )
     save_rollout(Rollout(step=4, micro=[micro], global_tokens=7, global_sequences=2), str(tmp_path / "r.npz"))
     seen = []
     back = load_rollout(str(tmp_path / "r.npz"), lambda *args: seen.append(args) or "rows")

@@ -31,12 +31,35 @@ STEPS, FIRST, LAST = 20, 3, 10
 
 
 def calculator_sft(tiny_model_dir, data, out):
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"), "--output_dir", str(out),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", data["sft.json"],
-           "--chat_template", data["template.jinja"], "--max_steps", "60", "--per_device_train_batch_size", "2",
-           "--warmup_steps", "3", "--src_length", "512", "--max_length", "600", "--do_eval", "false",
-           "--eval_before_train", "false", "--report_to", "none"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "llm", "run_finetune.py"),
+        os.path.join(ROOT, "llm", "config", "tiny", "sft_argument.json"),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        data["sft.json"],
+        "--chat_template",
+        data["template.jinja"],
+        "--max_steps",
+        "60",
+        "--per_device_train_batch_size",
+        "2",
+        "--warmup_steps",
+        "3",
+        "--src_length",
+        "512",
+        "--max_length",
+        "600",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--report_to",
+        "none",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out
@@ -48,13 +71,39 @@ def test_calculator_reward_rises(tiny_model_dir, tmp_path):
     data = write_toy_data(str(tmp_path / "data"))
     sft = calculator_sft(tiny_model_dir, data, tmp_path / "sft")
     out = tmp_path / "grpo"
-    r = run_grpo(out, "--model_name_or_path", sft, "--train_dataset_path", data["prompts.json"], "--chat_template",
-                 data["template.jinja"], "--tools", TOOLS, "--max_turns", "2", "--reward_funcs", REWARD,
-                 # add() answers at once; the long timeout keeps a loaded machine's slow tool process from
-                 # turning calls into timeout errors, which change the rollouts and so the rewards
-                 "--tool_timeout", "60",
-                 "--max_prompt_len", "360", "--max_completion_length", "140", "--max_steps", STEPS,
-                 "--learning_rate", "5e-4", "--lr_scheduler_type", "constant", "--loss_type", "grpo", "--report_to", "none")
+    r = run_grpo(
+        out,
+        "--model_name_or_path",
+        sft,
+        "--train_dataset_path",
+        data["prompts.json"],
+        "--chat_template",
+        data["template.jinja"],
+        "--tools",
+        TOOLS,
+        "--max_turns",
+        "2",
+        "--reward_funcs",
+        REWARD,
+        # add() answers at once; the long timeout keeps a loaded machine's slow tool process from
+        # turning calls into timeout errors, which change the rollouts and so the rewards
+        "--tool_timeout",
+        "60",
+        "--max_prompt_len",
+        "360",
+        "--max_completion_length",
+        "140",
+        "--max_steps",
+        STEPS,
+        "--learning_rate",
+        "5e-4",
+        "--lr_scheduler_type",
+        "constant",
+        "--loss_type",
+        "grpo",
+        "--report_to",
+        "none",
+    )
     logs = step_logs(out)
     assert len(logs) == STEPS
     for h in logs:  # the tool turns of every rollout are logged
@@ -66,8 +115,10 @@ def test_calculator_reward_rises(tiny_model_dir, tmp_path):
     rewards = [h["reward"] for h in logs]
     calls = [h["tools/call_frequency"] for h in logs]
     first, last = sum(rewards[:FIRST]) / FIRST, sum(rewards[-LAST:]) / LAST
-    print(f"calculator: mean reward first {FIRST} steps {first:.4f}, last {LAST} steps {last:.4f}; tool calls "
-          f"{sum(calls[:FIRST]) / FIRST:.4f} -> {sum(calls[-LAST:]) / LAST:.4f}")
+    print(
+        f"calculator: mean reward first {FIRST} steps {first:.4f}, last {LAST} steps {last:.4f}; tool calls "
+        f"{sum(calls[:FIRST]) / FIRST:.4f} -> {sum(calls[-LAST:]) / LAST:.4f}"
+    )
     assert last > first + 0.15, rewards
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["tools"] == json.loads(TOOLS) and summary["max_turns"] == 2
@@ -82,7 +133,19 @@ def test_tools_without_a_tool_template_exit_2(tiny_model_dir, tmp_path):
     from paddlenlp_ext.examples.calculator import write_toy_data
 
     data = write_toy_data(str(tmp_path / "data"))
-    r = run_grpo(tmp_path / "o", "--model_name_or_path", tiny_model_dir, "--train_dataset_path", data["prompts.json"],
-                 "--tools", TOOLS, "--max_turns", "2", "--reward_funcs", REWARD, check=False)
+    r = run_grpo(
+        tmp_path / "o",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_dataset_path",
+        data["prompts.json"],
+        "--tools",
+        TOOLS,
+        "--max_turns",
+        "2",
+        "--reward_funcs",
+        REWARD,
+        check=False,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "tools need a jinja chat template" in r.stderr

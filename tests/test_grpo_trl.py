@@ -33,8 +33,16 @@ def tensors(seed=0):
     ref = logps + rng.normal(0, 0.5, (B, T))
     adv = rng.normal(0, 1, B)
     adv[2] = 0.0
-    return {"logps": logps, "old": old, "ref": ref, "mask": mask, "mask_masked": mask * (~truncated)[:, None],
-            "advantages": adv, "lengths": lengths, "truncated": truncated}
+    return {
+        "logps": logps,
+        "old": old,
+        "ref": ref,
+        "mask": mask,
+        "mask_masked": mask * (~truncated)[:, None],
+        "advantages": adv,
+        "lengths": lengths,
+        "truncated": truncated,
+    }
 
 
 def run_judge(tmp_path, data, cases, pythonpath=None, hf_dir=None):
@@ -68,20 +76,46 @@ def ours(data, case):
     m = flat("mask_masked") if case["mask_truncated"] else None
     segment = paddle.to_tensor(seg)
     if case["kind"] == "rloo_loss":
-        per, _ = sequence_losses(logps, old, paddle.to_tensor(data["advantages"].astype(np.float64)), segment, B,
-                                 epsilon=case["epsilon"], epsilon_high=case["epsilon_high"], mask=m)
+        per, _ = sequence_losses(
+            logps,
+            old,
+            paddle.to_tensor(data["advantages"].astype(np.float64)),
+            segment,
+            B,
+            epsilon=case["epsilon"],
+            epsilon_high=case["epsilon_high"],
+            mask=m,
+        )
         loss = aggregate(per, "rloo", global_sequences=B)
         loss.backward()
         grad = np.zeros((B, T))
         grad[real] = logps.grad.numpy()
         return float(loss), grad
     adv = paddle.to_tensor(data["advantages"].astype(np.float64))[segment]
-    per, _, _ = token_losses(logps, old, adv, ref, epsilon=case["epsilon"], epsilon_high=case["epsilon_high"],
-                             beta=case["beta"], loss_type=case["loss_type"], level=case["level"], segment=segment,
-                             mask=m, sequences=B)
-    loss = aggregate(per, case["loss_type"], segment=segment, mask=m, sequences=B,
-                     global_tokens=int(data["mask"].sum()), global_sequences=B,
-                     max_completion_length=case["max_completion_length"])
+    per, _, _ = token_losses(
+        logps,
+        old,
+        adv,
+        ref,
+        epsilon=case["epsilon"],
+        epsilon_high=case["epsilon_high"],
+        beta=case["beta"],
+        loss_type=case["loss_type"],
+        level=case["level"],
+        segment=segment,
+        mask=m,
+        sequences=B,
+    )
+    loss = aggregate(
+        per,
+        case["loss_type"],
+        segment=segment,
+        mask=m,
+        sequences=B,
+        global_tokens=int(data["mask"].sum()),
+        global_sequences=B,
+        max_completion_length=case["max_completion_length"],
+    )
     loss.backward()
     grad = np.zeros((B, T))
     grad[real] = logps.grad.numpy()
@@ -93,8 +127,19 @@ def loss_cases(loss_types, epsilon_high):
     for lt in loss_types:
         for level in ("token", "sequence"):
             for old, beta, trunc in ((True, 0.04, False), (True, 0.0, True), (False, 0.1, False), (True, 0.04, True)):
-                cases.append(dict(kind="loss", loss_type=lt, level=level, old=old, beta=beta, mask_truncated=trunc,
-                                  epsilon=0.2, epsilon_high=epsilon_high, max_completion_length=9))
+                cases.append(
+                    dict(
+                        kind="loss",
+                        loss_type=lt,
+                        level=level,
+                        old=old,
+                        beta=beta,
+                        mask_truncated=trunc,
+                        epsilon=0.2,
+                        epsilon_high=epsilon_high,
+                        max_completion_length=9,
+                    )
+                )
     return cases
 
 
@@ -120,8 +165,21 @@ def test_rloo_loss_matches_trl(tmp_path):
     """loss_type rloo against trl.RLOOTrainer._compute_loss (old log-probs summed per completion, as TRL keeps them)."""
     pytest.importorskip("trl")
     data = tensors(2)
-    cases = [dict(kind="rloo_loss", loss_type="rloo", level="token", old=True, beta=0.0, mask_truncated=trunc,
-                  epsilon=0.2, epsilon_high=eh, max_completion_length=9) for trunc in (False, True) for eh in (0.2, 0.28)]
+    cases = [
+        dict(
+            kind="rloo_loss",
+            loss_type="rloo",
+            level="token",
+            old=True,
+            beta=0.0,
+            mask_truncated=trunc,
+            epsilon=0.2,
+            epsilon_high=eh,
+            max_completion_length=9,
+        )
+        for trunc in (False, True)
+        for eh in (0.2, 0.28)
+    ]
     data["old"] = data["logps"] + np.random.default_rng(5).normal(0, 0.08, data["logps"].shape)  # ratios near the range
     check_losses(data, cases, run_judge(tmp_path, data, cases))
 
@@ -130,11 +188,26 @@ def cispo_trl() -> str:
     """build/trl-cispo: trl with cispo (no dependencies: it runs on the venv's torch and transformers)."""
     marker = os.path.join(CISPO_TRL, f"trl-{CISPO_VERSION}.dist-info")
     if not os.path.isdir(marker):
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", CISPO_TRL,
-                            f"trl=={CISPO_VERSION}"], capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                CISPO_TRL,
+                f"trl=={CISPO_VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if r.returncode != 0 or not os.path.isdir(marker):
-            pytest.skip(f"trl {CISPO_VERSION} (the first with cispo) could not be installed into {CISPO_TRL}: "
-                        f"{r.stderr[-300:]}")
+            pytest.skip(
+                f"trl {CISPO_VERSION} (the first with cispo) could not be installed into {CISPO_TRL}: {r.stderr[-300:]}"
+            )
     return CISPO_TRL
 
 
@@ -156,9 +229,17 @@ def hf_tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_tiny")
     build(str(out), "qwen2")
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
-    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     transformers.LlamaForCausalLM(cfg).save_pretrained(str(out))
     return out
 
@@ -170,10 +251,14 @@ def test_advantages_match_trl(tmp_path, hf_tiny):
     G = 4
     data = {"r": rng.integers(0, 3, 12).astype(np.float64) + rng.normal(0, 0.1, 12)}
     data["r"][:G] = 1.0  # one group with equal rewards
-    cases = [dict(kind="grpo", rewards="r", group=G, scale_rewards=s, output_dir=str(tmp_path / f"g{s}"))
-             for s in ("group", "batch", "none")]
-    cases += [dict(kind="rloo", rewards="r", group=G, normalize=nrm, output_dir=str(tmp_path / f"r{nrm}"))
-              for nrm in (False, True)]
+    cases = [
+        dict(kind="grpo", rewards="r", group=G, scale_rewards=s, output_dir=str(tmp_path / f"g{s}"))
+        for s in ("group", "batch", "none")
+    ]
+    cases += [
+        dict(kind="rloo", rewards="r", group=G, normalize=nrm, output_dir=str(tmp_path / f"r{nrm}"))
+        for nrm in (False, True)
+    ]
     got = run_judge(tmp_path, data, cases, hf_dir=hf_tiny)
     for i, case in enumerate(cases):
         if case["kind"] == "grpo":

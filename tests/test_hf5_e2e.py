@@ -39,8 +39,17 @@ def dirs(tmp_path_factory):
         family, kw5, _ = CASES[case]
         d, tok = str(root / case), str(root / f"{case}_tok4")
         build(tok, TOKENIZER_STYLE[family])
-        jobs.append(["save", dict(config_class=f"{NAMES[family]}Config", model_class=f"{NAMES[family]}ForCausalLM",
-                                  config={**TINY, **kw5, "vocab_size": 704}, out_dir=d)])
+        jobs.append(
+            [
+                "save",
+                dict(
+                    config_class=f"{NAMES[family]}Config",
+                    model_class=f"{NAMES[family]}ForCausalLM",
+                    config={**TINY, **kw5, "vocab_size": 704},
+                    out_dir=d,
+                ),
+            ]
+        )
         jobs.append(["tokenizer", dict(src=tok, dst=d, texts=[])])
         out[case] = d
     judge("batch", str(root), jobs=jobs)
@@ -54,9 +63,16 @@ def our_prompts(model_dir, data_file, max_length):
     from paddlenlp_ext.predict.run import build_prompts
     from paddlenlp_ext.predict.session import load_tokenizer
 
-    opts, problems, _ = check_options(PredictOptions(model_name_or_path=model_dir, data_file=data_file,
-                                                     src_length=max_length // 2, max_length=max_length,
-                                                     decode_strategy="greedy_search", device="cpu"))
+    opts, problems, _ = check_options(
+        PredictOptions(
+            model_name_or_path=model_dir,
+            data_file=data_file,
+            src_length=max_length // 2,
+            max_length=max_length,
+            decode_strategy="greedy_search",
+            device="cpu",
+        )
+    )
     assert not problems, problems
     tokenizer, use_template = load_tokenizer(opts)
     return [p.ids for p in build_prompts(read_prompts(data_file), tokenizer, opts, use_template)], tokenizer
@@ -76,16 +92,45 @@ def test_predictor_greedy_tokens_equal_transformers5(dirs, case, tmp_path):
     # every prompt gets exactly NEW tokens: one predictor run per prompt with max_length = len(prompt) + NEW
     np.save(tmp_path / "ids.npy", np.zeros((1, 4), dtype=np.int64))
     eos = [tokenizer.eos_token_id]
-    jobs = [["run", dict(model_dir=d, ids=str(tmp_path / "ids.npy"), logits_out=str(tmp_path / f"l{i}.npy"),
-                         prompt=p, max_new_tokens=NEW, eos=eos)] for i, p in enumerate(ids)]
+    jobs = [
+        [
+            "run",
+            dict(
+                model_dir=d,
+                ids=str(tmp_path / "ids.npy"),
+                logits_out=str(tmp_path / f"l{i}.npy"),
+                prompt=p,
+                max_new_tokens=NEW,
+                eos=eos,
+            ),
+        ]
+        for i, p in enumerate(ids)
+    ]
     want = judge("batch", str(tmp_path), jobs=jobs)
     produced_all = 0
     for i, (src, p) in enumerate(zip(PROMPTS, ids)):
         one = tmp_path / f"p{i}.json"
         one.write_text(json.dumps({"src": src}, ensure_ascii=False) + "\n", encoding="utf-8")
         out = tmp_path / f"o{i}.json"
-        r = run([PREDICT, "--model_name_or_path", d, "--data_file", one, "--output_file", out, "--decode_strategy",
-                 "greedy_search", "--src_length", str(len(p)), "--max_length", str(len(p) + NEW), "--device", "cpu"])
+        r = run(
+            [
+                PREDICT,
+                "--model_name_or_path",
+                d,
+                "--data_file",
+                one,
+                "--output_file",
+                out,
+                "--decode_strategy",
+                "greedy_search",
+                "--src_length",
+                str(len(p)),
+                "--max_length",
+                str(len(p) + NEW),
+                "--device",
+                "cpu",
+            ]
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         got = json.loads(out.read_text(encoding="utf-8").splitlines()[0])["output"]
         greedy = want[i]["greedy"]
@@ -101,12 +146,31 @@ def test_unsupported_rope_type_in_rope_parameters_exits_2_before_loading(dirs, t
     d = tmp_path / "yarn"
     shutil.copytree(dirs["qwen2"], d)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
-                              "original_max_position_embeddings": 64}
+    cfg["rope_parameters"] = {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     data = tmp_path / "p.json"
     data.write_text(json.dumps({"src": "hi"}) + "\n")
-    r = run([PREDICT, "--model_name_or_path", d, "--data_file", data, "--output_file", tmp_path / "o.json",
-             "--src_length", "16", "--max_length", "32", "--device", "cpu"])
+    r = run(
+        [
+            PREDICT,
+            "--model_name_or_path",
+            d,
+            "--data_file",
+            data,
+            "--output_file",
+            tmp_path / "o.json",
+            "--src_length",
+            "16",
+            "--max_length",
+            "32",
+            "--device",
+            "cpu",
+        ]
+    )
     assert r.returncode == 2 and "rope_parameters.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o.json").exists()

@@ -27,21 +27,56 @@ EOS, PROMPT, NEW = 319, [1, 17, 250, 3, 99, 42], 20
 
 #: case -> (family, 5.x config kwargs, the same model in 4.x kwargs)
 CASES = {
-    "llama": ("llama", dict(tie_word_embeddings=True, rope_parameters={
-        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-        dict(tie=True, rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                          "high_freq_factor": 4.0,
-                                                          "original_max_position_embeddings": 16})),
-    "qwen2": ("qwen2", dict(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
-              dict(tie=True, rope_theta=1e6)),
+    "llama": (
+        "llama",
+        dict(
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        dict(
+            tie=True,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+    "qwen2": (
+        "qwen2",
+        dict(tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        dict(tie=True, rope_theta=1e6),
+    ),
     "qwen3": ("qwen3", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e6}), dict(rope_theta=1e6)),
-    "mistral": ("mistral", dict(sliding_window=128, layer_types=["sliding_attention"] * 2,
-                                rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
-                dict(sliding_window=128, rope_theta=1e6)),
-    "qwen2_window": ("qwen2", dict(use_sliding_window=True, sliding_window=128, max_window_layers=1,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
-                     dict(tie=True, use_sliding_window=True, sliding_window=128, max_window_layers=1, rope_theta=1e6)),
+    "mistral": (
+        "mistral",
+        dict(
+            sliding_window=128,
+            layer_types=["sliding_attention"] * 2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+        dict(sliding_window=128, rope_theta=1e6),
+    ),
+    "qwen2_window": (
+        "qwen2",
+        dict(
+            use_sliding_window=True,
+            sliding_window=128,
+            max_window_layers=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+        dict(tie=True, use_sliding_window=True, sliding_window=128, max_window_layers=1, rope_theta=1e6),
+    ),
 }
 NAMES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
 
@@ -73,9 +108,20 @@ def run_hf5(model_dirs, work):
     """{name: (logits, judge result)} of transformers 5.x for each {name: model_dir}, in one judge process."""
     np.save(os.path.join(work, "ids.npy"), IDS)
     names = list(model_dirs)
-    jobs = [["run", dict(model_dir=model_dirs[n], ids=os.path.join(work, "ids.npy"),
-                         logits_out=os.path.join(work, f"logits_{i}.npy"), prompt=PROMPT, max_new_tokens=NEW,
-                         eos=EOS)] for i, n in enumerate(names)]
+    jobs = [
+        [
+            "run",
+            dict(
+                model_dir=model_dirs[n],
+                ids=os.path.join(work, "ids.npy"),
+                logits_out=os.path.join(work, f"logits_{i}.npy"),
+                prompt=PROMPT,
+                max_new_tokens=NEW,
+                eos=EOS,
+            ),
+        ]
+        for i, n in enumerate(names)
+    ]
     out = {}
     for i, (n, res) in enumerate(zip(names, judge("batch", work, jobs=jobs))):
         greedy = res["greedy"]
@@ -88,9 +134,15 @@ def run_hf4(model_dir):
     ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         logits = ref(torch.tensor(IDS)).logits.numpy()
-        out = ref.generate(torch.tensor([PROMPT]), attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
-                           do_sample=False, max_new_tokens=NEW, eos_token_id=EOS, pad_token_id=0)
-    greedy = out[0, len(PROMPT):].tolist()
+        out = ref.generate(
+            torch.tensor([PROMPT]),
+            attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=NEW,
+            eos_token_id=EOS,
+            pad_token_id=0,
+        )
+    greedy = out[0, len(PROMPT) :].tolist()
     return logits, (greedy[: greedy.index(EOS)] if EOS in greedy else greedy)
 
 
@@ -103,8 +155,18 @@ def work(tmp_path_factory):
 def hf5_dirs(work):
     """case -> a checkpoint saved by transformers 5.x with its own config spelling."""
     out = {case: str(work / f"hf5_{case}") for case in CASES}
-    jobs = [["save", dict(config_class=f"{NAMES[f]}Config", model_class=f"{NAMES[f]}ForCausalLM",
-                          config={**TINY, **kw5}, out_dir=out[case])] for case, (f, kw5, _) in CASES.items()]
+    jobs = [
+        [
+            "save",
+            dict(
+                config_class=f"{NAMES[f]}Config",
+                model_class=f"{NAMES[f]}ForCausalLM",
+                config={**TINY, **kw5},
+                out_dir=out[case],
+            ),
+        ]
+        for case, (f, kw5, _) in CASES.items()
+    ]
     out["llama_bf16"] = str(work / "hf5_llama_bf16")  # bf16, sharded: 5.x's index and dtype keys
     jobs.append(["save", dict(jobs[0][1], out_dir=out["llama_bf16"], dtype="bfloat16", max_shard_size="60KB")])
     judge("batch", str(work), jobs=jobs)
@@ -127,8 +189,10 @@ def exported(hf5_dirs, work):
     """case -> the HF export of the 5.x checkpoint (export_hf_model)."""
     from paddlenlp_ext.export import export_hf_model
 
-    return {case: export_hf_model(hf5_dirs[case], str(work / f"export_{case}"), log=lambda *a: None).output_dir
-            for case in ("llama", "qwen2", "qwen3", "mistral")}
+    return {
+        case: export_hf_model(hf5_dirs[case], str(work / f"export_{case}"), log=lambda *a: None).output_dir
+        for case in ("llama", "qwen2", "qwen3", "mistral")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +224,12 @@ def merged(hf5_dirs, work):
 @pytest.fixture(scope="module")
 def hf5(hf5_dirs, hf4_dirs, exported, merged, work):
     """transformers 5.x's logits and greedy tokens on every directory above, in one judge process."""
-    dirs = {**{("5", c): d for c, d in hf5_dirs.items()}, **{("4", c): d for c, d in hf4_dirs.items()},
-            **{("export", c): d for c, d in exported.items()}, ("merged_export", "llama"): merged[2]}
+    dirs = {
+        **{("5", c): d for c, d in hf5_dirs.items()},
+        **{("4", c): d for c, d in hf4_dirs.items()},
+        **{("export", c): d for c, d in exported.items()},
+        ("merged_export", "llama"): merged[2],
+    }
     keys = list(dirs)
     res = run_hf5({str(i): dirs[k] for i, k in enumerate(keys)}, str(work))
     return {k: res[str(i)] for i, k in enumerate(keys)}
@@ -193,8 +261,7 @@ def test_paddlenlp_alone_misreads_the_5x_config(hf5_dirs, hf5):
     from paddlenlp.transformers import AutoConfig
 
     d = hf5_dirs["llama"]
-    wrong = load_model_streaming(d, AutoConfig.from_pretrained(d, dtype="float32"), "float32", None,
-                                 max_seq_len=64)[0]
+    wrong = load_model_streaming(d, AutoConfig.from_pretrained(d, dtype="float32"), "float32", None, max_seq_len=64)[0]
     assert np.abs(our_logits(wrong) - hf5[("5", "llama")][0]).max() > 1e-2
 
 

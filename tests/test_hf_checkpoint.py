@@ -67,9 +67,15 @@ def test_logits_and_greedy_tokens_equal_transformers(fp32_dirs, family):
     opts = PredictOptions(model_name_or_path=d, decode_strategy="greedy_search", max_length=64)
     got = generate_batch(model, [Prompt(prompt, 20)], opts, [eos], 0)[0]
     with torch.no_grad():
-        out = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                           do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=0)
-    want = [t for t in out[0, len(prompt):].tolist()]
+        out = ref.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=20,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+    want = [t for t in out[0, len(prompt) :].tolist()]
     want = want[: want.index(eos)] if eos in want else want
     assert len(got) == 20 and got == want
 
@@ -95,8 +101,12 @@ def test_nf4_while_loading_equals_the_same_model_in_paddlenlp_layout(tmp_path):
     pd_dir = str(tmp_path / "pd")
     full.save_pretrained(pd_dir, safe_serialization=True)
     assert find_checkpoint(pd_dir).hf_model_type is None
-    quant = {"weight_quantize_algo": "nf4", "weight_blocksize": 64, "weight_double_quant": True,
-             "weight_double_quant_block_size": 256}
+    quant = {
+        "weight_quantize_algo": "nf4",
+        "weight_blocksize": 64,
+        "weight_double_quant": True,
+        "weight_double_quant_block_size": 256,
+    }
     a, sa = ours(d, quant=quant)
     b, sb = ours(pd_dir, quant=quant)
     assert sa["quantized_layers"] == sb["quantized_layers"] == 14
@@ -121,21 +131,24 @@ def test_tied_llama_like_llama_3_2_matches_transformers(tmp_path):
     np.testing.assert_allclose(our_logits(ours(d)[0]), hf_logits(hf_model(d)), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling.rope_type='yarn'.*silently ignored"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"lacks \['high_freq_factor'"),
-    ({"head_dim": 32}, r"head_dim=32"),
-    ({"attention_bias": True}, r"attention_bias=true"),
-    ({"hidden_act": "gelu"}, r"hidden_act='gelu'.*always computes SwiGLU"),
-])
-def test_config_settings_paddlenlp_would_compute_otherwise_are_refused(fp32_dirs, tmp_path, change, match,
-                                                                      monkeypatch):
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling.rope_type='yarn'.*silently ignored"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"lacks \['high_freq_factor'"),
+        ({"head_dim": 32}, r"head_dim=32"),
+        ({"attention_bias": True}, r"attention_bias=true"),
+        ({"hidden_act": "gelu"}, r"hidden_act='gelu'.*always computes SwiGLU"),
+    ],
+)
+def test_config_settings_paddlenlp_would_compute_otherwise_are_refused(fp32_dirs, tmp_path, change, match, monkeypatch):
     family = "llama"  # (mistral's window and tie refusals went with its move onto our decoder, which honours both)
     d = str(tmp_path / "m")
     shutil.copytree(fp32_dirs[family], d)
     edit_config(d, **change)
-    monkeypatch.setattr("paddlenlp_ext.models.checkpoint._pread_into",
-                        lambda *a: pytest.fail("read tensor data before refusing"))
+    monkeypatch.setattr(
+        "paddlenlp_ext.models.checkpoint._pread_into", lambda *a: pytest.fail("read tensor data before refusing")
+    )
     with pytest.raises(CheckpointError, match=match):
         load_model_streaming(d, AutoConfig.from_pretrained(fp32_dirs[family]), "float32", max_seq_len=64)
 
@@ -179,8 +192,13 @@ def test_merge_reader_presents_the_same_tensors_as_the_loader(tmp_path):
 
 
 def test_llama3_rope_scaling_and_rope_theta_match_transformers(tmp_path):
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16}
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
     d = save_hf_model(str(tmp_path / "l3"), "llama", rope_scaling=rope, rope_theta=500000.0)
     model, _ = ours(d)
     np.testing.assert_allclose(our_logits(model), hf_logits(hf_model(d)), atol=1e-4, rtol=0)

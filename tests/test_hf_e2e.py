@@ -48,10 +48,36 @@ def hf_dirs(tmp_path_factory):
 
 
 def finetune(model_dir, out, *overrides, check=True):
-    return run([FINETUNE, LORA_CONFIG, "--model_name_or_path", model_dir, "--dataset_name_or_path", DATA_DIR,
-                "--output_dir", out, "--max_steps", "20", "--per_device_train_batch_size", "8", "--logging_steps", "1",
-                "--learning_rate", "3e-2", "--warmup_steps", "0", "--do_eval", "false", "--src_length", "64", "--max_length", "128",
-                *overrides], check=check)
+    return run(
+        [
+            FINETUNE,
+            LORA_CONFIG,
+            "--model_name_or_path",
+            model_dir,
+            "--dataset_name_or_path",
+            DATA_DIR,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "20",
+            "--per_device_train_batch_size",
+            "8",
+            "--logging_steps",
+            "1",
+            "--learning_rate",
+            "3e-2",
+            "--warmup_steps",
+            "0",
+            "--do_eval",
+            "false",
+            "--src_length",
+            "64",
+            "--max_length",
+            "128",
+            *overrides,
+        ],
+        check=check,
+    )
 
 
 def loss_fell(out):
@@ -70,8 +96,26 @@ def summary(out):
 
 
 def predictions(model_dir, prompts, out, *extra):
-    run([PREDICT, "--model_name_or_path", model_dir, "--data_file", prompts, "--output_file", out,
-         "--decode_strategy", "greedy_search", "--src_length", "48", "--max_length", "64", "--device", "cpu", *extra])
+    run(
+        [
+            PREDICT,
+            "--model_name_or_path",
+            model_dir,
+            "--data_file",
+            prompts,
+            "--output_file",
+            out,
+            "--decode_strategy",
+            "greedy_search",
+            "--src_length",
+            "48",
+            "--max_length",
+            "64",
+            "--device",
+            "cpu",
+            *extra,
+        ]
+    )
     with open(out, encoding="utf-8") as f:
         return [json.loads(line)["output"] for line in f]
 
@@ -121,6 +165,7 @@ def test_merge_into_the_transformers_base_and_predict(hf_dirs, lora_runs, tmp_pa
     with open(prompts, "w") as f:
         for src in ("type#shirt*color#red", "你好"):
             f.write(json.dumps({"src": src}, ensure_ascii=False) + "\n")
+
     # the merged bf16 weights round W + delta once more than base + adapter in float32: answers may differ
     def from_merged():
         got = predictions(merged, prompts, str(tmp_path / "p1.json"))
@@ -137,9 +182,24 @@ def test_merge_into_the_transformers_base_and_predict(hf_dirs, lora_runs, tmp_pa
 def test_dpo_on_a_transformers_directory(hf_dirs, tmp_path):
     out = tmp_path / "dpo"
     data = os.path.join(ROOT, "llm", "data", "dpo_tiny")
-    run([DPO, os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json"), "--output_dir", out,
-         "--model_name_or_path", hf_dirs["qwen2"], "--train_dataset_path", data, "--dev_dataset_path", data,
-         "--max_steps", "10", "--do_eval", "false"])
+    run(
+        [
+            DPO,
+            os.path.join(ROOT, "llm", "config", "tiny", "dpo_lora_argument.json"),
+            "--output_dir",
+            out,
+            "--model_name_or_path",
+            hf_dirs["qwen2"],
+            "--train_dataset_path",
+            data,
+            "--dev_dataset_path",
+            data,
+            "--max_steps",
+            "10",
+            "--do_eval",
+            "false",
+        ]
+    )
     s = summary(out)
     assert s["load"]["layout"] == "transformers" and s["method"] == "lora"
     state = json.loads((out / "trainer_state.json").read_text())
@@ -154,13 +214,17 @@ def test_what_paddlenlp_would_compute_otherwise_is_refused_with_exit_2(hf_dirs, 
 
     def fused_qkv():
         r = finetune(hf_dirs["llama"], str(tmp_path / "o"), "--fuse_attention_qkv", "true", check=False)
-        assert r.returncode == 2 and "transformers-layout checkpoint" in r.stderr and "Traceback" not in r.stderr, \
-            (r.returncode, r.stderr[-2000:])
+        assert r.returncode == 2 and "transformers-layout checkpoint" in r.stderr and "Traceback" not in r.stderr, (
+            r.returncode,
+            r.stderr[-2000:],
+        )
 
     def yarn():
         r = finetune(str(d), str(tmp_path / "o2"), check=False)
-        assert r.returncode == 2 and "rope_scaling.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr, \
-            (r.returncode, r.stderr[-2000:])
+        assert r.returncode == 2 and "rope_scaling.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr, (
+            r.returncode,
+            r.stderr[-2000:],
+        )
 
     failures = run_jobs({"fuse_attention_qkv": fused_qkv, "yarn": yarn})
     assert not failures, failures

@@ -83,7 +83,9 @@ def test_the_calls_training_and_prediction_make(pair):
     decode(skip_special_tokens=True, clean_up_tokenization_spaces=False)."""
     _, ours, ref = pair
     got = ours(CHINESE[1], add_special_tokens=False, return_attention_mask=False)
-    assert "attention_mask" not in got and list(got["input_ids"]) == ref(CHINESE[1], add_special_tokens=False)["input_ids"]
+    assert (
+        "attention_mask" not in got and list(got["input_ids"]) == ref(CHINESE[1], add_special_tokens=False)["input_ids"]
+    )
     ids = ref(CHINESE[3])["input_ids"]
     kw = dict(skip_special_tokens=True, clean_up_tokenization_spaces=False)
     assert ours.decode(ids, **kw) == ref.decode(ids, **kw) == CHINESE[3]
@@ -126,8 +128,10 @@ def test_chat_template_in_tokenizer_config_reaches_paddlenlps_chat_code(tmp_path
     d = build(str(tmp_path / "t"), "qwen2")
     path = os.path.join(d, "tokenizer_config.json")
     cfg = json.load(open(path))
-    cfg["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg["chat_template"] = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     json.dump(cfg, open(path, "w"))
     ours, ref = load_tokenizer(d), transformers.AutoTokenizer.from_pretrained(d)
     msgs = [{"role": "user", "content": "你好"}]

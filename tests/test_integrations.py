@@ -13,7 +13,22 @@ import pytest
 
 from paddlenlp_ext.integrations import versions
 
-MODULES = ["flashmask", "lazy_init", "trainer", "training_args", "mp_ops", "logging", "sharding", "pipeline", "qwen3", "decoder", "rotary", "dense_attention", "rms_norm", "recompute"]
+MODULES = [
+    "flashmask",
+    "lazy_init",
+    "trainer",
+    "training_args",
+    "mp_ops",
+    "logging",
+    "sharding",
+    "pipeline",
+    "qwen3",
+    "decoder",
+    "rotary",
+    "dense_attention",
+    "rms_norm",
+    "recompute",
+]
 
 
 def resolve(path):
@@ -67,8 +82,9 @@ def test_overridden_private_methods_are_all_listed():
     from paddlenlp_ext.integrations import trainer
 
     listed = {e[1] for e in trainer.RELIED_ON if e[0] == "paddlenlp.trainer.Trainer"}
-    overridden = {n for n in vars(trainer.TrainerBoundary) if n.startswith("_") and not n.startswith("__")
-                  and hasattr(Trainer, n)}
+    overridden = {
+        n for n in vars(trainer.TrainerBoundary) if n.startswith("_") and not n.startswith("__") and hasattr(Trainer, n)
+    }
     assert overridden <= listed, overridden - listed
 
 
@@ -106,7 +122,16 @@ def test_untested_version_is_a_clear_error_or_a_warning(monkeypatch):
         versions.check_versions.cache_clear()
 
 
-@pytest.mark.parametrize("a,b", [("3.0.0b4", "3.0.0b5"), ("3.0.0b5", "3.0.0"), ("3.0.0", "3.3.1"),
-                                 ("3.3.1", "3.4.0"), ("3.0.0rc1", "3.0.0"), ("2.6.2", "3.0.0b4")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("3.0.0b4", "3.0.0b5"),
+        ("3.0.0b5", "3.0.0"),
+        ("3.0.0", "3.3.1"),
+        ("3.3.1", "3.4.0"),
+        ("3.0.0rc1", "3.0.0"),
+        ("2.6.2", "3.0.0b4"),
+    ],
+)
 def test_version_order(a, b):
     assert versions._key(a) < versions._key(b)

@@ -45,8 +45,9 @@ def test_loss_matches_numpy_reference(seed, kl_shift):
     labels[:2] = [0, 1]
     t = lambda a: paddle.to_tensor(a, dtype="float32")  # noqa: E731
     z0 = kl_reference_point(t(kl_logps), t(ref_kl))
-    per, rewards = kto_loss(t(logps), t(ref), paddle.to_tensor(labels), z0, beta=0.3, desirable_weight=1.33,
-                            undesirable_weight=0.7)
+    per, rewards = kto_loss(
+        t(logps), t(ref), paddle.to_tensor(labels), z0, beta=0.3, desirable_weight=1.33, undesirable_weight=0.7
+    )
     want, want_z0 = numpy_kto(logps, ref, kl_logps, ref_kl, labels, 0.3, 1.33, 0.7)
     assert abs(float(z0) - want_z0) < 1e-5 and (want_z0 == 0.0) == (kl_shift < 0)
     np.testing.assert_allclose(per.numpy(), want, rtol=1e-5, atol=1e-6)
@@ -89,13 +90,19 @@ def kto_forward(model, batch, flash, ref=None, beta=0.1, wd=1.0, wu=2.0):
     key = "attn_mask_startend_row_indices" if flash else "attention_mask"
     inputs = {k: paddle.to_tensor(batch[k]) for k in ("input_ids", "position_ids", key)}
     logits, index = scored_logits(model, inputs, paddle.to_tensor(batch["logp_index"]))
-    logps, kl_logps, _, _ = pair_logps(logits, index, paddle.to_tensor(batch["logp_token"]),
-                                       paddle.to_tensor(batch["logp_segment"]), int(batch["num_pairs"]))
+    logps, kl_logps, _, _ = pair_logps(
+        logits,
+        index,
+        paddle.to_tensor(batch["logp_token"]),
+        paddle.to_tensor(batch["logp_segment"]),
+        int(batch["num_pairs"]),
+    )
     if ref is None:
         ref = (logps.detach(), kl_logps.detach())
     z0 = kl_reference_point(kl_logps, ref[1])
-    losses, _ = kto_loss(logps, ref[0], paddle.to_tensor(batch["kto_label"]), z0, beta=beta, desirable_weight=wd,
-                         undesirable_weight=wu)
+    losses, _ = kto_loss(
+        logps, ref[0], paddle.to_tensor(batch["kto_label"]), z0, beta=beta, desirable_weight=wd, undesirable_weight=wu
+    )
     return losses.mean(), logps, kl_logps, z0
 
 
@@ -140,8 +147,10 @@ def test_packed_equals_unpacked_loss_and_gradients(tiny_model_dir, kto_pairs, ti
             assert [j for pack in ds.packs for j in pack] == list(range(n))
             with paddle.no_grad():
                 _, logps, kl_logps, _ = kto_forward(model, batch, flash)
-            ref = (logps + paddle.to_tensor(rng.normal(0, 2, n), dtype="float32") if packing is None else results[0][3][0],
-                   kl_logps - 1.0 if packing is None else results[0][3][1])
+            ref = (
+                logps + paddle.to_tensor(rng.normal(0, 2, n), dtype="float32") if packing is None else results[0][3][0],
+                kl_logps - 1.0 if packing is None else results[0][3][1],
+            )
             model.clear_gradients()
             loss, _, _, z0 = kto_forward(model, batch, flash, ref=ref)
             loss.backward()
@@ -161,8 +170,13 @@ def test_bad_records_are_reported_with_file_and_line(tmp_path):
     from paddlenlp_ext.kto.data import read_kto_files
 
     good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": True}
-    lines = [good, {**good, "label": "yes"}, {k: v for k, v in good.items() if k != "label"},
-             {"messages": good["messages"][:1], "label": False}, {**good, "label": 1}]
+    lines = [
+        good,
+        {**good, "label": "yes"},
+        {k: v for k, v in good.items() if k != "label"},
+        {"messages": good["messages"][:1], "label": False},
+        {**good, "label": 1},
+    ]
     path = tmp_path / "kto.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     with pytest.raises(DataError) as e:
@@ -181,8 +195,10 @@ def test_bad_records_are_reported_with_file_and_line(tmp_path):
 def test_demo_file_parses_when_present():
     from paddlenlp_ext.kto.data import read_kto_files
 
-    candidates = [os.path.join(os.path.dirname(ROOT), "shared", "data", "kto_en_demo.json"),
-                  "/work/shared/data/kto_en_demo.json"]
+    candidates = [
+        os.path.join(os.path.dirname(ROOT), "shared", "data", "kto_en_demo.json"),
+        "/work/shared/data/kto_en_demo.json",
+    ]
     path = next((p for p in candidates if os.path.isfile(p)), None)
     if path is None:
         pytest.skip("kto_en_demo.json not available")
@@ -195,13 +211,38 @@ def test_config_mode(tiny_model_dir, tmp_path):
     from paddlenlp_ext.config.parse import ConfigError, load_config
 
     data = os.path.join(ROOT, "llm", "data", "kto_tiny")
-    base = ["--model_name_or_path", tiny_model_dir, "--train_dataset_path", data, "--output_dir", str(tmp_path),
-            "--do_train", "true", "--lora", "true"]
+    base = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_dataset_path",
+        data,
+        "--output_dir",
+        str(tmp_path),
+        "--do_train",
+        "true",
+        "--lora",
+        "true",
+    ]
     cfg = load_config(None, base + ["--desirable_weight", "1.33"], mode="kto")
     assert cfg.dpo.desirable_weight == 1.33 and cfg.dpo.loss_type == "kto" and cfg.data.zero_padding
     with pytest.raises(ConfigError) as e:
-        load_config(None, base + ["--loss_type", "sigmoid", "--desirable_weight", "0", "--undesirable_weight", "0",
-                                  "--lazy", "true", "--max_length", "128"], mode="kto")
+        load_config(
+            None,
+            base
+            + [
+                "--loss_type",
+                "sigmoid",
+                "--desirable_weight",
+                "0",
+                "--undesirable_weight",
+                "0",
+                "--lazy",
+                "true",
+                "--max_length",
+                "128",
+            ],
+            mode="kto",
+        )
     msg = "\n".join(e.value.problems)
     assert "'loss_type' is a DPO (llm/run_dpo.py) key; KTO does not use it" in msg
     assert "desirable_weight and undesirable_weight are both 0" in msg

@@ -27,8 +27,10 @@ def test_matches_whole_logits(transpose_y, chunk, train_weight):
     w0 = rng.standard_normal((v, h) if transpose_y else (h, v)).astype("float32")
     targets = paddle.to_tensor(rng.integers(0, v, t))
     results = []
-    for fn in (lambda r, w: _plain(r, w, targets, transpose_y),
-               lambda r, w: linear_cross_entropy_sum(r, w, targets, transpose_y, chunk=chunk)):
+    for fn in (
+        lambda r, w: _plain(r, w, targets, transpose_y),
+        lambda r, w: linear_cross_entropy_sum(r, w, targets, transpose_y, chunk=chunk),
+    ):
         rows = paddle.to_tensor(rows0, stop_gradient=False)
         weight = paddle.to_tensor(w0, stop_gradient=not train_weight)
         loss = fn(rows, weight)

@@ -29,29 +29,46 @@ from paddlenlp_ext.quant import formats as F
 LAYOUTS = ("safetensors", "safetensors-sharded", "pdparams", "pdparams-sharded")
 FAMILIES = ("llama", "qwen2")
 # (algo, double quant); double quant with a 32-block so several double-quant blocks (and a short one) occur
-QUANT = [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True), ("weight_only_int8", False),
-         ("weight_only_int4", False)]
+QUANT = [
+    ("nf4", False),
+    ("nf4", True),
+    ("fp4", False),
+    ("fp4", True),
+    ("weight_only_int8", False),
+    ("weight_only_int4", False),
+]
 IDS = [[1, 5, 9, 200, 3, 77, 511, 0]]
 
 
 def tiny_config(family, **kw):
     cls, arch = {"llama": (LlamaConfig, "LlamaForCausalLM"), "qwen2": (Qwen2Config, "Qwen2ForCausalLM")}[family]
-    args = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, architectures=[arch])
+    args = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        architectures=[arch],
+    )
     args.update(kw)
     return cls(**args)
 
 
 def save(model, d, layout, min_shards=3):
     sharded = layout.endswith("-sharded")
-    model.save_pretrained(d, safe_serialization=layout.startswith("safetensors"),
-                          max_shard_size="150KB" if sharded else "10GB")
+    model.save_pretrained(
+        d, safe_serialization=layout.startswith("safetensors"), max_shard_size="150KB" if sharded else "10GB"
+    )
     files = sorted(os.listdir(d))
     if layout.startswith("safetensors"):
         single, index, shard = "model.safetensors", "model.safetensors.index.json", r"model-\d{5}-of-\d{5}\.safetensors"
     else:
-        single, index, shard = "model_state.pdparams", "model_state.pdparams.index.json", \
-            r"model_state-\d{5}-of-\d{5}\.pdparams"
+        single, index, shard = (
+            "model_state.pdparams",
+            "model_state.pdparams.index.json",
+            r"model_state-\d{5}-of-\d{5}\.pdparams",
+        )
     shards = [f for f in files if re.fullmatch(shard, f)]
     if sharded:  # the layouts PaddleNLP writes (and from_pretrained reads)
         assert index in files and single not in files and len(shards) >= min_shards, files
@@ -73,8 +90,11 @@ def ckpts(tmp_path_factory):
         for layout in LAYOUTS:
             out[family, layout] = save(model, str(root / f"{family}-{layout}"), layout)
     paddle.seed(8)
-    out["llama", "tied"] = save(AutoModelForCausalLM.from_config(tiny_config("llama", tie_word_embeddings=True),
-                                                                 dtype="float32"), str(root / "tied"), "safetensors")
+    out["llama", "tied"] = save(
+        AutoModelForCausalLM.from_config(tiny_config("llama", tie_word_embeddings=True), dtype="float32"),
+        str(root / "tied"),
+        "safetensors",
+    )
     paddle.seed(9)
     bf16 = AutoModelForCausalLM.from_config(tiny_config("qwen2"), dtype="bfloat16")
     out["qwen2", "bf16"] = save(bf16, str(root / "bf16"), "safetensors")
@@ -83,17 +103,25 @@ def ckpts(tmp_path_factory):
 
 
 def quant_dict(algo, dq=False, block=64):
-    return {"weight_quantize_algo": algo, "weight_blocksize": block, "weight_double_quant": dq,
-            "weight_double_quant_block_size": 32 if dq else 256}
+    return {
+        "weight_quantize_algo": algo,
+        "weight_blocksize": block,
+        "weight_double_quant": dq,
+        "weight_double_quant_block_size": 32 if dq else 256,
+    }
 
 
 def reference(d, dtype="float32", quant=None, source=None):
     """PaddleNLP's path: from_pretrained(+ quantize_model)."""
     model = AutoModelForCausalLM.from_pretrained(source or d, config=AutoConfig.from_pretrained(d), dtype=dtype)
     if quant:
-        quantize_model(model, quant["weight_quantize_algo"], block_size=quant["weight_blocksize"],
-                       double_quant=quant["weight_double_quant"],
-                       double_quant_block_size=quant["weight_double_quant_block_size"])
+        quantize_model(
+            model,
+            quant["weight_quantize_algo"],
+            block_size=quant["weight_blocksize"],
+            double_quant=quant["weight_double_quant"],
+            double_quant_block_size=quant["weight_double_quant_block_size"],
+        )
     return model
 
 
@@ -117,8 +145,14 @@ def assert_same_model(a, b, check_logits=True):
     assert sorted(qa) == sorted(qb)
     for n, la in qa.items():
         lb = qb[n]
-        assert (la.algo, la.block_size, la.double_quant, la.double_quant_block_size, la.backend, la.weight_dtype) == \
-            (lb.algo, lb.block_size, lb.double_quant, lb.double_quant_block_size, lb.backend, lb.weight_dtype), n
+        assert (la.algo, la.block_size, la.double_quant, la.double_quant_block_size, la.backend, la.weight_dtype) == (
+            lb.algo,
+            lb.block_size,
+            lb.double_quant,
+            lb.double_quant_block_size,
+            lb.backend,
+            lb.weight_dtype,
+        ), n
         ba, bb = dict(la.named_buffers()), dict(lb.named_buffers())  # incl. the non-persistable decoding table
         assert sorted(ba) == sorted(bb), n
         for k in ba:
@@ -136,9 +170,15 @@ def assert_same_model(a, b, check_logits=True):
 
 
 # ------------------------------------------------------------------ equality with PaddleNLP's path
-CASES = [(fam, algo, dq, 64, LAYOUTS[(i + j) % len(LAYOUTS)])
-         for j, fam in enumerate(FAMILIES) for i, (algo, dq) in enumerate(QUANT)]
-CASES += [("llama", "nf4", True, 48, "safetensors-sharded"), ("qwen2", "fp4", False, 48, "pdparams")]  # short last block
+CASES = [
+    (fam, algo, dq, 64, LAYOUTS[(i + j) % len(LAYOUTS)])
+    for j, fam in enumerate(FAMILIES)
+    for i, (algo, dq) in enumerate(QUANT)
+]
+CASES += [
+    ("llama", "nf4", True, 48, "safetensors-sharded"),
+    ("qwen2", "fp4", False, 48, "pdparams"),
+]  # short last block
 
 
 @pytest.mark.parametrize("family,algo,dq,block,layout", CASES, ids=["-".join(map(str, c)) for c in CASES])
@@ -150,8 +190,9 @@ def test_streamed_quantization_equals_quantizing_the_loaded_model(ckpts, family,
     n = assert_same_model(model, ref)
     assert n == stats["quantized_layers"] == 14  # 2 layers x (q, k, v, o, gate, up, down)
     assert stats["bytes_quantized"] == quantized_state_bytes(model)
-    assert stats["params_quantized"] == sum(l.num_weight_params for _, l in model.named_sublayers()
-                                            if isinstance(l, QuantizedLinear))
+    assert stats["params_quantized"] == sum(
+        l.num_weight_params for _, l in model.named_sublayers() if isinstance(l, QuantizedLinear)
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -167,10 +208,17 @@ def test_unquantized_stream_equals_from_pretrained(ckpts, family, layout):
     assert not lazy_init.lazy_tensors(model)
 
 
-@pytest.mark.parametrize("src,dtype,algo", [
-    ("safetensors", "bfloat16", None), ("safetensors", "float16", None), ("safetensors", "bfloat16", "nf4"),
-    ("bf16", "bfloat16", None), ("bf16", "float32", "weight_only_int4"), ("bf16-pdparams", "bfloat16", "fp4"),
-])
+@pytest.mark.parametrize(
+    "src,dtype,algo",
+    [
+        ("safetensors", "bfloat16", None),
+        ("safetensors", "float16", None),
+        ("safetensors", "bfloat16", "nf4"),
+        ("bf16", "bfloat16", None),
+        ("bf16", "float32", "weight_only_int4"),
+        ("bf16-pdparams", "bfloat16", "fp4"),
+    ],
+)
 def test_low_precision_runs_equal_from_pretrained_with_dtype(ckpts, src, dtype, algo):
     """bf16/fp16 runs: params in the run dtype (cast by paddle as from_pretrained does), quantized weights
     rounded to the run dtype first; bf16 checkpoints (PaddleNLP writes them as U16) widened exactly.
@@ -230,7 +278,7 @@ def test_qwen2_bias_in_another_shard_before_or_after_its_weight(ckpts, tmp_path,
     early, late = biases[:3], biases[3:]
     rest = [k for k in names if k not in biases]
     # shard 1: some biases whose weights come later; shard 2-3: everything else; shard 4: the other biases
-    groups = [early, rest[: len(rest) // 2], rest[len(rest) // 2:], late]
+    groups = [early, rest[: len(rest) // 2], rest[len(rest) // 2 :], late]
     d = write_checkpoint(src, str(tmp_path / "ck"), groups, fmt)
     where = {k: i for i, g in enumerate(groups) for k in g}
     assert any(where[b] < where[b[:-5] + ".weight"] for b in biases)
@@ -249,9 +297,9 @@ def test_checkpoint_of_the_base_model_and_tied_head_without_lm_head(ckpts, tmp_p
     def strip(t):
         del t["lm_head.weight"]
         for k in list(t):
-            t[k[len("llama."):]] = t.pop(k)
+            t[k[len("llama.") :]] = t.pop(k)
 
-    names = [k[len("llama."):] for k in names_of(src) if k != "lm_head.weight"]
+    names = [k[len("llama.") :] for k in names_of(src) if k != "lm_head.weight"]
     d = write_checkpoint(src, str(tmp_path / "ck"), [names], edit=strip)
     model, _ = stream(d, quant=quant_dict("nf4"))
     assert_same_model(model, reference(src, quant=quant_dict("nf4")))
@@ -284,9 +332,12 @@ def test_shape_mismatch_names_tensor_file_and_both_shapes_before_reading(ckpts, 
 
 def test_shape_mismatch_in_a_pdparams_shard(ckpts, tmp_path):
     d = edited_copy(ckpts["qwen2", "pdparams-sharded"], str(tmp_path / "ck"), intermediate_size=192)
-    with pytest.raises(CheckpointError, match=r"tensor 'qwen2\.layers\.0\.mlp\.gate_proj\.weight' in "
-                                              r"model_state-0000\d-of-0000\d\.pdparams has shape \[64, 128\], "
-                                              r"but the model built from config\.json expects \[64, 192\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'qwen2\.layers\.0\.mlp\.gate_proj\.weight' in "
+        r"model_state-0000\d-of-0000\d\.pdparams has shape \[64, 128\], "
+        r"but the model built from config\.json expects \[64, 192\]",
+    ):
         stream(d)
 
 
@@ -316,17 +367,24 @@ def test_missing_and_unexpected_tensors(ckpts, tmp_path, fmt, monkeypatch):
         t["llama.layers.7.mlp.up_proj.weight"] = np.zeros([64, 128], np.float32)
 
     missing = write_checkpoint(src, str(tmp_path / "missing"), [[k for k in names if k not in gone]], fmt)
-    extra = write_checkpoint(src, str(tmp_path / "extra"),
-                             [names[:10], names[10:] + ["llama.layers.7.mlp.up_proj.weight"]], fmt, edit=edit)
+    extra = write_checkpoint(
+        src, str(tmp_path / "extra"), [names[:10], names[10:] + ["llama.layers.7.mlp.up_proj.weight"]], fmt, edit=edit
+    )
     if fmt == "safetensors":  # names known from the header: refused before reading any tensor
         refuse_tensor_reads(monkeypatch)
     # (a single pdparams file: names are known only once it is read, so that error comes at the end)
-    with pytest.raises(CheckpointError, match=r"2 model tensor\(s\) are missing from the checkpoint .*"
-                                              r"'llama.layers.1.mlp.up_proj.weight', 'llama.norm.weight'"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"2 model tensor\(s\) are missing from the checkpoint .*"
+        r"'llama.layers.1.mlp.up_proj.weight', 'llama.norm.weight'",
+    ):
         stream(missing, quant=quant_dict("nf4"))
     refuse_tensor_reads(monkeypatch)  # sharded: the index names every tensor
-    with pytest.raises(CheckpointError, match=r"1 checkpoint tensor\(s\) in \['model.*-00002-of-00002\..*'\] "
-                                              r"are not in the model: 'llama.layers.7.mlp.up_proj.weight'"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"1 checkpoint tensor\(s\) in \['model.*-00002-of-00002\..*'\] "
+        r"are not in the model: 'llama.layers.7.mlp.up_proj.weight'",
+    ):
         stream(extra)
 
 
@@ -355,16 +413,22 @@ def test_tied_config_with_a_different_lm_head(ckpts, tmp_path):
         t["lm_head.weight"] = t["lm_head.weight"] + np.float32(1.0)
 
     d = write_checkpoint(src, str(tmp_path / "ck"), [names_of(src)], edit=edit)
-    with pytest.raises(CheckpointError, match=r"'lm_head.weight' in model.safetensors differs from "
-                                              r"'llama.embed_tokens.weight', but the model ties them"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'lm_head.weight' in model.safetensors differs from "
+        r"'llama.embed_tokens.weight', but the model ties them",
+    ):
         stream(d)
 
 
-@pytest.mark.parametrize("quant,match", [
-    (quant_dict("nf4", block=7), r"weight_blocksize must be a positive even integer for nf4, got 7"),
-    (quant_dict("nf3"), r"nf3"),
-    (quant_dict("weight_only_int8", dq=True), r"weight_double_quant is only defined for nf4/fp4"),
-])
+@pytest.mark.parametrize(
+    "quant,match",
+    [
+        (quant_dict("nf4", block=7), r"weight_blocksize must be a positive even integer for nf4, got 7"),
+        (quant_dict("nf3"), r"nf3"),
+        (quant_dict("weight_only_int8", dq=True), r"weight_double_quant is only defined for nf4/fp4"),
+    ],
+)
 def test_bad_quantization_settings_fail_before_reading(ckpts, quant, match, no_tensor_reads):
     with pytest.raises(ValueError, match=match):
         stream(ckpts["llama", "safetensors"], quant=quant)
@@ -378,10 +442,16 @@ def test_a_layer_the_format_cannot_take_fails_before_reading(tmp_path, no_tensor
     else:
         pytest.skip("the quant package now takes an odd in_features for int4")
     paddle.seed(3)
-    d = save(AutoModelForCausalLM.from_config(tiny_config("llama", intermediate_size=127), dtype="float32"),
-             str(tmp_path / "odd"), "safetensors")
-    with pytest.raises(ValueError, match=r"layer 'llama\.layers\.0\.mlp\.down_proj': weight_only_int4 cannot "
-                                         r"quantize a Linear layer of shape \[in_features=127, out_features=64\]"):
+    d = save(
+        AutoModelForCausalLM.from_config(tiny_config("llama", intermediate_size=127), dtype="float32"),
+        str(tmp_path / "odd"),
+        "safetensors",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"layer 'llama\.layers\.0\.mlp\.down_proj': weight_only_int4 cannot "
+        r"quantize a Linear layer of shape \[in_features=127, out_features=64\]",
+    ):
         stream(d, quant=quant_dict("weight_only_int4"))
 
 
@@ -479,19 +549,37 @@ def memory_runs(tmp_path_factory):
     fresh process (run side by side: importing paddle dominates): streamed from safetensors and from
     pdparams, and the old from_pretrained + quantize_model path."""
     d = tmp_path_factory.mktemp("big")
-    cfg = tiny_config("llama", vocab_size=8000, hidden_size=512, intermediate_size=1408, num_hidden_layers=9,
-                      num_attention_heads=8, num_key_value_heads=8)
+    cfg = tiny_config(
+        "llama",
+        vocab_size=8000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=9,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+    )
     paddle.seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype="float32")
     model.save_pretrained(str(d / "safetensors"), safe_serialization=True, max_shard_size="40MB")
     model.save_pretrained(str(d / "pdparams"), safe_serialization=False, max_shard_size="40MB")
     del model
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runs = {"safetensors": (d / "safetensors", "stream"), "pdparams": (d / "pdparams", "stream"),
-            "reference": (d / "safetensors", "reference")}
-    procs = {k: subprocess.Popen([sys.executable, "-c", MEMORY_CHILD, str(path), mode], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for k, (path, mode) in runs.items()}
+    runs = {
+        "safetensors": (d / "safetensors", "stream"),
+        "pdparams": (d / "pdparams", "stream"),
+        "reference": (d / "safetensors", "reference"),
+    }
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, "-c", MEMORY_CHILD, str(path), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        for k, (path, mode) in runs.items()
+    }
     out = {}
     for k, p in procs.items():
         stdout, stderr = p.communicate(timeout=600)
@@ -522,4 +610,3 @@ def test_peak_memory_of_a_streamed_nf4_load(memory_runs, fmt):
 def test_the_memory_budget_catches_a_full_fp32_load(memory_runs):
     m = memory_runs["reference"]
     assert m["increase"] > budget(m), (m, budget(m))
-

@@ -50,8 +50,9 @@ LOKR_CFG = os.path.join(ROOT, "llm", "config", "tiny", "lokr_argument.json")
 
 def lokr(r=4, alpha=0.0, factor=-1, both=False):
     """AdapterConfig built from flat keys, exactly as the CLI does."""
-    return adapter_config_from_args({"lokr": True, "lokr_dim": r, "lokr_alpha": alpha, "lokr_factor": factor,
-                                     "lokr_decompose_both": both})
+    return adapter_config_from_args(
+        {"lokr": True, "lokr_dim": r, "lokr_alpha": alpha, "lokr_factor": factor, "lokr_decompose_both": both}
+    )
 
 
 def randomize(layers, seed=0, std=0.2):
@@ -103,7 +104,11 @@ def test_shapes_follow_paddlenlp_rule():
     assert dict(lokr_shapes(lokr(r=8), 64, 176)) == {"lokr_w1": (11, 8), "lokr_w2": (16, 8)}
     # decompose_both: W1 low rank too when r < max(11, 8) / 2
     assert dict(lokr_shapes(lokr(r=2, both=True), 64, 176)) == {
-        "lokr_w1_a": (11, 2), "lokr_w1_b": (2, 8), "lokr_w2_a": (16, 2), "lokr_w2_b": (2, 8)}
+        "lokr_w1_a": (11, 2),
+        "lokr_w1_b": (2, 8),
+        "lokr_w2_a": (16, 2),
+        "lokr_w2_b": (2, 8),
+    }
     assert "lokr_w1" in lokr_shapes(lokr(r=8, both=True), 64, 176)  # 8 >= 5.5: W1 stays full
 
 
@@ -122,10 +127,9 @@ def test_delta_on_a_worked_example():
     for name, v in (("lokr_w1", w1), ("lokr_w2_a", w2_a), ("lokr_w2_b", w2_b)):
         getattr(layer, name).set_value(paddle.to_tensor(v))
     # kron(W1, W2) with W2 = [[1, 0, -1], [2, 0, -2]], by hand: row a*2+c, column b*3+d = W1[a,b] * W2[c,d]
-    kron_by_hand = np.array([[1, 0, -1, 2, 0, -2],
-                             [2, 0, -2, 4, 0, -4],
-                             [3, 0, -3, 4, 0, -4],
-                             [6, 0, -6, 8, 0, -8]], np.float32)
+    kron_by_hand = np.array(
+        [[1, 0, -1, 2, 0, -2], [2, 0, -2, 4, 0, -4], [3, 0, -3, 4, 0, -4], [6, 0, -6, 8, 0, -8]], np.float32
+    )
     want = 2.0 * kron_by_hand.T  # [in 6, out 4]
     np.testing.assert_array_equal(np.kron(w1, w2_a @ w2_b), kron_by_hand)
     np.testing.assert_allclose(layer.delta_weight().numpy(), want, atol=1e-6)
@@ -137,12 +141,15 @@ def test_delta_on_a_worked_example():
     assert lokr(r=1).scaling == 1.0 and lokr(r=4, alpha=8).scaling == 2.0
 
 
-@pytest.mark.parametrize("in_f,out_f,r,alpha,factor,both", [
-    (64, 176, 4, 0.0, -1, False),   # W1 full, W2 low rank
-    (176, 64, 8, 16.0, -1, False),  # W1 and W2 full
-    (64, 176, 2, 6.0, -1, True),    # decompose_both: all four low-rank factors
-    (768, 64, 8, 4.0, 8, False),    # factor 8: in 768 = 8 * 96, out 64 = 8 * 8
-])
+@pytest.mark.parametrize(
+    "in_f,out_f,r,alpha,factor,both",
+    [
+        (64, 176, 4, 0.0, -1, False),  # W1 full, W2 low rank
+        (176, 64, 8, 16.0, -1, False),  # W1 and W2 full
+        (64, 176, 2, 6.0, -1, True),  # decompose_both: all four low-rank factors
+        (768, 64, 8, 4.0, 8, False),  # factor 8: in 768 = 8 * 96, out 64 = 8 * 8
+    ],
+)
 def test_delta_equals_kron_and_forward_difference(in_f, out_f, r, alpha, factor, both):
     cfg = lokr(r, alpha, factor, both)
     paddle.seed(1)
@@ -172,8 +179,11 @@ def test_same_outputs_as_paddlenlp_lokr_linear():
     """Same tensor names, shapes, orientation and scale as paddlenlp.peft.lokr.LoKrLinear."""
     from paddlenlp.peft.lokr.lokr_layers import LoKrLinear as Reference
 
-    for in_f, out_f, r, alpha, factor, both in [(64, 176, 4, 0.0, -1, False), (176, 64, 2, 6.0, -1, True),
-                                                (768, 64, 8, 16.0, 8, False)]:
+    for in_f, out_f, r, alpha, factor, both in [
+        (64, 176, 4, 0.0, -1, False),
+        (176, 64, 2, 6.0, -1, True),
+        (768, 64, 8, 16.0, 8, False),
+    ]:
         paddle.seed(0)
         base = nn.Linear(in_f, out_f)
         ours = METHODS["lokr"](base, lokr(r, alpha, factor, both))
@@ -252,13 +262,15 @@ def test_model_save_load_resume_and_strictness(tmp_path):
 
 
 def test_config_errors():
-    for keys, needle in [({"pissa": True}, "pissa=True only applies to method='lora', not 'lokr'"),
-                         ({"rslora": True}, "rslora=True only applies to method='lora'"),
-                         ({"lokr_dim": 0}, "r (rank) must be a positive integer"),
-                         ({"lokr_factor": 0}, "lokr_factor must be -1"),
-                         ({"lokr_factor": -4}, "lokr_factor must be -1"),
-                         ({"lokr_alpha": -1.5}, "alpha must be a finite number > 0"),
-                         ({"vera": True}, "only one adapter method at a time; got vera and lokr")]:
+    for keys, needle in [
+        ({"pissa": True}, "pissa=True only applies to method='lora', not 'lokr'"),
+        ({"rslora": True}, "rslora=True only applies to method='lora'"),
+        ({"lokr_dim": 0}, "r (rank) must be a positive integer"),
+        ({"lokr_factor": 0}, "lokr_factor must be -1"),
+        ({"lokr_factor": -4}, "lokr_factor must be -1"),
+        ({"lokr_alpha": -1.5}, "alpha must be a finite number > 0"),
+        ({"vera": True}, "only one adapter method at a time; got vera and lokr"),
+    ]:
         with pytest.raises(AdapterConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
             adapter_config_from_args({"lokr": True, **keys})
     with pytest.raises(AdapterConfigError, match="only apply to method='lokr'"):
@@ -271,15 +283,23 @@ def test_lokr_path_is_an_alias_of_lora_path(tmp_path, tiny_model_dir):
     adapter = tmp_path / "adapter"
     lokr(r=4).save(str(adapter))
     cfg = tmp_path / "c.json"
-    base = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR,
-            "output_dir": str(tmp_path / "o"), "do_eval": True, "lokr": True, "lokr_dim": 4}
+    base = {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "o"),
+        "do_eval": True,
+        "lokr": True,
+        "lokr_dim": 4,
+    }
     cfg.write_text(json.dumps({**base, "lokr_path": str(adapter)}))
     c = load_config(str(cfg))
     assert c.adapter_method == "lokr" and c.model.lora_path == str(adapter) and "lora_path" in c.derived
-    for extra, needle in [({"lokr": False}, "lokr_path needs lokr=true"),
-                          ({"lora_path": str(tmp_path)}, "lokr_path and lora_path are aliases but differ"),
-                          ({"lokr_dim": 8}, "lokr_dim says 8 but the adapter in lora_path was trained with 4"),
-                          ({"lokr_factor": 4}, "lokr_factor says 4")]:
+    for extra, needle in [
+        ({"lokr": False}, "lokr_path needs lokr=true"),
+        ({"lora_path": str(tmp_path)}, "lokr_path and lora_path are aliases but differ"),
+        ({"lokr_dim": 8}, "lokr_dim says 8 but the adapter in lora_path was trained with 4"),
+        ({"lokr_factor": 4}, "lokr_factor says 4"),
+    ]:
         cfg.write_text(json.dumps({**base, "lokr_path": str(adapter), **extra}))
         with pytest.raises(ConfigError) as e:
             load_config(str(cfg))
@@ -297,8 +317,16 @@ def test_offline_merge_script(tmp_path, tiny_model_dir):
 
     from test_adapters import batch_ids
 
-    cfg = adapter_config_from_args({"lokr": True, "lokr_dim": 2, "lokr_alpha": 4.0, "lokr_decompose_both": True,
-                                    "model_name_or_path": tiny_model_dir, "model_type": "llama"})
+    cfg = adapter_config_from_args(
+        {
+            "lokr": True,
+            "lokr_dim": 2,
+            "lokr_alpha": 4.0,
+            "lokr_decompose_both": True,
+            "model_name_or_path": tiny_model_dir,
+            "model_type": "llama",
+        }
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
     model.eval()
     ids = batch_ids()
@@ -316,8 +344,21 @@ def test_offline_merge_script(tmp_path, tiny_model_dir):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     out = tmp_path / "merged"
-    assert script.main(["--model_name_or_path", tiny_model_dir, "--lora_path", str(adir),
-                        "--merge_model_path", str(out), "--device", "cpu"]) == 0  # includes --verify
+    assert (
+        script.main(
+            [
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--lora_path",
+                str(adir),
+                "--merge_model_path",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )  # includes --verify
 
     base = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     merged = load_file(str(out / "model.safetensors"))
@@ -347,18 +388,32 @@ def test_offline_merge_rejects_wrong_tensor_set(tmp_path, tiny_model_dir):
     d = tmp_path / "adapter"
     cfg.save(str(d))
     # q_proj [64, 64] with r=4 needs lokr_w1 [8, 8] and a full lokr_w2 [8, 8]; give it the low-rank pair instead
-    save_file({"llama.layers.0.self_attn.q_proj.lokr_w1": np.zeros((8, 8), np.float32),
-               "llama.layers.0.self_attn.q_proj.lokr_w2_a": np.zeros((8, 4), np.float32),
-               "llama.layers.0.self_attn.q_proj.lokr_w2_b": np.zeros((4, 8), np.float32)},
-              str(d / "adapter_model.safetensors"))
+    save_file(
+        {
+            "llama.layers.0.self_attn.q_proj.lokr_w1": np.zeros((8, 8), np.float32),
+            "llama.layers.0.self_attn.q_proj.lokr_w2_a": np.zeros((8, 4), np.float32),
+            "llama.layers.0.self_attn.q_proj.lokr_w2_b": np.zeros((4, 8), np.float32),
+        },
+        str(d / "adapter_model.safetensors"),
+    )
     with pytest.raises(MergeError, match=r"a lokr adapter needs \['lokr_w1', 'lokr_w2'\]"):
         merge_adapter_checkpoint(tiny_model_dir, str(d), str(tmp_path / "m"), device="cpu", log=lambda m: None)
 
 
 # ------------------------------------------------------------------ real CLI
 def _cli(out, *overrides):
-    cmd = [sys.executable, CLI, LOKR_CFG, "--output_dir", str(out), "--model_name_or_path",
-           os.path.join(ROOT, "build", "tiny-llama"), "--dataset_name_or_path", DATA_DIR, *map(str, overrides)]
+    cmd = [
+        sys.executable,
+        CLI,
+        LOKR_CFG,
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        os.path.join(ROOT, "build", "tiny-llama"),
+        "--dataset_name_or_path",
+        DATA_DIR,
+        *map(str, overrides),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return json.loads((out / "run_summary.json").read_text())
@@ -385,7 +440,13 @@ def test_cli_lokr_learns_reloads_and_resumes(tiny_model_dir, tmp_path):
 
     # resume from the step-10 checkpoint: the same 20-step result
     shutil.copytree(out / "checkpoint-10", tmp_path / "resume" / "checkpoint-10")
-    s3 = _cli(tmp_path / "resume", *fast, "--eval_before_train", "false",
-              "--resume_from_checkpoint", tmp_path / "resume" / "checkpoint-10")
+    s3 = _cli(
+        tmp_path / "resume",
+        *fast,
+        "--eval_before_train",
+        "false",
+        "--resume_from_checkpoint",
+        tmp_path / "resume" / "checkpoint-10",
+    )
     assert s3["global_steps"] == 20
     assert s3["eval_loss"] == pytest.approx(s["eval_loss"], rel=1e-4)

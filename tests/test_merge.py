@@ -44,9 +44,16 @@ KINDS = {
     "lora_plus": {"lora": True, "lora_rank": 8, "lora_plus_scale": 16.0},
     "pissa": {"lora": True, "lora_rank": 8, "pissa": True},
     "vera": {"vera": True, "vera_rank": 8},
-    "nf4": {"lora": True, "lora_rank": 8, "quantization": {"weight_quantize_algo": "nf4", "weight_blocksize": 16,
-                                                           "weight_double_quant": False,
-                                                           "weight_double_quant_block_size": 256}},
+    "nf4": {
+        "lora": True,
+        "lora_rank": 8,
+        "quantization": {
+            "weight_quantize_algo": "nf4",
+            "weight_blocksize": 16,
+            "weight_double_quant": False,
+            "weight_double_quant_block_size": 256,
+        },
+    },
 }
 TOKENIZER_FILES = ("sentencepiece.bpe.model", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -58,7 +65,7 @@ def _quiet(log_list=None):
 def _batch(tokenizer, file, n, skip=0):
     """n examples of the advertise data as one padded batch with next-token labels (-100 on padding)."""
     with open(os.path.join(DATA_DIR, file)) as f:
-        rows = [json.loads(line) for line in f][skip: skip + n]
+        rows = [json.loads(line) for line in f][skip : skip + n]
     ids = [tokenizer(r["src"] + " " + r["tgt"])["input_ids"][:96] for r in rows]
     width = max(len(x) for x in ids)
     inp = np.full((len(ids), width), tokenizer.pad_token_id or 0, dtype="int64")
@@ -115,14 +122,35 @@ def trained(tiny_model_dir, tiny_tokenizer, eval_batch, tmp_path_factory):
     """{kind: (adapter_dir, trained model's eval logits or None)}."""
     root = tmp_path_factory.mktemp("merge_adapters")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, CLI, LORA_CONFIG, "--output_dir", str(root / "lora"), "--model_name_or_path",
-           tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "5", "--warmup_steps", "1",
-           "--logging_steps", "5", "--per_device_train_batch_size", "8", "--eval_before_train", "false"]
+    cmd = [
+        sys.executable,
+        CLI,
+        LORA_CONFIG,
+        "--output_dir",
+        str(root / "lora"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--max_steps",
+        "5",
+        "--warmup_steps",
+        "1",
+        "--logging_steps",
+        "5",
+        "--per_device_train_batch_size",
+        "8",
+        "--eval_before_train",
+        "false",
+    ]
     log = open(root / "lora.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     try:
-        out = {k: (str(root / k), _train_in_process(k, tiny_model_dir, root / k, tiny_tokenizer, eval_batch))
-               for k in KINDS if KINDS[k] is not None}
+        out = {
+            k: (str(root / k), _train_in_process(k, tiny_model_dir, root / k, tiny_tokenizer, eval_batch))
+            for k in KINDS
+            if KINDS[k] is not None
+        }
     finally:
         rc = proc.wait(timeout=300)
         log.close()
@@ -200,8 +228,14 @@ def test_merge_reproduces_adapter_model(kind, trained, tiny_model_dir, eval_batc
     assert res.exit_code == 0 and res.verify["status"] == "passed", logs
     assert res.verify["relative_error"] <= 1e-4 and len(res.modules_merged) == 14
     assert res.verify["adapter_effect"] > 100 * res.verify["max_abs_logit_diff"]  # the adapter was really trained
-    for f in ("config.json", "generation_config.json", "tokenizer_config.json", "sentencepiece.bpe.model",
-              "model.safetensors", MERGE_INFO_NAME):
+    for f in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "sentencepiece.bpe.model",
+        "model.safetensors",
+        MERGE_INFO_NAME,
+    ):
         assert (out / f).exists(), f
     assert not (out / VERIFY_FAILED_MARKER).exists() and not _no_leftovers(tmp_path)
 
@@ -247,15 +281,35 @@ def test_merged_model_is_usable_by_the_cli(adapters, tiny_model_dir, tmp_path, c
     """The script's output as --model_name_or_path of run_finetune.py gives the eval loss that
     the trainer measured for the CLI-trained adapter model."""
     out = tmp_path / "merged"
-    rc = _run_script(["--model_name_or_path", tiny_model_dir, "--lora_path", adapters["lora"], "--output_path", out,
-                      "--no-verify"])
+    rc = _run_script(
+        ["--model_name_or_path", tiny_model_dir, "--lora_path", adapters["lora"], "--output_path", out, "--no-verify"]
+    )
     assert rc == 0 and "merged 14 modules" in capsys.readouterr().out
     trained = json.load(open(os.path.join(adapters["lora"], "run_summary.json")))["eval_loss"]
     ev = tmp_path / "eval"
-    r = subprocess.run([sys.executable, CLI, LORA_CONFIG, "--output_dir", str(ev), "--model_name_or_path", str(out),
-                        "--dataset_name_or_path", DATA_DIR, "--lora", "false", "--do_train", "false",
-                        "--eval_before_train", "false"],
-                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            CLI,
+            LORA_CONFIG,
+            "--output_dir",
+            str(ev),
+            "--model_name_or_path",
+            str(out),
+            "--dataset_name_or_path",
+            DATA_DIR,
+            "--lora",
+            "false",
+            "--do_train",
+            "false",
+            "--eval_before_train",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     got = json.load(open(ev / "run_summary.json"))["eval_loss"]
     assert got == pytest.approx(trained, rel=1e-4)
@@ -289,8 +343,7 @@ def test_sharded_fp32_input_gives_sharded_output(adapters, base_variants, tiny_m
     src = base_variants["fp32_sharded"]
     assert len(_shards(src)) >= 3
     out = tmp_path / "merged"
-    res = merge_adapter_checkpoint(src, adapters["pissa"], str(out), max_shard_size="250KB", device="cpu",
-                                   log=_quiet())
+    res = merge_adapter_checkpoint(src, adapters["pissa"], str(out), max_shard_size="250KB", device="cpu", log=_quiet())
     assert res.verify["status"] == "passed" and res.verify["relative_error"] <= 1e-4
     shards = _shards(str(out))
     assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
@@ -316,8 +369,7 @@ def test_bf16_sharded_input(adapters, base_variants, tmp_path):
 
     src = base_variants["bf16_sharded"]
     out = tmp_path / "merged"
-    res = merge_adapter_checkpoint(src, adapters["lora"], str(out), max_shard_size="110KB", device="cpu",
-                                   log=_quiet())
+    res = merge_adapter_checkpoint(src, adapters["lora"], str(out), max_shard_size="110KB", device="cpu", log=_quiet())
     assert res.dtype == "bfloat16" and res.tolerance == 5e-2
     assert res.verify["status"] == "passed", res.verify
     assert res.verify["adapter_effect"] > 10 * res.verify["max_abs_logit_diff"]
@@ -368,8 +420,15 @@ def test_pdparams_input(variant, adapters, base_variants, tmp_path):
     assert (out / "model.safetensors").exists()
     if variant == "pdparams_sharded":  # and pdparams output
         out2 = tmp_path / "merged_pd"
-        merge_adapter_checkpoint(src, adapters["vera"], str(out2), safe_serialization=False,
-                                 max_shard_size="200KB", verify=False, log=_quiet())
+        merge_adapter_checkpoint(
+            src,
+            adapters["vera"],
+            str(out2),
+            safe_serialization=False,
+            max_shard_size="200KB",
+            verify=False,
+            log=_quiet(),
+        )
         assert len(_shards(str(out2), "model_state.pdparams.index.json")) >= 2
         assert not list(out2.glob("*.safetensors"))
         # PaddleNLP loads the pdparams output; same weights as the safetensors output
@@ -392,8 +451,15 @@ def test_refuses_non_empty_output_unless_overwrite(adapters, tiny_model_dir, tmp
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    argv = ["--model_name_or_path", tiny_model_dir, "--lora_path", adapters["lora"], "--merge_model_path", out,
-            "--no-verify"]
+    argv = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--lora_path",
+        adapters["lora"],
+        "--merge_model_path",
+        out,
+        "--no-verify",
+    ]
     assert _run_script(argv) == EXIT_ERROR
     assert "not empty" in capsys.readouterr().err and (out / "keep.txt").read_text() == "precious"
     assert _run_script(argv + ["--overwrite"]) == 0
@@ -431,8 +497,10 @@ def test_mismatch_errors(adapters, tiny_model_dir, tmp_path):
     # module names the base does not have (e.g. an adapter for a deeper model)
     fails(_copy_adapter(lora, tmp_path / "names", rename=("layers.1.", "layers.7.")), r"no weight in the base")
     # adapter tensor shapes that do not fit the base weight
-    fails(_copy_adapter(lora, tmp_path / "shape", reshape="llama.layers.0.self_attn.q_proj.lora_A"),
-          r"q_proj.lora_A: shape \[65, 8\] does not fit")
+    fails(
+        _copy_adapter(lora, tmp_path / "shape", reshape="llama.layers.0.self_attn.q_proj.lora_A"),
+        r"q_proj.lora_A: shape \[65, 8\] does not fit",
+    )
     # model_type of the adapter's config.json vs the base's
     d = shutil.copytree(lora, tmp_path / "mtype")
     c = json.load(open(d / "config.json"))
@@ -457,8 +525,20 @@ def test_mismatch_errors(adapters, tiny_model_dir, tmp_path):
 def test_verify_failure_marks_output(adapters, tiny_model_dir, tmp_path, capsys, monkeypatch):
     # an impossible tolerance through the script: exit code 3, output kept and marked
     out = tmp_path / "strict"
-    rc = _run_script(["--model_name_or_path", tiny_model_dir, "--lora_path", adapters["rslora"],
-                      "--merge_model_path", out, "--tolerance", "1e-12", "--device", "cpu"])
+    rc = _run_script(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            adapters["rslora"],
+            "--merge_model_path",
+            out,
+            "--tolerance",
+            "1e-12",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == EXIT_VERIFY_FAILED
     assert "verification FAILED" in capsys.readouterr().err
     assert (out / VERIFY_FAILED_MARKER).exists() and (out / "model.safetensors").exists()

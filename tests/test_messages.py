@@ -16,14 +16,17 @@ def _message(text):
     return describe_json_error("c.json", text, e.value)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ('{\n  "a": 1,\n  "b": 2,\n}\n', 'c.json:3:9: invalid JSON: trailing comma before "}"'),
-    ('{"a": [1, 2,\n]}', 'c.json:1:12: invalid JSON: trailing comma before "]"'),
-    ('{\n  "a": 1, // note\n  "b": 2\n}', 'c.json:2:11: invalid JSON: JSON has no comments; remove "// note"'),
-    ('{\n  # note\n  "a": 1\n}', 'c.json:2:3: invalid JSON: JSON has no comments; remove "# note"'),
-    ('{\n  /* note */ "a": 1\n}', 'c.json:2:3: invalid JSON: JSON has no comments; remove "/* note */ "a": 1"'),
-    ('{"a": 1 "b": 2}', "c.json:1:9: invalid JSON: Expecting ',' delimiter"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ('{\n  "a": 1,\n  "b": 2,\n}\n', 'c.json:3:9: invalid JSON: trailing comma before "}"'),
+        ('{"a": [1, 2,\n]}', 'c.json:1:12: invalid JSON: trailing comma before "]"'),
+        ('{\n  "a": 1, // note\n  "b": 2\n}', 'c.json:2:11: invalid JSON: JSON has no comments; remove "// note"'),
+        ('{\n  # note\n  "a": 1\n}', 'c.json:2:3: invalid JSON: JSON has no comments; remove "# note"'),
+        ('{\n  /* note */ "a": 1\n}', 'c.json:2:3: invalid JSON: JSON has no comments; remove "/* note */ "a": 1"'),
+        ('{"a": 1 "b": 2}', "c.json:1:9: invalid JSON: Expecting ',' delimiter"),
+    ],
+)
 def test_describe_json_error(text, expected):
     assert _message(text).startswith(expected)
 

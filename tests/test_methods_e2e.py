@@ -57,9 +57,13 @@ def adapted_linears(c):
     head_dim = h // c["num_attention_heads"]
     q_out, kv_out = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
     per_layer = {
-        "self_attn.q_proj": (h, q_out), "self_attn.k_proj": (h, kv_out), "self_attn.v_proj": (h, kv_out),
+        "self_attn.q_proj": (h, q_out),
+        "self_attn.k_proj": (h, kv_out),
+        "self_attn.v_proj": (h, kv_out),
         "self_attn.o_proj": (q_out, h),
-        "mlp.gate_proj": (h, inter), "mlp.up_proj": (h, inter), "mlp.down_proj": (inter, h),
+        "mlp.gate_proj": (h, inter),
+        "mlp.up_proj": (h, inter),
+        "mlp.down_proj": (inter, h),
     }
     return {f"llama.layers.{i}.{k}": v for i in range(c["num_hidden_layers"]) for k, v in per_layer.items()}
 
@@ -101,8 +105,9 @@ class Run:
         self.summary = json.loads((out / "run_summary.json").read_text())
         state = json.loads((out / "trainer_state.json").read_text())
         self.losses = [h["loss"] for h in state["log_history"] if "loss" in h]
-        self.adapter_config = (json.loads((out / "adapter_config.json").read_text())
-                               if (out / "adapter_config.json").exists() else None)
+        self.adapter_config = (
+            json.loads((out / "adapter_config.json").read_text()) if (out / "adapter_config.json").exists() else None
+        )
 
     def adapter_tensors(self):
         from safetensors.numpy import load_file
@@ -118,8 +123,19 @@ def run(tiny_model_dir, tmp_path_factory):
 
     def train(name):
         config, extra, _ = RUNS[name]
-        cmd = [sys.executable, CLI, os.path.join(ROOT, config), "--output_dir", str(base / name),
-               "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, *FAST, *extra]
+        cmd = [
+            sys.executable,
+            CLI,
+            os.path.join(ROOT, config),
+            "--output_dir",
+            str(base / name),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name_or_path",
+            DATA_DIR,
+            *FAST,
+            *extra,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 0, f"{name}: {' '.join(cmd)}\n" + r.stdout[-3000:] + r.stderr[-6000:]
 
@@ -174,8 +190,14 @@ def test_method_learns_reports_and_saves(run, tiny_model_dir, method):
 def test_exact_counts_for_the_tiny_model(tiny_model_dir):
     """The formulas above, spelled out for hidden 64, intermediate 176, 2 layers, 4 heads, 2 kv heads, vocab 512."""
     c = tiny_config(tiny_model_dir)
-    if (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
-            c["num_key_value_heads"], c["vocab_size"]) != (64, 176, 2, 4, 2, 512):
+    if (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_hidden_layers"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["vocab_size"],
+    ) != (64, 176, 2, 4, 2, 512):
         pytest.skip("tiny model config changed; the formula-based test above still applies")
     # per layer LoRA: q 8*(64+64) + k,v 8*(64+32) + o 8*(64+64) + gate,up,down 8*(64+176)  = 9344
     assert expected_trainable(c, "lora") == 2 * 9344 == 18688
@@ -187,8 +209,15 @@ def test_exact_counts_for_the_tiny_model(tiny_model_dir):
 def test_lora_plus_trains_B_faster_and_learns_faster(run):
     """Same lr (1e-2), steps, seed and data: B learning at 16x lr grows much larger and the loss falls faster."""
     lora, plus = run("lora"), run("lora_plus")
-    norm = lambda t, suffix: float(np.sqrt(sum((v.astype(np.float64) ** 2).sum()  # noqa: E731
-                                               for k, v in t.items() if k.endswith(suffix))))
+    norm = lambda t, suffix: float(
+        np.sqrt(
+            sum(
+                (v.astype(np.float64) ** 2).sum()  # noqa: E731
+                for k, v in t.items()
+                if k.endswith(suffix)
+            )
+        )
+    )
     lt, pt = lora.adapter_tensors(), plus.adapter_tensors()
     assert norm(pt, "lora_B") > 5 * norm(lt, "lora_B")  # measured ~10x
     # the first logged loss is identical (B = 0 at init, and lr is 0 at step 0 of the warmup)
@@ -222,4 +251,6 @@ def test_neftune_adds_noise_in_training_only(run):
     lora, neft = run("lora"), run("neftune_lora")
     assert neft.summary["eval_loss_before_train"] == pytest.approx(lora.summary["eval_loss_before_train"], rel=1e-6)
     assert abs(neft.losses[0] - lora.losses[0]) > 1e-2  # measured 7.51 vs 7.47
-    assert abs(neft.summary["eval_loss"] - lora.summary["eval_loss"]) < 0.5  # noise is a regulariser, not a different method
+    assert (
+        abs(neft.summary["eval_loss"] - lora.summary["eval_loss"]) < 0.5
+    )  # noise is a regulariser, not a different method

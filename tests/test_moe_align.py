@@ -95,8 +95,11 @@ def _independent_aux(model, batch, mask_padding=True):
     ``mask_padding``): DecoderForCausalLM.forward, the path tests/test_moe_parity.py judges against transformers."""
     import paddle
 
-    kw = {k: batch[k] for k in ("input_ids", "position_ids", "attn_mask_startend_row_indices", "attention_mask")
-          if batch.get(k) is not None}
+    kw = {
+        k: batch[k]
+        for k in ("input_ids", "position_ids", "attn_mask_startend_row_indices", "attention_mask")
+        if batch.get(k) is not None
+    }
     real = batch["real_tokens"] if mask_padding else paddle.ones_like(batch["real_tokens"])
     with paddle.no_grad():
         model.moe_next_forward(token_mask=real)
@@ -151,8 +154,7 @@ def test_dpo_loss_is_the_preference_loss_plus_coef_times_the_policy_aux(model_ty
     assert trainer.reference == "copy"
     _skew_routers(model)  # the reference copy keeps the checkpoint's routers
     batch = _tensors(_pair_batch())
-    with_aux, logged, without = _with_and_without(trainer, model,
-                                                  lambda: trainer.compute_loss(model, dict(batch)))
+    with_aux, logged, without = _with_and_without(trainer, model, lambda: trainer.compute_loss(model, dict(batch)))
     _check(model, batch, with_aux, logged, without)
     # the aux term's gradient reaches the routers (it is part of the loss, not only a logged number)
     router = model.moe_blocks()[0].router_parameters()[0]
@@ -194,11 +196,18 @@ def _rollout_micro(trainer, model):
     prompts = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9]]
     completions = [[11, 12, 13, 2], [14, 2], [15, 16, 17, 18, 19], [20, 21, 2]]
     batch = trainer._row_batch(prompts, completions)
-    m = MicroRollout(indices=[0, 1], completions=completions, rewards=np.array([1.0, 0.0, 0.5, 0.0]), per_func={},
-                     advantages=np.array([1.0, -1.0, 0.7, -0.7], dtype=np.float32), batch=batch)
+    m = MicroRollout(
+        indices=[0, 1],
+        completions=completions,
+        rewards=np.array([1.0, 0.0, 0.5, 0.0]),
+        per_func={},
+        advantages=np.array([1.0, -1.0, 0.7, -0.7], dtype=np.float32),
+        batch=batch,
+    )
     m.ref_logps = trainer._reference_token_logps(model, batch)
-    trainer._rollout = Rollout(step=0, micro=[m], global_tokens=int(batch["logp_token"].shape[0]),
-                               global_sequences=len(completions))
+    trainer._rollout = Rollout(
+        step=0, micro=[m], global_tokens=int(batch["logp_token"].shape[0]), global_sequences=len(completions)
+    )
     return m
 
 
@@ -214,8 +223,15 @@ def test_grpo_and_ppo_losses_add_coef_times_the_policy_aux(model_type, tmp_path,
     rewards = SimpleNamespace(names=["r"])
     for cls, config in ((GRPOTrainer, GRPOArgument(num_generations=2)), (PPOTrainer, PPOArgument())):
         model = _policy(model_type, tmp_path_factory)
-        trainer = cls(model=model, args=_args(tmp_path), tokenizer=tokenizer, grpo_config=config, rewards=rewards,
-                      flash_mask=True, packed=False)
+        trainer = cls(
+            model=model,
+            args=_args(tmp_path),
+            tokenizer=tokenizer,
+            grpo_config=config,
+            rewards=rewards,
+            flash_mask=True,
+            packed=False,
+        )
         assert trainer.reference == "copy"
         _skew_routers(model)
         m = _rollout_micro(trainer, model)
@@ -259,6 +275,7 @@ def test_coef_zero_has_no_aux_term_and_the_bias_update_reads_the_policy_forward(
 
 # -- slow: the four CLIs on a tiny MoE row with LoRA and the aux loss ------------------------------------------------
 
+
 def _logs(out, key):
     with open(os.path.join(out, "trainer_state.json")) as f:
         return [h for h in json.load(f)["log_history"] if key in h and "step" in h]
@@ -271,18 +288,48 @@ def test_the_four_alignment_clis_train_an_moe_row_with_lora_and_the_aux_loss(tmp
 
     llm, tiny = os.path.join(ROOT, "llm"), os.path.join(ROOT, "llm", "config", "tiny")
     base = save_row("mixtral", str(tmp_path / "base"))
-    common = ["--model_name_or_path", base, "--router_aux_loss_coef", "0.05", "--logging_steps", "1",
-              "--report_to", "none"]
-    pref = ["--max_seq_len", "256", "--max_prompt_len", "128", "--do_eval", "false", "--warmup_steps", "0",
-            "--max_steps", "2", "--per_device_train_batch_size", "4"]
+    common = [
+        "--model_name_or_path",
+        base,
+        "--router_aux_loss_coef",
+        "0.05",
+        "--logging_steps",
+        "1",
+        "--report_to",
+        "none",
+    ]
+    pref = [
+        "--max_seq_len",
+        "256",
+        "--max_prompt_len",
+        "128",
+        "--do_eval",
+        "false",
+        "--warmup_steps",
+        "0",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+    ]
     runs = {
         "dpo": [os.path.join(llm, "run_dpo.py"), os.path.join(tiny, "dpo_lora_argument.json"), *pref],
         "kto": [os.path.join(llm, "run_kto.py"), os.path.join(tiny, "kto_lora_argument.json"), *pref],
         "reward": [os.path.join(llm, "run_reward.py"), os.path.join(tiny, "reward_lora_argument.json"), *pref],
-        "grpo": [os.path.join(llm, "run_grpo.py"), os.path.join(tiny, "grpo_argument.json"), "--lora", "true",
-                 "--max_steps", "2", "--num_generations", "2",
-                 "--max_completion_length", "4"],
+        "grpo": [
+            os.path.join(llm, "run_grpo.py"),
+            os.path.join(tiny, "grpo_argument.json"),
+            "--lora",
+            "true",
+            "--max_steps",
+            "2",
+            "--num_generations",
+            "2",
+            "--max_completion_length",
+            "4",
+        ],
     }
+
     def one(mode, cmd):
         out = str(tmp_path / mode)
         r = run([*cmd, *common, "--output_dir", out])

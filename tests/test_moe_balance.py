@@ -47,7 +47,7 @@ def _hf_aux(hf, model_type, docs, monkeypatch):
     ids = np.zeros((len(docs), width), dtype="int64")
     mask = np.zeros((len(docs), width), dtype="int64")
     for i, d in enumerate(docs):
-        ids[i, :len(d)], mask[i, :len(d)] = d, 1
+        ids[i, : len(d)], mask[i, : len(d)] = d, 1
     if model_type in ("deepseek_v2", "deepseek_v3"):
         # DeepseekV2/V3ForCausalLM compute no aux loss: transformers' load_balancing_loss_func (mixtral's) on the
         # logits their own routers compute, read by a hook (as tests/test_moe_parity.py judges them)
@@ -64,8 +64,11 @@ def _hf_aux(hf, model_type, docs, monkeypatch):
             hf(torch.tensor(ids), attention_mask=torch.tensor(mask))
         for h in hooks:
             h.remove()
-        return float(load_balancing_loss_func(tuple(gate_logits), hf.config.n_routed_experts,
-                                              hf.config.num_experts_per_tok, torch.tensor(mask)))
+        return float(
+            load_balancing_loss_func(
+                tuple(gate_logits), hf.config.n_routed_experts, hf.config.num_experts_per_tok, torch.tensor(mask)
+            )
+        )
     with torch.no_grad():
         out = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), output_router_logits=True)
     return float(out.aux_loss)
@@ -108,8 +111,9 @@ def _skewed_ernie(tmp_path_factory):
     batch = PaddingCollator(pad_token_id=0)([{"input_ids": d, "labels": d} for d in _docs(3, (12, 10, 12, 8))])
     blocks = model.moe_blocks()
     seen = {}
-    hooks = [b.register_forward_pre_hook(lambda layer, args, i=i: seen.__setitem__(i, args[0])) for i, b in
-             enumerate(blocks)]
+    hooks = [
+        b.register_forward_pre_hook(lambda layer, args, i=i: seen.__setitem__(i, args[0])) for i, b in enumerate(blocks)
+    ]
     with paddle.no_grad():
         model(input_ids=paddle.to_tensor(batch["input_ids"]))
     for h in hooks:
@@ -117,7 +121,7 @@ def _skewed_ernie(tmp_path_factory):
     for i, b in enumerate(blocks):
         mean = seen[i].reshape([-1, seen[i].shape[-1]]).mean(axis=0).numpy()  # [H]
         w = b.gate.weight.numpy()  # [H, E]
-        w[:, :2] += 2.0 * (mean / (mean ** 2).sum())[:, None]
+        w[:, :2] += 2.0 * (mean / (mean**2).sum())[:, None]
         b.gate.weight.set_value(paddle.to_tensor(w))
     return model, batch
 
@@ -192,8 +196,12 @@ def test_per_layer_load_in_the_log_and_the_summary():
     assert all(not isinstance(v, (list, dict)) for v in logs.values())  # scalars only (console, VisualDL)
     entry = log.summary()["logged"][0]
     assert entry["step"] == 2 and entry["expert_load_max_over_mean"] == [1.3333, 1.0]
-    assert entry["expert_load"][0] == {"fraction": [0.6667, 0.3333], "max": 0.6667, "mean": 0.5,
-                                       "max_over_mean": 1.3333}
+    assert entry["expert_load"][0] == {
+        "fraction": [0.6667, 0.3333],
+        "max": 0.6667,
+        "mean": 0.5,
+        "max_over_mean": 1.3333,
+    }
     # without an aux loss (bias update only) the load is still logged, the aux loss is not
     log = moe_aux.MoEAuxLog(0.0, bias_rate=0.001)
     log.record(None, [paddle.to_tensor([3.0, 1.0])])
@@ -211,15 +219,32 @@ def test_router_names_and_bias_come_from_the_checkpoints_moe_spec(tmp_path):
     from paddlenlp_ext.config.families import _router_names
 
     configs = {
-        "ernie4_5_moe": dict(hidden_size=64, num_hidden_layers=4, moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
-                             moe_layer_start_index=1, moe_layer_interval=2),
+        "ernie4_5_moe": dict(
+            hidden_size=64,
+            num_hidden_layers=4,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_intermediate_size=32,
+            moe_layer_start_index=1,
+            moe_layer_interval=2,
+        ),
         "mixtral": dict(hidden_size=64, num_hidden_layers=2, num_local_experts=4, intermediate_size=96),
-        "deepseek_v3": dict(hidden_size=64, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
-                            moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2),
+        "deepseek_v3": dict(
+            hidden_size=64,
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=2,
+        ),
     }
-    want = {"ernie4_5_moe": (["ernie4_5_moe.layers.1.mlp.gate", "ernie4_5_moe.layers.3.mlp.gate"], True),
-            "mixtral": (["mixtral.layers.0.block_sparse_moe.gate", "mixtral.layers.1.block_sparse_moe.gate"], False),
-            "deepseek_v3": (["deepseek_v3.layers.1.mlp.gate", "deepseek_v3.layers.2.mlp.gate"], True)}
+    want = {
+        "ernie4_5_moe": (["ernie4_5_moe.layers.1.mlp.gate", "ernie4_5_moe.layers.3.mlp.gate"], True),
+        "mixtral": (["mixtral.layers.0.block_sparse_moe.gate", "mixtral.layers.1.block_sparse_moe.gate"], False),
+        "deepseek_v3": (["deepseek_v3.layers.1.mlp.gate", "deepseek_v3.layers.2.mlp.gate"], True),
+    }
     for model_type, cfg in configs.items():
         d = tmp_path / model_type
         d.mkdir()

@@ -41,25 +41,73 @@ from paddlenlp_ext.models.decoder.moe_spec import MoEConfigError, is_moe_layer
 H = 32
 #: model_type -> (config class, transformers module path, block class, config kwargs)
 CASES = {
-    "mixtral": ("MixtralConfig", "mixtral", "MixtralSparseMoeBlock",
-                dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2)),
-    "qwen2_moe": ("Qwen2MoeConfig", "qwen2_moe", "Qwen2MoeSparseMoeBlock",
-                  dict(moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=6,
-                       num_experts_per_tok=2, norm_topk_prob=False)),
-    "qwen3_moe": ("Qwen3MoeConfig", "qwen3_moe", "Qwen3MoeSparseMoeBlock",
-                  dict(moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
-    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "ernie4_5_moe", "Ernie4_5_MoeSparseMoeBlock",
-                     dict(moe_intermediate_size=24, moe_num_experts=6, moe_k=2, moe_num_shared_experts=2,
-                          use_bias=True)),
-    "deepseek_v2": ("DeepseekV2Config", "deepseek_v2", "DeepseekV2MoE",
-                    dict(moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
-                         topk_method="group_limited_greedy", n_group=4, topk_group=1, routed_scaling_factor=1.5,
-                         mlp_bias=True)),
-    "deepseek_v3": ("DeepseekV3Config", "deepseek_v3", "DeepseekV3MoE",
-                    dict(moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-                         n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
-    "gpt_oss": ("GptOssConfig", "gpt_oss", "GptOssMLP",
-                dict(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral": (
+        "MixtralConfig",
+        "mixtral",
+        "MixtralSparseMoeBlock",
+        dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "qwen2_moe",
+        "Qwen2MoeSparseMoeBlock",
+        dict(
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            num_experts=6,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "qwen3_moe",
+        "Qwen3MoeSparseMoeBlock",
+        dict(moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True),
+    ),
+    "ernie4_5_moe": (
+        "Ernie4_5_MoeConfig",
+        "ernie4_5_moe",
+        "Ernie4_5_MoeSparseMoeBlock",
+        dict(moe_intermediate_size=24, moe_num_experts=6, moe_k=2, moe_num_shared_experts=2, use_bias=True),
+    ),
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        "deepseek_v2",
+        "DeepseekV2MoE",
+        dict(
+            moe_intermediate_size=24,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=1,
+            routed_scaling_factor=1.5,
+            mlp_bias=True,
+        ),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "deepseek_v3",
+        "DeepseekV3MoE",
+        dict(
+            moe_intermediate_size=24,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "gpt_oss",
+        "GptOssMLP",
+        dict(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2),
+    ),
 }
 TYPES = list(CASES)
 
@@ -142,10 +190,12 @@ def test_forward_matches_transformers(model_type, training):
 def test_options_change_the_result_as_in_transformers():
     """Negative controls: norm_topk_prob, group-limited routing, gpt-oss' clamp and ernie's correction bias
     change the output (they are honoured, not ignored)."""
-    for model_type, extra, other in (("qwen2_moe", dict(norm_topk_prob=True), dict(norm_topk_prob=False)),
-                                     ("qwen3_moe", dict(norm_topk_prob=False), dict(norm_topk_prob=True)),
-                                     ("deepseek_v2", dict(topk_method="greedy"), {}),
-                                     ("deepseek_v3", {}, dict(n_group=1, topk_group=1))):
+    for model_type, extra, other in (
+        ("qwen2_moe", dict(norm_topk_prob=True), dict(norm_topk_prob=False)),
+        ("qwen3_moe", dict(norm_topk_prob=False), dict(norm_topk_prob=True)),
+        ("deepseek_v2", dict(topk_method="greedy"), {}),
+        ("deepseek_v3", {}, dict(n_group=1, topk_group=1)),
+    ):
         ref, ours = build_pair(model_type, **extra)
         x = inputs()
         with torch.no_grad():
@@ -220,7 +270,7 @@ def masks():
     docs = [[3, 2, 1], [2, 2, 0]]  # document lengths per row (6 tokens per row)
     packed = np.zeros((2, 6), "int64")
     for r, lens in enumerate(docs):
-        packed[r, :sum(lens)] = 1
+        packed[r, : sum(lens)] = 1
     return {"padded": padded, "packed": packed}
 
 
@@ -240,8 +290,11 @@ def test_aux_loss_equals_transformers(model_type, form):
     spec = layers[0][1].spec
     tmask = None if form == "none" else torch.from_numpy(mask)
     want = float(hf_loss_func(model_type)(tuple(want_logits), spec.num_experts, spec.top_k, tmask))
-    got = float(load_balancing_loss(got_logits, spec.num_experts, spec.top_k,
-                                    None if form == "none" else paddle.to_tensor(mask)))
+    got = float(
+        load_balancing_loss(
+            got_logits, spec.num_experts, spec.top_k, None if form == "none" else paddle.to_tensor(mask)
+        )
+    )
     assert abs(got - want) < 1e-6, (got, want)
     if form != "none":  # the mask matters: counting the padding gives another value
         unmasked = float(load_balancing_loss(got_logits, spec.num_experts, spec.top_k))
@@ -263,8 +316,9 @@ def test_aux_loss_equals_the_causal_lm_aux_loss(model_type):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=torch.from_numpy(mask), labels=ids)
     spec = moe_spec.moe_spec(cfg)
-    got = load_balancing_loss([paddle.to_tensor(z.numpy()) for z in out.router_logits], spec.num_experts,
-                              spec.top_k, mask)
+    got = load_balancing_loss(
+        [paddle.to_tensor(z.numpy()) for z in out.router_logits], spec.num_experts, spec.top_k, mask
+    )
     assert len(out.router_logits) == sum(is_moe_layer(cfg, i) for i in range(cfg.num_hidden_layers)) >= 1
     assert abs(float(got) - float(out.aux_loss)) < 1e-6, (float(got), float(out.aux_loss))
 
@@ -357,12 +411,28 @@ def test_router_parameters_and_names():
 
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"])
 def test_is_moe_layer_matches_transformers_decoder(model_type):
-    extra = {"qwen2_moe": dict(decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=6),
-             "ernie4_5_moe": dict(moe_layer_start_index=1, moe_layer_interval=2, num_hidden_layers=6),
-             "deepseek_v2": dict(first_k_dense_replace=1, num_hidden_layers=3, q_lora_rank=16, kv_lora_rank=16,
-                                 qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8),
-             "deepseek_v3": dict(first_k_dense_replace=2, num_hidden_layers=4, q_lora_rank=16, kv_lora_rank=16,
-                                 qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)}[model_type]
+    extra = {
+        "qwen2_moe": dict(decoder_sparse_step=2, mlp_only_layers=[3], num_hidden_layers=6),
+        "ernie4_5_moe": dict(moe_layer_start_index=1, moe_layer_interval=2, num_hidden_layers=6),
+        "deepseek_v2": dict(
+            first_k_dense_replace=1,
+            num_hidden_layers=3,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+        "deepseek_v3": dict(
+            first_k_dense_replace=2,
+            num_hidden_layers=4,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+    }[model_type]
     cfg = hf_config(model_type, **{**extra, "intermediate_size": 40})
     cfg._attn_implementation = "eager"
     mod = hf_module(model_type)
@@ -379,11 +449,27 @@ def test_config_errors_name_the_key():
     with pytest.raises(MoEConfigError, match="covers"):
         moe_spec.moe_spec({"model_type": "llama", "hidden_size": 8})
     with pytest.raises(MoEConfigError, match="topk_group"):
-        moe_spec.moe_spec({"model_type": "deepseek_v3", "hidden_size": 8, "moe_intermediate_size": 8,
-                           "n_routed_experts": 8, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 1})
+        moe_spec.moe_spec(
+            {
+                "model_type": "deepseek_v3",
+                "hidden_size": 8,
+                "moe_intermediate_size": 8,
+                "n_routed_experts": 8,
+                "num_experts_per_tok": 4,
+                "n_group": 4,
+                "topk_group": 1,
+            }
+        )
     with pytest.raises(MoEConfigError, match="hidden_act"):
-        MoEBlock.from_config({"model_type": "mixtral", "hidden_size": 8, "intermediate_size": 8,
-                              "num_local_experts": 4, "hidden_act": "no_such_act"})
+        MoEBlock.from_config(
+            {
+                "model_type": "mixtral",
+                "hidden_size": 8,
+                "intermediate_size": 8,
+                "num_local_experts": 4,
+                "hidden_act": "no_such_act",
+            }
+        )
 
 
 def test_run_keys_aux_coef_and_bias_rate():
@@ -397,8 +483,10 @@ def test_run_keys_aux_coef_and_bias_rate():
     with pytest.raises(MoEConfigError, match="moe_aux_loss_coef='x' must be a number"):
         moe_spec.router_aux_loss_coef({"moe_aux_loss_coef": "x"}, ckpt)
     assert moe_spec.moe_key_problems({"moe_router_bias_update_rate": 1e-3}, "ernie4_5_moe") == []
-    assert "remove moe_router_bias_update_rate" in moe_spec.moe_key_problems(
-        {"moe_router_bias_update_rate": 1e-3}, "qwen3_moe")[0]
+    assert (
+        "remove moe_router_bias_update_rate"
+        in moe_spec.moe_key_problems({"moe_router_bias_update_rate": 1e-3}, "qwen3_moe")[0]
+    )
     assert "must be a number >= 0" in moe_spec.moe_key_problems({"moe_router_bias_update_rate": -1}, "deepseek_v3")[0]
     assert moe_spec.moe_key_problems({"freeze_router": True}, "llama")[0].startswith("freeze_router: model_type")
 
@@ -411,6 +499,7 @@ def test_worked_examples(module):
 
 # ---------------------------------------------------------------- micro-benchmark (not a test)
 
+
 def _dense_loop(blk, x):
     """The naive form: every expert on every token, weighted by its (mostly zero) routing weight."""
     logits = blk.gate_layer(x)
@@ -418,7 +507,7 @@ def _dense_loop(blk, x):
     dense_w = (paddle.nn.functional.one_hot(selected, blk.spec.num_experts) * weights.unsqueeze(-1)).sum(1)  # [T, E]
     out = paddle.zeros_like(x)
     for e in range(blk.spec.num_experts):
-        out = out + blk.experts[e](x) * dense_w[:, e:e + 1]
+        out = out + blk.experts[e](x) * dense_w[:, e : e + 1]
     return out
 
 
@@ -432,8 +521,13 @@ def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=1024, repeat=5):
     x = paddle.randn([tokens, hidden])
     grouped = lambda: blk._grouped(x, *moe.route(blk.gate_layer(x), spec)[:2])
     np.testing.assert_allclose(grouped().numpy(), _dense_loop(blk, x).numpy(), atol=1e-4)
-    cfg = transformers.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
-                                      num_experts_per_tok=top_k, norm_topk_prob=True)
+    cfg = transformers.Qwen3MoeConfig(
+        hidden_size=hidden,
+        moe_intermediate_size=inter,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+    )
     ref = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock(cfg)
     with torch.no_grad():
         for k, p in blk.state_dict().items():
@@ -441,9 +535,11 @@ def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=1024, repeat=5):
             dict(ref.named_parameters())[k].copy_(torch.from_numpy(np.ascontiguousarray(v.T if v.ndim == 2 else v)))
     tx = torch.from_numpy(x.numpy()).reshape(1, tokens, hidden)
     np.testing.assert_allclose(ref(tx)[0].detach().numpy().reshape(tokens, hidden), grouped().numpy(), atol=1e-4)
-    cases = (("grouped (ours, paddle)", grouped, blk, paddle.no_grad),
-             ("dense per-expert loop", lambda: _dense_loop(blk, x), blk, paddle.no_grad),
-             ("transformers (torch)", lambda: ref(tx)[0], ref, torch.no_grad))
+    cases = (
+        ("grouped (ours, paddle)", grouped, blk, paddle.no_grad),
+        ("dense per-expert loop", lambda: _dense_loop(blk, x), blk, paddle.no_grad),
+        ("transformers (torch)", lambda: ref(tx)[0], ref, torch.no_grad),
+    )
     rows = []
     for name, fn, layer, no_grad in cases:
         for mode in ("forward", "forward+backward"):
@@ -457,9 +553,11 @@ def bench(hidden=512, experts=8, top_k=2, tokens=2048, inter=1024, repeat=5):
                     fn().sum().backward()
                 times.append(time.perf_counter() - t0)
             rows.append((name, mode, sorted(times[1:])[len(times[1:]) // 2]))
-    print(f"hidden {hidden}, {experts} experts, top-{top_k}, {tokens} tokens, expert intermediate {inter}; "
-          f"paddle threads {os.environ.get('OMP_NUM_THREADS', 'default')}, torch threads {torch.get_num_threads()}, "
-          f"MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE', 'unset')}")
+    print(
+        f"hidden {hidden}, {experts} experts, top-{top_k}, {tokens} tokens, expert intermediate {inter}; "
+        f"paddle threads {os.environ.get('OMP_NUM_THREADS', 'default')}, torch threads {torch.get_num_threads()}, "
+        f"MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE', 'unset')}"
+    )
     for name, mode, t in rows:
         print(f"  {name:24s} {mode:17s} {t * 1000:8.1f} ms (median of {repeat})")
     return rows

@@ -68,12 +68,14 @@ def aux_runs(request, row_base, tmp_path_factory):
     root, jobs = tmp_path_factory.mktemp("aux"), {}
     for p in selected_params(request, "test_lora_with_router_aux_loss_trains_and_logs_it"):
         model_type = p["model_type"]
-        jobs[f"{model_type} lora"] = functools.partial(_lora_with_aux, model_type, row_base(model_type),
-                                                       str(root / model_type / "lora"))
+        jobs[f"{model_type} lora"] = functools.partial(
+            _lora_with_aux, model_type, row_base(model_type), str(root / model_type / "lora")
+        )
     for p in selected_params(request, "test_qlora_and_full_with_router_aux_loss_train"):
         model_type, method = p["model_type"], p["method"]
-        jobs[f"{model_type} {method}"] = functools.partial(_method_with_aux, model_type, method, row_base(model_type),
-                                                           str(root / model_type / method))
+        jobs[f"{model_type} {method}"] = functools.partial(
+            _method_with_aux, model_type, method, row_base(model_type), str(root / model_type / method)
+        )
     return run_jobs(jobs)
 
 
@@ -84,8 +86,10 @@ def test_lora_with_router_aux_loss_trains_and_logs_it(aux_runs, model_type):
 
 
 #: nf4 QLoRA (experts quantized while streaming) and full fine-tuning, each with the aux loss in the training loss
-_METHODS = {"nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
-            "full": (("--lora", "false", "--learning_rate", "3e-3"), "full")}
+_METHODS = {
+    "nf4": (("--weight_quantize_algo", "nf4"), "lora+nf4"),
+    "full": (("--lora", "false", "--learning_rate", "3e-3"), "full"),
+}
 
 
 def _method_with_aux(model_type, method, base, out):
@@ -130,10 +134,12 @@ def test_alias_no_coef_and_refusals(row_base, tmp_path):
             assert "moe" not in json.load(f)
 
     jobs = {"alias": alias, "no coef": no_coef}
-    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),  # no bias
-                       (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate,.*q_proj"), "freeze_router"),
-                       (("--router_aux_loss_coef", "0.1", "--moe_aux_loss_coef", "0.2"), "moe_aux_loss_coef"),
-                       (("--tensor_parallel_degree", "2"), "tensor_parallel_degree")):
+    for extra, key in (
+        (("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),  # no bias
+        (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate,.*q_proj"), "freeze_router"),
+        (("--router_aux_loss_coef", "0.1", "--moe_aux_loss_coef", "0.2"), "moe_aux_loss_coef"),
+        (("--tensor_parallel_degree", "2"), "tensor_parallel_degree"),
+    ):
         jobs[f"refused {key}"] = functools.partial(_refused, base, str(tmp_path / key), extra, key)
     failures = run_jobs(jobs)
     assert not failures, failed(failures)
@@ -141,9 +147,14 @@ def test_alias_no_coef_and_refusals(row_base, tmp_path):
 
 def test_moe_keys_refused_on_a_dense_model(tmp_path):
     base = save_row("ernie4_5", str(tmp_path / "base"))
-    jobs = {key: functools.partial(_refused, base, str(tmp_path / key), (f"--{key}", value, "--lora", "false"), key)
-            for key, value in (("router_aux_loss_coef", "0.01"), ("moe_router_bias_update_rate", "0.001"),
-                               ("freeze_router", "true"))}
+    jobs = {
+        key: functools.partial(_refused, base, str(tmp_path / key), (f"--{key}", value, "--lora", "false"), key)
+        for key, value in (
+            ("router_aux_loss_coef", "0.01"),
+            ("moe_router_bias_update_rate", "0.001"),
+            ("freeze_router", "true"),
+        )
+    }
     failures = run_jobs(jobs)
     assert not failures, failed(failures)
 
@@ -180,9 +191,21 @@ def test_bias_update_and_frozen_router_in_full_fine_tuning(row_base, tmp_path):
 
     base = row_base("ernie4_5_moe")
     before = _weights(base)
-    run_keys = (*FULL, "--max_steps", "4", "--moe_router_bias_update_rate", "0.01", "--freeze_router", "true",
-                "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4",
-                "--weight_decay", "0.1")  # decoupled weight decay must not reach a frozen router either
+    run_keys = (
+        *FULL,
+        "--max_steps",
+        "4",
+        "--moe_router_bias_update_rate",
+        "0.01",
+        "--freeze_router",
+        "true",
+        "--gradient_accumulation_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--weight_decay",
+        "0.1",
+    )  # decoupled weight decay must not reach a frozen router either
 
     def frozen_and_resumed():
         out = tmp_path / "full"
@@ -192,8 +215,10 @@ def test_bias_update_and_frozen_router_in_full_fine_tuning(row_base, tmp_path):
             hf = f"model.layers.{i}.mlp"
             # transformers stores Linear weights [out, in], ours [in, out]
             assert torch.equal(after[f"ernie4_5_moe.layers.{i}.mlp.gate.weight"], before[f"{hf}.gate.weight"].T), i
-            assert not torch.equal(after[f"ernie4_5_moe.layers.{i}.mlp.experts.0.up_proj.weight"],
-                                   before[f"{hf}.experts.0.up_proj.weight"].T), i
+            assert not torch.equal(
+                after[f"ernie4_5_moe.layers.{i}.mlp.experts.0.up_proj.weight"],
+                before[f"{hf}.experts.0.up_proj.weight"].T,
+            ), i
             assert not torch.equal(_bias(after, i), _bias(before, i, "model")), i
         with open(out / "run_summary.json") as f:
             moe = json.load(f)["moe"]
@@ -210,8 +235,17 @@ def test_bias_update_and_frozen_router_in_full_fine_tuning(row_base, tmp_path):
         assert any(not torch.equal(_bias(ckpt, i), _bias(after, i)) for i in MOE_LAYERS)
         resumed = tmp_path / "resumed"
         shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
-        finetune(base, str(resumed), *run_keys, "--save_strategy", "steps", "--save_steps", "2",
-                 "--resume_from_checkpoint", str(resumed / "checkpoint-2"))
+        finetune(
+            base,
+            str(resumed),
+            *run_keys,
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "2",
+            "--resume_from_checkpoint",
+            str(resumed / "checkpoint-2"),
+        )
         again = _weights(resumed)
         for i in MOE_LAYERS:
             assert torch.equal(_bias(again, i), _bias(after, i)), (i, _bias(again, i), _bias(after, i))
@@ -221,8 +255,9 @@ def test_bias_update_and_frozen_router_in_full_fine_tuning(row_base, tmp_path):
         free = tmp_path / "free"
         finetune(base, str(free), *FULL, "--max_steps", "1")
         moved = _weights(free)
-        assert not torch.equal(moved["ernie4_5_moe.layers.1.mlp.gate.weight"],
-                               before["model.layers.1.mlp.gate.weight"].T), "the router did not move"
+        assert not torch.equal(
+            moved["ernie4_5_moe.layers.1.mlp.gate.weight"], before["model.layers.1.mlp.gate.weight"].T
+        ), "the router did not move"
 
     failures = run_jobs({"frozen + resumed": frozen_and_resumed, "without freeze_router": negative_control})
     assert not failures, failed(failures)
@@ -249,8 +284,10 @@ def test_lora_leaves_the_router_out_and_refusals(row_base, tmp_path):
         assert any(".mlp.gate." in n for n in names), names
 
     jobs = {"default targets": default_targets, "router named": router_named}
-    for extra, key in ((("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),
-                       (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate"), "freeze_router")):
+    for extra, key in (
+        (("--moe_router_bias_update_rate", "0.001"), "moe_router_bias_update_rate"),
+        (("--freeze_router", "true", "--lora_target_modules", r".*mlp\.gate"), "freeze_router"),
+    ):
         jobs[f"refused {key}"] = functools.partial(_refused, base, str(tmp_path / key), extra, key)
     failures = run_jobs(jobs)
     assert not failures, failed(failures)
@@ -275,8 +312,21 @@ def test_cli_merge_and_peft_export_of_an_moe_lora_load_in_transformers_and_peft(
     assert any(".mlp.experts.3." in n for n in _adapter_names(out))  # the routed experts are adapted
     assert all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in _logged(out))  # the decoder's aux loss
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = run([os.path.join(root, "llm", "merge_lora_params.py"), "--model_name_or_path", base, "--lora_path", out,
-             "--merge_model_path", tmp_path / "merged", "--output_format", "hf", "--device", "cpu"])
+    r = run(
+        [
+            os.path.join(root, "llm", "merge_lora_params.py"),
+            "--model_name_or_path",
+            base,
+            "--lora_path",
+            out,
+            "--merge_model_path",
+            tmp_path / "merged",
+            "--output_format",
+            "hf",
+            "--device",
+            "cpu",
+        ]
+    )
     assert "verify: passed" in r.stdout, r.stdout[-2000:]
     from paddlenlp_ext.export import export_peft_adapter  # llm/tools/export.py --format peft's function
 
@@ -315,13 +365,49 @@ def test_bias_update_equals_across_accumulation_and_data_parallel(row_base, tmp_
     def run(name, procs, batch, accumulation):
         out = str(tmp_path / name)
         script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llm", "run_finetune.py")
-        args = [LORA_CONFIG, "--model_name_or_path", base, "--output_dir", out, "--dataset_name_or_path", DATA_DIR,
-                *FULL, "--warmup_steps", "0", "--max_steps", "4", "--logging_steps", "1", "--do_eval", "false",
-                "--src_length", "64", "--max_length", "128", "--per_device_train_batch_size", str(batch),
-                "--gradient_accumulation_steps", str(accumulation), "--moe_router_bias_update_rate", "0.01"]
-        cmd = [sys.executable, script, *args] if procs == 1 else \
-            [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(procs), "--log_dir",
-             out + "_launch", script, *args]
+        args = [
+            LORA_CONFIG,
+            "--model_name_or_path",
+            base,
+            "--output_dir",
+            out,
+            "--dataset_name_or_path",
+            DATA_DIR,
+            *FULL,
+            "--warmup_steps",
+            "0",
+            "--max_steps",
+            "4",
+            "--logging_steps",
+            "1",
+            "--do_eval",
+            "false",
+            "--src_length",
+            "64",
+            "--max_length",
+            "128",
+            "--per_device_train_batch_size",
+            str(batch),
+            "--gradient_accumulation_steps",
+            str(accumulation),
+            "--moe_router_bias_update_rate",
+            "0.01",
+        ]
+        cmd = (
+            [sys.executable, script, *args]
+            if procs == 1
+            else [
+                sys.executable,
+                "-m",
+                "paddle.distributed.launch",
+                "--nproc_per_node",
+                str(procs),
+                "--log_dir",
+                out + "_launch",
+                script,
+                *args,
+            ]
+        )
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         logs = "".join(open(f).read()[-3000:] for f in glob.glob(out + "_launch/workerlog.*"))
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:] + logs
@@ -335,8 +421,12 @@ def test_bias_update_equals_across_accumulation_and_data_parallel(row_base, tmp_
     def one_process(name, batch, accumulation):
         got[name] = run(name, 1, batch, accumulation)
 
-    failures = run_jobs({name: functools.partial(one_process, name, batch, accumulation)
-                         for name, batch, accumulation in (("single", 4, 1), ("accumulation", 2, 2))})
+    failures = run_jobs(
+        {
+            name: functools.partial(one_process, name, batch, accumulation)
+            for name, batch, accumulation in (("single", 4, 1), ("accumulation", 2, 2))
+        }
+    )
     assert not failures, failed(failures)
     single, accumulated, parallel = got["single"], got["accumulation"], run("dp2", 2, 2, 1)
     for i in MOE_LAYERS:
@@ -350,7 +440,9 @@ def _short_with_aux(base, name, out):
     finetune(base, out, *extra, "--router_aux_loss_coef", "0.05", "--max_steps", "3")
     logs = _logged(out)
     assert len(logs) == 3 and all(math.isfinite(h["aux_loss"]) and h["aux_loss"] > 0 for h in logs), logs
-    assert all(math.isfinite(h["expert_load_max_over_mean"]) and h["expert_load_max_over_mean"] >= 1 for h in logs), logs
+    assert all(math.isfinite(h["expert_load_max_over_mean"]) and h["expert_load_max_over_mean"] >= 1 for h in logs), (
+        logs
+    )
     with open(os.path.join(out, "run_summary.json")) as f:
         summary = json.load(f)
     assert summary["method"] == ("lora+nf4" if name == "nf4" else "full"), summary["method"]
@@ -365,9 +457,15 @@ def short_aux_runs(request, row_base, tmp_path_factory):
     """{"<row> <method>": failure text} of the selected rows' 3-step nf4 and full runs, all at once, two at a time."""
     root = tmp_path_factory.mktemp("short_aux")
     rows = [p["model_type"] for p in selected_params(request, "test_nf4_and_full_with_router_aux_loss_log_finite_load")]
-    return run_jobs({f"{model_type} {name}": functools.partial(_short_with_aux, row_base(model_type), name,
-                                                               str(root / model_type / name))
-                     for model_type in rows for name in ("nf4", "full")})
+    return run_jobs(
+        {
+            f"{model_type} {name}": functools.partial(
+                _short_with_aux, row_base(model_type), name, str(root / model_type / name)
+            )
+            for model_type in rows
+            for name in ("nf4", "full")
+        }
+    )
 
 
 @pytest.mark.parametrize("model_type", MOE_ROWS)

@@ -28,9 +28,15 @@ def _routed_bias(name):
 
 def _saved(model_type, tmp_path):
     """(transformers 4.55 model, its directory, its state dict) at random weights, routed biases non-zero."""
-    config = transformers.AutoConfig.for_model(model_type, **{**BASE, **KNOBS[model_type], "num_hidden_layers": 2,
-                                                             **({"moe_layer_start_index": 1} if model_type ==
-                                                                "ernie4_5_moe" else {})})
+    config = transformers.AutoConfig.for_model(
+        model_type,
+        **{
+            **BASE,
+            **KNOBS[model_type],
+            "num_hidden_layers": 2,
+            **({"moe_layer_start_index": 1} if model_type == "ernie4_5_moe" else {}),
+        },
+    )
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     randomize(hf)
@@ -43,8 +49,9 @@ def test_a_checkpoint_without_routed_expert_biases_builds_experts_without_them(m
     hf, path, sd = _saved(model_type, tmp_path)
     dropped = [k for k in sd if _routed_bias(k)]
     assert dropped and any("shared_experts" in k and k.endswith(".bias") for k in sd)
-    safetensors_torch.save_file({k: v for k, v in sd.items() if k not in dropped}, f"{path}/model.safetensors",
-                                metadata={"format": "pt"})
+    safetensors_torch.save_file(
+        {k: v for k, v in sd.items() if k not in dropped}, f"{path}/model.safetensors", metadata={"format": "pt"}
+    )
     ours = load_ours(path, model_type)
     names = [n for n, _ in ours.named_parameters()]
     assert not [n for n in names if _routed_bias(n)]  # routed experts: no bias parameter at all
@@ -63,8 +70,9 @@ def test_a_checkpoint_without_routed_expert_biases_builds_experts_without_them(m
 
     ours.save_pretrained(str(tmp_path / "ours"))
     export_hf_model(str(tmp_path / "ours"), str(tmp_path / "hf"), log=lambda *a: None)
-    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32,
-                                                             attn_implementation="eager").eval()
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf"), torch_dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
         np.testing.assert_allclose(back(torch.tensor(IDS)).logits.numpy(), want, atol=1e-4, rtol=0)
     with paddle.no_grad():
@@ -77,8 +85,9 @@ def test_a_checkpoint_missing_one_routed_expert_bias_is_refused_naming_it(tmp_pa
 
     _, path, sd = _saved("ernie4_5_moe", tmp_path)
     gone = next(k for k in sd if _routed_bias(k))
-    safetensors_torch.save_file({k: v for k, v in sd.items() if k != gone}, f"{path}/model.safetensors",
-                                metadata={"format": "pt"})
+    safetensors_torch.save_file(
+        {k: v for k, v in sd.items() if k != gone}, f"{path}/model.safetensors", metadata={"format": "pt"}
+    )
     with pytest.raises(CheckpointError, match="missing from the checkpoint") as e:
         load_ours(path, "ernie4_5_moe")
     assert gone.split("layers.")[1] in str(e.value)

@@ -97,8 +97,9 @@ def run_both(model_type, sp=False, lora=None, shape=(2, 8), over=AUX):
     return ref, out, tps, outs, cfg
 
 
-@pytest.mark.parametrize("sp,shape", [(False, (2, 8)), (True, (2, 8)), (True, (3, 5))],
-                         ids=["tp2", "tp2_sp", "tp2_sp_odd_tokens"])
+@pytest.mark.parametrize(
+    "sp,shape", [(False, (2, 8)), (True, (2, 8)), (True, (3, 5))], ids=["tp2", "tp2_sp", "tp2_sp_odd_tokens"]
+)
 @pytest.mark.parametrize("model_type", TP_ROWS)
 def test_moe_two_ranks_equal_one_process_loss_aux_and_every_gradient(model_type, sp, shape):
     ref, out, tps, outs, cfg = run_both(model_type, sp, shape=shape)
@@ -131,9 +132,11 @@ def test_moe_two_ranks_equal_one_process_loss_aux_and_every_gradient(model_type,
     assert router and max(float(np.abs(ref_params[n].grad.numpy()).max()) for n in router) > 1e-6
 
 
-@pytest.mark.parametrize("model_type", [r for r in TP_ROWS if ROW_OF[r].arch.mlp_name == "mlp"
-                                        and r != "gpt_oss"][:2] + [r for r in TP_ROWS if r in ("mixtral",
-                                                                                              "deepseek_v3")])
+@pytest.mark.parametrize(
+    "model_type",
+    [r for r in TP_ROWS if ROW_OF[r].arch.mlp_name == "mlp" and r != "gpt_oss"][:2]
+    + [r for r in TP_ROWS if r in ("mixtral", "deepseek_v3")],
+)
 def test_moe_lora_on_split_experts_equals_one_process(model_type):
     """LoRA on attention and every routed / shared expert's Linears (the row's default targets), TP=2 with
     sequence parallelism: every adapter gradient (gathered with ``unshard_adapter_states``) equals one process's."""
@@ -145,8 +148,12 @@ def test_moe_lora_on_split_experts_equals_one_process(model_type):
     assert abs(float(outs[0].loss) - float(out.loss)) <= TOL * max(1.0, abs(float(out.loss)))
 
     def grads(m):  # an expert no token chose has none (on every rank and on one device alike)
-        return {f"{n}.{s}": getattr(l, s).grad for n, l in iter_adapter_layers(m) for s in l.state_suffixes
-                if getattr(l, s).grad is not None}
+        return {
+            f"{n}.{s}": getattr(l, s).grad
+            for n, l in iter_adapter_layers(m)
+            for s in l.state_suffixes
+            if getattr(l, s).grad is not None
+        }
 
     want = grads(ref)
     axes = {k: a for k, a in adapter_split_axes(tps[0]).items() if k in want}
@@ -166,8 +173,9 @@ def test_negative_control_a_rank_holding_another_expert_slice_fails():
     sim = SimulatedGroup(N)
     tps = sim.build(lambda r: build(model_type, N, r, False, **AUX))
     load_shards(ref, tps, cfg, model_type)
-    name = next(n for n, _ in ref.named_parameters() if ".experts.0." in n and n.endswith(("down_proj.weight",
-                                                                                            "w2.weight")))
+    name = next(
+        n for n, _ in ref.named_parameters() if ".experts.0." in n and n.endswith(("down_proj.weight", "w2.weight"))
+    )
     p0 = dict(tps[0].named_parameters())[name]
     p0.set_value(np.flip(p0.numpy(), 0).copy())  # rank 0's rows of the down projection in reverse order
     inputs = batch()
@@ -178,8 +186,12 @@ def test_negative_control_a_rank_holding_another_expert_slice_fails():
 
 @pytest.mark.parametrize("model_type", MOE)
 def test_config_accepts_tp_on_every_moe_row(tmp_path, model_type):
-    for method in (["--lora", "true"], ["--lora", "true", "--weight_quantize_algo", "nf4"], [],
-                   ["--lora", "true", "--sequence_parallel", "true"]):
+    for method in (
+        ["--lora", "true"],
+        ["--lora", "true", "--weight_quantize_algo", "nf4"],
+        [],
+        ["--lora", "true", "--sequence_parallel", "true"],
+    ):
         assert _config_problems(tmp_path, model_type, "--tensor_parallel_degree", "2", *method) == []
 
 
@@ -220,8 +232,9 @@ def test_moe_save_pretrained_merge_mappings_rebuild_the_single_device_checkpoint
         assert any(".experts." in n for n in tp_named)
 
 
-@pytest.mark.parametrize("model_type,sp,quant", [("qwen2_moe", False, True), ("gpt_oss", True, False),
-                                                 ("deepseek_v2", True, False)])
+@pytest.mark.parametrize(
+    "model_type,sp,quant", [("qwen2_moe", False, True), ("gpt_oss", True, False), ("deepseek_v2", True, False)]
+)
 def test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint(tmp_path, monkeypatch, model_type, sp, quant):
     """What the run's ``load_model`` builds on each of 2 model-parallel ranks for an MoE row: the rank's shards
     (per-expert Linears; gpt_oss' 3-D fused experts and sinks) streamed from a transformers-saved checkpoint, with
@@ -249,17 +262,44 @@ def test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint(tmp_path, monkeyp
     extra = ["--weight_quantize_algo", "nf4", "--weight_blocksize", "16"] if quant else []
 
     def run_config(tp, sp):
-        return load_config(os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
-                           ["--model_name_or_path", str(tmp_path / "hf"), "--tensor_parallel_degree", str(tp),
-                            "--sequence_parallel", str(sp).lower(), "--router_aux_loss_coef", "0.1", *extra])
+        return load_config(
+            os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+            [
+                "--model_name_or_path",
+                str(tmp_path / "hf"),
+                "--tensor_parallel_degree",
+                str(tp),
+                "--sequence_parallel",
+                str(sp).lower(),
+                "--router_aux_loss_coef",
+                "0.1",
+                *extra,
+            ],
+        )
 
     def args(tp, rank, sp):
-        return SimpleNamespace(fp16_opt_level="O1", fp16=False, bf16=False, tensor_parallel_degree=tp,
-                               tensor_parallel_rank=rank, tensor_parallel_output=False, recompute=False,
-                               pipeline_parallel_degree=1, sequence_parallel=sp)
+        return SimpleNamespace(
+            fp16_opt_level="O1",
+            fp16=False,
+            bf16=False,
+            tensor_parallel_degree=tp,
+            tensor_parallel_rank=rank,
+            tensor_parallel_output=False,
+            recompute=False,
+            pipeline_parallel_degree=1,
+            sequence_parallel=sp,
+        )
 
-    q = {"weight_quantize_algo": "nf4", "weight_blocksize": 16, "weight_double_quant": False,
-         "weight_double_quant_block_size": 256} if quant else None
+    q = (
+        {
+            "weight_quantize_algo": "nf4",
+            "weight_blocksize": 16,
+            "weight_double_quant": False,
+            "weight_double_quant_block_size": 256,
+        }
+        if quant
+        else None
+    )
     inputs = batch(vocab=HF_BASE["vocab_size"])
     single, _ = load_model(run_config(1, False), args(1, 0, False), q)
     sim = SimulatedGroup(N)
@@ -304,8 +344,9 @@ def test_moe_two_stages_equal_one_process(model_type, method, kind):
     assert all(p.moe_blocks() for p in parts)  # every stage routes experts
     want = compare(single, parts, kind, method, model_type)
     # the experts' gradients were compared (gpt_oss' fused experts take no adapter: its LoRA is attention-only)
-    assert any(".experts." in k for k in want) or (method == "lora" and not any(
-        "experts" in t for t in ROW_OF[model_type].targets))
+    assert any(".experts." in k for k in want) or (
+        method == "lora" and not any("experts" in t for t in ROW_OF[model_type].targets)
+    )
 
 
 def test_freeze_router_reaches_every_stage():
@@ -318,19 +359,29 @@ def test_freeze_router_reaches_every_stage():
     assert all(frozen) and sum(frozen) == freeze_routers(single)
 
 
-@pytest.mark.parametrize("over,refused", [((), False), (("--router_aux_loss_coef", "0.01"), True),
-                                          (("--router_aux_loss_coef", "0"), False)])
+@pytest.mark.parametrize(
+    "over,refused", [((), False), (("--router_aux_loss_coef", "0.01"), True), (("--router_aux_loss_coef", "0"), False)]
+)
 def test_config_pipeline_on_moe_rows_refuses_the_aux_loss(tmp_path, over, refused):
     for model_type in MOE:
         found = _config_problems(tmp_path, model_type, "--pipeline_parallel_degree", "2", "--lora", "true", *over)
         if refused:
-            assert any("load-balancing loss on (router_aux_loss_coef=0.01)" in p and "set router_aux_loss_coef=0" in p
-                       for p in found), (model_type, found)
+            assert any(
+                "load-balancing loss on (router_aux_loss_coef=0.01)" in p and "set router_aux_loss_coef=0" in p
+                for p in found
+            ), (model_type, found)
         else:
             assert found == [], (model_type, found)
     # the checkpoint's own aux loss (output_router_logits true) is refused too, and the advice lifts it
-    found = _config_problems(tmp_path, TP_ROWS[0], "--pipeline_parallel_degree", "2", *over,
-                             output_router_logits=True, router_aux_loss_coef=0.02)
+    found = _config_problems(
+        tmp_path,
+        TP_ROWS[0],
+        "--pipeline_parallel_degree",
+        "2",
+        *over,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+    )
     if not over:
         assert any("output_router_logits true with router_aux_loss_coef 0.02" in p for p in found), found
     else:

@@ -29,7 +29,9 @@ NO_HF_AUX = {"deepseek_v2", "deepseek_v3"}
 
 
 def test_moe_rows_are_listed():
-    assert {"mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"} <= set(MOE_ROWS)
+    assert {"mixtral", "qwen2_moe", "qwen3_moe", "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"} <= set(
+        MOE_ROWS
+    )
 
 
 @pytest.fixture(params=MOE_ROWS)
@@ -62,8 +64,13 @@ def test_aux_loss_and_loss_match_transformers_on_a_padded_batch(moe_row, monkeyp
         hooks = [m.gate.register_forward_hook(keep) for m in hf.modules() if type(m).__name__.endswith("MoE")]
     with torch.no_grad():
         # transformers shifts labels itself; ours take them already shifted (the toolkit's data)
-        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos),
-                  labels=torch.tensor(labels), output_router_logits=True)
+        want = hf(
+            torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(pos),
+            labels=torch.tensor(labels),
+            output_router_logits=True,
+        )
     for h in hooks:
         h.remove()
     if model_type in NO_HF_AUX:
@@ -73,8 +80,13 @@ def test_aux_loss_and_loss_match_transformers_on_a_padded_batch(moe_row, monkeyp
         aux = load_balancing_loss_func(tuple(gate_logits), spec.num_experts, spec.top_k, torch.tensor(mask))
         want.aux_loss, want.router_logits, want.loss = aux, tuple(gate_logits), want.loss + coef * aux
     shifted = np.concatenate([labels[:, 1:], np.full((labels.shape[0], 1), -100)], axis=1)
-    got = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-               position_ids=paddle.to_tensor(pos), labels=paddle.to_tensor(shifted), output_router_logits=True)
+    got = ours(
+        input_ids=paddle.to_tensor(ids),
+        attention_mask=paddle.to_tensor(mask),
+        position_ids=paddle.to_tensor(pos),
+        labels=paddle.to_tensor(shifted),
+        output_router_logits=True,
+    )
     n_moe = len(ours.moe_blocks())
     assert len(got.router_logits) == n_moe == len(want.router_logits) > 0, model_type
     aux_want, aux_got = float(want.aux_loss), float(got.aux_loss)
@@ -91,8 +103,12 @@ def test_aux_loss_and_loss_match_transformers_on_a_padded_batch(moe_row, monkeyp
 def test_no_router_logits_no_aux_loss(moe_row):
     model_type, _, _, ours = moe_row
     _, (ids, mask, pos) = _left_padded([6, 4], seed=4)
-    out = ours(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-               position_ids=paddle.to_tensor(pos), output_router_logits=False)
+    out = ours(
+        input_ids=paddle.to_tensor(ids),
+        attention_mask=paddle.to_tensor(mask),
+        position_ids=paddle.to_tensor(pos),
+        output_router_logits=False,
+    )
     assert out.aux_loss is None and out.router_logits is None, model_type
 
 
@@ -114,18 +130,47 @@ def test_targets_take_every_expert_but_never_the_router(moe_row):
 
 #: PaddleNLP 3.0.0b4's own MoE classes (their forward crashes on Paddle 3.3, their save_pretrained works); the
 #: DeepSeeks with the routing keys transformers' classes compute: V2 greedy softmax, V3 sigmoid + noaux_tc
-_MLA = dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16,
-            qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-            n_shared_experts=1, first_k_dense_replace=1)
+_MLA = dict(
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+)
 PADDLENLP_MOE = {
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(_MLA, topk_method="greedy")),
-    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                    dict(_MLA, n_group=2, topk_group=1, scoring_func="sigmoid", topk_method="noaux_tc",
-                         norm_topk_prob=True, routed_scaling_factor=2.5)),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            _MLA,
+            n_group=2,
+            topk_group=1,
+            scoring_func="sigmoid",
+            topk_method="noaux_tc",
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+        ),
+    ),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-                       shared_expert_intermediate_size=48)),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            shared_expert_intermediate_size=48,
+        ),
+    ),
 }
 
 
@@ -134,8 +179,17 @@ def save_paddlenlp_moe(model_type, out_dir, vocab_size=128, std=0.15):
     import paddlenlp.transformers as T
 
     conf_name, lm_name, extra = PADDLENLP_MOE[model_type]
-    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kw = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     cfg = getattr(T, conf_name)(**{**kw, **extra})
     pd = getattr(T, lm_name)(cfg)
     rng = np.random.default_rng(0)
@@ -160,8 +214,9 @@ def test_paddlenlp_built_checkpoint_loads_and_computes_as_transformers(model_typ
     from paddlenlp_ext.models.loading import load_model_streaming
 
     config_cls, _, lm_cls = classes_for(model_type)
-    ours, stats = load_model_streaming(str(tmp_path), config_cls.from_pretrained(str(tmp_path)), "float32",
-                                       model_class=lm_cls)
+    ours, stats = load_model_streaming(
+        str(tmp_path), config_cls.from_pretrained(str(tmp_path)), "float32", model_class=lm_cls
+    )
     ours.eval()
     assert stats["layout"] == "paddlenlp"
     got_state = ours.state_dict()
@@ -171,8 +226,9 @@ def test_paddlenlp_built_checkpoint_loads_and_computes_as_transformers(model_typ
     with open(tmp_path / "config.json", encoding="utf-8") as f:
         raw = json.load(f)
     keep = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "dtype", "paddlenlp_version")}
-    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **keep),
-                                                       attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(model_type, **keep), attn_implementation="eager"
+    ).eval()
     state = {}
     for k, v in want_state.items():
         name, transposed = hf_name(k, model_type)

@@ -43,16 +43,19 @@ def test_training_into_an_earlier_run_is_refused_naming_dir_checkpoint_and_keys(
     with pytest.raises(ConfigError) as e:
         load_config(cfg_file)
     msg = e.value.report()
-    assert f"output_dir {str(tmp_path / 'o')!r} ({tmp_path / 'o'}) already holds a run (checkpoint-5, checkpoint-10, " \
-           "run_summary.json)" in msg
+    assert (
+        f"output_dir {str(tmp_path / 'o')!r} ({tmp_path / 'o'}) already holds a run (checkpoint-5, checkpoint-10, "
+        "run_summary.json)" in msg
+    )
     assert "resume_from_checkpoint: true to continue from checkpoint-10" in msg
     assert "overwrite_output_dir: true to start over" in msg
 
 
 def test_resume_overwrite_and_eval_only_are_allowed(tmp_path, cfg_file):
     earlier_run(tmp_path / "o")
-    assert load_config(cfg_file, ["--resume_from_checkpoint", "true"]).training["resume_from_checkpoint"] == \
-        str(tmp_path / "o" / "checkpoint-10")
+    assert load_config(cfg_file, ["--resume_from_checkpoint", "true"]).training["resume_from_checkpoint"] == str(
+        tmp_path / "o" / "checkpoint-10"
+    )
     assert load_config(cfg_file, ["--overwrite_output_dir", "true"]).training["overwrite_output_dir"] is True
     assert load_config(cfg_file, ["--do_train", "false", "--do_eval", "true"]).training["do_train"] is False
     both = load_config(cfg_file, ["--overwrite_output_dir", "true", "--resume_from_checkpoint", "true"])
@@ -78,8 +81,14 @@ def test_overwrite_removes_the_earlier_run_and_says_so(tmp_path, cfg_file):
     out = tmp_path / "o"
     earlier_run(out)
     (out / "train.log").write_text("old run\n")
-    assert earlier_run_entries(str(out)) == ["checkpoint-10", "checkpoint-5", "loss.png", "resolved_config.json",
-                                             "run_summary.json", "train.log"]
+    assert earlier_run_entries(str(out)) == [
+        "checkpoint-10",
+        "checkpoint-5",
+        "loss.png",
+        "resolved_config.json",
+        "run_summary.json",
+        "train.log",
+    ]
     cfg = load_config(cfg_file, ["--overwrite_output_dir", "true"])
     stream = io.StringIO()
     with run_logging(cfg, stream=stream):
@@ -87,10 +96,14 @@ def test_overwrite_removes_the_earlier_run_and_says_so(tmp_path, cfg_file):
     assert sorted(os.listdir(out)) == ["train.log"]
     log = (out / "train.log").read_text()
     assert "old run" not in log
-    assert "overwrite_output_dir removed: checkpoint-10, checkpoint-5, loss.png, resolved_config.json, " \
-           "run_summary.json, train.log" in log
-    assert f"overwrite_output_dir: removed the earlier run from {out}: checkpoint-10, checkpoint-5, 4 other files " \
-           "of it (train.log lists them)" in stream.getvalue()
+    assert (
+        "overwrite_output_dir removed: checkpoint-10, checkpoint-5, loss.png, resolved_config.json, "
+        "run_summary.json, train.log" in log
+    )
+    assert (
+        f"overwrite_output_dir: removed the earlier run from {out}: checkpoint-10, checkpoint-5, 4 other files "
+        "of it (train.log lists them)" in stream.getvalue()
+    )
 
 
 def test_overwrite_in_a_directory_not_written_by_us_keeps_other_files(tmp_path):
@@ -145,10 +158,31 @@ CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 @pytest.mark.slow
 def test_cli_run_twice_is_refused_then_overwrite_starts_over(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, CLI, os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), "--output_dir", str(out),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, "--max_steps", "3",
-           "--logging_steps", "10", "--save_strategy", "steps", "--save_steps", "2", "--do_eval", "false",
-           "--per_device_train_batch_size", "4", "--overwrite_output_dir", "false"]
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--max_steps",
+        "3",
+        "--logging_steps",
+        "10",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--do_eval",
+        "false",
+        "--per_device_train_batch_size",
+        "4",
+        "--overwrite_output_dir",
+        "false",
+    ]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert re.search(r"^step 3/3 \(100%\)  loss \d+\.\d{4}", first.stdout, re.M), first.stdout
@@ -160,8 +194,11 @@ def test_cli_run_twice_is_refused_then_overwrite_starts_over(tiny_model_dir, tmp
     cmd[cmd.index("--save_strategy") + 1] = "no"
     over = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert over.returncode == 0, over.stdout[-3000:] + over.stderr[-3000:]
-    assert re.search(rf"overwrite_output_dir: removed the earlier run from {re.escape(str(out))}: checkpoint-2, "
-                     r"\d+ other files of it", over.stdout), over.stdout
+    assert re.search(
+        rf"overwrite_output_dir: removed the earlier run from {re.escape(str(out))}: checkpoint-2, "
+        r"\d+ other files of it",
+        over.stdout,
+    ), over.stdout
     assert not [n for n in os.listdir(out) if n.startswith("checkpoint-")]  # a later resume cannot pick them up
 
 

@@ -54,8 +54,10 @@ def test_docstring_examples(module, examples):
 
 def test_no_paddle_import():
     # the packing modules must stay paddle-free; check in a fresh interpreter (other tests may import paddle)
-    code = ("import sys, paddlenlp_ext.data.binpack, paddlenlp_ext.data.packed_row, paddlenlp_ext.data.packing; "
-            "sys.exit(int(any(m.split('.')[0] == 'paddle' for m in sys.modules)))")
+    code = (
+        "import sys, paddlenlp_ext.data.binpack, paddlenlp_ext.data.packed_row, paddlenlp_ext.data.packing; "
+        "sys.exit(int(any(m.split('.')[0] == 'paddle' for m in sys.modules)))"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
@@ -168,12 +170,21 @@ def test_determinism():
     packs = greedy_pack(lengths, 1024)
     a = shuffle_packs(packs, seed=7, epoch=1)
     # a resumed run is another process: packs and order must not depend on it (hash seed, pid, time)
-    code = ("import json, sys, numpy as np; from paddlenlp_ext.data.binpack import greedy_pack, shuffle_packs; "
-            "lengths = np.array(json.loads(sys.stdin.read())); packs = greedy_pack(lengths, 1024); "
-            "print(json.dumps([packs, shuffle_packs(packs, seed=7, epoch=1)]))")
+    code = (
+        "import json, sys, numpy as np; from paddlenlp_ext.data.binpack import greedy_pack, shuffle_packs; "
+        "lengths = np.array(json.loads(sys.stdin.read())); packs = greedy_pack(lengths, 1024); "
+        "print(json.dumps([packs, shuffle_packs(packs, seed=7, epoch=1)]))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    other = subprocess.run([sys.executable, "-c", code], input=json.dumps(lengths.tolist()), capture_output=True,
-                           text=True, cwd=ROOT, env=env, check=True)
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(lengths.tolist()),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
     assert json.loads(other.stdout) == [packs, a]
     assert a != shuffle_packs(packs, seed=7, epoch=2)
     assert a != shuffle_packs(packs, seed=8, epoch=1)

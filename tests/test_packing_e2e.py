@@ -64,22 +64,64 @@ def test_packed_loss_and_grads_equal_unpacked(tiny_model_dir, tiny_tokenizer, tm
 
 
 def test_check_packing_tool_and_data_report_tool(tiny_model_dir, tmp_path):
-    base = [os.path.join(ROOT, "llm/config/tiny/sft_argument.json"), "--model_name_or_path", tiny_model_dir,
-            "--output_dir", str(tmp_path / "o"), "--zero_padding", "true", "--greedy_zero_padding", "true"]
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm/tools/check_packing.py"), *base,
-                        "--use_flash_attention", "true", "--flash_mask", "true", "--check_examples", "8"],
-                       capture_output=True, text=True, cwd=ROOT)
+    base = [
+        os.path.join(ROOT, "llm/config/tiny/sft_argument.json"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--zero_padding",
+        "true",
+        "--greedy_zero_padding",
+        "true",
+    ]
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm/tools/check_packing.py"),
+            *base,
+            "--use_flash_attention",
+            "true",
+            "--flash_mask",
+            "true",
+            "--check_examples",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["ok"] and out["flash_mask"] and out["examples"] == 8
     mt = multi_turn_dir(tmp_path)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm/tools/data_report.py"), *base,
-                        "--dataset_name_or_path", mt, "--max_length", "64", "--src_length", "16"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm/tools/data_report.py"),
+            *base,
+            "--dataset_name_or_path",
+            mt,
+            "--max_length",
+            "64",
+            "--src_length",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)["train"]
-    for key in ("examples", "truncated_examples", "packs", "padding_ratio", "supervised_fraction", "tokens",
-                "length_histogram"):
+    for key in (
+        "examples",
+        "truncated_examples",
+        "packs",
+        "padding_ratio",
+        "supervised_fraction",
+        "tokens",
+        "length_histogram",
+    ):
         assert key in rep, key
     assert rep["examples"] == 24 and rep["packing"] == "greedy"
     # the definition, from the report's own counts: rows of max_length 64 minus the real tokens in them
@@ -90,8 +132,17 @@ def test_check_packing_tool_and_data_report_tool(tiny_model_dir, tmp_path):
 
 def _stream(tok, group_size=16, start=None, packed=True):
     tokenize = lambda ex: tokenize_example(ex, tok, 64, 256, False)  # noqa: E731
-    return StreamingPackedDataset([os.path.join(DATA_DIR, "train.json")], tokenize, 256, tok.pad_token_id,
-                                  greedy=True, group_size=group_size, seed=3, start=start, packed=packed)
+    return StreamingPackedDataset(
+        [os.path.join(DATA_DIR, "train.json")],
+        tokenize,
+        256,
+        tok.pad_token_id,
+        greedy=True,
+        group_size=group_size,
+        seed=3,
+        start=start,
+        packed=packed,
+    )
 
 
 def _take(ds, n):
@@ -106,7 +157,7 @@ def test_stream_resumes_at_cursor_without_replay(tiny_tokenizer):
         cursor = full.position_after(k)
         resumed = _stream(tiny_tokenizer, start=cursor)
         again = _take(resumed, 10)
-        for a, b in zip(rows[k:k + 10], again):
+        for a, b in zip(rows[k : k + 10], again):
             assert np.array_equal(a["input_ids"], b["input_ids"]) and np.array_equal(a["labels"], b["labels"])
         # no replay: the resumed stream read only from its group start on
         assert resumed.stats["examples"] <= full.stats["examples"] - cursor.group_index * 16 + 16
@@ -126,17 +177,42 @@ def test_stream_reads_one_group_at_a_time(tiny_tokenizer):
 
 def test_lazy_run_resumes_from_checkpoint(tiny_model_dir, tmp_path):
     cli = os.path.join(ROOT, "llm/run_finetune.py")
-    common = [sys.executable, cli, os.path.join(ROOT, "llm/config/tiny/sft_argument.json"),
-              "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR,
-              "--output_dir", str(tmp_path / "o"), "--zero_padding", "true", "--greedy_zero_padding", "true",
-              "--lazy", "true", "--greedy_group_size", "64", "--per_device_train_batch_size", "2",
-              "--save_strategy", "steps", "--save_steps", "6", "--eval_before_train", "false", "--do_eval", "false"]
+    common = [
+        sys.executable,
+        cli,
+        os.path.join(ROOT, "llm/config/tiny/sft_argument.json"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--zero_padding",
+        "true",
+        "--greedy_zero_padding",
+        "true",
+        "--lazy",
+        "true",
+        "--greedy_group_size",
+        "64",
+        "--per_device_train_batch_size",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "6",
+        "--eval_before_train",
+        "false",
+        "--do_eval",
+        "false",
+    ]
     r = subprocess.run(common + ["--max_steps", "6"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = tmp_path / "o" / "checkpoint-6"
     assert json.loads((ckpt / "data_state.json").read_text())["skip_rows"] == 12
-    r = subprocess.run(common + ["--max_steps", "12", "--resume_from_checkpoint", str(ckpt)],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        common + ["--max_steps", "12", "--resume_from_checkpoint", str(ckpt)], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "lazy stream resumes at" in r.stdout + r.stderr
     s = json.loads((tmp_path / "o" / "run_summary.json").read_text())
@@ -148,16 +224,31 @@ def test_lazy_run_resumes_from_checkpoint(tiny_model_dir, tmp_path):
 def test_cli_trains_with_zero_padding_and_flash_mask_on_cpu(tiny_model_dir, tmp_path):
     from test_e2e import run_cli, summary
 
-    r, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "20",
-                     "--per_device_train_batch_size", "2", "--zero_padding", "true", "--greedy_zero_padding", "true",
-                     "--use_flash_attention", "true", "--flash_mask", "true")
+    r, out = run_cli(
+        "llm/config/tiny/sft_argument.json",
+        tmp_path,
+        "--max_steps",
+        "20",
+        "--per_device_train_batch_size",
+        "2",
+        "--zero_padding",
+        "true",
+        "--greedy_zero_padding",
+        "true",
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+    )
     s = summary(out)
     assert "flashmask_attention (block-sparse, CPU; packed documents: per document)" in r.stderr
     train = s["data"]["train"]
     assert train["packing"] == "greedy" and train["packs"] < train["examples"]
     assert s["eval_loss"] < 0.8 * s["eval_loss_before_train"]
     # only example tokens are counted: 20 steps x 2 rows x 256 slots, minus padding
-    assert s["tokens_trained"] <= 20 * 2 * 256 and s["tokens_trained"] > 20 * 2 * 256 * (1 - train["padding_ratio"] - 0.1)
+    assert s["tokens_trained"] <= 20 * 2 * 256 and s["tokens_trained"] > 20 * 2 * 256 * (
+        1 - train["padding_ratio"] - 0.1
+    )
 
 
 def test_resume_refuses_incomplete_checkpoint(tiny_model_dir, tmp_path):
@@ -166,6 +257,7 @@ def test_resume_refuses_incomplete_checkpoint(tiny_model_dir, tmp_path):
     ckpt = tmp_path / "checkpoint-3"
     ckpt.mkdir()
     (ckpt / "trainer_state.json").write_text("{}")  # a save cut short: no completion marker
-    r, _ = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "6",
-                   "--resume_from_checkpoint", ckpt, check=False)
+    r, _ = run_cli(
+        "llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "6", "--resume_from_checkpoint", ckpt, check=False
+    )
     assert r.returncode == 2 and "is incomplete" in r.stderr

@@ -50,13 +50,38 @@ def test_notice_of_a_run(monkeypatch):
 def test_configuration_line_says_so_and_changes_nothing(tiny_model_dir, tmp_path):
     from test_e2e import run_cli, summary
 
-    dense, out = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "2", "--zero_padding", "true",
-                         "--do_eval", "false", "--eval_before_train", "false", name="dense")
+    dense, out = run_cli(
+        "llm/config/tiny/sft_argument.json",
+        tmp_path,
+        "--max_steps",
+        "2",
+        "--zero_padding",
+        "true",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        name="dense",
+    )
     line = next(x for x in dense.stdout.splitlines() if x.startswith("model tiny-llama"))
     assert "packing: expect no speed-up on this CPU (flash_mask=false attends over the whole packed row" in line
     assert summary(out)["data"]["train"]["packing"] != "none"  # the user's choice stands
-    fm, _ = run_cli("llm/config/tiny/sft_argument.json", tmp_path, "--max_steps", "2", "--zero_padding", "true",
-                    "--use_flash_attention", "true", "--flash_mask", "true", "--do_eval", "false",
-                    "--eval_before_train", "false", name="fm")
+    fm, _ = run_cli(
+        "llm/config/tiny/sft_argument.json",
+        tmp_path,
+        "--max_steps",
+        "2",
+        "--zero_padding",
+        "true",
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+        "--do_eval",
+        "false",
+        "--eval_before_train",
+        "false",
+        name="fm",
+    )
     line = next(x for x in fm.stdout.splitlines() if x.startswith("model tiny-llama"))
     assert "packing:" not in line  # tiny model (hidden 64), per-document attention: packing can pay off

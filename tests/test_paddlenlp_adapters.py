@@ -109,16 +109,31 @@ def pnlp(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("paddlenlp_adapters")
     out = {}
     d = str(root / "lora")
-    out["lora"] = (d, _save_paddlenlp_lora(tiny_model_dir, d, seed=1, r=4, lora_alpha=8, target_modules=ALL_LINEARS,
-                                           base_model_name_or_path=tiny_model_dir))
+    out["lora"] = (
+        d,
+        _save_paddlenlp_lora(
+            tiny_model_dir,
+            d,
+            seed=1,
+            r=4,
+            lora_alpha=8,
+            target_modules=ALL_LINEARS,
+            base_model_name_or_path=tiny_model_dir,
+        ),
+    )
     d = str(root / "rslora")
-    out["rslora"] = (d, _save_paddlenlp_lora(tiny_model_dir, d, seed=2, r=4, lora_alpha=8, rslora=True,
-                                             target_modules=[".*q_proj.*", ".*v_proj.*"]))
+    out["rslora"] = (
+        d,
+        _save_paddlenlp_lora(
+            tiny_model_dir, d, seed=2, r=4, lora_alpha=8, rslora=True, target_modules=[".*q_proj.*", ".*v_proj.*"]
+        ),
+    )
     from paddlenlp.peft import VeRAConfig, VeRAModel
 
     d = str(root / "vera")  # as PaddleNLP's run_finetune.py builds it
-    vm = VeRAModel(_base_model(tiny_model_dir), VeRAConfig(target_modules=ALL_LINEARS, r=4, vera_alpha=4,
-                                                           pissa_init=True))
+    vm = VeRAModel(
+        _base_model(tiny_model_dir), VeRAConfig(target_modules=ALL_LINEARS, r=4, vera_alpha=4, pissa_init=True)
+    )
     vm.mark_only_vera_as_trainable(notfreezeB=True)
     vm.save_pretrained(d)
     out["vera"] = (d, None)
@@ -130,7 +145,14 @@ def test_config_mapping(pnlp, tmp_path):
     d, factors = pnlp["lora"]
     assert sorted(os.listdir(d)) == ["config.json", "lora_config.json", "lora_model_state.pdparams"]
     cfg = AdapterConfig.load(d)
-    assert (cfg.method, cfg.layer_type, cfg.r, cfg.alpha, cfg.rslora, cfg.scaling) == ("lora", "lora", 4, 8.0, False, 2.0)
+    assert (cfg.method, cfg.layer_type, cfg.r, cfg.alpha, cfg.rslora, cfg.scaling) == (
+        "lora",
+        "lora",
+        4,
+        8.0,
+        False,
+        2.0,
+    )
     assert cfg.target_modules == ALL_LINEARS and cfg.model_type == "llama" and cfg.quantization is None
     assert json.load(open(os.path.join(d, "lora_config.json")))["scaling"] == cfg.scaling
     tensors = read_adapter_tensors(d)
@@ -143,13 +165,22 @@ def test_config_mapping(pnlp, tmp_path):
     # LoRA+ ratio, dropout, a QLoRA base (config.json's quantization_config) map to ours
     e = _edited(d, tmp_path / "e", lora_plus_scale=16.0, lora_dropout=0.1)
     m = json.load(open(os.path.join(e, "config.json")))
-    m["quantization_config"] = {"weight_quantize_algo": "nf4", "weight_blocksize": 64, "weight_double_quant": True,
-                                "weight_double_quant_block_size": 256, "quant_type": None}
+    m["quantization_config"] = {
+        "weight_quantize_algo": "nf4",
+        "weight_blocksize": 64,
+        "weight_double_quant": True,
+        "weight_double_quant_block_size": 256,
+        "quant_type": None,
+    }
     json.dump(m, open(os.path.join(e, "config.json"), "w"))
     c = AdapterConfig.load(e)
     assert (c.lora_plus_scale, c.dropout) == (16.0, 0.1)
-    assert c.quantization == {"weight_quantize_algo": "nf4", "weight_blocksize": 64, "weight_double_quant": True,
-                              "weight_double_quant_block_size": 256}
+    assert c.quantization == {
+        "weight_quantize_algo": "nf4",
+        "weight_blocksize": 64,
+        "weight_double_quant": True,
+        "weight_double_quant_block_size": 256,
+    }
 
 
 def test_weight_file_variants_bf16_and_sharded_safetensors(pnlp, tmp_path):
@@ -173,11 +204,13 @@ def test_weight_file_variants_bf16_and_sharded_safetensors(pnlp, tmp_path):
     os.remove(os.path.join(d2, "lora_model_state.pdparams"))
     keys = sorted(flat)
     weight_map = {}
-    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:])):
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :])):
         name = f"peft_model-0000{i + 1}-of-00002.safetensors"
         save_file({k: bf[k].numpy() for k in part}, os.path.join(d2, name), metadata={"format": "np"})  # uint16
         weight_map.update({k: name for k in part})
-    json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(d2, "peft_model.safetensors.index.json"), "w"))
+    json.dump(
+        {"metadata": {}, "weight_map": weight_map}, open(os.path.join(d2, "peft_model.safetensors.index.json"), "w")
+    )
     got = read_adapter_tensors(d2)
     assert set(got) == set(flat) and all(np.array_equal(got[k], want[k]) for k in flat)
 
@@ -186,8 +219,10 @@ def test_weight_file_variants_bf16_and_sharded_safetensors(pnlp, tmp_path):
 def test_merge_equals_numpy_and_paddlenlp(pnlp, tiny_model_dir, tmp_path, capsys):
     d, factors = pnlp["lora"]
     out = tmp_path / "merged"
-    rc = _run_script(MERGE_CLI, ["--model_name_or_path", tiny_model_dir, "--lora_path", d, "--merge_model_path", out,
-                                 "--device", "cpu"])
+    rc = _run_script(
+        MERGE_CLI,
+        ["--model_name_or_path", tiny_model_dir, "--lora_path", d, "--merge_model_path", out, "--device", "cpu"],
+    )
     log = capsys.readouterr().out
     assert rc == 0 and "merged 14 modules" in log and "verify: passed" in log, log
     base, merged = _read_st(tiny_model_dir), _read_st(str(out))
@@ -204,8 +239,21 @@ def test_paddlenlp_merge_location_and_flags(pnlp, tiny_model_dir, tmp_path, caps
     d, factors = pnlp["lora"]
     out = tmp_path / "pd"
     # PaddleNLP's current flags; --safe_serialization defaults to False as there -> model_state.pdparams
-    rc = _run_script(PNLP_MERGE_CLI, ["--model_name_or_path", tiny_model_dir, "--lora_path", d, "--output_path", out,
-                                      "--device", "gpu", "--low_gpu_mem", "True"])
+    rc = _run_script(
+        PNLP_MERGE_CLI,
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            d,
+            "--output_path",
+            out,
+            "--device",
+            "gpu",
+            "--low_gpu_mem",
+            "True",
+        ],
+    )
     log = capsys.readouterr().out
     assert rc == 0 and "verify: passed" in log, log
     assert "--low_gpu_mem has no effect" in log and "--device gpu: the merge itself runs on the CPU" in log
@@ -216,8 +264,10 @@ def test_paddlenlp_merge_location_and_flags(pnlp, tiny_model_dir, tmp_path, caps
 
     # the older flags: --merge_lora_model_path, no --model_name_or_path (-> lora_config's base_model_name_or_path)
     out2 = tmp_path / "st"
-    rc = _run_script(PNLP_MERGE_CLI, ["--lora_path", d, "--merge_lora_model_path", out2, "--safe_serialization",
-                                      "true", "--no-verify"])
+    rc = _run_script(
+        PNLP_MERGE_CLI,
+        ["--lora_path", d, "--merge_lora_model_path", out2, "--safe_serialization", "true", "--no-verify"],
+    )
     log = capsys.readouterr().out
     assert rc == 0 and f"base_model_name_or_path {tiny_model_dir}" in log, log
     _check_merged(_read_st(str(out2)), base, factors, scaling=2.0)
@@ -226,8 +276,10 @@ def test_paddlenlp_merge_location_and_flags(pnlp, tiny_model_dir, tmp_path, caps
         _run_script(PNLP_MERGE_CLI, ["--lora_path", d, "--output_path", tmp_path / "x", "--use_vocab_extend", "true"])
     assert e.value.code == 2 and "unrecognized arguments: --use_vocab_extend" in capsys.readouterr().err
     # refusals exit 1 with the reason
-    rc = _run_script(PNLP_MERGE_CLI, ["--model_name_or_path", tiny_model_dir, "--lora_path", pnlp["vera"][0],
-                                      "--output_path", tmp_path / "v"])
+    rc = _run_script(
+        PNLP_MERGE_CLI,
+        ["--model_name_or_path", tiny_model_dir, "--lora_path", pnlp["vera"][0], "--output_path", tmp_path / "v"],
+    )
     assert rc == 2 and "vera_A" in capsys.readouterr().err and not (tmp_path / "v").exists()
 
 
@@ -269,24 +321,42 @@ def test_eval_cli_lora_path_equals_merged_model(pnlp, tiny_model_dir, tmp_path):
     d, _ = pnlp["lora"]
     merged = tmp_path / "merged"
     merge_adapter_checkpoint(tiny_model_dir, d, str(merged), verify=False, log=lambda m: None)
-    common = ["--dataset_name_or_path", DATA_DIR, "--do_train", "false", "--do_eval", "true",
-              "--eval_before_train", "false"]
+    common = [
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--do_train",
+        "false",
+        "--do_eval",
+        "true",
+        "--eval_before_train",
+        "false",
+    ]
     runs = {
         "adapter": ["--model_name_or_path", tiny_model_dir, "--lora", "true", "--lora_path", d, "--lora_rank", "4"],
         "merged": ["--model_name_or_path", merged, "--lora", "false"],
         "base": ["--model_name_or_path", tiny_model_dir, "--lora", "false"],
     }
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = {k: subprocess.Popen([sys.executable, CLI, LORA_CONFIG, "--output_dir", str(tmp_path / k), *common,
-                                  *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 cwd=ROOT, env=env) for k, argv in runs.items()}
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, CLI, LORA_CONFIG, "--output_dir", str(tmp_path / k), *common, *map(str, argv)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        for k, argv in runs.items()
+    }
     logs = {k: p.communicate()[0] for k, p in procs.items()}
     for k, p in procs.items():
         assert p.returncode == 0, logs[k][-4000:]
     s = {k: json.load(open(tmp_path / k / "run_summary.json")) for k in runs}
     # r * (in + out) for q, k, v, o, gate, up, down of each of the 2 layers
     dims = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 176), (64, 176), (176, 64)]
-    assert s["adapter"]["method"] == "lora" and s["adapter"]["trainable_params"] == 2 * sum(4 * (i + o) for i, o in dims)
+    assert s["adapter"]["method"] == "lora" and s["adapter"]["trainable_params"] == 2 * sum(
+        4 * (i + o) for i, o in dims
+    )
     loss = {k: v["eval_loss"] for k, v in s.items()}
     print(f"eval loss: {loss}")
     assert loss["adapter"] == pytest.approx(loss["merged"], rel=1e-4)
@@ -301,8 +371,11 @@ def test_vera_is_refused_everywhere(pnlp, tiny_model_dir, tmp_path):
 
     saved = load(os.path.join(d, "vera_model_state.pdparams"))
     assert saved and not any(k.endswith("vera_A") for k in saved)  # the premise of the refusal
-    for call in (lambda: AdapterConfig.load(d), lambda: read_adapter_tensors(d),
-                 lambda: load_adapter(_base_model(tiny_model_dir), d)):
+    for call in (
+        lambda: AdapterConfig.load(d),
+        lambda: read_adapter_tensors(d),
+        lambda: load_adapter(_base_model(tiny_model_dir), d),
+    ):
         with pytest.raises(PaddleNLPAdapterError, match=r"vera_config\.json: PaddleNLP VeRA adapters cannot be read"):
             call()
     with pytest.raises(MergeError, match="vera_A"):
@@ -321,8 +394,13 @@ def _edited(src, dst, **changes):
 
 
 def _config_problems(tiny_model_dir, tmp_path, keys):
-    cfg = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR, "output_dir": str(tmp_path / "o"),
-           "do_eval": True, **keys}
+    cfg = {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "o"),
+        "do_eval": True,
+        **keys,
+    }
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(cfg))
     try:
@@ -332,10 +410,20 @@ def _config_problems(tiny_model_dir, tmp_path, keys):
     return ""
 
 
-UNSUPPORTED = [("use_mora", True), ("lora_use_mixer", True), ("trainable_bias", "lora"), ("pissa", True),
-               ("loraga", True), ("do_qat", True), ("trainable_modules", [".*embed_tokens.*"]),
-               ("enable_lora_list", [[True, False, True]]), ("tensor_parallel_degree", "2"), ("use_dora", True),
-               ("lora_alpha", -1), ("scaling", 4.0)]
+UNSUPPORTED = [
+    ("use_mora", True),
+    ("lora_use_mixer", True),
+    ("trainable_bias", "lora"),
+    ("pissa", True),
+    ("loraga", True),
+    ("do_qat", True),
+    ("trainable_modules", [".*embed_tokens.*"]),
+    ("enable_lora_list", [[True, False, True]]),
+    ("tensor_parallel_degree", "2"),
+    ("use_dora", True),
+    ("lora_alpha", -1),
+    ("scaling", 4.0),
+]
 
 
 @pytest.mark.parametrize("key,value", UNSUPPORTED, ids=[k for k, _ in UNSUPPORTED])
@@ -364,8 +452,11 @@ def test_unsupported_tensor_in_state_is_refused(pnlp, tmp_path):
     state = paddle.load(path)
     state["llama.layers.0.self_attn.q_proj.lora_AB"] = paddle.ones([4, 4])
     paddle.save(state, path)
-    with pytest.raises(PaddleNLPAdapterError, match=r"lora_model_state\.pdparams: tensor "
-                                                    r"'llama\.layers\.0\.self_attn\.q_proj\.lora_AB' is a MoSLoRA"):
+    with pytest.raises(
+        PaddleNLPAdapterError,
+        match=r"lora_model_state\.pdparams: tensor "
+        r"'llama\.layers\.0\.self_attn\.q_proj\.lora_AB' is a MoSLoRA",
+    ):
         read_adapter_tensors(d)
 
 
@@ -402,8 +493,14 @@ def _tp_split(src, dst, n, pp=False):
             row = any(t in k for t in ("o_proj", "down_proj"))
             axis = (0 if k.endswith("lora_A") else None) if row else (1 if k.endswith("lora_B") else None)
             state[k] = v if axis is None else np.split(v, n, axis=axis)[r]
-        stages = [dict(state)] if not pp else [{k: v for k, v in state.items() if ".layers.0." in k},
-                                               {k: v for k, v in state.items() if ".layers.0." not in k}]
+        stages = (
+            [dict(state)]
+            if not pp
+            else [
+                {k: v for k, v in state.items() if ".layers.0." in k},
+                {k: v for k, v in state.items() if ".layers.0." not in k},
+            ]
+        )
         for s, part in enumerate(stages):
             name = f"lora_model_state.tp{r:02d}_pp{s:02d}.pdparams" if pp else f"lora_model_state.tp{r:02d}.pdparams"
             paddle.save({k: paddle.to_tensor(v) for k, v in part.items()}, os.path.join(dst, name))
@@ -478,8 +575,11 @@ def test_pipeline_stage_files_are_read_together(pnlp, tmp_path):
     staged = tmp_path / "pp"
     shutil.copytree(d, staged)
     os.remove(staged / "lora_model_state.pdparams")
-    for s, part in enumerate(({k: v for k, v in full.items() if ".layers.0." in k},
-                              {k: v for k, v in full.items() if ".layers.0." not in k})):
-        paddle.save({k: paddle.to_tensor(v) for k, v in part.items()}, str(staged / f"lora_model_state.pp{s:02d}.pdparams"))
+    for s, part in enumerate(
+        ({k: v for k, v in full.items() if ".layers.0." in k}, {k: v for k, v in full.items() if ".layers.0." not in k})
+    ):
+        paddle.save(
+            {k: paddle.to_tensor(v) for k, v in part.items()}, str(staged / f"lora_model_state.pp{s:02d}.pdparams")
+        )
     got = read_adapter_tensors(str(staged))
     assert set(got) == set(full) and all(np.array_equal(got[k], full[k]) for k in full)

@@ -30,8 +30,12 @@ def bare_trainer(**args):
 ])  # fmt: skip
 def test_who_writes_and_who_joins(should_save, tp, model_state, expect):
     tp, pp = tp if isinstance(tp, tuple) else (tp, 1)
-    t = bare_trainer(should_save=should_save, tensor_parallel_degree=tp, pipeline_parallel_degree=pp,
-                     should_save_model_state=model_state)
+    t = bare_trainer(
+        should_save=should_save,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=pp,
+        should_save_model_state=model_state,
+    )
     calls = []
     t.owns_saving = lambda: True
     t.save_weights = lambda d: calls.append(("write", d))
@@ -53,8 +57,9 @@ def test_joining_rank_gathers_without_writing(monkeypatch):
     t = bare_trainer(should_save=False, tensor_parallel_degree=2)
     t.model = RecordingModel()
     t.join_weights_gather("/out")
-    assert t.model.calls == [dict(safe_serialization=True, max_shard_size="4GB", merge_tensor_parallel=True,
-                                  is_main_process=False)]
+    assert t.model.calls == [
+        dict(safe_serialization=True, max_shard_size="4GB", merge_tensor_parallel=True, is_main_process=False)
+    ]
     seen = []
     monkeypatch.setattr(trainer_mod.adapter_api, "save_adapter", lambda m, c, d: seen.append((m, c, d)))
     t.adapter_config = "cfg"
@@ -96,8 +101,10 @@ def test_which_adapters_run_tensor_parallel():
     assert tensor_parallel_adapter_problems(tp2, m, ["vera"], "c.json") == []
     assert tensor_parallel_adapter_problems({"tensor_parallel_degree": 1}, m, ["lokr"], "c.json") == []
     assert "lokr" in tensor_parallel_adapter_problems(tp2, m, ["lokr"], "c.json")[0]
-    assert "pissa=false" in tensor_parallel_adapter_problems(tp2, SimpleNamespace(**{**vars(m), "pissa": True}),
-                                                             ["lora"], "c.json")[0]
+    assert (
+        "pissa=false"
+        in tensor_parallel_adapter_problems(tp2, SimpleNamespace(**{**vars(m), "pissa": True}), ["lora"], "c.json")[0]
+    )
     sp2 = {**tp2, "sequence_parallel": True}
     assert tensor_parallel_adapter_problems(sp2, m, ["lora"], "c.json") == []  # tests/test_sp_sim.py
     quant = SimpleNamespace(**{**vars(m), "weight_quantize_algo": "nf4"})

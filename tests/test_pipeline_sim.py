@@ -34,7 +34,9 @@ def model_config(tiny_dir, virtual=1, **extra):
 def classes(family):
     from paddlenlp.transformers import LlamaForCausalLM, LlamaForCausalLMPipe, Qwen2ForCausalLM, Qwen2ForCausalLMPipe
 
-    return {"llama": (LlamaForCausalLM, LlamaForCausalLMPipe), "qwen2": (Qwen2ForCausalLM, Qwen2ForCausalLMPipe)}[family]
+    return {"llama": (LlamaForCausalLM, LlamaForCausalLMPipe), "qwen2": (Qwen2ForCausalLM, Qwen2ForCausalLMPipe)}[
+        family
+    ]
 
 
 def adapter_config(method):
@@ -93,8 +95,10 @@ def batch(kind, vocab, seed=0):
     from paddlenlp_ext.data.packed_row import build_packed_row
 
     def example(n):
-        return {"input_ids": rng.randint(3, vocab, size=n).tolist(),
-                "labels": [-100] * 2 + rng.randint(3, vocab, size=n - 2).tolist()}
+        return {
+            "input_ids": rng.randint(3, vocab, size=n).tolist(),
+            "labels": [-100] * 2 + rng.randint(3, vocab, size=n - 2).tolist(),
+        }
 
     rows = [build_packed_row([example(5), example(4)], 12, 0), build_packed_row([example(7), example(3)], 12, 0)]
     out = PackedCollator(flash_mask=kind == "packed_flash")(rows)
@@ -133,8 +137,7 @@ def compare(single, stages, kind, ranks=2, accumulation=3):
     with cpu_flashmask():
         ref = global_token_loss(single, {**inputs, "labels": labels}, n_global, ranks, accumulation)
         ref.backward()
-        loss = run_pipeline(stages, first, (labels, paddle.to_tensor(n_global)),
-                            PipelineCriterion(ranks, accumulation))
+        loss = run_pipeline(stages, first, (labels, paddle.to_tensor(n_global)), PipelineCriterion(ranks, accumulation))
     want = adapter_grads(single)
     got = {}
     for stage in stages:
@@ -144,27 +147,28 @@ def compare(single, stages, kind, ranks=2, accumulation=3):
     assert set(got) == set(want) and len(want) > 0
     np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
     for k in want:  # the single model's loss runs lm_head + cross-entropy in chunks: fp32 summation order
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=max(1e-6, 2e-6 * np.abs(want[k]).max()),
-                                   err_msg=k)
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=max(1e-6, 2e-6 * np.abs(want[k]).max()), err_msg=k)
     return want
 
 
-@pytest.mark.parametrize("family,method,stages,virtual,kind", [
-    ("llama", "lora", 2, 1, "padded"),
-    ("llama", "rslora", 4, 1, "padded"),
-    ("llama", "lokr", 2, 1, "padded"),
-    ("llama", "full", 2, 1, "packed_flash"),
-    ("qwen2", "full", 4, 1, "padded"),
-    ("llama", "lora", 2, 2, "padded"),
-    ("llama", "lora", 2, 1, "packed_flash"),
-    ("llama", "lora", 4, 1, "packed_dense"),
-    ("qwen2", "lora", 2, 1, "padded"),
-    ("qwen2", "lora", 2, 2, "packed_flash"),
-])
+@pytest.mark.parametrize(
+    "family,method,stages,virtual,kind",
+    [
+        ("llama", "lora", 2, 1, "padded"),
+        ("llama", "rslora", 4, 1, "padded"),
+        ("llama", "lokr", 2, 1, "padded"),
+        ("llama", "full", 2, 1, "packed_flash"),
+        ("qwen2", "full", 4, 1, "padded"),
+        ("llama", "lora", 2, 2, "padded"),
+        ("llama", "lora", 2, 1, "packed_flash"),
+        ("llama", "lora", 4, 1, "packed_dense"),
+        ("qwen2", "lora", 2, 1, "padded"),
+        ("qwen2", "lora", 2, 2, "packed_flash"),
+    ],
+)
 def test_stages_reproduce_the_single_model(request, family, method, stages, virtual, kind):
     tiny_dir = request.getfixturevalue("tiny_model_dir" if family == "llama" else "tiny_qwen2_dir")
-    single, parts = build_pair(tiny_dir, family, method, stages, virtual,
-                               use_flash_attention=kind == "packed_flash")
+    single, parts = build_pair(tiny_dir, family, method, stages, virtual, use_flash_attention=kind == "packed_flash")
     # every stage holds only its own layers (and their adapters), named as in the plain model
     from paddlenlp_ext.adapters.api import iter_adapter_layers
 
@@ -201,8 +205,10 @@ def test_stage_checkpoint_is_the_single_device_checkpoint(tmp_path, tiny_model_d
         attach_pipeline_group(stage, group.view(s))
     paths = run_stages_in_threads(4, lambda s: save_adapter(parts[s], None, str(tmp_path / "pipe")))
     assert len({p["weights"] for p in paths}) == 1
-    with open(tmp_path / "single" / "adapter_config.json", "rb") as a, open(tmp_path / "pipe" / "adapter_config.json",
-                                                                         "rb") as b:
+    with (
+        open(tmp_path / "single" / "adapter_config.json", "rb") as a,
+        open(tmp_path / "pipe" / "adapter_config.json", "rb") as b,
+    ):
         assert a.read() == b.read()
     from safetensors import safe_open
 
@@ -244,6 +250,7 @@ def test_vera_refused_on_a_stage(tiny_model_dir):
 
 # ------------------------------------------------------------------ the pipeline's inputs and loss
 
+
 def test_pipeline_inputs_doctest():
     import doctest
 
@@ -255,9 +262,15 @@ def test_pipeline_inputs_doctest():
 def test_pipeline_inputs_cast_what_the_layers_tell_apart_by_dtype():
     from paddlenlp_ext.training.pipeline import pipeline_inputs
 
-    micro = [{"input_ids": paddle.ones([1, 4], "int64"), "labels": paddle.ones([1, 4], "int64"),
-              "attn_mask_startend_row_indices": paddle.full([1, 1, 4], 4, "int64"),
-              "position_ids": paddle.arange(4, dtype="int32").unsqueeze(0), GLOBAL_TOKENS_KEY: paddle.to_tensor(4)}]
+    micro = [
+        {
+            "input_ids": paddle.ones([1, 4], "int64"),
+            "labels": paddle.ones([1, 4], "int64"),
+            "attn_mask_startend_row_indices": paddle.full([1, 1, 4], 4, "int64"),
+            "position_ids": paddle.arange(4, dtype="int32").unsqueeze(0),
+            GLOBAL_TOKENS_KEY: paddle.to_tensor(4),
+        }
+    ]
     first, last = pipeline_inputs(micro * 2)
     assert first[1] is None and len(first[0]) == 2
     with pytest.raises(ValueError, match=r"keys no pipeline stage takes: \['chosen_labels'\]"):
@@ -302,6 +315,7 @@ def test_layout_problems():
 
 # ------------------------------------------------------------------ what the config accepts
 
+
 def pp_problems(monkeypatch, config, *overrides, processes=2):
     from conftest import ROOT
 
@@ -320,8 +334,20 @@ def test_config_accepts_lora_family_and_lokr(monkeypatch):
     assert pp_problems(monkeypatch, "lora_argument.json") == []
     assert pp_problems(monkeypatch, "lora_argument.json", "--rslora", "true", "--lora_plus_scale", "4") == []
     assert pp_problems(monkeypatch, "lokr_argument.json") == []
-    assert pp_problems(monkeypatch, "lora_argument.json", "--pipeline_parallel_degree", "4", "--virtual_pp_degree",
-                       "2", "--gradient_accumulation_steps", "8", processes=4) == []
+    assert (
+        pp_problems(
+            monkeypatch,
+            "lora_argument.json",
+            "--pipeline_parallel_degree",
+            "4",
+            "--virtual_pp_degree",
+            "2",
+            "--gradient_accumulation_steps",
+            "8",
+            processes=4,
+        )
+        == []
+    )
 
 
 def test_config_accepts_full_fine_tuning_and_packed_rows(monkeypatch):
@@ -367,8 +393,13 @@ def test_a_run_builds_and_wires_its_stage(tiny_model_dir):
     config = AutoConfig.from_pretrained(tiny_model_dir)
     args = SimpleNamespace(pipeline_parallel_degree=2, dataset_world_size=3, gradient_accumulation_steps=4)
     with pipeline_stage_construction(2, 1):
-        stage = load_pipeline_stage(SimpleNamespace(continue_training=True, model_name_or_path=tiny_model_dir),
-                                    config, "float32", args, "c.json")
+        stage = load_pipeline_stage(
+            SimpleNamespace(continue_training=True, model_name_or_path=tiny_model_dir),
+            config,
+            "float32",
+            args,
+            "c.json",
+        )
         names = prepare_pipeline_stage(stage, args)
     crit = stage._loss_fn[0]
     assert isinstance(crit, PipelineCriterion) and (crit.ranks, crit.accumulation) == (3, 4)
@@ -422,8 +453,9 @@ def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tin
 
     from paddlenlp_ext.models.loading import load_model_streaming
 
-    streamed, _ = load_model_streaming(str(tmp_path / "out"), AutoConfig.from_pretrained(str(tmp_path / "out")),
-                                       "float32")
+    streamed, _ = load_model_streaming(
+        str(tmp_path / "out"), AutoConfig.from_pretrained(str(tmp_path / "out")), "float32"
+    )
     for k, v in streamed.state_dict().items():  # our streaming loader (training, predict) reads it too
         np.testing.assert_array_equal(v.numpy(), want[k] + 1, err_msg=k)
     # resuming: a fresh stage takes its own layers' tensors from the checkpoint (the trainer's loader)

@@ -12,9 +12,24 @@ import pytest
 
 from conftest import ROOT, TINY_DIR
 from paddlenlp_ext.config.parse import ConfigError, load_config
-from paddlenlp_ext.planner import (BUILTIN_SHAPES, Layout, ModelShape, PlanError, QuantSpec, account, estimate,
-                                   estimate_for_run, format_one_line, inputs_from_run, layout_from_config,
-                                   load_plan_config, parse_size, quantized_linear_bytes, read_model_shape, suggest)
+from paddlenlp_ext.planner import (
+    BUILTIN_SHAPES,
+    Layout,
+    ModelShape,
+    PlanError,
+    QuantSpec,
+    account,
+    estimate,
+    estimate_for_run,
+    format_one_line,
+    inputs_from_run,
+    layout_from_config,
+    load_plan_config,
+    parse_size,
+    quantized_linear_bytes,
+    read_model_shape,
+    suggest,
+)
 from paddlenlp_ext.planner.config import TOLERATED
 from paddlenlp_ext.planner.layout import candidates
 from paddlenlp_ext.planner.memory import CPU_RUNTIME_BYTES, GiB, GPU_CONTEXT_BYTES, activation_bytes
@@ -37,6 +52,7 @@ def tool(*args):
 
 
 # ------------------------------------------------------------------ shapes and worked examples
+
 
 def test_llama2_7b_parameters_by_hand():
     s = BUILTIN_SHAPES["llama-2-7b"]
@@ -62,10 +78,26 @@ def test_builtin_names_and_config_json(tmp_path):
 
 
 def seven_b_full(precision="bf16", level="O2", **kw):
-    cfg = plan_cfg(os.path.join(LLAMA, "sft_argument.json"), "--model_name_or_path", "meta-llama/Llama-2-7b",
-                   "--tensor_parallel_degree", "1", "--sharding", "", "--per_device_train_batch_size", "1",
-                   "--max_length", "1024", "--src_length", "512", "--bf16", str(precision == "bf16").lower(),
-                   "--fp16_opt_level", level, *[x for k, v in kw.items() for x in (f"--{k}", str(v))])
+    cfg = plan_cfg(
+        os.path.join(LLAMA, "sft_argument.json"),
+        "--model_name_or_path",
+        "meta-llama/Llama-2-7b",
+        "--tensor_parallel_degree",
+        "1",
+        "--sharding",
+        "",
+        "--per_device_train_batch_size",
+        "1",
+        "--max_length",
+        "1024",
+        "--src_length",
+        "512",
+        "--bf16",
+        str(precision == "bf16").lower(),
+        "--fp16_opt_level",
+        level,
+        *[x for k, v in kw.items() for x in (f"--{k}", str(v))],
+    )
     return inputs_from_run(cfg, target="gpu")
 
 
@@ -117,9 +149,16 @@ def test_activation_elements_worked_example():
 
 # ------------------------------------------------------------------ agreement with quant/ and adapters/
 
-@pytest.mark.parametrize("algo,dq,expected", [("nf4", False, 0.5625), ("nf4", True, 8_654_852 / 4096**2),
-                                              ("weight_only_int8", False, 1 + 4 / 4096),
-                                              ("weight_only_int4", False, 0.5 + 4 / 4096)])
+
+@pytest.mark.parametrize(
+    "algo,dq,expected",
+    [
+        ("nf4", False, 0.5625),
+        ("nf4", True, 8_654_852 / 4096**2),
+        ("weight_only_int8", False, 1 + 4 / 4096),
+        ("weight_only_int4", False, 0.5 + 4 / 4096),
+    ],
+)
 def test_quantized_bytes_match_the_format_table_doc(algo, dq, expected):
     assert quantized_linear_bytes(4096, 4096, QuantSpec(algo, 64, dq)) / 4096**2 == pytest.approx(expected)
 
@@ -177,11 +216,29 @@ def test_prefix_count(tiny_model_dir):
 
 # ------------------------------------------------------------------ monotonicity and layouts
 
-@pytest.mark.parametrize("config,model", [("sft_argument.json", "Llama-2-13b"), ("lora_argument.json", "Llama-2-70b"),
-                                          ("qlora_argument.json", "Llama-2-7b")])
+
+@pytest.mark.parametrize(
+    "config,model",
+    [
+        ("sft_argument.json", "Llama-2-13b"),
+        ("lora_argument.json", "Llama-2-70b"),
+        ("qlora_argument.json", "Llama-2-7b"),
+    ],
+)
 def test_more_parallelism_never_needs_more_memory(config, model):
-    inp = inputs_from_run(plan_cfg(os.path.join(LLAMA, config), "--model_name_or_path", model,
-                                   "--tensor_parallel_degree", "1", "--sharding", ""), target="gpu")
+    inp = inputs_from_run(
+        plan_cfg(
+            os.path.join(LLAMA, config),
+            "--model_name_or_path",
+            model,
+            "--tensor_parallel_degree",
+            "1",
+            "--sharding",
+            "",
+        ),
+        target="gpu",
+    )
+
     def per(lay):  # without the fixed overhead, which grows by the NCCL buffers from 1 device to 2
         e = estimate(inp, lay)
         return e.per_device_bytes - e.breakdown["framework_overhead"]
@@ -191,8 +248,11 @@ def test_more_parallelism_never_needs_more_memory(config, model):
     for kind in ("tp", "pp", "sd"):
         sizes = []
         for n in (1, 2, 4, 8):
-            lay = {"tp": Layout(tp=n), "pp": Layout(pp=n),
-                   "sd": Layout(sharding_stage=3, sharding_degree=n) if n > 1 else Layout()}[kind]
+            lay = {
+                "tp": Layout(tp=n),
+                "pp": Layout(pp=n),
+                "sd": Layout(sharding_stage=3, sharding_degree=n) if n > 1 else Layout(),
+            }[kind]
             sizes.append(per(lay))
         assert sizes == sorted(sizes, reverse=True), (kind, sizes)
         assert sizes[0] > sizes[-1], (kind, sizes)
@@ -206,8 +266,10 @@ def test_suggestion_is_the_fewest_devices_then_sharding_first():
     assert best.per_device_bytes <= budget and out[0].supported
     assert best.layout.devices == 2 and best.layout.sharding_stage >= 1 and best.layout.tp == best.layout.pp == 1
     assert not any(estimate(inp, lay).per_device_bytes <= budget for lay in candidates(inp, 1))
-    lora70 = inputs_from_run(plan_cfg(os.path.join(LLAMA, "lora_argument.json"), "--model_name_or_path",
-                                      "Llama-2-70b", "--sharding", ""), target="gpu")
+    lora70 = inputs_from_run(
+        plan_cfg(os.path.join(LLAMA, "lora_argument.json"), "--model_name_or_path", "Llama-2-70b", "--sharding", ""),
+        target="gpu",
+    )
     out = suggest(lora70, parse_size("80GB"))
     # the frozen 70B base is 128.6 GiB in bf16: on 2 devices only PP 2 fits (TP 2 needs 81.2 GiB: the layer
     # inputs kept by recompute are replicated on TP ranks; stage 3 over 2 holds half the base + 2 gathered
@@ -215,12 +277,16 @@ def test_suggestion_is_the_fewest_devices_then_sharding_first():
     assert out[0].estimate.layout == Layout(pp=2) and out[0].supported and len(out) == 1
     # prefix tuning does not run pipeline parallel here: a PP layout is listed as PaddleNLP's, then the
     # smallest layout this toolkit runs follows
-    pt70 = inputs_from_run(plan_cfg(os.path.join(LLAMA, "pt_argument.json"), "--model_name_or_path",
-                                    "Llama-2-70b", "--sharding", ""), target="gpu")
+    pt70 = inputs_from_run(
+        plan_cfg(os.path.join(LLAMA, "pt_argument.json"), "--model_name_or_path", "Llama-2-70b", "--sharding", ""),
+        target="gpu",
+    )
     out = suggest(pt70, parse_size("80GB"), max_devices=64)
     assert [(o.estimate.layout.pp, o.supported) for o in out] == [(2, False), (1, True)]
-    assert suggest(seven_b_full(per_device_train_batch_size=512, recompute="false"), parse_size("8GB"),
-                   max_devices=8) == []
+    assert (
+        suggest(seven_b_full(per_device_train_batch_size=512, recompute="false"), parse_size("8GB"), max_devices=8)
+        == []
+    )
 
 
 def test_layout_from_config_keys():
@@ -235,6 +301,7 @@ def test_layout_from_config_keys():
 
 # ------------------------------------------------------------------ reading configs for another machine
 
+
 def test_llama_configs_plan_on_this_machine_with_their_own_values():
     """bf16 O2 on a CPU build, a missing model/data directory and TP 4 without a launch are the GPU
     cluster's business: the plan reads the config anyway and keeps the original values."""
@@ -243,12 +310,15 @@ def test_llama_configs_plan_on_this_machine_with_their_own_values():
     cfg, notes = load_plan_config(os.path.join(LLAMA, "sft_argument.json"), ["--model_name_or_path", "Llama-2-7b"])
     assert cfg.training["fp16_opt_level"] == "O2" and cfg.training["tensor_parallel_degree"] == 4
     assert cfg.model.model_name_or_path == "Llama-2-7b" and cfg.data.dataset_name_or_path == "./data"
-    cfg, notes = load_plan_config(os.path.join(LLAMA, "lora_argument.json"),
-                                  ["--model_name_or_path", "Llama-2-7b", "--pipeline_parallel_degree", "2",
-                                   "--tensor_parallel_degree", "1"])
+    cfg, notes = load_plan_config(
+        os.path.join(LLAMA, "lora_argument.json"),
+        ["--model_name_or_path", "Llama-2-7b", "--pipeline_parallel_degree", "2", "--tensor_parallel_degree", "1"],
+    )
     assert cfg.training["pipeline_parallel_degree"] == 2 and not any("pipeline" in n for n in notes)  # runs here
-    cfg, notes = load_plan_config(os.path.join(LLAMA, "sft_argument.json"),
-                                  ["--model_name_or_path", "Llama-2-7b", "--pipeline_parallel_degree", "2"])
+    cfg, notes = load_plan_config(
+        os.path.join(LLAMA, "sft_argument.json"),
+        ["--model_name_or_path", "Llama-2-7b", "--pipeline_parallel_degree", "2"],
+    )
     assert cfg.training["pipeline_parallel_degree"] == 2 and any("pipeline" in n for n in notes)  # PaddleNLP's
     with pytest.raises(ConfigError) as e:  # a real problem is still a config error, and only it is reported
         load_plan_config(os.path.join(LLAMA, "lora_argument.json"), ["--lora_rnak", "4"])
@@ -267,14 +337,33 @@ def test_every_tolerated_kind_is_what_load_config_tags(tmp_path, tiny_model_dir)
     with pytest.raises(ValueError, match="unknown problem kind"):
         Problem("x", "typo")
     assert set(TOLERATED) == set(KINDS)
-    base = ["--model_name_or_path", str(tmp_path / "no_model"), "--dataset_name_or_path", str(tmp_path / "no_data"),
-            "--tokenizer_name_or_path", str(tmp_path / "no_tok"), "--chat_template", str(tmp_path / "no.jinja"),
-            "--bf16", "true", "--fp16_opt_level", "O2", "--pipeline_parallel_degree", "2",
-            "--tensor_parallel_degree", "2", "--device", "gpu"]
+    base = [
+        "--model_name_or_path",
+        str(tmp_path / "no_model"),
+        "--dataset_name_or_path",
+        str(tmp_path / "no_data"),
+        "--tokenizer_name_or_path",
+        str(tmp_path / "no_tok"),
+        "--chat_template",
+        str(tmp_path / "no.jinja"),
+        "--bf16",
+        "true",
+        "--fp16_opt_level",
+        "O2",
+        "--pipeline_parallel_degree",
+        "2",
+        "--tensor_parallel_degree",
+        "2",
+        "--device",
+        "gpu",
+    ]
     problems = []
-    for config, overrides in ((os.path.join(LLAMA, "lora_argument.json"), base), (TINY_SFT, ["--fp16", "true"]),
-                              (TINY_SFT, ["--resume_from_checkpoint", str(tmp_path / "no_ckpt")]),
-                              (TINY_SFT, ["--lora_rnak", "4", "--learning_rate", "-1"])):
+    for config, overrides in (
+        (os.path.join(LLAMA, "lora_argument.json"), base),
+        (TINY_SFT, ["--fp16", "true"]),
+        (TINY_SFT, ["--resume_from_checkpoint", str(tmp_path / "no_ckpt")]),
+        (TINY_SFT, ["--lora_rnak", "4", "--learning_rate", "-1"]),
+    ):
         with pytest.raises(ConfigError) as e:
             load_config(config, overrides)
         problems += e.value.problems
@@ -286,6 +375,7 @@ def test_every_tolerated_kind_is_what_load_config_tags(tmp_path, tiny_model_dir)
 
 
 # ------------------------------------------------------------------ the training CLI's calls
+
 
 def test_estimate_for_run_and_one_line(tiny_model_dir):
     cfg = load_config(TINY_LORA)
@@ -299,21 +389,38 @@ def test_estimate_for_run_and_one_line(tiny_model_dir):
 
 
 def test_planner_never_imports_paddle():
-    code = ("import sys; from paddlenlp_ext.planner.cli import main; "
-            "rc = main(['llm/config/llama/qlora_argument.json', '--model_name_or_path', 'Llama-2-7b', '--json']); "
-            "assert rc == 0; assert 'paddle' not in sys.modules and 'paddlenlp' not in sys.modules, 'paddle imported'")
+    code = (
+        "import sys; from paddlenlp_ext.planner.cli import main; "
+        "rc = main(['llm/config/llama/qlora_argument.json', '--model_name_or_path', 'Llama-2-7b', '--json']); "
+        "assert rc == 0; assert 'paddle' not in sys.modules and 'paddlenlp' not in sys.modules, 'paddle imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 
 
 # ------------------------------------------------------------------ the CLI
 
+
 def test_cli_table_and_suggestion():
-    r = tool(os.path.join(LLAMA, "lora_argument.json"), "--model_name_or_path", "meta-llama/Llama-2-13b",
-             "--device_memory", "24GB")
+    r = tool(
+        os.path.join(LLAMA, "lora_argument.json"),
+        "--model_name_or_path",
+        "meta-llama/Llama-2-13b",
+        "--device_memory",
+        "24GB",
+    )
     assert r.returncode == 0, r.stderr
-    for row in ("weights", "gradients", "optimizer states", "activations", "logits", "framework overhead",
-                "total per device", "assumptions:", "smallest layout that fits"):
+    for row in (
+        "weights",
+        "gradients",
+        "optimizer states",
+        "activations",
+        "logits",
+        "framework overhead",
+        "total per device",
+        "assumptions:",
+        "smallest layout that fits",
+    ):
         assert row in r.stdout
 
 
@@ -322,8 +429,16 @@ def test_with_overrides_keeps_the_users_keys_and_changes_only_the_suggested():
 
     user = ["--model_name_or_path", "m", "--sharding=stage1", "--lora", "--max_length", "1024"]
     assert with_overrides(user, {"sharding": "stage3", "sharding_parallel_degree": 2}) == [
-        "--model_name_or_path", "m", "--sharding", "stage3", "--lora", "--max_length", "1024",
-        "--sharding_parallel_degree", "2"]
+        "--model_name_or_path",
+        "m",
+        "--sharding",
+        "stage3",
+        "--lora",
+        "--max_length",
+        "1024",
+        "--sharding_parallel_degree",
+        "2",
+    ]
     assert with_overrides([], {"sharding": ""}) == ["--sharding", ""]
     assert [shell_word(w) for w in ("", "a b", "stage3")] == ['""', "'a b'", "stage3"]
 
@@ -340,7 +455,7 @@ def test_suggested_command_keeps_the_overrides_and_its_plan_fits(capsys):
     out = capsys.readouterr().out
     command = next(line for line in out.splitlines() if "llm/run_finetune.py" in line)
     words = shlex.split(command)
-    args = words[words.index("llm/run_finetune.py") + 1:]
+    args = words[words.index("llm/run_finetune.py") + 1 :]
     assert args[0] == config and args[1:5] == own[:4], command  # the user's keys, in the user's order
     assert "--device_memory" not in args and args[args.index("--sharding") + 1] == "stage3"
     assert main([*args, "--device_memory", "12GB", "--world_size", words[words.index("--nproc_per_node") + 1]]) == 0
@@ -348,25 +463,41 @@ def test_suggested_command_keeps_the_overrides_and_its_plan_fits(capsys):
 
 
 def test_cli_json():
-    r = tool(os.path.join(LLAMA, "qlora_argument.json"), "--model_name_or_path", "Llama-2-70b", "--json",
-             "--device_memory", "48GB")
+    r = tool(
+        os.path.join(LLAMA, "qlora_argument.json"),
+        "--model_name_or_path",
+        "Llama-2-70b",
+        "--json",
+        "--device_memory",
+        "48GB",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc["breakdown"]) == {"weights", "gradients", "optimizer_states", "activations", "logits",
-                                     "step_temporaries", "framework_overhead"}
+    assert set(doc["breakdown"]) == {
+        "weights",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "logits",
+        "step_temporaries",
+        "framework_overhead",
+    }
     assert doc["per_device_bytes"] > sum(doc["breakdown"][k] for k in ("weights", "framework_overhead"))
     assert doc["assumptions"] and doc["target"] == "gpu" and doc["layout"]["devices"] == 1
     assert "suggestions" in doc and doc["fits"] == (doc["per_device_bytes"] <= 48 * GiB)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--lora_rnak", "4"], "unknown key 'lora_rnak'"),
-    (["--per_device_train_batch_size", "zero"], "per_device_train_batch_size: expected an integer"),
-    (["--device_memory", "lots"], "--device_memory: invalid value 'lots'"),
-    (["--model_name_or_path", "no/such-model"], "not a directory with config.json"),
-    (["--optim", "sgd"], "optim 'sgd'"),
-    (["--target", "tpu"], "--target: expected gpu or cpu"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--lora_rnak", "4"], "unknown key 'lora_rnak'"),
+        (["--per_device_train_batch_size", "zero"], "per_device_train_batch_size: expected an integer"),
+        (["--device_memory", "lots"], "--device_memory: invalid value 'lots'"),
+        (["--model_name_or_path", "no/such-model"], "not a directory with config.json"),
+        (["--optim", "sgd"], "optim 'sgd'"),
+        (["--target", "tpu"], "--target: expected gpu or cpu"),
+    ],
+)
 def test_cli_bad_input_exits_2_naming_the_key(args, message):
     r = tool(os.path.join(LLAMA, "lora_argument.json"), *(["--model_name_or_path", "Llama-2-7b"] + args))
     assert r.returncode == 2, r.stdout + r.stderr

@@ -88,7 +88,7 @@ def test_policy_and_value_losses_match_reference():
     pg1, pg2 = -adv * ratio, -adv * np.clip(ratio, 1 - eps, 1 + eps)
     want_pg = np.maximum(pg1, pg2).mean()
     # d/dnew of max(pg1, pg2): the unclipped branch's -A ratio where it is the max and not clipped, else 0
-    active = (pg1 >= pg2)
+    active = pg1 >= pg2
     want_grad = np.where(active, -adv * ratio, 0.0) / T
     vc = np.clip(new_v, old_v - vclip, old_v + vclip)
     v1, v2 = (new_v - ret) ** 2, (vc - ret) ** 2
@@ -117,15 +117,35 @@ def test_config_mode(tiny_model_dir, tmp_path):
 
     from paddlenlp_ext.config.parse import ConfigError, load_config
 
-    base = ["--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "o"), "--train_dataset_path",
-            f"{ROOT}/llm/data/grpo_tiny"]
+    base = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--train_dataset_path",
+        f"{ROOT}/llm/data/grpo_tiny",
+    ]
     cfg = load_config(f"{ROOT}/llm/config/tiny/ppo_argument.json", base + ["--num_generations", "1"], mode="ppo")
     o = cfg.dpo
     assert (o.alignment, o.loss_type, o.num_generations, o.beta, o.epsilon) == ("ppo", "ppo", 1, 0.02, 0.2)
     with pytest.raises(ConfigError) as e:
-        load_config(None, base + ["--reward_funcs", '["paddlenlp_ext.grpo.rewards:contains_keyword"]', "--do_train",
-                                  "true", "--scale_rewards", "group", "--gae_lambda", "-1", "--do_eval", "true"],
-                    mode="ppo")
+        load_config(
+            None,
+            base
+            + [
+                "--reward_funcs",
+                '["paddlenlp_ext.grpo.rewards:contains_keyword"]',
+                "--do_train",
+                "true",
+                "--scale_rewards",
+                "group",
+                "--gae_lambda",
+                "-1",
+                "--do_eval",
+                "true",
+            ],
+            mode="ppo",
+        )
     text = "\n".join(e.value.problems)
     for want in ("unknown key 'scale_rewards'", "gae_lambda: must be >= 0.0", "PPO has no evaluation set"):
         assert want in text, (want, text)
@@ -138,7 +158,16 @@ def test_data_parallel_is_refused(tiny_model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
     with pytest.raises(ConfigError) as e:
-        load_config(f"{ROOT}/llm/config/tiny/ppo_argument.json", ["--model_name_or_path", tiny_model_dir,
-                    "--output_dir", str(tmp_path / "o"), "--train_dataset_path", f"{ROOT}/llm/data/grpo_tiny"],
-                    mode="ppo")
+        load_config(
+            f"{ROOT}/llm/config/tiny/ppo_argument.json",
+            [
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--output_dir",
+                str(tmp_path / "o"),
+                "--train_dataset_path",
+                f"{ROOT}/llm/data/grpo_tiny",
+            ],
+            mode="ppo",
+        )
     assert "PPO runs on one process for now" in "\n".join(e.value.problems)

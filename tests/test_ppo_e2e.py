@@ -19,8 +19,20 @@ pytestmark = pytest.mark.slow
 
 CLI = os.path.join(ROOT, "llm", "run_ppo.py")
 CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "ppo_argument.json")
-SHORT = ("--model_name_or_path", TINY, "--num_generations", "4", "--max_completion_length", "8",
-         "--learning_rate", "1e-3", "--logging_steps", "1", "--report_to", "none")
+SHORT = (
+    "--model_name_or_path",
+    TINY,
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "8",
+    "--learning_rate",
+    "1e-3",
+    "--logging_steps",
+    "1",
+    "--report_to",
+    "none",
+)
 
 
 def run_ppo(out, *overrides, check=True, data=None):
@@ -71,10 +83,18 @@ def keyword_pairs(out_dir, n_train=160, n_dev=32, seed=0):
         words = r["tgt"].split()
         at = next(i for i, w in enumerate(words) if w.strip(".,:").lower() == style)
         cut, other = at + 1 + rng.randint(0, 4), rng.choice(STYLES[1:])
-        chosen, rejected = (" ".join(w.replace(style, s) if i == at else w for i, w in enumerate(words[:cut]))
-                            for s in ("vintage", other))
-        pairs.append({"src": [r["src"].replace(f"*style#{style}", "")], "tgt": [], "response": [chosen, rejected],
-                      "sort": [1, 0]})
+        chosen, rejected = (
+            " ".join(w.replace(style, s) if i == at else w for i, w in enumerate(words[:cut]))
+            for s in ("vintage", other)
+        )
+        pairs.append(
+            {
+                "src": [r["src"].replace(f"*style#{style}", "")],
+                "tgt": [],
+                "response": [chosen, rejected],
+                "sort": [1, 0],
+            }
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, part in (("train.json", pairs[:n_train]), ("dev.json", pairs[n_train:])):
         (out_dir / name).write_text("".join(json.dumps(p) + "\n" for p in part))
@@ -89,23 +109,66 @@ def test_reward_rises_with_reward_model(sft_model, tmp_path):  # noqa: F811
     every step's reward equals the reward model's score.  docs/alignment.md lists the per-step rewards of 4
     seeds; this run (seed 42) is deterministic."""
     data, rm, out = keyword_pairs(tmp_path / "pairs"), tmp_path / "rm", tmp_path / "ppo"
-    cmd = [sys.executable, os.path.join(ROOT, "llm", "run_reward.py"),
-           os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"), "--output_dir", str(rm),
-           "--model_name_or_path", TINY, "--train_dataset_path", str(data), "--dev_dataset_path", str(data),
-           "--max_steps", "20", "--max_seq_len", "128", "--max_prompt_len", "64", "--do_eval", "false"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "llm", "run_reward.py"),
+        os.path.join(ROOT, "llm", "config", "tiny", "reward_lora_argument.json"),
+        "--output_dir",
+        str(rm),
+        "--model_name_or_path",
+        TINY,
+        "--train_dataset_path",
+        str(data),
+        "--dev_dataset_path",
+        str(data),
+        "--max_steps",
+        "20",
+        "--max_seq_len",
+        "128",
+        "--max_prompt_len",
+        "64",
+        "--do_eval",
+        "false",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     scores = tmp_path / "scores.jsonl"
 
     def score():
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "predict", "reward_score.py"),
-                            "--model_name_or_path", str(rm), "--input_file", str(data / "dev.json"),
-                            "--output_file", str(scores)], capture_output=True, text=True, cwd=ROOT, timeout=900)
+        r = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "llm", "predict", "reward_score.py"),
+                "--model_name_or_path",
+                str(rm),
+                "--input_file",
+                str(data / "dev.json"),
+                "--output_file",
+                str(scores),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=900,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     def ppo():  # reward_funcs: contains_keyword (the config's), weighted 0; the reward model, weighted 1
-        run_ppo(out, "--model_name_or_path", sft_model, "--max_steps", "30", "--report_to", "none",
-                "--learning_rate", "1e-3", "--reward_model_name_or_path", rm, "--reward_weights", "[0.0, 1.0]")
+        run_ppo(
+            out,
+            "--model_name_or_path",
+            sft_model,
+            "--max_steps",
+            "30",
+            "--report_to",
+            "none",
+            "--learning_rate",
+            "1e-3",
+            "--reward_model_name_or_path",
+            rm,
+            "--reward_weights",
+            "[0.0, 1.0]",
+        )
 
     failures = run_jobs({"score": score, "ppo": ppo})  # both need only the reward model: two at a time
     assert not failures, failures
@@ -120,8 +183,10 @@ def test_reward_rises_with_reward_model(sft_model, tmp_path):  # noqa: F811
     rate = [h["rewards/contains_keyword"] for h in logs]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     rate_first, rate_last = sum(rate[:10]) / 10, sum(rate[-10:]) / 10
-    print(f"ppo + reward model: mean reward first 10 steps {first:.4f}, last 10 {last:.4f}; "
-          f"keyword rate {rate_first:.4f} -> {rate_last:.4f}")
+    print(
+        f"ppo + reward model: mean reward first 10 steps {first:.4f}, last 10 {last:.4f}; "
+        f"keyword rate {rate_first:.4f} -> {rate_last:.4f}"
+    )
     assert last > first + 0.15, rewards
     assert rate_last > rate_first + 0.15, rate
 
@@ -131,8 +196,21 @@ def test_lora_value_head_saved_and_resumed(tmp_path, e_prompts):  # noqa: F811
     it, so steps 3 and 4 equal the uninterrupted run's."""
     from safetensors.numpy import load_file
 
-    common = (*SHORT, "--max_steps", "4", "--per_device_train_batch_size", "2", "--save_strategy", "steps",
-              "--save_steps", "2", "--lora", "true", "--lora_rank", "4")
+    common = (
+        *SHORT,
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--lora",
+        "true",
+        "--lora_rank",
+        "4",
+    )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     run_ppo(full, *common, data=e_prompts)
     assert sorted(load_file(str(full / "value_head.safetensors"))) == ["bias", "weight"]
@@ -155,8 +233,17 @@ def test_reward_model_and_errors(e_prompts, tmp_path):  # noqa: F811
     rm = tmp_path / "rm"
     train_reward_model(rm)
     out = tmp_path / "ppo"
-    run_ppo(out, *SHORT, "--max_steps", "2", "--reward_model_name_or_path", rm, "--reward_weights", "[1.0, 0.25]",
-            data=e_prompts)
+    run_ppo(
+        out,
+        *SHORT,
+        "--max_steps",
+        "2",
+        "--reward_model_name_or_path",
+        rm,
+        "--reward_weights",
+        "[1.0, 0.25]",
+        data=e_prompts,
+    )
     logs = step_logs(out)
     assert len(logs) == 2 and all(h["rewards/reward_model"] != 0.0 for h in logs)
     r = run_ppo(tmp_path / "bad", *SHORT, "--beta", "0.1", "--loss_type", "dapo", "--kl_coeff", "-1", check=False)

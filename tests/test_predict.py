@@ -32,9 +32,19 @@ OURS = {
     "pissa": ({"lora": True, "lora_rank": 8, "pissa": True}, 0.2),
     "vera": ({"vera": True, "vera_rank": 8}, 1.0),
     "lokr": ({"lokr": True, "lokr_dim": 4}, 0.2),
-    "nf4": ({"lora": True, "lora_rank": 8, "quantization": {
-        "weight_quantize_algo": "nf4", "weight_blocksize": 16, "weight_double_quant": False,
-        "weight_double_quant_block_size": 256}}, 0.2),
+    "nf4": (
+        {
+            "lora": True,
+            "lora_rank": 8,
+            "quantization": {
+                "weight_quantize_algo": "nf4",
+                "weight_blocksize": 16,
+                "weight_double_quant": False,
+                "weight_double_quant_block_size": 256,
+            },
+        },
+        0.2,
+    ),
 }
 MERGEABLE = ["lora", "rslora", "pissa", "vera", "lokr", "paddlenlp_lora"]
 
@@ -80,7 +90,7 @@ def write_lines(path, rows):
 
 def dev_rows(n, skip=0):
     with open(os.path.join(DATA_DIR, "dev.json")) as f:
-        return [json.loads(line) for line in f][skip: skip + n]
+        return [json.loads(line) for line in f][skip : skip + n]
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +98,11 @@ def prompts_file(tmp_path_factory):
     """Prompts of different token lengths: the demo's two, a short one, a multi-turn one, one with a system."""
     d = dev_rows(3)
     rows = [json.loads(line) for line in open(DEMO_PROMPTS)]
-    rows += [{"src": "type#coat"},
-             {"src": [d[0]["src"], "type#skirt*color#blue"], "tgt": [d[0]["tgt"]]},
-             {"src": d[1]["src"] + "*extra#words", "context": {"system": "Write one sentence."}}]
+    rows += [
+        {"src": "type#coat"},
+        {"src": [d[0]["src"], "type#skirt*color#blue"], "tgt": [d[0]["tgt"]]},
+        {"src": d[1]["src"] + "*extra#words", "context": {"system": "Write one sentence."}},
+    ]
     return write_lines(tmp_path_factory.mktemp("prompts") / "prompts.json", rows)
 
 
@@ -128,8 +140,9 @@ def _save_ours(kind, base_dir, out):
 def _save_paddlenlp_lora(base_dir, out):
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
-    lm = LoRAModel(_base(base_dir), LoRAConfig(r=4, lora_alpha=8, target_modules=ALL_LINEARS,
-                                               base_model_name_or_path=base_dir))
+    lm = LoRAModel(
+        _base(base_dir), LoRAConfig(r=4, lora_alpha=8, target_modules=ALL_LINEARS, base_model_name_or_path=base_dir)
+    )
     _randomize([p for n, p in lm.model.named_parameters() if n.endswith(("lora_A", "lora_B"))], 0.2, seed=7)
     lm.save_pretrained(out)
 
@@ -163,26 +176,53 @@ def adapters(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def base_rows(cli, tiny_model_dir, prompts_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("base") / "base.json"
-    assert cli.main(["--model_name_or_path", tiny_model_dir, "--data_file", prompts_file, "--batch_size", "5",
-                     "--output_file", str(out)] + GREEDY) == 0
+    assert (
+        cli.main(
+            [
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--data_file",
+                prompts_file,
+                "--batch_size",
+                "5",
+                "--output_file",
+                str(out),
+            ]
+            + GREEDY
+        )
+        == 0
+    )
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
 # ------------------------------------------------------------------- adapters: base + adapter == merged
 @pytest.mark.parametrize("kind", MERGEABLE)
-def test_adapter_predictions_equal_merged_model(kind, adapters, base_rows, predict, tiny_model_dir, prompts_file,
-                                                tmp_path):
+def test_adapter_predictions_equal_merged_model(
+    kind, adapters, base_rows, predict, tiny_model_dir, prompts_file, tmp_path
+):
     from paddlenlp_ext.merge import merge_adapter_checkpoint
 
     merged = tmp_path / "merged"
     res = merge_adapter_checkpoint(tiny_model_dir, adapters[kind], str(merged), verify=False, log=lambda m: None)
     assert res.exit_code == 0
-    rc, with_adapter, _, err = predict(["--model_name_or_path", tiny_model_dir, "--lora_path", adapters[kind],
-                                        "--data_file", prompts_file, "--batch_size", 5] + GREEDY)
+    rc, with_adapter, _, err = predict(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            adapters[kind],
+            "--data_file",
+            prompts_file,
+            "--batch_size",
+            5,
+        ]
+        + GREEDY
+    )
     assert rc == 0, err
     assert "merged in memory" in err
-    rc, from_merged, _, err = predict(["--model_name_or_path", merged, "--data_file", prompts_file,
-                                       "--batch_size", 5] + GREEDY)
+    rc, from_merged, _, err = predict(
+        ["--model_name_or_path", merged, "--data_file", prompts_file, "--batch_size", 5] + GREEDY
+    )
     assert rc == 0, err
     outputs = [r["output"] for r in with_adapter]
     assert outputs == [r["output"] for r in from_merged]
@@ -202,8 +242,19 @@ def test_prefix_adapter_runs_and_changes_predictions(adapters, base_rows, predic
 
 
 def test_qlora_adapter_runs_on_the_quantized_base(adapters, base_rows, predict, tiny_model_dir, prompts_file):
-    rc, rows, _, err = predict(["--model_name_or_path", tiny_model_dir, "--lora_path", adapters["nf4"],
-                                "--data_file", prompts_file, "--batch_size", 5] + GREEDY)
+    rc, rows, _, err = predict(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            adapters["nf4"],
+            "--data_file",
+            prompts_file,
+            "--batch_size",
+            5,
+        ]
+        + GREEDY
+    )
     assert rc == 0, err
     assert "on a nf4 base" in err and "merged" not in err
     assert sum(r["output"] != b["output"] for r, b in zip(rows, base_rows)) >= 4
@@ -215,8 +266,14 @@ def test_batched_equals_one_by_one(family, penalty, request, predict, prompts_fi
     """batch_size 4 (left-padded rows of different lengths) == batch_size 1; with a repetition penalty, which
     PaddleNLP applies to every id of a row, padding included."""
     model_dir = request.getfixturevalue("tiny_model_dir" if family == "llama" else "tiny_qwen2_dir")
-    lengths = {len(tiny_tokenizer(json.loads(line)["src"] if isinstance(json.loads(line)["src"], str)
-                                  else json.loads(line)["src"][-1])["input_ids"]) for line in open(prompts_file)}
+    lengths = {
+        len(
+            tiny_tokenizer(
+                json.loads(line)["src"] if isinstance(json.loads(line)["src"], str) else json.loads(line)["src"][-1]
+            )["input_ids"]
+        )
+        for line in open(prompts_file)
+    }
     assert len(lengths) >= 4  # rows of different lengths: the batch really is left-padded
     args = ["--model_name_or_path", model_dir, "--data_file", prompts_file, "--repetition_penalty", penalty] + GREEDY
     rc, batched, _, err = predict(args + ["--batch_size", 4])
@@ -261,14 +318,32 @@ def test_output_file_and_training_prompt_format(predict, tiny_model_dir, tiny_to
     from paddlenlp_ext.predict.prompts import build_prompt
 
     d = dev_rows(2, skip=5)
-    rows = [{"src": d[0]["src"], "tgt": d[0]["tgt"]},
-            {"src": [d[0]["src"], d[1]["src"]], "tgt": [d[0]["tgt"], d[1]["tgt"]]},
-            {"src": "type#hoodie*color#gray"}]
+    rows = [
+        {"src": d[0]["src"], "tgt": d[0]["tgt"]},
+        {"src": [d[0]["src"], d[1]["src"]], "tgt": [d[0]["tgt"], d[1]["tgt"]]},
+        {"src": "type#hoodie*color#gray"},
+    ]
     path = write_lines(tmp_path / "p.json", rows)
     out_file = tmp_path / "sub" / "pred.json"
-    rc, got, stdout, err = predict(["--model_name_or_path", tiny_model_dir, "--data_file", path, "--batch_size", 3,
-                                    "--output_file", out_file, "--decode_strategy", "greedy_search",
-                                    "--src_length", 160, "--max_length", 256], output=False)
+    rc, got, stdout, err = predict(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--data_file",
+            path,
+            "--batch_size",
+            3,
+            "--output_file",
+            out_file,
+            "--decode_strategy",
+            "greedy_search",
+            "--src_length",
+            160,
+            "--max_length",
+            256,
+        ],
+        output=False,
+    )
     assert rc == 0, err
     got = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [sorted(r) for r in got] == [["output", "src", "tgt"], ["output", "src", "tgt"], ["output", "src"]]
@@ -283,13 +358,18 @@ def test_output_file_and_training_prompt_format(predict, tiny_model_dir, tiny_to
         assert build_prompt(rec, tiny_tokenizer, 160, 256, False).ids == ids
         assert len(ids) > 60 or len(src) == 1  # the multi-turn row keeps its first round
         with paddle.no_grad():
-            out, _ = model.generate(paddle.to_tensor([ids]), attention_mask=paddle.ones([1, len(ids)], dtype="int64"),
-                                    max_new_tokens=256 - len(ids), decode_strategy="greedy_search",
-                                    eos_token_id=tiny_tokenizer.eos_token_id)
+            out, _ = model.generate(
+                paddle.to_tensor([ids]),
+                attention_mask=paddle.ones([1, len(ids)], dtype="int64"),
+                max_new_tokens=256 - len(ids),
+                decode_strategy="greedy_search",
+                eos_token_id=tiny_tokenizer.eos_token_id,
+            )
         tokens = [int(t) for t in out[0].numpy()]
         tokens = tokens[: tokens.index(2)] if 2 in tokens else tokens
-        assert pred["output"] == tiny_tokenizer.decode(tokens, skip_special_tokens=True,
-                                                       clean_up_tokenization_spaces=False)
+        assert pred["output"] == tiny_tokenizer.decode(
+            tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
     # the console shows each prompt and answer in a few lines
     assert stdout.count("\n> ") + stdout.startswith("> ") == 3 and stdout.count("\n< ") == 3
     assert "> [1 earlier turn(s)] " + d[1]["src"] in stdout
@@ -302,7 +382,11 @@ def test_prompt_truncation_rules(tiny_tokenizer):
 
     assert fit_prompt([1], [([5, 5], [6, 2])], [7], 4) == ([1, 7], 1, True)
     assert fit_prompt([1], [([5, 5], [6, 2])], [7], 6) == ([1, 5, 5, 6, 2, 7], 0, False)
-    assert fit_prompt([1], [], [7, 8, 9], 2) == ([1, 8, 9], 0, True)  # each src keeps its last tokens (cut from the left, as training)
+    assert fit_prompt([1], [], [7, 8, 9], 2) == (
+        [1, 8, 9],
+        0,
+        True,
+    )  # each src keeps its last tokens (cut from the left, as training)
     rec = PromptRecord(src=["type#coat*color#red"], history=[], origin="f.json:3", system="x " * 40)
     with pytest.raises(PredictInputError, match=r"f.json:3: the prompt is \d+ tokens .* raise --max_length"):
         build_prompt(rec, tiny_tokenizer, src_length=8, max_length=16, use_template=False)
@@ -332,23 +416,30 @@ def _chat(cli, argv, lines, monkeypatch):
 
 
 @pytest.mark.parametrize("template", [None, "jinja"])
-def test_chat_is_multi_turn_streamed_and_matches_batch(template, cli, predict, adapters, tiny_model_dir, tmp_path,
-                                                       monkeypatch):
+def test_chat_is_multi_turn_streamed_and_matches_batch(
+    template, cli, predict, adapters, tiny_model_dir, tmp_path, monkeypatch
+):
     """The chat answers what a prompt file with the same turns answers (earlier answers as tgt), token by token."""
     args = ["--model_name_or_path", tiny_model_dir, "--lora_path", adapters["lora"]] + GREEDY
     if template:
         path = tmp_path / "template.jinja"
-        path.write_text("{% for m in messages %}{% if m['role'] == 'user' %}user: {{ m['content'] }}\nbot: "
-                        "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}")
+        path.write_text(
+            "{% for m in messages %}{% if m['role'] == 'user' %}user: {{ m['content'] }}\nbot: "
+            "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+        )
         args += ["--chat_template", path]
     q1, q2 = "type#coat*color#red", "type#skirt*color#blue*style#elegant"
     saved = tmp_path / "chat.json"
-    transcript, writes = _chat(cli, args + ["--chat", "--output_file", saved], [q1, q2, "/reset", q1, "/exit"],
-                               monkeypatch)
+    transcript, writes = _chat(
+        cli, args + ["--chat", "--output_file", saved], [q1, q2, "/reset", q1, "/exit"], monkeypatch
+    )
     turns = [json.loads(line) for line in saved.read_text().splitlines()]
     a1, a2 = turns[0]["output"], turns[1]["output"]
     assert [{k: v for k, v in t.items() if k != "output"} for t in turns] == [
-        {"src": q1}, {"src": [q1, q2], "tgt": [a1]}, {"src": q1}]
+        {"src": q1},
+        {"src": [q1, q2], "tgt": [a1]},
+        {"src": q1},
+    ]
     # the saved turns are a prompt file: predicting it gives the chat's answers
     rc, rows, _, err = predict(args + ["--data_file", saved, "--batch_size", 3])
     assert rc == 0, err
@@ -367,8 +458,10 @@ def test_chat_is_multi_turn_streamed_and_matches_batch(template, cli, predict, a
     from paddlenlp_ext.predict.run import terminal_safe  # the console shows control bytes escaped
 
     s1, s2 = terminal_safe(a1), terminal_safe(a2)
-    assert body == (f"user> {q1}\nmodel> {s1}\nuser> {q2}\n{note}model> {s2}\nuser> /reset\n"
-                    f"[chat] new conversation\nuser> {q1}\nmodel> {s1}\nuser> /exit\n")  # /reset forgot turn 1
+    assert body == (
+        f"user> {q1}\nmodel> {s1}\nuser> {q2}\n{note}model> {s2}\nuser> /reset\n"
+        f"[chat] new conversation\nuser> {q1}\nmodel> {s1}\nuser> /exit\n"
+    )  # /reset forgot turn 1
     assert a1 != a2 and len(a1) > 20
     first, shown, pieces = writes.index("model> "), "", 0
     while shown != s1:  # the first answer arrives in many writes, one per decodable token
@@ -406,8 +499,15 @@ def test_chat_sends_the_conversation_in_the_training_layout(tiny_tokenizer):
     tok = tiny_tokenizer
     a1, a2 = "A red coat.", "A blue skirt."
     model = ScriptedModel([tok(a, add_special_tokens=False)["input_ids"] for a in (a1, a2)], tok.eos_token_id)
-    session = Session(model=model, tokenizer=tok, use_template=False, eos_ids=[tok.eos_token_id], pad_id=0,
-                      device="cpu", description="scripted")
+    session = Session(
+        model=model,
+        tokenizer=tok,
+        use_template=False,
+        eos_ids=[tok.eos_token_id],
+        pad_id=0,
+        device="cpu",
+        description="scripted",
+    )
     out = io.StringIO()
     o = PredictOptions("unused", src_length=64, max_length=128, decode_strategy="greedy_search")
     assert chat(session, o, io.StringIO("type#coat\ntype#skirt\n"), out) == 2
@@ -432,8 +532,10 @@ def test_token_printer_holds_back_incomplete_characters(tiny_tokenizer):
 
 # ------------------------------------------------------------------- bad input: exit 2 and the message
 def test_bad_prompt_lines_name_file_and_line(predict, tiny_model_dir, tmp_path):
-    path = write_lines(tmp_path / "bad.json", [{"src": "ok"}, {"tgt": "no src"}, "{not json", "",
-                                               {"src": ["a", "b", "c"], "tgt": ["x"]}])
+    path = write_lines(
+        tmp_path / "bad.json",
+        [{"src": "ok"}, {"tgt": "no src"}, "{not json", "", {"src": ["a", "b", "c"], "tgt": ["x"]}],
+    )
     rc, _, _, err = predict(["--model_name_or_path", tiny_model_dir, "--data_file", path])
     assert rc == 2
     assert f"{path}:2: missing key 'src'" in err
@@ -449,17 +551,22 @@ def test_prompt_file_not_utf8(predict, tiny_model_dir, tmp_path):
     assert rc == 2 and f"{path}:2: not UTF-8" in err and "iconv -f gbk" in err, err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--data_file", "nowhere.json"], "--data_file nowhere.json: no such file"),
-    (["--data_file", DEMO_PROMPTS, "--src_length", "64", "--max_length", "64"],
-     "--max_length 64 must be greater than --src_length 64"),
-    (["--data_file", DEMO_PROMPTS, "--max_length", "4096"], "exceeds max_position_embeddings=1024"),
-    ([], "nothing to do: give --data_file FILE"),
-    (["--data_file", DEMO_PROMPTS, "--chat"], "--data_file and --chat are two modes"),
-    (["--data_file", DEMO_PROMPTS, "--lora_path", DATA_DIR], "holds none of adapter_config.json"),
-    (["--data_file", DEMO_PROMPTS, "--top_p", "0"], "--top_p 0.0: must be in (0, 1]"),
-    (["--data_file", DEMO_PROMPTS, "--output_file", DATA_DIR], f"--output_file {DATA_DIR} is a directory"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--data_file", "nowhere.json"], "--data_file nowhere.json: no such file"),
+        (
+            ["--data_file", DEMO_PROMPTS, "--src_length", "64", "--max_length", "64"],
+            "--max_length 64 must be greater than --src_length 64",
+        ),
+        (["--data_file", DEMO_PROMPTS, "--max_length", "4096"], "exceeds max_position_embeddings=1024"),
+        ([], "nothing to do: give --data_file FILE"),
+        (["--data_file", DEMO_PROMPTS, "--chat"], "--data_file and --chat are two modes"),
+        (["--data_file", DEMO_PROMPTS, "--lora_path", DATA_DIR], "holds none of adapter_config.json"),
+        (["--data_file", DEMO_PROMPTS, "--top_p", "0"], "--top_p 0.0: must be in (0, 1]"),
+        (["--data_file", DEMO_PROMPTS, "--output_file", DATA_DIR], f"--output_file {DATA_DIR} is a directory"),
+    ],
+)
 def test_bad_arguments(argv, message, predict, tiny_model_dir):
     rc, _, _, err = predict(["--model_name_or_path", tiny_model_dir] + argv)
     assert rc == 2 and message in err, err
@@ -471,11 +578,14 @@ def _cuda():
     return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--dtype", "float16"], "--dtype float16: this Paddle build has no float16 matmul kernel on cpu"),
-    (["--dtype", "bfloat16"], "--dtype bfloat16: this Paddle build has no bfloat16 matmul kernel on cpu"),
-    (["--device", "gpu"], "--device gpu: this Paddle build has no usable GPU"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--dtype", "float16"], "--dtype float16: this Paddle build has no float16 matmul kernel on cpu"),
+        (["--dtype", "bfloat16"], "--dtype bfloat16: this Paddle build has no bfloat16 matmul kernel on cpu"),
+        (["--device", "gpu"], "--device gpu: this Paddle build has no usable GPU"),
+    ],
+)
 def test_cpu_only_refusals(argv, message, predict, tiny_model_dir):
     if _cuda():
         pytest.skip("a GPU is available: these settings are valid here")
@@ -485,8 +595,18 @@ def test_cpu_only_refusals(argv, message, predict, tiny_model_dir):
 
 def test_sampling_flags_and_seed(predict, tiny_model_dir, base_rows, prompts_file):
     """--decode_strategy sampling --top_k 0 samples (seeded: reproducible); with top_k 1 it is greedy."""
-    args = ["--model_name_or_path", tiny_model_dir, "--data_file", prompts_file, "--batch_size", 5,
-            "--src_length", 48, "--max_length", 80]
+    args = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--data_file",
+        prompts_file,
+        "--batch_size",
+        5,
+        "--src_length",
+        48,
+        "--max_length",
+        80,
+    ]
     runs = []
     for seed in (1, 1, 2):
         rc, rows, _, err = predict(args + ["--top_k", 0, "--top_p", 0.9, "--temperature", 0.8, "--seed", seed])
@@ -512,38 +632,65 @@ def narrow_model(tiny_model_dir, tmp_path_factory):
     from paddlenlp_ext.models.tiny import build_tiny_model
 
     out = str(tmp_path_factory.mktemp("narrow") / "narrow-llama")
-    return build_tiny_model(out, None, spm_model=os.path.join(tiny_model_dir, "sentencepiece.bpe.model"),
-                            hidden_size=32, intermediate_size=88)
+    return build_tiny_model(
+        out,
+        None,
+        spm_model=os.path.join(tiny_model_dir, "sentencepiece.bpe.model"),
+        hidden_size=32,
+        intermediate_size=88,
+    )
 
 
 def test_adapter_of_another_base_names_tensor_and_shapes(predict, adapters, narrow_model):
-    rc, _, _, err = predict(["--model_name_or_path", narrow_model, "--lora_path", adapters["lora"],
-                             "--data_file", DEMO_PROMPTS])
+    rc, _, _, err = predict(
+        ["--model_name_or_path", narrow_model, "--lora_path", adapters["lora"], "--data_file", DEMO_PROMPTS]
+    )
     assert rc == 2, err
     assert f"--lora_path {adapters['lora']} does not fit the base model {narrow_model}" in err
-    assert "adapter weight 'llama.layers.0.self_attn.q_proj.lora_A': shape [64, 8] does not match the model's " \
-           "[32, 8]" in err
-    rc, _, _, err = predict(["--model_name_or_path", narrow_model, "--lora_path", adapters["prefix"],
-                             "--data_file", DEMO_PROMPTS])
+    assert (
+        "adapter weight 'llama.layers.0.self_attn.q_proj.lora_A': shape [64, 8] does not match the model's "
+        "[32, 8]" in err
+    )
+    rc, _, _, err = predict(
+        ["--model_name_or_path", narrow_model, "--lora_path", adapters["prefix"], "--data_file", DEMO_PROMPTS]
+    )
     assert rc == 2 and "does not fit the base model" in err and "hidden_size=64" in err, err
 
 
 def test_bad_input_fails_fast_without_traceback(tiny_model_dir, tmp_path):
     """Through the real script: a bad line is reported before paddle is even imported."""
     path = write_lines(tmp_path / "bad.json", [{"src": "ok"}, "[1, 2"])
-    proc = subprocess.run([sys.executable, SCRIPT, "--model_name_or_path", tiny_model_dir, "--data_file", path],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--model_name_or_path", tiny_model_dir, "--data_file", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert f"{path}:2: invalid JSON" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, SCRIPT, "--model_name_or_path", tiny_model_dir],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--model_name_or_path", tiny_model_dir], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "nothing to do" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
 def test_cli_shape_mismatch_exit_2_without_traceback(adapters, narrow_model):
-    proc = subprocess.run([sys.executable, SCRIPT, "--model_name_or_path", narrow_model, "--lora_path",
-                           adapters["lora"], "--data_file", DEMO_PROMPTS], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "--model_name_or_path",
+            narrow_model,
+            "--lora_path",
+            adapters["lora"],
+            "--data_file",
+            DEMO_PROMPTS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "shape [64, 8] does not match the model's [32, 8]" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -555,17 +702,59 @@ def test_demo_train_lora_then_predict(tiny_model_dir, tmp_path):
     and its greedy predictions equal those of the merged model (llm/merge_lora_params.py)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = tmp_path / "lora"
-    train = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-                            os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"), "--output_dir", out,
-                            "--model_name_or_path", tiny_model_dir, "--max_steps", "20", "--eval_before_train", "false",
-                            "--do_eval", "false", "--per_device_train_batch_size", "8"],
-                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    train = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm", "run_finetune.py"),
+            os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
+            "--output_dir",
+            out,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--max_steps",
+            "20",
+            "--eval_before_train",
+            "false",
+            "--do_eval",
+            "false",
+            "--per_device_train_batch_size",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
-    common = ["--data_file", DEMO_PROMPTS, "--decode_strategy", "greedy_search", "--max_length", "128",
-              "--src_length", "64"]
-    proc = subprocess.run([sys.executable, SCRIPT, "--model_name_or_path", tiny_model_dir, "--lora_path", out,
-                           "--output_file", tmp_path / "pred.json"] + common,
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    common = [
+        "--data_file",
+        DEMO_PROMPTS,
+        "--decode_strategy",
+        "greedy_search",
+        "--max_length",
+        "128",
+        "--src_length",
+        "64",
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            out,
+            "--output_file",
+            tmp_path / "pred.json",
+        ]
+        + common,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert [x[:2] for x in lines if not x.startswith("  ")] == ["> ", "< ", "> ", "< "] and len(lines) <= 12
@@ -573,14 +762,34 @@ def test_demo_train_lora_then_predict(tiny_model_dir, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "pred.json").read_text().splitlines()]
     assert len(rows) == 2 and all(r["output"] for r in rows)
     merged = tmp_path / "merged"
-    merge = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "merge_lora_params.py"), "--model_name_or_path",
-                            tiny_model_dir, "--lora_path", out, "--merge_model_path", merged],
-                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    merge = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm", "merge_lora_params.py"),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--lora_path",
+            out,
+            "--merge_model_path",
+            merged,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert merge.returncode == 0, merge.stdout[-3000:] + merge.stderr[-3000:]
-    proc = subprocess.run([sys.executable, SCRIPT, "--model_name_or_path", merged,
-                           "--output_file", tmp_path / "merged.json"] + common,
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--model_name_or_path", merged, "--output_file", tmp_path / "merged.json"] + common,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [json.loads(x)["output"] for x in (tmp_path / "merged.json").read_text().splitlines()] == \
-        [r["output"] for r in rows]
+    assert [json.loads(x)["output"] for x in (tmp_path / "merged.json").read_text().splitlines()] == [
+        r["output"] for r in rows
+    ]
     shutil.rmtree(tmp_path, ignore_errors=True)

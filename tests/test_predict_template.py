@@ -19,8 +19,10 @@ pytest.importorskip("tokenizers")
 
 # Qwen2.5's layout: a system block when given, each turn in <|im_start|>role ... <|im_end|>, the header of
 # the answer as generation prompt (the end-of-turn token is spelled out: Llama-3-style has no <|im_end|>)
-TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{{ eos_token }}\n{%- endfor %}"
-            "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{{ eos_token }}\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SYSTEM, Q1, A1, Q2 = "Be brief.", "Describe a red coat.", "A red coat.", "And a blue skirt?"
 
 
@@ -78,10 +80,22 @@ def test_server_prompt_keeps_the_system_message_as_transformers(template_dir):
     from paddlenlp_ext.serve.protocol import Sampling, parse_chat
 
     tok, use_template, jinja = ours(template_dir)
-    session = Session(model=None, tokenizer=tok, use_template=use_template, eos_ids=[tok.eos_token_id], pad_id=0,
-                      device="cpu", description="test", jinja=jinja)
+    session = Session(
+        model=None,
+        tokenizer=tok,
+        use_template=use_template,
+        eos_ids=[tok.eos_token_id],
+        pad_id=0,
+        device="cpu",
+        description="test",
+        jinja=jinja,
+    )
     served = ServedModel("m", PredictOptions(template_dir, max_length=1024), session=session)
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": Q1},
-                {"role": "assistant", "content": A1}, {"role": "user", "content": Q2}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": Q1},
+        {"role": "assistant", "content": A1},
+        {"role": "user", "content": Q2},
+    ]
     req = parse_chat({"model": "m", "messages": messages}, ["m"], Sampling(greedy=True))
     assert prompt_ids(req, served) == hf_ids(template_dir, messages)  # accepted, and the system message is in it

@@ -25,8 +25,18 @@ def build(family="llama", kv=2, layers=2, flash=False, seed=0):
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     C, M = (LlamaConfig, LlamaForCausalLM) if family == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    cfg = C(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=kv, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = C(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=kv,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     cfg.use_flash_attention = flash
     paddle.seed(seed)
     model = M(cfg)
@@ -41,8 +51,13 @@ def ours(model, projection=False, seed=1, scale=30.0):
     from paddlenlp_ext.prefix.config import ModelFacts, prefix_config_for_model
     from paddlenlp_ext.prefix.model import PrefixModel
 
-    cfg = prefix_config_for_model(ModelFacts.of(model.config), P, prefix_projection=projection,
-                                  prefix_projection_hidden_size=8 if projection else None, dtype="float32")
+    cfg = prefix_config_for_model(
+        ModelFacts.of(model.config),
+        P,
+        prefix_projection=projection,
+        prefix_projection_hidden_size=8 if projection else None,
+        dtype="float32",
+    )
     paddle.seed(seed)
     pm = PrefixModel(model, cfg)
     with paddle.no_grad():
@@ -88,7 +103,7 @@ def rope(x, pos, theta):  # x [n, heads, D], Llama/Qwen2 rotate_half convention
     d = x.shape[-1]
     inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
     ang = np.concatenate([np.outer(pos, inv)] * 2, axis=-1)[:, None, :]  # [n, 1, D]
-    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
+    rot = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], axis=-1)
     return x * np.cos(ang) + rot * np.sin(ang)
 
 
@@ -102,8 +117,9 @@ def test_one_attention_layer_is_softmax_over_prefix_and_real_keys(family, flash)
     attn = layer.self_attn
     seen = {}
     h1 = layer.input_layernorm.register_forward_post_hook(lambda l, i, o: seen.__setitem__("h", o.numpy()))
-    h2 = attn.register_forward_post_hook(lambda l, i, o: seen.__setitem__("o", (o[0] if isinstance(o, tuple) else o)
-                                                                          .numpy()))
+    h2 = attn.register_forward_post_hook(
+        lambda l, i, o: seen.__setitem__("o", (o[0] if isinstance(o, tuple) else o).numpy())
+    )
     x = ids(1, 6)
     with flash_ctx(flash):
         pm(input_ids=x)
@@ -139,8 +155,9 @@ def test_one_attention_layer_is_softmax_over_prefix_and_real_keys(family, flash)
 
 
 # ------------------------------------------------------------------ (2) PaddleNLP parity, format both ways
-@pytest.mark.parametrize("family,kv,projection", [("llama", 2, False), ("llama", 4, False), ("qwen2", 2, False),
-                                                  ("llama", 2, True)])
+@pytest.mark.parametrize(
+    "family,kv,projection", [("llama", 2, False), ("llama", 4, False), ("qwen2", 2, False), ("llama", 2, True)]
+)
 def test_same_logits_as_paddlenlp_prefix_model(family, kv, projection):
     model = build(family, kv=kv)
     pm = ours(model, projection=projection)
@@ -177,9 +194,14 @@ def test_config_matches_paddlenlp_get_prefix_tuning_params():
     for family, kv in (("llama", 4), ("qwen2", 2), ("llama", 2)):
         model = build(family, kv=kv)
         g = get_prefix_tuning_params(model)
-        theirs = PrefixConfig(num_prefix_tokens=P, num_attention_heads=g["num_attention_heads"],
-                              num_hidden_layers=g["num_hidden_layers"], hidden_size=g["hidden_size"],
-                              multi_query_group_num=g["multi_query_group_num"], dtype="float32").to_dict()
+        theirs = PrefixConfig(
+            num_prefix_tokens=P,
+            num_attention_heads=g["num_attention_heads"],
+            num_hidden_layers=g["num_hidden_layers"],
+            hidden_size=g["hidden_size"],
+            multi_query_group_num=g["multi_query_group_num"],
+            dtype="float32",
+        ).to_dict()
         mine = prefix_config_for_model(ModelFacts.of(model.config), P, dtype="float32").to_dict()
         theirs["tensor_parallel_degree"] = model.config.tensor_parallel_degree  # what PaddleNLP writes at save
         if (family, kv) == ("llama", 2):
@@ -234,8 +256,14 @@ def test_generation_matches_paddlenlp_and_a_full_forward(family):
     model = build(family)
     pm = ours(model)
     x = paddle.to_tensor([[5, 17, 33, 8, 41]], dtype="int64")
-    kw = dict(max_new_tokens=6, decode_strategy="greedy_search", eos_token_id=63, pad_token_id=0, use_cache=True,
-              attention_mask=paddle.ones([1, 5], dtype="int64"))
+    kw = dict(
+        max_new_tokens=6,
+        decode_strategy="greedy_search",
+        eos_token_id=63,
+        pad_token_id=0,
+        use_cache=True,
+        attention_mask=paddle.ones([1, 5], dtype="int64"),
+    )
     got = pm.generate(x, **kw)[0].numpy()
     assert "prepare_inputs_for_generation" not in vars(model)  # the model's own method again afterwards
     assert np.array_equal(got, theirs_like(pm).generate(input_ids=x, **kw)[0].numpy())
@@ -269,8 +297,9 @@ def test_only_the_prefix_trains_and_recompute_keeps_its_gradients():
         pm = ours(model)
         pm.train()
         if recompute:  # what the Trainer does for recompute=true
-            pm.apply(lambda layer: setattr(layer, "enable_recompute", True) if hasattr(layer, "enable_recompute")
-                     else None)
+            pm.apply(
+                lambda layer: setattr(layer, "enable_recompute", True) if hasattr(layer, "enable_recompute") else None
+            )
         out = pm(input_ids=ids(), labels=ids(seed=1))
         (out[0] if isinstance(out, tuple) else out.loss).backward()
         assert all(p.stop_gradient and p.grad is None for p in model.parameters())
@@ -293,8 +322,11 @@ def test_packed_rows_every_example_sees_the_prefix(flash_mask):
     pm = ours(model)
     a, b = [5, 9, 13, 20], [7, 30, 11]
     row = build_packed_row([{"input_ids": a, "labels": a}, {"input_ids": b, "labels": b}], 9, 0)
-    batch = {k: paddle.to_tensor(v) for k, v in PackedCollator(flash_mask=flash_mask)([row]).items()
-             if k in ("input_ids", "position_ids", "attention_mask", "attn_mask_startend_row_indices")}
+    batch = {
+        k: paddle.to_tensor(v)
+        for k, v in PackedCollator(flash_mask=flash_mask)([row]).items()
+        if k in ("input_ids", "position_ids", "attention_mask", "attn_mask_startend_row_indices")
+    }
     with flash_ctx(flash_mask):
         packed = logits(pm, **batch)[0]
         alone_a = logits(pm, input_ids=paddle.to_tensor([a]))[0]
@@ -315,8 +347,15 @@ def test_dense_packed_mask_on_the_flash_path_is_refused():
 def problems(tmp_path, *overrides, model_dir=None):
     from paddlenlp_ext.config.parse import ConfigError, load_config
 
-    args = ["--model_name_or_path", model_dir or os.path.join(ROOT, "build", "tiny-llama"),
-            "--dataset_name_or_path", DATA_DIR, "--output_dir", str(tmp_path / "out"), *overrides]
+    args = [
+        "--model_name_or_path",
+        model_dir or os.path.join(ROOT, "build", "tiny-llama"),
+        "--dataset_name_or_path",
+        DATA_DIR,
+        "--output_dir",
+        str(tmp_path / "out"),
+        *overrides,
+    ]
     try:
         load_config(os.path.join(ROOT, PT_CFG), args)
     except ConfigError as e:
@@ -334,8 +373,7 @@ def test_config_errors(tmp_path, tiny_model_dir):
         ("--tensor_parallel_degree", "2"): "prefix_tuning with tensor_parallel_degree > 1 is not supported",
         ("--zero_padding", "true"): "prefix_tuning with zero_padding and use_flash_attention needs flash_mask=true",
         ("--prefix_projection_hidden_size", "8"): "prefix_projection_hidden_size applies only with prefix_projection",
-        ("--prefix_tuning", "false", "--prefix_path", str(tmp_path)):
-            "prefix_path is set but prefix_tuning is false",
+        ("--prefix_tuning", "false", "--prefix_path", str(tmp_path)): "prefix_path is set but prefix_tuning is false",
         ("--prefix_tuning", "false"): "num_prefix_tokens=16 applies only with prefix_tuning=true",
         ("--prefix_path", str(tmp_path)): "has no prefix_model_state.pdparams",
     }
@@ -352,14 +390,16 @@ def test_config_errors_against_a_saved_prefix(tmp_path, tiny_model_dir):
     saved = tmp_path / "prefix"
     ours(AutoModelForCausalLM.from_pretrained(tiny_model_dir)).save_pretrained(str(saved))  # 3 tokens, 2 kv heads
     assert problems(tmp_path, "--prefix_path", str(saved), "--num_prefix_tokens", "128") == ""  # default: follows
-    assert "num_prefix_tokens=16 but the prefix in prefix_path was trained with 3" in \
-        problems(tmp_path, "--prefix_path", str(saved))
+    assert "num_prefix_tokens=16 but the prefix in prefix_path was trained with 3" in problems(
+        tmp_path, "--prefix_path", str(saved)
+    )
     # a prefix made for 4 kv heads (PaddleNLP's llama config ignores GQA) does not fit the tiny GQA model
     cfg = json.loads((saved / "prefix_config.json").read_text())
     cfg["multi_query_group_num"] = None
     (saved / "prefix_config.json").write_text(json.dumps(cfg))
-    assert "key/value heads per layer but the model has num_key_value_heads=2" in \
-        problems(tmp_path, "--prefix_path", str(saved), "--num_prefix_tokens", "3")
+    assert "key/value heads per layer but the model has num_key_value_heads=2" in problems(
+        tmp_path, "--prefix_path", str(saved), "--num_prefix_tokens", "3"
+    )
     # another model family
     other = tmp_path / "gpt"
     other.mkdir()
@@ -368,20 +408,41 @@ def test_config_errors_against_a_saved_prefix(tmp_path, tiny_model_dir):
 
 
 def test_prefix_config_module_never_imports_paddle():
-    code = ("import sys; import paddlenlp_ext.prefix.config, paddlenlp_ext.config.parse; "
-            "assert 'paddle' not in sys.modules, 'paddle imported'")
+    code = (
+        "import sys; import paddlenlp_ext.prefix.config, paddlenlp_ext.config.parse; "
+        "assert 'paddle' not in sys.modules, 'paddle imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
 # ------------------------------------------------------------------ (3) through the real CLI
-FAST = ("--max_steps", "20", "--per_device_train_batch_size", "8", "--logging_steps", "2",
-        "--learning_rate", "1.0")  # a prefix on a random tiny base needs a large step (docs/prefix.md)
+FAST = (
+    "--max_steps",
+    "20",
+    "--per_device_train_batch_size",
+    "8",
+    "--logging_steps",
+    "2",
+    "--learning_rate",
+    "1.0",
+)  # a prefix on a random tiny base needs a large step (docs/prefix.md)
 
 
 def cli(tiny_model_dir, out, *extra):
-    cmd = [sys.executable, CLI, os.path.join(ROOT, PT_CFG), "--output_dir", str(out),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name_or_path", DATA_DIR, *FAST, *extra]
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, PT_CFG),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name_or_path",
+        DATA_DIR,
+        *FAST,
+        *extra,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, " ".join(cmd) + "\n" + r.stdout[-3000:] + r.stderr[-6000:]
     return json.loads((out / "run_summary.json").read_text())
@@ -395,8 +456,12 @@ def trained(tiny_model_dir, tmp_path_factory):
 
 
 def weight_files(d):
-    return sorted(f for f in os.listdir(d) if f.endswith((".pdparams", ".safetensors", ".npy", ".bin"))
-                  and not f.startswith(("optimizer", "scheduler", "rng_state", "training_args")))
+    return sorted(
+        f
+        for f in os.listdir(d)
+        if f.endswith((".pdparams", ".safetensors", ".npy", ".bin"))
+        and not f.startswith(("optimizer", "scheduler", "rng_state", "training_args"))
+    )
 
 
 def test_cli_trains_saves_only_the_prefix_and_evaluates_it_again(trained, tiny_model_dir):
@@ -413,11 +478,29 @@ def test_cli_trains_saves_only_the_prefix_and_evaluates_it_again(trained, tiny_m
     pc = json.loads((out / "prefix_config.json").read_text())
     assert (pc["num_prefix_tokens"], pc["multi_query_group_num"], pc["prefix_projection"]) == (16, 2, False)
     # evaluate the saved prefix: same eval loss, on the same (flash) path and on the eager path
-    again = cli(tiny_model_dir, out.parent / "eval", "--do_train", "false", "--eval_before_train", "false",
-                "--prefix_path", str(out))
+    again = cli(
+        tiny_model_dir,
+        out.parent / "eval",
+        "--do_train",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--prefix_path",
+        str(out),
+    )
     assert abs(again["eval_loss"] - s["eval_loss"]) < 1e-5
-    eager = cli(tiny_model_dir, out.parent / "eval_eager", "--do_train", "false", "--eval_before_train", "false",
-                "--prefix_path", str(out), "--use_flash_attention", "false")
+    eager = cli(
+        tiny_model_dir,
+        out.parent / "eval_eager",
+        "--do_train",
+        "false",
+        "--eval_before_train",
+        "false",
+        "--prefix_path",
+        str(out),
+        "--use_flash_attention",
+        "false",
+    )
     assert abs(eager["eval_loss"] - s["eval_loss"]) < 1e-4
 
 
@@ -426,8 +509,9 @@ def test_cli_resume_from_a_prefix_checkpoint_reaches_the_same_prefix(trained, ti
 
     out, s = trained
     resumed = out.parent / "resumed"
-    r = cli(tiny_model_dir, resumed, "--eval_before_train", "false", "--resume_from_checkpoint",
-            str(out / "checkpoint-10"))
+    r = cli(
+        tiny_model_dir, resumed, "--eval_before_train", "false", "--resume_from_checkpoint", str(out / "checkpoint-10")
+    )
     assert r["global_steps"] == 20
     a, b = read_prefix_state(str(out))["0.weight"], read_prefix_state(str(resumed))["0.weight"]
     assert np.abs(a - b).max() < 1e-4

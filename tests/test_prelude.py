@@ -22,8 +22,9 @@ def test_doctests(module):
 def test_interpreter_without_paddle_is_told_to_activate_the_venv(tmp_path):
     os.makedirs(tmp_path / ".venv" / "bin")
     (tmp_path / ".venv" / "bin" / "python").write_text("")
-    msg = interpreter.interpreter_problem(str(tmp_path), "/usr/bin/python3",
-                                          find=lambda name: None if name == "paddlenlp" else object())
+    msg = interpreter.interpreter_problem(
+        str(tmp_path), "/usr/bin/python3", find=lambda name: None if name == "paddlenlp" else object()
+    )
     assert msg.startswith("/usr/bin/python3 has no paddlenlp; ")
     assert f"source {tmp_path}/.venv/bin/activate" in msg and "make setup" in msg
     assert interpreter.interpreter_problem(str(tmp_path), "/usr/bin/python3", find=lambda name: object()) is None
@@ -33,8 +34,9 @@ def _system_python_without_paddle():
     exe = shutil.which("python3", path="/usr/bin:/bin")
     if exe is None or os.path.realpath(exe) == os.path.realpath(sys.executable):
         return None
-    r = subprocess.run([exe, "-c", "import importlib.util as u; print(u.find_spec('paddle') is None)"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [exe, "-c", "import importlib.util as u; print(u.find_spec('paddle') is None)"], capture_output=True, text=True
+    )
     return exe if r.stdout.strip() == "True" else None
 
 
@@ -64,10 +66,21 @@ def test_paddle_import_lecture_is_dropped_and_the_rest_passes(capfd):
 
 def test_tools_print_no_library_noise(tiny_model_dir, tmp_path):
     """data_report imports paddle/paddlenlp (tokenizer): none of their import-time warnings reach the user."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm/tools/data_report.py"),
-                        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), "--output_dir", str(tmp_path / "o"),
-                        "--model_name_or_path", tiny_model_dir], capture_output=True, text=True, cwd=ROOT,
-                       env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm/tools/data_report.py"),
+            os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--model_name_or_path",
+            tiny_model_dir,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for noise in NOISE:
         assert noise not in r.stdout + r.stderr, noise

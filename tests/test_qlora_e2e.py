@@ -25,8 +25,17 @@ def _counts(q):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_lora_on_quantized_base_lowers_loss(tiny_model_dir, tmp_path, algo):
     extra = BLOCK[algo] + ("--weight_double_quant", "true") if algo in BLOCK else ()
-    _, out = run_cli("llm/config/tiny/lora_argument.json", tmp_path, "--max_steps", "20",
-                     "--per_device_train_batch_size", "8", "--weight_quantize_algo", algo, *extra)
+    _, out = run_cli(
+        "llm/config/tiny/lora_argument.json",
+        tmp_path,
+        "--max_steps",
+        "20",
+        "--per_device_train_batch_size",
+        "8",
+        "--weight_quantize_algo",
+        algo,
+        *extra,
+    )
     s = summary(out)
     assert s["method"] == f"lora+{algo}"
     assert _counts(s["quantization"]) == (LAYERS, PARAMS)  # every target, down_proj included
@@ -37,15 +46,33 @@ def test_lora_on_quantized_base_lowers_loss(tiny_model_dir, tmp_path, algo):
         # default weight_blocksize 64 on down_proj's 176 inputs (used to be refused): a short last block of 48
         assert cfg["quantization"]["weight_blocksize"] == 64
         # evaluating the adapter re-quantizes the base the same way
-        _, out2 = run_cli("llm/config/tiny/lora_argument.json", tmp_path, "--lora_path", out, "--do_train", "false",
-                          "--eval_before_train", "false", name="reload")
+        _, out2 = run_cli(
+            "llm/config/tiny/lora_argument.json",
+            tmp_path,
+            "--lora_path",
+            out,
+            "--do_train",
+            "false",
+            "--eval_before_train",
+            "false",
+            name="reload",
+        )
         s2 = summary(out2)
         assert _counts(s2["quantization"]) == (LAYERS, PARAMS)
         assert s2["eval_loss"] == pytest.approx(s["eval_loss"], rel=1e-5)
 
 
 def test_a_block_size_no_format_can_take_is_a_clear_error(tiny_model_dir, tmp_path):
-    r, _ = run_cli("llm/config/tiny/lora_argument.json", tmp_path, "--max_steps", "2",
-                   "--weight_quantize_algo", "nf4", "--weight_blocksize", "7", check=False)
+    r, _ = run_cli(
+        "llm/config/tiny/lora_argument.json",
+        tmp_path,
+        "--max_steps",
+        "2",
+        "--weight_quantize_algo",
+        "nf4",
+        "--weight_blocksize",
+        "7",
+        check=False,
+    )
     assert r.returncode == 2
     assert "weight_blocksize must be a positive even integer" in r.stderr and "Traceback" not in r.stderr

@@ -235,8 +235,18 @@ def _hard_weight(in_f, out_f, algo, seed=0):
 
 
 @pytest.mark.parametrize("algo", SUPPORTED_ALGOS)
-@pytest.mark.parametrize("shape,bs", [((128, 24), 16), ((256, 40), 64), ((512, 9), 256), ((64, 1100), 64),
-                                      ((176, 24), 64), ((175, 10), 16), ((30, 12), 64)])
+@pytest.mark.parametrize(
+    "shape,bs",
+    [
+        ((128, 24), 16),
+        ((256, 40), 64),
+        ((512, 9), 256),
+        ((64, 1100), 64),
+        ((176, 24), 64),
+        ((175, 10), 16),
+        ((30, 12), 64),
+    ],
+)
 def test_encoders_are_bit_identical_to_the_reference(algo, shape, bs):
     fmt = F.get_format(algo)
     if fmt.bits == 4 and not fmt.blockwise and shape[0] % 2:
@@ -765,8 +775,11 @@ def test_tensor_parallel_linears_are_refused_not_skipped(cls_path):
         why = "tensor-parallel QLoRA .* is not supported yet"
     else:  # tensor-parallel linears are quantized per shard (paddlenlp_ext/parallel), but need a real layer
         why = "not built by its __init__"
-    with pytest.raises(ValueError, match=rf"layer 'llama\.layers\.1\.self_attn\.o_proj' is a tensor-parallel "
-                                         rf"{name}: .*{why}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"layer 'llama\.layers\.1\.self_attn\.o_proj' is a tensor-parallel "
+        rf"{name}: .*{why}",
+    ):
         quantize_model(model, "nf4")
     assert [n for n, l in model.named_sublayers() if type(l) is paddle.nn.Linear] == before  # untouched
     # outside target_modules it does not matter
@@ -784,8 +797,13 @@ def test_amp_o2_leaves_the_quantized_layers_float32(algo, dq):
     from paddlenlp_ext.quant import amp_excluded_layers
 
     def float_buffers(model):
-        return {f"{n}.{b}": t.dtype for n, l in model.named_sublayers() if isinstance(l, QuantizedLinear)
-                for b, t in l.named_buffers() if t.dtype in (paddle.float32, paddle.bfloat16)}
+        return {
+            f"{n}.{b}": t.dtype
+            for n, l in model.named_sublayers()
+            if isinstance(l, QuantizedLinear)
+            for b, t in l.named_buffers()
+            if t.dtype in (paddle.float32, paddle.bfloat16)
+        }
 
     model = _tiny_llama()
     quantize_model(model, algo, double_quant=dq, block_size=32)
@@ -894,20 +912,37 @@ def _never():
     (INT4, "portable", True, "float16", _never, ("portable_dequant_matmul", {})),  # int: no PaddleSlim kernel
 ])  # fmt: skip
 def test_plan_kernel(fmt, backend, on_gpu, x_dtype, paddleslim, expected):
-    plan = D.plan_kernel(fmt, backend, x_on_gpu=on_gpu, x_dtype=x_dtype, arch=80 if backend != "portable" else None,
-                         block_size=32 if fmt.blockwise else None, paddleslim=paddleslim)
+    plan = D.plan_kernel(
+        fmt,
+        backend,
+        x_on_gpu=on_gpu,
+        x_dtype=x_dtype,
+        arch=80 if backend != "portable" else None,
+        block_size=32 if fmt.blockwise else None,
+        paddleslim=paddleslim,
+    )
     assert plan == expected
     with pytest.raises(RuntimeError, match="needs a GPU input; rebuild it with backend='portable'"):
-        D.plan_kernel(INT8, "paddle_weight_only", x_on_gpu=False, x_dtype="float16", arch=80, block_size=None,
-                      paddleslim=_never)
+        D.plan_kernel(
+            INT8, "paddle_weight_only", x_on_gpu=False, x_dtype="float16", arch=80, block_size=None, paddleslim=_never
+        )
 
 
-@pytest.mark.parametrize("in_f,expected", [(128, D.PATH_PADDLESLIM), (96, D.PATH_PADDLESLIM),
-                                           (176, D.PATH_PORTABLE), (175, D.PATH_PORTABLE)])
+@pytest.mark.parametrize(
+    "in_f,expected", [(128, D.PATH_PADDLESLIM), (96, D.PATH_PADDLESLIM), (176, D.PATH_PORTABLE), (175, D.PATH_PORTABLE)]
+)
 def test_plan_kernel_uses_paddleslim_only_for_flat_blocks(in_f, expected):
     """PaddleSlim decodes flat blocks: a short last block per channel (in % bs != 0) must go portable."""
-    plan = D.plan_kernel(NF4, "portable", x_on_gpu=True, x_dtype="bfloat16", arch=None, block_size=32,
-                         paddleslim=lambda: True, in_features=in_f)
+    plan = D.plan_kernel(
+        NF4,
+        "portable",
+        x_on_gpu=True,
+        x_dtype="bfloat16",
+        arch=None,
+        block_size=32,
+        paddleslim=lambda: True,
+        in_features=in_f,
+    )
     assert plan[0] == expected
 
 
@@ -967,7 +1002,7 @@ def test_forward_hands_the_plan_to_the_kernels(monkeypatch):
     monkeypatch.setattr(paddle.nn.quant, "weight_only_linear", spy("weight_only_linear"))
     with pytest.raises(_Handed):
         q4(paddle.randn([3, 128]).astype("float16"))
-    (_, args, kw), = calls
+    ((_, args, kw),) = calls
     assert args[1] is q4.quant_weight and kw.pop("weight_scale").dtype == paddle.float16 and kw.pop("bias") is not None
     assert kw == {"weight_dtype": "int4", "arch": 80, "group_size": -1} and q4.last_path is None
 
@@ -976,7 +1011,7 @@ def test_forward_hands_the_plan_to_the_kernels(monkeypatch):
     monkeypatch.setattr(L, "paddleslim_ops", lambda: type("Ops", (), {"dequant_blockwise": spy("dequant_blockwise")}))
     with pytest.raises(_Handed):
         qnf(paddle.randn([3, 128]))
-    (_, (qw, code, scales, blocksize, quant_type), _), = calls
+    ((_, (qw, code, scales, blocksize, quant_type), _),) = calls
     assert qw is qnf.quant_weight and (code, blocksize, quant_type) == (None, 32, "nf4")
     np.testing.assert_allclose(scales.numpy(), C.block_scales(qnf.to_structure()).reshape(-1), rtol=1e-6)
 

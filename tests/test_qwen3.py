@@ -20,8 +20,18 @@ from paddlenlp_ext.integrations.qwen3 import register_qwen3  # noqa: E402
 from paddlenlp_ext.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 VOCAB = 101
-SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=24, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-6)
+SIZES = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    max_position_embeddings=128,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+)
 
 
 def hf_model(seed=0, **overrides):
@@ -43,7 +53,7 @@ def hf_to_ours(hf_state):
         a = v.detach().numpy()
         if a.ndim == 2 and "embed_tokens" not in k:
             a = a.T
-        out["qwen3." + k[len("model."):] if k.startswith("model.") else k] = a
+        out["qwen3." + k[len("model.") :] if k.startswith("model.") else k] = a
     return out
 
 
@@ -57,7 +67,7 @@ def our_model(hf, **overrides):
         assert own["lm_head.weight"] is own["qwen3.embed_tokens.weight"]
         state.pop("lm_head.weight", None)
         own.pop("lm_head.weight")
-    assert set(state) == set(own), (sorted(set(state) ^ set(own)))
+    assert set(state) == set(own), sorted(set(state) ^ set(own))
     for k, v in state.items():
         assert list(own[k].shape) == list(v.shape), k
     model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
@@ -69,8 +79,10 @@ def logits_of(model, ids):
     return (out[0] if isinstance(out, tuple) else out.logits).numpy()
 
 
-@pytest.mark.parametrize("case", [dict(), dict(tie_word_embeddings=True), dict(attention_bias=True),
-                                  dict(num_key_value_heads=4, head_dim=16)])
+@pytest.mark.parametrize(
+    "case",
+    [dict(), dict(tie_word_embeddings=True), dict(attention_bias=True), dict(num_key_value_heads=4, head_dim=16)],
+)
 def test_logits_match_transformers(case):
     hf = hf_model(**case)
     ours = our_model(hf, **{k: v for k, v in case.items() if k != "tie_word_embeddings"})
@@ -108,14 +120,21 @@ def test_20_greedy_tokens_identical_with_our_generation():
     want = []
     for p in prompts:
         with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        want.append(out[0, len(p):].tolist())
+            out = hf.generate(
+                torch.tensor([p]),
+                max_new_tokens=20,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            )
+        want.append(out[0, len(p) :].tolist())
     assert all(len(w) == 20 for w in want) and len(set(map(tuple, want))) == 2
     eos = next(t for t in range(VOCAB) if all(t not in w for w in want))  # never generated: no early stop
     o = PredictOptions(model_name_or_path="unused", decode_strategy="greedy_search")
-    got = generate_batch(ours, [Prompt(ids=[int(t) for t in p], max_new_tokens=20) for p in prompts], o,
-                         eos_ids=[eos], pad_id=0)
+    got = generate_batch(
+        ours, [Prompt(ids=[int(t) for t in p], max_new_tokens=20) for p in prompts], o, eos_ids=[eos], pad_id=0
+    )
     assert got == want
 
 
@@ -140,9 +159,16 @@ def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
     assert AutoTokenizer.from_pretrained(tiny_qwen3_dir).vocab_size == config.vocab_size
 
     streamed, stats = load_model_streaming(
-        tiny_qwen3_dir, config, "float32",
-        quantization={"weight_quantize_algo": "nf4", "weight_blocksize": 64, "weight_double_quant": False,
-                      "weight_double_quant_block_size": 256})
+        tiny_qwen3_dir,
+        config,
+        "float32",
+        quantization={
+            "weight_quantize_algo": "nf4",
+            "weight_blocksize": 64,
+            "weight_double_quant": False,
+            "weight_double_quant_block_size": 256,
+        },
+    )
     assert type(streamed) is Qwen3ForCausalLM and stats["quantized_layers"] == 14  # 7 linears x 2 layers
     ids = np.arange(1, 11)[None]
     ref = logits_of(loaded, ids)
@@ -177,11 +203,14 @@ def test_hf_name_mappings_cover_every_parameter():
         assert mapped == own, sorted(mapped ^ own)
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("use_sliding_window", True, "use_sliding_window=true"),
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling="),
-    ("fuse_attention_qkv", True, "fuse_attention_qkv=true"),
-])
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("use_sliding_window", True, "use_sliding_window=true"),
+        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling="),
+        ("fuse_attention_qkv", True, "fuse_attention_qkv=true"),
+    ],
+)
 def test_unimplemented_settings_are_refused_by_name(key, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         Qwen3ForCausalLM(Qwen3Config(**SIZES, **{key: value}))
@@ -192,14 +221,22 @@ def test_packed_flashmask_row_matches_examples_one_by_one(recompute):
     """A packed row (FlashMask start rows + restarting position ids, our CPU kernel via the fusion_ops patch)
     gives the loss and every gradient of the examples run alone through the dense path; with recompute
     too (``core_attn`` recomputes inside our attention forward)."""
-    from test_flashmask_patch import LENGTHS, assert_match, make_examples, packed_loss_and_grads, \
-        separate_loss_and_grads  # noqa: I001
+    from test_flashmask_patch import (
+        LENGTHS,
+        assert_match,
+        make_examples,
+        packed_loss_and_grads,
+        separate_loss_and_grads,
+    )  # noqa: I001
 
     from paddlenlp_ext.integrations.flashmask import cpu_flashmask
 
     kw = {**SIZES, "vocab_size": 128, "max_position_embeddings": 128}
-    rc = {} if recompute is None else dict(recompute=True, recompute_granularity=recompute[0],
-                                            recompute_use_reentrant=recompute[1])
+    rc = (
+        {}
+        if recompute is None
+        else dict(recompute=True, recompute_granularity=recompute[0], recompute_use_reentrant=recompute[1])
+    )
     paddle.seed(7)
     model = Qwen3ForCausalLM(Qwen3Config(**kw, use_flash_attention=True, **rc))
     ref = Qwen3ForCausalLM(Qwen3Config(**kw, use_flash_attention=False))

@@ -18,8 +18,16 @@ from conftest import ROOT, all_on_first_use, run_jobs
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--per_device_train_batch_size", "8", "--logging_steps", "5", "--eval_before_train", "false",
-        "--do_eval", "false")
+FAST = (
+    "--per_device_train_batch_size",
+    "8",
+    "--logging_steps",
+    "5",
+    "--eval_before_train",
+    "false",
+    "--do_eval",
+    "false",
+)
 STEPS20 = ("--max_steps", "20")
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -43,13 +51,33 @@ def runs(tiny_qwen3_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("qwen3")
     specs = {
         "lora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json", FAST + STEPS20),
-        "qlora": ("llm/run_finetune.py", "llm/config/tiny/lora_argument.json",
-                  FAST + STEPS20 + ("--weight_quantize_algo", "nf4")),
-        "full_packed_flashmask": ("llm/run_finetune.py", "llm/config/tiny/sft_argument.json",
-                                  FAST + ("--max_steps", "10", "--zero_padding", "true", "--greedy_zero_padding",
-                                          "true", "--use_flash_attention", "true", "--flash_mask", "true")),
-        "dpo": ("llm/run_dpo.py", "llm/config/tiny/dpo_lora_argument.json",
-                ("--max_steps", "5", "--per_device_train_batch_size", "4", "--do_eval", "false")),
+        "qlora": (
+            "llm/run_finetune.py",
+            "llm/config/tiny/lora_argument.json",
+            FAST + STEPS20 + ("--weight_quantize_algo", "nf4"),
+        ),
+        "full_packed_flashmask": (
+            "llm/run_finetune.py",
+            "llm/config/tiny/sft_argument.json",
+            FAST
+            + (
+                "--max_steps",
+                "10",
+                "--zero_padding",
+                "true",
+                "--greedy_zero_padding",
+                "true",
+                "--use_flash_attention",
+                "true",
+                "--flash_mask",
+                "true",
+            ),
+        ),
+        "dpo": (
+            "llm/run_dpo.py",
+            "llm/config/tiny/dpo_lora_argument.json",
+            ("--max_steps", "5", "--per_device_train_batch_size", "4", "--do_eval", "false"),
+        ),
     }
 
     def train(name):
@@ -119,9 +147,24 @@ def test_full_finetune_packed_with_flashmask_and_reload(runs, tiny_qwen3_dir):
 
 
 def test_check_packing_is_exact_with_flashmask(tiny_qwen3_dir, tmp_path):
-    r = cli("llm/tools/check_packing.py", "llm/config/tiny/sft_argument.json", "--model_name_or_path",
-            tiny_qwen3_dir, "--output_dir", tmp_path / "o", "--zero_padding", "true", "--greedy_zero_padding",
-            "true", "--use_flash_attention", "true", "--flash_mask", "true", "--check_examples", "8")
+    r = cli(
+        "llm/tools/check_packing.py",
+        "llm/config/tiny/sft_argument.json",
+        "--model_name_or_path",
+        tiny_qwen3_dir,
+        "--output_dir",
+        tmp_path / "o",
+        "--zero_padding",
+        "true",
+        "--greedy_zero_padding",
+        "true",
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+        "--check_examples",
+        "8",
+    )
     out = json.loads(r.stdout)
     assert out["ok"] and out["flash_mask"] and out["packs"] < out["examples"] == 8
     assert out["loss_abs_diff"] <= 1e-5 and out["grad_max_rel_diff"] <= 1e-5, out
@@ -137,16 +180,39 @@ def test_dpo_trains(runs):
 def test_merge_then_predict_equals_adapter_predict(runs, tiny_qwen3_dir, tmp_path):
     lora = runs("lora")
     merged = tmp_path / "merged"
-    common = ["--data_file", "llm/data/demo_prompts.json", "--decode_strategy", "greedy_search", "--max_length",
-              "96", "--src_length", "48"]
+    common = [
+        "--data_file",
+        "llm/data/demo_prompts.json",
+        "--decode_strategy",
+        "greedy_search",
+        "--max_length",
+        "96",
+        "--src_length",
+        "48",
+    ]
 
     def predict_with_adapter():  # runs beside the merge: it needs only the adapter
-        cli("llm/predict/predictor.py", "--model_name_or_path", tiny_qwen3_dir, "--lora_path", lora,
-            "--output_file", tmp_path / "a.json", *common)
+        cli(
+            "llm/predict/predictor.py",
+            "--model_name_or_path",
+            tiny_qwen3_dir,
+            "--lora_path",
+            lora,
+            "--output_file",
+            tmp_path / "a.json",
+            *common,
+        )
 
     def merge_and_predict():
-        r = cli("llm/merge_lora_params.py", "--model_name_or_path", tiny_qwen3_dir, "--lora_path", lora,
-                "--merge_model_path", merged)
+        r = cli(
+            "llm/merge_lora_params.py",
+            "--model_name_or_path",
+            tiny_qwen3_dir,
+            "--lora_path",
+            lora,
+            "--merge_model_path",
+            merged,
+        )
         assert "verify: passed" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]  # merged == base + adapter (1e-4)
         assert json.loads((merged / "config.json").read_text())["model_type"] == "qwen3"
         cli("llm/predict/predictor.py", "--model_name_or_path", merged, "--output_file", tmp_path / "m.json", *common)
@@ -159,8 +225,17 @@ def test_merge_then_predict_equals_adapter_predict(runs, tiny_qwen3_dir, tmp_pat
 
 
 def test_unsupported_setting_is_refused_with_exit_2(tiny_qwen3_dir, tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "llm/run_finetune.py"), "llm/config/tiny/lora_argument.json",
-           "--model_name_or_path", tiny_qwen3_dir, "--output_dir", str(tmp_path / "o"), "--fuse_attention_qkv", "true"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "llm/run_finetune.py"),
+        "llm/config/tiny/lora_argument.json",
+        "--model_name_or_path",
+        tiny_qwen3_dir,
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--fuse_attention_qkv",
+        "true",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "model_type qwen3 does not support fuse_attention_qkv=true" in r.stdout + r.stderr

@@ -23,9 +23,21 @@ from paddlenlp_ext.integrations.qwen3 import register_qwen3  # noqa: E402
 from paddlenlp_ext.models.qwen3 import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
 VOCAB = 101
-SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=24, max_position_embeddings=128, moe_intermediate_size=40,
-             num_experts=6, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[1])
+SIZES = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    max_position_embeddings=128,
+    moe_intermediate_size=40,
+    num_experts=6,
+    num_experts_per_tok=2,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],
+)
 
 
 def pair(seed=0, **overrides):
@@ -41,15 +53,22 @@ def pair(seed=0, **overrides):
     state = {}
     for k, v in hf.state_dict().items():
         a = v.numpy()
-        state["qwen3_moe." + k[len("model."):] if k.startswith("model.") else k] = a.T if a.ndim == 2 and \
-            "embed_tokens" not in k else a
+        state["qwen3_moe." + k[len("model.") :] if k.startswith("model.") else k] = (
+            a.T if a.ndim == 2 and "embed_tokens" not in k else a
+        )
     assert set(state) == set(ours.state_dict())
     ours.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
     return hf, ours
 
 
-@pytest.mark.parametrize("case", [dict(norm_topk_prob=True), dict(norm_topk_prob=False),
-                                  dict(decoder_sparse_step=2, mlp_only_layers=[], num_experts_per_tok=3)])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(norm_topk_prob=True),
+        dict(norm_topk_prob=False),
+        dict(decoder_sparse_step=2, mlp_only_layers=[], num_experts_per_tok=3),
+    ],
+)
 def test_logits_and_gradients_match_transformers(case):
     hf, ours = pair(**case)
     ids = np.random.default_rng(0).integers(0, VOCAB, size=(2, 13))
@@ -61,11 +80,21 @@ def test_logits_and_gradients_match_transformers(case):
     np.testing.assert_allclose(got.numpy(), want.detach().numpy(), atol=1e-4, rtol=0)
     hf_params, our_params = dict(hf.named_parameters()), dict(ours.named_parameters())
     checked = 0
-    names = [n for n in ("layers.0.mlp.gate.weight", "layers.1.mlp.gate.weight", "layers.0.mlp.experts.3.down_proj.weight",
-                         "layers.1.mlp.experts.2.gate_proj.weight", "layers.2.mlp.experts.0.up_proj.weight",
-                         "layers.1.mlp.up_proj.weight", "layers.0.mlp.up_proj.weight",
-                         "layers.0.self_attn.q_norm.weight", "layers.2.self_attn.k_proj.weight")
-             if "model." + n in hf_params]
+    names = [
+        n
+        for n in (
+            "layers.0.mlp.gate.weight",
+            "layers.1.mlp.gate.weight",
+            "layers.0.mlp.experts.3.down_proj.weight",
+            "layers.1.mlp.experts.2.gate_proj.weight",
+            "layers.2.mlp.experts.0.up_proj.weight",
+            "layers.1.mlp.up_proj.weight",
+            "layers.0.mlp.up_proj.weight",
+            "layers.0.self_attn.q_norm.weight",
+            "layers.2.self_attn.k_proj.weight",
+        )
+        if "model." + n in hf_params
+    ]
     assert set(names) & {"layers.0.mlp.gate.weight", "layers.1.mlp.gate.weight"}  # a router is checked
     for name in names:
         theirs = hf_params["model." + name]
@@ -84,8 +113,11 @@ def test_dense_and_sparse_layers_follow_the_config():
     _, ours = pair(decoder_sparse_step=2, mlp_only_layers=[])
     assert [type(l.mlp).__name__ for l in ours.qwen3_moe.layers] == ["Qwen2MLP", "Qwen3MoeSparseMoeBlock", "Qwen2MLP"]
     _, ours = pair()
-    assert [type(l.mlp).__name__ for l in ours.qwen3_moe.layers] == \
-        ["Qwen3MoeSparseMoeBlock", "Qwen2MLP", "Qwen3MoeSparseMoeBlock"]
+    assert [type(l.mlp).__name__ for l in ours.qwen3_moe.layers] == [
+        "Qwen3MoeSparseMoeBlock",
+        "Qwen2MLP",
+        "Qwen3MoeSparseMoeBlock",
+    ]
 
 
 def test_auto_classes_and_streaming_nf4_load(tiny_qwen3_moe_dir):
@@ -99,13 +131,20 @@ def test_auto_classes_and_streaming_nf4_load(tiny_qwen3_moe_dir):
     assert type(config) is Qwen3MoeConfig and config.architectures == ["Qwen3MoeForCausalLM"]
     loaded = AutoModelForCausalLM.from_pretrained(tiny_qwen3_moe_dir, dtype="float32")
     assert type(loaded) is Qwen3MoeForCausalLM
-    q = {"weight_quantize_algo": "nf4", "weight_blocksize": 64, "weight_double_quant": False,
-         "weight_double_quant_block_size": 256}
+    q = {
+        "weight_quantize_algo": "nf4",
+        "weight_blocksize": 64,
+        "weight_double_quant": False,
+        "weight_double_quant_block_size": 256,
+    }
     streamed, stats = load_model_streaming(tiny_qwen3_moe_dir, config, "float32", quantization=q)
     ids = paddle.to_tensor(np.arange(1, 11)[None])
     quantize_model(loaded, "nf4", block_size=64)
-    assert stats["quantized_layers"] == sum(1 for n, _ in loaded.named_sublayers() if type(_).__name__ ==
-                                            "QuantizedLinear") >= 4 + 4 * 3 + 3
+    assert (
+        stats["quantized_layers"]
+        == sum(1 for n, _ in loaded.named_sublayers() if type(_).__name__ == "QuantizedLinear")
+        >= 4 + 4 * 3 + 3
+    )
     np.testing.assert_allclose(streamed(ids)[0].numpy(), loaded(ids)[0].numpy(), atol=1e-5)
 
 
@@ -119,10 +158,13 @@ def test_dpo_lm_head_split_takes_the_moe_body():
     np.testing.assert_allclose(head(body(input_ids=ids)[0]).numpy(), ours(ids)[0].numpy(), atol=1e-6)
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("output_router_logits", True, "output_router_logits=true"),
-    ("tensor_parallel_degree", 2, "tensor_parallel_degree=2"),
-])
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("output_router_logits", True, "output_router_logits=true"),
+        ("tensor_parallel_degree", 2, "tensor_parallel_degree=2"),
+    ],
+)
 def test_unimplemented_settings_are_refused_by_name(key, value, message):
     with pytest.raises(ValueError, match=message):
         Qwen3MoeForCausalLM(Qwen3MoeConfig(**SIZES, **{key: value}))
@@ -139,10 +181,32 @@ def test_hf_name_mappings_cover_every_parameter():
 def test_lora_trains_through_the_cli_and_merges(tiny_qwen3_moe_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = tmp_path / "lora"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "llm/run_finetune.py"), "llm/config/tiny/lora_argument.json",
-                        "--model_name_or_path", tiny_qwen3_moe_dir, "--output_dir", str(out), "--max_steps", "20",
-                        "--per_device_train_batch_size", "8", "--logging_steps", "5", "--eval_before_train", "false",
-                        "--do_eval", "false"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm/run_finetune.py"),
+            "llm/config/tiny/lora_argument.json",
+            "--model_name_or_path",
+            tiny_qwen3_moe_dir,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "20",
+            "--per_device_train_batch_size",
+            "8",
+            "--logging_steps",
+            "5",
+            "--eval_before_train",
+            "false",
+            "--do_eval",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     state = json.loads((out / "trainer_state.json").read_text())
     ls = [h["loss"] for h in state["log_history"] if "loss" in h]
@@ -152,9 +216,23 @@ def test_lora_trains_through_the_cli_and_merges(tiny_qwen3_moe_dir, tmp_path):
     keys = load_file(str(out / "adapter_model.safetensors"))
     assert "qwen3_moe.layers.0.mlp.experts.3.down_proj.lora_A" in keys  # experts adapted
     assert "qwen3_moe.layers.1.mlp.down_proj.lora_A" in keys  # the dense layer too
-    m = subprocess.run([sys.executable, os.path.join(ROOT, "llm/merge_lora_params.py"), "--model_name_or_path",
-                        tiny_qwen3_moe_dir, "--lora_path", str(out), "--merge_model_path", str(tmp_path / "merged")],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    m = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "llm/merge_lora_params.py"),
+            "--model_name_or_path",
+            tiny_qwen3_moe_dir,
+            "--lora_path",
+            str(out),
+            "--merge_model_path",
+            str(tmp_path / "merged"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert m.returncode == 0 and "verify: passed" in m.stdout + m.stderr, m.stderr[-3000:]
 
 

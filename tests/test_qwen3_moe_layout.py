@@ -18,9 +18,22 @@ from paddlenlp_ext.models.family_table import feature_problem, layout_row
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-KW = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-          num_key_value_heads=2, head_dim=24, max_position_embeddings=128, num_experts=4, num_experts_per_tok=2,
-          moe_intermediate_size=32, decoder_sparse_step=2, norm_topk_prob=True, tie_word_embeddings=False)
+KW = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    max_position_embeddings=128,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    decoder_sparse_step=2,
+    norm_topk_prob=True,
+    tie_word_embeddings=False,
+)
 IDS = np.array([[1, 17, 50, 3, 99, 42, 7, 100, 12, 5], [5, 9, 8, 7, 6, 5, 4, 3, 2, 1]])  # [2, 10]
 
 
@@ -39,8 +52,10 @@ def hf_dir(tmp_path_factory):
 
 def _problems(path, *overrides):
     try:
-        load_config(f"{ROOT}/llm/config/tiny/lora_argument.json",
-                    ["--model_name_or_path", path, "--output_dir", f"{path}/out", *map(str, overrides)])
+        load_config(
+            f"{ROOT}/llm/config/tiny/lora_argument.json",
+            ["--model_name_or_path", path, "--output_dir", f"{path}/out", *map(str, overrides)],
+        )
     except ConfigError as e:
         return e.problems
     return []
@@ -81,8 +96,9 @@ def test_loader_builds_the_decoder_for_transformers_layout_and_qwen3_for_paddlen
     with torch.no_grad():
         want = hf(torch.tensor(IDS)).logits.numpy()
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    paddle_layout, stats = load_model_streaming(tiny_qwen3_moe_dir, AutoConfig.from_pretrained(tiny_qwen3_moe_dir),
-                                                "float32")
+    paddle_layout, stats = load_model_streaming(
+        tiny_qwen3_moe_dir, AutoConfig.from_pretrained(tiny_qwen3_moe_dir), "float32"
+    )
     assert type(paddle_layout) is Qwen3MoeForCausalLM and stats["layout"] == "paddlenlp"
     assert split_lm_head(paddle_layout) is not None  # unchanged: models/qwen3 has no aux loss to drop
 
@@ -122,8 +138,9 @@ def test_paddlenlp_layout_with_a_window_loads_on_the_decoder(tmp_path):
 
     register_qwen3()
     torch.manual_seed(1)
-    hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**KW, use_sliding_window=True,
-                                                                      sliding_window=4)).eval()
+    hf = transformers.Qwen3MoeForCausalLM(
+        transformers.Qwen3MoeConfig(**KW, use_sliding_window=True, sliding_window=4)
+    ).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
             p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))

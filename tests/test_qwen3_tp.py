@@ -15,8 +15,13 @@ import pytest
 
 from test_tp_sim import assert_close, load_full_weights, np_shard, rel_err
 
-from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, iter_adapter_layers, \
-    load_adapter_state_dict  # noqa: I001
+from paddlenlp_ext.adapters import (
+    AdapterConfig,
+    adapter_state_dict,
+    apply_adapters,
+    iter_adapter_layers,
+    load_adapter_state_dict,
+)  # noqa: I001
 from paddlenlp_ext.parallel import SimulatedGroup, adapter_split_axes, unshard_adapter_states
 
 
@@ -26,9 +31,19 @@ B, S = 2, 6
 def qwen3_config(tp, rank, sequence_parallel=False):
     from paddlenlp_ext.models.qwen3 import Qwen3Config
 
-    return Qwen3Config(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=32, num_hidden_layers=2, vocab_size=64, tensor_parallel_degree=tp,
-                       tensor_parallel_rank=rank, sequence_parallel=sequence_parallel and tp > 1, seq_length=S)
+    return Qwen3Config(
+        hidden_size=64,
+        intermediate_size=176,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_hidden_layers=2,
+        vocab_size=64,
+        tensor_parallel_degree=tp,
+        tensor_parallel_rank=rank,
+        sequence_parallel=sequence_parallel and tp > 1,
+        seq_length=S,
+    )
 
 
 class TwoLayers(paddle.nn.Layer):
@@ -67,8 +82,11 @@ def test_qwen3_decoder_layers_match_single_device_with_lora_and_trained_head_nor
         load_full_weights(m, full, r, n)
         assert list(m.layers[0].self_attn.q_proj.weight.shape) == [64, 4 * 32 // n]  # heads split, not hidden
         kinds = {type(m.layers[0].self_attn.q_proj).__name__, type(m.layers[1].mlp.down_proj).__name__}
-        assert kinds == ({"ColumnSequenceParallelLinear", "RowSequenceParallelLinear"} if sp else
-                         {"ColumnParallelLinear", "RowParallelLinear"})
+        assert kinds == (
+            {"ColumnSequenceParallelLinear", "RowSequenceParallelLinear"}
+            if sp
+            else {"ColumnParallelLinear", "RowParallelLinear"}
+        )
     cfg = AdapterConfig(target_modules=[r".*_proj"], r=4, alpha=8)
     apply_adapters(ref, cfg)
     for m in tps:

@@ -31,8 +31,15 @@ def write_bytes(tmp_path, name, data: bytes) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("module", ["paddlenlp_ext.data.reader", "paddlenlp_ext.config.resume",
-                                    "paddlenlp_ext.config.checkpoints", "paddlenlp_ext.training.resume"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "paddlenlp_ext.data.reader",
+        "paddlenlp_ext.config.resume",
+        "paddlenlp_ext.config.checkpoints",
+        "paddlenlp_ext.training.resume",
+    ],
+)
 def test_docstring_examples(module):
     import doctest
     import importlib
@@ -42,10 +49,13 @@ def test_docstring_examples(module):
 
 
 # ------------------------------------------------------------------ file encodings
-@pytest.mark.parametrize("encoding,line,guess,offset", [
-    ("gbk", GBK_LINE, "gbk", len(GOOD) + 9),  # 9 = len('{"src": "'): the first byte of 你
-    ("latin-1", LATIN1_LINE, "latin1", len(GOOD) + 12),  # the é of café
-])
+@pytest.mark.parametrize(
+    "encoding,line,guess,offset",
+    [
+        ("gbk", GBK_LINE, "gbk", len(GOOD) + 9),  # 9 = len('{"src": "'): the first byte of 你
+        ("latin-1", LATIN1_LINE, "latin1", len(GOOD) + 12),  # the é of café
+    ],
+)
 def test_sft_data_not_utf8_names_file_line_offset_and_iconv(tmp_path, encoding, line, guess, offset):
     path = write_bytes(tmp_path, "train.json", (GOOD + line).encode(encoding))
     with pytest.raises(DataError) as e:
@@ -126,11 +136,17 @@ def test_empty_target_is_an_error_naming_the_line(tmp_path):
 
 
 def test_config_file_encodings(tmp_path, tiny_model_dir):
-    cfg = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR, "output_dir": str(tmp_path / "o"),
-           "do_train": True}
+    cfg = {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "o"),
+        "do_train": True,
+    }
     bom = write_bytes(tmp_path, "bom.json", b"\xef\xbb\xbf" + json.dumps(cfg).encode())
     assert load_config(bom).training["output_dir"] == str(tmp_path / "o")
-    gbk = write_bytes(tmp_path, "gbk.json", json.dumps({**cfg, "logging_dir": "日志"}, ensure_ascii=False).encode("gbk"))
+    gbk = write_bytes(
+        tmp_path, "gbk.json", json.dumps({**cfg, "logging_dir": "日志"}, ensure_ascii=False).encode("gbk")
+    )
     with pytest.raises(ConfigError, match=r"gbk.json:1: not UTF-8: .* iconv -f gbk"):
         load_config(gbk)
 
@@ -143,6 +159,7 @@ def test_exit_code_mapping():
     def raises(e):
         def run(cfg):
             raise e
+
         return run
 
     assert run_or_exit_code(lambda cfg: {"summary": 1}, None) == 0
@@ -189,10 +206,20 @@ def test_launched_workers_exit_without_teardown(monkeypatch, capsys):
 def test_output_dir_that_is_a_file_exits_2_before_loading(tmp_path, tiny_model_dir):
     (tmp_path / "taken").write_text("not a directory")
     for out in ("taken", "taken/run"):
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "llm", "run_finetune.py"),
-                            os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), "--output_dir",
-                            str(tmp_path / out), "--model_name_or_path", tiny_model_dir], capture_output=True,
-                           text=True, cwd=ROOT)
+        r = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "llm", "run_finetune.py"),
+                os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+                "--output_dir",
+                str(tmp_path / out),
+                "--model_name_or_path",
+                tiny_model_dir,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         assert r.returncode == 2, r.stderr
         assert "nothing was loaded" in r.stderr and "Traceback" not in r.stderr
         assert ("is an existing file, not a directory" if out == "taken" else "is a file, not a directory") in r.stderr
@@ -224,8 +251,15 @@ def fake_checkpoint(out, step, complete=True, settings=None):
 
 @pytest.fixture
 def cfg_file(tmp_path, tiny_model_dir):
-    cfg = {"model_name_or_path": tiny_model_dir, "dataset_name_or_path": DATA_DIR, "output_dir": str(tmp_path / "o"),
-           "do_train": True, "max_length": 64, "src_length": 32, "lora": True}
+    cfg = {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name_or_path": DATA_DIR,
+        "output_dir": str(tmp_path / "o"),
+        "do_train": True,
+        "max_length": 64,
+        "src_length": 32,
+        "lora": True,
+    }
     p = tmp_path / "cfg.json"
     p.write_text(json.dumps(cfg))
     return str(p)
@@ -238,10 +272,12 @@ def test_resume_true_takes_the_newest_complete_checkpoint(tmp_path, cfg_file):
     (out / ".saving-checkpoint-20").mkdir()  # a staging directory is never a candidate
     cfg = load_config(cfg_file, ["--resume_from_checkpoint", "true"])
     assert cfg.training["resume_from_checkpoint"] == str(out / "checkpoint-10")
-    assert "skipped, cut short while being written: " + str(out / "checkpoint-15") in \
-        cfg.derived["resume_from_checkpoint"]
-    assert load_config(cfg_file, ["--resume_from_checkpoint"]).training["resume_from_checkpoint"] == \
-        str(out / "checkpoint-10")  # a bare flag means true
+    assert (
+        "skipped, cut short while being written: " + str(out / "checkpoint-15") in cfg.derived["resume_from_checkpoint"]
+    )
+    assert load_config(cfg_file, ["--resume_from_checkpoint"]).training["resume_from_checkpoint"] == str(
+        out / "checkpoint-10"
+    )  # a bare flag means true
 
 
 def test_resume_true_without_complete_checkpoint_and_explicit_incomplete_one(tmp_path, cfg_file):
@@ -257,11 +293,14 @@ def test_resume_with_changed_settings_is_refused_listing_the_keys(tmp_path, cfg_
     saved = first.to_dict()["resume_settings"]
     assert saved["max_length"] == 64 and saved["seed"] == 42 and saved["lora_alpha"] == 16
     ckpt = fake_checkpoint(tmp_path / "o", 10, settings=saved)
-    assert load_config(cfg_file, ["--resume_from_checkpoint", str(ckpt)]).training["resume_from_checkpoint"] == \
-        str(ckpt)  # same settings (a relative and an absolute model path are the same setting)
+    assert load_config(cfg_file, ["--resume_from_checkpoint", str(ckpt)]).training["resume_from_checkpoint"] == str(
+        ckpt
+    )  # same settings (a relative and an absolute model path are the same setting)
     with pytest.raises(ConfigError) as e:
-        load_config(cfg_file, ["--resume_from_checkpoint", str(ckpt), "--max_length", "128", "--seed", "7",
-                               "--learning_rate", "1e-4"])
+        load_config(
+            cfg_file,
+            ["--resume_from_checkpoint", str(ckpt), "--max_length", "128", "--seed", "7", "--learning_rate", "1e-4"],
+        )
     (msg,) = e.value.problems
     assert "max_length: checkpoint 64, now 128" in msg and "seed: checkpoint 42, now 7" in msg
     assert "learning_rate" not in msg  # may change on a resume
@@ -292,8 +331,7 @@ def test_publish_replaces_whole_and_stale_staging_is_cleaned(tmp_path):
     new = fake_checkpoint(tmp_path / "o" / os.path.basename(root), 4)
     (new / "new.bin").write_text("new")
     publish_checkpoint(str(new), str(old))
-    assert sorted(os.listdir(out)) == ["checkpoint-4"] and sorted(os.listdir(old)) == ["CHECKPOINT_COMPLETE",
-                                                                                       "new.bin"]
+    assert sorted(os.listdir(out)) == ["checkpoint-4"] and sorted(os.listdir(old)) == ["CHECKPOINT_COMPLETE", "new.bin"]
     (out / ".saving-checkpoint-6" / "checkpoint-6").mkdir(parents=True)  # killed while saving
     os.rename(old, out / ".replaced-checkpoint-4")  # killed between the two renames
     notes = clean_stale_staging(str(out))
@@ -304,8 +342,10 @@ def test_resume_command_replaces_the_resume_key():
     from paddlenlp_ext.training.resume import resume_command
 
     argv = ["llm/run_dpo.py", "c.json", "--resume_from_checkpoint", "true", "--output_dir", "my out"]
-    assert resume_command("my out/checkpoint-7", argv, python="python") == \
-        "python llm/run_dpo.py c.json --output_dir 'my out' --resume_from_checkpoint 'my out/checkpoint-7'"
+    assert (
+        resume_command("my out/checkpoint-7", argv, python="python")
+        == "python llm/run_dpo.py c.json --output_dir 'my out' --resume_from_checkpoint 'my out/checkpoint-7'"
+    )
 
 
 def test_second_signal_exits_at_once(monkeypatch, capsys):
@@ -342,11 +382,27 @@ def build_trainer(out, tiny_model_dir, max_steps=6, save_steps=3, **extra):
     cfg = AdapterConfig(method="lora", r=4, alpha=8)
     apply_adapters(model, cfg)
     feats, _ = tokenize_examples(read_examples([f"{DATA_DIR}/dev.json"]), tok, 32, 64, False)
-    args = TrainingArguments(output_dir=str(out), learning_rate=1e-2, max_steps=max_steps, per_device_train_batch_size=4,
-                             report_to="none", logging_steps=1, save_strategy="steps", save_steps=save_steps,
-                             disable_tqdm=True, seed=42, **extra)
-    return FinetuneTrainer(model=model, args=args, train_dataset=feats, tokenizer=tok,
-                           data_collator=PaddingCollator(tok.pad_token_id), adapter_config=cfg)
+    args = TrainingArguments(
+        output_dir=str(out),
+        learning_rate=1e-2,
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        disable_tqdm=True,
+        seed=42,
+        **extra,
+    )
+    return FinetuneTrainer(
+        model=model,
+        args=args,
+        train_dataset=feats,
+        tokenizer=tok,
+        data_collator=PaddingCollator(tok.pad_token_id),
+        adapter_config=cfg,
+    )
 
 
 def fresh_names():

@@ -25,14 +25,40 @@ CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 DPO_CLI = os.path.join(ROOT, "llm", "run_dpo.py")
 TINY = os.path.join(ROOT, "build", "tiny-llama")
 # steps of ~0.1-0.2 s: a kill right after a checkpoint lands well before the end of the run
-RUN = ["--max_steps", "20", "--per_device_train_batch_size", "8", "--max_length", "128", "--src_length", "64",
-       "--logging_steps", "1", "--do_eval", "false", "--eval_before_train", "false", "--save_strategy", "steps",
-       "--model_name_or_path", TINY, "--dataset_name_or_path", DATA_DIR]
+RUN = [
+    "--max_steps",
+    "20",
+    "--per_device_train_batch_size",
+    "8",
+    "--max_length",
+    "128",
+    "--src_length",
+    "64",
+    "--logging_steps",
+    "1",
+    "--do_eval",
+    "false",
+    "--eval_before_train",
+    "false",
+    "--save_strategy",
+    "steps",
+    "--model_name_or_path",
+    TINY,
+    "--dataset_name_or_path",
+    DATA_DIR,
+]
 
 
 def command(out, *extra):
-    return [sys.executable, CLI, os.path.join(ROOT, "llm/config/tiny/lora_argument.json"), *RUN,
-            "--output_dir", str(out), *map(str, extra)]
+    return [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, "llm/config/tiny/lora_argument.json"),
+        *RUN,
+        "--output_dir",
+        str(out),
+        *map(str, extra),
+    ]
 
 
 def run(cmd):
@@ -97,8 +123,10 @@ def test_kill_9_after_checkpoint_10_then_resume_true(reference, tmp_path):
     r = run(command(out, "--save_steps", "10", "--resume_from_checkpoint", "true"))
     log = r.stdout + r.stderr
     # the derived setting is logged with its note (config.resume)
-    assert f"{out / 'checkpoint-10'} (the newest complete checkpoint in output_dir (skipped, cut short while " \
-        f"being written: {out / 'checkpoint-15'}))" in log, log[-3000:]
+    assert (
+        f"{out / 'checkpoint-10'} (the newest complete checkpoint in output_dir (skipped, cut short while "
+        f"being written: {out / 'checkpoint-15'}))" in log
+    ), log[-3000:]
     assert_same_run(out, reference)
     assert not [n for n in os.listdir(out) if n.startswith(".saving-")]
     # train_time_s spans the whole run, wall_time_s this process: the summary says how much came before
@@ -115,20 +143,29 @@ def test_sigterm_mid_run_saves_and_prints_the_resume_command(reference, tmp_path
     stdout, stderr = p.communicate()
     assert p.returncode == 128 + signal.SIGTERM, stdout[-2000:] + stderr[-4000:]
     assert "Traceback" not in stderr
-    line = stderr.splitlines()[stderr.splitlines().index(next(x for x in stderr.splitlines() if "Resume with:" in x)) + 1]
+    line = stderr.splitlines()[
+        stderr.splitlines().index(next(x for x in stderr.splitlines() if "Resume with:" in x)) + 1
+    ]
     resume = shlex.split(line.strip())
     ckpt = resume[-1]
     step = int(ckpt.rsplit("-", 1)[1])
-    assert resume[-2] == "--resume_from_checkpoint" and 5 <= step < 20 and os.path.isfile(
-        os.path.join(ckpt, "CHECKPOINT_COMPLETE")), line
+    assert (
+        resume[-2] == "--resume_from_checkpoint"
+        and 5 <= step < 20
+        and os.path.isfile(os.path.join(ckpt, "CHECKPOINT_COMPLETE"))
+    ), line
     assert not (out / "run_summary.json").exists()  # an interrupted run does not pose as finished
     run(resume)  # the printed command, as the user would paste it
     assert_same_run(out, reference)
 
 
 def test_resume_with_changed_max_length_is_refused(reference, tmp_path):
-    r = subprocess.run(command(tmp_path / "o", "--max_length", "256", "--resume_from_checkpoint",
-                               reference / "checkpoint-10"), capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        command(tmp_path / "o", "--max_length", "256", "--resume_from_checkpoint", reference / "checkpoint-10"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2 and "max_length: checkpoint 128, now 256" in r.stderr, r.stderr[-3000:]
 
 
@@ -142,9 +179,19 @@ def test_gbk_data_exits_2_with_the_conversion_command(tiny_model_dir, tmp_path, 
     else:
         line = json.dumps({"src": "你好", "tgt": [], "response": ["好", "坏"], "sort": [1, 0]}, ensure_ascii=False)
         (data / "train.json").write_bytes((line + "\n").encode("gbk"))
-        cmd = [sys.executable, DPO_CLI, os.path.join(ROOT, "llm/config/tiny/dpo_lora_argument.json"),
-               "--model_name_or_path", TINY, "--train_dataset_path", str(data / "train.json"), "--do_eval", "false",
-               "--output_dir", str(tmp_path / "o")]
+        cmd = [
+            sys.executable,
+            DPO_CLI,
+            os.path.join(ROOT, "llm/config/tiny/dpo_lora_argument.json"),
+            "--model_name_or_path",
+            TINY,
+            "--train_dataset_path",
+            str(data / "train.json"),
+            "--do_eval",
+            "false",
+            "--output_dir",
+            str(tmp_path / "o"),
+        ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     path = data / "train.json"
     assert r.returncode == 2, r.stderr[-3000:]

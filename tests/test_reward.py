@@ -115,8 +115,9 @@ def test_packed_equals_unpacked(tiny_model_dir, reward_pairs, tiny_tokenizer, at
             loss = losses.mean()
             loss.backward()
             q = model.llama.layers[0].self_attn.q_proj.weight
-            results.append((float(loss), chosen.numpy(), rejected.numpy(), model.score_head.weight.grad.numpy(),
-                            q.grad.numpy()))
+            results.append(
+                (float(loss), chosen.numpy(), rejected.numpy(), model.score_head.weight.grad.numpy(), q.grad.numpy())
+            )
     (la, ca, ra, ha, qa), (lb, cb, rb, hb, qb) = results
     assert abs(la - lb) < 1e-5
     np.testing.assert_allclose(ca, cb, atol=1e-5)
@@ -155,8 +156,13 @@ def test_scorer_round_trip(tiny_model_dir, reward_pairs, tiny_tokenizer, tmp_pat
         _, chosen, rejected = forward(model, batch, False)
     out = tmp_path / method
     tiny_tokenizer.save_pretrained(str(out))
-    info = {"base_model_name_or_path": tiny_model_dir, "chat_template": False, "chat_template_file": None,
-            "max_seq_len": 256, "max_prompt_len": 128}
+    info = {
+        "base_model_name_or_path": tiny_model_dir,
+        "chat_template": False,
+        "chat_template_file": None,
+        "max_seq_len": 256,
+        "max_prompt_len": 128,
+    }
     RewardCheckpointIO(adapter_config, info).save(model, str(out))
     assert (out / "score_head.safetensors").exists() and (out / "reward_config.json").exists()
     scorer = RewardScorer.from_pretrained(str(out))
@@ -188,8 +194,16 @@ def test_merged_reward_adapter_scores_as_the_adapter(tiny_model_dir, reward_pair
         layer.lora_B.set_value(paddle.randn(layer.lora_B.shape) * 0.05)
     adapter = tmp_path / "adapter"
     load_tokenizer(tiny_model_dir).save_pretrained(str(adapter))
-    RewardCheckpointIO(cfg, {"base_model_name_or_path": tiny_model_dir, "chat_template": False,
-                             "chat_template_file": None, "max_seq_len": 256, "max_prompt_len": 128}).save(model, str(adapter))
+    RewardCheckpointIO(
+        cfg,
+        {
+            "base_model_name_or_path": tiny_model_dir,
+            "chat_template": False,
+            "chat_template_file": None,
+            "max_seq_len": 256,
+            "max_prompt_len": 128,
+        },
+    ).save(model, str(adapter))
     merged = tmp_path / "merged"
     merge_adapter_checkpoint(tiny_model_dir, str(adapter), str(merged), verify=False)
     ids = [p["prompt"] + p["chosen"] for p in pairs]
@@ -216,8 +230,23 @@ def test_reward_config_mode(tmp_path, tiny_model_dir):
     cfg = load_config(LORA_CONFIG, base, mode="reward")
     assert cfg.dpo.loss_type == "reward" and cfg.data.zero_padding and cfg.model.lora
     with pytest.raises(ConfigError) as e:
-        load_config(LORA_CONFIG, base + ["--beta", "0.2", "--lazy", "true", "--max_length", "64",
-                                         "--metric_for_best_model", "kl", "--neftune", "true"], mode="reward")
+        load_config(
+            LORA_CONFIG,
+            base
+            + [
+                "--beta",
+                "0.2",
+                "--lazy",
+                "true",
+                "--max_length",
+                "64",
+                "--metric_for_best_model",
+                "kl",
+                "--neftune",
+                "true",
+            ],
+            mode="reward",
+        )
     msg = e.value.report()
     assert "'beta' is a DPO (llm/run_dpo.py) key; REWARD does not use it" in msg
     assert "lazy=true is not supported for reward models" in msg
@@ -238,21 +267,46 @@ def test_family_without_a_decoder_body_is_refused(tmp_path, tiny_model_dir):
     config["model_type"] = "gpt"
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError) as e:
-        load_config(LORA_CONFIG, ["--output_dir", str(tmp_path / "o"), "--model_name_or_path", str(model)],
-                    mode="reward")
+        load_config(
+            LORA_CONFIG, ["--output_dir", str(tmp_path / "o"), "--model_name_or_path", str(model)], mode="reward"
+        )
     assert "model_type 'gpt' cannot take a reward head here" in e.value.report()
 
 
 #: the keys of PaddleNLP's llm/config/llama/rm_flashmask_argument.json (values for the tiny model)
 PADDLENLP_RM_CONFIG = {
-    "train_dataset_path": REWARD_TINY, "dev_dataset_path": REWARD_TINY, "per_device_train_batch_size": 1,
-    "gradient_accumulation_steps": 8, "per_device_eval_batch_size": 1, "num_train_epochs": 1, "max_steps": 100,
-    "learning_rate": 1e-06, "warmup_steps": 10, "logging_steps": 1, "evaluation_strategy": "steps",
-    "save_strategy": "steps", "eval_steps": 100, "save_steps": 500, "max_seq_len": 4096, "max_prompt_len": 2048,
-    "bf16": False, "fp16_opt_level": "O2", "do_train": True, "do_eval": True, "disable_tqdm": True,
-    "load_best_model_at_end": True, "tensor_parallel_degree": 1, "sharding_parallel_degree": 1,
-    "sharding": "stage1", "use_flash_attention": True, "flash_mask": True, "recompute": False,
-    "recompute_granularity": "full", "benchmark": False, "unified_checkpoint": True, "autotuner_benchmark": False,
+    "train_dataset_path": REWARD_TINY,
+    "dev_dataset_path": REWARD_TINY,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 8,
+    "per_device_eval_batch_size": 1,
+    "num_train_epochs": 1,
+    "max_steps": 100,
+    "learning_rate": 1e-06,
+    "warmup_steps": 10,
+    "logging_steps": 1,
+    "evaluation_strategy": "steps",
+    "save_strategy": "steps",
+    "eval_steps": 100,
+    "save_steps": 500,
+    "max_seq_len": 4096,
+    "max_prompt_len": 2048,
+    "bf16": False,
+    "fp16_opt_level": "O2",
+    "do_train": True,
+    "do_eval": True,
+    "disable_tqdm": True,
+    "load_best_model_at_end": True,
+    "tensor_parallel_degree": 1,
+    "sharding_parallel_degree": 1,
+    "sharding": "stage1",
+    "use_flash_attention": True,
+    "flash_mask": True,
+    "recompute": False,
+    "recompute_granularity": "full",
+    "benchmark": False,
+    "unified_checkpoint": True,
+    "autotuner_benchmark": False,
 }
 
 
@@ -262,8 +316,9 @@ def test_paddlenlp_rm_config_keys_are_accepted(tmp_path, tiny_model_dir):
     from paddlenlp_ext.config.parse import ConfigError, load_config
 
     path = tmp_path / "rm_flashmask_argument.json"
-    path.write_text(json.dumps(dict(PADDLENLP_RM_CONFIG, model_name_or_path=tiny_model_dir,
-                                    output_dir=str(tmp_path / "o"))))
+    path.write_text(
+        json.dumps(dict(PADDLENLP_RM_CONFIG, model_name_or_path=tiny_model_dir, output_dir=str(tmp_path / "o")))
+    )
     cfg = load_config(str(path), mode="reward")
     assert cfg.dpo.max_seq_len == 4096 and cfg.model.flash_mask and cfg.data.zero_padding
     with pytest.raises(ConfigError) as e:  # PaddleNLP's value: 8-way tensor parallel

@@ -20,8 +20,17 @@ TINY = os.path.join(ROOT, "build", "tiny-llama")
 DATA = os.path.join(ROOT, "llm", "data", "reward_tiny")
 LORA_CONFIG = "llm/config/tiny/reward_lora_argument.json"
 FULL_CONFIG = "llm/config/tiny/reward_full_argument.json"
-DEMO = next((p for p in (os.path.join(os.path.dirname(ROOT), "shared", "data", "dpo_en_demo.json"),
-                         "/work/shared/data/dpo_en_demo.json") if os.path.isfile(p)), None)
+DEMO = next(
+    (
+        p
+        for p in (
+            os.path.join(os.path.dirname(ROOT), "shared", "data", "dpo_en_demo.json"),
+            "/work/shared/data/dpo_en_demo.json",
+        )
+        if os.path.isfile(p)
+    ),
+    None,
+)
 
 
 SHORT = ("--max_steps", "12", "--max_seq_len", "256", "--max_prompt_len", "128", "--per_device_train_batch_size", "4")
@@ -35,8 +44,20 @@ def run(script, *args, check=True):
 
 
 def run_reward(config, out, *overrides, check=True):
-    return run(CLI, os.path.join(ROOT, config), "--output_dir", out, "--model_name_or_path", TINY,
-               "--train_dataset_path", DATA, "--dev_dataset_path", DATA, *overrides, check=check)
+    return run(
+        CLI,
+        os.path.join(ROOT, config),
+        "--output_dir",
+        out,
+        "--model_name_or_path",
+        TINY,
+        "--train_dataset_path",
+        DATA,
+        "--dev_dataset_path",
+        DATA,
+        *overrides,
+        check=check,
+    )
 
 
 def score(model_dir, input_file, out_file):
@@ -63,8 +84,18 @@ def test_lora_reward_model_learns_and_scores(tiny_model_dir, tmp_path):
     assert float(np.mean(scores[:, 0] - scores[:, 1])) == pytest.approx(ev["eval_rewards/margins"], rel=1e-4)
     assert f"pair accuracy {acc:.4f}" in sr.stdout
     # merging keeps the head in paddle layout (tests/test_reward.py compares the scores); hf layout is refused
-    hf = run(MERGE_CLI, "--model_name_or_path", TINY, "--lora_path", out, "--merge_model_path", tmp_path / "hf",
-             "--output_format", "hf", check=False)
+    hf = run(
+        MERGE_CLI,
+        "--model_name_or_path",
+        TINY,
+        "--lora_path",
+        out,
+        "--merge_model_path",
+        tmp_path / "hf",
+        "--output_format",
+        "hf",
+        check=False,
+    )
     assert hf.returncode == 2 and "reward model" in hf.stderr
 
 
@@ -94,8 +125,20 @@ def test_qlora_nf4_reward_model_learns_and_scores(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("config", [LORA_CONFIG, FULL_CONFIG], ids=["lora", "full"])
 def test_resume_is_exact(tiny_model_dir, tmp_path, config):
     """Stop at checkpoint-3, resume: the same losses and the same final weights and score head."""
-    common = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--do_eval", "false",
-              "--per_device_train_batch_size", "2", "--warmup_steps", "0")
+    common = (
+        "--max_steps",
+        "6",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+        "--do_eval",
+        "false",
+        "--per_device_train_batch_size",
+        "2",
+        "--warmup_steps",
+        "0",
+    )
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     a, b = resume_from_copy(run_reward, config, whole, resumed, 3, *common)
     assert (whole / "checkpoint-3" / "score_head.safetensors").exists()
@@ -112,9 +155,29 @@ def test_sigterm_saves_a_scorable_checkpoint(tiny_model_dir, tmp_path):
     from paddlenlp_ext.reward.scorer import RewardScorer
 
     out = tmp_path / "out"
-    cmd = [sys.executable, CLI, os.path.join(ROOT, LORA_CONFIG), "--output_dir", str(out), "--model_name_or_path",
-           TINY, "--train_dataset_path", DATA, "--dev_dataset_path", DATA, "--max_steps", "500", "--save_strategy",
-           "steps", "--save_steps", "3", "--do_eval", "false", "--per_device_train_batch_size", "2"]
+    cmd = [
+        sys.executable,
+        CLI,
+        os.path.join(ROOT, LORA_CONFIG),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        TINY,
+        "--train_dataset_path",
+        DATA,
+        "--dev_dataset_path",
+        DATA,
+        "--max_steps",
+        "500",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+        "--do_eval",
+        "false",
+        "--per_device_train_batch_size",
+        "2",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     deadline = time.time() + 120
     while not (out / "checkpoint-3" / "CHECKPOINT_COMPLETE").exists() and time.time() < deadline and p.poll() is None:
@@ -130,20 +193,34 @@ def test_sigterm_saves_a_scorable_checkpoint(tiny_model_dir, tmp_path):
 
 
 def test_bad_input_exits_2(tiny_model_dir, tmp_path):
-    r = run_reward(LORA_CONFIG, tmp_path / "bad", "--beta", "0.1", "--lazy", "true", "--max_prompt_len", "600",
-                   check=False)
+    r = run_reward(
+        LORA_CONFIG, tmp_path / "bad", "--beta", "0.1", "--lazy", "true", "--max_prompt_len", "600", check=False
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "'beta' is a DPO" in r.stderr and "lazy=true is not supported" in r.stderr
     assert "max_prompt_len (600) must be < max_seq_len (512)" in r.stderr
     assert not (tmp_path / "bad").exists()
     bad = tmp_path / "bad.json"
-    bad.write_text('{"conversations": [{"from": "human", "value": "q"}], "chosen": {"from": "gpt", "value": "a"}}\n'
-                   "not json\n")
-    r = run(CLI, os.path.join(ROOT, LORA_CONFIG), "--output_dir", tmp_path / "bad2", "--model_name_or_path", TINY,
-            "--train_dataset_path", bad, "--dev_dataset_path", DATA, check=False)
+    bad.write_text(
+        '{"conversations": [{"from": "human", "value": "q"}], "chosen": {"from": "gpt", "value": "a"}}\nnot json\n'
+    )
+    r = run(
+        CLI,
+        os.path.join(ROOT, LORA_CONFIG),
+        "--output_dir",
+        tmp_path / "bad2",
+        "--model_name_or_path",
+        TINY,
+        "--train_dataset_path",
+        bad,
+        "--dev_dataset_path",
+        DATA,
+        check=False,
+    )
     assert r.returncode == 2 and f"{bad}:1" in r.stderr and f"{bad}:2" in r.stderr, r.stderr[-3000:]
-    r = run(SCORE_CLI, "--model_name_or_path", TINY, "--input_file", bad, "--output_file", tmp_path / "o.jsonl",
-            check=False)
+    r = run(
+        SCORE_CLI, "--model_name_or_path", TINY, "--input_file", bad, "--output_file", tmp_path / "o.jsonl", check=False
+    )
     assert r.returncode == 2 and "not a reward model directory" in r.stderr
 
 
@@ -156,9 +233,24 @@ def test_dpo_en_demo_pair_accuracy_above_chance(tiny_model_dir, tmp_path):
     (data / "train.json").write_text("\n".join(json.dumps(x) for x in rows[:-60]) + "\n")
     (data / "dev.json").write_text("\n".join(json.dumps(x) for x in rows[-60:]) + "\n")
     out = tmp_path / "out"
-    run(CLI, os.path.join(ROOT, LORA_CONFIG), "--output_dir", out, "--model_name_or_path", TINY,
-        "--train_dataset_path", data, "--dev_dataset_path", data, "--max_steps", "30", "--learning_rate", "3e-3",
-        "--per_device_train_batch_size", "4")
+    run(
+        CLI,
+        os.path.join(ROOT, LORA_CONFIG),
+        "--output_dir",
+        out,
+        "--model_name_or_path",
+        TINY,
+        "--train_dataset_path",
+        data,
+        "--dev_dataset_path",
+        data,
+        "--max_steps",
+        "30",
+        "--learning_rate",
+        "3e-3",
+        "--per_device_train_batch_size",
+        "4",
+    )
     ev = json.loads((out / "run_summary.json").read_text())["eval"]
     print(f"dpo_en_demo: dev pair accuracy {ev['eval_rewards/accuracies']:.4f} on 60 held-out pairs")
     assert ev["eval_rewards/accuracies"] > 0.5

@@ -55,8 +55,10 @@ def test_context_installs_and_restores():
 
 def _loss_and_grads(model_dir, patched):
     model = lora_model(model_dir)
-    inputs = {**random_batch(2, 12, 4), "position_ids": paddle.to_tensor([list(range(12)),
-                                                                          list(range(5)) + list(range(7))])}
+    inputs = {
+        **random_batch(2, 12, 4),
+        "position_ids": paddle.to_tensor([list(range(12)), list(range(5)) + list(range(7))]),
+    }
     return loss_and_lora_grads(model, inputs, rotary.fast_rotary() if patched else None)
 
 

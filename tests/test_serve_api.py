@@ -22,8 +22,20 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 def server(tiny_model_dir):
     from paddlenlp_ext.serve.process import ServerProcess
 
-    with ServerProcess(["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length",
-                        "256", "--api_key", KEY, "--batch_wait_ms", "20"]) as srv:
+    with ServerProcess(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--served_model_name",
+            "base",
+            "--max_length",
+            "256",
+            "--api_key",
+            KEY,
+            "--batch_wait_ms",
+            "20",
+        ]
+    ) as srv:
         yield srv
 
 
@@ -51,8 +63,9 @@ def call(server, path, body=None, key=KEY):
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(server.url + path, data=data, headers=headers, method="GET" if body is None else
-                                 "POST")
+    req = urllib.request.Request(
+        server.url + path, data=data, headers=headers, method="GET" if body is None else "POST"
+    )
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             raw = r.read()
@@ -73,8 +86,12 @@ def hf_logprobs(hf, ids):
 def test_api_key_401_without_and_200_with(server, client):
     import openai
 
-    for path, body in (("/v1/models", None), ("/v1/completions", {"model": "base", "prompt": "a"}),
-                       ("/tokenize", {"prompt": "a"}), ("/tokenizer_info", None)):
+    for path, body in (
+        ("/v1/models", None),
+        ("/v1/completions", {"model": "base", "prompt": "a"}),
+        ("/tokenize", {"prompt": "a"}),
+        ("/tokenizer_info", None),
+    ):
         status, err = call(server, path, body, key=None)
         assert status == 401 and err["error"]["code"] == "invalid_api_key", (path, status, err)
         assert call(server, path, body, key="wrong")[0] == 401
@@ -104,16 +121,19 @@ def test_completion_logprobs_and_echo_equal_transformers(server, client, hf):
     assert np.allclose(sorted(top.values(), reverse=True), logp[n - 1].topk(3).values.numpy(), atol=1e-4)
     assert max(top.values()) == pytest.approx(lp.token_logprobs[n], abs=1e-6), "greedy took the most likely token"
     # echo with max_tokens 0 (lm-eval's scoring shape, OpenAI's legacy API): the prompt only
-    z = call(server, "/v1/completions", {"model": "base", "prompt": ids, "max_tokens": 0, "echo": True,
-                                         "logprobs": 0})[1]
-    assert z["usage"]["completion_tokens"] == 0 and z["choices"][0]["logprobs"]["token_logprobs"] == \
-        lp.token_logprobs[:n]
+    z = call(server, "/v1/completions", {"model": "base", "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 0})[
+        1
+    ]
+    assert (
+        z["usage"]["completion_tokens"] == 0 and z["choices"][0]["logprobs"]["token_logprobs"] == lp.token_logprobs[:n]
+    )
 
 
 def test_chat_logprobs_n_and_seed(client):
     msgs = [{"role": "user", "content": PROMPT}]
-    r = client.chat.completions.create(model="base", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
-                                       top_logprobs=2)
+    r = client.chat.completions.create(
+        model="base", messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
     assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob) for c in content), "greedy == top-1"
@@ -123,8 +143,16 @@ def test_chat_logprobs_n_and_seed(client):
     assert texts == [c.message.content for c in sorted(b.choices, key=lambda c: c.index)], "seeded n not repeatable"
     assert len(set(texts)) > 1, "the n choices of a sampled request are all the same"
     # OpenAI's defaults, as an SDK may send them
-    d = client.chat.completions.create(model="base", messages=msgs, max_tokens=2, response_format={"type": "text"},
-                                       logprobs=False, n=1, presence_penalty=0, frequency_penalty=0)
+    d = client.chat.completions.create(
+        model="base",
+        messages=msgs,
+        max_tokens=2,
+        response_format={"type": "text"},
+        logprobs=False,
+        n=1,
+        presence_penalty=0,
+        frequency_penalty=0,
+    )
     assert d.choices[0].logprobs is None
 
 
@@ -138,8 +166,9 @@ def test_prompt_lists_and_token_ids(server, client):
     r = client.completions.create(model="base", prompt=[ids, ids[:3]], max_tokens=5, temperature=0)
     assert r.choices[0].text == alone and r.usage.prompt_tokens == len(ids) + 3
     # streamed, with logprobs
-    chunks = list(client.completions.create(model="base", prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
-                                            logprobs=1))
+    chunks = list(
+        client.completions.create(model="base", prompt=PROMPT, max_tokens=5, temperature=0, stream=True, logprobs=1)
+    )
     assert "".join(c.choices[0].text for c in chunks) == alone
     assert sum(len(c.choices[0].logprobs.tokens) for c in chunks if c.choices[0].logprobs) == 5
 
@@ -153,7 +182,7 @@ def test_tokenizer_routes_as_lm_eval_reads_them(server):
     assert tok.decode(ids) == "blue dress" and tok.eos_token == "</s>" and tok.eos_token_id == 2
     st, r = call(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
     assert st == 200 and r["count"] == len(r["tokens"]) > 0
-    assert call(server, "/detokenize", {"tokens": [10 ** 9]})[0] == 400
+    assert call(server, "/detokenize", {"tokens": [10**9]})[0] == 400
 
 
 def test_metrics_in_prometheus_format(server, client):
@@ -167,10 +196,13 @@ def test_metrics_in_prometheus_format(server, client):
     assert samples[("paddlenlp_ext_serve_requests_total", (("endpoint", "/v1/completions"), ("status", "200")))] >= 1
     assert samples[("paddlenlp_ext_serve_generation_tokens_total", (("model", "base"),))] >= 3
     assert samples[("paddlenlp_ext_serve_batch_size_rows_count", ())] >= 1
-    assert ("paddlenlp_ext_serve_e2e_request_latency_seconds_bucket",
-            (("endpoint", "/v1/completions"), ("le", "+Inf"))) in samples
-    assert "paddlenlp_ext_serve_num_requests_waiting" in fams and "paddlenlp_ext_serve_time_to_first_token_seconds" \
-        in fams
+    assert (
+        "paddlenlp_ext_serve_e2e_request_latency_seconds_bucket",
+        (("endpoint", "/v1/completions"), ("le", "+Inf")),
+    ) in samples
+    assert (
+        "paddlenlp_ext_serve_num_requests_waiting" in fams and "paddlenlp_ext_serve_time_to_first_token_seconds" in fams
+    )
 
 
 def test_chat_page_asks_for_the_key_once(server, tmp_path):

@@ -22,9 +22,26 @@ def server(tiny_model_dir, tmp_path_factory):
     from test_serve_e2e import make_lora
 
     root = tmp_path_factory.mktemp("continuous_loras")
-    loras = [x for i in range(4) for x in ("--lora_path", f"a{i}={make_lora(tiny_model_dir, str(root / f'a{i}'), 10 + i)}")]
-    with ServerProcess(["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length", "512",
-                        "--batching", "continuous", "--max_batch_size", "6", "--batch_wait_ms", "0"] + loras) as srv:
+    loras = [
+        x for i in range(4) for x in ("--lora_path", f"a{i}={make_lora(tiny_model_dir, str(root / f'a{i}'), 10 + i)}")
+    ]
+    with ServerProcess(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--served_model_name",
+            "base",
+            "--max_length",
+            "512",
+            "--batching",
+            "continuous",
+            "--max_batch_size",
+            "6",
+            "--batch_wait_ms",
+            "0",
+        ]
+        + loras
+    ) as srv:
         yield srv
 
 
@@ -49,8 +66,12 @@ def test_rows_join_at_the_next_step_and_get_their_own_answer(server):
         assert a["text"] == b["text"] and a["finish_reason"] == b["finish_reason"], i
         if a["logprobs"]:
             assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
-            assert max(abs(x - y) for x, y in zip(a["logprobs"]["token_logprobs"][1:],
-                                                  b["logprobs"]["token_logprobs"][1:])) < 1e-4
+            assert (
+                max(
+                    abs(x - y) for x, y in zip(a["logprobs"]["token_logprobs"][1:], b["logprobs"]["token_logprobs"][1:])
+                )
+                < 1e-4
+            )
     health = json.load(urllib.request.urlopen(server.url + "/health"))
     assert 2 <= health["largest_batch"] <= 6, health  # rows shared steps, never over --max_batch_size
     log = server.log()
@@ -58,12 +79,27 @@ def test_rows_join_at_the_next_step_and_get_their_own_answer(server):
 
 
 def test_sigterm_drains_the_running_batch(tiny_model_dir):
-    with ServerProcess(["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length", "512",
-                        "--batching", "continuous"]) as srv:
+    with ServerProcess(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--served_model_name",
+            "base",
+            "--max_length",
+            "512",
+            "--batching",
+            "continuous",
+        ]
+    ) as srv:
         with concurrent.futures.ThreadPoolExecutor(3) as ex:
-            futs = [ex.submit(post, srv.url + "/v1/chat/completions", {
-                "model": "base", "messages": [{"role": "user", "content": p}], "max_tokens": 60, "temperature": 0})
-                for p in PROMPTS[:3]]
+            futs = [
+                ex.submit(
+                    post,
+                    srv.url + "/v1/chat/completions",
+                    {"model": "base", "messages": [{"role": "user", "content": p}], "max_tokens": 60, "temperature": 0},
+                )
+                for p in PROMPTS[:3]
+            ]
             time.sleep(1.0)
             assert srv.terminate() == 0
             assert [f.result()[0] for f in futs] == [200, 200, 200]

@@ -50,17 +50,34 @@ def make_lora(base_dir, out, seed):
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve_adapters")
-    return {"sql": make_lora(tiny_model_dir, str(root / "sql"), 1), "poem": make_lora(tiny_model_dir,
-                                                                                      str(root / "poem"), 2)}
+    return {
+        "sql": make_lora(tiny_model_dir, str(root / "sql"), 1),
+        "poem": make_lora(tiny_model_dir, str(root / "poem"), 2),
+    }
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, adapters):
     from paddlenlp_ext.serve.process import ServerProcess
 
-    srv = ServerProcess(["--model_name_or_path", tiny_model_dir, "--served_model_name", "base",
-                         "--lora_path", f"sql={adapters['sql']}", "--lora_path", f"poem={adapters['poem']}",
-                         "--max_length", "512", "--max_batch_size", "16", "--batch_wait_ms", "30"])
+    srv = ServerProcess(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--served_model_name",
+            "base",
+            "--lora_path",
+            f"sql={adapters['sql']}",
+            "--lora_path",
+            f"poem={adapters['poem']}",
+            "--max_length",
+            "512",
+            "--max_batch_size",
+            "16",
+            "--batch_wait_ms",
+            "30",
+        ]
+    )
     with srv:
         yield srv
 
@@ -73,8 +90,9 @@ def client(server):
 
 
 def prompt_tokens(client, model):
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=1,
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=1, temperature=0
+    )
     return r.usage.prompt_tokens
 
 
@@ -91,8 +109,20 @@ def expected(client, tiny_model_dir, adapters, tmp_path_factory):
     out = {}
     for name, lora in (("base", None), ("sql", adapters["sql"]), ("poem", adapters["poem"])):
         dest = folder / f"{name}.json"
-        argv = ["--model_name_or_path", tiny_model_dir, "--data_file", str(data), "--output_file", str(dest),
-                "--decode_strategy", "greedy_search", "--src_length", str(n), "--max_length", str(n + NEW_TOKENS)]
+        argv = [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--data_file",
+            str(data),
+            "--output_file",
+            str(dest),
+            "--decode_strategy",
+            "greedy_search",
+            "--src_length",
+            str(n),
+            "--max_length",
+            str(n + NEW_TOKENS),
+        ]
         assert cli.main(argv + (["--lora_path", lora] if lora else [])) == 0
         out[name] = json.loads(dest.read_text())["output"]
     assert len(set(out.values())) == 3, f"the adapters do not change the answer, the test would be weak: {out}"
@@ -100,8 +130,9 @@ def expected(client, tiny_model_dir, adapters, tmp_path_factory):
 
 
 def chat(client, model, stream, **kw):
-    args = dict(model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=NEW_TOKENS,
-                temperature=0, **kw)
+    args = dict(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=NEW_TOKENS, temperature=0, **kw
+    )
     if not stream:
         r = client.chat.completions.create(**args)
         return r.choices[0].message.content, r
@@ -126,8 +157,10 @@ def test_openai_client_gets_the_predictors_text(client, expected, model):
     text, r = chat(client, model, stream=False)
     assert text == expected[model]
     assert r.model == model and r.choices[0].finish_reason in ("length", "stop")
-    assert r.usage.completion_tokens <= NEW_TOKENS and r.usage.total_tokens == r.usage.prompt_tokens + \
-        r.usage.completion_tokens
+    assert (
+        r.usage.completion_tokens <= NEW_TOKENS
+        and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    )
     streamed, chunks = chat(client, model, stream=True)
     assert streamed == expected[model]
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 3, "the answer came in one piece"
@@ -139,8 +172,13 @@ def test_completions_endpoint_matches_the_predictor(client, expected):
     # without a chat template the predictor's prompt is [bos] + question: the completion of the raw text
     r = client.completions.create(model="base", prompt=QUESTION, max_tokens=NEW_TOKENS, temperature=0)
     assert r.choices[0].text == expected["base"]
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="base", prompt=QUESTION, max_tokens=NEW_TOKENS, temperature=0, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="base", prompt=QUESTION, max_tokens=NEW_TOKENS, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert streamed == expected["base"]
 
 
@@ -166,14 +204,32 @@ def test_concurrent_requests_for_different_adapters_are_batched_and_correct(clie
 
 def test_stop_sequence_seed_and_sampling(client, expected):
     word = expected["base"][3:6]
-    cut = expected["base"][:expected["base"].find(word)]
+    cut = expected["base"][: expected["base"].find(word)]
     text, r = chat(client, "base", stream=False, stop=[word])
     assert text == cut and r.choices[0].finish_reason == "stop"
     assert chat(client, "base", stream=True, stop=word)[0] == cut
-    a = client.chat.completions.create(model="base", messages=[{"role": "user", "content": QUESTION}],
-                                       max_tokens=NEW_TOKENS, temperature=1.5, seed=7).choices[0].message.content
-    b = client.chat.completions.create(model="base", messages=[{"role": "user", "content": QUESTION}],
-                                       max_tokens=NEW_TOKENS, temperature=1.5, seed=7).choices[0].message.content
+    a = (
+        client.chat.completions.create(
+            model="base",
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=NEW_TOKENS,
+            temperature=1.5,
+            seed=7,
+        )
+        .choices[0]
+        .message.content
+    )
+    b = (
+        client.chat.completions.create(
+            model="base",
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=NEW_TOKENS,
+            temperature=1.5,
+            seed=7,
+        )
+        .choices[0]
+        .message.content
+    )
     assert a == b, "the same seed gave two different samples"
     assert a != expected["base"], "temperature 1.5 sampled the greedy answer: sampling is not applied"
 
@@ -187,8 +243,12 @@ def test_a_client_that_hangs_up_is_not_generated_for(server):
     body = json.dumps({"model": "poem", "messages": [{"role": "user", "content": "hang up"}], "max_tokens": 480})
     before = server.log().count("cancelled")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        sock.sendall(
+            (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}"
+            ).encode()
+        )
         wait_for(lambda: health(server)["running"] == 1)
     wait_for(lambda: server.log().count("cancelled") > before)
     tokens = [int(n) for n in re.findall(r"for poem, (\d+) new tokens in [\d.]+s, 1 cancelled", server.log())]
@@ -212,8 +272,10 @@ def test_malformed_requests_get_openai_errors_and_the_server_lives(server, clien
     assert chat(client, "base", stream=False)[0] == expected["base"]  # still answering, still right
 
 
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}system: {{ m['content'] }}\n{% elif m['role'] == "
-            "'user' %}user: {{ m['content'] }}\nbot: {% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}")
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}system: {{ m['content'] }}\n{% elif m['role'] == "
+    "'user' %}user: {{ m['content'] }}\nbot: {% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -228,14 +290,27 @@ def small_server(tiny_model_dir, template_file):
     """A chat template; one request at a time and a queue of one: the third concurrent request has no room."""
     from paddlenlp_ext.serve.process import ServerProcess
 
-    srv = ServerProcess(["--model_name_or_path", tiny_model_dir, "--max_length", "512", "--max_batch_size", "1",
-                         "--max_queue", "1", "--batch_wait_ms", "0", "--chat_template", template_file])
+    srv = ServerProcess(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--max_length",
+            "512",
+            "--max_batch_size",
+            "1",
+            "--max_queue",
+            "1",
+            "--batch_wait_ms",
+            "0",
+            "--chat_template",
+            template_file,
+        ]
+    )
     with srv:
         yield srv
 
 
-def test_chat_template_multi_turn_matches_the_predictor(small_server, tiny_model_dir, template_file,
-                                                                        tmp_path):
+def test_chat_template_multi_turn_matches_the_predictor(small_server, tiny_model_dir, template_file, tmp_path):
     import openai
 
     client = openai.OpenAI(base_url=small_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -244,17 +319,36 @@ def test_chat_template_multi_turn_matches_the_predictor(small_server, tiny_model
     r = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=NEW_TOKENS, temperature=0)
     n = r.usage.prompt_tokens
     # the jinja template renders a system message (as transformers does): accepted, and in the prompt
-    with_system = client.chat.completions.create(model="tiny-llama", messages=[{"role": "system", "content":
-                                                 "Be brief."}] + messages, max_tokens=1)
+    with_system = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "system", "content": "Be brief."}] + messages, max_tokens=1
+    )
     assert with_system.usage.prompt_tokens > n
     data = tmp_path / "p.json"
     data.write_text(json.dumps({"src": [q1, q2], "tgt": [a1]}) + "\n")
     spec = importlib.util.spec_from_file_location("predictor_cli", PREDICTOR)
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
-    assert cli.main(["--model_name_or_path", tiny_model_dir, "--data_file", str(data), "--output_file",
-                     str(tmp_path / "out.json"), "--chat_template", template_file, "--decode_strategy",
-                     "greedy_search", "--src_length", str(n), "--max_length", str(n + NEW_TOKENS)]) == 0
+    assert (
+        cli.main(
+            [
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--data_file",
+                str(data),
+                "--output_file",
+                str(tmp_path / "out.json"),
+                "--chat_template",
+                template_file,
+                "--decode_strategy",
+                "greedy_search",
+                "--src_length",
+                str(n),
+                "--max_length",
+                str(n + NEW_TOKENS),
+            ]
+        )
+        == 0
+    )
     expected_text = json.loads((tmp_path / "out.json").read_text())["output"]
     assert r.choices[0].message.content == expected_text
 
@@ -272,8 +366,10 @@ def test_full_queue_answers_429(small_server):
 def test_sigterm_finishes_requests_in_flight(small_server):
     results = []
     body = {"model": "tiny-llama", "messages": MSG, "max_tokens": 100, "temperature": 0}
-    threads = [threading.Thread(target=lambda: results.append(post(small_server.url + "/v1/chat/completions", body)))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(post(small_server.url + "/v1/chat/completions", body)))
+        for _ in range(2)
+    ]
     threads[0].start()
     wait_for(lambda: health(small_server)["running"] == 1)  # the first is generating ...
     threads[1].start()
@@ -289,8 +385,10 @@ def test_sigterm_finishes_requests_in_flight(small_server):
 
 def test_chat_page_in_headless_chromium(server, expected, tmp_path):
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
-                    "apt-get install chromium chromium-driver")
+        pytest.skip(
+            f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
+            "apt-get install chromium chromium-driver"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -298,8 +396,13 @@ def test_chat_page_in_headless_chromium(server, expected, tmp_path):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,760",
-              f"--user-data-dir={tmp_path / 'profile'}"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1100,760",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     try:
@@ -320,8 +423,12 @@ def test_chat_page_in_headless_chromium(server, expected, tmp_path):
         driver.find_element(By.ID, "max-tokens").send_keys("400")
         driver.find_element(By.ID, "input").send_keys("and then?")
         driver.find_element(By.ID, "send").click()
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")) == 2
-                   and d.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")[-1].text)
+        wait.until(
+            lambda d: (
+                len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")) == 2
+                and d.find_elements(By.CSS_SELECTOR, ".msg.assistant .text")[-1].text
+            )
+        )
         driver.find_element(By.ID, "stop").click()
         wait.until(lambda d: d.find_element(By.ID, "status").text == "stopped")
         assert len(driver.find_elements(By.CSS_SELECTOR, ".msg.user")) == 2

@@ -22,8 +22,28 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow
 
 EVAL = os.path.join(ROOT, "llm", "tools", "eval.py")
-WORDS = ["dress", "blue", "casual", "shirt", "red", "skirt", "long", "cotton", "style", "color", "black", "white",
-         "coat", "print", "slim", "loose", "silk", "green", "short", "sleeve"]
+WORDS = [
+    "dress",
+    "blue",
+    "casual",
+    "shirt",
+    "red",
+    "skirt",
+    "long",
+    "cotton",
+    "style",
+    "color",
+    "black",
+    "white",
+    "coat",
+    "print",
+    "slim",
+    "loose",
+    "silk",
+    "green",
+    "short",
+    "sleeve",
+]
 
 
 def write_tasks(root):
@@ -80,17 +100,40 @@ metadata:
 
 
 def run_eval(model_dir, tasks_dir, out, *extra):
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_DATASETS_CACHE=os.path.join(out, "hf_cache"))
-    r = subprocess.run([sys.executable, EVAL, "--model_name_or_path", model_dir, "--include_path", tasks_dir,
-                        "--output_dir", out, "--max_length", "256", "--log_samples", *extra],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    env = dict(
+        os.environ,
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_CACHE=os.path.join(out, "hf_cache"),
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            EVAL,
+            "--model_name_or_path",
+            model_dir,
+            "--include_path",
+            tasks_dir,
+            "--output_dir",
+            out,
+            "--max_length",
+            "256",
+            "--log_samples",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     with open(os.path.join(out, "results.json")) as f:
         results = json.load(f)
     samples = {}
     for path in glob.glob(os.path.join(out, "**", "samples_*.jsonl"), recursive=True):
-        task = os.path.basename(path)[len("samples_"):].rsplit("_", 1)[0]
+        task = os.path.basename(path)[len("samples_") :].rsplit("_", 1)[0]
         with open(path) as f:
             samples[task] = [json.loads(line) for line in f if line.strip()]
     return results, samples
@@ -120,7 +163,7 @@ def hf_loglikelihood(model, tok, context, continuation):
         continuation, context = context[-n:] + continuation, context[:-n]
     whole = tok(context + continuation, add_special_tokens=False)["input_ids"]
     ctx = tok(context, add_special_tokens=False)["input_ids"]
-    cont = whole[len(ctx):]
+    cont = whole[len(ctx) :]
     with torch.no_grad():
         logits = model(torch.tensor([whole])).logits[0].float()  # [S, V]
     logp = torch.log_softmax(logits, dim=-1)
@@ -131,8 +174,9 @@ def test_lm_eval_loglikelihood_equals_transformers_on_the_export(tiny_model_dir,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    results, samples = run_eval(tiny_model_dir, tasks_dir, str(tmp_path / "mc"), "--tasks", "tiny_mc",
-                                "--batch_size", "8")
+    results, samples = run_eval(
+        tiny_model_dir, tasks_dir, str(tmp_path / "mc"), "--tasks", "tiny_mc", "--batch_size", "8"
+    )
     docs = samples["tiny_mc"]
     assert len(docs) == 60
     model = AutoModelForCausalLM.from_pretrained(hf_model, torch_dtype=torch.float32).eval()
@@ -152,25 +196,38 @@ def test_lm_eval_loglikelihood_equals_transformers_on_the_export(tiny_model_dir,
 def test_lm_eval_generate_until_over_both_endpoints(tiny_model_dir, tasks_dir, tmp_path):
     from paddlenlp_ext.serve.process import ServerProcess, post
 
-    _, comp = run_eval(tiny_model_dir, tasks_dir, str(tmp_path / "gen_c"), "--tasks", "tiny_gen", "--batch_size",
-                       "4")
-    _, chat = run_eval(tiny_model_dir, tasks_dir, str(tmp_path / "gen_chat"), "--tasks", "tiny_gen", "--model",
-                       "local-chat-completions", "--apply_chat_template")
+    _, comp = run_eval(tiny_model_dir, tasks_dir, str(tmp_path / "gen_c"), "--tasks", "tiny_gen", "--batch_size", "4")
+    _, chat = run_eval(
+        tiny_model_dir,
+        tasks_dir,
+        str(tmp_path / "gen_chat"),
+        "--tasks",
+        "tiny_gen",
+        "--model",
+        "local-chat-completions",
+        "--apply_chat_template",
+    )
     assert len(comp["tiny_gen"]) == len(chat["tiny_gen"]) == 6
     # lm-eval's answers are the server's greedy answers to the same prompts
-    with ServerProcess(["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length",
-                        "256"]) as srv:
+    with ServerProcess(
+        ["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length", "256"]
+    ) as srv:
         for s in comp["tiny_gen"]:
             # lm-eval sends the context as token ids from our /tokenize, without special tokens
-            ids = post(srv.url + "/tokenize", {"prompt": s["arguments"]["gen_args_0"]["arg_0"],
-                                               "add_special_tokens": False})[1]["tokens"]
-            status, r = post(srv.url + "/v1/completions", {"model": "base", "prompt": ids, "max_tokens": 8,
-                                                           "temperature": 0, "stop": ["</s>"]})
+            ids = post(
+                srv.url + "/tokenize", {"prompt": s["arguments"]["gen_args_0"]["arg_0"], "add_special_tokens": False}
+            )[1]["tokens"]
+            status, r = post(
+                srv.url + "/v1/completions",
+                {"model": "base", "prompt": ids, "max_tokens": 8, "temperature": 0, "stop": ["</s>"]},
+            )
             assert status == 200 and s["resps"][0][0] == r["choices"][0]["text"]
         for s in chat["tiny_gen"]:
             messages = s["arguments"]["gen_args_0"]["arg_0"]  # lm-eval logs ['<the messages as JSON>']
             messages = json.loads(messages[0] if isinstance(messages, list) else messages)
-            status, r = post(srv.url + "/v1/chat/completions", {"model": "base", "messages": messages,
-                                                                "max_tokens": 8, "temperature": 0})
+            status, r = post(
+                srv.url + "/v1/chat/completions",
+                {"model": "base", "messages": messages, "max_tokens": 8, "temperature": 0},
+            )
             assert status == 200, r
             assert s["resps"][0][0] == r["choices"][0]["message"]["content"]

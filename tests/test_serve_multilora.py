@@ -44,12 +44,14 @@ def test_per_row_logits_equal_the_merged_copy(tiny_model_dir, four):
         want_base = base.session.model(input_ids=ids)[0].numpy()
     merged = {}
     for name in ("a0", "a1"):
-        s = load_session(PredictOptions(model_name_or_path=tiny_model_dir, max_length=128, lora_path=four[name]),
-                         tok, use_template)
+        s = load_session(
+            PredictOptions(model_name_or_path=tiny_model_dir, max_length=128, lora_path=four[name]), tok, use_template
+        )
         with paddle.no_grad():
             merged[name] = s.model(input_ids=ids)[0].numpy()
-        add_row_adapter(base, ServedModel(name, PredictOptions(model_name_or_path=tiny_model_dir,
-                                                               lora_path=four[name])))
+        add_row_adapter(
+            base, ServedModel(name, PredictOptions(model_name_or_path=tiny_model_dir, lora_path=four[name]))
+        )
     base.table.set_rows([0, -1, 1])  # row 0: a0, row 1: base, row 2: a1
     with paddle.no_grad():
         got = base.session.model(input_ids=ids)[0].numpy()
@@ -72,8 +74,11 @@ def _served_with_four(tiny_model_dir, four):
     from paddlenlp_ext.predict.options import PredictOptions
     from paddlenlp_ext.serve import models as serve_models
 
-    models, problems = serve_models.plan_models(PredictOptions(model_name_or_path=tiny_model_dir, max_length=128),
-                                                "base", [f"{n}={four[n]}" for n in sorted(four)])
+    models, problems = serve_models.plan_models(
+        PredictOptions(model_name_or_path=tiny_model_dir, max_length=128),
+        "base",
+        [f"{n}={four[n]}" for n in sorted(four)],
+    )
     assert not problems
     serve_models.load_models(models)
     assert all(m.slot is not None for m in models[1:])  # applied per row on the one base
@@ -85,8 +90,11 @@ def _job(models, name, prompt, max_tokens, loop):
     from paddlenlp_ext.serve.engine import Job
     from paddlenlp_ext.serve.protocol import Sampling, parse_chat
 
-    req = parse_chat({"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens},
-                     list(models), Sampling())
+    req = parse_chat(
+        {"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens},
+        list(models),
+        Sampling(),
+    )
     return Job(req, models[name], serve_models.prompt_ids(req, models[name]), max_tokens, loop)
 
 
@@ -150,8 +158,7 @@ def test_continuous_batch_mixes_base_and_adapter_rows(tiny_model_dir, four, max_
 def complete(url, model, prompt):
     from paddlenlp_ext.serve.process import post
 
-    status, body = post(url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 16,
-                                                  "temperature": 0})
+    status, body = post(url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0})
     assert status == 200, body
     return body["choices"][0]["text"]
 
@@ -164,19 +171,32 @@ def test_mixed_batch_rows_equal_each_row_alone_and_runtime_updating(tiny_model_d
     from paddlenlp_ext.serve.process import ServerProcess, post
 
     names = ["base"] + sorted(four)
-    args = ["--model_name_or_path", tiny_model_dir, "--served_model_name", "base", "--max_length", "128",
-            "--batch_wait_ms", "1500", "--max_batch_size", "16"]
+    args = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--served_model_name",
+        "base",
+        "--max_length",
+        "128",
+        "--batch_wait_ms",
+        "1500",
+        "--max_batch_size",
+        "16",
+    ]
     with ServerProcess(args + [x for n in sorted(four) for x in ("--lora_path", f"{n}={four[n]}")]) as srv:
         with urllib.request.urlopen(srv.url + "/v1/models") as r:
             cards = {c["id"]: c for c in json.load(r)["data"]}
-        assert cards["base"]["parent"] is None and all(cards[n]["parent"] == "base" and cards[n]["per_row"]
-                                                       for n in four)
+        assert cards["base"]["parent"] is None and all(
+            cards[n]["parent"] == "base" and cards[n]["per_row"] for n in four
+        )
         alone = {(m, p): complete(srv.url, m, p) for m in names for p in PROMPTS}
         assert len({alone[(m, PROMPTS[0])] for m in names}) == len(names), alone  # each adapter answers its own way
         got, threads = {}, []
         for m in names:
             for p in PROMPTS:
-                threads.append(threading.Thread(target=lambda m=m, p=p: got.__setitem__((m, p), complete(srv.url, m, p))))
+                threads.append(
+                    threading.Thread(target=lambda m=m, p=p: got.__setitem__((m, p), complete(srv.url, m, p)))
+                )
         for t in threads:
             t.start()
         for t in threads:
@@ -191,9 +211,12 @@ def test_mixed_batch_rows_equal_each_row_alone_and_runtime_updating(tiny_model_d
     with ServerProcess(args + ["--allow_runtime_lora_updating", "--max_loras", "1"]) as srv:
         from paddlenlp_ext.serve.process import post as post_raw  # noqa: F401 -- JSON answers only
 
-        req = urllib.request.Request(srv.url + "/v1/load_lora_adapter", method="POST",
-                                     data=json.dumps({"lora_name": "a2", "lora_path": four["a2"]}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            srv.url + "/v1/load_lora_adapter",
+            method="POST",
+            data=json.dumps({"lora_name": "a2", "lora_path": four["a2"]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req) as r:
             assert r.status == 200 and "added" in r.read().decode()
         with urllib.request.urlopen(srv.url + "/v1/models") as r:
@@ -205,9 +228,12 @@ def test_mixed_batch_rows_equal_each_row_alone_and_runtime_updating(tiny_model_d
         assert status == 400 and "already served" in body["error"]["message"]
         status, body = post(srv.url + "/v1/load_lora_adapter", {"lora_name": "z", "lora_path": "/nonexistent"})
         assert status == 400 and "/nonexistent" in body["error"]["message"]
-        req = urllib.request.Request(srv.url + "/v1/unload_lora_adapter", method="POST",
-                                     data=json.dumps({"lora_name": "a2"}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            srv.url + "/v1/unload_lora_adapter",
+            method="POST",
+            data=json.dumps({"lora_name": "a2"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req) as r:
             assert r.status == 200 and "removed" in r.read().decode()
         status, body = post(srv.url + "/v1/completions", {"model": "a2", "prompt": "x", "max_tokens": 2})
@@ -229,21 +255,33 @@ def test_four_adapters_cost_at_most_1_3x_the_base_only_server(tmp_path_factory):
     from paddlenlp_ext.models.tiny import ensure_tiny_model
     from paddlenlp_ext.serve.process import ServerProcess
 
-    big = ensure_tiny_model(os.path.join(ROOT, "build", "mid-llama-512x8"), DATA_DIR, hidden_size=512,
-                            intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-                            num_key_value_heads=8, initializer_range=0.02)
+    big = ensure_tiny_model(
+        os.path.join(ROOT, "build", "mid-llama-512x8"),
+        DATA_DIR,
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        initializer_range=0.02,
+    )
     root = tmp_path_factory.mktemp("mid_loras")
     loras = [make_lora(big, str(root / f"m{i}"), 20 + i) for i in range(4)]
     args = ["--model_name_or_path", big, "--served_model_name", "base", "--max_length", "128"]
     peaks = {}
-    for what, extra in (("base", []), ("4 loras", [x for i, p in enumerate(loras) for x in ("--lora_path", f"m{i}={p}")])):
+    for what, extra in (
+        ("base", []),
+        ("4 loras", [x for i, p in enumerate(loras) for x in ("--lora_path", f"m{i}={p}")]),
+    ):
         with ServerProcess(args + extra) as srv:
             for m in ["base"] + [f"m{i}" for i in range(4) if extra]:
                 complete(srv.url, m, PROMPTS[0])
             peaks[what] = vm_hwm_kb(srv.proc.pid)
     weights = sum(os.path.getsize(os.path.join(big, f)) for f in os.listdir(big) if f.endswith(".safetensors"))
-    print(f"VmHWM base-only {peaks['base'] / 1024:.0f} MiB, with 4 LoRA {peaks['4 loras'] / 1024:.0f} MiB "
-          f"(base weights {weights / 2 ** 20:.0f} MiB)")
+    print(
+        f"VmHWM base-only {peaks['base'] / 1024:.0f} MiB, with 4 LoRA {peaks['4 loras'] / 1024:.0f} MiB "
+        f"(base weights {weights / 2**20:.0f} MiB)"
+    )
     assert peaks["4 loras"] <= 1.3 * peaks["base"], peaks
     # the bound means something: 4 merged copies of the base would add 4x the weights
     assert 4 * weights / 1024 > 0.3 * peaks["base"], (weights, peaks)

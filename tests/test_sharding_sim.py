@@ -37,11 +37,25 @@ def build(tmp_path, tiny_model_dir, method, paddlenlp_optimizer=False):
         paddle.seed(7)  # the same A init in every replica
         cfg = AdapterConfig(method="lora", r=4, alpha=8, lora_plus_scale=4.0)
         apply_adapters(model, cfg)
-    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-3, max_steps=STEPS, warmup_steps=1,
-                             per_device_train_batch_size=GLOBAL_BATCH, report_to="none",
-                             lr_scheduler_type="linear", weight_decay=0.5, max_grad_norm=0.05)
-    trainer = FinetuneTrainer(model=model, args=args, train_dataset=[], tokenizer=tok,
-                              data_collator=PaddingCollator(tok.pad_token_id), adapter_config=cfg)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        learning_rate=2e-3,
+        max_steps=STEPS,
+        warmup_steps=1,
+        per_device_train_batch_size=GLOBAL_BATCH,
+        report_to="none",
+        lr_scheduler_type="linear",
+        weight_decay=0.5,
+        max_grad_norm=0.05,
+    )
+    trainer = FinetuneTrainer(
+        model=model,
+        args=args,
+        train_dataset=[],
+        tokenizer=tok,
+        data_collator=PaddingCollator(tok.pad_token_id),
+        adapter_config=cfg,
+    )
     trainer.create_scheduler(num_training_steps=STEPS)
     if paddlenlp_optimizer:
         Trainer.create_optimizer(trainer, trainer.lr_scheduler)  # PaddleNLP's, without our override
@@ -71,11 +85,15 @@ def micro_batches(features, ranks):
     collate = PaddingCollator(pad)
     out = []
     for step in range(STEPS):
-        rows = feats[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
+        rows = feats[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH]
         n = sum(sum(1 for t in f["labels"] if t != -100) for f in rows)
         per = GLOBAL_BATCH // ranks
-        out.append([({k: paddle.to_tensor(v) for k, v in collate(rows[r * per:(r + 1) * per]).items()}, n)
-                    for r in range(ranks)])
+        out.append(
+            [
+                ({k: paddle.to_tensor(v) for k, v in collate(rows[r * per : (r + 1) * per]).items()}, n)
+                for r in range(ranks)
+            ]
+        )
     return out
 
 
@@ -89,6 +107,7 @@ def loss_fn(ranks, own_mean=False):
         if own_mean:
             return global_token_loss(model, inputs, int((inputs["labels"] != -100).sum()), ranks=1, accumulation=1)
         return global_token_loss(model, inputs, n, ranks=ranks, accumulation=1)
+
     return run
 
 
@@ -122,8 +141,7 @@ def sharded(tmp_path, tiny_model_dir, method, features, stage, ranks, paddlenlp_
 
     built = [build(tmp_path / f"r{r}", tiny_model_dir, method, paddlenlp_optimizer) for r in range(ranks)]
     models, opts = [b[0] for b in built], [b[1] for b in built]
-    losses = simulate_sharded_training(models, opts, micro_batches(features, ranks),
-                                       loss_fn(ranks, own_mean), stage)
+    losses = simulate_sharded_training(models, opts, micro_batches(features, ranks), loss_fn(ranks, own_mean), stage)
     weights = [trainable(m) for m in models]
     for other in weights[1:]:  # the replicas end identical (broadcast / all-gather)
         for n in weights[0]:
@@ -138,8 +156,7 @@ def max_diff(a, b):
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 @pytest.mark.parametrize("stage,ranks", [(2, 2), (3, 2), (3, 4), (2, 4)])
-def test_partitioned_step_reproduces_one_process(tmp_path, tiny_model_dir, features, reference, method, stage,
-                                                 ranks):
+def test_partitioned_step_reproduces_one_process(tmp_path, tiny_model_dir, features, reference, method, stage, ranks):
     ref_losses, ref_weights = reference[method]
     losses, weights = sharded(tmp_path, tiny_model_dir, method, features, stage, ranks)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
@@ -183,8 +200,9 @@ def test_per_rank_mean_loss_differs(tmp_path, tiny_model_dir, features, referenc
 def test_slice_aware_decay_answers_for_slices():
     from paddlenlp_ext.integrations.sharding import slice_aware_decay
 
-    opt = paddle.optimizer.AdamW(parameters=[paddle.create_parameter([2], "float32")],
-                                 apply_decay_param_fun=lambda name: name in {"w"})
+    opt = paddle.optimizer.AdamW(
+        parameters=[paddle.create_parameter([2], "float32")], apply_decay_param_fun=lambda name: name in {"w"}
+    )
     slice_aware_decay(opt)
     slice_aware_decay(opt)  # idempotent
     decide = opt._apply_decay_param_fun

@@ -13,8 +13,10 @@ becomes partial).
 import numpy as np
 import paddle
 import pytest
-from paddle.distributed.fleet.utils.sequence_parallel_utils import (ColumnSequenceParallelLinear,
-                                                                    RowSequenceParallelLinear)
+from paddle.distributed.fleet.utils.sequence_parallel_utils import (
+    ColumnSequenceParallelLinear,
+    RowSequenceParallelLinear,
+)
 
 from paddlenlp_ext.adapters import AdapterConfig, LoRALinear, VeRALinear
 from paddlenlp_ext.parallel import ParallelLoRALinear, ParallelVeRALinear, SimulatedGroup
@@ -74,8 +76,10 @@ def run_case(kind, n, variant, collectives_cls=None):
     y_axis = -1 if kind == "column" else 0
     paddle.autograd.backward([(y * paddle.to_tensor(np_shard(t["G"], y_axis, r, n))).sum()
                               for r, y in enumerate(ys)])  # fmt: skip
-    got = {"y": np.concatenate([y.numpy() for y in ys], y_axis),
-           "x.grad": np.concatenate([x.grad.numpy() for x in xs], x_axis)}
+    got = {
+        "y": np.concatenate([y.numpy() for y in ys], y_axis),
+        "x.grad": np.concatenate([x.grad.numpy() for x in xs], x_axis),
+    }
     for s, a in axes.items():
         got[f"{s}.grad"] = np_gather([getattr(l, s).grad.numpy() for l in layers], a, f"{s}.grad")
     want = {"y": y_ref.numpy(), "x.grad": xr.grad.numpy()}

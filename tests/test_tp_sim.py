@@ -376,8 +376,16 @@ def test_simulated_split_and_gather_gradients():
 def llama_config(tp, rank, kv_heads):
     from paddlenlp.transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=kv_heads,
-                       num_hidden_layers=2, vocab_size=64, tensor_parallel_degree=tp, tensor_parallel_rank=rank)
+    return LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=2,
+        vocab_size=64,
+        tensor_parallel_degree=tp,
+        tensor_parallel_rank=rank,
+    )
 
 
 class TwoLayers(paddle.nn.Layer):
@@ -592,8 +600,10 @@ def test_sharded_adapter_checkpoint_merges_like_the_unsharded_one(tiny_model_dir
     paths = sim.run(lambda r: save_adapter(tps[r], None, str(tmp_path / "tp")))
     assert paths[0] == paths[1]
     assert sorted(os.listdir(tmp_path / "tp")) == sorted(os.listdir(tmp_path / "ref"))
-    got, want = load_file(str(tmp_path / "tp" / "adapter_model.safetensors")), load_file(
-        str(tmp_path / "ref" / "adapter_model.safetensors"))
+    got, want = (
+        load_file(str(tmp_path / "tp" / "adapter_model.safetensors")),
+        load_file(str(tmp_path / "ref" / "adapter_model.safetensors")),
+    )
     assert set(got) == set(want)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
@@ -649,8 +659,11 @@ def test_refused_methods_and_layers_have_clear_errors(tiny_model_dir):
         apply_adapters(m, AdapterConfig(method="lokr", r=4))
     assert not iter_adapter_layers(m)  # refused before anything was replaced
     with pytest.raises(ValueError, match="no target module is tensor parallel"):
-        apply_adapters(paddle.nn.Sequential(("layers", paddle.nn.LayerList([paddle.nn.Linear(4, 4)]))),
-                       AdapterConfig(r=2, target_modules=[r".*"]), collectives=SimulatedGroup(1).collectives(0))
+        apply_adapters(
+            paddle.nn.Sequential(("layers", paddle.nn.LayerList([paddle.nn.Linear(4, 4)]))),
+            AdapterConfig(r=2, target_modules=[r".*"]),
+            collectives=SimulatedGroup(1).collectives(0),
+        )
     q = m.llama.layers[0].self_attn.q_proj
     with pytest.raises(NotImplementedError, match="PiSSA"):
         ParallelLoRALinear(q, AdapterConfig(r=4, pissa=True))
@@ -677,8 +690,11 @@ def test_refused_methods_and_layers_have_clear_errors(tiny_model_dir):
     paddle.nn.Layer.__init__(seq)
     seq.weight = seq.create_parameter([64, 32])
     m.llama.layers[1].self_attn.q_proj = seq
-    with pytest.raises(NotImplementedError, match=r"llama\.layers\.1\.self_attn\.q_proj.*only Paddle's "
-                                                  r"ColumnParallelLinear"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"llama\.layers\.1\.self_attn\.q_proj.*only Paddle's "
+        r"ColumnParallelLinear",
+    ):
         apply_adapters(m, AdapterConfig(r=4))
 
 

@@ -22,11 +22,24 @@ def build_trainer(tmp_path, tiny_model_dir, lora_plus_scale, warmup_steps=0, max
     cfg = AdapterConfig(method="lora", r=4, alpha=8, lora_plus_scale=lora_plus_scale)
     apply_adapters(model, cfg)
     feats, _ = tokenize_examples(read_examples([f"{DATA_DIR}/dev.json"]), tok, 64, 128, False)
-    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, warmup_steps=warmup_steps,
-                             max_steps=max_steps, per_device_train_batch_size=4, report_to="none",
-                             lr_scheduler_type="linear", weight_decay=0.0)
-    return FinetuneTrainer(model=model, args=args, train_dataset=feats, tokenizer=tok,
-                           data_collator=PaddingCollator(tok.pad_token_id), adapter_config=cfg), feats
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        learning_rate=1e-3,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        report_to="none",
+        lr_scheduler_type="linear",
+        weight_decay=0.0,
+    )
+    return FinetuneTrainer(
+        model=model,
+        args=args,
+        train_dataset=feats,
+        tokenizer=tok,
+        data_collator=PaddingCollator(tok.pad_token_id),
+        adapter_config=cfg,
+    ), feats
 
 
 @pytest.mark.parametrize("warmup", [0, 4])

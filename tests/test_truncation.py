@@ -24,9 +24,18 @@ def words(tok, ids):
 
 def conv3():
     """system + three rounds; SIMPLE renders each message as ``<role> content </s>``."""
-    return Conversation([Message("system", "sys"), Message("user", "q1 a b"), Message("assistant", "r1"),
-                         Message("user", "q2 c d"), Message("assistant", "r2"), Message("user", "q3 e f g h"),
-                         Message("assistant", "r3 x y z")], origin="f:7")
+    return Conversation(
+        [
+            Message("system", "sys"),
+            Message("user", "q1 a b"),
+            Message("assistant", "r1"),
+            Message("user", "q2 c d"),
+            Message("assistant", "r2"),
+            Message("user", "q3 e f g h"),
+            Message("assistant", "r3 x y z"),
+        ],
+        origin="f:7",
+    )
 
 
 def test_sft_whole_when_it_fits():
@@ -45,13 +54,42 @@ def test_sft_oldest_round_goes_first_then_the_prompt_from_the_left_then_the_answ
     # max_length 20: round 1 goes (24 left), then round 2 (16 fit)
     feat, truncated, dropped = fit_conversation(conv3(), tok, SIMPLE, Tok.special_tokens_map, False, 20, 20)
     assert truncated and dropped == 2
-    assert kept_words(tok, feat) == ["<system>", "sys", "</s>", "<user>", "q3", "e", "f", "g", "h", "</s>",
-                                     "<assistant>", "r3", "x", "y", "z", "</s>"]
+    assert kept_words(tok, feat) == [
+        "<system>",
+        "sys",
+        "</s>",
+        "<user>",
+        "q3",
+        "e",
+        "f",
+        "g",
+        "h",
+        "</s>",
+        "<assistant>",
+        "r3",
+        "x",
+        "y",
+        "z",
+        "</s>",
+    ]
     # src_length 8: the last prompt (system + round 3 up to the answer's header, 11 tokens) is cut from the left
     # to 8, the system prompt kept; then the history goes as before
     feat, _, dropped = fit_conversation(conv3(), tok, SIMPLE, Tok.special_tokens_map, False, 20, 8)
-    assert dropped == 2 and kept_words(tok, feat) == ["<system>", "sys", "</s>", "f", "g", "h", "</s>", "<assistant>",
-                                                      "r3", "x", "y", "z", "</s>"]
+    assert dropped == 2 and kept_words(tok, feat) == [
+        "<system>",
+        "sys",
+        "</s>",
+        "f",
+        "g",
+        "h",
+        "</s>",
+        "<assistant>",
+        "r3",
+        "x",
+        "y",
+        "z",
+        "</s>",
+    ]
     # max_length 8, src_length 5: a 5-token prompt, and the answer keeps its first 3 tokens (its eos is cut)
     feat, _, _ = fit_conversation(conv3(), tok, SIMPLE, Tok.special_tokens_map, False, 8, 5)
     assert kept_words(tok, feat) == ["<system>", "sys", "</s>", "</s>", "<assistant>", "r3", "x", "y"]
@@ -69,21 +107,27 @@ def test_renderer_counts_and_drops_what_cannot_learn():
     tok = Tok()
     r = Renderer(tok, 4, 6, False, {False: SIMPLE}, Tok.special_tokens_map)
     feats, truncated, dropped = r(conv3())
-    assert truncated and dropped == 2 and kept_words(tok, feats[0]) == ["<system>", "sys", "</s>", "<assistant>",
-                                                                        "r3", "x"]
+    assert (
+        truncated
+        and dropped == 2
+        and kept_words(tok, feats[0]) == ["<system>", "sys", "</s>", "<assistant>", "r3", "x"]
+    )
 
 
 def test_preference_pair_multi_turn_kept_tokens():
     from paddlenlp_ext.dpo.data import PreferenceExample, tokenize_pair
 
     tok = Tok()
-    ex = PreferenceExample(src=["q1 a b", "q2 c", "q3 d e f"], tgt=["r1", "r2"], chosen="good answer here",
-                           rejected="bad", origin="p:1")
+    ex = PreferenceExample(
+        src=["q1 a b", "q2 c", "q3 d e f"], tgt=["r1", "r2"], chosen="good answer here", rejected="bad", origin="p:1"
+    )
     # no template: [bos] + q1 a b + r1 </s> + q2 c + r2 </s> + q3 d e f | good answer here </s> | bad </s>
     pair, info = tokenize_pair(ex, tok, 12, 6, False)
     assert words(tok, pair["prompt"]) == ["<s>", "q3", "d", "e", "f"]  # both earlier rounds went, oldest first
     assert words(tok, pair["chosen"]) == ["good", "answer", "here", "</s>"] and words(tok, pair["rejected"]) == [
-        "bad", "</s>"]
+        "bad",
+        "</s>",
+    ]
     assert info == {"truncated_prompt": False, "truncated_response": False, "dropped_rounds": 2}
     pair, info = tokenize_pair(ex, tok, 15, 10, False)  # round 2 fits back: the prompt is 9 <= 10, 9 + 6 <= 15
     assert words(tok, pair["prompt"]) == ["<s>", "q2", "c", "r2", "</s>", "q3", "d", "e", "f"]
@@ -94,9 +138,11 @@ def test_preference_pair_multi_turn_kept_tokens():
     assert info == {"truncated_prompt": True, "truncated_response": True, "dropped_rounds": 2}
 
 
-TOOL_TEMPLATE = ("{% for m in messages %}<{{ m.role }}> {{ m.content }}{% for c in m.tool_calls or [] %} CALL "
-                 "{{ c.function.name }}{% endfor %} {{ eos_token }} {% endfor %}"
-                 "{% if add_generation_prompt %}<assistant> {% endif %}")
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}> {{ m.content }}{% for c in m.tool_calls or [] %} CALL "
+    "{{ c.function.name }}{% endfor %} {{ eos_token }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
 
 
 @pytest.mark.parametrize("form", ["sharegpt", "openai"])
@@ -105,18 +151,31 @@ def test_tool_call_pairs_render_tool_turns_and_score_only_the_answers(tmp_path, 
     from paddlenlp_ext.dpo.data import read_preference_files, tokenize_preference_examples
 
     if form == "sharegpt":
-        rec = {"conversations": [{"from": "human", "value": "weather paris"},
-                                 {"from": "function_call", "value": json.dumps({"name": "w", "arguments": {}})},
-                                 {"from": "observation", "value": "sunny"}],
-               "chosen": {"from": "gpt", "value": "it is sunny"}, "rejected": {"from": "gpt", "value": "no idea"},
-               "tools": json.dumps([{"name": "w", "parameters": {}}])}
+        rec = {
+            "conversations": [
+                {"from": "human", "value": "weather paris"},
+                {"from": "function_call", "value": json.dumps({"name": "w", "arguments": {}})},
+                {"from": "observation", "value": "sunny"},
+            ],
+            "chosen": {"from": "gpt", "value": "it is sunny"},
+            "rejected": {"from": "gpt", "value": "no idea"},
+            "tools": json.dumps([{"name": "w", "parameters": {}}]),
+        }
     else:
-        rec = {"messages": [{"role": "user", "content": "weather paris"},
-                            {"role": "assistant", "content": None,
-                             "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": "{}"}}]},
-                            {"role": "tool", "content": "sunny"}],
-               "chosen": {"role": "assistant", "content": "it is sunny"}, "rejected": "no idea",
-               "tools": [{"type": "function", "function": {"name": "w", "parameters": {}}}]}
+        rec = {
+            "messages": [
+                {"role": "user", "content": "weather paris"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": "{}"}}],
+                },
+                {"role": "tool", "content": "sunny"},
+            ],
+            "chosen": {"role": "assistant", "content": "it is sunny"},
+            "rejected": "no idea",
+            "tools": [{"type": "function", "function": {"name": "w", "parameters": {}}}],
+        }
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps(rec) + "\n")
     (ex,) = read_preference_files([str(path)])
@@ -124,12 +183,27 @@ def test_tool_call_pairs_render_tool_turns_and_score_only_the_answers(tmp_path, 
     tok = Tok()
     jinja = ({False: TOOL_TEMPLATE, True: TOOL_TEMPLATE}, Tok.special_tokens_map)
     (pair,), st = tokenize_preference_examples([ex], tok, 64, 32, False, jinja)
-    assert words(tok, pair["prompt"]) == ["<user>", "weather", "paris", "</s>", "<assistant>", "CALL", "w", "</s>",
-                                          "<tool>", "sunny", "</s>", "<assistant>"]
+    assert words(tok, pair["prompt"]) == [
+        "<user>",
+        "weather",
+        "paris",
+        "</s>",
+        "<assistant>",
+        "CALL",
+        "w",
+        "</s>",
+        "<tool>",
+        "sunny",
+        "</s>",
+        "<assistant>",
+    ]
     assert words(tok, pair["chosen"]) == ["it", "is", "sunny", "</s>"]  # scored: the answers only
     assert words(tok, pair["rejected"]) == ["no", "idea", "</s>"]
-    with pytest.raises(DataError, match=r"p.jsonl:1: tool calls, tool results and tools in a preference pair are "
-                                        r"rendered by a jinja chat template"):
+    with pytest.raises(
+        DataError,
+        match=r"p.jsonl:1: tool calls, tool results and tools in a preference pair are "
+        r"rendered by a jinja chat template",
+    ):
         tokenize_preference_examples([ex], tok, 64, 32, False, ({False: None, True: None}, {}))
 
 
@@ -138,8 +212,17 @@ def test_grpo_prompt_drops_the_oldest_round_then_keeps_its_end():
 
     tok = Tok()
     r = Renderer(tok, 1 << 30, 1 << 30, False, {False: SIMPLE}, Tok.special_tokens_map)
-    rec = prompt_from_record({"messages": [{"role": "user", "content": "q1 a b"}, {"role": "assistant", "content": "r1"},
-                                           {"role": "user", "content": "q2 c d e"}], "k": 1}, "g:1")
+    rec = prompt_from_record(
+        {
+            "messages": [
+                {"role": "user", "content": "q1 a b"},
+                {"role": "assistant", "content": "r1"},
+                {"role": "user", "content": "q2 c d e"},
+            ],
+            "k": 1,
+        },
+        "g:1",
+    )
     ids, truncated, dropped = fit_prompt(rec, r, 64)  # 5 + 3 + 6 + the header
     assert not truncated and words(tok, ids)[:2] == ["<user>", "q1"] and len(ids) == 15
     ids, truncated, dropped = fit_prompt(rec, r, 8)  # round 1 goes: <user> q2 c d e </s> <assistant> = 7

@@ -63,8 +63,9 @@ def test_routing():
     lts = packed_causal_lts(1, 96, nseg=3, pad=5, rng=rng)
     q, k, v = make_qkv(1, 96, 2, 2, 8, 4)
     direct = varlen_causal_attention(q, k, v, [document_segments(lts[0, 0, :, 0])], 1 / np.sqrt(8))
-    np.testing.assert_array_equal(flashmask_attention(q, k, v, paddle.to_tensor(lts), causal=True).numpy(),
-                                  direct.numpy())
+    np.testing.assert_array_equal(
+        flashmask_attention(q, k, v, paddle.to_tensor(lts), causal=True).numpy(), direct.numpy()
+    )
     other = random_bounds(1, 1, 96, "causal1", rng).astype(np.int32)
     out = flashmask_attention(q, k, v, paddle.to_tensor(other), causal=True)
     ref = reference_attention(q, k, v, docstring_dense_mask(other, True))
@@ -79,5 +80,5 @@ def test_padding_rows_are_zero_without_gradient():
     q, k, v = make_qkv(1, 4, 2, 2, 4, 0)
     out = flashmask_attention(q, k, v, paddle.to_tensor(lts), causal=True)
     assert np.all(out.numpy()[0, 2:] == 0)
-    gq, = paddle.grad([out.sum()], [q])
+    (gq,) = paddle.grad([out.sum()], [q])
     assert np.all(gq.numpy()[0, 2:] == 0)

@@ -47,9 +47,14 @@ def loss_case(trl_cls, data, case):
     logps = t("logps").clone().requires_grad_(True)  # [B, T]
     mask = t("mask_masked" if case["mask_truncated"] else "mask")  # [B, T]
     B, T = mask.shape
-    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-              "advantages": t("advantages"), "num_items_in_batch": t("mask").sum()}
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": t("advantages"),
+        "num_items_in_batch": t("mask").sum(),
+    }
     if case["old"]:
         inputs["old_per_token_logps"] = t("old")
     if case["beta"] > 0:
@@ -67,9 +72,14 @@ def rloo_loss_case(data, case):
     logps = t("logps").clone().requires_grad_(True)  # [B, T]
     mask = t("mask_masked" if case["mask_truncated"] else "mask")
     B, T = mask.shape
-    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-              "advantages": t("advantages"), "old_logps": (t("old") * mask).sum(1)}
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": t("advantages"),
+        "old_logps": (t("old") * mask).sum(1),
+    }
     loss = RLOOTrainer._compute_loss(StandIn(case, logps), None, inputs)
     loss.backward()
     return float(loss), logps.grad.numpy()
@@ -91,16 +101,25 @@ def advantage_case(hf_dir, data, case):
     model = AutoModelForCausalLM.from_pretrained(hf_dir)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     dataset = Dataset.from_dict({"prompt": [f"prompt {i}" for i in range(n)]})
-    common = dict(output_dir=case["output_dir"], per_device_train_batch_size=n * G, num_generations=G,
-                  max_completion_length=4, report_to="none", use_cpu=True, logging_steps=1)
+    common = dict(
+        output_dir=case["output_dir"],
+        per_device_train_batch_size=n * G,
+        num_generations=G,
+        max_completion_length=4,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+    )
     if case["kind"] == "grpo":
         args = trl.GRPOConfig(**common, scale_rewards=case["scale_rewards"], beta=0.0)
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=preset, args=args, train_dataset=dataset,
-                                  processing_class=tok)
+        trainer = trl.GRPOTrainer(
+            model=model, reward_funcs=preset, args=args, train_dataset=dataset, processing_class=tok
+        )
     else:
         args = trl.RLOOConfig(**common, normalize_advantages=case["normalize"], beta=0.0)
-        trainer = trl.RLOOTrainer(model=model, reward_funcs=preset, args=args, train_dataset=dataset,
-                                  processing_class=tok)
+        trainer = trl.RLOOTrainer(
+            model=model, reward_funcs=preset, args=args, train_dataset=dataset, processing_class=tok
+        )
     inputs = [{"prompt": f"prompt {i}"} for i in range(n) for _ in range(G)]
     out = trainer._generate_and_score_completions(inputs)
     return out["advantages"].double().numpy()

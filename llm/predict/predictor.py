@@ -32,17 +32,28 @@ EXIT_BAD_INPUT = 2
 
 def build_parser() -> argparse.ArgumentParser:
     d = PredictOptions(model_name_or_path="")
-    p = argparse.ArgumentParser(description="Predict with a (fine-tuned) model: --data_file or --chat. "
-                                            "See docs/predict.md.")
+    p = argparse.ArgumentParser(
+        description="Predict with a (fine-tuned) model: --data_file or --chat. See docs/predict.md."
+    )
     p.add_argument("--model_name_or_path", required=True, help="local base model directory (the one trained on)")
-    p.add_argument("--lora_path", "--prefix_path", dest="lora_path", default=None,
-                   help="adapter directory: adapter_config.json, PaddleNLP's lora_config.json, or prefix_config.json")
+    p.add_argument(
+        "--lora_path",
+        "--prefix_path",
+        dest="lora_path",
+        default=None,
+        help="adapter directory: adapter_config.json, PaddleNLP's lora_config.json, or prefix_config.json",
+    )
     p.add_argument("--data_file", default=None, help='JSON lines {"src": ..., "tgt": [earlier answers]}')
-    p.add_argument("--output_file", default=None, help="JSON lines of predictions (default output.json); with "
-                   "--chat, the conversation's turns (a prompt file that replays it)")
+    p.add_argument(
+        "--output_file",
+        default=None,
+        help="JSON lines of predictions (default output.json); with "
+        "--chat, the conversation's turns (a prompt file that replays it)",
+    )
     p.add_argument("--batch_size", type=int, default=d.batch_size)
-    p.add_argument("--src_length", type=int, default=None,
-                   help="longest prompt in tokens (default 1024, at most max_length/2)")
+    p.add_argument(
+        "--src_length", type=int, default=None, help="longest prompt in tokens (default 1024, at most max_length/2)"
+    )
     add_generation_flags(p)  # --max_length, decoding, --dtype, --device, --chat_template (shared with server.py)
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--chat", type=str2bool, nargs="?", const=True, default=False, help="interactive session")

@@ -57,8 +57,10 @@ def main(argv=None):
     write_jsonl(args.output_file, rows)
     line = f"[reward_score] scored {summary['records']} record(s) -> {args.output_file}"
     if summary["pairs"]:
-        line += (f"; pairs {summary['pairs']}: pair accuracy {summary['pair_accuracy']:.4f}, "
-                 f"mean margin {summary['mean_margin']:.4f}")
+        line += (
+            f"; pairs {summary['pairs']}: pair accuracy {summary['pair_accuracy']:.4f}, "
+            f"mean margin {summary['mean_margin']:.4f}"
+        )
     print(line)
     return 0
 

@@ -54,13 +54,22 @@ def check_preferences(cfg, tool):
     args = build_training_args(cfg)
     tokenizer = load_tokenizer(cfg)
     o = cfg.dpo
-    examples = read_preference_files(resolve_split_files(o.train_dataset_path, "train"))[: tool.get("check_examples", 16)]
-    pairs, _ = tokenize_preference_examples(examples, tokenizer, o.max_seq_len, o.max_prompt_len,
-                                            resolve_chat_template(tokenizer, cfg.data.chat_template))
+    examples = read_preference_files(resolve_split_files(o.train_dataset_path, "train"))[
+        : tool.get("check_examples", 16)
+    ]
+    pairs, _ = tokenize_preference_examples(
+        examples, tokenizer, o.max_seq_len, o.max_prompt_len, resolve_chat_template(tokenizer, cfg.data.chat_template)
+    )
     with library_patches(cfg):
         model, _ = load_model(cfg, args)
-        result = check_pair_packing(model, pairs, o.max_seq_len, tokenizer.pad_token_id,
-                                    flash_mask=cfg.model.flash_mask, greedy=cfg.data.greedy_zero_padding)
+        result = check_pair_packing(
+            model,
+            pairs,
+            o.max_seq_len,
+            tokenizer.pad_token_id,
+            flash_mask=cfg.model.flash_mask,
+            greedy=cfg.data.greedy_zero_padding,
+        )
     tol = tool.get("tolerance", 1e-4 if str(model.config.dtype) == "float32" else 1e-2)
     result.update(flash_mask=cfg.model.flash_mask, dtype=str(model.config.dtype), tolerance=tol)
     result["ok"] = result["max_rel_diff"] <= tol
@@ -88,9 +97,14 @@ def check_sft(cfg, tool):
     features, _ = tokenize_split(cfg, tokenizer, "train", use_template)
     with library_patches(cfg):
         model, _ = load_model(cfg, args)
-        result = check_packing(model, features[: tool.get("check_examples", 16)], cfg.data.max_length,
-                               tokenizer.pad_token_id, flash_mask=cfg.model.flash_mask,
-                               greedy=cfg.data.greedy_zero_padding)
+        result = check_packing(
+            model,
+            features[: tool.get("check_examples", 16)],
+            cfg.data.max_length,
+            tokenizer.pad_token_id,
+            flash_mask=cfg.model.flash_mask,
+            greedy=cfg.data.greedy_zero_padding,
+        )
     tol = tool.get("tolerance", 1e-5 if str(model.config.dtype) == "float32" else 1e-2)
     result.update(flash_mask=cfg.model.flash_mask, dtype=str(model.config.dtype), tolerance=tol)
     result["ok"] = result["loss_abs_diff"] <= tol and result["grad_max_rel_diff"] <= tol

@@ -1,6 +1,6 @@
 """Regenerate docs/config.md from the config field specs.
 
-    python llm/tools/config_docs.py [--check]
+python llm/tools/config_docs.py [--check]
 """
 
 import os

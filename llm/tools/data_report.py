@@ -37,8 +37,13 @@ def report(cfg):
     t = cfg.training
     # A report needs every example counted, so the train set is read whole even with lazy=true.
     cfg.data.lazy = False
-    data = build_datasets(cfg, load_tokenizer(cfg), do_train=t.get("do_train", False),
-                          do_eval=t.get("do_eval", False), seed=t.get("seed", 42))
+    data = build_datasets(
+        cfg,
+        load_tokenizer(cfg),
+        do_train=t.get("do_train", False),
+        do_eval=t.get("do_eval", False),
+        seed=t.get("seed", 42),
+    )
     print(json.dumps(data.reports, indent=2))
     return 0
 

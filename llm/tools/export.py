@@ -29,19 +29,28 @@ from paddlenlp_ext.merge import EXIT_ERROR, EXIT_VERIFY_FAILED, MergeError  # no
 
 def parse_arguments(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--format", required=True, choices=["hf", "peft"],
-                   help="hf: a model in transformers layout; peft: the adapter alone in PEFT's format")
-    p.add_argument("--model_name_or_path", default=None,
-                   help="hf: the model (or, with --lora_path, the ORIGINAL base) directory; peft: recorded as "
-                   "base_model_name_or_path in adapter_config.json (optional)")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=["hf", "peft"],
+        help="hf: a model in transformers layout; peft: the adapter alone in PEFT's format",
+    )
+    p.add_argument(
+        "--model_name_or_path",
+        default=None,
+        help="hf: the model (or, with --lora_path, the ORIGINAL base) directory; peft: recorded as "
+        "base_model_name_or_path in adapter_config.json (optional)",
+    )
     p.add_argument("--lora_path", default=None, help="adapter directory saved by run_finetune.py (or PaddleNLP)")
-    p.add_argument("--output_path", required=True, help="output directory (must be empty or absent unless "
-                   "--overwrite)")
-    p.add_argument("--model_type", default=None, help="peft: the base's model_type when the adapter does not "
-                   "record it")
+    p.add_argument("--output_path", required=True, help="output directory (must be empty or absent unless --overwrite)")
+    p.add_argument("--model_type", default=None, help="peft: the base's model_type when the adapter does not record it")
     p.add_argument("--max_shard_size", default="5GB", help="hf: largest weight file (default 5GB, as transformers)")
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="hf with --lora_path: check merged vs base + adapter logits first (default on)")
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hf with --lora_path: check merged vs base + adapter logits first (default on)",
+    )
     p.add_argument("--tolerance", type=float, default=None, help="max relative logit error for --verify")
     p.add_argument("--device", default=None, choices=["cpu", "gpu"], help="device of the verification")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
@@ -54,18 +63,31 @@ def run(args) -> int:
     if args.format == "peft":
         if not args.lora_path:
             raise MergeError("--format peft exports an adapter: give --lora_path")
-        export_peft_adapter(args.lora_path, args.output_path, model_type=args.model_type, overwrite=args.overwrite,
-                            base_model_name_or_path=args.model_name_or_path)
+        export_peft_adapter(
+            args.lora_path,
+            args.output_path,
+            model_type=args.model_type,
+            overwrite=args.overwrite,
+            base_model_name_or_path=args.model_name_or_path,
+        )
         return 0
     if not args.model_name_or_path:
         raise MergeError("--format hf needs --model_name_or_path (the model, or the original base with --lora_path)")
     if args.lora_path:
-        export_merged_hf(args.model_name_or_path, args.lora_path, args.output_path,
-                         max_shard_size=args.max_shard_size, overwrite=args.overwrite, verify=args.verify,
-                         tolerance=args.tolerance, device=args.device)
+        export_merged_hf(
+            args.model_name_or_path,
+            args.lora_path,
+            args.output_path,
+            max_shard_size=args.max_shard_size,
+            overwrite=args.overwrite,
+            verify=args.verify,
+            tolerance=args.tolerance,
+            device=args.device,
+        )
     else:
-        export_hf_model(args.model_name_or_path, args.output_path, max_shard_size=args.max_shard_size,
-                        overwrite=args.overwrite)
+        export_hf_model(
+            args.model_name_or_path, args.output_path, max_shard_size=args.max_shard_size, overwrite=args.overwrite
+        )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Build the tiny demo/test model (random-init Llama + SentencePiece tokenizer trained on the bundled data).
 
-    python llm/tools/make_tiny_model.py [--output build/tiny-llama] [--data llm/data/advertise] [--force]
+python llm/tools/make_tiny_model.py [--output build/tiny-llama] [--data llm/data/advertise] [--force]
 """
 
 import argparse

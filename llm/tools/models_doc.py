@@ -17,42 +17,91 @@ from paddlenlp_ext.models.family_table import FAMILIES, feature_problem  # noqa:
 
 DOC = os.path.join(ROOT, "docs", "models.md")
 BEGIN, END = "<!-- family table: llm/tools/models_doc.py -->", "<!-- end of family table -->"
-COLUMNS = [("lora", "LoRA"), ("qlora", "QLoRA"), ("full", "full"), ("packing", "packing"), ("flash_mask", "FlashMask"),
-           ("dpo", "DPO"), ("kto", "KTO"), ("reward", "reward"), ("grpo", "GRPO"), ("tp", "TP"), ("pp", "PP"), ("merge", "merge"), ("predict", "predict"),
-           ("hf_checkpoint", "HF checkpoint")]
+COLUMNS = [
+    ("lora", "LoRA"),
+    ("qlora", "QLoRA"),
+    ("full", "full"),
+    ("packing", "packing"),
+    ("flash_mask", "FlashMask"),
+    ("dpo", "DPO"),
+    ("kto", "KTO"),
+    ("reward", "reward"),
+    ("grpo", "GRPO"),
+    ("tp", "TP"),
+    ("pp", "PP"),
+    ("merge", "merge"),
+    ("predict", "predict"),
+    ("hf_checkpoint", "HF checkpoint"),
+]
 
 _E2E = "test_families_e2e.py::"
 #: the tests behind each "yes" (tests/...); llama and qwen2 by the suites that have long run them
 EVIDENCE = {
-    "llama": {"lora": "test_methods_e2e.py", "qlora": "test_qlora_e2e.py", "full": "test_e2e.py",
-              "packing": "test_packing_e2e.py", "flash_mask": "test_packing_e2e.py, test_flashmask_patch.py",
-              "dpo": "test_dpo_e2e.py", "tp": "test_tp_sim.py, test_parallel_e2e.py", "pp": "test_pipeline_sim.py",
-              "merge": "test_merge.py", "predict": "test_predict.py", "hf_checkpoint": "test_hf_checkpoint.py"},
-    "qwen2": {"lora": "test_compat_e2e.py", "qlora": "test_compat_e2e.py", "full": "test_compat_e2e.py",
-              "packing": "test_dpo_packing.py, test_pipeline_sim.py", "flash_mask": "test_flashmask_patch.py",
-              "dpo": "test_dpo_packing.py", "tp": "test_parallel_e2e.py", "pp": "test_pipeline_sim.py",
-              "merge": "test_merge.py", "predict": "test_predict.py", "hf_checkpoint": "test_hf_checkpoint.py"},
-    "qwen3": {"lora": "test_qwen3_e2e.py", "qlora": "test_qwen3_e2e.py", "full": "test_qwen3_e2e.py",
-              "packing": "test_qwen3_e2e.py (check_packing)", "flash_mask": "test_qwen3.py, test_qwen3_e2e.py",
-              "dpo": "test_qwen3_e2e.py", "tp": "test_qwen3_tp.py", "merge": "test_qwen3_e2e.py",
-              "predict": "test_qwen3_e2e.py", "hf_checkpoint": "test_hf_checkpoint.py, test_hf_e2e.py"},
-    "qwen3_moe": {"lora": "test_qwen3_moe.py (CLI)", "qlora": "test_qwen3_moe.py (nf4 streaming load)",
-                  "full": "test_qwen3_moe.py (gradients vs transformers)", "packing": "test_qwen3_moe.py",
-                  "flash_mask": "test_qwen3_moe.py", "merge": "test_qwen3_moe.py (CLI)",
-                  "hf_checkpoint": "on our decoder: the transformers-layout row below"},
+    "llama": {
+        "lora": "test_methods_e2e.py",
+        "qlora": "test_qlora_e2e.py",
+        "full": "test_e2e.py",
+        "packing": "test_packing_e2e.py",
+        "flash_mask": "test_packing_e2e.py, test_flashmask_patch.py",
+        "dpo": "test_dpo_e2e.py",
+        "tp": "test_tp_sim.py, test_parallel_e2e.py",
+        "pp": "test_pipeline_sim.py",
+        "merge": "test_merge.py",
+        "predict": "test_predict.py",
+        "hf_checkpoint": "test_hf_checkpoint.py",
+    },
+    "qwen2": {
+        "lora": "test_compat_e2e.py",
+        "qlora": "test_compat_e2e.py",
+        "full": "test_compat_e2e.py",
+        "packing": "test_dpo_packing.py, test_pipeline_sim.py",
+        "flash_mask": "test_flashmask_patch.py",
+        "dpo": "test_dpo_packing.py",
+        "tp": "test_parallel_e2e.py",
+        "pp": "test_pipeline_sim.py",
+        "merge": "test_merge.py",
+        "predict": "test_predict.py",
+        "hf_checkpoint": "test_hf_checkpoint.py",
+    },
+    "qwen3": {
+        "lora": "test_qwen3_e2e.py",
+        "qlora": "test_qwen3_e2e.py",
+        "full": "test_qwen3_e2e.py",
+        "packing": "test_qwen3_e2e.py (check_packing)",
+        "flash_mask": "test_qwen3.py, test_qwen3_e2e.py",
+        "dpo": "test_qwen3_e2e.py",
+        "tp": "test_qwen3_tp.py",
+        "merge": "test_qwen3_e2e.py",
+        "predict": "test_qwen3_e2e.py",
+        "hf_checkpoint": "test_hf_checkpoint.py, test_hf_e2e.py",
+    },
+    "qwen3_moe": {
+        "lora": "test_qwen3_moe.py (CLI)",
+        "qlora": "test_qwen3_moe.py (nf4 streaming load)",
+        "full": "test_qwen3_moe.py (gradients vs transformers)",
+        "packing": "test_qwen3_moe.py",
+        "flash_mask": "test_qwen3_moe.py",
+        "merge": "test_qwen3_moe.py (CLI)",
+        "hf_checkpoint": "on our decoder: the transformers-layout row below",
+    },
 }
 #: the rows built with our decoder (models/decoder; Family.decoder): the parity suite and the CLI suite
 _DEC = "test_decoder_cli.py::test_lora_packing_qlora_and_full_train_a_transformers_checkpoint"
-DECODER = {"lora": _DEC, "qlora": _DEC + " (nf4)", "full": _DEC, "packing": _DEC + ", test_decoder_parity.py (packed)",
-           "flash_mask": _DEC + ", test_decoder_parity.py (packed)",
-           "hf_checkpoint": "test_decoder_parity.py (every row vs transformers 4.55)",
-           "predict": "test_decoder_cli.py::test_predictor_greedy_text_equals_transformers_generate",
-           "merge": "test_decoder_export.py (merge + transformers/PEFT export vs transformers 4.55 and peft)",
-           "dpo": "test_decoder_dpo.py (packed pairs == each answer alone, every row; CLI on gemma2, phi3)",
-           "tp": "test_decoder_tp.py (TP=2 and sequence parallel == one process: loss and every gradient, every "
-                 "dense row; LoRA, QLoRA)",
-           "pp": "test_decoder_pp.py (PP=2, 4 stages, virtual chunks == one process: loss and every gradient, "
-                 "every dense row; LoRA; tied embeddings; stage checkpoints)"}
+DECODER = {
+    "lora": _DEC,
+    "qlora": _DEC + " (nf4)",
+    "full": _DEC,
+    "packing": _DEC + ", test_decoder_parity.py (packed)",
+    "flash_mask": _DEC + ", test_decoder_parity.py (packed)",
+    "hf_checkpoint": "test_decoder_parity.py (every row vs transformers 4.55)",
+    "predict": "test_decoder_cli.py::test_predictor_greedy_text_equals_transformers_generate",
+    "merge": "test_decoder_export.py (merge + transformers/PEFT export vs transformers 4.55 and peft)",
+    "dpo": "test_decoder_dpo.py (packed pairs == each answer alone, every row; CLI on gemma2, phi3)",
+    "tp": "test_decoder_tp.py (TP=2 and sequence parallel == one process: loss and every gradient, every "
+    "dense row; LoRA, QLoRA)",
+    "pp": "test_decoder_pp.py (PP=2, 4 stages, virtual chunks == one process: loss and every gradient, "
+    "every dense row; LoRA; tied embeddings; stage checkpoints)",
+}
 #: KTO and GRPO score packed rows with DPO's log-prob path (dpo/logps.py): on a family without its own KTO/GRPO run
 #: the evidence is that path's test there plus the CLI run on llama
 _KTO, _GRPO = "KTO itself: test_kto_e2e.py on llama", "GRPO itself: test_grpo_e2e.py on llama"
@@ -63,8 +112,10 @@ for _name, _ev in EVIDENCE.items():
 EVIDENCE["llama"].update(kto="test_kto_e2e.py", reward="test_reward_e2e.py", grpo="test_grpo_e2e.py")
 EVIDENCE["qwen2"]["grpo"] = "test_grpo_trl.py (vs TRL's GRPOTrainer)"
 for _name in ("qwen2", "qwen3"):
-    EVIDENCE[_name]["reward"] = (f"{EVIDENCE[_name]['dpo']} (the body + lm_head split the score head reads; "
-                                 "reward itself: test_reward_e2e.py on llama)")
+    EVIDENCE[_name]["reward"] = (
+        f"{EVIDENCE[_name]['dpo']} (the body + lm_head split the score head reads; "
+        "reward itself: test_reward_e2e.py on llama)"
+    )
 _ALIGN = "test_decoder_align.py::test_kto_reward_and_grpo_train_every_dense_decoder_row"
 DECODER.update(kto=_ALIGN, reward=_ALIGN, grpo=_ALIGN)
 #: the MoE rows' alignment cells: the loss = the mode's loss + router_aux_loss_coef x the policy forward's aux loss
@@ -75,25 +126,34 @@ _MOE_KR = f"{_MOE_T}kto_and_reward_losses_add_coef_times_the_policy_aux"
 MOE_DECODER = dict(
     DECODER,
     dpo=f"{_MOE_T}dpo_loss_is_the_preference_loss_plus_coef_times_the_policy_aux, test_decoder_dpo.py (packed pairs "
-        f"== each answer alone), {_MOE_CLI}",
+    f"== each answer alone), {_MOE_CLI}",
     kto=f"{_MOE_KR}, {_MOE_CLI}",
     reward=f"{_MOE_KR} (the score head on the MoE body keeps its aux loss), {_MOE_CLI}",
     grpo=f"{_MOE_T}grpo_and_ppo_losses_add_coef_times_the_policy_aux, {_MOE_CLI}",
     tp="test_moe_parallel.py::test_moe_two_ranks_equal_one_process_loss_aux_and_every_gradient (TP=2 and sequence "
-       "parallel == one process with the aux loss on: loss and every gradient; "
-       "deepseek's latent attention split by heads; test_moe_lora_on_split_experts_equals_one_process; nf4 experts: "
-       "test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint)",
+    "parallel == one process with the aux loss on: loss and every gradient; "
+    "deepseek's latent attention split by heads; test_moe_lora_on_split_experts_equals_one_process; nf4 experts: "
+    "test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint)",
     pp="test_moe_parallel.py::test_moe_two_stages_equal_one_process (PP=2 == one process: loss and every gradient, "
-       "full and LoRA; with the aux loss off: with router_aux_loss_coef > 0 refused)")
+    "full and LoRA; with the aux loss off: with router_aux_loss_coef > 0 refused)",
+)
 #: the dense decoder rows also run the other adapter methods (the MoE rows: LoRA, QLoRA and full only)
-DENSE_DECODER = dict(DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, "
-                                          "NEFTune)")
-NEW_FAMILY = {"lora": _E2E + "test_lora_trains", "qlora": _E2E + "test_qlora_nf4_trains",
-              "full": _E2E + "test_full_finetune_trains", "packing": _E2E + "test_check_packing_exact_or_refused",
-              "merge": _E2E + "test_merge_then_predict", "predict": _E2E + "test_merge_then_predict",
-              "dpo": _E2E + "test_lora_dpo_trains_and_packs_exactly", "hf_checkpoint": "test_hf_checkpoint.py"}
-NEW_FAMILY.update(kto=f"{NEW_FAMILY['dpo']} (DPO's log-prob path; {_KTO})",
-                  grpo=f"{NEW_FAMILY['dpo']} (DPO's log-prob path; {_GRPO})")
+DENSE_DECODER = dict(
+    DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, NEFTune)"
+)
+NEW_FAMILY = {
+    "lora": _E2E + "test_lora_trains",
+    "qlora": _E2E + "test_qlora_nf4_trains",
+    "full": _E2E + "test_full_finetune_trains",
+    "packing": _E2E + "test_check_packing_exact_or_refused",
+    "merge": _E2E + "test_merge_then_predict",
+    "predict": _E2E + "test_merge_then_predict",
+    "dpo": _E2E + "test_lora_dpo_trains_and_packs_exactly",
+    "hf_checkpoint": "test_hf_checkpoint.py",
+}
+NEW_FAMILY.update(
+    kto=f"{NEW_FAMILY['dpo']} (DPO's log-prob path; {_KTO})", grpo=f"{NEW_FAMILY['dpo']} (DPO's log-prob path; {_GRPO})"
+)
 
 
 def table() -> str:
@@ -115,11 +175,21 @@ def table() -> str:
         # a family whose transformers-layout checkpoints train on another row (qwen3_moe: the decoder's MoE row)
         rows.append(f"| {name} (PaddleNLP layout) | " + " | ".join(cells) + " |")
         hf_evidence = dict(DECODER, tp=MOE_DECODER["tp"], pp=MOE_DECODER["pp"])
-        cells = [f"yes ({hf_evidence[f]})" if feature_problem(name, f, hf_layout=True) is None else
-                 f"refused: {feature_problem(name, f, hf_layout=True)}" for f, _ in COLUMNS]
+        cells = [
+            f"yes ({hf_evidence[f]})"
+            if feature_problem(name, f, hf_layout=True) is None
+            else f"refused: {feature_problem(name, f, hf_layout=True)}"
+            for f, _ in COLUMNS
+        ]
         rows.append(f"| {name} (transformers layout) | " + " | ".join(cells) + " |")
-    rows += ["", "Families refused as a whole (every column; exit 2 before loading):", "",
-             "| family | refused |", "|---|---|", *whole]
+    rows += [
+        "",
+        "Families refused as a whole (every column; exit 2 before loading):",
+        "",
+        "| family | refused |",
+        "|---|---|",
+        *whole,
+    ]
     return "\n".join(rows)
 
 

@@ -33,8 +33,16 @@ def row(run_dir: str, s: dict) -> tuple:
     accuracy = s.get("eval_accuracy", dpo_eval.get("eval_rewards/accuracies"))
     tokens, seconds = s.get("tokens_trained"), s.get("train_time_s")
     rate = tokens / seconds if tokens and seconds else None
-    return (run_dir, s.get("method", "?"), format_count(s.get("trainable_params")), format_float(s.get("train_loss")),
-            loss, format_float(accuracy), format_count(rate), format_duration(seconds) if seconds else "-")
+    return (
+        run_dir,
+        s.get("method", "?"),
+        format_count(s.get("trainable_params")),
+        format_float(s.get("train_loss")),
+        loss,
+        format_float(accuracy),
+        format_count(rate),
+        format_duration(seconds) if seconds else "-",
+    )
 
 
 def main(dirs):

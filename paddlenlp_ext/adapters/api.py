@@ -111,8 +111,10 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     if iter_adapter_layers(model):
         raise AdapterError("model already has adapter layers; apply_adapters() must be called on a plain base model")
     if layer_names is not None and config.method == "vera":
-        raise NotImplementedError("VeRA on a pipeline stage: its shared projections are sized over every adapted "
-                                  "layer of the whole model, which one stage does not see")
+        raise NotImplementedError(
+            "VeRA on a pipeline stage: its shared projections are sized over every adapted "
+            "layer of the whole model, which one stage does not see"
+        )
     plain = dict(layer_names or {})
     patterns = [re.compile(p) for p in config.resolved_target_modules]
     matched: List[Tuple[str, nn.Layer]] = []
@@ -277,8 +279,18 @@ def load_adapter_state_dict(model: nn.Layer, state: Mapping[str, Any]) -> None:
         layer.load_adapter_state_dict(per_layer[n])
 
 
-_COMPAT_KEYS = ("method", "r", "alpha", "rslora", "pissa", "vera_seed", "vera_max_in", "vera_max_out",
-                "lokr_factor", "lokr_decompose_both")
+_COMPAT_KEYS = (
+    "method",
+    "r",
+    "alpha",
+    "rslora",
+    "pissa",
+    "vera_seed",
+    "vera_max_in",
+    "vera_max_out",
+    "lokr_factor",
+    "lokr_decompose_both",
+)
 
 
 def load_adapter_weights(model: nn.Layer, adapter_dir: str) -> AdapterConfig:
@@ -360,8 +372,9 @@ def adapters_disabled(model: nn.Layer):
         if layer.merged:
             raise AdapterError("adapters_disabled() on merged adapters: the base weight includes them; unmerge first")
         if isinstance(layer, PiSSALinear):
-            raise AdapterError("adapters_disabled() with PiSSA: the base weight is the residual W - A0 B0, "
-                               "not the original model")
+            raise AdapterError(
+                "adapters_disabled() with PiSSA: the base weight is the residual W - A0 B0, not the original model"
+            )
     before = [layer.disabled for layer in layers]
     try:
         for layer in layers:
@@ -401,11 +414,10 @@ def compute_delta(
     expected = set(cls.expected_suffixes(config, int(in_features), int(out_features)))
     got = set(tensors_for_one_module)
     if got != expected:
-        raise ValueError(
-            f"compute_delta({config.layer_type}): expected tensors {sorted(expected)}, got {sorted(got)}"
-        )
-    return np.asarray(cls.numpy_delta(config, tensors_for_one_module, int(in_features), int(out_features)),
-                      dtype=np.float32)
+        raise ValueError(f"compute_delta({config.layer_type}): expected tensors {sorted(expected)}, got {sorted(got)}")
+    return np.asarray(
+        cls.numpy_delta(config, tensors_for_one_module, int(in_features), int(out_features)), dtype=np.float32
+    )
 
 
 def group_adapter_tensors(tensors: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:

@@ -70,9 +70,7 @@ def base_in_out(layer: nn.Layer) -> Tuple[int, int]:
     w = getattr(layer, "weight", None)
     if w is not None and len(w.shape) == 2:
         return int(w.shape[0]), int(w.shape[1])
-    raise TypeError(
-        f"{type(layer).__name__} does not expose in_features/out_features nor a 2-D weight; cannot wrap it"
-    )
+    raise TypeError(f"{type(layer).__name__} does not expose in_features/out_features nor a 2-D weight; cannot wrap it")
 
 
 def _is_float_dtype(dtype) -> bool:

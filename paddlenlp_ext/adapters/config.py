@@ -275,18 +275,35 @@ def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]
         quantization=a.get("quantization"),
     )
     if lora:
-        kw.update(method="lora", r=a.get("lora_rank", 8), alpha=a.get("lora_alpha"),
-                  dropout=a.get("lora_dropout", 0.0), rslora=bool(a.get("rslora", False)),
-                  lora_plus_scale=a.get("lora_plus_scale", 1.0), pissa=bool(a.get("pissa", False)),
-                  pissa_niter=a.get("pissa_niter", 0))
+        kw.update(
+            method="lora",
+            r=a.get("lora_rank", 8),
+            alpha=a.get("lora_alpha"),
+            dropout=a.get("lora_dropout", 0.0),
+            rslora=bool(a.get("rslora", False)),
+            lora_plus_scale=a.get("lora_plus_scale", 1.0),
+            pissa=bool(a.get("pissa", False)),
+            pissa_niter=a.get("pissa_niter", 0),
+        )
     elif on[0] == "lokr":
         # rslora / pissa / lora_plus_scale are passed on so that combining them with LoKr is an error, not ignored
-        kw.update(method="lokr", r=a.get("lokr_dim", 8), alpha=a.get("lokr_alpha", 0.0),
-                  dropout=a.get("lora_dropout", 0.0), lokr_factor=a.get("lokr_factor", -1),
-                  lokr_decompose_both=bool(a.get("lokr_decompose_both", False)),
-                  rslora=bool(a.get("rslora", False)), pissa=bool(a.get("pissa", False)),
-                  lora_plus_scale=a.get("lora_plus_scale", 1.0))
+        kw.update(
+            method="lokr",
+            r=a.get("lokr_dim", 8),
+            alpha=a.get("lokr_alpha", 0.0),
+            dropout=a.get("lora_dropout", 0.0),
+            lokr_factor=a.get("lokr_factor", -1),
+            lokr_decompose_both=bool(a.get("lokr_decompose_both", False)),
+            rslora=bool(a.get("rslora", False)),
+            pissa=bool(a.get("pissa", False)),
+            lora_plus_scale=a.get("lora_plus_scale", 1.0),
+        )
     else:
-        kw.update(method="vera", r=a.get("vera_rank", 8), dropout=a.get("lora_dropout", 0.0),
-                  vera_seed=a.get("vera_seed", 0), vera_d_init=a.get("vera_d_init", 0.1))
+        kw.update(
+            method="vera",
+            r=a.get("vera_rank", 8),
+            dropout=a.get("lora_dropout", 0.0),
+            vera_seed=a.get("vera_seed", 0),
+            vera_d_init=a.get("vera_d_init", 0.1),
+        )
     return AdapterConfig(**kw)

@@ -139,8 +139,13 @@ class LoKrLinear(AdapterLayer):
             else:  # kaiming-uniform, a = sqrt(5), fan_in = shape[0] (Paddle's convention for 2-D)
                 bound = 1.0 / math.sqrt(shape[0])
                 init = nn.initializer.Uniform(-bound, bound)
-            setattr(self, suffix, self.create_parameter(
-                shape=list(shape), dtype=self._param_dtype, attr=paddle.ParamAttr(initializer=init), is_bias=False))
+            setattr(
+                self,
+                suffix,
+                self.create_parameter(
+                    shape=list(shape), dtype=self._param_dtype, attr=paddle.ParamAttr(initializer=init), is_bias=False
+                ),
+            )
 
     @classmethod
     def expected_suffixes(cls, config: AdapterConfig, in_features: int, out_features: int) -> Tuple[str, ...]:
@@ -188,8 +193,10 @@ class LoKrLinear(AdapterLayer):
         t: Dict[str, np.ndarray] = {}
         for suffix, shape in shapes.items():
             if suffix not in tensors:
-                raise ValueError(f"LoKr tensors for a [{in_features}, {out_features}] module need {list(shapes)}, "
-                                 f"got {sorted(tensors)}")
+                raise ValueError(
+                    f"LoKr tensors for a [{in_features}, {out_features}] module need {list(shapes)}, "
+                    f"got {sorted(tensors)}"
+                )
             t[suffix] = to_numpy_f32(tensors[suffix])
             _check_shape(suffix, t[suffix], shape)
         w1 = t["lokr_w1"] if "lokr_w1" in t else t["lokr_w1_a"] @ t["lokr_w1_b"]  # [out_m, in_m]
@@ -197,5 +204,7 @@ class LoKrLinear(AdapterLayer):
         return np.kron(w1, w2).T * np.float32(lokr_scaling(config))  # [in, out]
 
     def extra_repr(self) -> str:
-        return (super().extra_repr() + f", scaling={self.scaling:g}, in=({self.in_m}x{self.in_n}), "
-                f"out=({self.out_m}x{self.out_n}), tensors={list(self.state_suffixes)}")
+        return (
+            super().extra_repr() + f", scaling={self.scaling:g}, in=({self.in_m}x{self.in_n}), "
+            f"out=({self.out_m}x{self.out_n}), tensors={list(self.state_suffixes)}"
+        )

@@ -135,7 +135,9 @@ def token_lengths_from_batch(
         if a.shape[0] == 1 and bsz > 1:
             a = np.broadcast_to(a, (bsz,) + a.shape[1:])
         if tuple(a.shape[:2]) != (bsz, seq):
-            raise ValueError(f"token_lengths_from_batch: {name} has shape {list(a.shape)}, expected [{bsz}, {seq}, ...]")
+            raise ValueError(
+                f"token_lengths_from_batch: {name} has shape {list(a.shape)}, expected [{bsz}, {seq}, ...]"
+            )
         return a
 
     # ---- which positions are real tokens

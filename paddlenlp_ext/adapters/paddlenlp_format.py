@@ -85,24 +85,33 @@ class PaddleNLPAdapterError(AdapterConfigError):
 #: lora_config.json key -> why a non-default value is refused.
 REFUSED_LORA_KEYS: Dict[str, str] = {
     "pissa": "PaddleNLP's PiSSA replaced every target weight by the residual W - A0@B0 of an SVD taken at the first "
-             "forward pass and saved only the trained A and B: neither A0/B0 nor the residual is in the directory, so "
-             "the model it trained cannot be rebuilt from it (paddlenlp_ext's PiSSA saves pissa_A0/pissa_B0 for this)",
+    "forward pass and saved only the trained A and B: neither A0/B0 nor the residual is in the directory, so "
+    "the model it trained cannot be rebuilt from it (paddlenlp_ext's PiSSA saves pissa_A0/pissa_B0 for this)",
     "loraga": "LoRA-GA saves [A | A0] and [B ; -B0] concatenations and re-initialises the base weight as W - s*A0@B0 "
-              "when loading; there is no LoRA-GA adapter type here",
+    "when loading; there is no LoRA-GA adapter type here",
     "use_mora": "MoRA's square high-rank matrix with its rotary compression has no equivalent here",
     "lora_use_mixer": "MoSLoRA's extra [r, r] mixer (lora_AB) between A and B has no equivalent here",
     "trainable_bias": "PaddleNLP also trained bias vectors and saved them with the adapter; paddlenlp_ext adapters "
-                      "carry no biases, so the trained model cannot be reproduced",
+    "carry no biases, so the trained model cannot be reproduced",
     "trainable_modules": "PaddleNLP also trained these whole modules and saved their weights with the adapter; "
-                         "paddlenlp_ext adapters carry only adapter tensors",
+    "paddlenlp_ext adapters carry only adapter tensors",
     "enable_lora_list": "per-part LoRA on fused projections (MergedLoRALinear) has no equivalent here",
     "do_qat": "quantization-aware-training scales (weight_quanter / activation_quanter) are saved with the adapter "
-              "and change the forward; not supported",
+    "and change the forward; not supported",
 }
 
 #: keys read (mapped or checked) or ignored because they do not change the saved adapter's math
-_MAPPED_LORA_KEYS = ("r", "lora_alpha", "rslora", "lora_dropout", "lora_plus_scale", "target_modules",
-                     "base_model_name_or_path", "scaling", "tensor_parallel_degree")
+_MAPPED_LORA_KEYS = (
+    "r",
+    "lora_alpha",
+    "rslora",
+    "lora_dropout",
+    "lora_plus_scale",
+    "target_modules",
+    "base_model_name_or_path",
+    "scaling",
+    "tensor_parallel_degree",
+)
 _IGNORED_LORA_KEYS = ("merge_weights", "dtype", "head_dim", "use_quick_lora", "lorapro", "mixer_num")
 
 VERA_REFUSAL = (
@@ -212,11 +221,19 @@ def load_paddlenlp_config(directory: str) -> AdapterConfig:
     for key, why in REFUSED_LORA_KEYS.items():
         if key in d and not _is_empty(d[key]):
             refuse(key, why)
-    unknown = sorted(k for k in d if k not in REFUSED_LORA_KEYS and k not in _MAPPED_LORA_KEYS
-                     and k not in _IGNORED_LORA_KEYS and not _is_empty(d[k]))
+    unknown = sorted(
+        k
+        for k in d
+        if k not in REFUSED_LORA_KEYS
+        and k not in _MAPPED_LORA_KEYS
+        and k not in _IGNORED_LORA_KEYS
+        and not _is_empty(d[k])
+    )
     if unknown:
-        refuse(unknown[0], "paddlenlp_ext does not know this key (a newer PaddleNLP feature?) and will not guess "
-                           "what it changes")
+        refuse(
+            unknown[0],
+            "paddlenlp_ext does not know this key (a newer PaddleNLP feature?) and will not guess what it changes",
+        )
     tp = d.get("tensor_parallel_degree", -1)
     if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int)):
         refuse("tensor_parallel_degree", "it must be an integer")
@@ -227,17 +244,25 @@ def load_paddlenlp_config(directory: str) -> AdapterConfig:
     targets = d.get("target_modules")
     if _is_empty(targets):
         raise PaddleNLPAdapterError(f"{path}: target_modules is {targets!r}: PaddleNLP applied LoRA to no module")
-    kw = dict(method="lora", r=d.get("r", 8), alpha=float(alpha), dropout=d.get("lora_dropout", 0.0),
-              rslora=bool(d.get("rslora", False)), lora_plus_scale=d.get("lora_plus_scale", 1.0),
-              target_modules=targets, base_model_name_or_path=d.get("base_model_name_or_path"))
+    kw = dict(
+        method="lora",
+        r=d.get("r", 8),
+        alpha=float(alpha),
+        dropout=d.get("lora_dropout", 0.0),
+        rslora=bool(d.get("rslora", False)),
+        lora_plus_scale=d.get("lora_plus_scale", 1.0),
+        target_modules=targets,
+        base_model_name_or_path=d.get("base_model_name_or_path"),
+    )
     kw.update(_model_config_fields(directory))
     try:
         config = AdapterConfig(**kw)
     except AdapterConfigError as e:
         raise PaddleNLPAdapterError(f"{path}: {e}") from None
     saved = d.get("scaling")
-    if saved is not None and not (isinstance(saved, (int, float)) and math.isclose(saved, config.scaling,
-                                                                                  rel_tol=1e-6)):
+    if saved is not None and not (
+        isinstance(saved, (int, float)) and math.isclose(saved, config.scaling, rel_tol=1e-6)
+    ):
         raise PaddleNLPAdapterError(
             f"{path}: scaling={saved!r} does not match lora_alpha={alpha!r}, r={config.r}, rslora={config.rslora} "
             f"(which give {config.scaling:g}); the file was edited or written by an unknown PaddleNLP version"
@@ -262,7 +287,7 @@ def _read_safetensors(path: str) -> Dict[str, np.ndarray]:
         raise PaddleNLPAdapterError(f"{path}: not a safetensors file")
     (n,) = struct.unpack("<Q", raw[:8])
     try:
-        header = json.loads(raw[8:8 + n].decode("utf-8"))
+        header = json.loads(raw[8 : 8 + n].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PaddleNLPAdapterError(f"{path}: corrupt safetensors header: {e}") from None
     out = {}
@@ -274,8 +299,9 @@ def _read_safetensors(path: str) -> Dict[str, np.ndarray]:
             raise PaddleNLPAdapterError(f"{path}: tensor {key!r} has dtype {tag}, not a float adapter tensor")
         if 8 + n + e > len(raw):
             raise PaddleNLPAdapterError(f"{path}: tensor {key!r} lies outside the file (truncated?)")
-        arr = np.frombuffer(raw, dtype=_ST_DTYPES[tag], count=(e - b) // np.dtype(_ST_DTYPES[tag]).itemsize,
-                            offset=8 + n + b).reshape(meta["shape"])
+        arr = np.frombuffer(
+            raw, dtype=_ST_DTYPES[tag], count=(e - b) // np.dtype(_ST_DTYPES[tag]).itemsize, offset=8 + n + b
+        ).reshape(meta["shape"])
         out[key] = _bf16_bits_to_f32(arr) if _ST_DTYPES[tag] is np.uint16 else np.array(arr, dtype=np.float32)
     return out
 
@@ -365,8 +391,10 @@ def read_paddlenlp_tensors(directory: str, config: Optional[AdapterConfig] = Non
     if len(groups) > 1:
         degree = _read_json(os.path.join(directory, LORA_CONFIG_NAME)).get("tensor_parallel_degree", -1) or -1
         if len(groups) != max(int(degree), 1):
-            raise PaddleNLPAdapterError(f"{directory}: {len(groups)} tensor-parallel rank files but "
-                                        f"{LORA_CONFIG_NAME} says tensor_parallel_degree={degree}")
+            raise PaddleNLPAdapterError(
+                f"{directory}: {len(groups)} tensor-parallel rank files but "
+                f"{LORA_CONFIG_NAME} says tensor_parallel_degree={degree}"
+            )
     tensors = join_tp_shards(rank_states, directory) if len(groups) > 1 else rank_states[0]
     if not tensors:
         raise PaddleNLPAdapterError(f"the PaddleNLP LoRA weights in {directory} hold no tensors")

@@ -55,8 +55,10 @@ def tp_shard_files(directory: str) -> Dict[int, List[str]]:
         if m:
             out.setdefault(int(m.group(1)), []).append(os.path.join(directory, name))
     if out and sorted(out) != list(range(len(out))):
-        raise TensorParallelShardError(f"{directory}: tensor-parallel ranks {sorted(out)} are not 0..{len(out) - 1}: "
-                                       "a rank's lora_model_state.tpXX file is missing")
+        raise TensorParallelShardError(
+            f"{directory}: tensor-parallel ranks {sorted(out)} are not 0..{len(out) - 1}: "
+            "a rank's lora_model_state.tpXX file is missing"
+        )
     return out
 
 
@@ -74,14 +76,16 @@ def split_axis(key: str) -> Optional[int]:
         raise TensorParallelShardError(
             f"{key}: a fused projection ({leaf}) saved per tensor-parallel rank: each rank's shard interleaves its "
             "own parts of the fused outputs, so joined shards are not the single-device layout; save it with "
-            "PaddleNLP's LoRAModel.save_pretrained(dir, merge_tensor_parallel=True)")
+            "PaddleNLP's LoRAModel.save_pretrained(dir, merge_tensor_parallel=True)"
+        )
     if leaf in COLUMN_TARGETS:
         return 1 if suffix == "lora_B" else None
     if leaf in ROW_TARGETS:
         return 0 if suffix == "lora_A" else None
     raise TensorParallelShardError(
         f"{key}: paddlenlp_ext does not know how PaddleNLP splits {leaf!r} under tensor parallelism (known: column "
-        f"{', '.join(COLUMN_TARGETS)}; row {', '.join(ROW_TARGETS)}); save it with merge_tensor_parallel=True")
+        f"{', '.join(COLUMN_TARGETS)}; row {', '.join(ROW_TARGETS)}); save it with merge_tensor_parallel=True"
+    )
 
 
 def join_tp_shards(rank_states: List[Mapping[str, np.ndarray]], where: str) -> Dict[str, np.ndarray]:
@@ -89,8 +93,9 @@ def join_tp_shards(rank_states: List[Mapping[str, np.ndarray]], where: str) -> D
     keys = set(rank_states[0])
     for r, state in enumerate(rank_states[1:], start=1):
         if set(state) != keys:
-            raise TensorParallelShardError(f"{where}: rank {r} holds other tensors than rank 0: "
-                                           f"{sorted(set(state) ^ keys)[:5]}")
+            raise TensorParallelShardError(
+                f"{where}: rank {r} holds other tensors than rank 0: {sorted(set(state) ^ keys)[:5]}"
+            )
     out: Dict[str, np.ndarray] = {}
     for key in sorted(keys):
         parts = [np.asarray(state[key]) for state in rank_states]
@@ -98,8 +103,10 @@ def join_tp_shards(rank_states: List[Mapping[str, np.ndarray]], where: str) -> D
         if axis is None:
             for r, p in enumerate(parts[1:], start=1):
                 if p.shape != parts[0].shape or not np.array_equal(p, parts[0]):
-                    raise TensorParallelShardError(f"{where}: {key} should be the same on every tensor-parallel "
-                                                   f"rank but differs between rank 0 and rank {r}")
+                    raise TensorParallelShardError(
+                        f"{where}: {key} should be the same on every tensor-parallel "
+                        f"rank but differs between rank 0 and rank {r}"
+                    )
             out[key] = parts[0]
         else:
             out[key] = np.concatenate(parts, axis=axis)

@@ -93,8 +93,12 @@ class PiSSALinear(LoRALinear):
                 f"{min(self.in_features, self.out_features)} of this layer"
             )
         # Frozen reference factors; the base weight always holds W_orig - s*A0@B0.
-        self.register_buffer("pissa_A0", paddle.zeros([self.in_features, r], dtype=self._param_dtype), persistable=False)
-        self.register_buffer("pissa_B0", paddle.zeros([r, self.out_features], dtype=self._param_dtype), persistable=False)
+        self.register_buffer(
+            "pissa_A0", paddle.zeros([self.in_features, r], dtype=self._param_dtype), persistable=False
+        )
+        self.register_buffer(
+            "pissa_B0", paddle.zeros([r, self.out_features], dtype=self._param_dtype), persistable=False
+        )
         if init_weights:
             self.pissa_init()
 

@@ -87,9 +87,9 @@ class VeRAShared:
             at = self.A[:, :in_features].T  # [in, r]
             bt = self.B[:out_features, :].T  # [r, out]
             if in_rows is not None:
-                at = at[in_rows[0]:in_rows[1]]  # [in / N, r]
+                at = at[in_rows[0] : in_rows[1]]  # [in / N, r]
             if out_cols is not None:
-                bt = bt[:, out_cols[0]:out_cols[1]]  # [r, out / N]
+                bt = bt[:, out_cols[0] : out_cols[1]]  # [r, out / N]
             at, bt = at.astype(dtype), bt.astype(dtype)
             at.stop_gradient = True
             bt.stop_gradient = True

@@ -39,8 +39,13 @@ CODE_PATH_VARS = ("MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS")
 MKL_AVX2_PATH = "5"
 #: the MKL library of Paddle's CPU wheels (MKL-ML, whose last release, 2019.0.5, honours the variable)
 MKLML_LIBRARY = "libmklml_intel.so"
-SHORT_VENDOR = {"AuthenticAMD": "AMD", "HygonGenuine": "Hygon", "CentaurHauls": "Centaur",
-                "Shanghai": "Zhaoxin", "GenuineIntel": "Intel"}
+SHORT_VENDOR = {
+    "AuthenticAMD": "AMD",
+    "HygonGenuine": "Hygon",
+    "CentaurHauls": "Centaur",
+    "Shanghai": "Zhaoxin",
+    "GenuineIntel": "Intel",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +73,13 @@ class CpuDecision:
     text: str = ""
 
     def as_dict(self) -> dict:
-        return {"enabled": self.enabled, "threads": self.threads, "set": dict(self.set_env),
-                "user": dict(self.user_env), "text": self.text}
+        return {
+            "enabled": self.enabled,
+            "threads": self.threads,
+            "set": dict(self.set_env),
+            "user": dict(self.user_env),
+            "text": self.text,
+        }
 
 
 # -- reading the machine (pure parsers first) -----------------------------------------------
@@ -153,6 +163,7 @@ def local_ranks(env) -> int:
 
     ``{"PADDLE_LOCAL_SIZE": "2"}`` -> 2; ``{"PADDLE_TRAINERS_NUM": "8", "PADDLE_NNODES": "2"}`` -> 4; ``{}`` -> 1.
     """
+
     def number(name):
         try:
             return max(int(env.get(name, "")), 1)
@@ -185,8 +196,14 @@ def gather_facts(env) -> CpuFacts:
     except (AttributeError, OSError):  # not Linux
         affinity = os.cpu_count() or 1
     vendor, flags = parse_cpuinfo(_read("/proc/cpuinfo") or "")
-    return CpuFacts(affinity=affinity, quota=cgroup_cpu_quota(_read("/proc/self/cgroup") or ""),
-                    local_ranks=local_ranks(env), vendor=vendor, flags=flags, mkl_library=paddle_mkl_library())
+    return CpuFacts(
+        affinity=affinity,
+        quota=cgroup_cpu_quota(_read("/proc/self/cgroup") or ""),
+        local_ranks=local_ranks(env),
+        vendor=vendor,
+        flags=flags,
+        mkl_library=paddle_mkl_library(),
+    )
 
 
 # -- deciding ---------------------------------------------------------------------------------
@@ -246,8 +263,7 @@ def decide(facts: CpuFacts, env) -> CpuDecision:
             parts.append(f"MKL AVX2 code path ({why})")
         else:
             parts.append(f"MKL's own code path ({why})")
-    return CpuDecision(enabled=True, threads=threads, set_env=set_env, user_env=user,
-                       text="cpu: " + ", ".join(parts))
+    return CpuDecision(enabled=True, threads=threads, set_env=set_env, user_env=user, text="cpu: " + ", ".join(parts))
 
 
 # -- applying -------------------------------------------------------------------------------
@@ -270,8 +286,13 @@ def setup_cpu(env: Optional[MutableMapping[str, str]] = None, facts: Optional[Cp
         for key, value in decision.set_env.items():
             env.setdefault(key, value)
         if env is os.environ and "paddle" in sys.modules:
-            decision = CpuDecision(decision.enabled, decision.threads, decision.set_env, decision.user_env,
-                                   decision.text + " (paddle was already loaded: may not apply)")
+            decision = CpuDecision(
+                decision.enabled,
+                decision.threads,
+                decision.set_env,
+                decision.user_env,
+                decision.text + " (paddle was already loaded: may not apply)",
+            )
     if env is os.environ:
         _current = decision
     logger.info(decision.text)

@@ -14,7 +14,9 @@ from typing import Optional
 REQUIRED = ("paddle", "paddlenlp")
 
 
-def interpreter_problem(repo_root: str, executable: str = sys.executable, find=importlib.util.find_spec) -> Optional[str]:
+def interpreter_problem(
+    repo_root: str, executable: str = sys.executable, find=importlib.util.find_spec
+) -> Optional[str]:
     """What to do when this interpreter lacks paddle/paddlenlp, or None when it has them.
 
     >>> interpreter_problem("/repo", "/usr/bin/python3", find=lambda name: None)[:60]
@@ -26,9 +28,11 @@ def interpreter_problem(repo_root: str, executable: str = sys.executable, find=i
     venv_python = os.path.join(repo_root, ".venv", "bin", "python")
     head = f"{executable} has no {', '.join(missing)}; "
     if os.path.exists(venv_python) and os.path.realpath(executable) != os.path.realpath(venv_python):
-        return (head + f"this project installs them into {os.path.join(repo_root, '.venv')} (make setup): "
-                f"activate it with `source {os.path.join(repo_root, '.venv', 'bin', 'activate')}`, or run the script "
-                f"with {venv_python}")
+        return (
+            head + f"this project installs them into {os.path.join(repo_root, '.venv')} (make setup): "
+            f"activate it with `source {os.path.join(repo_root, '.venv', 'bin', 'activate')}`, or run the script "
+            f"with {venv_python}"
+        )
     return head + f"this project installs them into {os.path.join(repo_root, '.venv')}: run `make setup` in {repo_root}"
 
 

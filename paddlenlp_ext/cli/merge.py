@@ -31,33 +31,78 @@ PADDLENLP_SHARDS = {True: "10GB", False: "100GB"}  # save_pretrained's safetenso
 
 def build_parser(paddlenlp_defaults: bool) -> argparse.ArgumentParser:
     """The flags of both merge scripts (``paddlenlp_defaults``: the defaults of PaddleNLP's location)."""
-    p = argparse.ArgumentParser(description="Merge a saved adapter into its base model (streaming, verified).",
-                                allow_abbrev=False)
-    p.add_argument("--model_name_or_path", default=None, help="local directory of the ORIGINAL base model "
-                   "(default: base_model_name_or_path of the adapter config, as older PaddleNLP did)")
-    p.add_argument("--lora_path", required=True, help="adapter directory (adapter_config.json + "
-                   "adapter_model.safetensors, or PaddleNLP's lora_config.json + lora_model_state.pdparams)")
-    p.add_argument("--merge_model_path", "--output_path", "--merge_lora_model_path", dest="merge_model_path",
-                   required=True, help="output directory for the merged model (must be empty or absent unless "
-                   "--overwrite); --output_path and --merge_lora_model_path are PaddleNLP's spellings")
-    p.add_argument("--device", default=None, choices=["cpu", "gpu", "npu"],
-                   help="device of the verification forward passes (default, and gpu: the GPU if Paddle sees one, "
-                   "else the CPU); the merge itself streams on the CPU; npu verifies on the CPU")
-    p.add_argument("--safe_serialization", type=str2bool, nargs="?", const=True, default=not paddlenlp_defaults,
-                   help="true: model.safetensors; false: model_state*.pdparams (default "
-                   f"{'false, as PaddleNLP' if paddlenlp_defaults else 'true'})")
-    p.add_argument("--max_shard_size", default=None, help="largest output shard, e.g. 1GB, 500MB (default "
-                   f"{'10GB safetensors / one pdparams file, as PaddleNLP' if paddlenlp_defaults else '1GB'})")
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
-                   help="compare merged vs base + adapter logits on random probes (default on)")
-    p.add_argument("--tolerance", type=float, default=None,
-                   help="max relative logit error for --verify (default: 1e-4 fp32, 2e-2 fp16, 5e-2 bf16)")
+    p = argparse.ArgumentParser(
+        description="Merge a saved adapter into its base model (streaming, verified).", allow_abbrev=False
+    )
+    p.add_argument(
+        "--model_name_or_path",
+        default=None,
+        help="local directory of the ORIGINAL base model "
+        "(default: base_model_name_or_path of the adapter config, as older PaddleNLP did)",
+    )
+    p.add_argument(
+        "--lora_path",
+        required=True,
+        help="adapter directory (adapter_config.json + "
+        "adapter_model.safetensors, or PaddleNLP's lora_config.json + lora_model_state.pdparams)",
+    )
+    p.add_argument(
+        "--merge_model_path",
+        "--output_path",
+        "--merge_lora_model_path",
+        dest="merge_model_path",
+        required=True,
+        help="output directory for the merged model (must be empty or absent unless "
+        "--overwrite); --output_path and --merge_lora_model_path are PaddleNLP's spellings",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        choices=["cpu", "gpu", "npu"],
+        help="device of the verification forward passes (default, and gpu: the GPU if Paddle sees one, "
+        "else the CPU); the merge itself streams on the CPU; npu verifies on the CPU",
+    )
+    p.add_argument(
+        "--safe_serialization",
+        type=str2bool,
+        nargs="?",
+        const=True,
+        default=not paddlenlp_defaults,
+        help="true: model.safetensors; false: model_state*.pdparams (default "
+        f"{'false, as PaddleNLP' if paddlenlp_defaults else 'true'})",
+    )
+    p.add_argument(
+        "--max_shard_size",
+        default=None,
+        help="largest output shard, e.g. 1GB, 500MB (default "
+        f"{'10GB safetensors / one pdparams file, as PaddleNLP' if paddlenlp_defaults else '1GB'})",
+    )
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compare merged vs base + adapter logits on random probes (default on)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="max relative logit error for --verify (default: 1e-4 fp32, 2e-2 fp16, 5e-2 bf16)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    p.add_argument("--output_format", default="paddle", choices=["paddle", "hf"],
-                   help="paddle (default): PaddleNLP's layout; hf: transformers layout (model.layers.N..., "
-                   "[out, in] Linear weights, transformers config.json; safetensors only), see docs/export.md")
-    p.add_argument("--low_gpu_mem", default=None, help="PaddleNLP's flag, accepted with a notice: the merge "
-                   "streams one tensor at a time and never loads the model onto a device")
+    p.add_argument(
+        "--output_format",
+        default="paddle",
+        choices=["paddle", "hf"],
+        help="paddle (default): PaddleNLP's layout; hf: transformers layout (model.layers.N..., "
+        "[out, in] Linear weights, transformers config.json; safetensors only), see docs/export.md",
+    )
+    p.add_argument(
+        "--low_gpu_mem",
+        default=None,
+        help="PaddleNLP's flag, accepted with a notice: the merge "
+        "streams one tensor at a time and never loads the model onto a device",
+    )
     return p
 
 
@@ -79,11 +124,15 @@ def _notes(args) -> List[str]:
     """What the PaddleNLP-only flags do here (printed, never silently ignored)."""
     notes = []
     if args.low_gpu_mem is not None:
-        notes.append("--low_gpu_mem has no effect: the merge streams one tensor at a time on the CPU and never "
-                     "loads the model onto a device")
+        notes.append(
+            "--low_gpu_mem has no effect: the merge streams one tensor at a time on the CPU and never "
+            "loads the model onto a device"
+        )
     if args.device in ("gpu", "npu"):
-        notes.append(f"--device {args.device}: the merge itself runs on the CPU; the verification forward passes "
-                     f"use {'the GPU if Paddle sees one, else the CPU' if args.device == 'gpu' else 'the CPU'}")
+        notes.append(
+            f"--device {args.device}: the merge itself runs on the CPU; the verification forward passes "
+            f"use {'the GPU if Paddle sees one, else the CPU' if args.device == 'gpu' else 'the CPU'}"
+        )
     return notes
 
 
@@ -101,9 +150,15 @@ def main(argv: Optional[Sequence[str]] = None, paddlenlp_defaults: bool = False)
         if args.output_format == "hf":
             return _merge_to_hf(args, base, device)
         result = merge_adapter_checkpoint(
-            base, args.lora_path, args.merge_model_path, safe_serialization=args.safe_serialization,
-            max_shard_size=args.max_shard_size, overwrite=args.overwrite, verify=args.verify,
-            tolerance=args.tolerance, device=device,
+            base,
+            args.lora_path,
+            args.merge_model_path,
+            safe_serialization=args.safe_serialization,
+            max_shard_size=args.max_shard_size,
+            overwrite=args.overwrite,
+            verify=args.verify,
+            tolerance=args.tolerance,
+            device=device,
         )
     except (MergeError, ValueError) as e:  # bad input: a message, no traceback
         print(f"error: {e}", file=sys.stderr)
@@ -130,20 +185,33 @@ def _merge_to_hf(args, base: str, device: Optional[str]) -> int:
     from ..export import ExportError, ExportVerifyFailed, export_merged_hf
 
     if os.path.isfile(os.path.join(args.lora_path, "reward_config.json")):
-        raise MergeError(f"{args.lora_path} is a reward model (llm/run_reward.py): its score head has no "
-                         "transformers causal-LM layout; merge it with --output_format paddle (the head is kept)")
+        raise MergeError(
+            f"{args.lora_path} is a reward model (llm/run_reward.py): its score head has no "
+            "transformers causal-LM layout; merge it with --output_format paddle (the head is kept)"
+        )
     if not args.safe_serialization:
-        raise MergeError("--output_format hf writes safetensors (transformers' format); drop "
-                         "--safe_serialization false")
+        raise MergeError(
+            "--output_format hf writes safetensors (transformers' format); drop --safe_serialization false"
+        )
     try:
-        res = export_merged_hf(base, args.lora_path, args.merge_model_path, max_shard_size=args.max_shard_size,
-                               overwrite=args.overwrite, verify=args.verify, tolerance=args.tolerance, device=device)
+        res = export_merged_hf(
+            base,
+            args.lora_path,
+            args.merge_model_path,
+            max_shard_size=args.max_shard_size,
+            overwrite=args.overwrite,
+            verify=args.verify,
+            tolerance=args.tolerance,
+            device=device,
+        )
     except ExportVerifyFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_VERIFY_FAILED
     except ExportError as e:
         raise MergeError(str(e)) from e
     status = (res.merge.verify or {}).get("status", "not run")
-    print(f"[merge] merged {len(res.merge.modules_merged)} modules and exported them in transformers layout to "
-          f"{res.output_dir} ({len(res.weight_files)} file(s)); verify: {status}")
+    print(
+        f"[merge] merged {len(res.merge.modules_merged)} modules and exported them in transformers layout to "
+        f"{res.output_dir} ({len(res.weight_files)} file(s)); verify: {status}"
+    )
     return res.merge.exit_code

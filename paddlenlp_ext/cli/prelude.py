@@ -30,9 +30,13 @@ IMPORT_WARNINGS = ("No ccache found", "Setuptools is replacing distutils")
 #: lines paddle.base prints to stderr at import when OMP_NUM_THREADS > 1 (paddle/base/__init__.py), and
 #: the banner ``paddle.distributed.init_parallel_env`` writes on every rank of a launch listing the FLAGS
 #: that differ from their defaults (paddle/distributed/parallel.py ``_print_modified_flags``)
-DROPPED_STDERR_PREFIXES = ("WARNING: OMP_NUM_THREADS set to", "PLEASE USE OMP_NUM_THREADS WISELY",
-                           "======================= Modified FLAGS detected", "FLAGS(name=",
-                           "=" * 71 + "\n")
+DROPPED_STDERR_PREFIXES = (
+    "WARNING: OMP_NUM_THREADS set to",
+    "PLEASE USE OMP_NUM_THREADS WISELY",
+    "======================= Modified FLAGS detected",
+    "FLAGS(name=",
+    "=" * 71 + "\n",
+)
 
 
 class LineDroppingStream:

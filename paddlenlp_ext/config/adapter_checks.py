@@ -33,8 +33,10 @@ def adapter_problems(m: ModelArgument, t: Dict[str, Any], methods: List[str], wh
     if m.lokr_path and not m.lokr:
         p.append(f"{where}: lokr_path needs lokr=true")
     if m.lora_path and adapter_config_file(m.lora_path) is None:
-        p.append(f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (nor PaddleNLP's lora_config.json; "
-                 "is it an adapter directory?)")
+        p.append(
+            f"{where}: lora_path {m.lora_path!r} has no adapter_config.json (nor PaddleNLP's lora_config.json; "
+            "is it an adapter directory?)"
+        )
     elif m.lora_path and len(methods) == 1:
         p += adapter_mismatches(m, where)
     if len(methods) == 1 and not m.lora_path:
@@ -43,9 +45,11 @@ def adapter_problems(m: ModelArgument, t: Dict[str, Any], methods: List[str], wh
         except AdapterConfigError as e:
             p.append(f"{where}: {e}")
     if m.weight_quantize_algo and not methods and t.get("do_train", False):
-        p.append(f"{where}: weight_quantize_algo freezes the base weights; training needs an adapter "
-                 f"method ({' or '.join(k + '=true' for k in ADAPTER_METHOD_KEYS)}) "
-                 "(evaluation alone, do_train=false, works without adapters)")
+        p.append(
+            f"{where}: weight_quantize_algo freezes the base weights; training needs an adapter "
+            f"method ({' or '.join(k + '=true' for k in ADAPTER_METHOD_KEYS)}) "
+            "(evaluation alone, do_train=false, works without adapters)"
+        )
     if m.weight_double_quant and m.weight_quantize_algo in ("weight_only_int8", "weight_only_int4"):
         p.append(f"{where}: weight_double_quant applies to nf4/fp4 block scales, not to {m.weight_quantize_algo}")
     if m.weight_quantize_algo and m.pissa:
@@ -62,8 +66,10 @@ def adapter_mismatches(m: ModelArgument, where: str) -> List[str]:
     except (OSError, ValueError) as e:  # ValueError covers JSON and AdapterConfigError
         return [f"{where}: cannot check lora_path against the config: {e}"]
     method = mine["method"]
-    keys = {"method": "lokr" if method == "lokr" else "lora/vera",
-            "r": {"vera": "vera_rank", "lokr": "lokr_dim"}.get(method, "lora_rank")}
+    keys = {
+        "method": "lokr" if method == "lokr" else "lora/vera",
+        "r": {"vera": "vera_rank", "lokr": "lokr_dim"}.get(method, "lora_rank"),
+    }
     if method == "lora":
         keys.update(rslora="rslora", pissa="pissa", lora_plus_scale="lora_plus_scale")
         if m.lora_alpha != -1:  # unset alpha follows the saved adapter
@@ -75,5 +81,6 @@ def adapter_mismatches(m: ModelArgument, where: str) -> List[str]:
     return [
         f"{where}: {name} says {mine[k]!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
         "make them match (the saved adapter's settings are the ones that apply)"
-        for k, name in keys.items() if k in saved and saved[k] != mine[k]
+        for k, name in keys.items()
+        if k in saved and saved[k] != mine[k]
     ]

@@ -20,29 +20,49 @@ def dataset_path_problems(d, do_train: bool, do_eval: bool, where: str) -> List[
             p += named_dataset_problems(src, d.dataset_dir, where, ranking=False, dev=do_eval)
         elif os.path.isfile(src):
             if do_eval:
-                p.append(Problem(f"{where}: dataset_name_or_path {src!r} is one file (the train split); do_eval "
-                                 "needs a directory with train and dev files", "data_dir"))
+                p.append(
+                    Problem(
+                        f"{where}: dataset_name_or_path {src!r} is one file (the train split); do_eval "
+                        "needs a directory with train and dev files",
+                        "data_dir",
+                    )
+                )
         elif not os.path.isdir(src):
-            p.append(Problem(f"{where}: dataset_name_or_path {src!r} is not a directory or a data file (looked for "
-                             f"{os.path.abspath(src)})", "data_dir"))
+            p.append(
+                Problem(
+                    f"{where}: dataset_name_or_path {src!r} is not a directory or a data file (looked for "
+                    f"{os.path.abspath(src)})",
+                    "data_dir",
+                )
+            )
         else:
             for flag, split in ((do_train, "train"), (do_eval, "dev")):
                 if flag and not find_split_files(src, split):
-                    p.append(Problem(
-                        f"{where}: {src!r} has no {split}.json or {split}/*.json "
-                        f"(needed by do_{'train' if split == 'train' else 'eval'})", "data_dir"))
+                    p.append(
+                        Problem(
+                            f"{where}: {src!r} has no {split}.json or {split}/*.json "
+                            f"(needed by do_{'train' if split == 'train' else 'eval'})",
+                            "data_dir",
+                        )
+                    )
     if d.dataset_weights is not None:
         if len(d.dataset_weights) != len(sources):
-            p.append(f"{where}: dataset_weights has {len(d.dataset_weights)} values for {len(sources)} source(s) in "
-                     "dataset_name_or_path; give one weight per source")
+            p.append(
+                f"{where}: dataset_weights has {len(d.dataset_weights)} values for {len(sources)} source(s) in "
+                "dataset_name_or_path; give one weight per source"
+            )
         if any(not isinstance(w, (int, float)) or w <= 0 for w in d.dataset_weights):
             p.append(f"{where}: dataset_weights must be positive numbers; got {d.dataset_weights}")
         if d.mix_strategy == "concat":
-            p.append(f"{where}: dataset_weights need mix_strategy interleave_under or interleave_over (concat uses "
-                     "every example of each source once)")
+            p.append(
+                f"{where}: dataset_weights need mix_strategy interleave_under or interleave_over (concat uses "
+                "every example of each source once)"
+            )
     if len(sources) > 1 and d.lazy:
-        p.append(f"{where}: lazy=true streams one source; a mixture of {len(sources)} sources is read in memory "
-                 "(set lazy=false, or combine the files into one source directory)")
+        p.append(
+            f"{where}: lazy=true streams one source; a mixture of {len(sources)} sources is read in memory "
+            "(set lazy=false, or combine the files into one source directory)"
+        )
     return p
 
 
@@ -51,8 +71,13 @@ def dataset_dir_problems(dataset_dir, where: str) -> List[str]:
     if dataset_dir is None:
         return []
     if not os.path.isfile(os.path.join(dataset_dir, INFO_FILE)):
-        return [Problem(f"{where}: dataset_dir {dataset_dir!r} has no {INFO_FILE} (looked for "
-                        f"{os.path.abspath(os.path.join(dataset_dir, INFO_FILE))})", "data_dir")]
+        return [
+            Problem(
+                f"{where}: dataset_dir {dataset_dir!r} has no {INFO_FILE} (looked for "
+                f"{os.path.abspath(os.path.join(dataset_dir, INFO_FILE))})",
+                "data_dir",
+            )
+        ]
     return []
 
 
@@ -65,13 +90,20 @@ def named_dataset_problems(name: str, dataset_dir: str, where: str, ranking: boo
         return [f"{where}: {e}"]
     p = []
     if entry.ranking != ranking:
-        p.append(f"{where}: {name!r} in {dataset_dir}/{INFO_FILE} is " + (
-            "a preference dataset (ranking: true); train it with llm/run_dpo.py or llm/run_reward.py"
-            if entry.ranking else "not a preference dataset (no \"ranking\": true); DPO and reward models train "
-            "on chosen / rejected pairs"))
+        p.append(
+            f"{where}: {name!r} in {dataset_dir}/{INFO_FILE} is "
+            + (
+                "a preference dataset (ranking: true); train it with llm/run_dpo.py or llm/run_reward.py"
+                if entry.ranking
+                else 'not a preference dataset (no "ranking": true); DPO and reward models train '
+                "on chosen / rejected pairs"
+            )
+        )
     if dev:
-        p.append(f"{where}: {name!r} names a dataset_info.json entry, which is one split (train); do_eval needs a "
-                 "directory with train and dev files as dataset_name_or_path (or set do_eval false)")
+        p.append(
+            f"{where}: {name!r} names a dataset_info.json entry, which is one split (train); do_eval needs a "
+            "directory with train and dev files as dataset_name_or_path (or set do_eval false)"
+        )
     return p
 
 
@@ -90,11 +122,15 @@ def data_format_problems(d, where: str) -> List[str]:
                 p.append(f"{where}: dataset_columns[{key!r}] must be a field name (string)")
     if d.autoregressive:
         if d.eval_with_do_generation:
-            p.append(f"{where}: autoregressive=true trains on raw text; eval_with_do_generation needs prompts and "
-                     "answers (set it false)")
+            p.append(
+                f"{where}: autoregressive=true trains on raw text; eval_with_do_generation needs prompts and "
+                "answers (set it false)"
+            )
         if d.train_on_prompt:
             p.append(f"{where}: autoregressive=true already supervises every token; remove train_on_prompt")
         if d.dataset_format not in ("auto", "text"):
-            p.append(f"{where}: autoregressive=true reads text records; dataset_format {d.dataset_format!r} is a "
-                     "conversation format (use auto or text)")
+            p.append(
+                f"{where}: autoregressive=true reads text records; dataset_format {d.dataset_format!r} is a "
+                "conversation format (use auto or text)"
+            )
     return p

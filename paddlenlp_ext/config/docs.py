@@ -70,7 +70,7 @@ def render() -> str:
     out += [
         "## PaddleNLP training keys (TrainingArguments)\n",
         "Passed to PaddleNLP's `TrainingArguments` with PaddleNLP's meaning and default. Notes:\n",
-        "- `evaluation_strategy: \"no\"` with `do_eval: true` evaluates once after training (PaddleNLP would silently switch to `steps`).",
+        '- `evaluation_strategy: "no"` with `do_eval: true` evaluates once after training (PaddleNLP would silently switch to `steps`).',
         "- `fp16`/`bf16` with `fp16_opt_level: O2` load the weights in that dtype; `O1` keeps fp32 weights and autocasts.",
         "- `sep_parallel_degree`, `context_parallel_degree` > 1 are not supported yet; "
         "`tensor_parallel_degree` > 1 works for full fine-tuning and LoRA / rsLoRA / LoRA+ / VeRA / QLoRA adapters "
@@ -80,10 +80,12 @@ def render() -> str:
         "see docs/parallel.md; the MoE rows' pipeline stages without the aux loss, docs/moe.md); "
         "`sharding` stage2/stage3 run on GPU (their optimizer step is verified by simulation).",
         "- `expert_parallel_degree` > 1: the expert-parallel dispatch of the decoder's MoE rows is verified by CPU "
-        "simulation only and refused by the training CLI for now, naming the reason (docs/moe.md, \"Expert parallelism\"); "
+        'simulation only and refused by the training CLI for now, naming the reason (docs/moe.md, "Expert parallelism"); '
         "`use_expert_parallel` is refused on the decoder's rows.",
         "",
-        _table(sorted((s for s in specs.values() if s.group == "training" and s.name not in ours), key=lambda s: s.name)),
+        _table(
+            sorted((s for s in specs.values() if s.group == "training" and s.name not in ours), key=lambda s: s.name)
+        ),
         "",
     ]
     return "\n".join(out)

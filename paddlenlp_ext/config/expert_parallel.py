@@ -32,30 +32,51 @@ def expert_parallel_problems(cfg, model_type: str, model_dir: Optional[str]) -> 
     on_moe_row = family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"
     out = []
     if t.get("use_expert_parallel", False) and family is not None and family.decoder:
-        out.append(f"use_expert_parallel=true: {model_type} trains on our decoder, which does not read PaddleNLP's "
-                   f"switch; remove use_expert_parallel ({KEY} is the key, docs/moe.md)")
+        out.append(
+            f"use_expert_parallel=true: {model_type} trains on our decoder, which does not read PaddleNLP's "
+            f"switch; remove use_expert_parallel ({KEY} is the key, docs/moe.md)"
+        )
     if degree <= 1:
         return out
     head = f"{KEY}={degree}"
     if not on_moe_row:
-        where = ("trains on its PaddleNLP-layout model here (models/qwen3), which has no expert-parallel dispatch"
-                 if model_type == "qwen3_moe" else "has no experts on the decoder's MoE rows")
+        where = (
+            "trains on its PaddleNLP-layout model here (models/qwen3), which has no expert-parallel dispatch"
+            if model_type == "qwen3_moe"
+            else "has no experts on the decoder's MoE rows"
+        )
         return out + [f"{head}: {model_type} {where}; set {KEY} to 1 (or remove it)"]
     spec = _spec(model_dir, model_type)
     if spec is not None and spec.num_experts % degree:
-        return out + [f"{head}: config.json has {spec.num_experts} experts, not a multiple of {degree} (each rank "
-                      f"holds num_experts / {KEY}); choose a {KEY} that divides {spec.num_experts}"]
+        return out + [
+            f"{head}: config.json has {spec.num_experts} experts, not a multiple of {degree} (each rank "
+            f"holds num_experts / {KEY}); choose a {KEY} that divides {spec.num_experts}"
+        ]
     if spec is not None and spec.fused_experts:
-        return out + [f"{head}: {model_type}'s experts are fused 3-D parameters (one tensor for all experts), "
-                      f"which the expert-parallel dispatch does not split; set {KEY} to 1"]
-    others = [f"{k}={t.get(k)}" for k in ("tensor_parallel_degree", "pipeline_parallel_degree", "sep_parallel_degree",
-                                           "context_parallel_degree") if int(t.get(k, 1) or 1) > 1]
+        return out + [
+            f"{head}: {model_type}'s experts are fused 3-D parameters (one tensor for all experts), "
+            f"which the expert-parallel dispatch does not split; set {KEY} to 1"
+        ]
+    others = [
+        f"{k}={t.get(k)}"
+        for k in (
+            "tensor_parallel_degree",
+            "pipeline_parallel_degree",
+            "sep_parallel_degree",
+            "context_parallel_degree",
+        )
+        if int(t.get(k, 1) or 1) > 1
+    ]
     if others:
-        return out + [f"{head} with {', '.join(others)} is not supported (expert parallelism is verified alone); "
-                      f"set {KEY} to 1 or the others to 1"]
-    return out + [f"{head}: expert parallelism of {model_type} is verified by simulation only (docs/moe.md, "
-                  "\"Expert parallelism\"); the training CLI does not wire fleet's expert-parallel group yet (the "
-                  f"experts' gradients must stay out of the data-parallel all-reduce); set {KEY} to 1"]
+        return out + [
+            f"{head} with {', '.join(others)} is not supported (expert parallelism is verified alone); "
+            f"set {KEY} to 1 or the others to 1"
+        ]
+    return out + [
+        f"{head}: expert parallelism of {model_type} is verified by simulation only (docs/moe.md, "
+        '"Expert parallelism"); the training CLI does not wire fleet\'s expert-parallel group yet (the '
+        f"experts' gradients must stay out of the data-parallel all-reduce); set {KEY} to 1"
+    ]
 
 
 def _spec(model_dir: Optional[str], model_type: str):

@@ -72,8 +72,10 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
             return []  # reported elsewhere (not a model directory)
         model_type = read_model_type(path)
         if model_type is None:
-            return [f"{where}: {os.path.join(path, 'config.json')} has no model_type; add it (e.g. \"llama\") so the "
-                    "family's targets, masks and labels are known"]
+            return [
+                f'{where}: {os.path.join(path, "config.json")} has no model_type; add it (e.g. "llama") so the '
+                "family's targets, masks and labels are known"
+            ]
     whole = family_problem(model_type, allow_unlisted=unlisted_allowed())
     if whole is not None:
         return [f"{where}: model_name_or_path {path!r}: {whole}"]
@@ -130,9 +132,12 @@ def decoder_fusion_problems(m, model_type: str, family=None) -> List[str]:
     family = family or row(model_type)
     if family is None or not family.decoder:
         return []
-    return [f"{key}=true: {model_type} trains on our decoder, which keeps the projections as the checkpoint "
-            f"stores them (there is nothing to fuse at load time); remove {key}" for key in
-            ("fuse_attention_qkv", "fuse_attention_ffn") if getattr(m, key, None)]
+    return [
+        f"{key}=true: {model_type} trains on our decoder, which keeps the projections as the checkpoint "
+        f"stores them (there is nothing to fuse at load time); remove {key}"
+        for key in ("fuse_attention_qkv", "fuse_attention_ffn")
+        if getattr(m, key, None)
+    ]
 
 
 def decoder_recompute_problems(t, model_type: str, family=None) -> List[str]:
@@ -145,12 +150,16 @@ def decoder_recompute_problems(t, model_type: str, family=None) -> List[str]:
     out = []
     granularity = t.get("recompute_granularity", "full")
     if granularity != "full":
-        out.append(f"recompute_granularity {granularity!r} is not implemented on {model_type} (our decoder "
-                   "recomputes whole layers); set recompute_granularity to \"full\"")
+        out.append(
+            f"recompute_granularity {granularity!r} is not implemented on {model_type} (our decoder "
+            'recomputes whole layers); set recompute_granularity to "full"'
+        )
     if t.get("recompute_use_reentrant", False):
-        out.append(f"recompute_use_reentrant=true is not supported on {model_type} (our decoder uses Paddle's "
-                   "non-reentrant recompute, under which adapters get their gradients); set "
-                   "recompute_use_reentrant=false")
+        out.append(
+            f"recompute_use_reentrant=true is not supported on {model_type} (our decoder uses Paddle's "
+            "non-reentrant recompute, under which adapters get their gradients); set "
+            "recompute_use_reentrant=false"
+        )
     return out
 
 
@@ -173,25 +182,34 @@ def moe_training_problems(cfg, model_type: str, model_dir: Optional[str], family
     family = family or row(model_type)
     if not (family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"):
         keys = [k for k, v in ((BIAS_RATE_KEY, rate), ("freeze_router", freeze)) if v]
-        return [f"{k}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no MoE block of the "
-                f"decoder to act on; remove {k}, or export the checkpoint with llm/tools/export.py --format hf (a "
-                f"transformers-layout {model_type} trains on the decoder)" for k in keys]
+        return [
+            f"{k}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no MoE block of the "
+            f"decoder to act on; remove {k}, or export the checkpoint with llm/tools/export.py --format hf (a "
+            f"transformers-layout {model_type} trains on the decoder)"
+            for k in keys
+        ]
     routers = _router_names(model_dir, model_type)
     if rate and routers is not None and not routers[1]:
-        out.append(f"{BIAS_RATE_KEY}: this {model_type} checkpoint's router has no e_score_correction_bias to "
-                   f"update; remove {BIAS_RATE_KEY} or use router_aux_loss_coef to balance the experts")
+        out.append(
+            f"{BIAS_RATE_KEY}: this {model_type} checkpoint's router has no e_score_correction_bias to "
+            f"update; remove {BIAS_RATE_KEY} or use router_aux_loss_coef to balance the experts"
+        )
     if rate and (cfg.adapter_method or m.lora_path or m.prefix_tuning):
-        out.append(f"{BIAS_RATE_KEY}: the bias update changes the base model's e_score_correction_bias, which an "
-                   f"adapter does not save; train with lora false (full fine-tuning) or remove {BIAS_RATE_KEY}")
+        out.append(
+            f"{BIAS_RATE_KEY}: the bias update changes the base model's e_score_correction_bias, which an "
+            f"adapter does not save; train with lora false (full fine-tuning) or remove {BIAS_RATE_KEY}"
+        )
     targets = m.lora_target_modules or m.target_modules
     if freeze and targets and routers is not None:
         import re
 
         hit = [n for n in routers[0] if any(re.fullmatch(t, n) for t in targets)]
         if hit:
-            out.append(f"freeze_router: lora_target_modules {targets} adapt the router ({hit[0]}), which "
-                       "freeze_router keeps fixed; remove the router from lora_target_modules or set freeze_router "
-                       "false")
+            out.append(
+                f"freeze_router: lora_target_modules {targets} adapt the router ({hit[0]}), which "
+                "freeze_router keeps fixed; remove the router from lora_target_modules or set freeze_router "
+                "false"
+            )
     return out
 
 
@@ -221,15 +239,20 @@ def moe_pipeline_problems(cfg, model_dir: Optional[str], family) -> List[str]:
     out = []
     if coef > 0:
         given = next((f"{k}={v}" for k, v in keys.items() if v is not None), None)
-        why = given or (f"the checkpoint's config.json sets output_router_logits true with {AUX_LOSS_KEY} "
-                        f"{ckpt.get(AUX_LOSS_KEY)}")
-        out.append(f"pipeline_parallel_degree={pp} with the load-balancing loss on ({why}): the MoE pipeline stages "
-                   "pass no router logits between stages, and the loss over every layer is not a sum of per-stage "
-                   f"terms; set {AUX_LOSS_KEY}=0 (train without the aux loss) or pipeline_parallel_degree=1")
+        why = given or (
+            f"the checkpoint's config.json sets output_router_logits true with {AUX_LOSS_KEY} {ckpt.get(AUX_LOSS_KEY)}"
+        )
+        out.append(
+            f"pipeline_parallel_degree={pp} with the load-balancing loss on ({why}): the MoE pipeline stages "
+            "pass no router logits between stages, and the loss over every layer is not a sum of per-stage "
+            f"terms; set {AUX_LOSS_KEY}=0 (train without the aux loss) or pipeline_parallel_degree=1"
+        )
     if getattr(cfg.model, BIAS_RATE_KEY, None):
-        out.append(f"{BIAS_RATE_KEY} with pipeline_parallel_degree={pp}: the bias update reads the expert counts of "
-                   f"the whole model's forward, which no pipeline stage has; remove {BIAS_RATE_KEY} or set "
-                   "pipeline_parallel_degree=1")
+        out.append(
+            f"{BIAS_RATE_KEY} with pipeline_parallel_degree={pp}: the bias update reads the expert counts of "
+            f"the whole model's forward, which no pipeline stage has; remove {BIAS_RATE_KEY} or set "
+            "pipeline_parallel_degree=1"
+        )
     return out
 
 
@@ -274,9 +297,11 @@ def decoder_tp_problems(cfg, model_type: str, model_dir: str) -> List[str]:
     out = [f"config.json {p}" for p in tensor_parallel_problems(knobs, tp)]
     fused = [n for n, on in (("qkv_proj", family.arch.fused_qkv), ("gate_up_proj", family.arch.fused_gate_up)) if on]
     if fused and cfg.model.vera:
-        out.append(f"vera=true with tensor_parallel_degree={tp} on {model_type}: VeRA's shared projections are "
-                   f"sliced contiguously, not per segment of the fused {' / '.join(fused)}; use lora=true or "
-                   "tensor_parallel_degree=1")
+        out.append(
+            f"vera=true with tensor_parallel_degree={tp} on {model_type}: VeRA's shared projections are "
+            f"sliced contiguously, not per segment of the fused {' / '.join(fused)}; use lora=true or "
+            "tensor_parallel_degree=1"
+        )
     return out
 
 
@@ -303,9 +328,11 @@ def moe_problems(model_args, model_type: str, model_dir: Optional[str], family=N
     on_decoder = family is not None and family.decoder and family.arch is not None and family.arch.mlp == "moe"
     if coef > 0 and not on_decoder:
         key = AUX_LOSS_KEY if keys[AUX_LOSS_KEY] is not None else AUX_LOSS_ALIAS
-        return [f"{key}={coef}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no "
-                "load-balancing loss; remove the key (or set it to 0), or train a transformers-layout checkpoint "
-                "(llm/tools/export.py --format hf writes one; it trains on the decoder's MoE row, with the aux loss)"]
+        return [
+            f"{key}={coef}: {model_type} in PaddleNLP's layout trains on models/qwen3, which has no "
+            "load-balancing loss; remove the key (or set it to 0), or train a transformers-layout checkpoint "
+            "(llm/tools/export.py --format hf writes one; it trains on the decoder's MoE row, with the aux loss)"
+        ]
     return []
 
 

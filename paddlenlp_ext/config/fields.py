@@ -13,8 +13,7 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument, PPOArgument, \
-    RewardArgument
+from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument, PPOArgument, RewardArgument
 
 
 @dataclass
@@ -70,7 +69,7 @@ def _kind_of_annotation(node) -> Tuple[str, bool]:
     text = node if isinstance(node, str) else _typing_text(node)
     text = text.replace("typing.", "")
     optional = text.startswith("Optional[") or "None" in text
-    inner = text[len("Optional["):-1] if text.startswith("Optional[") else text
+    inner = text[len("Optional[") : -1] if text.startswith("Optional[") else text
     for prefix, kind in (("bool", "bool"), ("int", "int"), ("float", "float"), ("str", "str")):
         if inner == prefix:
             return kind, optional
@@ -103,8 +102,15 @@ def _training_specs() -> Dict[str, FieldSpec]:
         kind, optional = _kind_of_annotation(f.annotation)
         lo, gt = TRAINING_BOUNDS.get(f.name, (None, None))
         specs[f.name] = FieldSpec(
-            f.name, "training", kind, optional or f.default is None, f.default, f.help,
-            choices=TRAINING_CHOICES.get(f.name), min=lo, gt=gt,
+            f.name,
+            "training",
+            kind,
+            optional or f.default is None,
+            f.default,
+            f.help,
+            choices=TRAINING_CHOICES.get(f.name),
+            min=lo,
+            gt=gt,
         )
     return specs
 
@@ -116,9 +122,18 @@ def _dataclass_specs(cls, group) -> Dict[str, FieldSpec]:
         kind, optional = _kind_of_annotation(hints[f.name])
         m = f.metadata
         specs[f.name] = FieldSpec(
-            f.name, group, kind, optional or f.default is None, f.default, m.get("help", ""),
-            choices=m.get("choices"), min=m.get("min"), gt=m.get("gt"),
-            unsupported=m.get("unsupported"), required=m.get("required", False), llm_meta=m.get("llm_meta"),
+            f.name,
+            group,
+            kind,
+            optional or f.default is None,
+            f.default,
+            m.get("help", ""),
+            choices=m.get("choices"),
+            min=m.get("min"),
+            gt=m.get("gt"),
+            unsupported=m.get("unsupported"),
+            required=m.get("required", False),
+            llm_meta=m.get("llm_meta"),
         )
     return specs
 

@@ -18,8 +18,12 @@ from .dpo import SFT_ONLY_KEYS, apply_preference_aliases
 from .environment import world_size
 
 #: fine-tuning keys with a GRPO counterpart
-GRPO_INSTEAD = {"dataset_name_or_path": "train_dataset_path", "src_length": "max_prompt_len",
-                "max_length": "max_completion_length (and max_prompt_len)", "intokens": "zero_padding"}
+GRPO_INSTEAD = {
+    "dataset_name_or_path": "train_dataset_path",
+    "src_length": "max_prompt_len",
+    "max_length": "max_completion_length (and max_prompt_len)",
+    "intokens": "zero_padding",
+}
 REWARD_SCORER = "paddlenlp_ext.reward.scorer"
 
 
@@ -34,9 +38,11 @@ def apply_grpo_aliases(cfg) -> None:
         o.scale_rewards = "group" if raw else "none"
         cfg.derived["scale_rewards"] = f"{o.scale_rewards} (from {str(raw).lower()}, TRL's older spelling)"
     if "zero_padding" in cfg.derived:
-        cfg.derived["zero_padding"] = (f"True ({cfg.dpo.alignment.upper()} packs the prompt + completion sequences "
-                                       "of a step into rows of "
-                                       "max_prompt_len + max_completion_length, separated by start-row masks)")
+        cfg.derived["zero_padding"] = (
+            f"True ({cfg.dpo.alignment.upper()} packs the prompt + completion sequences "
+            "of a step into rows of "
+            "max_prompt_len + max_completion_length, separated by start-row masks)"
+        )
 
 
 def resolve_reward_func(spec: str) -> Tuple[Callable, str]:
@@ -46,7 +52,7 @@ def resolve_reward_func(spec: str) -> Tuple[Callable, str]:
     'contains_keyword'
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ValueError(f"{spec!r} is not \"package.module:function\"")
+        raise ValueError(f'{spec!r} is not "package.module:function"')
     module_name, func_name = spec.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -72,8 +78,11 @@ def grpo_problems(cfg, where: str) -> List[str]:
     p: List[str] = []
     for key in sorted(cfg.explicit & (set(SFT_ONLY_KEYS) - {"top_p"})):
         instead = GRPO_INSTEAD.get(key)
-        p.append(f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {name} config "
-                 + (f"use {instead} instead" if instead else "it has no meaning: remove it") + " (docs/alignment.md)")
+        p.append(
+            f"{where}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {name} config "
+            + (f"use {instead} instead" if instead else "it has no meaning: remove it")
+            + " (docs/alignment.md)"
+        )
     funcs = list(o.reward_funcs or [])
     for i, spec in enumerate(funcs):
         try:
@@ -82,31 +91,43 @@ def grpo_problems(cfg, where: str) -> List[str]:
             p.append(f"{where}: reward_funcs[{i}]: {e}")
     n_rewards = len(funcs) + int(bool(o.reward_model_name_or_path))
     if n_rewards == 0:
-        p.append(f"{where}: no reward: set reward_funcs (e.g. [\"paddlenlp_ext.grpo.rewards:contains_keyword\"]) "
-                 "and/or reward_model_name_or_path")
+        p.append(
+            f'{where}: no reward: set reward_funcs (e.g. ["paddlenlp_ext.grpo.rewards:contains_keyword"]) '
+            "and/or reward_model_name_or_path"
+        )
     if o.reward_model_name_or_path:
         if not reward_scorer_available():
-            p.append(f"{where}: reward_model_name_or_path needs the reward-model scorer ({REWARD_SCORER}, "
-                     "llm/run_reward.py), which this build does not have; use reward_funcs")
+            p.append(
+                f"{where}: reward_model_name_or_path needs the reward-model scorer ({REWARD_SCORER}, "
+                "llm/run_reward.py), which this build does not have; use reward_funcs"
+            )
         elif not os.path.isdir(o.reward_model_name_or_path):
             p.append(f"{where}: reward_model_name_or_path {o.reward_model_name_or_path!r} is not a directory")
     if o.reward_weights is not None and len(o.reward_weights) != n_rewards:
-        p.append(f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
-                 "(reward_funcs in order, then the reward model); give one weight each")
+        p.append(
+            f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
+            "(reward_funcs in order, then the reward model); give one weight each"
+        )
     if o.alignment == "grpo":
         p += loss_problems(cfg, where) + tool_problems(cfg, where)
     elif world_size() > 1:  # PPO: the value head is applied outside the data-parallel wrapper's forward
-        p.append(f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
-                 "forward); launch llm/run_ppo.py without paddle.distributed.launch")
+        p.append(
+            f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
+            "forward); launch llm/run_ppo.py without paddle.distributed.launch"
+        )
     elif not o.top_p <= 1.0:
         p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
     for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         if t.get(key, 1) > 1:
-            p.append(f"{where}: {key} > 1 is not supported for {name} (generation and the per-token log-probs run the "
-                     "whole model on each process); use data parallel (--nproc_per_node) or sharding")
+            p.append(
+                f"{where}: {key} > 1 is not supported for {name} (generation and the per-token log-probs run the "
+                "whole model on each process); use data parallel (--nproc_per_node) or sharding"
+            )
     if t.get("do_eval") or t.get("load_best_model_at_end") or t.get("metric_for_best_model"):
-        p.append(f"{where}: {name} has no evaluation set or eval metric; set do_eval false and remove "
-                 "load_best_model_at_end / metric_for_best_model (the per-step rewards are logged)")
+        p.append(
+            f"{where}: {name} has no evaluation set or eval metric; set do_eval false and remove "
+            "load_best_model_at_end / metric_for_best_model (the per-step rewards are logged)"
+        )
     if not t.get("do_train", False):
         p.append(f"{where}: {name} only trains; set do_train true")
     if d.lazy:
@@ -116,13 +137,17 @@ def grpo_problems(cfg, where: str) -> List[str]:
     if m.neftune or m.prefix_tuning or m.prefix_path:
         p.append(f"{where}: neftune and prefix tuning are not supported for {name}; use lora (or full fine-tuning)")
     if m.pissa and o.beta > 0:
-        p.append(f"{where}: pissa=true moves the base weights into the adapter, so the base with the adapters off is "
-                 "not the reference model; use lora without pissa, or beta=0")
+        p.append(
+            f"{where}: pissa=true moves the base weights into the adapter, so the base with the adapters off is "
+            "not the reference model; use lora without pissa, or beta=0"
+        )
     if o.rslora_plus and not m.lora:
         p.append(f"{where}: rslora_plus=true needs lora=true")
     if d.zero_padding and m.use_flash_attention and not m.flash_mask:
-        p.append(f"{where}: zero_padding with use_flash_attention needs flash_mask=true (the sequences of a packed "
-                 "row are separated by a start-row mask)")
+        p.append(
+            f"{where}: zero_padding with use_flash_attention needs flash_mask=true (the sequences of a packed "
+            "row are separated by a start-row mask)"
+        )
     path = o.train_dataset_path
     if not path:
         p.append(f"{where}: train_dataset_path is required (the prompts)")
@@ -145,13 +170,17 @@ def loss_problems(cfg, where: str) -> List[str]:
     if not o.top_p <= 1.0:
         p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
     if o.loss_type == "cispo" and o.epsilon_high is None:
-        p.append(f"{where}: loss_type cispo clips the importance weight itself at epsilon_high, which defaults to "
-                 "epsilon (0.2: every weight would be cut to 0.2); set epsilon_high (ScaleRL recommends 5.0)")
+        p.append(
+            f"{where}: loss_type cispo clips the importance weight itself at epsilon_high, which defaults to "
+            "epsilon (0.2: every weight would be cut to 0.2); set epsilon_high (ScaleRL recommends 5.0)"
+        )
     if o.loss_type == "rloo":
         for key in ("scale_rewards", "importance_sampling_level"):
             if key in cfg.explicit:
-                p.append(f"{where}: {key} is not used by loss_type rloo (its advantages are leave-one-out, its ratio "
-                         "is the completion's); remove it (normalize_advantages scales RLOO's advantages)")
+                p.append(
+                    f"{where}: {key} is not used by loss_type rloo (its advantages are leave-one-out, its ratio "
+                    "is the completion's); remove it (normalize_advantages scales RLOO's advantages)"
+                )
     elif "normalize_advantages" in cfg.explicit:
         p.append(f"{where}: normalize_advantages belongs to loss_type rloo; for {o.loss_type} use scale_rewards")
     return p
@@ -190,11 +219,15 @@ def tool_problems(cfg, where: str) -> List[str]:
     except ValueError as e:
         p.append(f"{where}: {e}")
     if o.tools and o.max_turns < 2:
-        p.append(f"{where}: tools are run between turns, and max_turns is {o.max_turns}; set max_turns >= 2 (e.g. 2: "
-                 "one call, then the answer)")
+        p.append(
+            f"{where}: tools are run between turns, and max_turns is {o.max_turns}; set max_turns >= 2 (e.g. 2: "
+            "one call, then the answer)"
+        )
     if not o.tools and o.max_turns > 1:
-        p.append(f"{where}: max_turns {o.max_turns} needs tools (nothing answers between turns without them); set "
-                 "tools [\"package.module:function\", ...] or max_turns 1")
+        p.append(
+            f"{where}: max_turns {o.max_turns} needs tools (nothing answers between turns without them); set "
+            'tools ["package.module:function", ...] or max_turns 1'
+        )
     if "tool_timeout" in cfg.explicit and not o.tools:
         p.append(f"{where}: tool_timeout is set but there are no tools; remove it or set tools")
     return p

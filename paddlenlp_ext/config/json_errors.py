@@ -37,14 +37,16 @@ def describe_json_error(path: str, text: str, err: json.JSONDecodeError) -> str:
     if comment:
         at = comment.start(1)
         line, col = _line_col(text, at)
-        snippet = text[at:text.find("\n", at) if "\n" in text[at:] else len(text)].strip()
+        snippet = text[at : text.find("\n", at) if "\n" in text[at:] else len(text)].strip()
         return f'{path}:{line}:{col}: invalid JSON: JSON has no comments; remove "{snippet[:40]}"'
     stripped = text[:pos].rstrip()
-    closer = text[pos:pos + 1]
+    closer = text[pos : pos + 1]
     if stripped.endswith(",") and closer in "}]" and closer:
         line, col = _line_col(text, len(stripped) - 1)
-        return (f'{path}:{line}:{col}: invalid JSON: trailing comma before "{closer}" '
-                "(JSON allows no comma after the last item; remove it)")
+        return (
+            f'{path}:{line}:{col}: invalid JSON: trailing comma before "{closer}" '
+            "(JSON allows no comma after the last item; remove it)"
+        )
     return f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}"
 
 

@@ -14,8 +14,17 @@ from typing import List
 from .dpo import apply_preference_aliases, preference_problems
 
 #: metric_for_best_model values of a KTO run (KTOTrainer's eval metrics, without "eval_")
-KTO_BEST_METRICS = ("loss", "kto_loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected",
-                    "loss/chosen", "loss/rejected")
+KTO_BEST_METRICS = (
+    "loss",
+    "kto_loss",
+    "kl",
+    "rewards/chosen",
+    "rewards/rejected",
+    "logps/chosen",
+    "logps/rejected",
+    "loss/chosen",
+    "loss/rejected",
+)
 
 
 def apply_kto_aliases(cfg) -> None:
@@ -29,6 +38,8 @@ def kto_problems(cfg, where: str) -> List[str]:
     if o.desirable_weight == 0 and o.undesirable_weight == 0:
         p.append(f"{where}: desirable_weight and undesirable_weight are both 0: nothing to train")
     if d.lazy:
-        p.append(f"{where}: lazy=true is not supported for KTO (each example's KL pair is another example's "
-                 "completion, read in memory); remove lazy")
+        p.append(
+            f"{where}: lazy=true is not supported for KTO (each example's KL pair is another example's "
+            "completion, read in memory); remove lazy"
+        )
     return p + preference_problems(cfg, where, "KTO", KTO_BEST_METRICS)

@@ -30,8 +30,10 @@ RUN_SUMMARY_NAME = "run_summary.json"
 
 def _describe_checkpoints(output_dir: str) -> List[str]:
     """``["checkpoint-20", "checkpoint-25 (incomplete)"]`` of output_dir, oldest first."""
-    return [os.path.basename(path) + ("" if complete else " (incomplete)")
-            for _, path, complete in list_checkpoints(output_dir)]
+    return [
+        os.path.basename(path) + ("" if complete else " (incomplete)")
+        for _, path, complete in list_checkpoints(output_dir)
+    ]
 
 
 def earlier_run_problems(training: dict, where: str) -> List[str]:
@@ -54,11 +56,16 @@ def earlier_run_problems(training: dict, where: str) -> List[str]:
     if not found:
         return []
     complete = [c for c in found if c.startswith("checkpoint-") and not c.endswith("(incomplete)")]
-    cont = (f"set resume_from_checkpoint: true to continue from {complete[-1]}" if complete else
-            "(it holds no complete checkpoint to continue from)")
-    return [f"{where}: output_dir {out!r} ({os.path.abspath(out)}) already holds a run ({', '.join(found)}); "
-            f"{cont}, or overwrite_output_dir: true to start over (removes the earlier checkpoints and results "
-            "first), or choose another output_dir"]
+    cont = (
+        f"set resume_from_checkpoint: true to continue from {complete[-1]}"
+        if complete
+        else "(it holds no complete checkpoint to continue from)"
+    )
+    return [
+        f"{where}: output_dir {out!r} ({os.path.abspath(out)}) already holds a run ({', '.join(found)}); "
+        f"{cont}, or overwrite_output_dir: true to start over (removes the earlier checkpoints and results "
+        "first), or choose another output_dir"
+    ]
 
 
 def resume_overrides_overwrite(cfg) -> None:
@@ -67,8 +74,9 @@ def resume_overrides_overwrite(cfg) -> None:
     t = cfg.training
     if t.get("overwrite_output_dir") and t.get("resume_from_checkpoint") is not None and t.get("do_train"):
         t["overwrite_output_dir"] = False
-        cfg.derived["overwrite_output_dir"] = ("False (resume_from_checkpoint continues the earlier run; nothing "
-                                               "in output_dir is removed)")
+        cfg.derived["overwrite_output_dir"] = (
+            "False (resume_from_checkpoint continues the earlier run; nothing in output_dir is removed)"
+        )
 
 
 def earlier_run_entries(output_dir: Optional[str]) -> List[str]:
@@ -89,5 +97,8 @@ def earlier_run_entries(output_dir: Optional[str]) -> List[str]:
     ours = RESOLVED_CONFIG_NAME in names or RUN_SUMMARY_NAME in names
     if ours:
         return names
-    return [n for n in names if n.startswith(("checkpoint-", STAGING_PREFIX, REPLACED_PREFIX))
-            and os.path.isdir(os.path.join(output_dir, n))]
+    return [
+        n
+        for n in names
+        if n.startswith(("checkpoint-", STAGING_PREFIX, REPLACED_PREFIX)) and os.path.isdir(os.path.join(output_dir, n))
+    ]

@@ -24,8 +24,9 @@ __all__ = ["packing_payoff", "WIDE_HIDDEN"]
 WIDE_HIDDEN = 1024
 
 
-def packing_payoff(zero_padding: bool, flash_mask: bool, batch_size: int, hidden_size: Optional[int],
-                   on_cpu: bool) -> Optional[str]:
+def packing_payoff(
+    zero_padding: bool, flash_mask: bool, batch_size: int, hidden_size: Optional[int], on_cpu: bool
+) -> Optional[str]:
     """The configuration line's packing notice, or None where packing can pay off (or is off).
 
     >>> packing_payoff(True, True, 1, 1024, on_cpu=True)
@@ -43,8 +44,9 @@ def packing_payoff(zero_padding: bool, flash_mask: bool, batch_size: int, hidden
     if batch_size <= 1 and hidden_size is not None and hidden_size >= WIDE_HIDDEN:
         reasons.append(f"batch 1 holds no padding to remove, and at hidden size {hidden_size} a step costs per token")
     if not flash_mask:
-        reasons.append("flash_mask=false attends over the whole packed row: use_flash_attention + flash_mask "
-                       "attend per document")
+        reasons.append(
+            "flash_mask=false attends over the whole packed row: use_flash_attention + flash_mask attend per document"
+        )
     if not reasons:
         return None
     return f"packing: expect no speed-up on this CPU ({'; '.join(reasons)}); kept as configured"

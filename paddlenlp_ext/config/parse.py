@@ -17,8 +17,13 @@ from ..data.reader import DataError, read_utf8_text
 from .data_checks import data_format_problems, dataset_path_problems
 from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
 from .problems import Problem, blame_command_line, tagged
-from .environment import (DPO_HINT, DPO_KEYS, environment_problems, pipeline_parallel_problems,
-                          tensor_parallel_adapter_problems)
+from .environment import (
+    DPO_HINT,
+    DPO_KEYS,
+    environment_problems,
+    pipeline_parallel_problems,
+    tensor_parallel_adapter_problems,
+)
 from .device import apply_cpu_device
 from .fields import NONE_IS_A_VALUE, FieldSpec, all_fields
 from .adapter_checks import adapter_problems
@@ -253,16 +258,24 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
             problems.append(sft_only)
             continue
         if spec is None and mode in ("kto", "grpo", "ppo", "reward") and key in DPO_KEYS:
-            problems.append(f"{origin}: {key!r} is a DPO (llm/run_dpo.py) key; {mode.upper()} does not use it: remove "
-                            f"it (the {mode.upper()} keys are in docs/alignment.md)")
+            problems.append(
+                f"{origin}: {key!r} is a DPO (llm/run_dpo.py) key; {mode.upper()} does not use it: remove "
+                f"it (the {mode.upper()} keys are in docs/alignment.md)"
+            )
             continue
         if spec is None and key in DPO_KEYS:
-            problems.append(f"{origin}: {key!r} is a DPO (preference training) key; llm/run_finetune.py does "
-                            f"supervised fine-tuning only. {DPO_HINT}")
+            problems.append(
+                f"{origin}: {key!r} is a DPO (preference training) key; llm/run_finetune.py does "
+                f"supervised fine-tuning only. {DPO_HINT}"
+            )
             continue
         if spec is None:
             near = difflib.get_close_matches(key, list(specs), n=3, cutoff=0.6)
-            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else "; see docs/config.md for the valid keys"
+            hint = (
+                f"; did you mean {' or '.join(repr(n) for n in near)}?"
+                if near
+                else "; see docs/config.md for the valid keys"
+            )
             problems.append(f"{origin}: unknown key {key!r}{hint}")
             continue
         if key == "resume_from_checkpoint":  # a path, or true: the newest complete checkpoint (config.resume)
@@ -297,11 +310,14 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
     pref_cls = ALIGNMENT_ARGUMENTS.get(mode)  # cfg.dpo
     dpo = pref_cls(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if pref_cls else None
-    cfg = RunConfig(groups["model"], groups["data"], groups["generate"], training, source=path,
-                    explicit=set(values), dpo=dpo)
+    cfg = RunConfig(
+        groups["model"], groups["data"], groups["generate"], training, source=path, explicit=set(values), dpo=dpo
+    )
     for key, full in from_root.items():
-        cfg.derived[key] = (f"{full} ({raw[key][0]!r} is not in the current directory {os.getcwd()}; "
-                            "found from the repository root, where the shipped configs' paths start)")
+        cfg.derived[key] = (
+            f"{full} ({raw[key][0]!r} is not in the current directory {os.getcwd()}; "
+            "found from the repository root, where the shipped configs' paths start)"
+        )
     _apply_aliases(cfg)
     if "device" in raw and raw["device"][1]:  # --device cpu: this GPU config made CPU-ready (config.device)
         apply_cpu_device(cfg)
@@ -329,8 +345,10 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         # equal is fine (as in PaddleNLP): the last target always keeps at least one token
         p.append(f"{where}: src_length ({d.src_length}) must not exceed max_length ({d.max_length})")
     if d.intokens is not None and d.intokens != d.zero_padding and "zero_padding" in cfg.explicit:
-        p.append(f"{where}: intokens (PaddleNLP's old name of zero_padding) is {d.intokens} but zero_padding is "
-                 f"{d.zero_padding}; keep only zero_padding")
+        p.append(
+            f"{where}: intokens (PaddleNLP's old name of zero_padding) is {d.intokens} but zero_padding is "
+            f"{d.zero_padding}; keep only zero_padding"
+        )
     p += environment_problems(cfg, where)
     layers = t.get("no_recompute_layers")
     if layers is not None:
@@ -347,13 +365,23 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if m.model_name_or_path and model_dir_text("model_name_or_path", m.model_name_or_path):
         p.append(Problem(f"{where}: {model_dir_text('model_name_or_path', m.model_name_or_path)}", "model_dir"))
     if m.tokenizer_name_or_path and not os.path.isdir(m.tokenizer_name_or_path):
-        p.append(Problem(f"{where}: {missing_path_text('tokenizer_name_or_path', m.tokenizer_name_or_path)}"
-                         if not os.path.exists(m.tokenizer_name_or_path) else f"{where}: tokenizer_name_or_path "
-                         f"{m.tokenizer_name_or_path!r} is not a directory ({os.path.abspath(m.tokenizer_name_or_path)})",
-                         "tokenizer_dir"))
+        p.append(
+            Problem(
+                f"{where}: {missing_path_text('tokenizer_name_or_path', m.tokenizer_name_or_path)}"
+                if not os.path.exists(m.tokenizer_name_or_path)
+                else f"{where}: tokenizer_name_or_path "
+                f"{m.tokenizer_name_or_path!r} is not a directory ({os.path.abspath(m.tokenizer_name_or_path)})",
+                "tokenizer_dir",
+            )
+        )
     if d.chat_template and not os.path.isfile(d.chat_template):
-        p.append(Problem(f"{where}: chat_template file {d.chat_template!r} not found (looked for "
-                         f"{os.path.abspath(d.chat_template)})", "chat_template"))
+        p.append(
+            Problem(
+                f"{where}: chat_template file {d.chat_template!r} not found (looked for "
+                f"{os.path.abspath(d.chat_template)})",
+                "chat_template",
+            )
+        )
     g = cfg.generate
     if (g.top_k, g.top_p) != (1, 1.0) and not d.eval_with_do_generation:
         p.append(f"{where}: top_k/top_p only apply with eval_with_do_generation=true; set it or remove them")
@@ -375,8 +403,10 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if do_train and t.get("max_steps", -1) <= 0 and t.get("num_train_epochs", 3.0) <= 0:
         p.append(f"{where}: do_train needs max_steps > 0 or num_train_epochs > 0")
     if d.zero_padding and (d.pad_to_multiple_of or d.pad_to_max_length):
-        p.append(f"{where}: pad_to_multiple_of/pad_to_max_length apply to batch padding; with zero_padding every "
-                 "row is already max_length long (choose max_length instead)")
+        p.append(
+            f"{where}: pad_to_multiple_of/pad_to_max_length apply to batch padding; with zero_padding every "
+            "row is already max_length long (choose max_length instead)"
+        )
     p += data_format_problems(d, where)  # config/data_checks.py
     if d.lazy and do_train and t.get("max_steps", -1) <= 0:
         p.append(f"{where}: lazy=true streams the data without knowing its length; set max_steps > 0")
@@ -419,8 +449,14 @@ def _apply_aliases(cfg: RunConfig) -> None:
     if t.get("benchmark") or t.get("autotuner_benchmark"):
         # PaddleNLP's SFTConfig.__post_init__ does the same, silently; we say what changed
         which = "autotuner_benchmark" if t.get("autotuner_benchmark") else "benchmark"
-        forced = {"do_train": True, "do_eval": False, "load_best_model_at_end": False,
-                  "save_strategy": "no", "evaluation_strategy": "no", "overwrite_output_dir": True}
+        forced = {
+            "do_train": True,
+            "do_eval": False,
+            "load_best_model_at_end": False,
+            "save_strategy": "no",
+            "evaluation_strategy": "no",
+            "overwrite_output_dir": True,
+        }
         if which == "autotuner_benchmark":
             forced["max_steps"] = 5
         for key, value in forced.items():
@@ -437,4 +473,3 @@ def _derive(cfg: RunConfig) -> None:
     if m.lora and m.lora_alpha == -1:
         m.lora_alpha = 2 * m.lora_rank
         cfg.derived["lora_alpha"] = f"{m.lora_alpha} (2 x lora_rank {m.lora_rank}, since lora_alpha was not set)"
-

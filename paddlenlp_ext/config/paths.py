@@ -17,8 +17,17 @@ import re
 from typing import Dict, Optional
 
 #: config keys naming files or directories the run reads
-INPUT_PATH_KEYS = ("model_name_or_path", "tokenizer_name_or_path", "lora_path", "lokr_path", "prefix_path",
-                   "dataset_name_or_path", "chat_template", "train_dataset_path", "dev_dataset_path")
+INPUT_PATH_KEYS = (
+    "model_name_or_path",
+    "tokenizer_name_or_path",
+    "lora_path",
+    "lokr_path",
+    "prefix_path",
+    "dataset_name_or_path",
+    "chat_template",
+    "train_dataset_path",
+    "dev_dataset_path",
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -37,7 +46,9 @@ def repo_root_of(config_path: Optional[str]) -> Optional[str]:
     return None
 
 
-def resolve_from_root(values: Dict[str, object], config_path: Optional[str], cwd: Optional[str] = None) -> Dict[str, str]:
+def resolve_from_root(
+    values: Dict[str, object], config_path: Optional[str], cwd: Optional[str] = None
+) -> Dict[str, str]:
     """The input paths to take from the repository root instead: ``{key: absolute path}``.
 
     Run from ``/src/pnx/llm`` with ``/src/pnx/llm/config/tiny/sft_argument.json`` holding
@@ -65,11 +76,16 @@ def missing_path_text(key: str, value: str) -> str:
     'models are never downloaded; download it first (e.g. `huggingface-cli download meta-llama/Llama-2-7b --local-dir Llama-2-7b`) and give that directory'
     """
     text = f"{key} {value!r} does not exist (looked for {os.path.abspath(value)})"
-    if key in ("model_name_or_path", "tokenizer_name_or_path") and _HUB_ID.match(value) \
-            and not value.startswith((".", "~")):
+    if (
+        key in ("model_name_or_path", "tokenizer_name_or_path")
+        and _HUB_ID.match(value)
+        and not value.startswith((".", "~"))
+    ):
         local = value.split("/")[-1]
-        text += (f"; models are never downloaded; download it first (e.g. `huggingface-cli download {value} "
-                 f"--local-dir {local}`) and give that directory")
+        text += (
+            f"; models are never downloaded; download it first (e.g. `huggingface-cli download {value} "
+            f"--local-dir {local}`) and give that directory"
+        )
     return text
 
 
@@ -78,6 +94,8 @@ def model_dir_text(key: str, value: str) -> Optional[str]:
     if not os.path.exists(value):
         return missing_path_text(key, value)
     if not os.path.isfile(os.path.join(value, "config.json")):
-        return (f"{key} {value!r} is not a model directory: {os.path.abspath(value)} has no config.json; point it "
-                "at a local directory with config.json, weights and tokenizer files")
+        return (
+            f"{key} {value!r} is not a model directory: {os.path.abspath(value)} has no config.json; point it "
+            "at a local directory with config.json, weights and tokenizer files"
+        )
     return None

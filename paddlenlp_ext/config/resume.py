@@ -23,26 +23,96 @@ from .checkpoints import RESOLVED_CONFIG_NAME, is_complete, latest_complete_chec
 # (lengths, packing, data, seed, batch sizes) or what the model is (base, dtype, adapters, prefix).
 # The learning rate, max_steps, logging and saving may change on a resume.
 RESUME_KEYS = {
-    "model": ("model_name_or_path", "tokenizer_name_or_path", "weight_quantize_algo", "weight_blocksize",
-              "weight_double_quant", "weight_double_quant_block_size", "lora", "lora_path", "lora_rank",
-              "lora_alpha", "lora_dropout", "lora_target_modules", "rslora", "lora_plus_scale", "pissa",
-              "pissa_niter", "vera", "vera_rank", "vera_seed", "vera_d_init", "neftune", "neftune_noise_alpha",
-              "lokr", "lokr_dim", "lokr_alpha", "lokr_factor", "lokr_decompose_both", "prefix_tuning",
-              "prefix_path", "num_prefix_tokens", "prefix_projection", "prefix_projection_hidden_size",
-              "prefix_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "fuse_attention_qkv",
-              "fuse_attention_ffn", "freeze_router"),
-    "data": ("dataset_name_or_path", "src_length", "max_length", "zero_padding", "greedy_zero_padding",
-             "greedy_group_size", "lazy", "chat_template"),
-    "dpo": ("train_dataset_path", "max_seq_len", "max_prompt_len",  # then GRPO's (a group has only its own)
-            "num_generations", "max_completion_length", "temperature", "top_p", "epsilon", "scale_rewards",
-            "reward_funcs", "reward_model_name_or_path", "reward_weights", "loss_type", "epsilon_high",
-            "importance_sampling_level", "mask_truncated_completions", "num_iterations", "normalize_advantages"),
-    "training": ("seed", "per_device_train_batch_size", "gradient_accumulation_steps", "fp16", "bf16",
-                 "fp16_opt_level", "tensor_parallel_degree"),
+    "model": (
+        "model_name_or_path",
+        "tokenizer_name_or_path",
+        "weight_quantize_algo",
+        "weight_blocksize",
+        "weight_double_quant",
+        "weight_double_quant_block_size",
+        "lora",
+        "lora_path",
+        "lora_rank",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_target_modules",
+        "rslora",
+        "lora_plus_scale",
+        "pissa",
+        "pissa_niter",
+        "vera",
+        "vera_rank",
+        "vera_seed",
+        "vera_d_init",
+        "neftune",
+        "neftune_noise_alpha",
+        "lokr",
+        "lokr_dim",
+        "lokr_alpha",
+        "lokr_factor",
+        "lokr_decompose_both",
+        "prefix_tuning",
+        "prefix_path",
+        "num_prefix_tokens",
+        "prefix_projection",
+        "prefix_projection_hidden_size",
+        "prefix_dropout",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "fuse_attention_qkv",
+        "fuse_attention_ffn",
+        "freeze_router",
+    ),
+    "data": (
+        "dataset_name_or_path",
+        "src_length",
+        "max_length",
+        "zero_padding",
+        "greedy_zero_padding",
+        "greedy_group_size",
+        "lazy",
+        "chat_template",
+    ),
+    "dpo": (
+        "train_dataset_path",
+        "max_seq_len",
+        "max_prompt_len",  # then GRPO's (a group has only its own)
+        "num_generations",
+        "max_completion_length",
+        "temperature",
+        "top_p",
+        "epsilon",
+        "scale_rewards",
+        "reward_funcs",
+        "reward_model_name_or_path",
+        "reward_weights",
+        "loss_type",
+        "epsilon_high",
+        "importance_sampling_level",
+        "mask_truncated_completions",
+        "num_iterations",
+        "normalize_advantages",
+    ),
+    "training": (
+        "seed",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "fp16",
+        "bf16",
+        "fp16_opt_level",
+        "tensor_parallel_degree",
+    ),
 }
 # compared as absolute paths: the same directory typed differently is the same setting
-PATH_KEYS = {"model_name_or_path", "tokenizer_name_or_path", "lora_path", "prefix_path", "dataset_name_or_path",
-             "chat_template", "train_dataset_path"}
+PATH_KEYS = {
+    "model_name_or_path",
+    "tokenizer_name_or_path",
+    "lora_path",
+    "prefix_path",
+    "dataset_name_or_path",
+    "chat_template",
+    "train_dataset_path",
+}
 
 
 def coerce_resume(value: Any, from_cli: bool) -> Tuple[Any, Optional[str]]:
@@ -76,8 +146,10 @@ def output_dir_problems(path: Optional[str], where: str) -> List[str]:
     if not path:
         return []  # reported as a missing required key
     if os.path.exists(path) and not os.path.isdir(path):
-        return [f"{where}: output_dir {path!r} is an existing file, not a directory; choose another output_dir "
-                "(or move the file away)"]
+        return [
+            f"{where}: output_dir {path!r} is an existing file, not a directory; choose another output_dir "
+            "(or move the file away)"
+        ]
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -99,7 +171,8 @@ def write_probe_error(directory: str) -> Optional[str]:
     except OSError as e:
         name = errno.errorcode.get(e.errno, "?")
         reason = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}.get(
-            e.errno, e.strerror or str(e))
+            e.errno, e.strerror or str(e)
+        )
         return f"{reason} ({name})"
     os.close(fd)
     os.remove(tmp)
@@ -151,8 +224,10 @@ def resume_problems(cfg, where: str, training_defaults: Dict[str, Any]) -> List[
         latest, skipped = latest_complete_checkpoint(out)
         cut_short = f" (skipped, cut short while being written: {', '.join(skipped)})" if skipped else ""
         if latest is None:
-            return [f"{where}: resume_from_checkpoint=true but output_dir {out!r} holds no complete checkpoint-N "
-                    f"directory{cut_short}; drop resume_from_checkpoint to train from the start"]
+            return [
+                f"{where}: resume_from_checkpoint=true but output_dir {out!r} holds no complete checkpoint-N "
+                f"directory{cut_short}; drop resume_from_checkpoint to train from the start"
+            ]
         t["resume_from_checkpoint"] = ckpt = latest
         cfg.derived["resume_from_checkpoint"] = f"{latest} (the newest complete checkpoint in output_dir{cut_short})"
     if not os.path.isdir(ckpt):
@@ -160,16 +235,20 @@ def resume_problems(cfg, where: str, training_defaults: Dict[str, Any]) -> List[
     if not t.get("do_train", False):
         return []
     if not is_complete(ckpt):
-        return [f"{where}: resume_from_checkpoint {ckpt!r} is incomplete (no CHECKPOINT_COMPLETE: the run stopped "
-                "while saving it, or it was not written by paddlenlp_ext); resume from an earlier checkpoint-* "
-                "directory, or use resume_from_checkpoint=true for the newest complete one"]
+        return [
+            f"{where}: resume_from_checkpoint {ckpt!r} is incomplete (no CHECKPOINT_COMPLETE: the run stopped "
+            "while saving it, or it was not written by paddlenlp_ext); resume from an earlier checkpoint-* "
+            "directory, or use resume_from_checkpoint=true for the newest complete one"
+        ]
     try:
         saved = read_json_file(os.path.join(ckpt, RESOLVED_CONFIG_NAME))
     except ValueError as e:
         return [f"{where}: resume_from_checkpoint: {e}"]
     if saved is None or not isinstance(saved.get("resume_settings"), dict):
-        cfg.derived["resume_settings"] = (f"not compared: {ckpt} records no settings (written by an older "
-                                          "paddlenlp_ext); make sure the data and model settings are unchanged")
+        cfg.derived["resume_settings"] = (
+            f"not compared: {ckpt} records no settings (written by an older "
+            "paddlenlp_ext); make sure the data and model settings are unchanged"
+        )
         return []
     settings = dict(saved["resume_settings"])
     if isinstance(settings.get("scale_rewards"), bool):  # GRPO checkpoints before scale_rewards took group/batch/none
@@ -177,6 +256,8 @@ def resume_problems(cfg, where: str, training_defaults: Dict[str, Any]) -> List[
     diffs = changed_settings(settings, resume_settings(cfg, training_defaults))
     if not diffs:
         return []
-    return [f"{where}: resume_from_checkpoint {ckpt!r} was trained with other settings that change the data order "
-            f"or the model ({'; '.join(diffs)}); set them back to the checkpoint's values, or train from the start "
-            "in a new output_dir (without resume_from_checkpoint)"]
+    return [
+        f"{where}: resume_from_checkpoint {ckpt!r} was trained with other settings that change the data order "
+        f"or the model ({'; '.join(diffs)}); set them back to the checkpoint's values, or train from the start "
+        "in a new output_dir (without resume_from_checkpoint)"
+    ]

@@ -21,7 +21,8 @@ def reward_problems(cfg, where: str) -> List[str]:
     d = cfg.data
     p: List[str] = []
     if d.lazy:
-        p.append(f"{where}: lazy=true is not supported for reward models yet (the pairs are read in memory); "
-                 "remove lazy")
+        p.append(
+            f"{where}: lazy=true is not supported for reward models yet (the pairs are read in memory); remove lazy"
+        )
     # a family without a body + lm_head split (models/heads.py) is refused by the family table's "reward" feature
     return p + preference_problems(cfg, where, "reward", REWARD_BEST_METRICS)

@@ -201,9 +201,7 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> List[List[int]
     return _bfd_window(arr, capacity, 0)
 
 
-def greedy_pack(
-    lengths: Sequence[int], capacity: int, group_size: int = DEFAULT_GROUP_SIZE
-) -> List[List[int]]:
+def greedy_pack(lengths: Sequence[int], capacity: int, group_size: int = DEFAULT_GROUP_SIZE) -> List[List[int]]:
     """Greedy zero padding: best-fit-decreasing on each consecutive window of ``group_size`` examples.
 
     Packs never mix examples from different windows, so data order is kept

@@ -57,13 +57,19 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def render(source: str, messages: List[Dict[str, Any]], tools: Optional[List[Dict]], add_generation_prompt: bool,
-           special_tokens: Dict[str, Any]) -> str:
+def render(
+    source: str,
+    messages: List[Dict[str, Any]],
+    tools: Optional[List[Dict]],
+    add_generation_prompt: bool,
+    special_tokens: Dict[str, Any],
+) -> str:
     """Render ``messages`` (template dicts) with ``tools``; the special tokens are template variables as in
     transformers (``{**tokenizer.special_tokens_map, ...}``).  A template error -> :class:`TemplateRenderError`."""
     try:
-        return compile_template(source).render(messages=messages, tools=tools,
-                                               add_generation_prompt=add_generation_prompt, **special_tokens)
+        return compile_template(source).render(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **special_tokens
+        )
     except jinja2.exceptions.TemplateError as e:
         raise TemplateRenderError(f"the chat template cannot render this conversation: {e}") from e
 
@@ -92,11 +98,12 @@ def pick_named(templates: Any, has_tools: bool, where: str) -> Optional[str]:
         if "default" in named:
             return named["default"]
         raise DataError([f"{where}: chat_template lists templates {sorted(named)} but none is named 'default'"])
-    raise DataError([f"{where}: chat_template must be a jinja string or a list of {{\"name\", \"template\"}}"])
+    raise DataError([f'{where}: chat_template must be a jinja string or a list of {{"name", "template"}}'])
 
 
-def find_template(tokenizer_dir: Optional[str], chat_template_key: Optional[str], has_tools: bool = False
-                  ) -> Optional[str]:
+def find_template(
+    tokenizer_dir: Optional[str], chat_template_key: Optional[str], has_tools: bool = False
+) -> Optional[str]:
     """The jinja source to render conversations with (see the module docstring), or None."""
     if chat_template_key and not chat_template_key.endswith(".json"):
         return read_utf8_text(chat_template_key)

@@ -43,8 +43,9 @@ def _common_prefix(a: List[int], b: List[int]) -> int:
     return n
 
 
-def char_spans(conv: Conversation, source: str, special: Dict, train_on_prompt: bool
-               ) -> Tuple[str, List[Tuple[int, int, bool]]]:
+def char_spans(
+    conv: Conversation, source: str, special: Dict, train_on_prompt: bool
+) -> Tuple[str, List[Tuple[int, int, bool]]]:
     """(rendered text, [(start, end, supervised)]) -- the character spans of the messages whose loss
     differs from the background (background: supervised iff ``train_on_prompt``)."""
     msgs = [m.as_template_dict() for m in conv.messages]
@@ -65,14 +66,16 @@ def char_spans(conv: Conversation, source: str, special: Dict, train_on_prompt: 
             raise TemplateRenderError(
                 f"the chat template renders message {i + 1} differently when later messages follow (e.g. it drops "
                 "earlier reasoning), so its tokens cannot be located; split the conversation into one example per "
-                "assistant turn")
+                "assistant turn"
+            )
         start, end = (len(head), len(upto.rstrip())) if m.role == "assistant" else (len(head), len(upto))
         spans.append((start, max(end, start), want))
     return full, spans
 
 
-def conversation_tokens(conv: Conversation, tokenizer, source: str, special: Dict, train_on_prompt: bool
-                        ) -> Tuple[List[int], List[bool]]:
+def conversation_tokens(
+    conv: Conversation, tokenizer, source: str, special: Dict, train_on_prompt: bool
+) -> Tuple[List[int], List[bool]]:
     """(token ids of the rendered conversation, supervised flag per token)."""
     full, spans = char_spans(conv, source, special, train_on_prompt)
     return _tokens_and_mask(tokenizer, full, spans, train_on_prompt)
@@ -96,8 +99,9 @@ def _token_at(tokenizer, full: str, pos: int, ids: List[int]) -> int:
     return _common_prefix(_encode(tokenizer, full[:pos]), ids) if pos else 0
 
 
-def user_bounds(conv: Conversation, n: int, tokenizer, source: str, special: Dict, full: str, ids: List[int],
-                limit: int) -> List[int]:
+def user_bounds(
+    conv: Conversation, n: int, tokenizer, source: str, special: Dict, full: str, ids: List[int], limit: int
+) -> List[int]:
     """Token index where each user turn among ``conv.messages[:n]`` starts in ``ids`` (the tokens of the
     rendering ``full``), increasing and at most ``limit``; ``[0]`` when none can be placed (a template that
     renders a cut conversation differently merges those rounds)."""
@@ -117,8 +121,9 @@ def user_bounds(conv: Conversation, n: int, tokenizer, source: str, special: Dic
     return bounds or [0]
 
 
-def answer_segments(conv: Conversation, answer, tokenizer, source: str, special: Dict
-                    ) -> Tuple[List[int], List[List[int]], List[int], List[int]]:
+def answer_segments(
+    conv: Conversation, answer, tokenizer, source: str, special: Dict
+) -> Tuple[List[int], List[List[int]], List[int], List[int]]:
     """``(prefix, history rounds, last, answer)`` token segments of ``conv`` + the ``answer`` message rendered
     by the jinja ``source`` (tokenized once, as :func:`conversation_tokens`): ``prefix`` up to the first user
     turn (system, tools), one history round per earlier user turn (with the assistant and tool turns after
@@ -135,11 +140,12 @@ def answer_segments(conv: Conversation, answer, tokenizer, source: str, special:
     b = b if b == len(upto) else min(b + 1, len(ids))
     bounds = user_bounds(conv, len(conv.messages), tokenizer, source, special, full, ids, a)
     rounds = [ids[x:y] for x, y in zip(bounds, bounds[1:])]
-    return ids[: bounds[0]], rounds, ids[bounds[-1]: a], ids[a:b]
+    return ids[: bounds[0]], rounds, ids[bounds[-1] : a], ids[a:b]
 
 
-def fit_conversation(conv: Conversation, tokenizer, source: str, special: Dict, train_on_prompt: bool,
-                     max_length: int, src_length: int) -> Tuple[Optional[Dict], bool, int]:
+def fit_conversation(
+    conv: Conversation, tokenizer, source: str, special: Dict, train_on_prompt: bool, max_length: int, src_length: int
+) -> Tuple[Optional[Dict], bool, int]:
     """A rendered conversation -> ``(feature or None, truncated, dropped_rounds)`` by the one truncation policy
     (:mod:`.truncation`, fine-tuning's form): a conversation of at most ``max_length`` tokens is whole; a longer
     one loses its oldest rounds (user turn + the answers after it) while it does not fit, the last prompt
@@ -161,8 +167,15 @@ def fit_conversation(conv: Conversation, tokenizer, source: str, special: Dict, 
     pos = list(range(len(ids)))
     bounds = user_bounds(conv, last, tokenizer, source, special, full, ids, a)
     rounds = [pos[x:y] for x, y in zip(bounds, bounds[1:])]
-    prompt, (answer,), info = fit_segments(pos[: bounds[0]], rounds, pos[bounds[-1]: a], [pos[a:]], max_length,
-                                           min(src_length, max_length - 1), bound_history=False)
+    prompt, (answer,), info = fit_segments(
+        pos[: bounds[0]],
+        rounds,
+        pos[bounds[-1] : a],
+        [pos[a:]],
+        max_length,
+        min(src_length, max_length - 1),
+        bound_history=False,
+    )
     keep = prompt + answer
     w_ids, w_mask = [ids[k] for k in keep], [mask[k] for k in keep]
     labels = [t if m else IGNORE_INDEX for t, m in zip(w_ids[1:], w_mask[1:])]
@@ -188,8 +201,14 @@ def shift_and_fit(ids: List[int], mask: List[bool], max_length: int, origin: str
         labels = [t if m else IGNORE_INDEX for t, m in zip(w_ids[1:], w_mask[1:])]
         if any(x != IGNORE_INDEX for x in labels):
             return {"input_ids": w_ids[:-1], "labels": labels}, truncated
-    raise ValueError(f"{origin}: no supervised token" + (f" within max_length={max_length}; raise max_length"
-                     if truncated else " (every assistant turn has loss_weight 0)"))
+    raise ValueError(
+        f"{origin}: no supervised token"
+        + (
+            f" within max_length={max_length}; raise max_length"
+            if truncated
+            else " (every assistant turn has loss_weight 0)"
+        )
+    )
 
 
 def to_example(conv: Conversation) -> Example:
@@ -210,10 +229,13 @@ def to_example(conv: Conversation) -> Example:
     elif [m.role for m in rest] != ["user", "assistant"] * (len(rest) // 2) or len(rest) % 2:
         need = "this order of roles"
     if need:
-        raise ValueError(f"{conv.origin}: {need} can only be rendered with a jinja chat template, and the tokenizer "
-                         "has none: add chat_template to its tokenizer_config.json or set chat_template to a jinja file")
-    return Example(src=[m.content for m in rest[0::2]], tgt=[m.content for m in rest[1::2]], system=system,
-                   origin=conv.origin)
+        raise ValueError(
+            f"{conv.origin}: {need} can only be rendered with a jinja chat template, and the tokenizer "
+            "has none: add chat_template to its tokenizer_config.json or set chat_template to a jinja file"
+        )
+    return Example(
+        src=[m.content for m in rest[0::2]], tgt=[m.content for m in rest[1::2]], system=system, origin=conv.origin
+    )
 
 
 def text_features(doc: TextDoc, tokenizer, max_length: int) -> List[Dict]:
@@ -228,7 +250,7 @@ def text_features(doc: TextDoc, tokenizer, max_length: int) -> List[Dict]:
     ids = ids + [tokenizer.eos_token_id]
     out = []
     for start in range(0, len(ids) - 1, max_length):
-        chunk = ids[start: start + max_length + 1]
+        chunk = ids[start : start + max_length + 1]
         out.append({"input_ids": chunk[:-1], "labels": chunk[1:]})
     return out
 
@@ -238,9 +260,17 @@ class Renderer:
     (jinja template, or an ``Example`` without one) and ``TextDoc`` (autoregressive).  ``__call__`` returns
     ``(features, truncated, dropped_rounds)`` with ``features`` a list (a long text document gives several)."""
 
-    def __init__(self, tokenizer, src_length: int, max_length: int, use_paddle_template: bool,
-                 templates: Optional[Dict[bool, Optional[str]]] = None, special: Optional[Dict] = None,
-                 train_on_prompt: bool = False, autoregressive: bool = False):
+    def __init__(
+        self,
+        tokenizer,
+        src_length: int,
+        max_length: int,
+        use_paddle_template: bool,
+        templates: Optional[Dict[bool, Optional[str]]] = None,
+        special: Optional[Dict] = None,
+        train_on_prompt: bool = False,
+        autoregressive: bool = False,
+    ):
         self.tokenizer, self.src_length, self.max_length = tokenizer, src_length, max_length
         self.use_paddle_template = use_paddle_template
         self.templates = templates or {}  # {has_tools: jinja source or None}
@@ -260,17 +290,21 @@ class Renderer:
             feats = text_features(item, self.tokenizer, self.max_length)
             return feats, len(feats) > 1, 0
         if self.autoregressive:
-            raise ValueError(f"{item.origin}: autoregressive: true trains on raw text, but this record is a "
-                             "conversation; give text records ({\"text\": ...} or a .txt file) or set it false")
+            raise ValueError(
+                f"{item.origin}: autoregressive: true trains on raw text, but this record is a "
+                'conversation; give text records ({"text": ...} or a .txt file) or set it false'
+            )
         if isinstance(item, Conversation):
             source = self.templates.get(bool(item.tools)) or self.templates.get(False)
             if source:
-                feat, truncated, dropped = fit_conversation(item, self.tokenizer, source, self.special,
-                                                            self.train_on_prompt, self.max_length, self.src_length)
+                feat, truncated, dropped = fit_conversation(
+                    item, self.tokenizer, source, self.special, self.train_on_prompt, self.max_length, self.src_length
+                )
                 return ([feat] if feat is not None else []), truncated, dropped
             item = to_example(item)
-        feat, truncated, dropped = tokenize_example(item, self.tokenizer, self.src_length, self.max_length,
-                                                    self.use_paddle_template)
+        feat, truncated, dropped = tokenize_example(
+            item, self.tokenizer, self.src_length, self.max_length, self.use_paddle_template
+        )
         if self.train_on_prompt:
             feat = {"input_ids": feat["input_ids"], "labels": feat["input_ids"][1:] + [feat["labels"][-1]]}
         return [feat], truncated, dropped

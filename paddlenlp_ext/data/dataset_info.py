@@ -31,8 +31,18 @@ from .reader import DataError, read_utf8_text
 
 INFO_FILE = "dataset_info.json"
 FORMATTINGS = {"alpaca": "alpaca", "sharegpt": "sharegpt", "openai": "messages"}
-COLUMN_NAMES = ("prompt", "query", "response", "history", "messages", "system", "tools", "chosen", "rejected",
-                "kto_tag")
+COLUMN_NAMES = (
+    "prompt",
+    "query",
+    "response",
+    "history",
+    "messages",
+    "system",
+    "tools",
+    "chosen",
+    "rejected",
+    "kto_tag",
+)
 TAG_NAMES = ("role_tag", "content_tag", "user_tag", "assistant_tag", "observation_tag", "function_tag", "system_tag")
 MEDIA_COLUMNS = ("images", "videos", "audios")
 REMOTE_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
@@ -94,8 +104,10 @@ def lookup(name: str, dataset_dir: str) -> DatasetEntry:
     if "file_name" not in e:
         remote = [k for k in REMOTE_KEYS if k in e]
         if remote:
-            raise DatasetInfoError(f"{where} has only {remote[0]} ({e[remote[0]]!r}); paddlenlp_ext reads local files "
-                                   "only: download the dataset into dataset_dir and give its file_name")
+            raise DatasetInfoError(
+                f"{where} has only {remote[0]} ({e[remote[0]]!r}); paddlenlp_ext reads local files "
+                "only: download the dataset into dataset_dir and give its file_name"
+            )
         raise DatasetInfoError(f"{where} has no file_name")
     path = os.path.join(dataset_dir, e["file_name"])
     if not os.path.exists(path):
@@ -115,16 +127,19 @@ def lookup(name: str, dataset_dir: str) -> DatasetEntry:
             if key in MEDIA_COLUMNS:
                 raise DatasetInfoError(f"{where}: {group}.{key}: multimodal data is not supported (text models only)")
             if key not in names or not isinstance(val, str):
-                raise DatasetInfoError(f"{where}: {group}.{key}: unknown name or not a field name; known: "
-                                       f"{', '.join(names)}")
+                raise DatasetInfoError(
+                    f"{where}: {group}.{key}: unknown name or not a field name; known: {', '.join(names)}"
+                )
             columns[key] = val
     if formatting == "openai":
         columns.setdefault("messages", "conversations")  # LLaMA-Factory's default column, for every formatting
     if formatting == "openai" and any(k in columns for k in TAG_NAMES):
-        raise DatasetInfoError(f"{where}: formatting openai reads OpenAI's role/content names; remove the tags or use "
-                               "formatting sharegpt")
-    return DatasetEntry(name=name, files=files, format=FORMATTINGS[formatting], columns=columns,
-                        ranking=bool(e.get("ranking", False)))
+        raise DatasetInfoError(
+            f"{where}: formatting openai reads OpenAI's role/content names; remove the tags or use formatting sharegpt"
+        )
+    return DatasetEntry(
+        name=name, files=files, format=FORMATTINGS[formatting], columns=columns, ranking=bool(e.get("ranking", False))
+    )
 
 
 def named_entry(name: str, data_args) -> Optional[DatasetEntry]:

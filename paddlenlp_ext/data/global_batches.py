@@ -52,16 +52,19 @@ def global_batches(n: int, global_batch: int, seed: int, epoch: int, drop_last: 
     order = np.random.RandomState(seed + epoch).permutation(n).tolist()
     count = n // global_batch if drop_last else -(-n // global_batch)
     if count == 0:
-        raise ValueError(f"{n} training examples do not fill one global batch of {global_batch} with "
-                         "dataloader_drop_last=true; lower the batch size or set dataloader_drop_last=false")
+        raise ValueError(
+            f"{n} training examples do not fill one global batch of {global_batch} with "
+            "dataloader_drop_last=true; lower the batch size or set dataloader_drop_last=false"
+        )
     padded = order + order[: count * global_batch - n] if count * global_batch > n else order
     while len(padded) < count * global_batch:  # fewer examples than one global batch: wrap again
         padded += order[: count * global_batch - len(padded)]
-    return [padded[g * global_batch:(g + 1) * global_batch] for g in range(count)]
+    return [padded[g * global_batch : (g + 1) * global_batch] for g in range(count)]
 
 
-def rank_micro_batches(batch: Sequence[int], per_device: int, accumulation: int, ranks: int, rank: int) \
-        -> List[List[int]]:
+def rank_micro_batches(
+    batch: Sequence[int], per_device: int, accumulation: int, ranks: int, rank: int
+) -> List[List[int]]:
     """This rank's micro-batches (in accumulation order) of one global batch.
 
     >>> rank_micro_batches([10, 11, 12, 13, 14, 15, 16, 17], per_device=2, accumulation=2, ranks=2, rank=1)
@@ -72,7 +75,7 @@ def rank_micro_batches(batch: Sequence[int], per_device: int, accumulation: int,
     out = []
     for a in range(accumulation):
         start = (a * ranks + rank) * per_device
-        out.append(list(batch[start:start + per_device]))
+        out.append(list(batch[start : start + per_device]))
     return out
 
 
@@ -130,10 +133,20 @@ class GlobalBatchSampler(paddle.io.DistributedBatchSampler):
     (global batches x accumulation), as the Trainer expects from a batch sampler.
     """
 
-    def __init__(self, dataset, per_device: int, accumulation: int, ranks: int, rank: int, seed: int,
-                 drop_last: bool, counts: Callable[[], np.ndarray] = None):
-        super().__init__(dataset, batch_size=per_device, num_replicas=ranks, rank=rank, shuffle=False,
-                         drop_last=drop_last)
+    def __init__(
+        self,
+        dataset,
+        per_device: int,
+        accumulation: int,
+        ranks: int,
+        rank: int,
+        seed: int,
+        drop_last: bool,
+        counts: Callable[[], np.ndarray] = None,
+    ):
+        super().__init__(
+            dataset, batch_size=per_device, num_replicas=ranks, rank=rank, shuffle=False, drop_last=drop_last
+        )
         self.per_device, self.accumulation, self.ranks, self.rank = per_device, accumulation, ranks, rank
         self.seed, self.drop_last = seed, drop_last
         self.global_batch = per_device * accumulation * ranks

@@ -35,8 +35,9 @@ def normalized(weights: Optional[Sequence[float]], n: int) -> List[float]:
     return [x / total for x in w]
 
 
-def mixture_order(sizes: Sequence[int], weights: Optional[Sequence[float]], strategy: str, seed: int
-                  ) -> List[Tuple[int, int]]:
+def mixture_order(
+    sizes: Sequence[int], weights: Optional[Sequence[float]], strategy: str, seed: int
+) -> List[Tuple[int, int]]:
     """``(source, index in source)`` for every example of the mixture.
 
     >>> mixture_order([2, 3], None, "concat", 0)

@@ -66,9 +66,7 @@ def example_length(ex: Mapping, index) -> int:
     return n
 
 
-def build_packed_row(
-    examples: Sequence[Mapping], max_length: int, pad_token_id: int
-) -> Dict[str, np.ndarray]:
+def build_packed_row(examples: Sequence[Mapping], max_length: int, pad_token_id: int) -> Dict[str, np.ndarray]:
     """Concatenate examples into one row of length ``max_length`` (a numpy dict).
 
     Args:
@@ -139,8 +137,11 @@ def new_row(length: int, pad_token_id: int):
 
     Example: ``new_row(4, 0)[0].tolist()`` -> ``[0, 0, 0, 0]``; the others have shape ``(4,)``.
     """
-    return (np.full(length, pad_token_id, dtype=np.int64), np.empty(length, dtype=np.int64),
-            np.empty(length, dtype=np.int32))
+    return (
+        np.full(length, pad_token_id, dtype=np.int64),
+        np.empty(length, dtype=np.int64),
+        np.empty(length, dtype=np.int32),
+    )
 
 
 def pad_row_tail(position_ids: np.ndarray, start: np.ndarray, off: int) -> None:
@@ -201,8 +202,7 @@ def collate_packed(rows: Sequence[Mapping[str, np.ndarray]]) -> Dict[str, np.nda
     if len(lens) != 1:
         raise ValueError(f"all packed rows must have the same length, got {sorted(lens)}")
     out = {
-        k: np.stack([np.asarray(r[k], dtype=np.int64) for r in rows])
-        for k in ("input_ids", "labels", "position_ids")
+        k: np.stack([np.asarray(r[k], dtype=np.int64) for r in rows]) for k in ("input_ids", "labels", "position_ids")
     }
     se = np.stack([np.asarray(r["attn_mask_startend_row_indices"], dtype=np.int32) for r in rows])
     out["attn_mask_startend_row_indices"] = se[:, None, :, None]

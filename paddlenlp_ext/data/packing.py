@@ -97,9 +97,7 @@ class PackedDataset:
             self._base_packs = greedy_pack(self.lengths, self.max_length, self.group_size)
         else:
             self._base_packs = pack_in_order(self.lengths, self.max_length)
-        self._supervised = int(
-            sum(int(np.count_nonzero(np.asarray(ex["labels"]) != IGNORE_INDEX)) for ex in examples)
-        )
+        self._supervised = int(sum(int(np.count_nonzero(np.asarray(ex["labels"]) != IGNORE_INDEX)) for ex in examples))
         self.epoch = 0
         self.set_epoch(0)
 

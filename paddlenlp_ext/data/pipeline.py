@@ -34,8 +34,16 @@ def make_renderer(cfg, tokenizer, use_template: bool) -> Renderer:
     d, m = cfg.data, cfg.model
     tok_dir = m.tokenizer_name_or_path or m.model_name_or_path
     templates = {has_tools: find_template(tok_dir, d.chat_template, has_tools) for has_tools in (False, True)}
-    return Renderer(tokenizer, d.src_length, d.max_length, use_template, templates, special_tokens_of(tokenizer),
-                    train_on_prompt=d.train_on_prompt, autoregressive=d.autoregressive)
+    return Renderer(
+        tokenizer,
+        d.src_length,
+        d.max_length,
+        use_template,
+        templates,
+        special_tokens_of(tokenizer),
+        train_on_prompt=d.train_on_prompt,
+        autoregressive=d.autoregressive,
+    )
 
 
 def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
@@ -51,7 +59,9 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
             feats, truncated, dropped = renderer(item)
         except (ValueError, TypeError, KeyError, IndexError) as e:  # re-raised with the record's file:line
             msg = str(e)
-            raise DataError([msg if msg.startswith(item.origin) else f"{item.origin}: could not tokenize: {msg}"]) from e
+            raise DataError(
+                [msg if msg.startswith(item.origin) else f"{item.origin}: could not tokenize: {msg}"]
+            ) from e
         for k, feat in enumerate(feats):
             stats.add(feat, truncated and k == 0, dropped if k == 0 else 0)
         src = sources.get(item.origin.rsplit(":", 1)[0])
@@ -63,8 +73,13 @@ def tokenize_items(items, renderer: Renderer, formats: Dict[str, str]):
         out.extend(feats)
     empty = [f for f, v in sources.items() if v["examples"] and v["dropped"] == v["examples"]]
     if empty:  # the one refusal for length: nothing in a file fits
-        raise DataError([f"{f}: no example of this file keeps a learned token within max_length={renderer.max_length} "
-                         "after truncation; raise max_length (or lower src_length)" for f in empty])
+        raise DataError(
+            [
+                f"{f}: no example of this file keeps a learned token within max_length={renderer.max_length} "
+                "after truncation; raise max_length (or lower src_length)"
+                for f in empty
+            ]
+        )
     return out, stats, sources
 
 
@@ -105,8 +120,11 @@ def tokenize_split(cfg, tokenizer, split: str, use_template: bool, renderer: Opt
     if any(v["format"] != "paddlenlp" for v in formats.values()) or d.autoregressive or len(sources) > 1:
         report.update(sources=formats, template="jinja" if renderer.jinja else "paddlenlp" if use_template else "none")
     if order is not None:
-        report["mixture"] = {"strategy": d.mix_strategy, "rows": len(order),
-                             "per_source": {src: sum(1 for s, _ in order if s == k) for k, src in enumerate(sources)}}
+        report["mixture"] = {
+            "strategy": d.mix_strategy,
+            "rows": len(order),
+            "per_source": {src: sum(1 for s, _ in order if s == k) for k, src in enumerate(sources)},
+        }
     return features, report
 
 
@@ -122,16 +140,30 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
         files, fmt, columns = source_files(d.dataset_name_or_path, "train", d)
         whole = [f for f in files if not streamable(f)]
         if whole:
-            raise DataError([f"{whole[0]}: lazy=true streams JSON lines and .txt files; this file is a JSON array or "
-                             "parquet (read whole): convert it to JSON lines or set lazy=false"])
+            raise DataError(
+                [
+                    f"{whole[0]}: lazy=true streams JSON lines and .txt files; this file is a JSON array or "
+                    "parquet (read whole): convert it to JSON lines or set lazy=false"
+                ]
+            )
         train = StreamingPackedDataset(
-            files, partial(_tokenize_streamed, renderer=renderer),
-            d.max_length, tokenizer.pad_token_id, greedy=d.greedy_zero_padding, group_size=d.greedy_group_size,
-            seed=seed, start=resume_cursor, packed=d.zero_padding,
+            files,
+            partial(_tokenize_streamed, renderer=renderer),
+            d.max_length,
+            tokenizer.pad_token_id,
+            greedy=d.greedy_zero_padding,
+            group_size=d.greedy_group_size,
+            seed=seed,
+            start=resume_cursor,
+            packed=d.zero_padding,
             parse=partial(parse_stream_line, fmt=fmt, columns=columns),
         )
-        reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
-                            "packing": ("greedy" if d.greedy_zero_padding else "in_order") if d.zero_padding else "none"}
+        reports["train"] = {
+            "files": files,
+            "lazy": True,
+            "chat_template": use_template,
+            "packing": ("greedy" if d.greedy_zero_padding else "in_order") if d.zero_padding else "none",
+        }
     elif do_train:
         train, reports["train"] = tokenize_split(cfg, tokenizer, "train", use_template, renderer, seed)
     if do_eval:
@@ -144,8 +176,10 @@ def build_datasets(cfg, tokenizer, do_train: bool, do_eval: bool, seed: int, res
         dev = pack(cfg, dev, tokenizer, seed, reports.get("dev"))
         return BuiltData(train=train, dev=dev, collator=PackedCollator(cfg.model.flash_mask), reports=reports)
     t = cfg.training
-    for feats, split, bs in ((train, "train", t.get("per_device_train_batch_size", 8)),
-                             (dev, "dev", t.get("per_device_eval_batch_size", 8))):
+    for feats, split, bs in (
+        (train, "train", t.get("per_device_train_batch_size", 8)),
+        (dev, "dev", t.get("per_device_eval_batch_size", 8)),
+    ):
         if feats is not None and not isinstance(feats, StreamingPackedDataset):
             reports[split].update(batch_padding_report(feats, bs, seed))
     collator = PaddingCollator(
@@ -174,8 +208,11 @@ def batch_padding_report(features, batch_size: int, seed: int) -> Dict:
     """
     lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
     order = np.random.RandomState(seed).permutation(len(lengths))
-    return {"packing": "none", "batches": -(-len(lengths) // batch_size),
-            "padding_ratio": round(batch_padding_ratio(lengths[order], batch_size), 6)}
+    return {
+        "packing": "none",
+        "batches": -(-len(lengths) // batch_size),
+        "padding_ratio": round(batch_padding_ratio(lengths[order], batch_size), 6),
+    }
 
 
 def pack(cfg, features, tokenizer, seed: int, report: Optional[Dict]):
@@ -188,10 +225,17 @@ def pack(cfg, features, tokenizer, seed: int, report: Optional[Dict]):
         return None
     d = cfg.data
     ds = PackedDataset(
-        features, d.max_length, tokenizer.pad_token_id, greedy=d.greedy_zero_padding,
-        group_size=d.greedy_group_size, seed=seed,
+        features,
+        d.max_length,
+        tokenizer.pad_token_id,
+        greedy=d.greedy_zero_padding,
+        group_size=d.greedy_group_size,
+        seed=seed,
     )
     stats = ds.stats()
-    report.update(packing="greedy" if d.greedy_zero_padding else "in_order", packs=stats["packs"],
-                  padding_ratio=round(stats["padding_ratio"], 6))
+    report.update(
+        packing="greedy" if d.greedy_zero_padding else "in_order",
+        packs=stats["packs"],
+        padding_ratio=round(stats["padding_ratio"], 6),
+    )
     return ds

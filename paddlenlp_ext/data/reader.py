@@ -43,8 +43,12 @@ class DataError(Exception):
 
 UTF8_BOM = codecs.BOM_UTF8
 # UTF-16/32 files start with one of these; they are refused with a conversion hint, not misread.
-OTHER_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
-              (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+OTHER_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 class EncodingProblem(ValueError):
@@ -85,18 +89,20 @@ def decode_utf8(raw: bytes, path: str, lineno: int, offset: int) -> str:
             if raw.startswith(bom):
                 raise EncodingProblem(
                     f"{path}:1: the file is {name.upper()} (it starts with a {name} byte-order mark); training data "
-                    f"must be UTF-8. Convert it: {_iconv(name, path)}")
+                    f"must be UTF-8. Convert it: {_iconv(name, path)}"
+                )
         if raw.startswith(UTF8_BOM):
-            raw, offset = raw[len(UTF8_BOM):], len(UTF8_BOM)
+            raw, offset = raw[len(UTF8_BOM) :], len(UTF8_BOM)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         guess = _guess_encoding(raw)
         raise EncodingProblem(
             f"{path}:{lineno}: not UTF-8: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start} of the file "
-            f"(column {len(raw[:e.start].decode('utf-8', 'replace')) + 1} of the line) cannot be decoded. The file "
+            f"(column {len(raw[: e.start].decode('utf-8', 'replace')) + 1} of the line) cannot be decoded. The file "
             f"seems to be in another encoding ({'GBK' if guess == 'gbk' else 'latin-1'}?). Convert it to UTF-8 "
-            f"in place: {_iconv(guess, path)}") from None
+            f"in place: {_iconv(guess, path)}"
+        ) from None
 
 
 def _iconv(encoding: str, path: str) -> str:
@@ -159,18 +165,18 @@ def dataset_files(path: str, split: str) -> List[str]:
     return find_split_files(path, split)
 
 
-
 def context_system(obj: dict):
     """The optional system prompt of a data line: ``{"context": {"system": "..."}}`` -> ``"..."``, else None."""
     context = obj.get("context")
     if context is None:
         return None
     if not isinstance(context, dict):
-        raise ValueError("'context' must be an object such as {\"system\": \"...\"}")
+        raise ValueError('\'context\' must be an object such as {"system": "..."}')
     system = context.get("system")
     if system is not None and not isinstance(system, str):
         raise ValueError("'context.system' must be a string")
     return system
+
 
 def parse_line(line: str, origin: str) -> Example:
     """Validate one JSON line. Raises ValueError with the reason.

@@ -47,8 +47,12 @@ def _sft_row(members, max_length, pad_token_id):
     return build_packed_row(members, max_length, pad_token_id) if max_length is not None else members[0]
 
 
-SFT_ROWS = RowFormat(parse=parse_line, length=lambda f: len(f["input_ids"]),
-                     supervised=lambda f: int(np.sum(np.asarray(f["labels"]) != -100)), build_row=_sft_row)
+SFT_ROWS = RowFormat(
+    parse=parse_line,
+    length=lambda f: len(f["input_ids"]),
+    supervised=lambda f: int(np.sum(np.asarray(f["labels"]) != -100)),
+    build_row=_sft_row,
+)
 
 
 @dataclass
@@ -75,16 +79,29 @@ class StreamingPackedDataset(IterableDataset):
     ``position_after(1)`` is group 0 with ``skip_rows=1``.
     """
 
-    def __init__(self, files: List[str], tokenize: Callable, max_length: int, pad_token_id: int, greedy: bool,
-                 group_size: int, seed: int, start: Optional[Cursor] = None, log_size: int = 64,
-                 packed: bool = True, row_format: Optional["RowFormat"] = None, parse: Optional[Callable] = None):
+    def __init__(
+        self,
+        files: List[str],
+        tokenize: Callable,
+        max_length: int,
+        pad_token_id: int,
+        greedy: bool,
+        group_size: int,
+        seed: int,
+        start: Optional[Cursor] = None,
+        log_size: int = 64,
+        packed: bool = True,
+        row_format: Optional["RowFormat"] = None,
+        parse: Optional[Callable] = None,
+    ):
         super().__init__()
         self.packed = packed  # False: yield tokenized examples (shuffled per group) for batch padding
         # how lines parse and features become rows: SFT examples by default, preference pairs for DPO
         self.fmt = row_format or SFT_ROWS
         if parse is not None:  # another record parser (dataset formats) with the same rows
-            self.fmt = RowFormat(parse=parse, length=self.fmt.length, supervised=self.fmt.supervised,
-                                 build_row=self.fmt.build_row)
+            self.fmt = RowFormat(
+                parse=parse, length=self.fmt.length, supervised=self.fmt.supervised, build_row=self.fmt.build_row
+            )
         self.files = list(files)
         self.tokenize = tokenize  # Example -> (feature, truncated, dropped_rounds)
         self.max_length = max_length
@@ -95,8 +112,15 @@ class StreamingPackedDataset(IterableDataset):
         self.start = start or Cursor()
         # (first global row of the group, Cursor of the group), newest last
         self._groups: Deque = deque(maxlen=log_size)
-        self.stats = {"examples": 0, "truncated_examples": 0, "dropped_rounds": 0, "packs": 0, "tokens": 0,
-                      "slots": 0, "supervised_tokens": 0}
+        self.stats = {
+            "examples": 0,
+            "truncated_examples": 0,
+            "dropped_rounds": 0,
+            "packs": 0,
+            "tokens": 0,
+            "slots": 0,
+            "supervised_tokens": 0,
+        }
 
     # -- reading ---------------------------------------------------------
     def _examples_from(self, cur: Cursor) -> Iterator:
@@ -131,7 +155,11 @@ class StreamingPackedDataset(IterableDataset):
         if not self.packed:
             return [[i] for i in range(len(feats))]
         lengths = [self.fmt.length(f) for f in feats]
-        return greedy_pack(lengths, self.max_length, len(lengths)) if self.greedy else pack_in_order(lengths, self.max_length)
+        return (
+            greedy_pack(lengths, self.max_length, len(lengths))
+            if self.greedy
+            else pack_in_order(lengths, self.max_length)
+        )
 
     def __iter__(self):
         cur = self.start
@@ -153,8 +181,9 @@ class StreamingPackedDataset(IterableDataset):
                     break
             packs = self._pack(feats)
             order = np.random.RandomState([self.seed, group_index]).permutation(len(packs))
-            self._groups.append((row - skip, Cursor(**{**asdict(group_cursor), "skip_rows": 0,
-                                                       "group_index": group_index}), len(packs)))
+            self._groups.append(
+                (row - skip, Cursor(**{**asdict(group_cursor), "skip_rows": 0, "group_index": group_index}), len(packs))
+            )
             for k in order[skip:]:
                 members = [feats[i] for i in packs[k]]
                 n_tok = int(sum(self.fmt.length(f) for f in members))
@@ -166,8 +195,9 @@ class StreamingPackedDataset(IterableDataset):
                 yield self.fmt.build_row(members, self.max_length if self.packed else None, self.pad_token_id)
             skip = 0
             group_index += 1
-            group_cursor = Cursor(next_cursor.file_index, next_cursor.offset, next_cursor.line, next_cursor.epoch,
-                                  group_index)
+            group_cursor = Cursor(
+                next_cursor.file_index, next_cursor.offset, next_cursor.line, next_cursor.epoch, group_index
+            )
 
     # -- resuming --------------------------------------------------------
     def position_after(self, rows: int) -> Cursor:

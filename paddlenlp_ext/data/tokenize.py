@@ -43,8 +43,14 @@ class TokenizeStats:
 
     def merge(self, other: "TokenizeStats") -> None:
         """Add another split's counts (several sources)."""
-        for key in ("examples", "truncated_examples", "dropped_rounds", "dropped_examples", "tokens",
-                    "supervised_tokens"):
+        for key in (
+            "examples",
+            "truncated_examples",
+            "dropped_rounds",
+            "dropped_examples",
+            "tokens",
+            "supervised_tokens",
+        ):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         self.lengths += other.lengths
 
@@ -101,7 +107,7 @@ def fit_turns(
     cut = []
     for s, t in turns:
         if len(s) > src_length:  # from the left: the end of the question (and a template's header) stays
-            s, truncated = s[len(s) - src_length:], True
+            s, truncated = s[len(s) - src_length :], True
         cut.append((s, t))
     budget = max_length - len(prefix)
     last_s, last_t = cut[-1]
@@ -112,7 +118,7 @@ def fit_turns(
         truncated = True
         keep_t = max(budget - len(last_s), 1)
         last_t = last_t[:keep_t]
-        last_s = last_s[len(last_s) - (budget - len(last_t)):]
+        last_s = last_s[len(last_s) - (budget - len(last_t)) :]
     kept = [(last_s, last_t)]
     used = len(last_s) + len(last_t)
     for s, t in reversed(cut[:-1]):
@@ -129,7 +135,9 @@ def fit_turns(
     return tokens, labels, truncated, dropped
 
 
-def tokenize_example(example, tokenizer, src_length: int, max_length: int, use_chat_template: bool) -> Tuple[Dict, bool, int]:
+def tokenize_example(
+    example, tokenizer, src_length: int, max_length: int, use_chat_template: bool
+) -> Tuple[Dict, bool, int]:
     """Example -> ({"input_ids", "labels"} shifted, truncated, dropped_rounds).
 
     ``tokens [1,5,6,2]`` with ``labels [-100,-100,6,2]`` becomes
@@ -189,7 +197,9 @@ def resolve_chat_template(tokenizer, chat_template: Optional[str]) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def generation_prompt(example, tokenizer, src_length: int, max_length: int, use_chat_template: bool) -> Tuple[List[int], str]:
+def generation_prompt(
+    example, tokenizer, src_length: int, max_length: int, use_chat_template: bool
+) -> Tuple[List[int], str]:
     """(prompt ids, reference text) to evaluate an example by generation.
 
     The prompt is everything before the last target, truncated by the same

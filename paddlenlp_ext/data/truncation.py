@@ -33,7 +33,7 @@ def cut_prompt(prefix: Sequence[int], last: Sequence[int], cap: int) -> List[int
         return list(prefix) + list(last)
     keep = cap - len(prefix)
     if keep >= 1:
-        return list(prefix) + list(last[len(last) - keep:])
+        return list(prefix) + list(last[len(last) - keep :])
     return (list(prefix) + list(last))[-cap:]
 
 
@@ -55,9 +55,15 @@ def share_answers(answers: Sequence[Sequence[int]], room: int) -> List[List[int]
     return [list(answers[0][:c]), list(answers[1][: room - c])]
 
 
-def fit_segments(prefix: Sequence[int], history: Sequence[Sequence[int]], last: Sequence[int],
-                 answers: Sequence[Sequence[int]], max_seq_len: int, max_prompt_len: int, bound_history: bool = True
-                 ) -> Tuple[List[int], List[List[int]], Dict]:
+def fit_segments(
+    prefix: Sequence[int],
+    history: Sequence[Sequence[int]],
+    last: Sequence[int],
+    answers: Sequence[Sequence[int]],
+    max_seq_len: int,
+    max_prompt_len: int,
+    bound_history: bool = True,
+) -> Tuple[List[int], List[List[int]], Dict]:
     """``(prompt, answers, info)`` by the policy of the module doc; ``info`` = ``{"dropped_rounds",
     "truncated_prompt", "truncated_response"}``.  ``bound_history=False`` (fine-tuning, whose history answers
     are learned too): ``max_prompt_len`` bounds ``prefix + last`` only, and history rounds go only while the
@@ -81,7 +87,7 @@ def fit_segments(prefix: Sequence[int], history: Sequence[Sequence[int]], last: 
     if not bound_history and len(prefix) + len(last) > cap:  # the last prompt first: history does not count
         head = cut_prompt(prefix, last, cap)
         info["truncated_prompt"] = True
-        prefix, last = (head[: len(prefix)], head[len(prefix):]) if cap > len(prefix) else ([], head)
+        prefix, last = (head[: len(prefix)], head[len(prefix) :]) if cap > len(prefix) else ([], head)
 
     def prompt_len():
         return len(prefix) + sum(len(h) for h in hist) + len(last)

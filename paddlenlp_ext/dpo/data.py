@@ -27,8 +27,14 @@ from ..data.reader import MAX_REPORTED, DataError, Example, json_line
 from ..data.tokenize import encode_turns, length_histogram, resolve_chat_template
 from ..data.truncation import fit_segments
 from .pair_rows import PreferenceCollator, PreferenceDataset, build_pair_row, pair_length
-from .records import PreferenceExample, parse_preference_line, preference_from_obj, read_preference_files, \
-    resolve_split_files, source_files
+from .records import (
+    PreferenceExample,
+    parse_preference_line,
+    preference_from_obj,
+    read_preference_files,
+    resolve_split_files,
+    source_files,
+)
 
 __all__ = [
     "PreferenceExample",
@@ -43,8 +49,15 @@ __all__ = [
 ]
 
 
-def fit_pair(prefix: List[int], history: Sequence, last_src: List[int], chosen: List[int], rejected: List[int],
-             max_seq_len: int, max_prompt_len: int):
+def fit_pair(
+    prefix: List[int],
+    history: Sequence,
+    last_src: List[int],
+    chosen: List[int],
+    rejected: List[int],
+    max_seq_len: int,
+    max_prompt_len: int,
+):
     """Truncate one pair by the toolkit's one policy (:mod:`paddlenlp_ext.data.truncation`, docs/data.md);
     returns ``(prompt, chosen, rejected, info)`` with ``info = {"truncated_prompt", "truncated_response",
     "dropped_rounds"}``.  ``history`` is the earlier rounds, each a token list or a ``(src, tgt)`` pair.
@@ -66,8 +79,16 @@ def fit_pair(prefix: List[int], history: Sequence, last_src: List[int], chosen: 
     """
     rounds = [list(h[0]) + list(h[1]) if isinstance(h, tuple) else list(h) for h in history]
     prompt, (c, r), info = fit_segments(prefix, rounds, last_src, [chosen, rejected], max_seq_len, max_prompt_len)
-    return prompt, c, r, {"truncated_prompt": info["truncated_prompt"],
-                          "truncated_response": info["truncated_response"], "dropped_rounds": info["dropped_rounds"]}
+    return (
+        prompt,
+        c,
+        r,
+        {
+            "truncated_prompt": info["truncated_prompt"],
+            "truncated_response": info["truncated_response"],
+            "dropped_rounds": info["dropped_rounds"],
+        },
+    )
 
 
 def _conversation_segments(ex: PreferenceExample, tokenizer, jinja):
@@ -76,9 +97,11 @@ def _conversation_segments(ex: PreferenceExample, tokenizer, jinja):
     templates, special = jinja or ({}, {})
     source = templates.get(bool(conv.tools)) or templates.get(False)
     if not source:
-        raise ValueError("tool calls, tool results and tools in a preference pair are rendered by a jinja chat "
-                         "template, and the tokenizer has none: add chat_template to its tokenizer_config.json or set "
-                         "chat_template to a jinja file")
+        raise ValueError(
+            "tool calls, tool results and tools in a preference pair are rendered by a jinja chat "
+            "template, and the tokenizer has none: add chat_template to its tokenizer_config.json or set "
+            "chat_template to a jinja file"
+        )
     pre_c, rounds_c, last_c, chosen = answer_segments(conv, ex.answers[0], tokenizer, source, special)
     pre_r, rounds_r, last_r, rejected = answer_segments(conv, ex.answers[1], tokenizer, source, special)
     if (pre_c, rounds_c, last_c) != (pre_r, rounds_r, last_r):
@@ -86,8 +109,9 @@ def _conversation_segments(ex: PreferenceExample, tokenizer, jinja):
     return pre_c, rounds_c, last_c, chosen, rejected
 
 
-def tokenize_pair(ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt_len: int,
-                  use_chat_template: bool, jinja=None) -> Tuple[Dict, Dict]:
+def tokenize_pair(
+    ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt_len: int, use_chat_template: bool, jinja=None
+) -> Tuple[Dict, Dict]:
     """One example -> (``{"prompt", "chosen", "rejected", "origin"}``, truncation info).
 
     The conversation is encoded by :func:`paddlenlp_ext.data.tokenize.encode_turns` (chat
@@ -108,13 +132,20 @@ def tokenize_pair(ex: PreferenceExample, tokenizer, max_seq_len: int, max_prompt
     pre_r, turns_r = encode_turns(Example(ex.src, ex.tgt + [ex.rejected], ex.system), tokenizer, use_chat_template)
     if pre_c != pre_r or [s for s, _ in turns_c] != [s for s, _ in turns_r] or turns_c[:-1] != turns_r[:-1]:
         raise ValueError("the chat template renders the prompt differently for the two responses")
-    prompt, chosen, rejected, info = fit_pair(pre_c, turns_c[:-1], turns_c[-1][0], turns_c[-1][1],
-                                              turns_r[-1][1], max_seq_len, max_prompt_len)
+    prompt, chosen, rejected, info = fit_pair(
+        pre_c, turns_c[:-1], turns_c[-1][0], turns_c[-1][1], turns_r[-1][1], max_seq_len, max_prompt_len
+    )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "origin": ex.origin}, info
 
 
-def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenizer, max_seq_len: int,
-                                 max_prompt_len: int, use_chat_template: bool, jinja=None) -> Tuple[List[Dict], Dict]:
+def tokenize_preference_examples(
+    examples: Sequence[PreferenceExample],
+    tokenizer,
+    max_seq_len: int,
+    max_prompt_len: int,
+    use_chat_template: bool,
+    jinja=None,
+) -> Tuple[List[Dict], Dict]:
     """Tokenize all examples; returns (pairs, stats).  Every pair fits after truncation (:func:`fit_pair`);
     pairs that fail to tokenize (a template error) are ALL raised together as DataError naming ``file:line``.
 
@@ -125,8 +156,16 @@ def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenize
     ``{"pairs": 2, "truncated_prompts": 0, ..., "tokens": 8, "scored_tokens": 4, ...}``.
     """
     pairs, problems, extra = [], [], 0
-    st = {"pairs": 0, "truncated_examples": 0, "dropped_examples": 0, "truncated_prompts": 0, "truncated_responses": 0, "dropped_rounds": 0,
-          "tokens": 0, "scored_tokens": 0}
+    st = {
+        "pairs": 0,
+        "truncated_examples": 0,
+        "dropped_examples": 0,
+        "truncated_prompts": 0,
+        "truncated_responses": 0,
+        "dropped_rounds": 0,
+        "tokens": 0,
+        "scored_tokens": 0,
+    }
     lengths = []
     for ex in examples:
         try:
@@ -139,8 +178,9 @@ def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenize
             continue
         n = len(pair["prompt"]) + len(pair["chosen"]) + len(pair["rejected"])
         st["pairs"] += 1
-        st["truncated_examples"] += int(info["truncated_prompt"] or info["truncated_response"]
-                                        or info["dropped_rounds"] > 0)
+        st["truncated_examples"] += int(
+            info["truncated_prompt"] or info["truncated_response"] or info["dropped_rounds"] > 0
+        )
         st["truncated_prompts"] += int(info["truncated_prompt"])
         st["truncated_responses"] += int(info["truncated_response"])
         st["dropped_rounds"] += info["dropped_rounds"]
@@ -154,8 +194,9 @@ def tokenize_preference_examples(examples: Sequence[PreferenceExample], tokenize
     return pairs, st
 
 
-def truncation_notice(split: str, stats: Dict, max_seq_len: int, max_prompt_len: int, unit: str = "pairs"
-                      ) -> Optional[str]:
+def truncation_notice(
+    split: str, stats: Dict, max_seq_len: int, max_prompt_len: int, unit: str = "pairs"
+) -> Optional[str]:
     """The log line saying how many examples the one truncation policy cut, and how (None if none was).
 
     >>> truncation_notice("train", {"pairs": 100, "truncated_examples": 3, "dropped_rounds": 5,
@@ -165,10 +206,12 @@ def truncation_notice(split: str, stats: Dict, max_seq_len: int, max_prompt_len:
     n = stats.get("truncated_examples", 0)
     if not n:
         return None
-    return (f"notice: {split}: {n} of {stats.get('pairs', stats.get('examples'))} {unit} truncated (docs/data.md): "
-            f"{stats.get('dropped_rounds', 0)} earlier rounds dropped, oldest first; {stats.get('truncated_prompts', 0)} "
-            f"prompt(s) cut from the left to max_prompt_len {max_prompt_len}; {stats.get('truncated_responses', 0)} "
-            f"answer pair(s) cut at the tail to max_seq_len {max_seq_len}")
+    return (
+        f"notice: {split}: {n} of {stats.get('pairs', stats.get('examples'))} {unit} truncated (docs/data.md): "
+        f"{stats.get('dropped_rounds', 0)} earlier rounds dropped, oldest first; {stats.get('truncated_prompts', 0)} "
+        f"prompt(s) cut from the left to max_prompt_len {max_prompt_len}; {stats.get('truncated_responses', 0)} "
+        f"answer pair(s) cut at the tail to max_seq_len {max_seq_len}"
+    )
 
 
 def say(line: Optional[str]) -> None:
@@ -211,9 +254,18 @@ def pair_templates(data_args: Any, tokenizer):
     return {t: find_template(tok_dir, key, t) for t in (False, True)}, special_tokens_of(tokenizer)
 
 
-def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
-                              seed: int = 0, group_size: int = DEFAULT_GROUP_SIZE, dataset_cls=PreferenceDataset,
-                              collator_cls=PreferenceCollator) -> PreferenceData:
+def build_preference_datasets(
+    data_args: Any,
+    tokenizer,
+    *,
+    do_train: bool,
+    do_eval: bool,
+    flash_mask: bool,
+    seed: int = 0,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    dataset_cls=PreferenceDataset,
+    collator_cls=PreferenceCollator,
+) -> PreferenceData:
     """Datasets, collator and reports for DPO.
 
     ``data_args`` has ``train_dataset_path``, ``dev_dataset_path`` (a file, or a directory with
@@ -236,35 +288,70 @@ def build_preference_datasets(data_args: Any, tokenizer, *, do_train: bool, do_e
     lazy = bool(getattr(data_args, "lazy", False))
     if lazy and dataset_cls is not PreferenceDataset:
         raise ValueError(f"lazy=true streams DPO pair rows; {dataset_cls.__name__} needs the pairs in memory")
-    for split, wanted, path in (("train", do_train, getattr(data_args, "train_dataset_path", None)),
-                                ("dev", do_eval, getattr(data_args, "dev_dataset_path", None))):
+    for split, wanted, path in (
+        ("train", do_train, getattr(data_args, "train_dataset_path", None)),
+        ("dev", do_eval, getattr(data_args, "dev_dataset_path", None)),
+    ):
         if not wanted:
             continue
         if not path:
             raise ValueError(f"{split}_dataset_path is not set")
         files, columns = source_files(path, split, data_args)
         if lazy and split == "train":  # streamed group by group; dev sets stay in memory (eval needs their length)
-            out.train = stream_preference_pairs(files, tokenizer, max_seq_len, max_prompt_len, use_template, pad,
-                                                greedy=greedy, packed=zero_padding, group_size=group_size, seed=seed,
-                                                start=getattr(data_args, "resume_cursor", None), jinja=jinja,
-                                                columns=columns)
-            out.reports["train"] = {"files": files, "lazy": True, "chat_template": use_template,
-                                    "packing": packing or "none"}
+            out.train = stream_preference_pairs(
+                files,
+                tokenizer,
+                max_seq_len,
+                max_prompt_len,
+                use_template,
+                pad,
+                greedy=greedy,
+                packed=zero_padding,
+                group_size=group_size,
+                seed=seed,
+                start=getattr(data_args, "resume_cursor", None),
+                jinja=jinja,
+                columns=columns,
+            )
+            out.reports["train"] = {
+                "files": files,
+                "lazy": True,
+                "chat_template": use_template,
+                "packing": packing or "none",
+            }
             continue
-        pairs, stats = tokenize_preference_examples(read_preference_files(files, columns), tokenizer, max_seq_len,
-                                                    max_prompt_len, use_template, jinja)
-        ds = dataset_cls(pairs, max_seq_len, packing, pad, group_size=group_size, seed=seed,
-                         shuffle=(split == "train"))
-        out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
-                              **stats, **ds.stats()}
+        pairs, stats = tokenize_preference_examples(
+            read_preference_files(files, columns), tokenizer, max_seq_len, max_prompt_len, use_template, jinja
+        )
+        ds = dataset_cls(pairs, max_seq_len, packing, pad, group_size=group_size, seed=seed, shuffle=(split == "train"))
+        out.reports[split] = {
+            "files": files,
+            "chat_template": use_template,
+            "packing": packing or "none",
+            **stats,
+            **ds.stats(),
+        }
         say(truncation_notice(split, stats, max_seq_len, max_prompt_len))
         setattr(out, split, ds)
     return out
 
 
-def stream_preference_pairs(files, tokenizer, max_seq_len: int, max_prompt_len: int, use_chat_template: bool,
-                            pad_token_id: int, *, greedy: bool, packed: bool, group_size: int, seed: int, start=None,
-                            jinja=None, columns=None):
+def stream_preference_pairs(
+    files,
+    tokenizer,
+    max_seq_len: int,
+    max_prompt_len: int,
+    use_chat_template: bool,
+    pad_token_id: int,
+    *,
+    greedy: bool,
+    packed: bool,
+    group_size: int,
+    seed: int,
+    start=None,
+    jinja=None,
+    columns=None,
+):
     """``lazy: true`` for preference data: the SFT stream (:mod:`paddlenlp_ext.data.streaming`: one group of
     ``group_size`` pairs in memory, packed per group, resumable from a cursor) with preference rows.
 
@@ -283,8 +370,21 @@ def stream_preference_pairs(files, tokenizer, max_seq_len: int, max_prompt_len: 
             raise DataError([f"{ex.origin}: {e}"]) from e
         return pair, bool(info["truncated_prompt"] or info["truncated_response"]), int(info["dropped_rounds"])
 
-    fmt = RowFormat(parse=lambda line, origin: preference_from_obj(json_line(line), origin, columns), length=pair_length,
-                    supervised=lambda p: len(p["chosen"]) + len(p["rejected"]),
-                    build_row=lambda members, length, pad: build_pair_row(members, length, pad))
-    return StreamingPackedDataset(files, tokenize, max_seq_len, pad_token_id, greedy=greedy, group_size=group_size,
-                                  seed=seed, start=start, packed=packed, row_format=fmt)
+    fmt = RowFormat(
+        parse=lambda line, origin: preference_from_obj(json_line(line), origin, columns),
+        length=pair_length,
+        supervised=lambda p: len(p["chosen"]) + len(p["rejected"]),
+        build_row=lambda members, length, pad: build_pair_row(members, length, pad),
+    )
+    return StreamingPackedDataset(
+        files,
+        tokenize,
+        max_seq_len,
+        pad_token_id,
+        greedy=greedy,
+        group_size=group_size,
+        seed=seed,
+        start=start,
+        packed=packed,
+        row_format=fmt,
+    )

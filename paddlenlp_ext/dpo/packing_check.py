@@ -28,14 +28,15 @@ def _answer_logp(model, prompt: Sequence[int], answer: Sequence[int]) -> float:
     ids = paddle.to_tensor([list(prompt) + list(answer)], dtype="int64")  # [1, P + A]
     logits = model(input_ids=ids, return_dict=True).logits.astype("float32")  # [1, P + A, V]
     p = len(prompt)
-    rows = logits[0, p - 1: p - 1 + len(answer)]  # [A, V]: answer[k] is predicted at p - 1 + k
+    rows = logits[0, p - 1 : p - 1 + len(answer)]  # [A, V]: answer[k] is predicted at p - 1 + k
     # -cross_entropy = log_softmax gathered at the token (Paddle's CPU log_softmax kernel is very slow)
     ce = F.cross_entropy(rows, paddle.to_tensor(list(answer), dtype="int64").unsqueeze(-1), reduction="none")
     return -float(ce.sum())
 
 
-def check_pair_packing(model, pairs: Sequence[Mapping], max_length: int, pad_token_id: int, flash_mask: bool,
-                       greedy: bool = True) -> Dict:
+def check_pair_packing(
+    model, pairs: Sequence[Mapping], max_length: int, pad_token_id: int, flash_mask: bool, greedy: bool = True
+) -> Dict:
     """Per-pair chosen/rejected log-probs: each answer alone vs packed rows.
 
     Returns pairs, rows, max_abs_diff and max_rel_diff (over all 2N log-probs; relative to
@@ -44,10 +45,15 @@ def check_pair_packing(model, pairs: Sequence[Mapping], max_length: int, pad_tok
     model.eval()  # no dropout: both paths must compute the same function
     pairs = list(pairs)
     with paddle.no_grad():
-        ref = np.array([[_answer_logp(model, p["prompt"], p["chosen"]),
-                         _answer_logp(model, p["prompt"], p["rejected"])] for p in pairs])  # [N, 2]
-        ds = PreferenceDataset(pairs, max_length, packing="greedy" if greedy else "in_order",
-                               pad_token_id=pad_token_id, shuffle=False)
+        ref = np.array(
+            [
+                [_answer_logp(model, p["prompt"], p["chosen"]), _answer_logp(model, p["prompt"], p["rejected"])]
+                for p in pairs
+            ]
+        )  # [N, 2]
+        ds = PreferenceDataset(
+            pairs, max_length, packing="greedy" if greedy else "in_order", pad_token_id=pad_token_id, shuffle=False
+        )
         rows: List = [ds[i] for i in range(len(ds))]
         batch = PreferenceCollator(pad_token_id, flash_mask, max_length)(rows)
         inputs = {k: paddle.to_tensor(batch[k]) for k in ("input_ids", "position_ids")}
@@ -55,9 +61,13 @@ def check_pair_packing(model, pairs: Sequence[Mapping], max_length: int, pad_tok
         inputs[mask_key] = paddle.to_tensor(batch[mask_key])
         # as training scores them: lm_head at the scored rows only where the family allows it
         logits, index = scored_logits(model, inputs, paddle.to_tensor(batch["logp_index"]))  # [1, T, V] or [rows, S, V]
-        chosen, rejected, _, _ = pair_logps(logits, index,
-                                            paddle.to_tensor(batch["logp_token"]),
-                                            paddle.to_tensor(batch["logp_segment"]), int(batch["num_pairs"]))
+        chosen, rejected, _, _ = pair_logps(
+            logits,
+            index,
+            paddle.to_tensor(batch["logp_token"]),
+            paddle.to_tensor(batch["logp_segment"]),
+            int(batch["num_pairs"]),
+        )
     # which pair each packed log-prob belongs to: the packer reorders pairs, the segments follow the packs
     order = [i for pack in ds.packs for i in pack]
     packed = np.zeros_like(ref)

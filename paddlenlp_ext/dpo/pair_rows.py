@@ -125,8 +125,16 @@ class PreferenceDataset:
     ([[0, 2], [1]], 2, 2)
     """
 
-    def __init__(self, pairs: Sequence[Mapping], max_length: int, packing: Optional[str] = None,
-                 pad_token_id: int = 0, group_size: int = DEFAULT_GROUP_SIZE, seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self,
+        pairs: Sequence[Mapping],
+        max_length: int,
+        packing: Optional[str] = None,
+        pad_token_id: int = 0,
+        group_size: int = DEFAULT_GROUP_SIZE,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
         if packing not in (None, "in_order", "greedy"):
             raise ValueError(f"packing must be None, 'in_order' or 'greedy', got {packing!r}")
         self.pairs = pairs
@@ -138,8 +146,10 @@ class PreferenceDataset:
         too_long = [i for i, n in enumerate(self.lengths.tolist()) if n > self.max_length]
         if too_long:
             i = too_long[0]
-            raise ValueError(f"{pairs[i].get('origin') or f'pair {i}'}: {int(self.lengths[i])} tokens > max_seq_len "
-                             f"{self.max_length} ({len(too_long)} such pair(s)); truncate before building rows")
+            raise ValueError(
+                f"{pairs[i].get('origin') or f'pair {i}'}: {int(self.lengths[i])} tokens > max_seq_len "
+                f"{self.max_length} ({len(too_long)} such pair(s)); truncate before building rows"
+            )
         if packing == "greedy":
             self._base = greedy_pack(self.lengths, self.max_length, group_size)
         elif packing == "in_order":
@@ -151,7 +161,9 @@ class PreferenceDataset:
     def set_epoch(self, epoch: int) -> None:
         """Reorder packed rows for ``epoch`` (deterministic per seed); unpacked rows keep data order."""
         self.epoch = int(epoch)
-        self._packs = shuffle_packs(self._base, self.seed, self.epoch) if self.shuffle else [list(p) for p in self._base]
+        self._packs = (
+            shuffle_packs(self._base, self.seed, self.epoch) if self.shuffle else [list(p) for p in self._base]
+        )
 
     @property
     def packs(self) -> List[List[int]]:

@@ -35,19 +35,25 @@ def _problems_of(obj, origin: str = "", columns=None) -> Tuple[List[str], Option
         try:
             conv, chosen, rejected = preference.convert_pair(obj, origin, columns)
         except ValueError as e:
-            return [str(e)[len(origin) + 2:] if str(e).startswith(f"{origin}: ") else str(e)], None
+            return [str(e)[len(origin) + 2 :] if str(e).startswith(f"{origin}: ") else str(e)], None
         plain = preference.plain_turns(conv, chosen, rejected)
         if plain is None:  # tool calls and friends: the jinja template renders the conversation
             users = [m.content for m in conv.messages if m.role == "user"]
-            return [], PreferenceExample(src=users, tgt=[], chosen=chosen.content, rejected=rejected.content,
-                                         conversation=conv, answers=(chosen, rejected))
+            return [], PreferenceExample(
+                src=users,
+                tgt=[],
+                chosen=chosen.content,
+                rejected=rejected.content,
+                conversation=conv,
+                answers=(chosen, rejected),
+            )
         system, src, tgt, c, r = plain
         return [], PreferenceExample(src=src, tgt=tgt, chosen=c, rejected=r, system=system)
     if not isinstance(obj, dict):
         return ["expected a JSON object with 'src', 'tgt', 'response' and 'sort'"], None
     missing = [k for k in ("src", "tgt", "response", "sort") if k not in obj]
     if missing:
-        hint = " (use \"tgt\": [] for a one-turn prompt)" if "tgt" in missing else ""
+        hint = ' (use "tgt": [] for a one-turn prompt)' if "tgt" in missing else ""
         return [f"missing key(s) {', '.join(map(repr, missing))}{hint}"], None
     p: List[str] = []
     src = [obj["src"]] if isinstance(obj["src"], str) else obj["src"]
@@ -57,8 +63,10 @@ def _problems_of(obj, origin: str = "", columns=None) -> Tuple[List[str], Option
     if not isinstance(tgt, list) or not all(isinstance(s, str) for s in tgt):
         p.append("'tgt' must be a string or a list of strings ([] for a one-turn prompt)")
     if not p and len(src) != len(tgt) + 1:
-        p.append(f"mismatched turns: {len(src)} src and {len(tgt)} tgt; a preference line needs exactly one more "
-                 f"src than tgt (the last src is the prompt both responses answer)")
+        p.append(
+            f"mismatched turns: {len(src)} src and {len(tgt)} tgt; a preference line needs exactly one more "
+            f"src than tgt (the last src is the prompt both responses answer)"
+        )
     resp, sort = obj["response"], obj["sort"]
     if not isinstance(resp, list) or len(resp) != 2:
         n = len(resp) if isinstance(resp, list) else type(resp).__name__
@@ -68,24 +76,34 @@ def _problems_of(obj, origin: str = "", columns=None) -> Tuple[List[str], Option
         for i, r in enumerate(resp):
             if not isinstance(r, str) or not r.strip():
                 p.append(f"response {i} is empty or not a string: both answers need text")
-    if not isinstance(sort, list) or len(sort) != 2 or not all(isinstance(s, Real) and not isinstance(s, bool)
-                                                               for s in sort):
+    if (
+        not isinstance(sort, list)
+        or len(sort) != 2
+        or not all(isinstance(s, Real) and not isinstance(s, bool) for s in sort)
+    ):
         p.append("'sort' must be a list of exactly 2 numbers, one score per response (higher = chosen)")
     elif sort[0] == sort[1]:
-        p.append(f"sort values tie ({sort[0]} == {sort[1]}): cannot tell which response is chosen; "
-                 f"give the preferred response the higher score or drop the line")
+        p.append(
+            f"sort values tie ({sort[0]} == {sort[1]}): cannot tell which response is chosen; "
+            f"give the preferred response the higher score or drop the line"
+        )
     system = None
     ctx = obj.get("context")
     if ctx is not None:
         if not isinstance(ctx, dict) or not isinstance(ctx.get("system") or "", str):
-            p.append("'context' must be an object such as {\"system\": \"...\"}")
+            p.append('\'context\' must be an object such as {"system": "..."}')
         else:
             system = ctx.get("system")
     if p:
         return p, None
     hi = 0 if sort[0] > sort[1] else 1
-    return [], PreferenceExample(src=[s.strip() for s in src], tgt=[t.strip() for t in tgt],
-                                 chosen=resp[hi].strip(), rejected=resp[1 - hi].strip(), system=system)
+    return [], PreferenceExample(
+        src=[s.strip() for s in src],
+        tgt=[t.strip() for t in tgt],
+        chosen=resp[hi].strip(),
+        rejected=resp[1 - hi].strip(),
+        system=system,
+    )
 
 
 def parse_preference_line(line: str, origin: str) -> PreferenceExample:
@@ -149,7 +167,11 @@ def source_files(path: str, split: str, data_args: Any) -> Tuple[List[str], Opti
     entry = named_entry(path, data_args)
     if entry is not None:
         if not entry.ranking:
-            raise DataError([f"{dataset_dir}/dataset_info.json: {path!r} is not a preference dataset (no \"ranking\": "
-                             "true); DPO and reward models train on chosen / rejected pairs"])
+            raise DataError(
+                [
+                    f'{dataset_dir}/dataset_info.json: {path!r} is not a preference dataset (no "ranking": '
+                    "true); DPO and reward models train on chosen / rejected pairs"
+                ]
+            )
         return entry.files, entry.columns
     return resolve_split_files(path, split), None

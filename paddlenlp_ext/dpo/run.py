@@ -14,17 +14,31 @@ from types import SimpleNamespace
 from typing import Any, Callable, Dict
 
 from ..config.parse import ConfigError, RunConfig
-from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, train_and_save, \
-    write_run_summary
+from ..training.run import (
+    attach_data_callbacks,
+    build_model,
+    library_patches,
+    start_run,
+    train_and_save,
+    write_run_summary,
+)
 
 
 def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
     """What ``dpo.data.build_preference_datasets`` reads, from the dpo and data groups."""
     o, d = cfg.dpo, cfg.data
-    return SimpleNamespace(train_dataset_path=o.train_dataset_path, dev_dataset_path=o.dev_dataset_path,
-                           max_seq_len=o.max_seq_len, max_prompt_len=o.max_prompt_len, zero_padding=d.zero_padding,
-                           greedy_zero_padding=d.greedy_zero_padding, lazy=d.lazy, chat_template=d.chat_template,
-                           resume_cursor=None, dataset_dir=d.dataset_dir)
+    return SimpleNamespace(
+        train_dataset_path=o.train_dataset_path,
+        dev_dataset_path=o.dev_dataset_path,
+        max_seq_len=o.max_seq_len,
+        max_prompt_len=o.max_prompt_len,
+        zero_padding=d.zero_padding,
+        greedy_zero_padding=d.greedy_zero_padding,
+        lazy=d.lazy,
+        chat_template=d.chat_template,
+        resume_cursor=None,
+        dataset_dir=d.dataset_dir,
+    )
 
 
 def _dpo_data(data_args, tokenizer, **kw):
@@ -67,8 +81,14 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     data_args = preference_data_args(cfg)
     data_args.resume_cursor = resume_cursor  # lazy: the stream seeks to the checkpoint's cursor
     try:
-        data = build_data(data_args, tokenizer, do_train=args.do_train, do_eval=args.do_eval,
-                          flash_mask=cfg.model.flash_mask, seed=args.seed)
+        data = build_data(
+            data_args,
+            tokenizer,
+            do_train=args.do_train,
+            do_eval=args.do_eval,
+            flash_mask=cfg.model.flash_mask,
+            seed=args.seed,
+        )
     except ValueError as e:
         if isinstance(e, DataError):
             raise
@@ -77,8 +97,16 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
         logger.info(f"data[{split}]: {json.dumps(report, default=str)}")
 
     built = build_model(cfg, args)
-    trainer = make_trainer(cfg, model=built.model, args=args, train_dataset=data.train, eval_dataset=data.dev,
-                           tokenizer=tokenizer, data_collator=data.collator, adapter_config=built.adapter_config)
+    trainer = make_trainer(
+        cfg,
+        model=built.model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.dev,
+        tokenizer=tokenizer,
+        data_collator=data.collator,
+        adapter_config=built.adapter_config,
+    )
     from ..adapters import count_parameters
     from ..training.moe_aux import attach_moe_log
 
@@ -90,8 +118,13 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
     attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_real_tokens)
     step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
-    summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports,
-                               "loss_type": trainer.loss_type, "reference": trainer.reference}
+    summary: Dict[str, Any] = {
+        **built.summary(),
+        "world_size": args.world_size,
+        "data": data.reports,
+        "loss_type": trainer.loss_type,
+        "reference": trainer.reference,
+    }
     if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
         metrics = trainer.evaluate()
         summary["eval_before_train"] = metrics
@@ -104,9 +137,14 @@ def _run(cfg: RunConfig, build_data: Callable, make_trainer: Callable) -> Dict[s
         from ..training.rank_counts import sum_over_ranks
 
         pairs, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_real_tokens])
-        summary.update(row_tokens_trained=tokens, answer_tokens_trained=answer_tokens, pairs_trained=pairs,
-                       tokens_trained=real, row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
-                       pairs_per_second=round(pairs / max(train_time, 1e-9), 3))
+        summary.update(
+            row_tokens_trained=tokens,
+            answer_tokens_trained=answer_tokens,
+            pairs_trained=pairs,
+            tokens_trained=real,
+            row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
+            pairs_per_second=round(pairs / max(train_time, 1e-9), 3),
+        )
     if args.do_eval:
         metrics = trainer.evaluate()
         trainer.log_metrics("eval", metrics)

@@ -41,15 +41,22 @@ from ..data.global_batches import GLOBAL_TOKENS_KEY
 from ..training.moe_aux import add_aux_loss
 from ..training.trainer import FinetuneTrainer
 from .logps import pair_logps, scored_logits
-from .losses import REFERENCE_FREE_ONLY, canonical_loss_type, combine_losses, pair_metrics, preference_loss, \
-    sft_nll, uses_average_logps
+from .losses import (
+    REFERENCE_FREE_ONLY,
+    canonical_loss_type,
+    combine_losses,
+    pair_metrics,
+    preference_loss,
+    sft_nll,
+    uses_average_logps,
+)
 
 REFERENCE_MODES = ("adapters", "copy", "none")
 MASK_KEYS = ("attn_mask_startend_row_indices", "attention_mask")
 
 
 def reference_mode(dpo_config, adapter_config) -> str:
-    """"none" (reference_free / or / simpo), "adapters" (the base under the adapters) or "copy"."""
+    """ "none" (reference_free / or / simpo), "adapters" (the base under the adapters) or "copy"."""
     if dpo_config.reference_free or canonical_loss_type(dpo_config.loss_type) in REFERENCE_FREE_ONLY:
         return "none"
     return "adapters" if adapter_config is not None else "copy"
@@ -71,8 +78,10 @@ class DPOTrainer(FinetuneTrainer):
         self.loss_type = canonical_loss_type(dpo_config.loss_type)
         self.normalize = bool(dpo_config.normalize_logps) or uses_average_logps(self.loss_type)
         self._init_reference(reference_mode(dpo_config, self.adapter_config))
-        logger.info(f"DPO: loss_type {self.loss_type}, reference {self.reference}, "
-                    f"{'mean' if self.normalize else 'summed'} answer log-probs")
+        logger.info(
+            f"DPO: loss_type {self.loss_type}, reference {self.reference}, "
+            f"{'mean' if self.normalize else 'summed'} answer log-probs"
+        )
 
     def _init_reference(self, mode: str) -> None:
         """The reference model of ``mode`` (REFERENCE_MODES), dropout off; shared with KTOTrainer."""
@@ -112,8 +121,10 @@ class DPOTrainer(FinetuneTrainer):
         if not model.training or self.moe_aux_log is None:
             return None
         if real is None:  # a collator without it would leave the aux loss out silently
-            raise ValueError(f"{type(self).__name__}: the training batch has no real_tokens [B, S], which the "
-                             "router aux loss of an MoE row needs (dpo/pair_rows.py and grpo/rows.py write it)")
+            raise ValueError(
+                f"{type(self).__name__}: the training batch has no real_tokens [B, S], which the "
+                "router aux loss of an MoE row needs (dpo/pair_rows.py and grpo/rows.py write it)"
+            )
         return real
 
     def with_router_aux(self, model, loss, real_tokens):
@@ -125,8 +136,9 @@ class DPOTrainer(FinetuneTrainer):
     @staticmethod
     def _answer_logps(forward, inputs):
         logits, index = forward
-        return pair_logps(logits, index, inputs["logp_token"], inputs["logp_segment"],
-                          int(inputs["num_pairs"]), normalize=False)
+        return pair_logps(
+            logits, index, inputs["logp_token"], inputs["logp_segment"], int(inputs["num_pairs"]), normalize=False
+        )
 
     def _reference_logps(self, model, inputs):
         """(chosen sum [N], rejected sum [N]) of the reference, or (None, None)."""
@@ -198,9 +210,17 @@ class DPOTrainer(FinetuneTrainer):
                 ref_chosen = ref_chosen / chosen_tokens.clip(min=1.0)
                 ref_rejected = ref_rejected / rejected_tokens.clip(min=1.0)
         pref, chosen_rewards, rejected_rewards = preference_loss(
-            self.loss_type, chosen, rejected, ref_chosen, ref_rejected, beta=o.beta,
-            label_smoothing=o.label_smoothing, simpo_gamma=o.simpo_gamma, dpop_lambda=o.dpop_lambda,
-            reference_free=o.reference_free)
+            self.loss_type,
+            chosen,
+            rejected,
+            ref_chosen,
+            ref_rejected,
+            beta=o.beta,
+            label_smoothing=o.label_smoothing,
+            simpo_gamma=o.simpo_gamma,
+            dpop_lambda=o.dpop_lambda,
+            reference_free=o.reference_free,
+        )
         if training and global_counts is not None:
             # the global batch's pair mean and chosen-token mean (not a mean of per-micro-batch means):
             # after PaddleNLP's /accumulation and data parallel's mean over ranks, one process's gradient
@@ -242,7 +262,7 @@ class DPOTrainer(FinetuneTrainer):
             both = paddle.to_tensor(sums + counts, dtype="float64")  # [2K]
             paddle.distributed.all_reduce(both)
             values = both.numpy().tolist()
-            sums, counts = values[: len(keys)], values[len(keys):]
+            sums, counts = values[: len(keys)], values[len(keys) :]
         return {key: total / count for key, total, count in zip(keys, sums, counts)}
 
     def log(self, logs, **kwargs):

@@ -71,18 +71,40 @@ def evaluate_dev_by_generation(cfg, model, tokenizer, output_dir: str) -> Dict[s
     d, g = cfg.data, cfg.generate
     renderer = make_renderer(cfg, tokenizer, resolve_chat_template(tokenizer, None))
     items = read_dev_items(cfg)
-    metrics, _ = evaluate_by_generation(model, tokenizer, items, d.src_length, d.max_length, None, g.top_k, g.top_p,
-                                        output_dir if d.save_generation_output else None, renderer=renderer)
+    metrics, _ = evaluate_by_generation(
+        model,
+        tokenizer,
+        items,
+        d.src_length,
+        d.max_length,
+        None,
+        g.top_k,
+        g.top_p,
+        output_dir if d.save_generation_output else None,
+        renderer=renderer,
+    )
     return metrics
 
 
-def generate_answers(model, tokenizer, examples: Sequence, src_length: int, max_length: int, use_template: bool,
-                     top_k: int, top_p: float, renderer=None) -> List[Dict]:
+def generate_answers(
+    model,
+    tokenizer,
+    examples: Sequence,
+    src_length: int,
+    max_length: int,
+    use_template: bool,
+    top_k: int,
+    top_p: float,
+    renderer=None,
+) -> List[Dict]:
     """One generation per example (greedy when top_k == 1 and top_p == 1.0, else sampling).  With ``renderer``
     the examples may be of any format (:func:`prompt_and_reference`), else they are src/tgt ``Example`` s."""
     sampling = not (top_k == 1 and top_p == 1.0)
-    kwargs = dict(decode_strategy="sampling" if sampling else "greedy_search",
-                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    kwargs = dict(
+        decode_strategy="sampling" if sampling else "greedy_search",
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if sampling:
         kwargs.update(top_k=top_k, top_p=top_p)
     was_training = model.training
@@ -96,26 +118,47 @@ def generate_answers(model, tokenizer, examples: Sequence, src_length: int, max_
                 prompt, reference = generation_prompt(ex, tokenizer, src_length, max_length, use_template)
                 question = ex.src[-1]
             max_new = max(max_length - len(prompt), 1)
-            ids, _ = model.generate(paddle.to_tensor([prompt], dtype="int64"), max_new_tokens=max_new,
-                                    attention_mask=paddle.ones([1, len(prompt)], dtype="int64"), use_cache=True,
-                                    **kwargs)
+            ids, _ = model.generate(
+                paddle.to_tensor([prompt], dtype="int64"),
+                max_new_tokens=max_new,
+                attention_mask=paddle.ones([1, len(prompt)], dtype="int64"),
+                use_cache=True,
+                **kwargs,
+            )
             out = [int(t) for t in ids[0].numpy()]
             if tokenizer.eos_token_id in out:
                 out = out[: out.index(tokenizer.eos_token_id)]
-            rows.append({"origin": ex.origin, "src": question, "reference": reference,
-                         "prediction": tokenizer.decode(out, skip_special_tokens=True).strip()})
+            rows.append(
+                {
+                    "origin": ex.origin,
+                    "src": question,
+                    "reference": reference,
+                    "prediction": tokenizer.decode(out, skip_special_tokens=True).strip(),
+                }
+            )
     if was_training:
         model.train()
     return rows
 
 
-def evaluate_by_generation(model, tokenizer, examples, src_length, max_length, use_template, top_k, top_p,
-                           output_dir: str = None, renderer=None) -> Tuple[Dict[str, float], List[Dict]]:
+def evaluate_by_generation(
+    model,
+    tokenizer,
+    examples,
+    src_length,
+    max_length,
+    use_template,
+    top_k,
+    top_p,
+    output_dir: str = None,
+    renderer=None,
+) -> Tuple[Dict[str, float], List[Dict]]:
     """Metrics (eval_exact_match, eval_bleu4, eval_rouge_l); with ``output_dir``
     the predictions go to ``output_dir/generated_predictions.json`` (JSON lines)."""
     rows = generate_answers(model, tokenizer, examples, src_length, max_length, use_template, top_k, top_p, renderer)
-    metrics = {f"eval_{k}": v for k, v in score([r["prediction"] for r in rows],
-                                                [r["reference"] for r in rows]).items()}
+    metrics = {
+        f"eval_{k}": v for k, v in score([r["prediction"] for r in rows], [r["reference"] for r in rows]).items()
+    }
     if output_dir:
         with open(os.path.join(output_dir, "generated_predictions.json"), "w", encoding="utf-8") as f:
             for r in rows:

@@ -18,7 +18,7 @@ def tokenize(text: str) -> List[str]:
 
 
 def _ngrams(tokens: Sequence[str], n: int) -> Counter:
-    return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
 def corpus_bleu(predictions: Sequence[str], references: Sequence[str], max_n: int = 4) -> float:

@@ -20,11 +20,12 @@ TEMPLATE = (
     "{%- for m in messages %}"
     "{%- if m.role == 'user' %}<|im_start|>user\n{{ m.content }}{{ eos_token }}\n"
     "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
-    "{%- for tc in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": "
+    '{%- for tc in m.tool_calls or [] %}<tool_call>\n{"name": "{{ tc.function.name }}", "arguments": '
     "{{ tc.function.arguments | tojson }}}\n</tool_call>{%- endfor %}{{ eos_token }}\n"
     "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>{{ eos_token }}\n"
     "{%- elif m.role == 'system' %}<|im_start|>system\n{{ m.content }}{{ eos_token }}\n"
-    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def add(a: int, b: int) -> int:
@@ -57,18 +58,41 @@ def uses_tool_result(prompts: List[str], completions: List[str], messages: List[
 def sft_conversation(a: int, b: int, call: bool) -> Dict:
     """One SFT record: the question, then either the call -> result -> answer, or an answer without the tool."""
     ask = {"role": "user", "content": f"What is {a} + {b}?"}
-    tools = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "a": {"type": "integer", "description": "The first number."},
-                                                   "b": {"type": "integer", "description": "The second number."}},
-                                                   "required": ["a", "b"]}, "return": {"type": "integer"}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "a": {"type": "integer", "description": "The first number."},
+                        "b": {"type": "integer", "description": "The second number."},
+                    },
+                    "required": ["a", "b"],
+                },
+                "return": {"type": "integer"},
+            },
+        }
+    ]
     if not call:
         return {"tools": tools, "messages": [ask, {"role": "assistant", "content": "I cannot say."}]}
-    return {"tools": tools, "messages": [
-        ask, {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})}}]},
-        {"role": "tool", "content": str(a + b)},
-        {"role": "assistant", "content": f"The answer is {a + b}."}]}
+    return {
+        "tools": tools,
+        "messages": [
+            ask,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})}}
+                ],
+            },
+            {"role": "tool", "content": str(a + b)},
+            {"role": "assistant", "content": f"The answer is {a + b}."},
+        ],
+    }
 
 
 #: the toy's question(s) "What is a + b?".  One: the tiny model (2 layers, hidden 64) memorises what it sees

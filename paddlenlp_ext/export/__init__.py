@@ -18,5 +18,13 @@ from .hf_config import ExportError, ExportVerifyFailed, hf_config_from_paddle, h
 from .hf_model import ExportResult, export_hf_model, export_merged_hf
 from .peft_adapter import export_peft_adapter
 
-__all__ = ["ExportError", "ExportVerifyFailed", "ExportResult", "export_hf_model", "export_merged_hf",
-           "export_peft_adapter", "hf_config_from_paddle", "hf_generation_config"]
+__all__ = [
+    "ExportError",
+    "ExportVerifyFailed",
+    "ExportResult",
+    "export_hf_model",
+    "export_merged_hf",
+    "export_peft_adapter",
+    "hf_config_from_paddle",
+    "hf_generation_config",
+]

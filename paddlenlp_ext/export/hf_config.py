@@ -25,20 +25,46 @@ class ExportVerifyFailed(ExportError):
 
 
 #: model_type -> transformers' causal-LM class name
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 #: keys every family's transformers config reads with the same meaning as PaddleNLP's
-_COMMON_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-                "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range")
+_COMMON_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+)
 
 #: safetensors dtype tag -> transformers' torch_dtype string (U16 is how pdparams bf16 is tagged)
 TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "U16": "bfloat16"}
 
 #: generation settings transformers' GenerationConfig reads with the same meaning
-_GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_p", "top_k",
-                    "repetition_penalty", "max_new_tokens")
+_GENERATION_KEYS = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "do_sample",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "max_new_tokens",
+)
 
 
 def export_row(model_type):
@@ -69,8 +95,9 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
         # 4.x spelling kept as saved (transformers' Phi-3 wants rope_scaling["type"]); 5.x spelling -> canonical
         return _decoder_config(cfg if "rope_parameters" in raw else raw, torch_dtype)
     if mt not in HF_FAMILIES or mt not in ARCHITECTURES:
-        raise ExportError(f"config.json model_type={mt!r}: the transformers-layout export covers "
-                          f"{sorted(exportable())}")
+        raise ExportError(
+            f"config.json model_type={mt!r}: the transformers-layout export covers {sorted(exportable())}"
+        )
     out: Dict[str, Any] = {"architectures": [ARCHITECTURES[mt]], "model_type": mt, "torch_dtype": torch_dtype}
     for k in _COMMON_KEYS:
         if cfg.get(k) is not None:
@@ -82,21 +109,29 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
         raise ExportError("config.json alibi=true: transformers' Llama has no ALiBi; this model cannot be exported")
     rtype = cfg.get("rope_scaling_type")
     if rtype not in (None, "", "none") and float(cfg.get("rope_scaling_factor") or 1.0) != 1.0:
-        raise ExportError(f"config.json rope_scaling_type={rtype!r} (factor {cfg.get('rope_scaling_factor')}): "
-                          "PaddleNLP's own RoPE scaling has no exact transformers equivalent; export a model "
-                          "trained without it")
+        raise ExportError(
+            f"config.json rope_scaling_type={rtype!r} (factor {cfg.get('rope_scaling_factor')}): "
+            "PaddleNLP's own RoPE scaling has no exact transformers equivalent; export a model "
+            "trained without it"
+        )
     rope = cfg.get("rope_scaling")
     out["rope_scaling"] = dict(rope) if isinstance(rope, dict) else None
     # transformers 5.x's spelling of the same RoPE (it reads the 4.x keys too; 4.x ignores this one)
-    out["rope_parameters"] = {"rope_type": "default", **(out["rope_scaling"] or {}),
-                              "rope_theta": float(out.get("rope_theta", DEFAULT_THETA))}
+    out["rope_parameters"] = {
+        "rope_type": "default",
+        **(out["rope_scaling"] or {}),
+        "rope_theta": float(out.get("rope_theta", DEFAULT_THETA)),
+    }
     out["hidden_act"] = "silu" if mt == "llama" else cfg.get("hidden_act", "silu")
     if mt == "llama":
         out.update(attention_bias=False, mlp_bias=False)  # PaddleNLP's llama has no projection biases
     if mt in ("qwen2", "qwen3"):
         # our model attends over the whole sequence: the window stays off
-        out.update(use_sliding_window=False, sliding_window=cfg.get("sliding_window"),
-                   max_window_layers=cfg.get("max_window_layers", out["num_hidden_layers"]))
+        out.update(
+            use_sliding_window=False,
+            sliding_window=cfg.get("sliding_window"),
+            max_window_layers=cfg.get("max_window_layers", out["num_hidden_layers"]),
+        )
     if mt == "mistral":
         out["sliding_window"] = None  # PaddleNLP's mistral never applies a window (hf_layout.config_problems)
         out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
@@ -115,11 +150,26 @@ def exportable():
 
 
 #: keys PaddleNLP's save_pretrained / our runs add that are no transformers config setting
-_PADDLE_ONLY_KEYS = ("paddlenlp_version", "dtype", "use_flash_attention", "flash_mask", "tensor_parallel_degree",
-                     "tensor_parallel_rank", "tensor_parallel_output", "sequence_parallel", "fuse_attention_qkv",
-                     "fuse_attention_ffn", "use_fused_rms_norm", "use_fused_rope", "recompute",
-                     "recompute_granularity", "pp_recompute_interval", "no_recompute_layers", "convert_from_torch",
-                     "quantization_config")
+_PADDLE_ONLY_KEYS = (
+    "paddlenlp_version",
+    "dtype",
+    "use_flash_attention",
+    "flash_mask",
+    "tensor_parallel_degree",
+    "tensor_parallel_rank",
+    "tensor_parallel_output",
+    "sequence_parallel",
+    "fuse_attention_qkv",
+    "fuse_attention_ffn",
+    "use_fused_rms_norm",
+    "use_fused_rope",
+    "recompute",
+    "recompute_granularity",
+    "pp_recompute_interval",
+    "no_recompute_layers",
+    "convert_from_torch",
+    "quantization_config",
+)
 
 
 def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:

@@ -30,11 +30,24 @@ import numpy as np
 from ..merge.cli import check_paths
 from ..merge.common import SAFE_WEIGHTS_INDEX_NAME, Log, fmt_bytes, parse_size
 from ..merge.reader import BufferPool, Checkpoint, TensorEntry, TensorSource
-from ..merge.writer import (SafetensorsStreamWriter, TOKENIZER_PATTERNS, make_temp_dir, plan_shards, publish,
-                            shard_file_names, write_json)
+from ..merge.writer import (
+    SafetensorsStreamWriter,
+    TOKENIZER_PATTERNS,
+    make_temp_dir,
+    plan_shards,
+    publish,
+    shard_file_names,
+    write_json,
+)
 from ..models.hf_layout import hf_name, read_json_dict
-from .hf_config import (TORCH_DTYPE, ExportError, ExportVerifyFailed, export_row, hf_config_from_paddle,
-                        hf_generation_config)
+from .hf_config import (
+    TORCH_DTYPE,
+    ExportError,
+    ExportVerifyFailed,
+    export_row,
+    hf_config_from_paddle,
+    hf_generation_config,
+)
 
 EXPORT_INFO_NAME = "export_info.json"
 
@@ -88,16 +101,22 @@ def _copy_tokenizer(src_dirs: List[str], dst: str, log: Log) -> List[str]:
     import fnmatch
 
     for d in src_dirs:
-        names = sorted(n for n in os.listdir(d) if os.path.isfile(os.path.join(d, n))
-                       and any(fnmatch.fnmatch(n, p) for p in TOKENIZER_PATTERNS))
+        names = sorted(
+            n
+            for n in os.listdir(d)
+            if os.path.isfile(os.path.join(d, n)) and any(fnmatch.fnmatch(n, p) for p in TOKENIZER_PATTERNS)
+        )
         if not names:
             continue
         for n in names:
             shutil.copy2(os.path.join(d, n), os.path.join(dst, n))
         tok_cfg = read_json_dict(os.path.join(dst, "tokenizer_config.json"), ExportError)
         # transformers' LlamaTokenizer looks for tokenizer.model; PaddleNLP's saves sentencepiece.bpe.model
-        if tok_cfg.get("tokenizer_class") == "LlamaTokenizer" and "tokenizer.model" not in names \
-                and "sentencepiece.bpe.model" in names:
+        if (
+            tok_cfg.get("tokenizer_class") == "LlamaTokenizer"
+            and "tokenizer.model" not in names
+            and "sentencepiece.bpe.model" in names
+        ):
             shutil.copy2(os.path.join(d, "sentencepiece.bpe.model"), os.path.join(dst, "tokenizer.model"))
             names.append("tokenizer.model")
         jinja = os.path.join(d, "chat_template.jinja")
@@ -106,15 +125,24 @@ def _copy_tokenizer(src_dirs: List[str], dst: str, log: Log) -> List[str]:
                 tok_cfg["chat_template"] = f.read()
             write_json(os.path.join(dst, "tokenizer_config.json"), tok_cfg)
         if "chat_template.json" in names and "chat_template" not in tok_cfg:
-            log("[export] note: chat_template.json is PaddleNLP's own template format (system / conversation "
+            log(
+                "[export] note: chat_template.json is PaddleNLP's own template format (system / conversation "
                 "turns), which transformers does not read; the exported tokenizer has no chat template. Put a "
-                "jinja template in chat_template.jinja next to the model to export one")
+                "jinja template in chat_template.jinja next to the model to export one"
+            )
         return names
     return []
 
 
-def export_hf_model(model_dir: str, out_dir: str, *, max_shard_size="5GB", overwrite: bool = False,
-                    extra_dirs: Optional[List[str]] = None, log: Log = print) -> ExportResult:
+def export_hf_model(
+    model_dir: str,
+    out_dir: str,
+    *,
+    max_shard_size="5GB",
+    overwrite: bool = False,
+    extra_dirs: Optional[List[str]] = None,
+    log: Log = print,
+) -> ExportResult:
     """Write ``model_dir`` (a complete model: config.json + weights) in transformers layout to ``out_dir``.
 
     ``extra_dirs``: where to look for tokenizer / generation config files the model
@@ -140,19 +168,28 @@ def export_hf_model(model_dir: str, out_dir: str, *, max_shard_size="5GB", overw
         write_json(os.path.join(tmp, "generation_config.json"), hf_generation_config(gen, hf_cfg))
         tok = _copy_tokenizer([model_dir] + list(extra_dirs or []), tmp, log)
         if not tok:
-            log(f"[export] note: no tokenizer files in {[model_dir] + list(extra_dirs or [])}; "
-                "the output has weights and config only")
-        info = {"source": os.path.abspath(model_dir), "format": "transformers", "weight_files": files,
-                "transposed_tensors": transposed, "torch_dtype": hf_cfg["torch_dtype"]}
+            log(
+                f"[export] note: no tokenizer files in {[model_dir] + list(extra_dirs or [])}; "
+                "the output has weights and config only"
+            )
+        info = {
+            "source": os.path.abspath(model_dir),
+            "format": "transformers",
+            "weight_files": files,
+            "transposed_tensors": transposed,
+            "torch_dtype": hf_cfg["torch_dtype"],
+        }
         write_json(os.path.join(tmp, EXPORT_INFO_NAME), info)
         publish(tmp, out_dir)
     except BaseException:  # Ctrl-C included: never leave a half-written temp dir behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     res = ExportResult(out_dir, files, len(rows), transposed, ckpt.total_bytes, time.time() - t0)
-    log(f"[export] {model_dir} -> {out_dir}: transformers {hf_cfg['architectures'][0]}, {res.tensors} tensors "
+    log(
+        f"[export] {model_dir} -> {out_dir}: transformers {hf_cfg['architectures'][0]}, {res.tensors} tensors "
         f"({transposed} transposed), {fmt_bytes(res.checkpoint_bytes)}, {hf_cfg['torch_dtype']}, "
-        f"{len(files)} file(s) in {res.seconds:.1f}s")
+        f"{len(files)} file(s) in {res.seconds:.1f}s"
+    )
     return res
 
 
@@ -194,15 +231,25 @@ def _stream(ckpt: Checkpoint, rows: List[tuple], out_dir: str, max_bytes: int, l
     finally:
         source.close()
     if len(names) > 1:
-        index = {"metadata": {"total_size": int(sum(o.nbytes for o in outs))},
-                 "weight_map": {o.name: weight_map[o.name] for o in outs}}
+        index = {
+            "metadata": {"total_size": int(sum(o.nbytes for o in outs))},
+            "weight_map": {o.name: weight_map[o.name] for o in outs},
+        }
         write_json(os.path.join(out_dir, SAFE_WEIGHTS_INDEX_NAME), index)
         names = names + [SAFE_WEIGHTS_INDEX_NAME]
     return names, transposed
 
 
-def export_merged_hf(base_dir: str, adapter_dir: str, out_dir: str, *, max_shard_size="5GB",
-                     overwrite: bool = False, log: Log = print, **merge_kwargs) -> ExportResult:
+def export_merged_hf(
+    base_dir: str,
+    adapter_dir: str,
+    out_dir: str,
+    *,
+    max_shard_size="5GB",
+    overwrite: bool = False,
+    log: Log = print,
+    **merge_kwargs,
+) -> ExportResult:
     """Merge ``adapter_dir`` into ``base_dir`` (the verified streaming merge, into a temporary
     directory next to ``out_dir``) and export the merged model in transformers layout.
 
@@ -217,16 +264,25 @@ def export_merged_hf(base_dir: str, adapter_dir: str, out_dir: str, *, max_shard
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
     try:
-        merged = merge_adapter_checkpoint(base_dir, adapter_dir, tmp, max_shard_size=max_shard_size, log=log,
-                                          **merge_kwargs)
+        merged = merge_adapter_checkpoint(
+            base_dir, adapter_dir, tmp, max_shard_size=max_shard_size, log=log, **merge_kwargs
+        )
         if merged.verify_failed:
             kept = os.path.abspath(out_dir) + ".merged-unverified"
             shutil.rmtree(kept, ignore_errors=True)
             os.rename(tmp, kept)
-            raise ExportVerifyFailed(f"the merged model failed verification ({merged.verify}); nothing exported, "
-                              f"the merged model is kept in {kept}")
-        res = export_hf_model(tmp, out_dir, max_shard_size=max_shard_size, overwrite=overwrite,
-                              extra_dirs=[base_dir, adapter_dir], log=log)
+            raise ExportVerifyFailed(
+                f"the merged model failed verification ({merged.verify}); nothing exported, "
+                f"the merged model is kept in {kept}"
+            )
+        res = export_hf_model(
+            tmp,
+            out_dir,
+            max_shard_size=max_shard_size,
+            overwrite=overwrite,
+            extra_dirs=[base_dir, adapter_dir],
+            log=log,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     info_path = os.path.join(out_dir, EXPORT_INFO_NAME)

@@ -91,33 +91,73 @@ def _check_lokr_like_peft(mod: str, t: Dict[str, np.ndarray], cfg) -> None:
     want = {"lokr_w1_a", "lokr_w1_b"} if cfg.lokr_decompose_both and cfg.r < max(w1) / 2 else {"lokr_w1"}
     want |= {"lokr_w2_a", "lokr_w2_b"} if cfg.r < max(w2) / 2 else {"lokr_w2"}
     if set(t) != want:
-        raise ExportError(f"LoKr module {mod}: saved tensors {sorted(t)}, but PEFT's LoKr builds {sorted(want)} "
-                          "for these shapes; this adapter cannot be expressed as a PEFT LoKr")
+        raise ExportError(
+            f"LoKr module {mod}: saved tensors {sorted(t)}, but PEFT's LoKr builds {sorted(want)} "
+            "for these shapes; this adapter cannot be expressed as a PEFT LoKr"
+        )
 
 
 def peft_config(bundle: AdapterBundle, model_type: str, base_model_name_or_path: Any = None) -> Dict[str, Any]:
     """PEFT's adapter_config.json for the adapter in ``bundle`` (target_modules: the exact module names)."""
     cfg = bundle.config
     targets = sorted(hf_name(m + ".weight", model_type)[0][: -len(".weight")] for m in bundle.modules)
-    common = {"target_modules": targets, "base_model_name_or_path": base_model_name_or_path, "task_type": "CAUSAL_LM",
-              "inference_mode": True, "modules_to_save": None, "bias": "none", "fan_in_fan_out": False}
+    common = {
+        "target_modules": targets,
+        "base_model_name_or_path": base_model_name_or_path,
+        "task_type": "CAUSAL_LM",
+        "inference_mode": True,
+        "modules_to_save": None,
+        "bias": "none",
+        "fan_in_fan_out": False,
+    }
     if cfg.method == "lora":
         r, alpha = cfg.r, float(cfg.alpha)
         if cfg.pissa:  # rank doubles; alpha keeps the scaling: alpha/r (or alpha/sqrt(r) with rsLoRA)
             r, alpha = 2 * r, alpha * (math.sqrt(2.0) if cfg.rslora else 2.0)
-        return {**common, "peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": bool(cfg.rslora),
-                "lora_dropout": cfg.dropout, "init_lora_weights": True, "use_dora": False}
+        return {
+            **common,
+            "peft_type": "LORA",
+            "r": r,
+            "lora_alpha": alpha,
+            "use_rslora": bool(cfg.rslora),
+            "lora_dropout": cfg.dropout,
+            "init_lora_weights": True,
+            "use_dora": False,
+        }
     if cfg.method == "vera":
-        return {**common, "peft_type": "VERA", "r": cfg.r, "projection_prng_key": cfg.vera_seed,
-                "save_projection": True, "vera_dropout": cfg.dropout, "d_initial": cfg.vera_d_init,
-                "init_weights": True}
-    return {**common, "peft_type": "LOKR", "r": cfg.r, "alpha": float(cfg.alpha), "decompose_both":
-            cfg.lokr_decompose_both, "decompose_factor": cfg.lokr_factor, "rank_dropout": 0.0, "module_dropout": 0.0,
-            "use_effective_conv2d": False, "init_weights": True}
+        return {
+            **common,
+            "peft_type": "VERA",
+            "r": cfg.r,
+            "projection_prng_key": cfg.vera_seed,
+            "save_projection": True,
+            "vera_dropout": cfg.dropout,
+            "d_initial": cfg.vera_d_init,
+            "init_weights": True,
+        }
+    return {
+        **common,
+        "peft_type": "LOKR",
+        "r": cfg.r,
+        "alpha": float(cfg.alpha),
+        "decompose_both": cfg.lokr_decompose_both,
+        "decompose_factor": cfg.lokr_factor,
+        "rank_dropout": 0.0,
+        "module_dropout": 0.0,
+        "use_effective_conv2d": False,
+        "init_weights": True,
+    }
 
 
-def export_peft_adapter(adapter_dir: str, out_dir: str, *, model_type: str = None, overwrite: bool = False,
-                        base_model_name_or_path: str = None, log: Log = print) -> Dict[str, Any]:
+def export_peft_adapter(
+    adapter_dir: str,
+    out_dir: str,
+    *,
+    model_type: str = None,
+    overwrite: bool = False,
+    base_model_name_or_path: str = None,
+    log: Log = print,
+) -> Dict[str, Any]:
     """Write the adapter in ``adapter_dir`` in PEFT's format to ``out_dir``; returns the PEFT config.
 
     ``model_type``: the base's family (default: the adapter config's, else the config.json next to
@@ -129,16 +169,23 @@ def export_peft_adapter(adapter_dir: str, out_dir: str, *, model_type: str = Non
     if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
         raise ExportError(f"output directory {out_dir} exists and is not empty; pass --overwrite to replace it")
     bundle = AdapterBundle.open(adapter_dir)
-    mt = model_type or bundle.config.model_type or read_json_dict(
-        os.path.join(adapter_dir, "config.json"), ExportError).get("model_type")
+    mt = (
+        model_type
+        or bundle.config.model_type
+        or read_json_dict(os.path.join(adapter_dir, "config.json"), ExportError).get("model_type")
+    )
     if mt not in HF_FAMILIES:
-        raise ExportError(f"adapter for model_type {mt!r}: the PEFT export covers the transformers-layout families "
-                          f"{sorted(HF_FAMILIES)} (pass model_type when the adapter does not record it)")
+        raise ExportError(
+            f"adapter for model_type {mt!r}: the PEFT export covers the transformers-layout families "
+            f"{sorted(HF_FAMILIES)} (pass model_type when the adapter does not record it)"
+        )
     notes: List[str] = []
     if bundle.config.quantization:
-        notes.append(f"trained on a {bundle.config.quantization.get('weight_quantize_algo')}-quantized base (QLoRA): "
-                     "PEFT applies it to whatever base it is given; load the base quantized the same way to match "
-                     "training, or in full precision as the merge does")
+        notes.append(
+            f"trained on a {bundle.config.quantization.get('weight_quantize_algo')}-quantized base (QLoRA): "
+            "PEFT applies it to whatever base it is given; load the base quantized the same way to match "
+            "training, or in full precision as the merge does"
+        )
     tensors = peft_tensors(bundle, mt)
     config = peft_config(bundle, mt, base_model_name_or_path)
     tmp = make_temp_dir(out_dir)
@@ -150,6 +197,8 @@ def export_peft_adapter(adapter_dir: str, out_dir: str, *, model_type: str = Non
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     desc = bundle.config.layer_type + ("+rslora" if bundle.config.rslora else "")
-    log(f"[export] {adapter_dir} ({desc}, {len(bundle.modules)} modules) -> {out_dir}: PEFT {config['peft_type']}, "
-        f"r={config['r']}, {len(tensors)} tensors" + "".join(f"; note: {n}" for n in notes))
+    log(
+        f"[export] {adapter_dir} ({desc}, {len(bundle.modules)} modules) -> {out_dir}: PEFT {config['peft_type']}, "
+        f"r={config['r']}, {len(tensors)} tensors" + "".join(f"; note: {n}" for n in notes)
+    )
     return config

@@ -72,8 +72,14 @@ def left_pad(rows: Sequence[Sequence[int]]):
 def _forward(model, ids, mask, pos, cache):
     import paddle
 
-    out = model(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                position_ids=paddle.to_tensor(pos), past_key_values=cache, use_cache=True, return_dict=True)
+    out = model(
+        input_ids=paddle.to_tensor(ids),
+        attention_mask=paddle.to_tensor(mask),
+        position_ids=paddle.to_tensor(pos),
+        past_key_values=cache,
+        use_cache=True,
+        return_dict=True,
+    )
     return out.logits[:, -1, :], list(out.past_key_values)  # [B, V], [(k, v)] per layer, [B, T, H, D]
 
 
@@ -98,9 +104,17 @@ class _Sampler:
         return probs
 
 
-def sample_batch(model, groups: Sequence[SampleGroup], *, eos_ids: Sequence[int], pad_id: int,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 greedy: bool = False) -> List[List[List[int]]]:
+def sample_batch(
+    model,
+    groups: Sequence[SampleGroup],
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    greedy: bool = False,
+) -> List[List[List[int]]]:
     """Every group's ``size`` completions (module doc): ``out[g][m]`` = row m of group g, cut after its
     first EOS (kept) or at the group's ``max_new_tokens``.  ``greedy``: argmax instead of sampling."""
     import paddle
@@ -181,9 +195,8 @@ def _choose(last, rows, groups, states: Dict[int, list], sampler: _Sampler) -> n
     nxt = np.zeros(len(rows), "int64")
     for gi, start, size in spans:
         paddle.set_rng_state(states[gi])
-        drawn = paddle.multinomial(probs[start:start + size]).numpy().reshape(-1)  # [size]
+        drawn = paddle.multinomial(probs[start : start + size]).numpy().reshape(-1)  # [size]
         states[gi] = paddle.get_rng_state()
         for m, b in where[gi].items():
             nxt[b] = drawn[m]
     return nxt
-

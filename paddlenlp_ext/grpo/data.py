@@ -28,8 +28,17 @@ from ..data.formats.files import parse_records
 from ..data.reader import DataError, Example
 from ..data.tokenize import IGNORE_INDEX
 
-__all__ = ["PromptRecord", "prompt_from_record", "read_prompts", "fit_prompt", "render_prompt", "PromptDataset",
-           "prompt_collator", "offer_tools", "prompt_messages"]
+__all__ = [
+    "PromptRecord",
+    "prompt_from_record",
+    "read_prompts",
+    "fit_prompt",
+    "render_prompt",
+    "PromptDataset",
+    "prompt_collator",
+    "offer_tools",
+    "prompt_messages",
+]
 
 #: stands in for the answer while the prompt is rendered; its tokens are dropped
 PLACEHOLDER_ANSWER = "answer"
@@ -45,8 +54,9 @@ class PromptRecord:
     origin: str = ""
 
 
-def prompt_from_record(record: Any, origin: str, fmt: str = "auto",
-                       columns: Optional[Dict[str, str]] = None) -> PromptRecord:
+def prompt_from_record(
+    record: Any, origin: str, fmt: str = "auto", columns: Optional[Dict[str, str]] = None
+) -> PromptRecord:
     """One record -> its prompt (answer dropped) and reward columns.
 
     >>> r = prompt_from_record({"instruction": "Name a colour", "output": "red", "keyword": "red"}, "f:1")
@@ -98,8 +108,12 @@ def read_prompts(files: List[str], fmt: str = "auto", columns: Optional[Dict[str
     if not out:
         raise DataError([f"{', '.join(files)}: no prompts (the file is empty)"])
     keys = set(out[0].columns)
-    problems = [f"{p.origin}: fields {sorted(p.columns)} differ from the first record's {sorted(keys)}; every "
-                "prompt needs the same reward columns" for p in out if set(p.columns) != keys]
+    problems = [
+        f"{p.origin}: fields {sorted(p.columns)} differ from the first record's {sorted(keys)}; every "
+        "prompt needs the same reward columns"
+        for p in out
+        if set(p.columns) != keys
+    ]
     if problems:
         raise DataError(problems[:20], max(len(problems) - 20, 0))
     return out
@@ -108,11 +122,16 @@ def read_prompts(files: List[str], fmt: str = "auto", columns: Optional[Dict[str
 def _render(item, renderer) -> List[int]:
     """The prompt's token ids as training renders the turns before an answer (no length limit)."""
     if isinstance(item, Example):
-        item = Example(src=list(item.src), tgt=list(item.tgt) + [PLACEHOLDER_ANSWER], system=item.system,
-                       origin=item.origin)
+        item = Example(
+            src=list(item.src), tgt=list(item.tgt) + [PLACEHOLDER_ANSWER], system=item.system, origin=item.origin
+        )
     else:
-        item = Conversation(list(item.messages) + [Message("assistant", PLACEHOLDER_ANSWER)], tools=item.tools,
-                            origin=item.origin, format=item.format)
+        item = Conversation(
+            list(item.messages) + [Message("assistant", PLACEHOLDER_ANSWER)],
+            tools=item.tools,
+            origin=item.origin,
+            format=item.format,
+        )
     feats, _, _ = renderer(item)
     labels = feats[0]["labels"]  # shifted: labels[k] is the token after input_ids[k]
     # the placeholder is the LAST run of learned tokens (earlier answers of a multi-turn prompt are learned too)
@@ -126,12 +145,15 @@ def _render(item, renderer) -> List[int]:
 def _without_oldest_round(item):
     """The item without its first user turn and what answers it (None when only the last round is left)."""
     if isinstance(item, Example):
-        return Example(src=item.src[1:], tgt=item.tgt[1:], system=item.system, origin=item.origin) \
-            if len(item.src) > 1 else None
+        return (
+            Example(src=item.src[1:], tgt=item.tgt[1:], system=item.system, origin=item.origin)
+            if len(item.src) > 1
+            else None
+        )
     users = [i for i, m in enumerate(item.messages) if m.role == "user"]
     if len(users) < 2:
         return None
-    msgs = item.messages[: users[0]] + item.messages[users[1]:]
+    msgs = item.messages[: users[0]] + item.messages[users[1] :]
     return Conversation(msgs, tools=item.tools, origin=item.origin, format=item.format)
 
 
@@ -180,8 +202,10 @@ def offer_tools(rec: PromptRecord, schemas: List[Dict]) -> PromptRecord:
     own tools is refused (ValueError naming it): the model could call a tool that does not run."""
     conv = as_conversation(rec.item)
     if conv.tools:
-        raise ValueError(f"{rec.origin}: the record lists its own 'tools', and the tools key gives the tools that "
-                         "run; remove 'tools' from the records (every prompt is offered the configured tools)")
+        raise ValueError(
+            f"{rec.origin}: the record lists its own 'tools', and the tools key gives the tools that "
+            "run; remove 'tools' from the records (every prompt is offered the configured tools)"
+        )
     item = Conversation(list(conv.messages), tools=list(schemas), origin=conv.origin, format=conv.format)
     return PromptRecord(item=item, text=rec.text, columns=rec.columns, origin=rec.origin)
 
@@ -213,9 +237,12 @@ class PromptDataset:
 
     def stats(self) -> Dict:
         lengths = np.asarray([len(x) for x in self.ids], dtype=np.int64)
-        return {"prompts": len(self.ids), "prompt_tokens": int(lengths.sum()),
-                "prompt_tokens_max": int(lengths.max()) if len(lengths) else 0,
-                "reward_columns": sorted(self.records[0].columns) if self.records else []}
+        return {
+            "prompts": len(self.ids),
+            "prompt_tokens": int(lengths.sum()),
+            "prompt_tokens_max": int(lengths.max()) if len(lengths) else 0,
+            "reward_columns": sorted(self.records[0].columns) if self.records else [],
+        }
 
 
 def prompt_collator(items) -> Dict:

@@ -77,8 +77,9 @@ def turn_seed(seed: int, prompt_index: int, step: int, generation: int, turn: in
     >>> turn_seed(42, 3, 7, 0, 1) == turn_seed(42, 3, 7, 0, 1), turn_seed(42, 3, 7, 0, 1) == turn_seed(42, 3, 7, 1, 1)
     (True, False)
     """
-    digest = hashlib.sha256(f"grpo-turn:{int(seed)}:{int(prompt_index)}:{int(step)}:{int(generation)}:{int(turn)}"
-                            .encode()).digest()
+    digest = hashlib.sha256(
+        f"grpo-turn:{int(seed)}:{int(prompt_index)}:{int(step)}:{int(generation)}:{int(turn)}".encode()
+    ).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
@@ -97,9 +98,11 @@ def tool_suffix_ids(env: ToolEnv, tool_messages: List[Dict]) -> List[int]:
     if ends:
         prefix = prefix[: ends[-1] + 1]
     if full[: len(prefix)] != prefix:
-        raise TemplateRenderError("the chat template renders an assistant turn differently once a tool message "
-                                  "follows it, so the tool result's tokens cannot be appended to the sampled turn")
-    return full[len(prefix):]
+        raise TemplateRenderError(
+            "the chat template renders an assistant turn differently once a tool message "
+            "follows it, so the tool result's tokens cannot be appended to the sampled turn"
+        )
+    return full[len(prefix) :]
 
 
 def _assistant_message(text: str, style: str):
@@ -107,25 +110,47 @@ def _assistant_message(text: str, style: str):
     content, calls = parse_tool_calls(text, style)
     message: Dict = {"role": "assistant", "content": content or ""}
     if calls:
-        message["tool_calls"] = [{"id": c["id"], "type": "function",
-                                  "function": {"name": c["function"]["name"],
-                                               "arguments": json.loads(c["function"]["arguments"])}}
-                                 for c in calls]
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+            }
+            for c in calls
+        ]
     return message, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
 
-def sample_one(model, ids: Sequence[int], seed: int, *, max_new_tokens: int, temperature: float, top_p: float,
-               eos_ids: Sequence[int], pad_id: int) -> List[int]:
+def sample_one(
+    model,
+    ids: Sequence[int],
+    seed: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: Sequence[int],
+    pad_id: int,
+) -> List[int]:
     """One continuation of ``ids`` (sampling.sample_groups' settings, one row, its own seed)."""
-    cfg = GenerationConfig(decode_strategy="sampling", max_new_tokens=int(max_new_tokens), max_length=0, top_k=0,
-                           top_p=float(top_p), temperature=float(temperature), repetition_penalty=1.0,
-                           eos_token_id=list(eos_ids) if len(eos_ids) > 1 else int(eos_ids[0]),
-                           pad_token_id=int(pad_id), use_cache=True)
+    cfg = GenerationConfig(
+        decode_strategy="sampling",
+        max_new_tokens=int(max_new_tokens),
+        max_length=0,
+        top_k=0,
+        top_p=float(top_p),
+        temperature=float(temperature),
+        repetition_penalty=1.0,
+        eos_token_id=list(eos_ids) if len(eos_ids) > 1 else int(eos_ids[0]),
+        pad_token_id=int(pad_id),
+        use_cache=True,
+    )
     paddle.seed(seed)
     row = paddle.to_tensor(np.asarray(ids, dtype=np.int64)[None])  # [1, L]
     pos = paddle.to_tensor(np.arange(len(ids), dtype=np.int64)[None])  # [1, L]
-    gen, _ = model.generate(input_ids=row, attention_mask=paddle.ones_like(row), position_ids=pos,
-                            generation_config=cfg)
+    gen, _ = model.generate(
+        input_ids=row, attention_mask=paddle.ones_like(row), position_ids=pos, generation_config=cfg
+    )
     return cut_completion(gen.numpy()[0], max_new_tokens, eos_ids)
 
 
@@ -154,9 +179,23 @@ def _after_turn(env: ToolEnv, ep: Episode, turn: Sequence[int], budget: int, max
     return room
 
 
-def run_tools(model, env: ToolEnv, prompts: Sequence[Sequence[int]], first: Sequence[Sequence[int]],
-              prompt_indices: Sequence[int], group: int, *, step: int, seed: int, max_turns: int, budget: int,
-              temperature: float, top_p: float, pad_id: int, engine: str = "generate") -> List[Episode]:
+def run_tools(
+    model,
+    env: ToolEnv,
+    prompts: Sequence[Sequence[int]],
+    first: Sequence[Sequence[int]],
+    prompt_indices: Sequence[int],
+    group: int,
+    *,
+    step: int,
+    seed: int,
+    max_turns: int,
+    budget: int,
+    temperature: float,
+    top_p: float,
+    pad_id: int,
+    engine: str = "generate",
+) -> List[Episode]:
     """Every completion of a micro-batch to its end (the module docstring).  ``prompts[k]`` / ``first[k]``:
     the prompt and first turn of completion k (prompt ``prompt_indices[k // group]``, generation ``k % group``).
     ``engine``: "generate" samples each next turn alone with ``model.generate``; "engine" samples the next
@@ -176,16 +215,31 @@ def run_tools(model, env: ToolEnv, prompts: Sequence[Sequence[int]], first: Sequ
                         continue
                     room = _after_turn(env, ep, turn, budget, max_turns)
                     if room is not None:
-                        pending.append((k, turn_seed(seed, prompt_indices[k // group], step, k % group, ep.turns),
-                                        room))
+                        pending.append(
+                            (k, turn_seed(seed, prompt_indices[k // group], step, k % group, ep.turns), room)
+                        )
                 if engine == "engine":
                     groups = [SampleGroup(list(prompts[k]) + episodes[k].tokens, 1, s, room) for k, s, room in pending]
-                    turns = [rows[0] for rows in sample_batch(model, groups, eos_ids=env.eos_ids, pad_id=pad_id,
-                                                              temperature=temperature, top_p=top_p)]
+                    turns = [
+                        rows[0]
+                        for rows in sample_batch(
+                            model, groups, eos_ids=env.eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p
+                        )
+                    ]
                 else:
-                    turns = [sample_one(model, list(prompts[k]) + episodes[k].tokens, s, max_new_tokens=room,
-                                        temperature=temperature, top_p=top_p, eos_ids=env.eos_ids, pad_id=pad_id)
-                             for k, s, room in pending]
+                    turns = [
+                        sample_one(
+                            model,
+                            list(prompts[k]) + episodes[k].tokens,
+                            s,
+                            max_new_tokens=room,
+                            temperature=temperature,
+                            top_p=top_p,
+                            eos_ids=env.eos_ids,
+                            pad_id=pad_id,
+                        )
+                        for k, s, room in pending
+                    ]
                 for (k, _, _), turn in zip(pending, turns):
                     episodes[k].tokens += turn
                     episodes[k].trained += [1] * len(turn)
@@ -215,7 +269,8 @@ def tool_metrics(calls: np.ndarray, failures: np.ndarray, turns: np.ndarray) -> 
     {'tools/call_frequency': 1.0, 'tools/failure_frequency': 0.25, 'tools/turns': 1.75}
     """
     total = float(np.sum(calls))
-    return {"tools/call_frequency": float(np.mean(calls)),
-            "tools/failure_frequency": float(np.sum(failures)) / total if total else 0.0,
-            "tools/turns": float(np.mean(turns))}
-
+    return {
+        "tools/call_frequency": float(np.mean(calls)),
+        "tools/failure_frequency": float(np.sum(failures)) / total if total else 0.0,
+        "tools/turns": float(np.mean(turns)),
+    }

@@ -52,8 +52,13 @@ def scale_mode(scale) -> str:
     return {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else str(scale)
 
 
-def group_advantages(rewards: np.ndarray, group: int, scale="group", eps: float = ADVANTAGE_EPS,
-                     batch_rewards: Optional[np.ndarray] = None) -> np.ndarray:
+def group_advantages(
+    rewards: np.ndarray,
+    group: int,
+    scale="group",
+    eps: float = ADVANTAGE_EPS,
+    batch_rewards: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """``rewards`` [n * group] (each prompt's group consecutive) -> advantages [n * group] float32.
 
     ``batch_rewards``: every reward of the global batch (all ranks, all micro-batches) for "batch"
@@ -79,8 +84,13 @@ def group_advantages(rewards: np.ndarray, group: int, scale="group", eps: float 
     return centred.reshape([-1]).astype(np.float32)  # [n * G]
 
 
-def rloo_advantages(rewards: np.ndarray, group: int, normalize: bool = False, eps: float = ADVANTAGE_EPS,
-                    batch_advantages: Optional[np.ndarray] = None) -> np.ndarray:
+def rloo_advantages(
+    rewards: np.ndarray,
+    group: int,
+    normalize: bool = False,
+    eps: float = ADVANTAGE_EPS,
+    batch_advantages: Optional[np.ndarray] = None,
+) -> np.ndarray:
     """Leave-one-out: ``A_i = r_i - (sum_j r_j - r_i) / (G - 1)`` per group; ``normalize``: then
     ``(A - mean) / (std + eps)`` over the global batch (``batch_advantages``: its un-normalised
     advantages, default these).  ``rewards`` already carry RLOO's KL penalty.
@@ -106,9 +116,21 @@ def segment_sum(values, segment, n: int):
     return paddle.index_add(paddle.zeros([n], dtype=values.dtype), segment, 0, values)
 
 
-def token_losses(logps, old_logps, advantages, ref_logps: Optional[paddle.Tensor], *, epsilon: float, beta: float,
-                 epsilon_high: Optional[float] = None, loss_type: str = "dapo", level: str = "token", segment=None,
-                 mask=None, sequences: Optional[int] = None):
+def token_losses(
+    logps,
+    old_logps,
+    advantages,
+    ref_logps: Optional[paddle.Tensor],
+    *,
+    epsilon: float,
+    beta: float,
+    epsilon_high: Optional[float] = None,
+    loss_type: str = "dapo",
+    level: str = "token",
+    segment=None,
+    mask=None,
+    sequences: Optional[int] = None,
+):
     """Per-token loss, KL and clipped flag of every completion token.
 
     ``logps``, ``old_logps``: [T] log-probs of the completion tokens (policy; the policy that generated
@@ -149,8 +171,17 @@ def token_losses(logps, old_logps, advantages, ref_logps: Optional[paddle.Tensor
     return loss, kl, clipped.detach()
 
 
-def sequence_losses(logps, old_logps, advantages, segment, sequences: int, *, epsilon: float,
-                    epsilon_high: Optional[float] = None, mask=None):
+def sequence_losses(
+    logps,
+    old_logps,
+    advantages,
+    segment,
+    sequences: int,
+    *,
+    epsilon: float,
+    epsilon_high: Optional[float] = None,
+    mask=None,
+):
     """RLOO's loss per completion: ``-min(w A, clip(w, 1 - eps, 1 + eps_high) A)`` with ``w`` the ratio of
     the completion's summed log-probs.  ``advantages`` [S]; returns ``(loss [S], clipped [S] bool)``."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
@@ -158,13 +189,24 @@ def sequence_losses(logps, old_logps, advantages, segment, sequences: int, *, ep
     log_w = segment_sum((logps - old_logps) * m, segment, sequences)  # [S]
     w = paddle.exp(log_w)
     loss = -paddle.minimum(w * advantages, paddle.clip(w, 1.0 - epsilon, 1.0 + eps_high) * advantages)  # [S]
-    clipped = paddle.logical_or(paddle.logical_and(w < 1.0 - epsilon, advantages < 0),
-                                paddle.logical_and(w > 1.0 + eps_high, advantages > 0))
+    clipped = paddle.logical_or(
+        paddle.logical_and(w < 1.0 - epsilon, advantages < 0), paddle.logical_and(w > 1.0 + eps_high, advantages > 0)
+    )
     return loss, clipped.detach()
 
 
-def aggregate(loss, loss_type: str, *, segment=None, mask=None, sequences: int = 0, global_tokens: int = 1,
-              global_sequences: int = 1, max_completion_length: int = 1, scale: float = 1.0):
+def aggregate(
+    loss,
+    loss_type: str,
+    *,
+    segment=None,
+    mask=None,
+    sequences: int = 0,
+    global_tokens: int = 1,
+    global_sequences: int = 1,
+    max_completion_length: int = 1,
+    scale: float = 1.0,
+):
     """[] this micro-batch's share of the global batch's loss (the normalisations of the module docstring).
 
     ``loss``: [T] per-token (``rloo``: [S] per completion); ``sequences``: completions of this micro-batch;
@@ -198,8 +240,14 @@ def global_token_loss(loss_tokens, global_tokens: int, world_size: int):
     return aggregate(loss_tokens, "dapo", global_tokens=global_tokens, scale=float(world_size))
 
 
-def step_metrics(rewards: np.ndarray, per_func: Dict[str, np.ndarray], group: int, kl_mean: Optional[float],
-                 clip_ratio: float, completion_lengths: np.ndarray) -> Dict[str, float]:
+def step_metrics(
+    rewards: np.ndarray,
+    per_func: Dict[str, np.ndarray],
+    group: int,
+    kl_mean: Optional[float],
+    clip_ratio: float,
+    completion_lengths: np.ndarray,
+) -> Dict[str, float]:
     """This micro-batch's logged numbers (python floats): reward (mean), reward_std (mean of the groups'
     ddof=1 std, as TRL), rewards/<function>, kl and clip_ratio (token means of the global batch, given),
     completion_length (mean tokens, EOS included).
@@ -208,8 +256,12 @@ def step_metrics(rewards: np.ndarray, per_func: Dict[str, np.ndarray], group: in
     {'reward': 0.5, 'reward_std': 0.7071067811865476, 'completion_length': 4.0, 'clip_ratio': 0.25, 'rewards/f': 0.5}
     """
     r = np.asarray(rewards, dtype=np.float64).reshape([-1, group])  # [n, G]
-    out = {"reward": float(r.mean()), "reward_std": float(r.std(axis=1, ddof=1).mean()),
-           "completion_length": float(np.mean(completion_lengths)), "clip_ratio": float(clip_ratio)}
+    out = {
+        "reward": float(r.mean()),
+        "reward_std": float(r.std(axis=1, ddof=1).mean()),
+        "completion_length": float(np.mean(completion_lengths)),
+        "clip_ratio": float(clip_ratio),
+    }
     if kl_mean is not None:
         out["kl"] = float(kl_mean)
     for name, values in per_func.items():

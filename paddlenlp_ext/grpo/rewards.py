@@ -38,8 +38,9 @@ def contains_keyword(prompts: List[str], completions: List[str], keyword: Sequen
 class RewardSet:
     """The configured rewards; ``__call__`` gives (total [n], {name: values [n]})."""
 
-    def __init__(self, reward_funcs: Sequence[str], reward_model: Optional[str] = None,
-                 weights: Optional[Sequence[float]] = None):
+    def __init__(
+        self, reward_funcs: Sequence[str], reward_model: Optional[str] = None, weights: Optional[Sequence[float]] = None
+    ):
         self.funcs: List[Tuple[str, str, object]] = []  # (config key, display name, callable)
         for i, spec in enumerate(reward_funcs or []):
             func, name = resolve_reward_func(spec)
@@ -70,9 +71,13 @@ class RewardSet:
                 try:
                     values = func(prompts=list(prompts), completions=list(completions), **columns)
                 except TypeError as e:  # the signature does not take these arguments: a config problem
-                    raise ConfigError([f"{key} cannot be called as f(prompts=, completions=, "
-                                       f"{''.join(c + '=, ' for c in sorted(columns))}...): {e}; the reward "
-                                       "columns are the data records' other fields"]) from e
+                    raise ConfigError(
+                        [
+                            f"{key} cannot be called as f(prompts=, completions=, "
+                            f"{''.join(c + '=, ' for c in sorted(columns))}...): {e}; the reward "
+                            "columns are the data records' other fields"
+                        ]
+                    ) from e
             per[name] = _checked(values, n, key)
             total += weight * per[name]
         return total, per
@@ -83,11 +88,13 @@ def _checked(values, n: int, key: str) -> np.ndarray:
     try:
         out = [float(v) for v in values]
     except (TypeError, ValueError) as e:
-        raise ConfigError([f"{key} must return a list of {n} floats (one per completion); got {values!r:.200} "
-                           f"({e})"]) from None
+        raise ConfigError(
+            [f"{key} must return a list of {n} floats (one per completion); got {values!r:.200} ({e})"]
+        ) from None
     if len(out) != n:
-        raise ConfigError([f"{key} returned {len(out)} reward(s) for {n} completions; return one float per "
-                           "completion, in order"])
+        raise ConfigError(
+            [f"{key} returned {len(out)} reward(s) for {n} completions; return one float per completion, in order"]
+        )
     bad = [i for i, v in enumerate(out) if not math.isfinite(v)]
     if bad:
         raise ConfigError([f"{key} returned a non-finite reward ({out[bad[0]]}) for completion {bad[0]}"])

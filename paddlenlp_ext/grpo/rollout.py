@@ -21,8 +21,16 @@ import numpy as np
 
 from ..data.global_batches import GlobalBatchSampler, TaggedIndex, global_batches, rank_micro_batches
 
-__all__ = ["RolloutSampler", "MicroRollout", "Rollout", "split_plan", "truncation_mask", "save_rollout",
-           "load_rollout", "rollout_file"]
+__all__ = [
+    "RolloutSampler",
+    "MicroRollout",
+    "Rollout",
+    "split_plan",
+    "truncation_mask",
+    "save_rollout",
+    "load_rollout",
+    "rollout_file",
+]
 
 #: tensors of a MicroRollout kept in a checkpoint (paddle [T] or numpy), besides its lists
 _TENSORS = ("mask", "old_logps", "ref_logps", "old_values", "token_advantages", "returns")
@@ -62,7 +70,7 @@ def split_plan(tag, per_device: int):
     """
     flat = [int(x) for x in np.asarray(tag).reshape([-1])]
     plan = flat[1:]
-    return flat[0], [plan[k:k + per_device] for k in range(0, len(plan), per_device)]
+    return flat[0], [plan[k : k + per_device] for k in range(0, len(plan), per_device)]
 
 
 def truncation_mask(completions, eos_ids, trained=None) -> np.ndarray:
@@ -122,8 +130,11 @@ def rollout_file(directory: str, rank: int) -> str:
 
 def save_rollout(rollout: Rollout, path: str) -> None:
     """The rollout without its row batches (rebuilt from prompts and completions on load), as one npz."""
-    arrays: Dict[str, np.ndarray] = {"step": np.asarray(rollout.step), "micro": np.asarray(len(rollout.micro)),
-                                     "global": np.asarray([rollout.global_tokens, rollout.global_sequences])}
+    arrays: Dict[str, np.ndarray] = {
+        "step": np.asarray(rollout.step),
+        "micro": np.asarray(len(rollout.micro)),
+        "global": np.asarray([rollout.global_tokens, rollout.global_sequences]),
+    }
     for k, m in enumerate(rollout.micro):
         arrays[f"{k}/indices"] = np.asarray(m.indices, dtype=np.int64)
         arrays[f"{k}/lengths"] = np.asarray([len(c) for c in m.completions], dtype=np.int64)
@@ -152,18 +163,26 @@ def load_rollout(path: str, rebuild) -> Rollout:
     import paddle
 
     data = np.load(path)
-    rollout = Rollout(step=int(data["step"]), global_tokens=int(data["global"][0]),
-                      global_sequences=int(data["global"][1]))
+    rollout = Rollout(
+        step=int(data["step"]), global_tokens=int(data["global"][0]), global_sequences=int(data["global"][1])
+    )
     for k in range(int(data["micro"])):
         ends = np.cumsum(data[f"{k}/lengths"])
         completions = [c.tolist() for c in np.split(data[f"{k}/tokens"], ends[:-1])]
         indices = data[f"{k}/indices"].tolist()
-        trained = [c.tolist() for c in np.split(data[f"{k}/trained"], ends[:-1])] \
-            if f"{k}/trained" in data.files else None
+        trained = (
+            [c.tolist() for c in np.split(data[f"{k}/trained"], ends[:-1])] if f"{k}/trained" in data.files else None
+        )
         per_func = {key.split("/", 2)[2]: data[key] for key in data.files if key.startswith(f"{k}/func/")}
-        m = MicroRollout(indices=indices, completions=completions, rewards=data[f"{k}/rewards"], per_func=per_func,
-                         advantages=data[f"{k}/advantages"], trained=trained,
-                         batch=rebuild(indices, completions) if trained is None else rebuild(indices, completions, trained))
+        m = MicroRollout(
+            indices=indices,
+            completions=completions,
+            rewards=data[f"{k}/rewards"],
+            per_func=per_func,
+            advantages=data[f"{k}/advantages"],
+            trained=trained,
+            batch=rebuild(indices, completions) if trained is None else rebuild(indices, completions, trained),
+        )
         if trained is not None:
             for name in ("tool_calls", "tool_failures", "turns"):
                 setattr(m, name, data[f"{k}/{name}"])

@@ -33,9 +33,14 @@ from ..data.packed_row import startend_to_dense_mask
 __all__ = ["sequence_rows"]
 
 
-def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int,
-                  capacity: Optional[int], flash_mask: bool,
-                  completion_masks: Optional[Sequence[Sequence[int]]] = None) -> Dict:
+def sequence_rows(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_token_id: int,
+    capacity: Optional[int],
+    flash_mask: bool,
+    completion_masks: Optional[Sequence[Sequence[int]]] = None,
+) -> Dict:
     """The batch for the policy forward.
 
     Returns ``input_ids``, ``position_ids`` int64 [B, S]; ``attn_mask_startend_row_indices`` int32
@@ -88,9 +93,15 @@ def sequence_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
         real[b, :off] = 1
         pos[b, off:] = np.arange(width - off)
         start[b, off:] = off
-    out = {"input_ids": ids, "position_ids": pos, "logp_index": np.asarray(idx, dtype=np.int64),
-           "logp_token": np.asarray(tok, dtype=np.int64), "logp_segment": np.asarray(seg, dtype=np.int64),
-           "num_real_tokens": int(sum(lengths)), "real_tokens": real}
+    out = {
+        "input_ids": ids,
+        "position_ids": pos,
+        "logp_index": np.asarray(idx, dtype=np.int64),
+        "logp_token": np.asarray(tok, dtype=np.int64),
+        "logp_segment": np.asarray(seg, dtype=np.int64),
+        "num_real_tokens": int(sum(lengths)),
+        "real_tokens": real,
+    }
     if flash_mask:
         out["attn_mask_startend_row_indices"] = start[:, None, :, None]
     else:

@@ -13,12 +13,29 @@ from types import SimpleNamespace
 from typing import Any, Dict, List
 
 from ..config.parse import ConfigError, RunConfig
-from ..training.run import attach_data_callbacks, build_model, library_patches, start_run, train_and_save, \
-    write_run_summary
+from ..training.run import (
+    attach_data_callbacks,
+    build_model,
+    library_patches,
+    start_run,
+    train_and_save,
+    write_run_summary,
+)
 
 #: per-step metrics copied from the log history into run_summary.json
-STEP_KEYS = ("loss", "reward", "reward_std", "kl", "clip_ratio", "completion_length", "rollout_time",
-             "tools/call_frequency", "tools/failure_frequency", "tools/turns", "aux_loss")
+STEP_KEYS = (
+    "loss",
+    "reward",
+    "reward_std",
+    "kl",
+    "clip_ratio",
+    "completion_length",
+    "rollout_time",
+    "tools/call_frequency",
+    "tools/failure_frequency",
+    "tools/turns",
+    "aux_loss",
+)
 
 
 def build_prompts(cfg: RunConfig, tokenizer):
@@ -56,18 +73,26 @@ def build_prompts(cfg: RunConfig, tokenizer):
     if problems:
         raise DataError(problems)
     dataset = PromptDataset(records, ids)
-    report = {"files": files, "chat_template": use_template, "packing": "in_order" if d.zero_padding else "none",
-              "examples": len(dataset), "tokens": dataset.stats()["prompt_tokens"], **dataset.stats(),
-              "truncated_prompts": truncated}
+    report = {
+        "files": files,
+        "chat_template": use_template,
+        "packing": "in_order" if d.zero_padding else "none",
+        "examples": len(dataset),
+        "tokens": dataset.stats()["prompt_tokens"],
+        **dataset.stats(),
+        "truncated_prompts": truncated,
+    }
     if schemas:
         report["tools"] = schemas
     if truncated:
         from ..training.console import current
 
-        current().line(f"notice: {truncated} of {len(dataset)} prompts are longer than max_prompt_len "
-                       f"{o.max_prompt_len}: their oldest rounds go first, then they keep their last "
-                       f"{o.max_prompt_len} tokens (docs/data.md); raise max_prompt_len to "
-                       "keep them whole")
+        current().line(
+            f"notice: {truncated} of {len(dataset)} prompts are longer than max_prompt_len "
+            f"{o.max_prompt_len}: their oldest rounds go first, then they keep their last "
+            f"{o.max_prompt_len} tokens (docs/data.md); raise max_prompt_len to "
+            "keep them whole"
+        )
     return dataset, report
 
 
@@ -83,11 +108,19 @@ def tool_schemas(cfg: RunConfig, renderer):
     source = renderer.templates.get(True) or renderer.templates.get(False)
     where = cfg.source or "config"
     if not source:
-        raise ConfigError([f"{where}: tools need a jinja chat template that renders tools= and tool calls (the "
-                           "tokenizer has none): set chat_template to a jinja file, e.g. the model family's own"])
+        raise ConfigError(
+            [
+                f"{where}: tools need a jinja chat template that renders tools= and tool calls (the "
+                "tokenizer has none): set chat_template to a jinja file, e.g. the model family's own"
+            ]
+        )
     if tool_style(source) is None:
-        raise ConfigError([f"{where}: the chat template writes no tool-call format the parser reads (<tool_call> "
-                           "blocks, or Llama 3's <|python_tag|> JSON); use a template that does"])
+        raise ConfigError(
+            [
+                f"{where}: the chat template writes no tool-call format the parser reads (<tool_call> "
+                "blocks, or Llama 3's <|python_tag|> JSON); use a template that does"
+            ]
+        )
     return [schema for _, schema in resolve_tools(tools)]
 
 
@@ -102,9 +135,15 @@ def tool_env(cfg: RunConfig, tokenizer, dataset_report):
 
     m, o = cfg.model, cfg.dpo
     source = find_template(m.tokenizer_name_or_path or m.model_name_or_path, cfg.data.chat_template, True)
-    return ToolEnv(tokenizer=tokenizer, source=source, special=special_tokens_of(tokenizer), style=tool_style(source),
-                   schemas=dataset_report["tools"], runner=ToolRunner(o.tools, o.tool_timeout),
-                   eos_ids=[int(tokenizer.eos_token_id)])
+    return ToolEnv(
+        tokenizer=tokenizer,
+        source=source,
+        special=special_tokens_of(tokenizer),
+        style=tool_style(source),
+        schemas=dataset_report["tools"],
+        runner=ToolRunner(o.tools, o.tool_timeout),
+        eos_ids=[int(tokenizer.eos_token_id)],
+    )
 
 
 def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, Any]:
@@ -118,8 +157,11 @@ def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, An
     rewards = [s["reward"] for s in steps]
     out: Dict[str, Any] = {"steps": steps}
     if rewards:
-        out.update(reward_first=sum(rewards[:n]) / len(rewards[:n]), reward_last=sum(rewards[-n:]) / len(rewards[-n:]),
-                   reward_window=min(n, len(rewards)))
+        out.update(
+            reward_first=sum(rewards[:n]) / len(rewards[:n]),
+            reward_last=sum(rewards[-n:]) / len(rewards[-n:]),
+            reward_window=min(n, len(rewards)),
+        )
     return out
 
 
@@ -173,9 +215,19 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     built = build_model(cfg, args)
     env = tool_env(cfg, tokenizer, report)
     extra = {"tool_env": env} if env is not None else {}
-    trainer = (trainer_cls or GRPOTrainer)(model=built.model, args=args, train_dataset=dataset, tokenizer=tokenizer,
-                          data_collator=prompt_collator, adapter_config=built.adapter_config, grpo_config=o,
-                          rewards=rewards, flash_mask=cfg.model.flash_mask, packed=cfg.data.zero_padding, **extra)
+    trainer = (trainer_cls or GRPOTrainer)(
+        model=built.model,
+        args=args,
+        train_dataset=dataset,
+        tokenizer=tokenizer,
+        data_collator=prompt_collator,
+        adapter_config=built.adapter_config,
+        grpo_config=o,
+        rewards=rewards,
+        flash_mask=cfg.model.flash_mask,
+        packed=cfg.data.zero_padding,
+        **extra,
+    )
     from ..training.moe_aux import attach_moe_log
 
     # MoE rows: the policy forward's router aux loss joins the loss, logged with the expert load (docs/moe.md)
@@ -184,15 +236,26 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
     show_reward_on_console(trainer)
     step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
-    summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": {"train": report},
-                               "trainer": o.alignment, "loss_type": o.loss_type, "reference": trainer.reference,
-                               "rewards": rewards.names, "num_generations": o.num_generations,
-                               "num_iterations": o.num_iterations, "importance_sampling_level": o.importance_sampling_level,
-                               "scale_rewards": o.scale_rewards, "epsilon_high": trainer.epsilon_high}
+    summary: Dict[str, Any] = {
+        **built.summary(),
+        "world_size": args.world_size,
+        "data": {"train": report},
+        "trainer": o.alignment,
+        "loss_type": o.loss_type,
+        "reference": trainer.reference,
+        "rewards": rewards.names,
+        "num_generations": o.num_generations,
+        "num_iterations": o.num_iterations,
+        "importance_sampling_level": o.importance_sampling_level,
+        "scale_rewards": o.scale_rewards,
+        "epsilon_high": trainer.epsilon_high,
+    }
     if env is not None:
         summary.update(tools=list(o.tools), max_turns=o.max_turns, tool_timeout=o.tool_timeout)
-        logger.info(f"GRPO tools: {[s['function']['name'] for s in env.schemas]}, up to {o.max_turns} turns, "
-                    f"{o.tool_timeout:g} s per call, {env.style} tool calls")
+        logger.info(
+            f"GRPO tools: {[s['function']['name'] for s in env.schemas]}, up to {o.max_turns} turns, "
+            f"{o.tool_timeout:g} s per call, {env.style} tool calls"
+        )
     try:
         train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
     finally:
@@ -205,18 +268,25 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     tokens, completion_tokens = trainer.global_token_counts()
     from ..training.rank_counts import sum_over_ranks
 
-    completions, prompts, real = sum_over_ranks([trainer.trained_pairs, trainer.trained_prompts,
-                                                 trainer.trained_real_tokens])
-    summary.update(row_tokens_trained=tokens, completion_tokens_trained=completion_tokens, prompts_trained=prompts,
-                   completions_trained=completions, tokens_trained=real,
-                   row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
-                   completions_per_second=round(completions / max(train_time, 1e-9), 3))
+    completions, prompts, real = sum_over_ranks(
+        [trainer.trained_pairs, trainer.trained_prompts, trainer.trained_real_tokens]
+    )
+    summary.update(
+        row_tokens_trained=tokens,
+        completion_tokens_trained=completion_tokens,
+        prompts_trained=prompts,
+        completions_trained=completions,
+        tokens_trained=real,
+        row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
+        completions_per_second=round(completions / max(train_time, 1e-9), 3),
+    )
     summary.update(reward_trend(trainer.state.log_history), rollouts_generated=trainer.rollouts)
     if env is not None:
         calls = [s["tools/call_frequency"] for s in summary["steps"] if "tools/call_frequency" in s]
         summary["tool_calls_per_completion"] = sum(calls) / len(calls) if calls else 0.0
     if "reward_first" in summary:
         k = summary["reward_window"]
-        current().line(f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps "
-                       f"{summary['reward_last']:.4f}")
+        current().line(
+            f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps {summary['reward_last']:.4f}"
+        )
     return write_run_summary(args, summary, step_timer, wall_start)

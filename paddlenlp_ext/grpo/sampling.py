@@ -54,22 +54,44 @@ def cut_completion(tokens: Sequence[int], budget: int, eos_ids: Sequence[int]) -
     return out
 
 
-def sample_groups(model, prompts: Sequence[Sequence[int]], prompt_indices: Sequence[int], *, group: int,
-                  step: int, seed: int, max_new_tokens: int, temperature: float, top_p: float,
-                  eos_ids: Sequence[int], pad_id: int, engine: str = "generate") -> List[List[int]]:
+def sample_groups(
+    model,
+    prompts: Sequence[Sequence[int]],
+    prompt_indices: Sequence[int],
+    *,
+    group: int,
+    step: int,
+    seed: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    engine: str = "generate",
+) -> List[List[int]]:
     """``group`` completions of every prompt (prompt k's at ``k * group .. k * group + group - 1``);
     ``engine``: "generate" (one ``model.generate`` per prompt) or "engine" (one batch, same tokens)."""
     if engine == "engine":
-        groups = [SampleGroup(list(ids), int(group), group_seed(seed, index, step), int(max_new_tokens))
-                  for ids, index in zip(prompts, prompt_indices)]
+        groups = [
+            SampleGroup(list(ids), int(group), group_seed(seed, index, step), int(max_new_tokens))
+            for ids, index in zip(prompts, prompt_indices)
+        ]
         drawn = sample_batch(model, groups, eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
         return [row for rows in drawn for row in rows]
     if engine != "generate":
         raise ValueError(f"rollout_engine must be engine or generate; got {engine!r}")
-    cfg = GenerationConfig(decode_strategy="sampling", max_new_tokens=int(max_new_tokens), max_length=0, top_k=0,
-                           top_p=float(top_p), temperature=float(temperature), repetition_penalty=1.0,
-                           eos_token_id=list(eos_ids) if len(eos_ids) > 1 else int(eos_ids[0]),
-                           pad_token_id=int(pad_id), use_cache=True)
+    cfg = GenerationConfig(
+        decode_strategy="sampling",
+        max_new_tokens=int(max_new_tokens),
+        max_length=0,
+        top_k=0,
+        top_p=float(top_p),
+        temperature=float(temperature),
+        repetition_penalty=1.0,
+        eos_token_id=list(eos_ids) if len(eos_ids) > 1 else int(eos_ids[0]),
+        pad_token_id=int(pad_id),
+        use_cache=True,
+    )
     was_training = model.training
     state = paddle.get_rng_state()
     out: List[List[int]] = []
@@ -91,8 +113,9 @@ def sample_groups(model, prompts: Sequence[Sequence[int]], prompt_indices: Seque
     return out
 
 
-def sample_step(model, prompts: Sequence[Sequence[int]], plan: Sequence[Sequence[int]], *, engine: str,
-                **kw) -> List[List[List[int]]]:
+def sample_step(
+    model, prompts: Sequence[Sequence[int]], plan: Sequence[Sequence[int]], *, engine: str, **kw
+) -> List[List[List[int]]]:
     """The first turns of every micro-batch of one optimizer step (``plan``: each micro-batch's prompt indices,
     ``prompts[i]``: prompt i's ids): ``out[k]`` = :func:`sample_groups` of micro-batch k.  The engine decodes
     the whole step as one batch (a group's tokens do not depend on its batch, so they are the same);
@@ -103,6 +126,6 @@ def sample_step(model, prompts: Sequence[Sequence[int]], plan: Sequence[Sequence
     drawn = sample_groups(model, [prompts[i] for i in flat], flat, engine=engine, **kw)
     out, at, group = [], 0, int(kw["group"])
     for indices in plan:
-        out.append(drawn[at: at + len(indices) * group])
+        out.append(drawn[at : at + len(indices) * group])
         at += len(indices) * group
     return out

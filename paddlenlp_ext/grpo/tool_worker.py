@@ -33,11 +33,18 @@ CLONE_NEWNET = 0x40000000
 
 #: audit events refused inside the worker (prefix match on the event name)
 REFUSED = {
-    "socket.__new__": "creating a socket", "socket.getaddrinfo": "resolving a host name",
-    "socket.gethostbyname": "resolving a host name", "socket.gethostbyaddr": "resolving a host name",
-    "socket.getnameinfo": "resolving a host name", "subprocess.Popen": "starting a program",
-    "os.system": "starting a program", "os.exec": "starting a program", "os.posix_spawn": "starting a program",
-    "os.spawn": "starting a program", "pty.spawn": "starting a program", "ctypes.dlopen": "loading C code",
+    "socket.__new__": "creating a socket",
+    "socket.getaddrinfo": "resolving a host name",
+    "socket.gethostbyname": "resolving a host name",
+    "socket.gethostbyaddr": "resolving a host name",
+    "socket.getnameinfo": "resolving a host name",
+    "subprocess.Popen": "starting a program",
+    "os.system": "starting a program",
+    "os.exec": "starting a program",
+    "os.posix_spawn": "starting a program",
+    "os.spawn": "starting a program",
+    "pty.spawn": "starting a program",
+    "ctypes.dlopen": "loading C code",
     "ctypes.dlsym": "loading C code",
 }
 

@@ -40,8 +40,15 @@ __all__ = ["function_schema", "ToolRunner", "START_TIMEOUT"]
 
 #: seconds the child may take to start and import the tools
 START_TIMEOUT = 60.0
-_BASIC = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object",
-          type(None): "null"}
+_BASIC = {
+    int: "integer",
+    float: "number",
+    str: "string",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 
@@ -52,8 +59,11 @@ def _type_schema(hint, where: str) -> Dict[str, Any]:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union:
         inner = [a for a in args if a is not type(None)]
-        out = _type_schema(inner[0], where) if len(inner) == 1 else {
-            "type": sorted(_type_schema(a, where)["type"] for a in inner)}
+        out = (
+            _type_schema(inner[0], where)
+            if len(inner) == 1
+            else {"type": sorted(_type_schema(a, where)["type"] for a in inner)}
+        )
         if len(inner) < len(args):
             out["nullable"] = True
         return out
@@ -61,8 +71,10 @@ def _type_schema(hint, where: str) -> Dict[str, Any]:
         return {"type": "array", **({"items": _type_schema(args[0], where)} if args else {})}
     if origin in (dict, Dict):
         return {"type": "object", **({"additionalProperties": _type_schema(args[1], where)} if args else {})}
-    raise ValueError(f"{where}: type hint {hint!r} has no JSON schema here; use int, float, str, bool, list, dict, "
-                     "Optional[...] or List[...]")
+    raise ValueError(
+        f"{where}: type hint {hint!r} has no JSON schema here; use int, float, str, bool, list, dict, "
+        "Optional[...] or List[...]"
+    )
 
 
 def _docstring(doc: str) -> Tuple[str, Dict[str, str], Optional[str]]:
@@ -113,8 +125,10 @@ def function_schema(func, where: str = "tool") -> Dict[str, Any]:
         if arg not in hints or arg == "return":
             raise ValueError(f"{where}: argument {arg!r} of {name} has no type hint (the schema needs its type)")
         if arg not in arg_docs:
-            raise ValueError(f"{where}: the docstring of {name} does not describe argument {arg!r}; add it under "
-                             "'Args:' as '    " + arg + ": what it is'")
+            raise ValueError(
+                f"{where}: the docstring of {name} does not describe argument {arg!r}; add it under "
+                "'Args:' as '    " + arg + ": what it is'"
+            )
         properties[arg] = {**_type_schema(hints[arg], where), "description": arg_docs[arg]}
         if p.default is p.empty:
             required.append(arg)
@@ -143,15 +157,21 @@ class ToolRunner:
     def _start(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the parent's imports
         self._eof = False
-        self.proc = subprocess.Popen([sys.executable, "-m", "paddlenlp_ext.grpo.tool_worker", *self.specs],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "paddlenlp_ext.grpo.tool_worker", *self.specs],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         self._buffer = b""
         line = self._read_line(time.monotonic() + max(START_TIMEOUT, self.timeout))
         if line is None or not json.loads(line).get("ready"):
             self.close()
-            raise RuntimeError(f"the tool process did not start (tools {self.specs}); run "
-                               f"'python -m paddlenlp_ext.grpo.tool_worker {' '.join(self.specs)}' to see why")
+            raise RuntimeError(
+                f"the tool process did not start (tools {self.specs}); run "
+                f"'python -m paddlenlp_ext.grpo.tool_worker {' '.join(self.specs)}' to see why"
+            )
         self.isolation = list(json.loads(line)["isolation"])
 
     def _read_line(self, deadline: float) -> Optional[str]:

@@ -39,10 +39,26 @@ from ..data.global_batches import GLOBAL_TOKENS_KEY, GlobalTokensCollator, Globa
 from ..dpo.logps import scored_logits
 from ..dpo.trainer import MASK_KEYS, DPOTrainer
 from ..training.trainer import FinetuneTrainer
-from .objective import aggregate, group_advantages, rloo_advantages, scale_mode, segment_sum, sequence_losses, \
-    step_metrics, token_losses
-from .rollout import MicroRollout, Rollout, RolloutSampler, load_rollout, rollout_file, save_rollout, split_plan, \
-    truncation_mask
+from .objective import (
+    aggregate,
+    group_advantages,
+    rloo_advantages,
+    scale_mode,
+    segment_sum,
+    sequence_losses,
+    step_metrics,
+    token_losses,
+)
+from .rollout import (
+    MicroRollout,
+    Rollout,
+    RolloutSampler,
+    load_rollout,
+    rollout_file,
+    save_rollout,
+    split_plan,
+    truncation_mask,
+)
 from .rows import sequence_rows
 from .multiturn import final_answers, run_tools, tool_metrics
 from .sampling import sample_step
@@ -81,9 +97,11 @@ class GRPOTrainer(DPOTrainer):
         self._rollout: Optional[Rollout] = None
         self.checkpoint_extras.append(self._move_rollout_files)
         o = grpo_config
-        logger.info(f"GRPO: loss_type {o.loss_type}, {o.num_generations} completions per prompt, reference "
-                    f"{self.reference}, beta {o.beta}, epsilon {o.epsilon}/{self.epsilon_high}, importance sampling "
-                    f"{o.importance_sampling_level}, num_iterations {o.num_iterations}, rewards {rewards.names}")
+        logger.info(
+            f"GRPO: loss_type {o.loss_type}, {o.num_generations} completions per prompt, reference "
+            f"{self.reference}, beta {o.beta}, epsilon {o.epsilon}/{self.epsilon_high}, importance sampling "
+            f"{o.importance_sampling_level}, num_iterations {o.num_iterations}, rewards {rewards.names}"
+        )
 
     @property
     def epsilon_high(self) -> float:
@@ -97,12 +115,22 @@ class GRPOTrainer(DPOTrainer):
         """Every micro-batch carries its step's plan (rollout.RolloutSampler); each global batch repeats
         ``num_iterations`` times."""
         a, dataset = self.args, self.train_dataset
-        sampler = RolloutSampler(dataset, a.per_device_train_batch_size, a.gradient_accumulation_steps,
-                                 a.dataset_world_size, a.dataset_rank, a.seed, a.dataloader_drop_last,
-                                 iterations=self.grpo.num_iterations)
-        return paddle.io.DataLoader(GlobalTokensView(dataset), batch_sampler=sampler,
-                                    collate_fn=GlobalTokensCollator(self.data_collator),
-                                    num_workers=a.dataloader_num_workers)
+        sampler = RolloutSampler(
+            dataset,
+            a.per_device_train_batch_size,
+            a.gradient_accumulation_steps,
+            a.dataset_world_size,
+            a.dataset_rank,
+            a.seed,
+            a.dataloader_drop_last,
+            iterations=self.grpo.num_iterations,
+        )
+        return paddle.io.DataLoader(
+            GlobalTokensView(dataset),
+            batch_sampler=sampler,
+            collate_fn=GlobalTokensCollator(self.data_collator),
+            num_workers=a.dataloader_num_workers,
+        )
 
     def _row_batch(self, prompts, completions, trained=None):
         o = self.grpo
@@ -166,45 +194,88 @@ class GRPOTrainer(DPOTrainer):
         started = time.perf_counter()
         rollout = Rollout(step=step)
         need_old = o.num_iterations > 1 or (o.loss_type == "rloo" and o.beta > 0)
-        firsts = sample_step(self.model, dataset.ids, plan, engine=o.rollout_engine, group=G, step=step,
-                             seed=self.args.seed, max_new_tokens=o.max_completion_length, temperature=o.temperature,
-                             top_p=o.top_p, eos_ids=self.eos_ids, pad_id=self.pad_id)
+        firsts = sample_step(
+            self.model,
+            dataset.ids,
+            plan,
+            engine=o.rollout_engine,
+            group=G,
+            step=step,
+            seed=self.args.seed,
+            max_new_tokens=o.max_completion_length,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+        )
         for indices, completions in zip(plan, firsts):
             prompts = [dataset.ids[i] for i in indices]
             columns = {k: [v for v in vals for _ in range(G)] for k, vals in dataset.columns(indices).items()}
             episodes = None
             if self.tool_env is not None:  # the tool calls run, generation continues (multiturn.py)
-                episodes = run_tools(self.model, self.tool_env, [p for p in prompts for _ in range(G)], completions,
-                                     indices, G, step=step, seed=self.args.seed, max_turns=o.max_turns,
-                                     budget=o.max_completion_length, temperature=o.temperature, top_p=o.top_p,
-                                     pad_id=self.pad_id, engine=o.rollout_engine)
+                episodes = run_tools(
+                    self.model,
+                    self.tool_env,
+                    [p for p in prompts for _ in range(G)],
+                    completions,
+                    indices,
+                    G,
+                    step=step,
+                    seed=self.args.seed,
+                    max_turns=o.max_turns,
+                    budget=o.max_completion_length,
+                    temperature=o.temperature,
+                    top_p=o.top_p,
+                    pad_id=self.pad_id,
+                    engine=o.rollout_engine,
+                )
                 completions = [e.tokens for e in episodes]
                 texts = final_answers(episodes)
-                columns["messages"] = [dataset.messages[i] + e.messages
-                                       for i, e in zip([i for i in indices for _ in range(G)], episodes)]
+                columns["messages"] = [
+                    dataset.messages[i] + e.messages for i, e in zip([i for i in indices for _ in range(G)], episodes)
+                ]
             else:
-                texts = [self.tokenizer.decode([t for t in c if t not in self.eos_ids], skip_special_tokens=True)
-                         for c in completions]
+                texts = [
+                    self.tokenizer.decode([t for t in c if t not in self.eos_ids], skip_special_tokens=True)
+                    for c in completions
+                ]
             trained = [e.trained for e in episodes] if episodes is not None else None
             prompt_texts = [dataset.texts[i] for i in indices for _ in range(G)]
             total, per_func = self.rewards(prompt_texts, texts, columns)  # [n*G], {name: [n*G]}
             batch = self._row_batch([p for p in prompts for _ in range(G)], completions, trained)
-            mask = paddle.to_tensor(truncation_mask(completions, self.eos_ids, trained)) \
-                if o.mask_truncated_completions else None
-            micro = MicroRollout(indices=list(indices), completions=completions, rewards=np.asarray(total),
-                                 per_func=per_func, advantages=None, batch=batch, mask=mask, trained=trained)
+            mask = (
+                paddle.to_tensor(truncation_mask(completions, self.eos_ids, trained))
+                if o.mask_truncated_completions
+                else None
+            )
+            micro = MicroRollout(
+                indices=list(indices),
+                completions=completions,
+                rewards=np.asarray(total),
+                per_func=per_func,
+                advantages=None,
+                batch=batch,
+                mask=mask,
+                trained=trained,
+            )
             if episodes is not None:
                 micro.tool_calls, micro.tool_failures, micro.turns = (
                     np.asarray([getattr(e, name) for e in episodes], dtype=np.float64)
-                    for name in ("tool_calls", "tool_failures", "turns"))
+                    for name in ("tool_calls", "tool_failures", "turns")
+                )
             micro.ref_logps = self._reference_token_logps(model, batch)
             if need_old:
                 with paddle.no_grad():
                     micro.old_logps = token_logps(model, batch, o.temperature)
             rollout.micro.append(micro)
         self._set_advantages(rollout, G, world)
-        counts = np.asarray([sum(int(m.batch["logp_token"].shape[0]) for m in rollout.micro),
-                             sum(len(m.completions) for m in rollout.micro)], dtype=np.float64)
+        counts = np.asarray(
+            [
+                sum(int(m.batch["logp_token"].shape[0]) for m in rollout.micro),
+                sum(len(m.completions) for m in rollout.micro),
+            ],
+            dtype=np.float64,
+        )
         if world > 1:
             both = paddle.to_tensor(counts)
             paddle.distributed.all_reduce(both)
@@ -221,8 +292,9 @@ class GRPOTrainer(DPOTrainer):
             for m in rollout.micro:
                 if o.beta > 0:  # RLOO: the sequence's k1 KL to the reference comes off its reward
                     mask = m.mask if m.mask is not None else paddle.ones_like(m.old_logps)
-                    kl = segment_sum((m.old_logps - m.ref_logps) * mask, m.batch["logp_segment"],
-                                     len(m.completions)).numpy()
+                    kl = segment_sum(
+                        (m.old_logps - m.ref_logps) * mask, m.batch["logp_segment"], len(m.completions)
+                    ).numpy()
                     m.rewards = m.rewards - o.beta * kl.astype(np.float64)
                 m.advantages = rloo_advantages(m.rewards, G)
             if o.normalize_advantages:
@@ -230,8 +302,11 @@ class GRPOTrainer(DPOTrainer):
                 for m in rollout.micro:
                     m.advantages = rloo_advantages(m.rewards, G, normalize=True, batch_advantages=every)
             return
-        every = gather_all(np.concatenate([m.rewards for m in rollout.micro]), world) \
-            if scale_mode(o.scale_rewards) == "batch" else None
+        every = (
+            gather_all(np.concatenate([m.rewards for m in rollout.micro]), world)
+            if scale_mode(o.scale_rewards) == "batch"
+            else None
+        )
         for m in rollout.micro:
             m.advantages = group_advantages(m.rewards, G, scale=o.scale_rewards, batch_rewards=every)
 
@@ -249,9 +324,11 @@ class GRPOTrainer(DPOTrainer):
         if self._rollout is None or self._rollout.step != gen_step:
             self._rollout = self._make_rollout(model, plan, gen_step)
             if iteration or micro_index:  # resumed inside a rollout: its old policy is gone
-                logger.info(f"GRPO: step {self.state.global_step + 1} continues the rollout of step {gen_step + 1}, "
-                            "which this process did not keep (a resume); it was generated again with the current "
-                            "weights, so this step's old log-probs are the current policy's")
+                logger.info(
+                    f"GRPO: step {self.state.global_step + 1} continues the rollout of step {gen_step + 1}, "
+                    "which this process did not keep (a resume); it was generated again with the current "
+                    "weights, so this step's old log-probs are the current policy's"
+                )
         return self._rollout.micro[micro_index]
 
     def _count_micro(self, m: MicroRollout) -> None:
@@ -288,37 +365,64 @@ class GRPOTrainer(DPOTrainer):
         sequences = len(m.completions)
         adv = paddle.to_tensor(m.advantages)  # [S]
         if o.loss_type == "rloo":
-            per, clipped = sequence_losses(logps, old, adv, segment, sequences, epsilon=o.epsilon,
-                                           epsilon_high=self.epsilon_high, mask=m.mask)  # [S] each
+            per, clipped = sequence_losses(
+                logps, old, adv, segment, sequences, epsilon=o.epsilon, epsilon_high=self.epsilon_high, mask=m.mask
+            )  # [S] each
             kl = None
             clip_count, clip_base = float(clipped.astype("float32").sum()), float(sequences)
         else:
-            per, kl, clipped = token_losses(logps, old, adv[segment], m.ref_logps, epsilon=o.epsilon,
-                                            epsilon_high=self.epsilon_high, beta=o.beta, loss_type=o.loss_type,
-                                            level=o.importance_sampling_level, segment=segment, mask=m.mask,
-                                            sequences=sequences)  # [T] each
+            per, kl, clipped = token_losses(
+                logps,
+                old,
+                adv[segment],
+                m.ref_logps,
+                epsilon=o.epsilon,
+                epsilon_high=self.epsilon_high,
+                beta=o.beta,
+                loss_type=o.loss_type,
+                level=o.importance_sampling_level,
+                segment=segment,
+                mask=m.mask,
+                sequences=sequences,
+            )  # [T] each
             weight = m.mask if m.mask is not None else paddle.ones_like(logps)  # [T]
             clip_count = float((clipped.astype("float32") * weight).sum())
             clip_base = float(weight.sum())
-        loss = aggregate(per, o.loss_type, segment=segment, mask=m.mask, sequences=sequences,
-                         global_tokens=self._rollout.global_tokens, global_sequences=self._rollout.global_sequences,
-                         max_completion_length=o.max_completion_length, scale=scale)
+        loss = aggregate(
+            per,
+            o.loss_type,
+            segment=segment,
+            mask=m.mask,
+            sequences=sequences,
+            global_tokens=self._rollout.global_tokens,
+            global_sequences=self._rollout.global_sequences,
+            max_completion_length=o.max_completion_length,
+            scale=scale,
+        )
         loss = self.with_router_aux(model, loss, real)  # + router_aux_loss_coef * aux (MoE rows)
         if o.loss_type == "rloo" and o.beta > 0:  # the logged KL of RLOO: the k1 estimate of its reward penalty
             kl = (m.old_logps - m.ref_logps).detach()
         local_tokens = int(batch["logp_token"].shape[0])
         # this micro-step's completion tokens, KL sum and clipped share over every rank (layout-independent means)
-        sums = np.asarray([local_tokens, float(kl.sum()) if kl is not None else 0.0, clip_count, clip_base],
-                          dtype=np.float64)  # [4]
+        sums = np.asarray(
+            [local_tokens, float(kl.sum()) if kl is not None else 0.0, clip_count, clip_base], dtype=np.float64
+        )  # [4]
         if world > 1:
             both = paddle.to_tensor(sums)
             paddle.distributed.all_reduce(both)
             sums = both.numpy()
         # generated tokens per completion (a multi-turn completion's tool results and template tokens not counted)
-        lengths = np.asarray([len(c) for c in m.completions] if m.trained is None else [sum(t) for t in m.trained],
-                             dtype=np.float64)
-        metrics = step_metrics(m.rewards, m.per_func, G, sums[1] / sums[0] if kl is not None else None,
-                               sums[2] / max(sums[3], 1.0), lengths)
+        lengths = np.asarray(
+            [len(c) for c in m.completions] if m.trained is None else [sum(t) for t in m.trained], dtype=np.float64
+        )
+        metrics = step_metrics(
+            m.rewards,
+            m.per_func,
+            G,
+            sums[1] / sums[0] if kl is not None else None,
+            sums[2] / max(sums[3], 1.0),
+            lengths,
+        )
         if m.trained is not None:
             metrics.update(tool_metrics(m.tool_calls, m.tool_failures, m.turns))
         return loss, metrics

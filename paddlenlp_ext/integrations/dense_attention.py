@@ -36,9 +36,20 @@ check_versions()
 
 __all__ = ["scaled_dot_product_attention", "fast_dense_attention", "is_installed"]
 
-_SIGNATURE = ("query_states", "config", "key_states", "value_states", "attention_mask", "output_attentions",
-              "alibi", "attn_mask_startend_row_indices", "sequence_parallel", "reshard_layer", "npu_is_casual",
-              "skip_recompute")
+_SIGNATURE = (
+    "query_states",
+    "config",
+    "key_states",
+    "value_states",
+    "attention_mask",
+    "output_attentions",
+    "alibi",
+    "attn_mask_startend_row_indices",
+    "sequence_parallel",
+    "reshard_layer",
+    "npu_is_casual",
+    "skip_recompute",
+)
 
 #: (module, attribute[, signature]) this module patches or reads (tests/test_integrations.py).
 RELIED_ON = [
@@ -61,25 +72,71 @@ def _modeling():
     return importlib.import_module(_MODULE)
 
 
-def _handled(query_states, config, attention_mask, output_attentions, alibi, attn_mask_startend_row_indices,
-             sequence_parallel, reshard_layer) -> bool:
+def _handled(
+    query_states,
+    config,
+    attention_mask,
+    output_attentions,
+    alibi,
+    attn_mask_startend_row_indices,
+    sequence_parallel,
+    reshard_layer,
+) -> bool:
     """The call takes PaddleNLP's plain dense branch with factor 1 and a given mask."""
-    return (paddle.in_dynamic_mode() and query_states.dtype == paddle.float32 and not paddle.amp.is_autocast_enabled()
-            and not (config.use_flash_attention and _modeling().flash_attention)
-            and int(getattr(config, "context_parallel_degree", 1) or 1) <= 1
-            and attention_mask is not None and alibi is None and attn_mask_startend_row_indices is None
-            and not sequence_parallel and reshard_layer is None and not output_attentions)
+    return (
+        paddle.in_dynamic_mode()
+        and query_states.dtype == paddle.float32
+        and not paddle.amp.is_autocast_enabled()
+        and not (config.use_flash_attention and _modeling().flash_attention)
+        and int(getattr(config, "context_parallel_degree", 1) or 1) <= 1
+        and attention_mask is not None
+        and alibi is None
+        and attn_mask_startend_row_indices is None
+        and not sequence_parallel
+        and reshard_layer is None
+        and not output_attentions
+    )
 
 
-def scaled_dot_product_attention(query_states, config, key_states, value_states, attention_mask, output_attentions,
-                                 alibi=None, attn_mask_startend_row_indices=None, sequence_parallel=False,
-                                 reshard_layer=None, npu_is_casual=False, skip_recompute=False):
+def scaled_dot_product_attention(
+    query_states,
+    config,
+    key_states,
+    value_states,
+    attention_mask,
+    output_attentions,
+    alibi=None,
+    attn_mask_startend_row_indices=None,
+    sequence_parallel=False,
+    reshard_layer=None,
+    npu_is_casual=False,
+    skip_recompute=False,
+):
     """PaddleNLP's function, bit for bit; q/k/v [b, seq, heads, d], mask [b, 1, q, kv] -> [b, q, heads * d]."""
-    if not _handled(query_states, config, attention_mask, output_attentions, alibi, attn_mask_startend_row_indices,
-                    sequence_parallel, reshard_layer):
-        return _original()(query_states, config, key_states, value_states, attention_mask, output_attentions,
-                                  alibi, attn_mask_startend_row_indices, sequence_parallel, reshard_layer,
-                                  npu_is_casual, skip_recompute=skip_recompute)
+    if not _handled(
+        query_states,
+        config,
+        attention_mask,
+        output_attentions,
+        alibi,
+        attn_mask_startend_row_indices,
+        sequence_parallel,
+        reshard_layer,
+    ):
+        return _original()(
+            query_states,
+            config,
+            key_states,
+            value_states,
+            attention_mask,
+            output_attentions,
+            alibi,
+            attn_mask_startend_row_indices,
+            sequence_parallel,
+            reshard_layer,
+            npu_is_casual,
+            skip_recompute=skip_recompute,
+        )
     bsz, q_len, num_heads, head_dim = query_states.shape
     kv_seq_len = value_states.shape[1]
     q = paddle.transpose(query_states, [0, 2, 1, 3])  # [b, heads, q, d]

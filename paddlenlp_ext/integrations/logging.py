@@ -38,8 +38,7 @@ RELIED_ON = [
     ("paddlenlp.trainer.trainer_callback", "ProgressCallback", None),
     ("paddlenlp.trainer.trainer_callback", "PrinterCallback", None),
     ("paddlenlp.trainer.integrations", "VisualDLCallback", ("vdl_writer",)),
-    ("paddlenlp.trainer.integrations.VisualDLCallback", "on_train_end", ("self", "args", "state", "control",
-                                                                         "kwargs")),
+    ("paddlenlp.trainer.integrations.VisualDLCallback", "on_train_end", ("self", "args", "state", "control", "kwargs")),
     ("paddlenlp.trainer.Trainer", "pop_callback", ("self", "callback")),
     ("paddlenlp.trainer.Trainer", "add_callback", ("self", "callback")),
 ]

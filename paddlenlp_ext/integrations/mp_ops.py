@@ -52,9 +52,18 @@ from .versions import check_versions
 
 check_versions()
 
-__all__ = ["c_identity", "mp_allreduce", "c_concat", "seq_all_gather", "seq_reduce_scatter", "seq_scatter",
-           "current_model_parallel_group",
-           "model_parallel_construction", "is_installed", "RELIED_ON"]
+__all__ = [
+    "c_identity",
+    "mp_allreduce",
+    "c_concat",
+    "seq_all_gather",
+    "seq_reduce_scatter",
+    "seq_scatter",
+    "current_model_parallel_group",
+    "model_parallel_construction",
+    "is_installed",
+    "RELIED_ON",
+]
 
 RELIED_ON = [
     ("paddle.distributed.fleet.layers.mpu.mp_ops", "_c_identity", ("tensor", "group", "skip_c_identity_dynamic")),
@@ -215,6 +224,8 @@ def current_model_parallel_group() -> Any:
     ``mp_degree``), or the simulated group inside :func:`model_parallel_construction`."""
     hcg = topology._HYBRID_PARALLEL_GROUP
     if hcg is None:
-        raise RuntimeError("tensor_parallel_degree > 1 needs fleet's hybrid-parallel group (launch with "
-                           "python -m paddle.distributed.launch; PaddleNLP's Trainer calls fleet.init)")
+        raise RuntimeError(
+            "tensor_parallel_degree > 1 needs fleet's hybrid-parallel group (launch with "
+            "python -m paddle.distributed.launch; PaddleNLP's Trainer calls fleet.init)"
+        )
     return hcg.get_model_parallel_group()

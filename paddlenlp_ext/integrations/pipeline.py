@@ -44,9 +44,17 @@ from .versions import check_versions
 
 check_versions()
 
-__all__ = ["is_pipeline_model", "pipeline_layer_names", "set_pipeline_loss", "set_pipeline_inputs",
-           "pipeline_stage_construction",
-           "gpu_argument_routing", "pipeline_stage", "RELIED_ON", "RELIED_ON_ATTRIBUTES"]
+__all__ = [
+    "is_pipeline_model",
+    "pipeline_layer_names",
+    "set_pipeline_loss",
+    "set_pipeline_inputs",
+    "pipeline_stage_construction",
+    "gpu_argument_routing",
+    "pipeline_stage",
+    "RELIED_ON",
+    "RELIED_ON_ATTRIBUTES",
+]
 
 _PIPE_MODULES = ("paddlenlp.transformers.llama.modeling_pp", "paddlenlp.transformers.qwen2.modeling_pp")
 
@@ -123,8 +131,9 @@ class _StageHybridGroup:
     """The part of a hybrid-parallel group PaddleNLP's pipeline constructors ask for: one stage, no TP."""
 
     def __init__(self, num_stages: int, stage_id: int):
-        self._topo = topology.CommunicateTopology(["data", "pipe", "sharding", "sep", "model"],
-                                                  [1, int(num_stages), 1, 1, 1])
+        self._topo = topology.CommunicateTopology(
+            ["data", "pipe", "sharding", "sep", "model"], [1, int(num_stages), 1, 1, 1]
+        )
         self._topo._parent_hcg = SimpleNamespace(stage_id=int(stage_id), _pp_degree=int(num_stages))
 
     def topology(self):

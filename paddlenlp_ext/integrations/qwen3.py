@@ -75,12 +75,14 @@ RELIED_ON = [
 ]  # fmt: skip
 
 #: sys.modules aliases the Auto classes import from
-_MODULES = {"paddlenlp.transformers.qwen3": "paddlenlp_ext.models.qwen3",
-            "paddlenlp.transformers.qwen3.modeling": "paddlenlp_ext.models.qwen3.modeling",
-            "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration",
-            "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
-            "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
-            "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe"}
+_MODULES = {
+    "paddlenlp.transformers.qwen3": "paddlenlp_ext.models.qwen3",
+    "paddlenlp.transformers.qwen3.modeling": "paddlenlp_ext.models.qwen3.modeling",
+    "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration",
+    "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
+    "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
+    "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe",
+}
 #: MAPPING_NAMES key (architecture prefix) -> model_type / module name
 _FAMILIES = {"Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe"}
 
@@ -105,8 +107,9 @@ def register_qwen3() -> None:
         sys.modules.setdefault(alias, importlib.import_module(real))
     for model_type, config_cls in (("qwen3_moe", Qwen3MoeConfig), ("qwen3", Qwen3Config)):
         AutoConfig.register(model_type, config_cls, exist_ok=True)
-        AutoTokenizer.register(config_cls, slow_tokenizer_class=Qwen2Tokenizer,
-                               fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True)
+        AutoTokenizer.register(
+            config_cls, slow_tokenizer_class=Qwen2Tokenizer, fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True
+        )
     for prefix, module in _FAMILIES.items():
         for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):
             auto_cls._name_mapping[f"{prefix}Model_Import_Class"] = prefix + task

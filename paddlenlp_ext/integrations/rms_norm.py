@@ -45,8 +45,10 @@ RELIED_ON = [
     ("paddlenlp.transformers.qwen2.modeling.Qwen2RMSNorm", "forward", ("self", "hidden_states")),
 ]
 
-_CLASSES = (("paddlenlp.transformers.llama.modeling", "LlamaRMSNorm"),
-            ("paddlenlp.transformers.qwen2.modeling", "Qwen2RMSNorm"))
+_CLASSES = (
+    ("paddlenlp.transformers.llama.modeling", "LlamaRMSNorm"),
+    ("paddlenlp.transformers.qwen2.modeling", "Qwen2RMSNorm"),
+)
 
 
 class RMSNormFunction(PyLayer):
@@ -76,9 +78,13 @@ def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tens
 
 
 def _handled(layer, hidden_states) -> bool:
-    return (paddle.in_dynamic_mode() and not getattr(layer.config, "use_fused_rms_norm", False)
-            and hidden_states.dtype == paddle.float32 and layer.weight.dtype == paddle.float32
-            and hidden_states.place.is_cpu_place())
+    return (
+        paddle.in_dynamic_mode()
+        and not getattr(layer.config, "use_fused_rms_norm", False)
+        and hidden_states.dtype == paddle.float32
+        and layer.weight.dtype == paddle.float32
+        and hidden_states.place.is_cpu_place()
+    )
 
 
 def _patched(original):

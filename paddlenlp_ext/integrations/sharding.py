@@ -43,8 +43,7 @@ from .versions import check_versions
 
 check_versions()
 
-__all__ = ["SLICE_PREFIX", "stage2_partition", "stage3_slice", "slice_aware_decay", "RELIED_ON",
-           "RELIED_ON_ATTRIBUTES"]
+__all__ = ["SLICE_PREFIX", "stage2_partition", "stage3_slice", "slice_aware_decay", "RELIED_ON", "RELIED_ON_ATTRIBUTES"]
 
 #: the name prefix stage 3 gives the slice parameters its optimizer steps
 SLICE_PREFIX = "slice@"
@@ -59,10 +58,14 @@ RELIED_ON = [
 #: (method, attribute it must still assign): checked by tests/test_integrations.py
 RELIED_ON_ATTRIBUTES = [
     ("paddle.optimizer.AdamW.__init__", "_apply_decay_param_fun"),
-    ("paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2.GroupShardedStage2.__init__",
-     "_world_size_scaling"),
-    ("paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3.GroupShardedStage3.__init__",
-     "_world_size_scaling"),
+    (
+        "paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2.GroupShardedStage2.__init__",
+        "_world_size_scaling",
+    ),
+    (
+        "paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3.GroupShardedStage3.__init__",
+        "_world_size_scaling",
+    ),
 ]
 
 
@@ -73,8 +76,9 @@ def stage2_partition(params: Sequence[paddle.Tensor], nranks: int) -> List[List[
     ``group_sharded_parallel`` passes them.
     """
     # _segment_params reads only these attributes of the optimizer (and caches in the name-mangled one)
-    holder = SimpleNamespace(world_size=int(nranks), _local_params=list(params),
-                             _GroupShardedOptimizerStage2__segment_params=[])
+    holder = SimpleNamespace(
+        world_size=int(nranks), _local_params=list(params), _GroupShardedOptimizerStage2__segment_params=[]
+    )
     return [list(p) for p in GroupShardedOptimizerStage2._segment_params(holder)]
 
 
@@ -86,8 +90,9 @@ def stage3_slice(param: paddle.Tensor, values: paddle.Tensor) -> paddle.Tensor:
     (and takes over) the memory of ``values``.
     """
     storage = paddle.Tensor(values.detach().clone(), zero_copy=False)  # _TensorWrapper clears its input
-    holder = SimpleNamespace(fw_storage=storage, name=param.name, regularizer=param.regularizer,
-                             optimize_attr=param.optimize_attr)
+    holder = SimpleNamespace(
+        fw_storage=storage, name=param.name, regularizer=param.regularizer, optimize_attr=param.optimize_attr
+    )
     return group_sharded_stage3._TensorWrapper(holder)
 
 
@@ -101,7 +106,7 @@ def slice_aware_decay(optimizer: Any) -> Any:
         return optimizer
 
     def decide_unsliced(name: str) -> bool:
-        return decide(name[len(SLICE_PREFIX):] if name.startswith(SLICE_PREFIX) else name)
+        return decide(name[len(SLICE_PREFIX) :] if name.startswith(SLICE_PREFIX) else name)
 
     decide_unsliced.slice_aware = True
     optimizer._apply_decay_param_fun = decide_unsliced

@@ -77,11 +77,25 @@ RELIED_ON = [
     ("paddlenlp.trainer.Trainer", "_load_from_checkpoint", ("self", "resume_from_checkpoint")),
     ("paddlenlp.trainer.Trainer", "log", ("self", "logs", "kwargs")),
     ("paddlenlp.trainer.Trainer", "_decorate_exclude_layers", ("self", "model")),
-    ("paddlenlp.trainer.Trainer", "evaluation_loop", ("self", "dataloader", "description", "prediction_loss_only",
-                                                       "ignore_keys", "metric_key_prefix", "max_eval_iters")),
+    (
+        "paddlenlp.trainer.Trainer",
+        "evaluation_loop",
+        (
+            "self",
+            "dataloader",
+            "description",
+            "prediction_loss_only",
+            "ignore_keys",
+            "metric_key_prefix",
+            "max_eval_iters",
+        ),
+    ),
     ("paddlenlp.trainer.Trainer", "train", ("self", "resume_from_checkpoint", "ignore_keys_for_eval")),
-    ("paddlenlp.trainer.Trainer", "_maybe_log_save_evaluate", ("self", "tr_loss", "model", "epoch",
-                                                               "ignore_keys_for_eval", "kwargs")),
+    (
+        "paddlenlp.trainer.Trainer",
+        "_maybe_log_save_evaluate",
+        ("self", "tr_loss", "model", "epoch", "ignore_keys_for_eval", "kwargs"),
+    ),
     ("paddlenlp.trainer.trainer_utils", "PREFIX_CHECKPOINT_DIR", None),
     ("paddlenlp.trainer.trainer", "TRAINER_STATE_NAME", None),
 ]
@@ -173,8 +187,9 @@ class TrainerBoundary(Trainer):
             self.args.load_best_model_at_end = False  # see the module docstring
         disable_tqdm, self.args.disable_tqdm = self.args.disable_tqdm, True  # no "Skipping the first batches" bar
         try:
-            output = super().train(resume_from_checkpoint=resume_from_checkpoint,
-                                   ignore_keys_for_eval=ignore_keys_for_eval)
+            output = super().train(
+                resume_from_checkpoint=resume_from_checkpoint, ignore_keys_for_eval=ignore_keys_for_eval
+            )
         finally:
             self.args.disable_tqdm = disable_tqdm
             if reload_best:
@@ -192,11 +207,19 @@ class TrainerBoundary(Trainer):
                 self.load_weights(best)
         return output
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval", max_eval_iters=-1):
+    def evaluation_loop(
+        self,
+        dataloader,
+        description,
+        prediction_loss_only=None,
+        ignore_keys=None,
+        metric_key_prefix="eval",
+        max_eval_iters=-1,
+    ):
         self.on_evaluation_start()
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
-                                         metric_key_prefix, max_eval_iters)
+        output = super().evaluation_loop(
+            dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix, max_eval_iters
+        )
         output.metrics.update(self.extra_eval_metrics(metric_key_prefix))
         return output
 
@@ -244,13 +267,15 @@ class TrainerBoundary(Trainer):
     def _save(self, output_dir: Optional[str] = None, state_dict=None, merge_tensor_parallel=False):
         if not self.owns_saving():
             target = output_dir if output_dir is not None else self.args.output_dir
-            return self.save_foreign(target, lambda d: super(TrainerBoundary, self)._save(
-                d, state_dict, merge_tensor_parallel))
+            return self.save_foreign(
+                target, lambda d: super(TrainerBoundary, self)._save(d, state_dict, merge_tensor_parallel)
+            )
         target = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
             self.save_weights(target)
-        elif ((self.args.tensor_parallel_degree > 1 or self.args.pipeline_parallel_degree > 1)
-              and self.args.should_save_model_state):
+        elif (
+            self.args.tensor_parallel_degree > 1 or self.args.pipeline_parallel_degree > 1
+        ) and self.args.should_save_model_state:
             # the split weights (or the pipeline stages' adapters) are gathered to the writer: every
             # tensor-parallel / pipeline rank takes part
             self.join_weights_gather(target)

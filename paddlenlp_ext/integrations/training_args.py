@@ -28,8 +28,10 @@ RELIED_ON = [
 # Built from the paddle-free schema so the key list lives in one place.
 TrainingArguments = dataclasses.make_dataclass(
     "TrainingArguments",
-    [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
-     for f in dataclasses.fields(ExtraTrainingArgument)],
+    [
+        (f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+        for f in dataclasses.fields(ExtraTrainingArgument)
+    ],
     bases=(_PaddleNLPTrainingArguments,),
 )
 TrainingArguments.__module__ = __name__

@@ -67,8 +67,10 @@ def version_problems() -> Dict[str, str]:
         if found is None:
             problems[name] = f"{name} is not installed (tested: >={low},<{high}); run `make setup`"
         elif not (_key(low) <= _key(found) < _key(high)):
-            problems[name] = (f"{name} {found} is installed, but paddlenlp_ext's integration with it is tested "
-                              f"only for >={low},<{high}")
+            problems[name] = (
+                f"{name} {found} is installed, but paddlenlp_ext's integration with it is tested "
+                f"only for >={low},<{high}"
+            )
     return problems
 
 
@@ -79,8 +81,10 @@ def check_versions() -> None:
     if not problems:
         return
     text = "; ".join(problems.values())
-    hint = (f"install the tested versions (`make setup` uses constraints.txt), or set {SKIP_ENV}=1 to run anyway "
-            "(private PaddleNLP symbols this toolkit patches may have changed)")
+    hint = (
+        f"install the tested versions (`make setup` uses constraints.txt), or set {SKIP_ENV}=1 to run anyway "
+        "(private PaddleNLP symbols this toolkit patches may have changed)"
+    )
     if os.environ.get(SKIP_ENV) == "1":
         import warnings
 

@@ -118,8 +118,10 @@ def _forward_block(qi, kb, vb, plan, b, i):
             acc = acc * alpha + pv
         m = m_new
     if m is None:  # every key block skipped: the rows see nothing
-        return (paddle.zeros([plan.hk, rows, plan.head_dim], dtype=qi.dtype),
-                paddle.full([plan.hk, rows, 1], _INF, dtype=qi.dtype))
+        return (
+            paddle.zeros([plan.hk, rows, plan.head_dim], dtype=qi.dtype),
+            paddle.full([plan.hk, rows, 1], _INF, dtype=qi.dtype),
+        )
     # Rows that never saw a key keep max -inf (and l == 0).
     empty = paddle.isinf(m)  # [hk, g*bq, 1]
     l_safe = paddle.where(empty, paddle.ones_like(l), l)

@@ -68,8 +68,10 @@ class CausalAttention(PyLayer):
     @staticmethod
     def forward(ctx, q, k, v, scale: float, chunk: int):
         q_scaled = q * scale  # [b, h, s, d]: scaling q costs s*d, scaling the scores s*s
-        outs = [paddle.matmul(_probabilities(q_scaled, k, lo, hi), _rows(v, 0, hi))  # [b, h, c, d]
-                for lo, hi in _chunks(q.shape[2], chunk)]
+        outs = [
+            paddle.matmul(_probabilities(q_scaled, k, lo, hi), _rows(v, 0, hi))  # [b, h, c, d]
+            for lo, hi in _chunks(q.shape[2], chunk)
+        ]
         out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)  # [b, h, s, d]
         ctx.save_for_backward(q_scaled, k, v)  # not out: the backward gets rowsum(p * dp) from p and dp
         ctx.scale, ctx.chunk = scale, chunk

@@ -33,11 +33,22 @@ _BLOCK_MASK_EDGE = 128
 
 
 def flashmask_attention(
-    query, key, value, startend_row_indices=None, *,
-    dropout=0.0, causal=False, window_size=None,
-    return_softmax_lse=False, return_seed_offset=False,
-    fixed_seed_offset=None, rng_name="", training=True, name=None,
-    softmax_scale=None, block_mask=None,
+    query,
+    key,
+    value,
+    startend_row_indices=None,
+    *,
+    dropout=0.0,
+    causal=False,
+    window_size=None,
+    return_softmax_lse=False,
+    return_seed_offset=False,
+    fixed_seed_offset=None,
+    rng_name="",
+    training=True,
+    name=None,
+    softmax_scale=None,
+    block_mask=None,
 ):
     r"""CPU implementation of ``paddle.nn.functional.flashmask_attention``.
 
@@ -80,15 +91,24 @@ def flashmask_attention(
             "paddlenlp_ext.kernels.flashmask_attention: dropout > 0 is not implemented on the CPU path; "
             "use dropout=0.0 (or training=False)."
         )
-    segments = None if return_softmax_lse or block_mask is not None or window_size is not None else \
-        _document_layout(query, key, value, startend_row_indices, causal)
+    segments = (
+        None
+        if return_softmax_lse or block_mask is not None or window_size is not None
+        else _document_layout(query, key, value, startend_row_indices, causal)
+    )
     if segments is not None:  # packed documents: attention per document (kernels/varlen.py)
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(query.shape[-1])
         out = varlen_causal_attention(query, key, value, segments, scale)
         return out if not return_seed_offset else [out, paddle.zeros([2], dtype="int64")]
     out, lse = tiled_flashmask_attention(
-        query, key, value, startend_row_indices,
-        causal=causal, window_size=window_size, softmax_scale=softmax_scale, block_mask=block_mask,
+        query,
+        key,
+        value,
+        startend_row_indices,
+        causal=causal,
+        window_size=window_size,
+        softmax_scale=softmax_scale,
+        block_mask=block_mask,
     )
     outputs = [out]
     if return_softmax_lse:
@@ -101,9 +121,18 @@ def flashmask_attention(
 def _document_layout(query, key, value, sri, causal):
     """The per-row document segments when the bounds are causal LTS describing packed documents
     (fp32, equal q/k lengths, one bound row for all heads), else None (the block-sparse kernel runs)."""
-    if sri is None or not causal or query.dtype != paddle.float32 or sri.ndim != 4 or sri.shape[-1] != 1 \
-            or sri.shape[1] != 1 or sri.shape[0] != query.shape[0] or query.shape[1] != key.shape[1] \
-            or sri.shape[2] != key.shape[1] or sri.dtype not in (paddle.int32, paddle.int64):
+    if (
+        sri is None
+        or not causal
+        or query.dtype != paddle.float32
+        or sri.ndim != 4
+        or sri.shape[-1] != 1
+        or sri.shape[1] != 1
+        or sri.shape[0] != query.shape[0]
+        or query.shape[1] != key.shape[1]
+        or sri.shape[2] != key.shape[1]
+        or sri.dtype not in (paddle.int32, paddle.int64)
+    ):
         return None  # not the packed-documents form: the general kernel (and its argument checks) run
     _check_qkv(query, key, value)
     rows = sri[:, 0, :, 0].numpy()  # [b, L]: host copy, as the tile schedule also makes
@@ -112,9 +141,17 @@ def _document_layout(query, key, value, sri, causal):
 
 
 def tiled_flashmask_attention(
-    query, key, value, startend_row_indices=None, *,
-    causal=False, window_size=None, softmax_scale=None, block_mask=None,
-    block_q=BLOCK_SIZE, block_k=BLOCK_SIZE,
+    query,
+    key,
+    value,
+    startend_row_indices=None,
+    *,
+    causal=False,
+    window_size=None,
+    softmax_scale=None,
+    block_mask=None,
+    block_q=BLOCK_SIZE,
+    block_k=BLOCK_SIZE,
 ):
     """The computation behind ``flashmask_attention`` (no dropout), with the
     tile edges exposed for tests and benchmarks.

@@ -51,14 +51,18 @@ class LinearCrossEntropy(PyLayer):
             dlogits = F.softmax(logits, axis=-1)  # [c, V]
             del logits  # at most two [c, V] tensors alive
             # softmax - onehot(target): subtract 1 at each row's target, in place
-            dlogits.put_along_axis_(target_c.unsqueeze(-1), paddle.to_tensor(-1.0, dtype=dlogits.dtype), -1,
-                                    reduce="add")
+            dlogits.put_along_axis_(
+                target_c.unsqueeze(-1), paddle.to_tensor(-1.0, dtype=dlogits.dtype), -1, reduce="add"
+            )
             dlogits = dlogits.astype(rows.dtype)
             if need_rows:  # [c, H]
                 drows.append(paddle.matmul(dlogits, weight, transpose_y=not transpose_y))
             if need_weight:  # [H, V] (or [V, H])
-                part = paddle.matmul(dlogits, rows_c, transpose_x=True) if transpose_y else \
-                    paddle.matmul(rows_c, dlogits, transpose_x=True)
+                part = (
+                    paddle.matmul(dlogits, rows_c, transpose_x=True)
+                    if transpose_y
+                    else paddle.matmul(rows_c, dlogits, transpose_x=True)
+                )
                 dweight = part if dweight is None else dweight + part
         ctx.grads = (paddle.concat(drows, axis=0) if drows else None, dweight)
         return total
@@ -68,11 +72,15 @@ class LinearCrossEntropy(PyLayer):
         drows, dweight = ctx.grads
         ctx.grads = None  # the kept gradients are used once
         scale = g.astype("float32")
-        return (None if drows is None else drows * scale.astype(drows.dtype),
-                None if dweight is None else dweight * scale.astype(dweight.dtype), None)
+        return (
+            None if drows is None else drows * scale.astype(drows.dtype),
+            None if dweight is None else dweight * scale.astype(dweight.dtype),
+            None,
+        )
 
 
-def linear_cross_entropy_sum(rows, weight, targets, transpose_y: bool = False,
-                             chunk: int = DEFAULT_CHUNK) -> paddle.Tensor:
+def linear_cross_entropy_sum(
+    rows, weight, targets, transpose_y: bool = False, chunk: int = DEFAULT_CHUNK
+) -> paddle.Tensor:
     """Sum of the cross-entropies of ``rows @ weight`` at ``targets`` (float32 []), chunked (see the module)."""
     return LinearCrossEntropy.apply(rows, weight, targets, bool(transpose_y), int(chunk))

@@ -169,7 +169,8 @@ def _make_tile(js, k_ranges, visible, classes, bm_row, mask_heads):
     # A comparison is needed if any head/column in the run needs it.
     tile.needs = tuple(
         (bool((~c.start_true[:, cols]).any()), bool((~c.end_true[:, cols]).any()))
-        if (~c.disjoint[:, cols]).any() else None
+        if (~c.disjoint[:, cols]).any()
+        else None
         for c in classes
     )
     if bm_row is not None and (~bm_row[:, cols]).any():
@@ -210,8 +211,12 @@ def build_plan(query, key, sri, causal, scale, block_mask, block_q, block_k):
         for i in range(len(q_ranges)):
             bm_row = None if bm_np is None else bm_np[b, :, i]  # [hb, nkb]
             facts = [c.at(b, i) for c in classes]
-            rows_b.append([_make_tile(js, k_ranges, visible[b, i], facts, bm_row, mask_heads)
-                           for js in _key_runs(skip[b, i], bm_row)])
+            rows_b.append(
+                [
+                    _make_tile(js, k_ranges, visible[b, i], facts, bm_row, mask_heads)
+                    for js in _key_runs(skip[b, i], bm_row)
+                ]
+            )
         tiles.append(rows_b)
     plan = Plan(batch, seq_q, seq_k, hq, hk, group, head_dim, scale, q_ranges, tiles, mask_heads=mask_heads)
     if any(t.partial for rb in tiles for row in rb for t in row):

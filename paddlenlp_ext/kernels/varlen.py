@@ -106,7 +106,7 @@ def varlen_causal_attention(query, key, value, segments: List[List[Segment]], sc
         parts = []
         lengths = [e - s for s, e, _ in segments[i]]
         # one split per row, not a slice per document: each slice's gradient zero-fills a whole [1, hq, L, d]
-        q_docs, k_docs, v_docs = (_split(t[i:i + 1] if b > 1 else t, lengths) for t in (q, k, v))
+        q_docs, k_docs, v_docs = (_split(t[i : i + 1] if b > 1 else t, lengths) for t in (q, k, v))
         for (s, e, is_doc), qs, ks, vs in zip(segments[i], q_docs, k_docs, v_docs):  # [1, hq, n, d] each
             if not is_doc:
                 parts.append(paddle.zeros([1, hq, e - s, d], dtype=query.dtype))  # no visible key: 0

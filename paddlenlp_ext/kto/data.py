@@ -30,12 +30,18 @@ import numpy as np
 from ..data.formats import preference
 from ..data.formats.files import parse_records
 from ..data.reader import DataError
-from ..dpo.data import PreferenceData, PreferenceExample, resolve_split_files, row_settings, say, \
-    tokenize_preference_examples, truncation_notice
+from ..dpo.data import (
+    PreferenceData,
+    PreferenceExample,
+    resolve_split_files,
+    row_settings,
+    say,
+    tokenize_preference_examples,
+    truncation_notice,
+)
 from ..dpo.pair_rows import PreferenceCollator, PreferenceDataset
 
-__all__ = ["kto_from_obj", "read_kto_files", "mismatched_pairs", "KTODataset", "KTOCollator",
-           "build_kto_datasets"]
+__all__ = ["kto_from_obj", "read_kto_files", "mismatched_pairs", "KTODataset", "KTOCollator", "build_kto_datasets"]
 
 ASSISTANT_ROLES = ("assistant", "gpt")
 
@@ -53,8 +59,10 @@ def kto_from_obj(obj: Any, origin: str) -> PreferenceExample:
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object with 'messages' (or 'conversations') and a boolean 'label'")
     if "label" not in obj:
-        raise ValueError("missing key 'label': every KTO example needs \"label\": true (a desirable completion) "
-                         "or false (an undesirable one)")
+        raise ValueError(
+            "missing key 'label': every KTO example needs \"label\": true (a desirable completion) "
+            "or false (an undesirable one)"
+        )
     label = obj["label"]
     if not isinstance(label, bool):
         raise ValueError(f"'label' must be the JSON boolean true or false, got {json.dumps(label)}")
@@ -66,8 +74,10 @@ def kto_from_obj(obj: Any, origin: str) -> PreferenceExample:
         last = turns[-1]
         role = last.get("role", last.get("from")) if isinstance(last, dict) else None
         if role not in ASSISTANT_ROLES:
-            raise ValueError(f"the last turn of {key!r} must be the assistant's completion (role 'assistant' or "
-                             f"'gpt'), got role {role!r}")
+            raise ValueError(
+                f"the last turn of {key!r} must be the assistant's completion (role 'assistant' or "
+                f"'gpt'), got role {role!r}"
+            )
         record = {key: turns[:-1], "chosen": last, "rejected": last}
     elif "src" in obj and "response" in obj:
         src = obj["src"] if isinstance(obj["src"], list) else [obj["src"]]
@@ -76,14 +86,25 @@ def kto_from_obj(obj: Any, origin: str) -> PreferenceExample:
         if len(src) != len(tgt) + 1 or not all(isinstance(s, str) for s in src + tgt):
             raise ValueError("'src' needs exactly one more string turn than 'tgt' (the last src is the prompt)")
         msgs = [{"role": r, "content": t} for pair in zip(src, tgt) for r, t in zip(("user", "assistant"), pair)]
-        record = {"messages": msgs + [{"role": "user", "content": src[-1]}],
-                  "chosen": obj["response"], "rejected": obj["response"]}
+        record = {
+            "messages": msgs + [{"role": "user", "content": src[-1]}],
+            "chosen": obj["response"],
+            "rejected": obj["response"],
+        }
     else:
-        raise ValueError("needs the conversation under 'messages' (OpenAI roles), 'conversations' (ShareGPT) or "
-                         "'src'/'tgt'/'response', with the assistant's completion last")
+        raise ValueError(
+            "needs the conversation under 'messages' (OpenAI roles), 'conversations' (ShareGPT) or "
+            "'src'/'tgt'/'response', with the assistant's completion last"
+        )
     system, src, tgt, completion, _ = preference.convert(record, origin)
-    ex = PreferenceExample(src=[s.strip() for s in src], tgt=[t.strip() for t in tgt], chosen=completion.strip(),
-                           rejected="", system=system, origin=origin)
+    ex = PreferenceExample(
+        src=[s.strip() for s in src],
+        tgt=[t.strip() for t in tgt],
+        chosen=completion.strip(),
+        rejected="",
+        system=system,
+        origin=origin,
+    )
     ex.label = label
     return ex
 
@@ -94,8 +115,12 @@ def read_kto_files(files: Sequence[str]) -> List[PreferenceExample]:
         raise DataError(["no KTO data files found"])
     out = parse_records(files, kto_from_obj)
     if len(out) < 2:
-        raise DataError([f"{', '.join(files)}: {len(out)} KTO example(s); the KL reference point pairs each "
-                         "prompt with another example's completion, so at least 2 are needed"])
+        raise DataError(
+            [
+                f"{', '.join(files)}: {len(out)} KTO example(s); the KL reference point pairs each "
+                "prompt with another example's completion, so at least 2 are needed"
+            ]
+        )
     return out
 
 
@@ -145,14 +170,17 @@ class KTOCollator(PreferenceCollator):
         return out
 
 
-def build_kto_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
-                       seed: int = 0) -> PreferenceData:
+def build_kto_datasets(
+    data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool, seed: int = 0
+) -> PreferenceData:
     """Datasets, collator and reports for KTO (``data_args`` as :func:`~paddlenlp_ext.dpo.data.build_preference_datasets`;
     ``lazy`` is refused at config time).  Reports add ``desirable`` / ``undesirable`` counts."""
     max_seq_len, max_prompt_len, packing, use_template, pad = row_settings(data_args, tokenizer)
     out = PreferenceData(train=None, dev=None, collator=KTOCollator(pad, flash_mask, max_seq_len if packing else None))
-    for split, wanted, path in (("train", do_train, data_args.train_dataset_path),
-                                ("dev", do_eval, data_args.dev_dataset_path)):
+    for split, wanted, path in (
+        ("train", do_train, data_args.train_dataset_path),
+        ("dev", do_eval, data_args.dev_dataset_path),
+    ):
         if not wanted:
             continue
         if not path:
@@ -164,8 +192,15 @@ def build_kto_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bo
             pair["label"] = ex.label
         ds = KTODataset(pairs, max_seq_len, packing, pad, seed=seed, shuffle=(split == "train"))
         desirable = sum(int(ex.label) for ex in examples)
-        out.reports[split] = {"files": files, "chat_template": use_template, "packing": packing or "none",
-                              "desirable": desirable, "undesirable": len(examples) - desirable, **stats, **ds.stats()}
+        out.reports[split] = {
+            "files": files,
+            "chat_template": use_template,
+            "packing": packing or "none",
+            "desirable": desirable,
+            "undesirable": len(examples) - desirable,
+            **stats,
+            **ds.stats(),
+        }
         say(truncation_notice(split, stats, max_seq_len, max_prompt_len, "examples"))
         setattr(out, split, ds)
     return out

@@ -42,8 +42,9 @@ def kl_reference_point(kl_logps, ref_kl_logps, reduce_over_ranks: bool = False):
     return (total / paddle.clip(count, min=1.0)).clip(min=0.0).reshape([])  # []
 
 
-def kto_loss(logps, ref_logps, labels, z0, *, beta: float, desirable_weight: float = 1.0,
-             undesirable_weight: float = 1.0):
+def kto_loss(
+    logps, ref_logps, labels, z0, *, beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0
+):
     """Per-example KTO losses ``[N]`` and rewards ``beta * r`` ``[N]`` (detached).
 
     ``logps``, ``ref_logps``: ``[N]`` summed completion log-probs (policy, reference);

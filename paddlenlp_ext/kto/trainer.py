@@ -32,8 +32,10 @@ class KTOTrainer(DPOTrainer):
         self.loss_type = "kto"
         self.normalize = False
         self._init_reference("adapters" if self.adapter_config is not None else "copy")
-        logger.info(f"KTO: reference {self.reference}, beta {kto_config.beta}, desirable_weight "
-                    f"{kto_config.desirable_weight}, undesirable_weight {kto_config.undesirable_weight}")
+        logger.info(
+            f"KTO: reference {self.reference}, beta {kto_config.beta}, desirable_weight "
+            f"{kto_config.desirable_weight}, undesirable_weight {kto_config.undesirable_weight}"
+        )
 
     def compute_loss(self, model, inputs, return_outputs=False):
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [2]: examples and completion tokens of the global batch
@@ -47,8 +49,15 @@ class KTOTrainer(DPOTrainer):
         forward = self._forward(model, inputs, real_tokens)  # the policy: its router aux loss only, never the ref's
         logps, kl_logps, _, _ = self._answer_logps(forward, inputs)  # [N] each
         z0 = kl_reference_point(kl_logps, ref_kl_logps, reduce_over_ranks=True)  # []
-        losses, rewards = kto_loss(logps, ref_logps, labels, z0, beta=o.beta, desirable_weight=o.desirable_weight,
-                                   undesirable_weight=o.undesirable_weight)  # [N], [N]
+        losses, rewards = kto_loss(
+            logps,
+            ref_logps,
+            labels,
+            z0,
+            beta=o.beta,
+            desirable_weight=o.desirable_weight,
+            undesirable_weight=o.undesirable_weight,
+        )  # [N], [N]
         loss = self.global_pair_mean(losses, global_counts if training else None)  # the global batch's example mean
         loss = self.with_router_aux(model, loss, real_tokens)  # + coef * aux on MoE rows (TRL's KTOTrainer)
         metrics = kto_metrics(losses, rewards, logps, labels, z0)

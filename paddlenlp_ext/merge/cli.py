@@ -77,9 +77,14 @@ def report_merge(result, seconds: Optional[float] = None) -> int:
 
     status = (result.verify or {}).get("status", "not run")
     took = f" in {seconds:.1f}s" if seconds is not None else ""
-    print(f"[merge] merged {len(result.modules_merged)} modules into {result.output_dir} "
-          f"({len(result.weight_files)} weight file(s), {result.dtype}){took}; verify: {status}")
+    print(
+        f"[merge] merged {len(result.modules_merged)} modules into {result.output_dir} "
+        f"({len(result.weight_files)} weight file(s), {result.dtype}){took}; verify: {status}"
+    )
     if result.verify_failed:
-        print(f"error: verification FAILED; {os.path.join(result.output_dir, VERIFY_FAILED_MARKER)} marks the "
-              "output as untrustworthy", file=sys.stderr)
+        print(
+            f"error: verification FAILED; {os.path.join(result.output_dir, VERIFY_FAILED_MARKER)} marks the "
+            "output as untrustworthy",
+            file=sys.stderr,
+        )
     return result.exit_code

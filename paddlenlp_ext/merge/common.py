@@ -40,8 +40,17 @@ def parse_size(size) -> int:
     if not m:
         raise MergeError(f"max_shard_size: cannot parse {size!r} (examples: 1GB, 500MB, 2GiB, 1000000)")
     num, unit = float(m.group(1)), m.group(2) or "B"
-    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    mult = {
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }[unit]
     n = int(num * mult)
     if n <= 0:
         raise MergeError(f"max_shard_size must be positive, got {size!r}")

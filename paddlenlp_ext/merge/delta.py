@@ -47,8 +47,15 @@ def _apply_block(block: np.ndarray, delta: np.ndarray, tag: str) -> None:
         block[...] = from_f32(delta, tag)
 
 
-def add_delta_inplace(arr: np.ndarray, tag: str, cfg: AdapterConfig, tensors: Mapping[str, np.ndarray],
-                      compute_delta: Callable[..., np.ndarray], executor=None, workers: int = 1) -> None:
+def add_delta_inplace(
+    arr: np.ndarray,
+    tag: str,
+    cfg: AdapterConfig,
+    tensors: Mapping[str, np.ndarray],
+    compute_delta: Callable[..., np.ndarray],
+    executor=None,
+    workers: int = 1,
+) -> None:
     """``arr[...] = cast(float32(arr) + compute_delta(...))`` for one [in, out] base weight,
     in place in the freshly read buffer.
 

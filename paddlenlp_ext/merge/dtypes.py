@@ -12,10 +12,21 @@ import numpy as np
 
 # safetensors dtype tag -> numpy dtype used to hold the raw data
 NP_OF_TAG = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
-    "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+    "F8_E4M3": np.uint8,
+    "F8_E5M2": np.uint8,
 }
 # (the excluded tags share a numpy holder with a genuine integer tag, which must win)
 TAG_OF_NP = {np.dtype(v): k for k, v in NP_OF_TAG.items() if k not in ("BF16", "F8_E4M3", "F8_E5M2")}

@@ -45,7 +45,9 @@ class AdapterBundle:
                 return cls(directory, *read_paddlenlp_bundle(directory))
             except (ValueError, OSError) as e:
                 raise MergeError(str(e)) from None
-        missing = [n for n in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME) if not os.path.isfile(os.path.join(directory, n))]
+        missing = [
+            n for n in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME) if not os.path.isfile(os.path.join(directory, n))
+        ]
         if missing:
             raise MergeError(f"adapter directory {directory} lacks {missing}")
         try:
@@ -125,8 +127,10 @@ def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[
         if cfg.layer_type == "vera" and (
             cfg.vera_max_in is None or cfg.vera_max_out is None or in_f > cfg.vera_max_in or out_f > cfg.vera_max_out
         ):
-            problems.append(f"{mod}: base weight {list(ent.shape)} exceeds vera_max_in/out "
-                            f"[{cfg.vera_max_in}, {cfg.vera_max_out}] of the adapter config")
+            problems.append(
+                f"{mod}: base weight {list(ent.shape)} exceeds vera_max_in/out "
+                f"[{cfg.vera_max_in}, {cfg.vera_max_out}] of the adapter config"
+            )
         targets[mod] = ent
     if missing:
         sample = [e.name for e in ckpt.entries[:6]]
@@ -138,7 +142,9 @@ def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[
     if problems:
         raise MergeError(
             f"adapter {bundle.directory} does not match the base checkpoint {ckpt.directory} "
-            f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
+            f"({len(problems)} problem(s)):\n  "
+            + "\n  ".join(problems[:20])
+            + ("\n  ..." if len(problems) > 20 else "")
         )
     return targets
 
@@ -183,8 +189,11 @@ def check_model_type(base_dir: str, adapter_dir: str, cfg: AdapterConfig, log: L
     if not seen:
         log(f"[merge] note: {adapter_dir} has no config.json; model_type not cross-checked")
     if ad_cfg is not None:
-        diffs = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
-                 if k in ad_cfg and k in base_cfg and ad_cfg[k] != base_cfg[k]]
+        diffs = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+            if k in ad_cfg and k in base_cfg and ad_cfg[k] != base_cfg[k]
+        ]
         if diffs:
             raise MergeError(
                 "the adapter's config.json and the base config.json disagree on "

@@ -97,14 +97,21 @@ def merge_adapter_checkpoint(
     tol = resolve_tolerance(tolerance, dtype)
     notes: List[str] = []
 
-    desc = cfg.layer_type + ("+rslora" if cfg.rslora else "") + (
-        f"+lora_plus_scale={cfg.lora_plus_scale:g}" if cfg.method == "lora" and cfg.lora_plus_scale != 1.0 else "")
-    log(f"[merge] base {base_dir}: {ckpt.fmt}, {len(ckpt.files)} file(s), {len(ckpt.entries)} tensors, "
+    desc = (
+        cfg.layer_type
+        + ("+rslora" if cfg.rslora else "")
+        + (f"+lora_plus_scale={cfg.lora_plus_scale:g}" if cfg.method == "lora" and cfg.lora_plus_scale != 1.0 else "")
+    )
+    log(
+        f"[merge] base {base_dir}: {ckpt.fmt}, {len(ckpt.files)} file(s), {len(ckpt.entries)} tensors, "
         f"{fmt_bytes(ckpt.total_bytes)}; adapter {adapter_dir}: {desc}, r={cfg.r}, "
-        f"scaling={cfg.scaling:g}, {len(targets)} modules")
+        f"scaling={cfg.scaling:g}, {len(targets)} modules"
+    )
     if cfg.quantization:
-        msg = (f"adapter was trained on a {cfg.quantization.get('weight_quantize_algo')}-quantized base (QLoRA); "
-               "merging into the FULL-PRECISION base weights (the quantization error of the base is not baked in)")
+        msg = (
+            f"adapter was trained on a {cfg.quantization.get('weight_quantize_algo')}-quantized base (QLoRA); "
+            "merging into the FULL-PRECISION base weights (the quantization error of the base is not baked in)"
+        )
         log(f"[merge] note: {msg}")
         notes.append(msg)
     if cfg.pissa:
@@ -127,13 +134,25 @@ def merge_adapter_checkpoint(
             "merge_seconds": round(merge_seconds, 3),
         }
         write_json(os.path.join(tmp, MERGE_INFO_NAME), info)
-        result = MergeResult(out_dir, weight_files, merged, ckpt.total_bytes, merge_seconds, dtype, tol,
-                             warnings=notes)
+        result = MergeResult(out_dir, weight_files, merged, ckpt.total_bytes, merge_seconds, dtype, tol, warnings=notes)
         if verify:
             result.verify = run_verification(
-                lambda: verify_merge(base_dir, adapter_dir, tmp, cfg, ckpt, tol, dev, base_cfg,
-                                     num_probes=num_probes, probe_length=probe_length, log=log),
-                tol, log)
+                lambda: verify_merge(
+                    base_dir,
+                    adapter_dir,
+                    tmp,
+                    cfg,
+                    ckpt,
+                    tol,
+                    dev,
+                    base_cfg,
+                    num_probes=num_probes,
+                    probe_length=probe_length,
+                    log=log,
+                ),
+                tol,
+                log,
+            )
             info["verify"] = result.verify
             write_json(os.path.join(tmp, MERGE_INFO_NAME), info)
             if result.verify_failed:
@@ -188,8 +207,9 @@ def stream_merge(
                     if mod is not None:
                         if consumed[mod]:
                             raise MergeError(f"adapter module {mod!r} was merged twice")
-                        add_delta_inplace(arr, ent.dtype, cfg, bundle.modules[mod], compute_delta, executor,
-                                          MERGE_THREADS)
+                        add_delta_inplace(
+                            arr, ent.dtype, cfg, bundle.modules[mod], compute_delta, executor, MERGE_THREADS
+                        )
                         consumed[mod] += 1
                         n_merged += 1
                     if writer is not None:
@@ -206,8 +226,10 @@ def stream_merge(
             else:
                 save_pdparams(pd_state, path)
                 pd_state.clear()
-            log(f"[merge] wrote {fname}: {len(shard)} tensors ({n_merged} merged), "
-                f"{fmt_bytes(sum(e.nbytes for e in shard))} in {time.time() - ts:.1f}s")
+            log(
+                f"[merge] wrote {fname}: {len(shard)} tensors ({n_merged} merged), "
+                f"{fmt_bytes(sum(e.nbytes for e in shard))} in {time.time() - ts:.1f}s"
+            )
     finally:
         src.close()
         if executor is not None:

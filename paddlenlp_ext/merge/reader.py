@@ -133,8 +133,10 @@ class Checkpoint:
         d = directory
         # the order PaddleNLP's from_pretrained prefers them in
         candidates = [
-            ("safetensors", SAFE_WEIGHTS_INDEX_NAME, True), ("safetensors", SAFE_WEIGHTS_NAME, False),
-            ("pdparams", PADDLE_WEIGHTS_INDEX_NAME, True), ("pdparams", PADDLE_WEIGHTS_NAME, False),
+            ("safetensors", SAFE_WEIGHTS_INDEX_NAME, True),
+            ("safetensors", SAFE_WEIGHTS_NAME, False),
+            ("pdparams", PADDLE_WEIGHTS_INDEX_NAME, True),
+            ("pdparams", PADDLE_WEIGHTS_NAME, False),
         ]
         for fmt, name, is_index in candidates:
             path = os.path.join(d, name)
@@ -190,8 +192,18 @@ def _to_paddle_layout(d: str, entries: List[TensorEntry]) -> List[TensorEntry]:
     for e in entries:
         name, transpose = hf_layout.paddle_name(e.name, model_type)
         transpose = transpose and len(e.shape) == 2
-        out.append(TensorEntry(name, e.file, e.dtype, hf_layout.converted_shape(e.shape, transpose), e.nbytes,
-                               e.offset, transpose=transpose, source_name=e.name))
+        out.append(
+            TensorEntry(
+                name,
+                e.file,
+                e.dtype,
+                hf_layout.converted_shape(e.shape, transpose),
+                e.nbytes,
+                e.offset,
+                transpose=transpose,
+                source_name=e.name,
+            )
+        )
     return out
 
 

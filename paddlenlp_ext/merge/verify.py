@@ -91,8 +91,10 @@ def verify_merge(
     need = estimate_verify_bytes(ckpt)
     avail = int(psutil.virtual_memory().available)
     if need > avail:
-        log(f"[verify] skipped: needs ~{fmt_bytes(need)} of RAM to load the model in float32, only "
-            f"{fmt_bytes(avail)} available (the merge itself is complete; --no-verify silences this)")
+        log(
+            f"[verify] skipped: needs ~{fmt_bytes(need)} of RAM to load the model in float32, only "
+            f"{fmt_bytes(avail)} available (the merge itself is complete; --no-verify silences this)"
+        )
         return {"status": "skipped", "reason": "not enough memory", "needed_bytes": need, "available_bytes": avail}
 
     import paddle
@@ -119,8 +121,9 @@ def verify_merge(
             from ..models.loading import load_model_streaming
             from ..models.model_config import load_model_config
 
-            return load_model_streaming(path, load_model_config(path, dtype="float32"), "float32",
-                                        quantization=quant, max_seq_len=probe_length)[0]
+            return load_model_streaming(
+                path, load_model_config(path, dtype="float32"), "float32", quantization=quant, max_seq_len=probe_length
+            )[0]
         from ..models.loading import decoder_class_for
         from ..models.model_config import load_model_config
 
@@ -131,9 +134,13 @@ def verify_merge(
         if quant:
             from ..quant import quantize_model
 
-            quantize_model(model, quant["weight_quantize_algo"], block_size=quant.get("weight_blocksize", 64),
-                           double_quant=bool(quant.get("weight_double_quant", False)),
-                           double_quant_block_size=quant.get("weight_double_quant_block_size", 256))
+            quantize_model(
+                model,
+                quant["weight_quantize_algo"],
+                block_size=quant.get("weight_blocksize", 64),
+                double_quant=bool(quant.get("weight_double_quant", False)),
+                double_quant_block_size=quant.get("weight_double_quant_block_size", 256),
+            )
         return model
 
     # logits below: [num_probes, probe_length, vocab] float32; one model in memory at a time
@@ -174,23 +181,31 @@ def verify_merge(
         "device": device,
         "seconds": round(time.time() - t0, 2),
     }
-    log(f"[verify] {res['status'].upper()}: max |logit diff| merged vs {res['reference']} = {diff:.3e} "
+    log(
+        f"[verify] {res['status'].upper()}: max |logit diff| merged vs {res['reference']} = {diff:.3e} "
         f"(relative {err:.3e}, tolerance {tolerance:g}) on {num_probes}x{probe_length} random tokens; "
-        f"for scale, the adapter itself moves the logits by up to {effect:.3e}")
+        f"for scale, the adapter itself moves the logits by up to {effect:.3e}"
+    )
     if effect > 0 and diff >= 0.5 * effect:
-        msg = ("the merge error is not small against the adapter's own effect on the logits; "
-               "a lower --tolerance would make this check meaningful")
+        msg = (
+            "the merge error is not small against the adapter's own effect on the logits; "
+            "a lower --tolerance would make this check meaningful"
+        )
         res["note"] = msg
         log(f"[verify] warning: {msg}")
     if quant_logits is not None:
         qdiff = float(np.abs(got - quant_logits).max())
         res["quantized_base_gap"] = {"max_abs_logit_diff": qdiff, "relative": qdiff / scale}
-        log(f"[verify] info: merged (full precision) vs {cfg.quantization.get('weight_quantize_algo')}-quantized "
+        log(
+            f"[verify] info: merged (full precision) vs {cfg.quantization.get('weight_quantize_algo')}-quantized "
             f"base + adapter (the model as trained): max |logit diff| = {qdiff:.3e} (relative {qdiff / scale:.3e}); "
-            "this is the base's quantization error, not a merge error")
+            "this is the base's quantization error, not a merge error"
+        )
     if res["status"] == "failed":
-        log(f"[verify] the merged model does not reproduce base + adapter; the output is kept but marked with "
-            f"{VERIFY_FAILED_MARKER}")
+        log(
+            f"[verify] the merged model does not reproduce base + adapter; the output is kept but marked with "
+            f"{VERIFY_FAILED_MARKER}"
+        )
     return res
 
 

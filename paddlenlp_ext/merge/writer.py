@@ -33,8 +33,15 @@ from .reader import TensorEntry
 #: non-weight files copied from the base model (tokenizer group falls back to the adapter dir)
 MODEL_FILES = ("config.json", "generation_config.json")
 TOKENIZER_PATTERNS = (
-    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "*.model", "vocab*", "merges.txt",
-    "chat_template*", "spiece.model", "sentencepiece*",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "*.model",
+    "vocab*",
+    "merges.txt",
+    "chat_template*",
+    "spiece.model",
+    "sentencepiece*",
 )
 
 #: False once os.copy_file_range is missing or refused (old kernel, other filesystem):
@@ -80,8 +87,9 @@ class SafetensorsStreamWriter:
     released after writing) or a byte range of a source file (``copy``), which is
     copied in the kernel with ``os.copy_file_range`` and never enters Python memory."""
 
-    def __init__(self, path: str, entries: List[TensorEntry], metadata: Optional[Dict[str, str]] = None,
-                 queue_size: int = 1):
+    def __init__(
+        self, path: str, entries: List[TensorEntry], metadata: Optional[Dict[str, str]] = None, queue_size: int = 1
+    ):
         self.path = path
         self.order = sorted(entries, key=lambda e: (-e.itemsize, e.name))
         header: Dict[str, Any] = {"__metadata__": dict(metadata or {"format": "np"})}
@@ -164,8 +172,13 @@ class SafetensorsStreamWriter:
             raise RuntimeError(f"tensor {name!r}: {tuple(shape)}/{nbytes} bytes, planned {e.shape}/{e.nbytes}")
         self._next += 1
 
-    def write(self, name: str, arr: np.ndarray, buffer: Optional[np.ndarray] = None,
-              release: Optional[Callable[[np.ndarray], None]] = None) -> None:
+    def write(
+        self,
+        name: str,
+        arr: np.ndarray,
+        buffer: Optional[np.ndarray] = None,
+        release: Optional[Callable[[np.ndarray], None]] = None,
+    ) -> None:
         """Queue ``arr``; ``release(buffer)`` is called once it is written."""
         arr = np.ascontiguousarray(arr)
         self._expect(name, arr.shape, arr.nbytes)
@@ -225,8 +238,10 @@ def write_json(path: str, obj: Any) -> None:
 
 def write_index(out_dir: str, safe: bool, entries: List[TensorEntry], weight_map: Dict[str, str]) -> str:
     """Write the ``*.index.json`` of a sharded output (tensors in checkpoint order); returns its name."""
-    index = {"metadata": {"total_size": int(sum(e.nbytes for e in entries))},
-             "weight_map": {e.name: weight_map[e.name] for e in entries}}
+    index = {
+        "metadata": {"total_size": int(sum(e.nbytes for e in entries))},
+        "weight_map": {e.name: weight_map[e.name] for e in entries},
+    }
     idx_name = SAFE_WEIGHTS_INDEX_NAME if safe else PADDLE_WEIGHTS_INDEX_NAME
     write_json(os.path.join(out_dir, idx_name), index)
     return idx_name

@@ -197,10 +197,20 @@ def _to_paddle_layout(ckpt: Checkpoint) -> None:
         name, transpose = hf_layout.paddle_name(key, model_type)
         transpose = transpose and len(info.shape) == 2
         if name in converted:
-            raise CheckpointError(f"{info.file}: tensors {converted[name].source_name!r} and {key!r} both map to "
-                                  f"{name!r}; the checkpoint mixes transformers and PaddleNLP names")
-        converted[name] = TensorInfo(name, info.file, hf_layout.converted_shape(info.shape, transpose), info.dtype,
-                                     info.offset, info.nbytes, source_name=key, transpose=transpose)
+            raise CheckpointError(
+                f"{info.file}: tensors {converted[name].source_name!r} and {key!r} both map to "
+                f"{name!r}; the checkpoint mixes transformers and PaddleNLP names"
+            )
+        converted[name] = TensorInfo(
+            name,
+            info.file,
+            hf_layout.converted_shape(info.shape, transpose),
+            info.dtype,
+            info.offset,
+            info.nbytes,
+            source_name=key,
+            transpose=transpose,
+        )
     ckpt.tensors, ckpt.hf_model_type = converted, model_type
 
 
@@ -252,12 +262,18 @@ def _find_files(model_dir: str) -> Checkpoint:
         if extra:
             raise CheckpointError(f"{path} does not list {len(extra)} tensor(s) its shards hold, e.g. {extra[:5]}")
         return ckpt
-    found = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json") if os.path.isfile(os.path.join(model_dir, f))]
-    hint = (f" (found {found}: PyTorch weights need PaddleNLP's conversion; load them once with from_pretrained "
-            "and save_pretrained the result)") if found else ""
-    raise CheckpointError(
-        f"no model weights in {model_dir}: expected one of {[name for _, name, _ in LAYOUTS]}{hint}"
+    found = [
+        f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json") if os.path.isfile(os.path.join(model_dir, f))
+    ]
+    hint = (
+        (
+            f" (found {found}: PyTorch weights need PaddleNLP's conversion; load them once with from_pretrained "
+            "and save_pretrained the result)"
+        )
+        if found
+        else ""
     )
+    raise CheckpointError(f"no model weights in {model_dir}: expected one of {[name for _, name, _ in LAYOUTS]}{hint}")
 
 
 def _pread_into(fd: int, arr: np.ndarray, offset: int, info: TensorInfo) -> None:

@@ -50,11 +50,15 @@ def dropout_problem(model_type: Optional[str], key: str, value: Optional[float],
         return None  # unknown family: passed on as PaddleNLP does (see docs/config.md)
     target = fields.get(key)
     if target is None:
-        return (f"{model_type} models have no dropout that {key} controls; remove the key "
-                "(PaddleNLP accepts it and ignores it)")
+        return (
+            f"{model_type} models have no dropout that {key} controls; remove the key "
+            "(PaddleNLP accepts it and ignores it)"
+        )
     if flash and target in FLASH_IGNORES:
-        return (f"{key} sets {model_type}'s {target}, which PaddleNLP's flash attention path ignores; "
-                "set use_flash_attention=false to train with attention dropout, or remove the key")
+        return (
+            f"{key} sets {model_type}'s {target}, which PaddleNLP's flash attention path ignores; "
+            "set use_flash_attention=false to train with attention dropout, or remove the key"
+        )
     return None
 
 

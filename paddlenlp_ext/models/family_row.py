@@ -120,27 +120,50 @@ class Family:
 def _no_flashmask(name: str, ignores_mask_under_flash: str = "") -> Dict[str, str]:
     """Refusals of a family whose forward takes no FlashMask start rows; ``ignores_mask_under_flash``: the
     measured packing error when its use_flash_attention path drops the dense mask (else that path is run)."""
-    out = {"flash_mask": (f"{name} models do not take FlashMask start rows (PaddleNLP's {name} forward has no "
-                          "attn_mask_startend_row_indices input); set flash_mask=false (zero padding then passes a "
-                          "dense 4-D mask)")}
+    out = {
+        "flash_mask": (
+            f"{name} models do not take FlashMask start rows (PaddleNLP's {name} forward has no "
+            "attn_mask_startend_row_indices input); set flash_mask=false (zero padding then passes a "
+            "dense 4-D mask)"
+        )
+    }
     if ignores_mask_under_flash:
-        out["flash_attention"] = (f"with use_flash_attention=true {name} models ignore the attention mask "
-                                  f"({ignores_mask_under_flash}); set use_flash_attention=false")
+        out["flash_attention"] = (
+            f"with use_flash_attention=true {name} models ignore the attention mask "
+            f"({ignores_mask_under_flash}); set use_flash_attention=false"
+        )
     return out
 
 
 #: the dense families whose use_flash_attention path honours the dense mask (check_packing exact)
 _DENSE_DPO_FA = _DENSE | _LOGP_ALIGN | {"flash_attention"}
 
-_OWN_DROPOUT = {"hidden_dropout_prob": "hidden_dropout_prob",
-                "attention_probs_dropout_prob": "attention_probs_dropout_prob"}
+_OWN_DROPOUT = {
+    "hidden_dropout_prob": "hidden_dropout_prob",
+    "attention_probs_dropout_prob": "attention_probs_dropout_prob",
+}
 
 #: what our decoder runs on a row today (tests/test_decoder_parity.py, tests/test_decoder_cli.py,
 #: tests/test_decoder_export.py, tests/test_decoder_align.py)
 #: (use_flash_attention: FlashMask start rows run through Paddle's kernel on GPU, ours on CPU; a dense mask
 #: takes the dense path, which computes the same attention)
-_DECODER = frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "hf_checkpoint",
-                      "predict", "merge", "dpo", "kto", "reward", "grpo"})
+_DECODER = frozenset(
+    {
+        "lora",
+        "qlora",
+        "full",
+        "packing",
+        "flash_attention",
+        "flash_mask",
+        "hf_checkpoint",
+        "predict",
+        "merge",
+        "dpo",
+        "kto",
+        "reward",
+        "grpo",
+    }
+)
 _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 
 
@@ -150,17 +173,20 @@ _DECODER_DENSE = _DECODER | {"tp", "pp"}
 
 
 def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Family":
-    return Family(name, features=_DECODER_DENSE, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True,
-                  planner=planner)
+    return Family(
+        name, features=_DECODER_DENSE, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True, planner=planner
+    )
 
 
 #: MoE rows on the decoder: what their adapters / quantization target by default: attention, every routed
 #: expert's Linears (gate/up/down_proj, mixtral's w1/w3/w2), the shared expert and the dense layers' MLP; never
 #: the router (``mlp.gate``, mixtral's ``block_sparse_moe.gate``) nor qwen2_moe's ``shared_expert_gate``: their logits pick and weigh the experts
 #: (name them in lora_target_modules to adapt them anyway)
-_MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj",
-                r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
-                r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]")
+_MOE_TARGETS = (
+    r".*layers\.\d+\.self_attn\.[qkvo]_proj",
+    r".*layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.|shared_experts\.)?(gate|up|down)_proj",
+    r".*layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]",
+)
 #: MoE decoder rows run every decoder feature: tests/test_decoder_cli.py, tests/test_moe_cli.py; merge and the
 #: transformers / PEFT exports: tests/test_decoder_export.py; DPO, KTO, reward models and GRPO with the policy
 #: forward's router aux loss: tests/test_moe_align.py; tensor (and sequence) parallel: tests/test_moe_parallel.py
@@ -171,11 +197,14 @@ _MOE_DECODER = _DECODER | {"tp", "pp"}
 
 #: DeepSeek's latent attention (decoder/mla.py): every projection of it (q_proj when q_lora_rank is null), the
 #: routed and shared experts and the first dense layers' MLP; never the router (mlp.gate)
-_MLA_TARGETS = (r".*layers\.\d+\.self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)",
-                _MOE_TARGETS[1])
+_MLA_TARGETS = (
+    r".*layers\.\d+\.self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)",
+    _MOE_TARGETS[1],
+)
 
 
 def _moe_row(name: str, arch: Arch, targets: Tuple[str, ...] = _MOE_TARGETS) -> "Family":
     """An MoE row on our decoder (``Arch.mlp == "moe"``: ``decoder/moe.py`` on the sparse layers)."""
-    return Family(name, targets=targets, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True,
-                  arch=arch, decoder=True)
+    return Family(
+        name, targets=targets, features=_MOE_DECODER, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True
+    )

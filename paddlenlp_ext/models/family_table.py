@@ -15,6 +15,7 @@ is refused at config time (:func:`feature_problem`).
 from typing import Any, Dict, Optional
 
 from .decoder.rows import GEMMA_SANDWICH, GLM_SANDWICH, POST_NORM, Arch
+
 # FEATURES, Family, LAYERS_BLOCKS and H_BLOCKS are read from here too (re-exported)
 from .family_row import (  # noqa: F401
     _ALL,
@@ -39,131 +40,289 @@ _ATTN_BIAS = dict(qkv_bias="attention_bias", o_bias="attention_bias")
 #: decoder_sparse_step-th layer not in mlp_only_layers (norm_topk_prob, no shared expert); transformers'
 #: Qwen3MoeConfig keeps sliding_window only with use_sliding_window, and then slides every layer
 _QWEN3_MOE = Arch(mlp="moe", qk_norm="head", windows="all", window_switch="use_sliding_window", **_ATTN_BIAS)
-_QWEN3_MOE_TARGETS = (r".*layers\.\d+\.self_attn\.[qkvo]_proj", r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj")
+_QWEN3_MOE_TARGETS = (
+    r".*layers\.\d+\.self_attn\.[qkvo]_proj",
+    r".*layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj",
+)
 _GEMMA = dict(norm_plus_one=True, embed_scale=True, tie_default=True, **_ATTN_BIAS)
 
-_MOE = ("crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
-        "way. Use a dense model (llama, qwen2, qwen3, mistral, ...)")
+_MOE = (
+    "crashes inside PaddleNLP 3.0.0b4's MoE code on Paddle 3.3 ({}); a plain forward + backward fails the same "
+    "way. Use a dense model (llama, qwen2, qwen3, mistral, ...)"
+)
 
-FAMILIES: Dict[str, Family] = {f.model_type: f for f in (
-    Family("llama", features=_ALL, pipeline_class="LlamaForCausalLMPipe", planner="llama", hf_layout=True,
-           masks=frozenset({"dense", "startend", "position_ids"}), arch=Arch(mlp_bias="mlp_bias", **_ATTN_BIAS)),
-    Family("qwen2", features=_ALL, pipeline_class="Qwen2ForCausalLMPipe", planner="llama", hf_layout=True,
-           qkv_bias=True,
-           masks=frozenset({"dense", "startend", "position_ids"}),
-           dropout={"attention_probs_dropout_prob": "attention_dropout"},
-           arch=Arch(qkv_bias=True, windows="layer_types")),
-    # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
-    Family("qwen3", features=_ALL - {"pp"}, planner="llama", hf_layout=True, qk_norm=True,
-           masks=frozenset({"dense", "startend", "position_ids"}),
-           dropout={"attention_probs_dropout_prob": "attention_dropout"},
-           refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"},
-           arch=Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS)),
-    # Qwen3-MoE in PaddleNLP's layout (models/qwen3/moe.py, our own Paddle code): attention and every expert's MLP
-    # are the targets; the router (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits
-    # pick the experts. A transformers-layout qwen3_moe checkpoint trains on the decoder's MoE row (hf_row)
-    Family("qwen3_moe", targets=_QWEN3_MOE_TARGETS,
-           features=frozenset({"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge",
-                               "hf_checkpoint"}),
-           qk_norm=True, hf_layout=True,
-           masks=frozenset({"dense", "startend", "position_ids"}),
-           dropout={"attention_probs_dropout_prob": "attention_dropout"},
-           refusals={**{f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
-                           "covers SFT); use a dense model (qwen3) for it" for f in ("dpo", "kto", "reward", "grpo")},
-                     "tp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no tensor-parallel "
-                           "experts; set tensor_parallel_degree=1, or export the model with llm/tools/export.py "
-                           "--format hf and train from that directory (a transformers-layout qwen3_moe trains on "
-                           "our decoder, which is tensor parallel)",
-                     "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
-                                "layout (models/qwen3); export the model with llm/tools/export.py --format hf and "
-                                "predict from that directory (a transformers-layout qwen3_moe runs on our decoder)",
-                     "pp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no pipeline model; "
-                           "set pipeline_parallel_degree=1, or export the model with llm/tools/export.py --format hf "
-                           "and train from that directory (a transformers-layout qwen3_moe trains on our decoder, "
-                           "whose MoE rows run as pipeline stages without the aux loss)"},
-           arch=_QWEN3_MOE, hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS),
-           hf_row_keys=("use_sliding_window", "rope_scaling", "output_router_logits")),
-    # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor
-    # names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py)
-    _decoder_row("mistral", Arch(windows="all"), planner="llama"),
-    _decoder_row("gemma", Arch(**_GEMMA), planner="llama"),
-    # our own decoder (paddlenlp_ext/models/decoder); transformers' modeling_<type>.py is each row's reference
-    _decoder_row("gemma2", Arch(layer_norms=GEMMA_SANDWICH, act="hidden_activation", windows="layer_types",
-                                attn_softcap="attn_logit_softcapping", final_softcap="final_logit_softcapping",
-                                query_scalar="query_pre_attn_scalar", **_GEMMA,
-                                defaults=(("query_pre_attn_scalar", 256), ("attn_logit_softcapping", 50.0),
-                                          ("final_logit_softcapping", 30.0)))),
-    _decoder_row("gemma3_text", Arch(layer_norms=GEMMA_SANDWICH, act="hidden_activation", windows="layer_types",
-                                     qk_norm="head", local_rope_theta="rope_local_base_freq",
-                                     # transformers' Gemma 3 keeps attn_logit_softcapping but never applies it
-                                     final_softcap="final_logit_softcapping",
-                                     query_scalar="query_pre_attn_scalar", **_GEMMA,
-                                     defaults=(("query_pre_attn_scalar", 256), ("rope_local_base_freq", 10000.0)))),
-    _decoder_row("phi3", Arch(fused_qkv=True, fused_gate_up=True, windows="all")),
-    _decoder_row("glm4", Arch(layer_norms=GLM_SANDWICH, fused_gate_up=True, rope_interleaved=True,
-                              qkv_bias="attention_bias",
-                              defaults=(("partial_rotary_factor", 0.5), ("attention_bias", True)))),
-    _decoder_row("ernie4_5", Arch(rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
-                                  mlp_bias="use_bias", tie_default=True)),
-    _decoder_row("olmo2", Arch(layer_norms=POST_NORM, qk_norm="proj", **_ATTN_BIAS)),
-    _decoder_row("smollm3", Arch(rope_layers="no_rope_layers", windows="layer_types", mlp_bias="mlp_bias",
-                                 tie_default=True, **_ATTN_BIAS)),
-    Family("chatglm_v2", features=_DENSE_DPO, refusals=_no_flashmask(
-        "chatglm_v2", "packed vs one-by-one gradients differ by 61% in check_packing")),
-    Family("qwen", features=_DENSE_DPO_FA, targets=H_BLOCKS, refusals=_no_flashmask("qwen")),
-    Family("bloom", targets=H_BLOCKS, refused=(
-        "PaddleNLP 3.0.0b4's bloom blocks pass no gradient to their weights on Paddle 3.3 (every q/k/v, dense and "
-        "MLP weight gets a zero gradient; only embeddings, norms and biases would train); use another family")),
-    # gpt and opt read PaddleNLP's dropout keys themselves (default 0.1 in their configs)
-    Family("gpt", sets_ignore_index=True, dropout=dict(_OWN_DROPOUT), refusals={
-        **_no_flashmask("gpt", "packed vs one-by-one gradients differ by 23% in check_packing"),
-        **{f: ("gpt models apply dropout in training (hidden_dropout_prob / attention_probs_dropout_prob, 0.1 by "
-               f"default), so the policy ({FEATURES[f]}) and its adapters-off reference disagree before any step; use "
-               "llm/run_finetune.py") for f in ("dpo", "kto", "grpo")}}),
-    Family("opt", masks=frozenset(), features=_DENSE - {"packing"}, dropout=dict(_OWN_DROPOUT), refusals={
-        **_no_flashmask("opt"),
-        "flash_mask": ("opt models swallow FlashMask start rows and position ids through **kwargs (they would "
-                       "train on a wrong mask); set flash_mask=false and zero_padding=false"),
-        "packing": ("opt models build their own causal mask and take no position ids, so packed examples would see "
-                    "each other; set zero_padding=false")}),
-    Family("chatglm", refused="chatglm (ChatGLM-6B v1) needs a per-example prefix-LM 4-D attention mask, which the "
-           "data pipeline does not build (without it PaddleNLP's forward fails); use chatglm_v2 or another family"),
-    # codegen shifts labels inside its forward: the run never passes it labels (training.loss.token_mean_loss)
-    Family("codegen", targets=H_BLOCKS, body="transformer", shifts_labels=True, masks=frozenset(),
-           features=_DENSE - {"packing"},
-           refusals={"packing": ("codegen models take no position_ids (packed examples would continue each "
-                                 "other's positions); set zero_padding=false")}),
-    Family("yuan", refused=("yuan builds its own attention mask from eod_token and ignores the mask we pass "
-                            "(packed and one-by-one losses differ); training it is not verified here; use another "
-                            "family")),
-    # MoE rows on our decoder (transformers' layout; PaddleNLP 3.0.0b4's own MoE classes crash on Paddle 3.3)
-    _moe_row("qwen2_moe", Arch(mlp="moe", qkv_bias="qkv_bias", defaults=(("qkv_bias", True),))),
-    _moe_row("mixtral", Arch(mlp="moe", mlp_name="block_sparse_moe", windows="all")),
-    # the ernie4_5 row's attention (interleaved RoPE, use_bias) + MoE layers from moe_layer_start_index every
-    # moe_layer_interval; fp32 router with moe_statics.e_score_correction_bias; an LM head bias with use_bias
-    _moe_row("ernie4_5_moe", Arch(mlp="moe", rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias",
-                                  mlp_bias="use_bias", lm_head_bias="use_bias", tie_default=True)),
-    # attention sinks, alternating sliding windows (layer_types), q/k/v/o biases (always: GptOssConfig fixes
-    # attention_bias), the MoE block on every layer: router with bias, fused interleaved gate_up_proj with biases,
-    # clamped SwiGLU. Its experts are 3-D parameters (no Linear): adapters and quantization reach attention only
-    _moe_row("gpt_oss", Arch(mlp="moe", windows="layer_types", attn_sinks=True, qkv_bias=True, o_bias=True),
-             _MOE_TARGETS[:1]),
-    Family("jamba", refused=_MOE.format("its MoE routing")),
-    # multi-head latent attention (decoder/mla.py) + the MoE block from first_k_dense_replace: V2 softmax routing
-    # (greedy / group_limited_greedy), complex (interleaved) RoPE; V3 sigmoid routing with e_score_correction_bias,
-    # rope_interleave, yarn's mscale in the softmax scale
-    _moe_row("deepseek_v2", Arch(mlp="moe", attn="mla", mla_interleave=True, mlp_bias="mlp_bias",
-                                 **_ATTN_BIAS), _MLA_TARGETS),
-    _moe_row("deepseek_v3", Arch(mlp="moe", attn="mla", mla_interleave="rope_interleave", mla_mscale=True,
-                                 defaults=(("rope_interleave", True),), **_ATTN_BIAS), _MLA_TARGETS),
-    Family("gptj", targets=H_BLOCKS,
-           refused="PaddleNLP 3.0.0b4 Auto classes cannot build gptj models; use another family"),
-    Family("rw", targets=H_BLOCKS,
-           refused="PaddleNLP 3.0.0b4 Auto classes cannot build rw (Falcon) models; use another family"),
-    Family("mamba", masks=frozenset(), refused=("mamba is a state-space model with no attention mask (packing is "
-                                                "impossible) and its fine-tuning is not verified here; use another "
-                                                "family")),
-)}
+FAMILIES: Dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family(
+            "llama",
+            features=_ALL,
+            pipeline_class="LlamaForCausalLMPipe",
+            planner="llama",
+            hf_layout=True,
+            masks=frozenset({"dense", "startend", "position_ids"}),
+            arch=Arch(mlp_bias="mlp_bias", **_ATTN_BIAS),
+        ),
+        Family(
+            "qwen2",
+            features=_ALL,
+            pipeline_class="Qwen2ForCausalLMPipe",
+            planner="llama",
+            hf_layout=True,
+            qkv_bias=True,
+            masks=frozenset({"dense", "startend", "position_ids"}),
+            dropout={"attention_probs_dropout_prob": "attention_dropout"},
+            arch=Arch(qkv_bias=True, windows="layer_types"),
+        ),
+        # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
+        Family(
+            "qwen3",
+            features=_ALL - {"pp"},
+            planner="llama",
+            hf_layout=True,
+            qk_norm=True,
+            masks=frozenset({"dense", "startend", "position_ids"}),
+            dropout={"attention_probs_dropout_prob": "attention_dropout"},
+            refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"},
+            arch=Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS),
+        ),
+        # Qwen3-MoE in PaddleNLP's layout (models/qwen3/moe.py, our own Paddle code): attention and every expert's MLP
+        # are the targets; the router (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits
+        # pick the experts. A transformers-layout qwen3_moe checkpoint trains on the decoder's MoE row (hf_row)
+        Family(
+            "qwen3_moe",
+            targets=_QWEN3_MOE_TARGETS,
+            features=frozenset(
+                {"lora", "qlora", "full", "packing", "flash_attention", "flash_mask", "merge", "hf_checkpoint"}
+            ),
+            qk_norm=True,
+            hf_layout=True,
+            masks=frozenset({"dense", "startend", "position_ids"}),
+            dropout={"attention_probs_dropout_prob": "attention_dropout"},
+            refusals={
+                **{
+                    f: f"qwen3_moe preference training ({FEATURES[f]}) is not verified yet (tests/test_qwen3_moe.py "
+                    "covers SFT); use a dense model (qwen3) for it"
+                    for f in ("dpo", "kto", "reward", "grpo")
+                },
+                "tp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no tensor-parallel "
+                "experts; set tensor_parallel_degree=1, or export the model with llm/tools/export.py "
+                "--format hf and train from that directory (a transformers-layout qwen3_moe trains on "
+                "our decoder, which is tensor parallel)",
+                "predict": "qwen3_moe generation through the predictor is not verified yet on the PaddleNLP "
+                "layout (models/qwen3); export the model with llm/tools/export.py --format hf and "
+                "predict from that directory (a transformers-layout qwen3_moe runs on our decoder)",
+                "pp": "qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no pipeline model; "
+                "set pipeline_parallel_degree=1, or export the model with llm/tools/export.py --format hf "
+                "and train from that directory (a transformers-layout qwen3_moe trains on our decoder, "
+                "whose MoE rows run as pipeline stages without the aux loss)",
+            },
+            arch=_QWEN3_MOE,
+            hf_row=_moe_row("qwen3_moe", _QWEN3_MOE, _QWEN3_MOE_TARGETS),
+            hf_row_keys=("use_sliding_window", "rope_scaling", "output_router_logits"),
+        ),
+        # on our decoder (PaddleNLP's MistralForCausalLM / GemmaForCausalLM checkpoints load by name: the same tensor
+        # names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py)
+        _decoder_row("mistral", Arch(windows="all"), planner="llama"),
+        _decoder_row("gemma", Arch(**_GEMMA), planner="llama"),
+        # our own decoder (paddlenlp_ext/models/decoder); transformers' modeling_<type>.py is each row's reference
+        _decoder_row(
+            "gemma2",
+            Arch(
+                layer_norms=GEMMA_SANDWICH,
+                act="hidden_activation",
+                windows="layer_types",
+                attn_softcap="attn_logit_softcapping",
+                final_softcap="final_logit_softcapping",
+                query_scalar="query_pre_attn_scalar",
+                **_GEMMA,
+                defaults=(
+                    ("query_pre_attn_scalar", 256),
+                    ("attn_logit_softcapping", 50.0),
+                    ("final_logit_softcapping", 30.0),
+                ),
+            ),
+        ),
+        _decoder_row(
+            "gemma3_text",
+            Arch(
+                layer_norms=GEMMA_SANDWICH,
+                act="hidden_activation",
+                windows="layer_types",
+                qk_norm="head",
+                local_rope_theta="rope_local_base_freq",
+                # transformers' Gemma 3 keeps attn_logit_softcapping but never applies it
+                final_softcap="final_logit_softcapping",
+                query_scalar="query_pre_attn_scalar",
+                **_GEMMA,
+                defaults=(("query_pre_attn_scalar", 256), ("rope_local_base_freq", 10000.0)),
+            ),
+        ),
+        _decoder_row("phi3", Arch(fused_qkv=True, fused_gate_up=True, windows="all")),
+        _decoder_row(
+            "glm4",
+            Arch(
+                layer_norms=GLM_SANDWICH,
+                fused_gate_up=True,
+                rope_interleaved=True,
+                qkv_bias="attention_bias",
+                defaults=(("partial_rotary_factor", 0.5), ("attention_bias", True)),
+            ),
+        ),
+        _decoder_row(
+            "ernie4_5",
+            Arch(rope_interleaved=True, qkv_bias="use_bias", o_bias="use_bias", mlp_bias="use_bias", tie_default=True),
+        ),
+        _decoder_row("olmo2", Arch(layer_norms=POST_NORM, qk_norm="proj", **_ATTN_BIAS)),
+        _decoder_row(
+            "smollm3",
+            Arch(
+                rope_layers="no_rope_layers", windows="layer_types", mlp_bias="mlp_bias", tie_default=True, **_ATTN_BIAS
+            ),
+        ),
+        Family(
+            "chatglm_v2",
+            features=_DENSE_DPO,
+            refusals=_no_flashmask("chatglm_v2", "packed vs one-by-one gradients differ by 61% in check_packing"),
+        ),
+        Family("qwen", features=_DENSE_DPO_FA, targets=H_BLOCKS, refusals=_no_flashmask("qwen")),
+        Family(
+            "bloom",
+            targets=H_BLOCKS,
+            refused=(
+                "PaddleNLP 3.0.0b4's bloom blocks pass no gradient to their weights on Paddle 3.3 (every q/k/v, dense and "
+                "MLP weight gets a zero gradient; only embeddings, norms and biases would train); use another family"
+            ),
+        ),
+        # gpt and opt read PaddleNLP's dropout keys themselves (default 0.1 in their configs)
+        Family(
+            "gpt",
+            sets_ignore_index=True,
+            dropout=dict(_OWN_DROPOUT),
+            refusals={
+                **_no_flashmask("gpt", "packed vs one-by-one gradients differ by 23% in check_packing"),
+                **{
+                    f: (
+                        "gpt models apply dropout in training (hidden_dropout_prob / attention_probs_dropout_prob, 0.1 by "
+                        f"default), so the policy ({FEATURES[f]}) and its adapters-off reference disagree before any step; use "
+                        "llm/run_finetune.py"
+                    )
+                    for f in ("dpo", "kto", "grpo")
+                },
+            },
+        ),
+        Family(
+            "opt",
+            masks=frozenset(),
+            features=_DENSE - {"packing"},
+            dropout=dict(_OWN_DROPOUT),
+            refusals={
+                **_no_flashmask("opt"),
+                "flash_mask": (
+                    "opt models swallow FlashMask start rows and position ids through **kwargs (they would "
+                    "train on a wrong mask); set flash_mask=false and zero_padding=false"
+                ),
+                "packing": (
+                    "opt models build their own causal mask and take no position ids, so packed examples would see "
+                    "each other; set zero_padding=false"
+                ),
+            },
+        ),
+        Family(
+            "chatglm",
+            refused="chatglm (ChatGLM-6B v1) needs a per-example prefix-LM 4-D attention mask, which the "
+            "data pipeline does not build (without it PaddleNLP's forward fails); use chatglm_v2 or another family",
+        ),
+        # codegen shifts labels inside its forward: the run never passes it labels (training.loss.token_mean_loss)
+        Family(
+            "codegen",
+            targets=H_BLOCKS,
+            body="transformer",
+            shifts_labels=True,
+            masks=frozenset(),
+            features=_DENSE - {"packing"},
+            refusals={
+                "packing": (
+                    "codegen models take no position_ids (packed examples would continue each "
+                    "other's positions); set zero_padding=false"
+                )
+            },
+        ),
+        Family(
+            "yuan",
+            refused=(
+                "yuan builds its own attention mask from eod_token and ignores the mask we pass "
+                "(packed and one-by-one losses differ); training it is not verified here; use another "
+                "family"
+            ),
+        ),
+        # MoE rows on our decoder (transformers' layout; PaddleNLP 3.0.0b4's own MoE classes crash on Paddle 3.3)
+        _moe_row("qwen2_moe", Arch(mlp="moe", qkv_bias="qkv_bias", defaults=(("qkv_bias", True),))),
+        _moe_row("mixtral", Arch(mlp="moe", mlp_name="block_sparse_moe", windows="all")),
+        # the ernie4_5 row's attention (interleaved RoPE, use_bias) + MoE layers from moe_layer_start_index every
+        # moe_layer_interval; fp32 router with moe_statics.e_score_correction_bias; an LM head bias with use_bias
+        _moe_row(
+            "ernie4_5_moe",
+            Arch(
+                mlp="moe",
+                rope_interleaved=True,
+                qkv_bias="use_bias",
+                o_bias="use_bias",
+                mlp_bias="use_bias",
+                lm_head_bias="use_bias",
+                tie_default=True,
+            ),
+        ),
+        # attention sinks, alternating sliding windows (layer_types), q/k/v/o biases (always: GptOssConfig fixes
+        # attention_bias), the MoE block on every layer: router with bias, fused interleaved gate_up_proj with biases,
+        # clamped SwiGLU. Its experts are 3-D parameters (no Linear): adapters and quantization reach attention only
+        _moe_row(
+            "gpt_oss",
+            Arch(mlp="moe", windows="layer_types", attn_sinks=True, qkv_bias=True, o_bias=True),
+            _MOE_TARGETS[:1],
+        ),
+        Family("jamba", refused=_MOE.format("its MoE routing")),
+        # multi-head latent attention (decoder/mla.py) + the MoE block from first_k_dense_replace: V2 softmax routing
+        # (greedy / group_limited_greedy), complex (interleaved) RoPE; V3 sigmoid routing with e_score_correction_bias,
+        # rope_interleave, yarn's mscale in the softmax scale
+        _moe_row(
+            "deepseek_v2",
+            Arch(mlp="moe", attn="mla", mla_interleave=True, mlp_bias="mlp_bias", **_ATTN_BIAS),
+            _MLA_TARGETS,
+        ),
+        _moe_row(
+            "deepseek_v3",
+            Arch(
+                mlp="moe",
+                attn="mla",
+                mla_interleave="rope_interleave",
+                mla_mscale=True,
+                defaults=(("rope_interleave", True),),
+                **_ATTN_BIAS,
+            ),
+            _MLA_TARGETS,
+        ),
+        Family(
+            "gptj",
+            targets=H_BLOCKS,
+            refused="PaddleNLP 3.0.0b4 Auto classes cannot build gptj models; use another family",
+        ),
+        Family(
+            "rw",
+            targets=H_BLOCKS,
+            refused="PaddleNLP 3.0.0b4 Auto classes cannot build rw (Falcon) models; use another family",
+        ),
+        Family(
+            "mamba",
+            masks=frozenset(),
+            refused=(
+                "mamba is a state-space model with no attention mask (packing is "
+                "impossible) and its fine-tuning is not verified here; use another "
+                "family"
+            ),
+        ),
+    )
+}
 
 #: set PADDLENLP_EXT_UNLISTED_MODEL=1 to train a model_type that is not in the table (generic row, at your own risk)
 UNLISTED_ENV = "PADDLENLP_EXT_UNLISTED_MODEL"
@@ -214,9 +373,11 @@ def family_problem(model_type: Optional[str], allow_unlisted: bool = False) -> O
     if f is None:
         if allow_unlisted:
             return None
-        return (f"model_type {model_type!r} is not in the model-family table (docs/models.md lists "
-                f"{', '.join(sorted(k for k, v in FAMILIES.items() if v.refused is None))}); set the environment "
-                f"variable {UNLISTED_ENV}=1 to train it anyway with the generic decoder row")
+        return (
+            f"model_type {model_type!r} is not in the model-family table (docs/models.md lists "
+            f"{', '.join(sorted(k for k, v in FAMILIES.items() if v.refused is None))}); set the environment "
+            f"variable {UNLISTED_ENV}=1 to train it anyway with the generic decoder row"
+        )
     if f.refused is not None:
         return f"{f.model_type}: {f.refused}"
     return None
@@ -244,8 +405,10 @@ def feature_problem(model_type: Optional[str], feature: str, hf_layout: bool = F
     name = f"{model_type} models" if f is not GENERIC else f"model_type {model_type!r} (not in the table)"
     if feature == "reward":
         heads = ", ".join(sorted(k for k, v in FAMILIES.items() if v.supports("reward")))
-        return (f"model_type {model_type!r} cannot take a reward head here: the score head reads the decoder's last "
-                f"hidden state, supported for {heads}")
+        return (
+            f"model_type {model_type!r} cannot take a reward head here: the score head reads the decoder's last "
+            f"hidden state, supported for {heads}"
+        )
     if feature in ("dpo", "kto", "grpo"):
         return f"{name}: preference training ({key}) is not verified on this family; use llm/run_finetune.py"
     if feature == "hf_checkpoint":
@@ -255,9 +418,12 @@ def feature_problem(model_type: Optional[str], feature: str, hf_layout: bool = F
     if feature == "flash_mask":
         return f"{name}: FlashMask start rows are not verified on this family; set flash_mask=false"
     value = {"tp": "tensor_parallel_degree > 1", "pp": "pipeline_parallel_degree > 1"}.get(feature, f"{key}")
-    fix = {"tp": "set tensor_parallel_degree=1", "pp": "set pipeline_parallel_degree=1",
-           "flash_attention": "set use_flash_attention=false", "packing": "set zero_padding=false"}.get(
-        feature, f"change {key}")
+    fix = {
+        "tp": "set tensor_parallel_degree=1",
+        "pp": "set pipeline_parallel_degree=1",
+        "flash_attention": "set use_flash_attention=false",
+        "packing": "set zero_padding=false",
+    }.get(feature, f"change {key}")
     return f"{name}: {value} is not verified on this family; {fix}"
 
 
@@ -273,9 +439,11 @@ def hf_layout_problem(model_type: Optional[str]) -> Optional[str]:
     if f is not None and f.hf_layout:
         return None
     readable = ", ".join(sorted(k for k, v in FAMILIES.items() if v.hf_layout))
-    return (f"{model_type}: Hugging Face (transformers-layout) checkpoints are read for {readable} only; convert the "
-            "checkpoint to PaddleNLP's layout (PaddleNLP's from_pretrained(..., convert_from_torch=True) then "
-            "save_pretrained) and point model_name_or_path at that directory")
+    return (
+        f"{model_type}: Hugging Face (transformers-layout) checkpoints are read for {readable} only; convert the "
+        "checkpoint to PaddleNLP's layout (PaddleNLP's from_pretrained(..., convert_from_torch=True) then "
+        "save_pretrained) and point model_name_or_path at that directory"
+    )
 
 
 def planner_layout_problem(model_type: Optional[str]) -> Optional[str]:
@@ -290,9 +458,11 @@ def planner_layout_problem(model_type: Optional[str]) -> Optional[str]:
     if f is not None and f.planner == "llama":
         return None
     known = ", ".join(k for k, v in FAMILIES.items() if v.planner == "llama")
-    return (f"the memory planner models the Llama-layout families ({known}); {model_type!r} "
-            f"{'is not in the model-family table' if f is None else 'has other layer names and shapes'}, "
-            "so no plan is made for it")
+    return (
+        f"the memory planner models the Llama-layout families ({known}); {model_type!r} "
+        f"{'is not in the model-family table' if f is None else 'has other layer names and shapes'}, "
+        "so no plan is made for it"
+    )
 
 
 def pipeline_class(model_type: Optional[str]) -> Optional[str]:

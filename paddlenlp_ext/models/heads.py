@@ -23,14 +23,19 @@ from .family_table import FAMILIES
 #: the PaddleNLP / qwen3 classes read above, and the dense rows of our decoder (``DecoderForCausalLM.forward`` is
 #: ``lm_head(body(...)[0])``, its lm_head carrying the row's bias and final soft-cap).  The decoder's MoE rows are
 #: left out: their forward also adds the router's aux loss, which a body-only forward would drop.
-BODY_ATTRIBUTE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
-                  **{k: f.body_prefix for k, f in FAMILIES.items()
-                     if f.decoder and f.arch is not None and f.arch.mlp != "moe"}}
+BODY_ATTRIBUTE = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    **{k: f.body_prefix for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp != "moe"},
+}
 #: the decoder's MoE rows: their body returns the router logits (``router_logits``) from which a caller that asks
 #: for them (``split_lm_head(model, router_aux=True)``) computes the aux loss itself (training/moe_aux.py; the
 #: fine-tuning loss, training/loss.py, through ``DecoderForCausalLM.record_moe_forward``)
-MOE_BODY_ATTRIBUTE = {k: f.body_prefix for k, f in FAMILIES.items()
-                      if f.decoder and f.arch is not None and f.arch.mlp == "moe"}
+MOE_BODY_ATTRIBUTE = {
+    k: f.body_prefix for k, f in FAMILIES.items() if f.decoder and f.arch is not None and f.arch.mlp == "moe"
+}
 
 
 def split_lm_head(model: Any, router_aux: bool = False) -> Optional[Tuple[Any, Any]]:
@@ -72,8 +77,11 @@ def plain_head_weight(head: Any) -> Optional[Tuple[Any, bool]]:
     if type(head).__name__ not in PLAIN_HEADS:
         return None
     config = getattr(head, "config", None)
-    if config is None or getattr(config, "sequence_parallel", False) or \
-            int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
+    if (
+        config is None
+        or getattr(config, "sequence_parallel", False)
+        or int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1
+    ):
         return None
     weight = getattr(head, "weight", None)
     return None if weight is None else (weight, bool(getattr(head, "transpose_y", False)))

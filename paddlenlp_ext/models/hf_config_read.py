@@ -78,14 +78,18 @@ def _per_type_rope(raw: Mapping[str, Any], per_type: Dict[str, Any], problems: L
     key = _local_theta_key(raw.get("model_type"))
     full, local = per_type.get("full_attention"), per_type.get("sliding_attention")
     if key is None or set(per_type) != {"full_attention", "sliding_attention"}:
-        problems.append(f"config.json rope_parameters gives a different RoPE per attention type "
-                        f"({', '.join(f'{k}: {v}' for k, v in per_type.items())}); the model here has one RoPE for "
-                        "every layer (only a row with a local-layer theta, Gemma 3, reads a sliding_attention RoPE)")
+        problems.append(
+            f"config.json rope_parameters gives a different RoPE per attention type "
+            f"({', '.join(f'{k}: {v}' for k, v in per_type.items())}); the model here has one RoPE for "
+            "every layer (only a row with a local-layer theta, Gemma 3, reads a sliding_attention RoPE)"
+        )
         return None
     extra = {k: v for k, v in local.items() if k not in ("rope_theta", "rope_type", "type")}
     if _rope_type(local) != "default" or extra or local.get("rope_theta") is None:
-        problems.append(f"config.json rope_parameters.sliding_attention={local!r}: the sliding layers here take a "
-                        f"RoPE theta only ({key}); a scaled or theta-less local RoPE is not computed")
+        problems.append(
+            f"config.json rope_parameters.sliding_attention={local!r}: the sliding layers here take a "
+            f"RoPE theta only ({key}); a scaled or theta-less local RoPE is not computed"
+        )
         return None
     return {**full, "_local": (key, float(local["rope_theta"]))}
 
@@ -105,16 +109,20 @@ def _flat_rope(raw: Mapping[str, Any], problems: List[str]) -> Optional[Dict[str
         return dict(rp)
     per_type = {k: rp[k] for k in nested if rp[k] is not None}
     if len(nested) != len(rp) or any(not isinstance(v, dict) for v in per_type.values()):
-        problems.append(f"config.json rope_parameters mixes per-attention-type entries {nested} with other keys "
-                        f"{sorted(set(rp) - set(nested))}; give one RoPE dict or one per layer type")
+        problems.append(
+            f"config.json rope_parameters mixes per-attention-type entries {nested} with other keys "
+            f"{sorted(set(rp) - set(nested))}; give one RoPE dict or one per layer type"
+        )
         return None
     distinct = {repr(sorted(v.items())) for v in per_type.values()}
     if len(distinct) > 1 and len(per_type) == len(nested):
         return _per_type_rope(raw, per_type, problems)
     if len(distinct) > 1 or len(per_type) < len(nested):
-        problems.append(f"config.json rope_parameters gives a different RoPE per attention type "
-                        f"({', '.join(f'{k}: {v}' for k, v in rp.items())}); the model here has one RoPE for every "
-                        "layer (a local/global RoPE model such as Gemma 2/3 is not supported)")
+        problems.append(
+            f"config.json rope_parameters gives a different RoPE per attention type "
+            f"({', '.join(f'{k}: {v}' for k, v in rp.items())}); the model here has one RoPE for every "
+            "layer (a local/global RoPE model such as Gemma 2/3 is not supported)"
+        )
         return None
     return dict(next(iter(per_type.values())))
 
@@ -139,28 +147,36 @@ def _canonical_rope(raw: Mapping[str, Any], out: Dict[str, Any], problems: List[
     if local is not None:
         key, theta_local = local
         if raw.get(key) is not None and float(raw[key]) != theta_local:
-            problems.append(f"config.json {key}={raw[key]!r} and rope_parameters.sliding_attention.rope_theta="
-                            f"{theta_local!r} differ (transformers 4.x reads the first, 5.x the second); keep one")
+            problems.append(
+                f"config.json {key}={raw[key]!r} and rope_parameters.sliding_attention.rope_theta="
+                f"{theta_local!r} differ (transformers 4.x reads the first, 5.x the second); keep one"
+            )
             return
         out[key] = theta_local
     prf = rope.pop("partial_rotary_factor", None)
     if prf is not None:  # 5.x keeps it in rope_parameters (Phi-3, GLM-4); 4.x at the top level
         if raw.get("partial_rotary_factor") is not None and float(raw["partial_rotary_factor"]) != float(prf):
-            problems.append(f"config.json partial_rotary_factor={raw['partial_rotary_factor']!r} and "
-                            f"rope_parameters.partial_rotary_factor={prf!r} differ; keep one")
+            problems.append(
+                f"config.json partial_rotary_factor={raw['partial_rotary_factor']!r} and "
+                f"rope_parameters.partial_rotary_factor={prf!r} differ; keep one"
+            )
             return
         out["partial_rotary_factor"] = prf
     if rs:  # 5.x: a truthy legacy rope_scaling replaces rope_parameters; 4.x reads only rope_scaling
         if not isinstance(rs, dict) or _scaling_of(rs) != _scaling_of(rope):
-            problems.append(f"config.json has both rope_scaling={rs!r} and rope_parameters={raw['rope_parameters']!r} "
-                            "and they differ (transformers 4.x reads the first, 5.x the second); keep one")
+            problems.append(
+                f"config.json has both rope_scaling={rs!r} and rope_parameters={raw['rope_parameters']!r} "
+                "and they differ (transformers 4.x reads the first, 5.x the second); keep one"
+            )
             return
     theta = rope.get("rope_theta")
     if theta is None:
         theta = rt if rt is not None else DEFAULT_THETA
     elif rt is not None and float(rt) != float(theta):
-        problems.append(f"config.json rope_theta={rt!r} and rope_parameters.rope_theta={theta!r} differ "
-                        "(transformers 4.x reads the first, 5.x the second); keep one")
+        problems.append(
+            f"config.json rope_theta={rt!r} and rope_parameters.rope_theta={theta!r} differ "
+            "(transformers 4.x reads the first, 5.x the second); keep one"
+        )
         return
     rtype = _rope_type(rope)
     if rtype in _NEEDS_ORIGINAL_MAX and "original_max_position_embeddings" not in rope:
@@ -190,17 +206,25 @@ def _yarn_as_4x(raw: Mapping[str, Any], rope: Dict[str, Any], problems: List[str
     >>> _yarn_as_4x({"max_position_embeddings": 131072}, r, []), r["original_max_position_embeddings"]
     (True, 4096)
     """
-    omax, maxp, factor = rope.get("original_max_position_embeddings"), raw.get("max_position_embeddings"), rope.get("factor")
+    omax, maxp, factor = (
+        rope.get("original_max_position_embeddings"),
+        raw.get("max_position_embeddings"),
+        rope.get("factor"),
+    )
     if omax is None or maxp is None:
         return True
     if factor is None:  # 5.x: the ratio, which 4.55 computes from the same keys
         rope["factor"] = float(maxp) / float(omax)
-    elif float(omax) == float(maxp):  # 4.55 without the key: factor as given, original context = max_position_embeddings
+    elif float(omax) == float(
+        maxp
+    ):  # 4.55 without the key: factor as given, original context = max_position_embeddings
         del rope["original_max_position_embeddings"]
     elif float(factor) != float(maxp) / float(omax):
-        problems.append(f"config.json rope_parameters: yarn factor={factor} with original_max_position_embeddings={omax} "
-                        f"and max_position_embeddings={maxp}: transformers 5.x scales by factor, 4.x by "
-                        f"{maxp}/{omax}; the model here computes 4.x's yarn only, so make factor equal that ratio")
+        problems.append(
+            f"config.json rope_parameters: yarn factor={factor} with original_max_position_embeddings={omax} "
+            f"and max_position_embeddings={maxp}: transformers 5.x scales by factor, 4.x by "
+            f"{maxp}/{omax}; the model here computes 4.x's yarn only, so make factor equal that ratio"
+        )
         return False
     return True
 
@@ -221,9 +245,11 @@ def _canonical_layers(raw: Mapping[str, Any], out: Dict[str, Any], problems: Lis
         return
     out["layer_types"] = lt
     if raw.get("model_type") == "mistral" and raw.get("sliding_window") and "sliding_attention" not in lt:
-        problems.append(f"config.json layer_types marks no layer sliding_attention but sliding_window="
-                        f"{raw['sliding_window']}: transformers 5.x reads this mistral config as ministral (no window), "
-                        "4.x slides every layer; set sliding_window to null or remove layer_types")
+        problems.append(
+            f"config.json layer_types marks no layer sliding_attention but sliding_window="
+            f"{raw['sliding_window']}: transformers 5.x reads this mistral config as ministral (no window), "
+            "4.x slides every layer; set sliding_window to null or remove layer_types"
+        )
 
 
 def _decoder_row(model_type: Any) -> bool:
@@ -268,21 +294,27 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
             out[key] = raw[new]
     why = NOT_READ_5X.get(raw.get("model_type"))
     if why and "rope_parameters" in raw:
-        problems.append(f"config.json rope_parameters: a {raw.get('model_type')} checkpoint saved by transformers 5.x "
-                        f"is not read exactly yet ({why}); use the checkpoint as its makers released it (saved by "
-                        "transformers 4.x: rope_theta / rope_scaling in config.json)")
+        problems.append(
+            f"config.json rope_parameters: a {raw.get('model_type')} checkpoint saved by transformers 5.x "
+            f"is not read exactly yet ({why}); use the checkpoint as its makers released it (saved by "
+            "transformers 4.x: rope_theta / rope_scaling in config.json)"
+        )
     key = spelled_rope_key(raw)
     rope = out.get("rope_scaling")
     known_family = raw.get("model_type") in FAMILY_ROPE_TYPES  # other families: PaddleNLP's own rope_scaling kinds
     on_decoder = _decoder_row(raw.get("model_type"))  # our decoder: rows.config_problems names what it computes
     if (known_family or on_decoder) and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
-        problems.append(f"config.json {key}.rope_type={rope.get('rope_type')!r}: not a RoPE type transformers knows "
-                        f"({', '.join(KNOWN_ROPE_TYPES)})")
+        problems.append(
+            f"config.json {key}.rope_type={rope.get('rope_type')!r}: not a RoPE type transformers knows "
+            f"({', '.join(KNOWN_ROPE_TYPES)})"
+        )
     elif not known_family and not on_decoder and key == "rope_parameters" and rope:
-        problems.append(f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
-                        f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} and our decoder's rows "
-                        f"(docs/models.md) only; whether "
-                        f"PaddleNLP's {raw.get('model_type')} computes it is not verified")
+        problems.append(
+            f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
+            f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} and our decoder's rows "
+            f"(docs/models.md) only; whether "
+            f"PaddleNLP's {raw.get('model_type')} computes it is not verified"
+        )
     prf = out.get("partial_rotary_factor")
     if raw.get("model_type") in FAMILY_ROPE_TYPES and prf is not None and float(prf) != 1.0:
         rp = raw.get("rope_parameters")
@@ -309,10 +341,15 @@ def rope_problems(config: Mapping[str, Any], spelled: str = "rope_scaling") -> L
     if rtype == "default":
         return []
     if rtype not in allowed:
-        what = (f"implements rope scaling only for rope_type {', '.join(repr(a) for a in allowed)}" if allowed
-                else "does not read rope scaling")
-        return [f"config.json {spelled}.rope_type={rtype!r}: PaddleNLP's {mt} {what} (it would be silently "
-                "ignored); use a checkpoint without it"]
+        what = (
+            f"implements rope scaling only for rope_type {', '.join(repr(a) for a in allowed)}"
+            if allowed
+            else "does not read rope scaling"
+        )
+        return [
+            f"config.json {spelled}.rope_type={rtype!r}: PaddleNLP's {mt} {what} (it would be silently "
+            "ignored); use a checkpoint without it"
+        ]
     if rtype == "llama3":
         absent = [k for k in LLAMA3_ROPE_KEYS if k not in rope]
         if absent:

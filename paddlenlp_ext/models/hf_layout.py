@@ -42,8 +42,8 @@ READ_FAMILIES: Dict[str, str] = {k: f.body_prefix for k, f in FAMILIES.items() i
 #: DeepSeek's latent attention (decoder/mla.py): ``q_a_proj``, ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``
 _LINEAR_WEIGHT = re.compile(
     r"(^|\.)((q|k|v|o|gate|up|down|qkv|gate_up|q_a|q_b|kv_b)_proj|kv_a_proj_with_mqa|lm_head|(mlp|block_sparse_moe)\.gate|mlp\.router"
-    r"|w[123]|shared_expert_gate)\.weight$")
-
+    r"|w[123]|shared_expert_gate)\.weight$"
+)
 
 
 class HFLayoutError(ValueError):
@@ -93,8 +93,10 @@ def detect_layout(names: Iterable[str], config: Mapping[str, Any], where: str = 
     model_type = config.get("model_type")
     hf = looks_hf(names)
     if config.get("convert_from_torch") and not hf:
-        raise HFLayoutError(f"{where}: config.json sets convert_from_torch=true, but the tensor names are not in "
-                            f"transformers layout (e.g. {sorted(names)[:2]}); remove convert_from_torch")
+        raise HFLayoutError(
+            f"{where}: config.json sets convert_from_torch=true, but the tensor names are not in "
+            f"transformers layout (e.g. {sorted(names)[:2]}); remove convert_from_torch"
+        )
     if not hf:
         return None
     if model_type not in READ_FAMILIES:
@@ -117,7 +119,7 @@ def paddle_name(hf_name: str, model_type: str) -> Tuple[str, bool]:
     >>> paddle_name("lm_head.weight", "llama"), paddle_name("model.embed_tokens.weight", "llama")
     (('lm_head.weight', True), ('llama.embed_tokens.weight', False))
     """
-    name = READ_FAMILIES[model_type] + "." + hf_name[len(HF_PREFIX):] if hf_name.startswith(HF_PREFIX) else hf_name
+    name = READ_FAMILIES[model_type] + "." + hf_name[len(HF_PREFIX) :] if hf_name.startswith(HF_PREFIX) else hf_name
     return name, bool(_LINEAR_WEIGHT.search(hf_name))
 
 
@@ -131,7 +133,7 @@ def hf_name(paddle_tensor_name: str, model_type: str) -> Tuple[str, bool]:
     (('model.norm.weight', False), ('lm_head.weight', True))
     """
     body = HF_FAMILIES[model_type] + "."
-    name = HF_PREFIX + paddle_tensor_name[len(body):] if paddle_tensor_name.startswith(body) else paddle_tensor_name
+    name = HF_PREFIX + paddle_tensor_name[len(body) :] if paddle_tensor_name.startswith(body) else paddle_tensor_name
     return name, bool(_LINEAR_WEIGHT.search(name))
 
 
@@ -170,23 +172,29 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
     head_dim = config.get("head_dim")
     if mt in ("llama", "qwen2") and head_dim is not None and hidden and heads and head_dim * heads != hidden:
-        out.append(f"config.json head_dim={head_dim}: PaddleNLP's {mt} derives head_dim as hidden_size / "
-                   f"num_attention_heads = {hidden // heads}; a checkpoint with an explicit other head_dim cannot load")
+        out.append(
+            f"config.json head_dim={head_dim}: PaddleNLP's {mt} derives head_dim as hidden_size / "
+            f"num_attention_heads = {hidden // heads}; a checkpoint with an explicit other head_dim cannot load"
+        )
     out.extend(rope_problems(config, spelled))
     if mt == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         out.append(f"config.json {key}=true: PaddleNLP's llama has no bias in its projections")
     if mt == "llama" and config.get("hidden_act", "silu") != "silu":
-        out.append(f"config.json hidden_act={config.get('hidden_act')!r}: PaddleNLP's llama always computes SwiGLU "
-                   "(silu) in its MLP and ignores hidden_act")
+        out.append(
+            f"config.json hidden_act={config.get('hidden_act')!r}: PaddleNLP's llama always computes SwiGLU "
+            "(silu) in its MLP and ignores hidden_act"
+        )
     if mt == "qwen2" and config.get("attention_bias") is False:
         out.append("config.json attention_bias=false: PaddleNLP's qwen2 always has q/k/v biases")
     window = _active_sliding_window(config)
     if window is not None and (max_seq_len is None or max_seq_len > window):
         seq = "an unbounded length" if max_seq_len is None else f"max length {max_seq_len}"
-        out.append(f"config.json sliding_window={window}: PaddleNLP's {mt} attends over the whole sequence, but "
-                   f"transformers limits attention to the last {window} tokens; with {seq} the two differ. Keep "
-                   f"max_length (or the prediction length) <= {window}")
+        out.append(
+            f"config.json sliding_window={window}: PaddleNLP's {mt} attends over the whole sequence, but "
+            f"transformers limits attention to the last {window} tokens; with {seq} the two differ. Keep "
+            f"max_length (or the prediction length) <= {window}"
+        )
     return out
 
 

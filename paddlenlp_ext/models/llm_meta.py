@@ -44,9 +44,11 @@ def llm_meta_notices(cfg, on_gpu: bool) -> List[str]:
         value = cfg.training[name]
         if spec.llm_meta == "model_config" or (spec.llm_meta == "gpu_fusion" and on_gpu) or value == spec.default:
             continue
-        why = ("a GPU-only fused kernel (same results, other speed); this run is on CPU, where the unfused "
-               "ops run" if spec.llm_meta == "gpu_fusion" else
-               "read by PaddleNLP's GPT models only; Llama and Qwen2 do not use it")
+        why = (
+            "a GPU-only fused kernel (same results, other speed); this run is on CPU, where the unfused ops run"
+            if spec.llm_meta == "gpu_fusion"
+            else "read by PaddleNLP's GPT models only; Llama and Qwen2 do not use it"
+        )
         out.append(f"notice: {name}={value} is {why}")
     return out
 
@@ -54,5 +56,8 @@ def llm_meta_notices(cfg, on_gpu: bool) -> List[str]:
 def _meta_fields(cfg):
     from ..config.fields import all_fields
 
-    return [(name, spec) for name, spec in all_fields().items()
-            if spec.llm_meta is not None and not spec.unsupported and name in cfg.training]
+    return [
+        (name, spec)
+        for name, spec in all_fields().items()
+        if spec.llm_meta is not None and not spec.unsupported and name in cfg.training
+    ]

@@ -81,8 +81,8 @@ class KeyMap:
         if self.prefix:
             if self.prefix + key in self.expected:
                 return self.prefix + key
-            if key.startswith(self.prefix) and key[len(self.prefix):] in self.expected:
-                return key[len(self.prefix):]
+            if key.startswith(self.prefix) and key[len(self.prefix) :] in self.expected:
+                return key[len(self.prefix) :]
         return None
 
 
@@ -94,11 +94,15 @@ def _where(ckpt: Checkpoint, key: str) -> str:
 def missing_message(missing: List[str], ckpt: Checkpoint) -> str:
     hint = ""
     if any(("qkv_proj" in k or "gate_up_fused_proj" in k) for k in missing):
-        hint = (" The model fuses attention/FFN projections (fuse_attention_qkv / fuse_attention_ffn) but the "
-                "checkpoint stores them separately: the streaming loader does not convert; leave the fuse_* keys "
-                "unset.")
-    return (f"{len(missing)} model tensor(s) are missing from the checkpoint in {ckpt.directory}: "
-            f"{few_names(missing)}. Is config.json the checkpoint's own config?{hint}")
+        hint = (
+            " The model fuses attention/FFN projections (fuse_attention_qkv / fuse_attention_ffn) but the "
+            "checkpoint stores them separately: the streaming loader does not convert; leave the fuse_* keys "
+            "unset."
+        )
+    return (
+        f"{len(missing)} model tensor(s) are missing from the checkpoint in {ckpt.directory}: "
+        f"{few_names(missing)}. Is config.json the checkpoint's own config?{hint}"
+    )
 
 
 def precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip) -> None:
@@ -124,8 +128,11 @@ def precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, 
         problems.append(
             f"{len(unexpected)} checkpoint tensor(s) in {files} are not in the model: {few_names(unexpected)}"
         )
-    missing = [keys[0] for pid, keys in groups.items()
-               if pid not in provided and not any(re.search(p, k) for k in keys for p in ignore_missing)]
+    missing = [
+        keys[0]
+        for pid, keys in groups.items()
+        if pid not in provided and not any(re.search(p, k) for k in keys for p in ignore_missing)
+    ]
     if missing:
         problems.append(missing_message(missing, ckpt))
     if problems:
@@ -139,8 +146,10 @@ def check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int], dec
 
     raw = hf_layout.read_config_json(model_dir)
     if raw.get("model_type") != getattr(config, "model_type", None):
-        raise CheckpointError(f"{model_dir}: the checkpoint is a transformers {raw.get('model_type')!r} model, but the "
-                              f"config given builds {getattr(config, 'model_type', None)!r}")
+        raise CheckpointError(
+            f"{model_dir}: the checkpoint is a transformers {raw.get('model_type')!r} model, but the "
+            f"config given builds {getattr(config, 'model_type', None)!r}"
+        )
     problems = hf_layout.config_problems(raw, max_seq_len, decoder=decoder)
     if problems:
         raise CheckpointError(f"{model_dir} (transformers layout): " + "; ".join(problems))

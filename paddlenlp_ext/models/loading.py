@@ -53,7 +53,6 @@ __all__ = ["load_model_streaming", "CheckpointError", "QUANT_KEYS"]
 _log = logging.getLogger("paddlenlp_ext.models.loading")
 
 
-
 def _rss() -> int:
     import psutil
 
@@ -224,20 +223,27 @@ def load_model_streaming(
     if model_class is None:
         model_class, config = decoder_class_for(config, hf_layout=ckpt.hf_model_type is not None)
     # our decoder (models/decoder), or one pipeline stage of it (models/decoder/pipe.py)
-    decoder = model_class is not None and (hasattr(model_class, "body_class") or getattr(model_class, "decoder_pipe",
-                                                                                          False))
+    decoder = model_class is not None and (
+        hasattr(model_class, "body_class") or getattr(model_class, "decoder_pipe", False)
+    )
     if ckpt.hf_model_type is not None:
         check_hf_config(model_dir, config, max_seq_len, decoder=decoder)
         _routed_expert_bias(ckpt, config)
     if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 and not decoder:
-        raise ValueError("load_model_streaming splits checkpoints for tensor parallelism only for our decoder's rows "
-                         f"(tensor_parallel_degree={config.tensor_parallel_degree}): load with from_pretrained")
+        raise ValueError(
+            "load_model_streaming splits checkpoints for tensor parallelism only for our decoder's rows "
+            f"(tensor_parallel_degree={config.tensor_parallel_degree}): load with from_pretrained"
+        )
     if quant and int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
-        raise ValueError("load_model_streaming quantizes no tensor-parallel shards: load in float, then "
-                         "quant.quantize_model (each rank quantizes its own shard)")
+        raise ValueError(
+            "load_model_streaming quantizes no tensor-parallel shards: load in float, then "
+            "quant.quantize_model (each rank quantizes its own shard)"
+        )
     if not getattr(config, "architectures", None):
-        raise CheckpointError(f"the config of {model_dir} names no architectures (e.g. [\"LlamaForCausalLM\"]): "
-                              "AutoModelForCausalLM cannot choose the model class")
+        raise CheckpointError(
+            f'the config of {model_dir} names no architectures (e.g. ["LlamaForCausalLM"]): '
+            "AutoModelForCausalLM cannot choose the model class"
+        )
 
     model = lazy_init.lazy_skeleton(config, dtype, model_class)
     expected = dict(model.state_dict())
@@ -260,8 +266,13 @@ def load_model_streaming(
         if skipped:
             log.info(f"load_model_streaming: not quantized (not a plain nn.Linear): {few_names(skipped)}")
         for name, lin in targets.items():  # every target, before reading anything
-            check_target_shape(name, int(lin.weight.shape[0]), int(lin.weight.shape[1]),
-                               quant["weight_quantize_algo"], quant["weight_blocksize"])
+            check_target_shape(
+                name,
+                int(lin.weight.shape[0]),
+                int(lin.weight.shape[1]),
+                quant["weight_quantize_algo"],
+                quant["weight_blocksize"],
+            )
         if not targets:
             log.warning(f"load_model_streaming: no nn.Linear matched target_modules={target_modules}")
     target_of = {f"{name}.weight": name for name in targets}
@@ -271,16 +282,24 @@ def load_model_streaming(
         precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip)
 
     place = _device_place() if quant else None
-    stats: Dict[str, Any] = {"format": ckpt.fmt, "layout": "transformers" if ckpt.hf_model_type else "paddlenlp",
-                             "quantized_layers": 0, "params_quantized": 0, "bytes_quantized": 0,
-                             "tensors_loaded": 0, "files": []}
+    stats: Dict[str, Any] = {
+        "format": ckpt.fmt,
+        "layout": "transformers" if ckpt.hf_model_type else "paddlenlp",
+        "quantized_layers": 0,
+        "params_quantized": 0,
+        "bytes_quantized": 0,
+        "tensors_loaded": 0,
+        "files": [],
+    }
     filled: Dict[int, str] = {}  # id(param) -> the key that filled it
     current, n_files = None, len(ckpt.files)
     for key, arr, path in iter_tensors(ckpt, skip):
         if path != current:
             if current is not None:
-                log.info(f"load_model_streaming: read {os.path.basename(current)} "
-                         f"({len(stats['files'])}/{n_files}), rss {_rss() / 2**30:.2f} GiB")
+                log.info(
+                    f"load_model_streaming: read {os.path.basename(current)} "
+                    f"({len(stats['files'])}/{n_files}), rss {_rss() / 2**30:.2f} GiB"
+                )
             current = path
             stats["files"].append(os.path.basename(path))
         mk = keymap(key)
@@ -314,11 +333,16 @@ def load_model_streaming(
             del arr
         filled.setdefault(id(param), mk)
     if current is not None:
-        log.info(f"load_model_streaming: read {os.path.basename(current)} ({len(stats['files'])}/{n_files}), "
-                 f"rss {_rss() / 2**30:.2f} GiB")
+        log.info(
+            f"load_model_streaming: read {os.path.basename(current)} ({len(stats['files'])}/{n_files}), "
+            f"rss {_rss() / 2**30:.2f} GiB"
+        )
 
-    missing = [keys[0] for pid, keys in groups.items()
-               if pid not in filled and not any(re.search(p, k) for k in keys for p in ignore_missing)]
+    missing = [
+        keys[0]
+        for pid, keys in groups.items()
+        if pid not in filled and not any(re.search(p, k) for k in keys for p in ignore_missing)
+    ]
     if missing:
         raise CheckpointError(missing_message(missing, ckpt))
     lazy = lazy_init.lazy_tensors(model)
@@ -335,8 +359,12 @@ def load_model_streaming(
     log.info(
         f"load_model_streaming: {stats['tensors_loaded']} tensors from {len(stats['files'])} {ckpt.fmt} file(s) in "
         f"{stats['load_seconds']:.1f}s as {dtype}"
-        + (f", {quant['weight_quantize_algo']} quantized {stats['quantized_layers']} layers "
-           f"({stats['bytes_quantized'] / 2**20:.1f} MiB)" if quant else "")
+        + (
+            f", {quant['weight_quantize_algo']} quantized {stats['quantized_layers']} layers "
+            f"({stats['bytes_quantized'] / 2**20:.1f} MiB)"
+            if quant
+            else ""
+        )
         + f", peak rss {stats['peak_rss_bytes'] / 2**30:.2f} GiB"
     )
     return model, stats

@@ -17,8 +17,14 @@ from .hf_config_read import canonical_config, read_problems
 from .hf_layout import read_config_json
 
 #: the settings the canonical spelling fixes (what PaddleNLP's models read); rope_parameters is dropped
-CANONICAL_KEYS = ("rope_theta", "rope_scaling", "sliding_window", "use_sliding_window", "max_window_layers",
-                  "layer_types")
+CANONICAL_KEYS = (
+    "rope_theta",
+    "rope_scaling",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+)
 
 
 class ModelConfigError(ValueError):

@@ -32,8 +32,14 @@ TINY_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 #: Qwen3's own keys: head_dim deliberately != hidden_size / num_attention_heads (64 / 4 = 16)
 QWEN3_DEFAULTS = dict(head_dim=32, attention_bias=False)
 #: Qwen3-MoE: 4 experts, top 2; layer 1 of 2 stays dense (mlp_only_layers), so both MLP kinds are present
-QWEN3_MOE_DEFAULTS = dict(QWEN3_DEFAULTS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
-                          norm_topk_prob=True, mlp_only_layers=[1])
+QWEN3_MOE_DEFAULTS = dict(
+    QWEN3_DEFAULTS,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    norm_topk_prob=True,
+    mlp_only_layers=[1],
+)
 
 
 def _corpus(data_dir: str):
@@ -68,8 +74,15 @@ def train_sentencepiece(data_dir: str, vocab_size: int) -> bytes:
     return buf.getvalue()
 
 
-def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 512, seed: int = 0,
-                     spm_model: Optional[str] = None, family: str = "llama", **overrides) -> str:
+def build_tiny_model(
+    out_dir: str,
+    data_dir: Optional[str],
+    vocab_size: int = 512,
+    seed: int = 0,
+    spm_model: Optional[str] = None,
+    family: str = "llama",
+    **overrides,
+) -> str:
     """Write a random-init tiny LlamaForCausalLM (``family="qwen2"``: Qwen2ForCausalLM, same
     sizes and SentencePiece tokenizer; ``family="qwen3"``: our Qwen3ForCausalLM, same sizes but
     ``head_dim=32`` != hidden / heads, so code that assumes ``hidden // heads`` fails on it;
@@ -110,7 +123,9 @@ def build_tiny_model(out_dir: str, data_dir: Optional[str], vocab_size: int = 51
         kw = {**QWEN3_MOE_DEFAULTS, **kw}
         config_cls, model_cls = Qwen3MoeConfig, Qwen3MoeForCausalLM
     else:
-        config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+        config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[
+            family
+        ]
     config = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,

@@ -21,8 +21,16 @@ from typing import Any, Dict
 
 FAST_FILE = "tokenizer.json"
 #: files a slow (python) tokenizer reads its vocabulary from; none present -> the fast path
-SLOW_FILES = ("vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt",
-              "ice_text.model", "qwen.tiktoken")
+SLOW_FILES = (
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.txt",
+    "ice_text.model",
+    "qwen.tiktoken",
+)
 #: transformers' generic fast class -> PaddleNLP's spelling of it (transformers 5.x saves it as "TokenizersBackend")
 GENERIC_FAST = ("PreTrainedTokenizerFast", "PretrainedTokenizerFast", "TokenizersBackend")
 
@@ -33,8 +41,11 @@ class TokenizerLoadError(ValueError):
 
 def uses_fast_file(path: str) -> bool:
     """Whether ``path`` is a directory whose tokenizer exists only as ``tokenizer.json``."""
-    return (os.path.isdir(path) and os.path.isfile(os.path.join(path, FAST_FILE))
-            and not any(os.path.isfile(os.path.join(path, f)) for f in SLOW_FILES))
+    return (
+        os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, FAST_FILE))
+        and not any(os.path.isfile(os.path.join(path, f)) for f in SLOW_FILES)
+    )
 
 
 def _tokenizer_config(path: str) -> Dict[str, Any]:
@@ -65,7 +76,7 @@ def load_tokenizer(path: str):
         raise TokenizerLoadError(
             f"{os.path.join(path, 'tokenizer_config.json')}: tokenizer_class={cls_name!r} has no fast (tokenizer.json) "
             f"class in PaddleNLP, and {path} has none of the files its slow class reads ({', '.join(SLOW_FILES)}): "
-            f"set tokenizer_class to \"PreTrainedTokenizerFast\" ({type(e).__name__}: {e})"
+            f'set tokenizer_class to "PreTrainedTokenizerFast" ({type(e).__name__}: {e})'
         ) from e
     return _with_extra_special_tokens(tok, tok_cfg, path)
 
@@ -84,7 +95,8 @@ def _slow_tokenizer(auto, path: str):
             raise TokenizerLoadError(
                 f"{path}: the tokenizer class of tokenizer_config.json needs a vocabulary file and the directory has "
                 f"none it reads ({', '.join(SLOW_FILES)}, or tokenizer.json): copy the tokenizer files of the base "
-                f"model here ({type(e).__name__}: {e})") from e
+                f"model here ({type(e).__name__}: {e})"
+            ) from e
         return auto.from_pretrained(path, vocab_file=spm)
 
 
@@ -102,6 +114,8 @@ def _with_extra_special_tokens(tok, tok_cfg: Dict[str, Any], path: str):
     size = len(tok)
     tok.add_special_tokens({"additional_special_tokens": list(tok.additional_special_tokens) + missing})
     if len(tok) != size:
-        raise TokenizerLoadError(f"{os.path.join(path, 'tokenizer_config.json')}: extra_special_tokens {missing} are "
-                                 f"not in {FAST_FILE}'s vocabulary; add them there or remove them from the list")
+        raise TokenizerLoadError(
+            f"{os.path.join(path, 'tokenizer_config.json')}: extra_special_tokens {missing} are "
+            f"not in {FAST_FILE}'s vocabulary; add them there or remove them from the list"
+        )
     return tok

@@ -104,8 +104,10 @@ def check_parallel_target(config: AdapterConfig, name: str, layer: nn.Layer) -> 
     segmented = bool(getattr(spec, "segments", ()))  # our decoder's fused projections: shards kept per segment
     key = None if segmented else FUSED_PARALLEL_LINEARS.get(name.rsplit(".", 1)[-1])
     if why is None and segmented and config.layer_type != "lora":
-        why = (f"{config.layer_type} on a fused projection is not supported with tensor parallelism (its shared "
-               "projections are sliced contiguously, not per fused segment); use LoRA or tensor_parallel_degree=1")
+        why = (
+            f"{config.layer_type} on a fused projection is not supported with tensor parallelism (its shared "
+            "projections are sliced contiguously, not per fused segment); use LoRA or tensor_parallel_degree=1"
+        )
     if why is None and key is not None:
         why = (f"a fused projection ({key}=true): each rank's shard interleaves its own parts of the fused "
                f"outputs, so a complete adapter would not be in the checkpoint's layout; set {key}=false "

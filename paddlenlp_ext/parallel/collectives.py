@@ -94,7 +94,7 @@ class Collectives(abc.ABC):
     def local_slice(self, x: paddle.Tensor) -> paddle.Tensor:
         """This rank's slice of the last axis of ``x`` (no communication)."""
         width = check_divisible(int(x.shape[-1]), self.world_size, "split of the last axis")
-        return x[..., self.rank * width:(self.rank + 1) * width]
+        return x[..., self.rank * width : (self.rank + 1) * width]
 
 
 class _ScaleGrad(PyLayer):

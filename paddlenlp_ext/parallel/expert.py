@@ -34,8 +34,15 @@ import paddle
 from paddle import nn
 from paddle.autograd import PyLayer
 
-__all__ = ["ExpertComm", "FleetExpertComm", "SimulatedExpertComm", "ExpertParallel", "apply_expert_parallel",
-           "owned_experts", "source_to_expert_order"]
+__all__ = [
+    "ExpertComm",
+    "FleetExpertComm",
+    "SimulatedExpertComm",
+    "ExpertParallel",
+    "apply_expert_parallel",
+    "owned_experts",
+    "source_to_expert_order",
+]
 
 
 def owned_experts(num_experts: int, degree: int, rank: int) -> range:
@@ -89,16 +96,18 @@ class _FleetAllToAll(PyLayer):
     def forward(ctx, x, in_splits, out_splits, group):
         ctx.args = (list(in_splits), list(out_splits), group)
         out = paddle.empty([int(sum(out_splits))] + list(x.shape[1:]), dtype=x.dtype)
-        paddle.distributed.alltoall_single(out, x.contiguous(), in_split_sizes=list(in_splits),
-                                           out_split_sizes=list(out_splits), group=group)
+        paddle.distributed.alltoall_single(
+            out, x.contiguous(), in_split_sizes=list(in_splits), out_split_sizes=list(out_splits), group=group
+        )
         return out
 
     @staticmethod
     def backward(ctx, dy):
         in_splits, out_splits, group = ctx.args
         dx = paddle.empty([int(sum(in_splits))] + list(dy.shape[1:]), dtype=dy.dtype)
-        paddle.distributed.alltoall_single(dx, dy.contiguous(), in_split_sizes=out_splits,
-                                           out_split_sizes=in_splits, group=group)
+        paddle.distributed.alltoall_single(
+            dx, dy.contiguous(), in_split_sizes=out_splits, out_split_sizes=in_splits, group=group
+        )
         return dx
 
 
@@ -137,12 +146,15 @@ class _AllToAllN(PyLayer):
     @staticmethod
     def backward(ctx, *grads):
         n, splits = len(grads), ctx.splits
-        grads = [g if g is not None else paddle.zeros([sum(splits[s][d] for s in range(n))] + ctx.width, ctx.dtype)
-                 for d, g in enumerate(grads)]
+        grads = [
+            g if g is not None else paddle.zeros([sum(splits[s][d] for s in range(n))] + ctx.width, ctx.dtype)
+            for d, g in enumerate(grads)
+        ]
         col = [[splits[s][d] for s in range(n)] for d in range(n)]  # rows of grad out_d per source
         chunks = [paddle.split(g, col[d], axis=0) if g.shape[0] else [g] * n for d, g in enumerate(grads)]
-        return tuple(paddle.concat([chunks[d][s] for d in range(n)], axis=0) if ctx.needs[s] else None
-                     for s in range(n))
+        return tuple(
+            paddle.concat([chunks[d][s] for d in range(n)], axis=0) if ctx.needs[s] else None for s in range(n)
+        )
 
 
 class SimulatedExpertComm(ExpertComm):
@@ -163,8 +175,10 @@ class SimulatedExpertComm(ExpertComm):
             n = len(payloads)
             for d in range(n):  # what each rank expects must be what the others send it
                 if [splits[s][d] for s in range(n)] != list(payloads[d][2]):
-                    raise ValueError(f"all_to_all: rank {d} expects {payloads[d][2]} rows, the sources send "
-                                     f"{[splits[s][d] for s in range(n)]}")
+                    raise ValueError(
+                        f"all_to_all: rank {d} expects {payloads[d][2]} rows, the sources send "
+                        f"{[splits[s][d] for s in range(n)]}"
+                    )
             return list(_AllToAllN.apply(splits, *[p[0] for p in payloads]))
 
         # the shapes differ by rank (data-dependent row counts): the signature names the op, width and dtype
@@ -190,7 +204,7 @@ class ExpertParallel:
         got = self.comm.all_to_all(xs, in_splits, out_splits)  # [sum recv, H] source-major
         perm = source_to_expert_order(recv)  # [sum recv] expert-major -> source-major row
         local_counts = np.zeros([self.num_experts], "int64")
-        local_counts[self.local.start:self.local.stop] = recv.sum(axis=0)
+        local_counts[self.local.start : self.local.stop] = recv.sum(axis=0)
         if perm.size:
             ys = block.run_sorted(paddle.gather(got, paddle.to_tensor(perm)), local_counts)  # expert-major
             ys = paddle.gather(ys, paddle.to_tensor(np.argsort(perm, kind="stable")))  # back to source-major
@@ -214,8 +228,10 @@ def apply_expert_parallel(model: nn.Layer, comm: ExpertComm) -> List[str]:
             continue
         spec = layer.spec
         if spec.fused_experts:
-            raise ValueError(f"expert_parallel_degree={comm.world_size}: {spec.model_type}'s fused experts "
-                             "(one 3-D parameter for all experts) are not split; set expert_parallel_degree=1")
+            raise ValueError(
+                f"expert_parallel_degree={comm.world_size}: {spec.model_type}'s fused experts "
+                "(one 3-D parameter for all experts) are not split; set expert_parallel_degree=1"
+            )
         local = owned_experts(spec.num_experts, comm.world_size, comm.rank)
         layer.experts = nn.LayerList([layer.experts[e] for e in local])
         layer.expert_parallel = ExpertParallel(comm, spec.num_experts)

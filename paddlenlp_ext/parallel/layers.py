@@ -46,12 +46,28 @@ class ParallelLinear(nn.Layer):
     """A column- or row-parallel linear over ``group`` (see the module docstring); ``in_features`` /
     ``out_features`` are the full layer's, ``weight`` this rank's shard."""
 
-    def __init__(self, in_features: int, out_features: int, kind: str, group: Any, bias: bool = False,
-                 segments: Sequence[int] = (), sequence_parallel: bool = False):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        kind: str,
+        group: Any,
+        bias: bool = False,
+        segments: Sequence[int] = (),
+        sequence_parallel: bool = False,
+    ):
         super().__init__()
-        self.tp_spec = ShardSpec(kind, int(group.rank), int(group.nranks), in_features, out_features,
-                                 gather_output=False, input_is_parallel=True, sequence_parallel=sequence_parallel,
-                                 segments=tuple(segments))
+        self.tp_spec = ShardSpec(
+            kind,
+            int(group.rank),
+            int(group.nranks),
+            in_features,
+            out_features,
+            gather_output=False,
+            input_is_parallel=True,
+            sequence_parallel=sequence_parallel,
+            segments=tuple(segments),
+        )
         spec = self.tp_spec
         self.model_parallel_group, self.world_size = group, spec.world_size
         self.in_features, self.out_features = in_features, out_features

@@ -35,8 +35,16 @@ import numpy as np
 
 from ..adapters.base import AdapterError, to_numpy_f32
 
-__all__ = ["PipelineGroup", "FleetPipelineGroup", "attach_pipeline_group", "pipeline_group_of",
-           "gather_stage_states", "prepare_stage_for_adapters", "save_stage_weights", "INDEX_NAME"]
+__all__ = [
+    "PipelineGroup",
+    "FleetPipelineGroup",
+    "attach_pipeline_group",
+    "pipeline_group_of",
+    "gather_stage_states",
+    "prepare_stage_for_adapters",
+    "save_stage_weights",
+    "INDEX_NAME",
+]
 
 #: the index a single-device ``from_pretrained`` reads (PaddleNLP's SAFE_WEIGHTS_INDEX_NAME)
 INDEX_NAME = "model.safetensors.index.json"
@@ -81,8 +89,10 @@ def attach_pipeline_group(model: Any, group: PipelineGroup) -> None:
 def pipeline_group_of(model: Any) -> PipelineGroup:
     group = getattr(model, _GROUP_ATTR, None)
     if group is None:
-        raise AdapterError("this pipeline stage has no pipeline group attached (parallel.attach_pipeline_group): "
-                           "its adapters cannot be saved complete")
+        raise AdapterError(
+            "this pipeline stage has no pipeline group attached (parallel.attach_pipeline_group): "
+            "its adapters cannot be saved complete"
+        )
     return group
 
 
@@ -133,8 +143,9 @@ def save_stage_weights(model: Any, output_dir: str, max_shard_size: str = "4GB")
     for name in _stage_files(output_dir, variant):  # an earlier save's shards (their number may differ)
         os.remove(os.path.join(output_dir, name))
     # is_main_process=False: the stage writes its weights only (the config says the Pipe class)
-    model.save_pretrained(output_dir, safe_serialization=True, max_shard_size=max_shard_size, variant=variant,
-                          is_main_process=False)
+    model.save_pretrained(
+        output_dir, safe_serialization=True, max_shard_size=max_shard_size, variant=variant, is_main_process=False
+    )
     files = _stage_files(output_dir, variant)
     total = sum(int(np.prod(t.shape)) * t.element_size() for t in model.state_dict().values())
     parts = group.all_gather_object((files, total))

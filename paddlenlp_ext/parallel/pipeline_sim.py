@@ -62,8 +62,9 @@ def _floats(args: Any) -> List[paddle.Tensor]:
     return [a for a in items if isinstance(a, paddle.Tensor) and paddle.is_floating_point(a)]
 
 
-def run_pipeline(stages: Sequence[paddle.nn.Layer], inputs: Any, labels: Any,
-                 criterion: Callable[[Any, Any], paddle.Tensor]) -> paddle.Tensor:
+def run_pipeline(
+    stages: Sequence[paddle.nn.Layer], inputs: Any, labels: Any, criterion: Callable[[Any, Any], paddle.Tensor]
+) -> paddle.Tensor:
     """Forward ``inputs`` (the first stage's tuple) through the stages, the loss on the last, and backward."""
     from ..integrations.pipeline import gpu_argument_routing
 

@@ -96,5 +96,7 @@ class QuantizedParallelLinear(nn.Layer):
 
     def extra_repr(self) -> str:
         s = self.tp_spec
-        return f"{s.kind} parallel, rank {s.rank}/{s.world_size}, in_features={s.in_features}, " \
-               f"out_features={s.out_features}"
+        return (
+            f"{s.kind} parallel, rank {s.rank}/{s.world_size}, in_features={s.in_features}, "
+            f"out_features={s.out_features}"
+        )

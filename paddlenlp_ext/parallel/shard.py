@@ -64,8 +64,9 @@ class ShardSpec:
             raise ValueError(f"{self.kind}-parallel size {split} is not divisible by {self.world_size} ranks")
         if self.segments:
             if self.kind != COLUMN or sum(self.segments) != self.out_features:
-                raise ValueError(f"segments {self.segments} must sum to a column-parallel out_features "
-                                 f"({self.out_features})")
+                raise ValueError(
+                    f"segments {self.segments} must sum to a column-parallel out_features ({self.out_features})"
+                )
             if any(seg % self.world_size for seg in self.segments):
                 raise ValueError(f"fused segments {self.segments} are not each divisible by {self.world_size} ranks")
 
@@ -150,8 +151,10 @@ def _fleet_types() -> Tuple[type, type]:
 
 
 def _sequence_parallel_types() -> Tuple[type, type]:
-    from paddle.distributed.fleet.utils.sequence_parallel_utils import (ColumnSequenceParallelLinear,
-                                                                        RowSequenceParallelLinear)
+    from paddle.distributed.fleet.utils.sequence_parallel_utils import (
+        ColumnSequenceParallelLinear,
+        RowSequenceParallelLinear,
+    )
 
     return ColumnSequenceParallelLinear, RowSequenceParallelLinear
 

@@ -101,7 +101,7 @@ def _global_norm(pieces: Sequence[paddle.Tensor], params: Sequence[paddle.Tensor
     for p, g in zip(params, pieces):
         if g is not None and getattr(p, "need_clip", True):
             sq += float(paddle.sum(paddle.square(g.astype("float32"))))
-    return sq ** 0.5
+    return sq**0.5
 
 
 def _step_stage2(params_per_rank, optimizers, reduced, clip_norm: float) -> None:
@@ -144,7 +144,9 @@ class _Stage3Slices:
             self.chunks.append(chunk)
             for rank in range(self.k):
                 flat = self._padded(params_per_rank[rank][i].detach(), chunk)
-                self.slices[rank].append(stage3_slice(params_per_rank[rank][i], flat[rank * chunk:(rank + 1) * chunk]))
+                self.slices[rank].append(
+                    stage3_slice(params_per_rank[rank][i], flat[rank * chunk : (rank + 1) * chunk])
+                )
         for rank, opt in enumerate(optimizers):
             # as GroupShardedStage3._update_params_slice: the optimizer now steps the slices
             if isinstance(opt._param_groups[0], dict):
@@ -169,7 +171,7 @@ class _Stage3Slices:
                 if reduced[i] is None:
                     continue
                 c = self.chunks[i]
-                s._copy_gradient_from(self._padded(reduced[i], c)[rank * c:(rank + 1) * c])
+                s._copy_gradient_from(self._padded(reduced[i], c)[rank * c : (rank + 1) * c])
             if clip_norm > 0:
                 opt._grad_clip = _PresetGlobalClip(clip_norm, norm)
             opt.step()
@@ -179,11 +181,16 @@ class _Stage3Slices:
             full = paddle.concat([self.slices[rank][i].detach() for rank in range(self.k)])
             for rank in range(self.k):
                 p = params_per_rank[rank][i]
-                p.set_value(full[:p.size].reshape(p.shape).astype(p.dtype))
+                p.set_value(full[: p.size].reshape(p.shape).astype(p.dtype))
 
 
-def simulate_sharded_training(replicas: Sequence[paddle.nn.Layer], optimizers: Sequence[Any],
-                              batches: Sequence[Sequence[Any]], loss_fn: LossFn, stage: int) -> List[float]:
+def simulate_sharded_training(
+    replicas: Sequence[paddle.nn.Layer],
+    optimizers: Sequence[Any],
+    batches: Sequence[Sequence[Any]],
+    loss_fn: LossFn,
+    stage: int,
+) -> List[float]:
     """Train ``k = len(replicas)`` sharding ranks on ``batches[step][rank]``; per-step mean loss over ranks.
 
     ``replicas`` start identical; ``optimizers[r]`` is the trainer's optimizer

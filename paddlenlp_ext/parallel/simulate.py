@@ -127,7 +127,7 @@ class _SplitN(PyLayer):
     def forward(ctx, *xs):
         ctx.needs = _needs_grad(xs)
         w = check_divisible(int(xs[0].shape[-1]), len(xs), "split of the last axis")
-        outs = tuple(x[..., i * w:(i + 1) * w].clone() for i, x in enumerate(xs))  # [..., d] -> [..., d / N]
+        outs = tuple(x[..., i * w : (i + 1) * w].clone() for i, x in enumerate(xs))  # [..., d] -> [..., d / N]
         ctx.shape, ctx.dtype = outs[0].shape, outs[0].dtype
         return outs
 
@@ -150,7 +150,7 @@ class _SeqAllGatherN(PyLayer):
     @staticmethod
     def backward(ctx, *grads):
         total, s = _rank_sum([_grad(g, ctx.shape, ctx.dtype) for g in grads]), ctx.rows
-        return tuple(total[i * s:(i + 1) * s].clone() if n else None for i, n in enumerate(ctx.needs))
+        return tuple(total[i * s : (i + 1) * s].clone() if n else None for i, n in enumerate(ctx.needs))
 
 
 class _SeqReduceScatterN(PyLayer):
@@ -161,7 +161,7 @@ class _SeqReduceScatterN(PyLayer):
         ctx.needs = _needs_grad(xs)
         s = check_divisible(int(xs[0].shape[0]), len(xs), "reduce-scatter of the first axis")
         total = _rank_sum(xs)  # [S, ...]
-        outs = tuple(total[i * s:(i + 1) * s].clone() for i in range(len(xs)))  # [S / N, ...]
+        outs = tuple(total[i * s : (i + 1) * s].clone() for i in range(len(xs)))  # [S / N, ...]
         ctx.shape, ctx.dtype = outs[0].shape, outs[0].dtype
         return outs
 
@@ -178,7 +178,7 @@ class _SeqScatterN(PyLayer):
     def forward(ctx, *xs):
         ctx.needs = _needs_grad(xs)
         s = check_divisible(int(xs[0].shape[0]), len(xs), "scatter of the first axis")
-        outs = tuple(x[i * s:(i + 1) * s].clone() for i, x in enumerate(xs))  # [S, ...] -> [S / N, ...]
+        outs = tuple(x[i * s : (i + 1) * s].clone() for i, x in enumerate(xs))  # [S, ...] -> [S / N, ...]
         ctx.shape, ctx.dtype = outs[0].shape, outs[0].dtype
         return outs
 

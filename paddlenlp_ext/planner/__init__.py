@@ -22,7 +22,26 @@ from .report import parse_size
 from .run import estimate_for_run, format_one_line, host_memory_bytes, inputs_from_run, layout_from_config
 from .shapes import BUILTIN_SHAPES, ModelShape, PlanError, read_model_shape
 
-__all__ = ["BREAKDOWN_KEYS", "BUILTIN_SHAPES", "Estimate", "Layout", "ModelShape", "PlanError", "PlanInputs",
-           "QuantSpec", "Suggestion", "account", "estimate", "estimate_for_run", "format_one_line",
-           "host_memory_bytes", "inputs_from_run", "layout_from_config", "load_plan_config", "parse_size",
-           "quantized_linear_bytes", "read_model_shape", "suggest"]
+__all__ = [
+    "BREAKDOWN_KEYS",
+    "BUILTIN_SHAPES",
+    "Estimate",
+    "Layout",
+    "ModelShape",
+    "PlanError",
+    "PlanInputs",
+    "QuantSpec",
+    "Suggestion",
+    "account",
+    "estimate",
+    "estimate_for_run",
+    "format_one_line",
+    "host_memory_bytes",
+    "inputs_from_run",
+    "layout_from_config",
+    "load_plan_config",
+    "parse_size",
+    "quantized_linear_bytes",
+    "read_model_shape",
+    "suggest",
+]

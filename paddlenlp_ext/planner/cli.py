@@ -62,8 +62,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         est = estimate_for_run(cfg, target=target, world_size=opts.get("world_size"))
         est.assumptions.extend(notes)
         device_memory = opts.get("device_memory")
-        suggestions = suggest(est.inputs, device_memory, opts.get("max_devices", MAX_DEVICES)) \
-            if device_memory else None
+        suggestions = (
+            suggest(est.inputs, device_memory, opts.get("max_devices", MAX_DEVICES)) if device_memory else None
+        )
     except ConfigError as e:
         print(e.report(), file=sys.stderr)
         return EXIT_CONFIG_ERROR

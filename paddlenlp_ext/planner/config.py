@@ -25,13 +25,23 @@ from .shapes import read_model_shape
 
 #: the kinds of load_config problems (config.problems.Problem.kind) a plan does not care about: the
 #: machine, the launch, the file system, and layouts PaddleNLP runs but paddlenlp_ext does not (yet)
-TOLERATED = ("launch", "gpu_fp16", "gpu_bf16_o2", "device", "model_dir", "data_dir", "tokenizer_dir",
-             "chat_template", "resume", "pipeline")
+TOLERATED = (
+    "launch",
+    "gpu_fp16",
+    "gpu_bf16_o2",
+    "device",
+    "model_dir",
+    "data_dir",
+    "tokenizer_dir",
+    "chat_template",
+    "resume",
+    "pipeline",
+)
 
 #: notes for the plan when a layout runs in PaddleNLP but not (yet) in paddlenlp_ext
 UNSUPPORTED_NOTES = {
     "pipeline": "this method or combination does not run with pipeline_parallel_degree > 1 in paddlenlp_ext (full "
-                "fine-tuning, LoRA family and LoKr do, docs/parallel.md); the plan is for PaddleNLP's pipeline",
+    "fine-tuning, LoRA family and LoKr do, docs/parallel.md); the plan is for PaddleNLP's pipeline",
 }
 
 
@@ -94,8 +104,11 @@ def load_plan_config(path: str, overrides: Sequence[str] = (), mode: str = "sft"
         restore_training["pipeline_parallel_degree"] = _as_int(raw.get("pipeline_parallel_degree"))
         restore_training["virtual_pp_degree"] = _as_int(raw.get("virtual_pp_degree"))
         neutral += ["--pipeline_parallel_degree", "1", "--virtual_pp_degree", "1"]
-    for kind, key in (("tokenizer_dir", "tokenizer_name_or_path"), ("chat_template", "chat_template"),
-                      ("resume", "resume_from_checkpoint")):
+    for kind, key in (
+        ("tokenizer_dir", "tokenizer_name_or_path"),
+        ("chat_template", "chat_template"),
+        ("resume", "resume_from_checkpoint"),
+    ):
         if kind in kinds:
             neutral += [f"--{key}", "null"]
     model_name = str(raw.get("model_name_or_path", ""))

@@ -32,8 +32,10 @@ def supported(inp: PlanInputs, layout: Layout) -> str:
     m = inp.params
     if layout.pp > 1:
         if m.method not in ("full", "lora", "lokr"):
-            return (f"pipeline parallelism with {m.method} does not run in paddlenlp_ext (full fine-tuning, LoRA "
-                    "family and LoKr do)")
+            return (
+                f"pipeline parallelism with {m.method} does not run in paddlenlp_ext (full fine-tuning, LoRA "
+                "family and LoKr do)"
+            )
         if m.pissa or m.quantized_linears:
             return "pipeline parallelism with pissa or a quantized base does not run in paddlenlp_ext"
         if layout.tp > 1:

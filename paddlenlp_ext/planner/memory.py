@@ -60,8 +60,15 @@ SAVE_SHARD_BYTES = 4 * 10**9
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw_custom": 8, "adamw_mini": 4, "adamw_16bit_moment": 4}
 MASTER_WEIGHT_BYTES = 4  # O2: the optimizer's fp32 copy of every trainable 16-bit parameter
 
-BREAKDOWN_KEYS = ("weights", "gradients", "optimizer_states", "activations", "logits", "step_temporaries",
-                  "framework_overhead")
+BREAKDOWN_KEYS = (
+    "weights",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "logits",
+    "step_temporaries",
+    "framework_overhead",
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,9 @@ class Layout:
     def describe(self) -> str:
         parts = []
         if self.sharding_stage and self.sharding_degree > 1:
-            parts.append(f"sharding stage{self.sharding_stage} x{self.sharding_degree}"
-                         + (" offload" if self.offload else ""))
+            parts.append(
+                f"sharding stage{self.sharding_stage} x{self.sharding_degree}" + (" offload" if self.offload else "")
+            )
         if self.tp > 1:
             parts.append(f"TP {self.tp}")
         if self.pp > 1:
@@ -101,8 +109,12 @@ class Layout:
     def config_keys(self) -> Dict[str, object]:
         """The config keys that select this layout (``sharding`` "" when not sharded)."""
         stage = f"stage{self.sharding_stage}" + (" offload" if self.offload else "") if self.sharding_stage else ""
-        return {"tensor_parallel_degree": self.tp, "pipeline_parallel_degree": self.pp, "sharding": stage,
-                "sharding_parallel_degree": self.sharding_degree if self.sharding_stage else -1}
+        return {
+            "tensor_parallel_degree": self.tp,
+            "pipeline_parallel_degree": self.pp,
+            "sharding": stage,
+            "sharding_parallel_degree": self.sharding_degree if self.sharding_stage else -1,
+        }
 
 
 @dataclass
@@ -161,10 +173,15 @@ class Estimate:
     facts: Dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, object]:
-        return {"per_device_bytes": self.per_device_bytes, "breakdown": dict(self.breakdown),
-                "assumptions": list(self.assumptions),
-                "layout": {**asdict(self.layout), "devices": self.layout.devices},
-                "target": self.inputs.target, "peak_stage": self.stage, **self.facts}
+        return {
+            "per_device_bytes": self.per_device_bytes,
+            "breakdown": dict(self.breakdown),
+            "assumptions": list(self.assumptions),
+            "layout": {**asdict(self.layout), "devices": self.layout.devices},
+            "target": self.inputs.target,
+            "peak_stage": self.stage,
+            **self.facts,
+        }
 
 
 def _group_bytes(groups, n, inp: PlanInputs, tp: int):
@@ -190,8 +207,14 @@ def layer_activation_elements(inp: PlanInputs, tp: int) -> Dict[str, float]:
     repl = ACT_REPLICATED_HIDDEN * h / (tp if inp.sequence_parallel else 1)
     attn = (ACT_PER_HIDDEN - ACT_REPLICATED_HIDDEN) * h + ACT_PER_KV * k * keys / inp.seq
     scores = 0.0 if inp.flash_attention else ACT_PER_SCORE * s.num_attention_heads * keys
-    return {"replicated": repl, "attn": attn / tp, "mlp": ACT_PER_INTERMEDIATE * i / tp, "scores": scores / tp,
-            "adapters": p.adapter_act_elements / tp, "hidden": h / (tp if inp.sequence_parallel else 1)}
+    return {
+        "replicated": repl,
+        "attn": attn / tp,
+        "mlp": ACT_PER_INTERMEDIATE * i / tp,
+        "scores": scores / tp,
+        "adapters": p.adapter_act_elements / tp,
+        "hidden": h / (tp if inp.sequence_parallel else 1),
+    }
 
 
 def activation_bytes(inp: PlanInputs, tp: int, layers: int, in_flight: int) -> float:
@@ -278,8 +301,15 @@ def _stage(inp: PlanInputs, layout: Layout, which: str) -> Dict[str, float]:
         temps = grads  # ClipGradByGlobalNorm: one new gradient per parameter
     if train and inp.target == "cpu" and acc.method == "full":
         temps = max(temps, min(w, SAVE_SHARD_BYTES))  # the final save's numpy copy of one shard
-    return {"weights": w, "gradients": grads, "optimizer_states": states, "activations": act, "logits": logits,
-            "step_temporaries": temps, "framework_overhead": float(overhead_bytes(inp, layout))}
+    return {
+        "weights": w,
+        "gradients": grads,
+        "optimizer_states": states,
+        "activations": act,
+        "logits": logits,
+        "step_temporaries": temps,
+        "framework_overhead": float(overhead_bytes(inp, layout)),
+    }
 
 
 def total_of(b: Dict[str, float]) -> float:
@@ -292,8 +322,10 @@ def estimate(inp: PlanInputs, layout: Optional[Layout] = None) -> Estimate:
     layout = layout or Layout()
     s = inp.shape
     if layout.tp > 1 and (s.num_attention_heads % layout.tp or s.num_key_value_heads % layout.tp):
-        raise PlanError(f"tensor_parallel_degree {layout.tp} must divide num_attention_heads "
-                        f"{s.num_attention_heads} and num_key_value_heads {s.num_key_value_heads}")
+        raise PlanError(
+            f"tensor_parallel_degree {layout.tp} must divide num_attention_heads "
+            f"{s.num_attention_heads} and num_key_value_heads {s.num_key_value_heads}"
+        )
     if layout.pp > s.num_hidden_layers:
         raise PlanError(f"pipeline_parallel_degree {layout.pp} exceeds num_hidden_layers {s.num_hidden_layers}")
     stages = ["only"] if layout.pp == 1 else ["first", "last"]
@@ -301,8 +333,12 @@ def estimate(inp: PlanInputs, layout: Optional[Layout] = None) -> Estimate:
     which, b = best
     breakdown = {k: int(round(b[k])) for k in BREAKDOWN_KEYS}
     est = Estimate(int(round(total_of(b))), breakdown, assumptions(inp, layout), layout, inp, which)
-    est.facts = {"base_params": s.total_params, "total_params": inp.params.total_params,
-                 "trainable_params": inp.params.trainable_params, "method": inp.params.method}
+    est.facts = {
+        "base_params": s.total_params,
+        "total_params": inp.params.total_params,
+        "trainable_params": inp.params.trainable_params,
+        "method": inp.params.method,
+    }
     return est
 
 
@@ -310,27 +346,43 @@ def assumptions(inp: PlanInputs, layout: Layout) -> List[str]:
     a = []
     s = inp.shape
     added = inp.params.total_params - s.total_params
-    a.append(f"model {s.model_type} from {s.source or 'given shape'}: {s.total_params:,} parameters"
-             + (f" (+ {added:,} of the method)" if added else "") + f", {inp.params.trainable_params:,} trainable")
+    a.append(
+        f"model {s.model_type} from {s.source or 'given shape'}: {s.total_params:,} parameters"
+        + (f" (+ {added:,} of the method)" if added else "")
+        + f", {inp.params.trainable_params:,} trainable"
+    )
     a.append(f"micro-batch {inp.batch} x {inp.seq} tokens (every row padded or packed to max_length: the worst case)")
     if inp.target == "cpu":
-        a.append(f"CPU: framework overhead = the Paddle + PaddleNLP runtime measured before the model "
-                 f"({CPU_RUNTIME_BYTES / GiB:.2f} GiB; grows with a large in-memory dataset)")
+        a.append(
+            f"CPU: framework overhead = the Paddle + PaddleNLP runtime measured before the model "
+            f"({CPU_RUNTIME_BYTES / GiB:.2f} GiB; grows with a large in-memory dataset)"
+        )
     else:
-        a.append(f"GPU: framework overhead = CUDA context + allocator slack {GPU_CONTEXT_BYTES / GiB:.1f} GiB"
-                 + (f" + NCCL buffers {GPU_NCCL_BYTES / GiB:.1f} GiB" if layout.devices > 1 else "")
-                 + " (assumed, not measured here)")
-        a.append("GPU activations: the element counts measured on CPU, at 2 bytes under AMP (fp32 RMSNorm internals "
-                 "and softmax at 4); fused kernels (flash attention, fused RMSNorm/rope) keep at most as much")
+        a.append(
+            f"GPU: framework overhead = CUDA context + allocator slack {GPU_CONTEXT_BYTES / GiB:.1f} GiB"
+            + (f" + NCCL buffers {GPU_NCCL_BYTES / GiB:.1f} GiB" if layout.devices > 1 else "")
+            + " (assumed, not measured here)"
+        )
+        a.append(
+            "GPU activations: the element counts measured on CPU, at 2 bytes under AMP (fp32 RMSNorm internals "
+            "and softmax at 4); fused kernels (flash attention, fused RMSNorm/rope) keep at most as much"
+        )
     prec = "fp32" if not inp.amp else f"{inp.precision} {inp.amp_level}"
-    a.append(f"precision {prec}: weights {inp.weight_bytes} B, gradients {inp.grad_bytes} B, activations "
-             f"{inp.act_bytes} B per element" + (", fp32 master weights in the optimizer" if inp.weight_bytes == 2
-                                                  and inp.do_train else ""))
+    a.append(
+        f"precision {prec}: weights {inp.weight_bytes} B, gradients {inp.grad_bytes} B, activations "
+        f"{inp.act_bytes} B per element"
+        + (", fp32 master weights in the optimizer" if inp.weight_bytes == 2 and inp.do_train else "")
+    )
     if inp.do_train:
-        a.append(f"optimizer {inp.optim}: {OPTIMIZER_STATE_BYTES.get(inp.optim, '?')} B of state per trainable "
-                 "parameter" + (" (on the host: offload)" if layout.offload else ""))
-        a.append("gradients stay allocated between steps (clear_grad sets them to zero)" if not inp.release_grads
-                 else "release_grads: gradients are freed after each step (still counted: they peak in backward)")
+        a.append(
+            f"optimizer {inp.optim}: {OPTIMIZER_STATE_BYTES.get(inp.optim, '?')} B of state per trainable "
+            "parameter" + (" (on the host: offload)" if layout.offload else "")
+        )
+        a.append(
+            "gradients stay allocated between steps (clear_grad sets them to zero)"
+            if not inp.release_grads
+            else "release_grads: gradients are freed after each step (still counted: they peak in backward)"
+        )
     else:
         a.append("do_train false: forward only, no gradients or optimizer states")
     if inp.recompute:
@@ -338,11 +390,15 @@ def assumptions(inp: PlanInputs, layout: Layout) -> List[str]:
     if not inp.flash_attention:
         a.append("eager attention keeps the [heads, seq, seq] softmax per layer (use_flash_attention removes it)")
     if layout.sharding_stage == 3:
-        a.append("sharding stage3 slices the float weights, frozen or not (Paddle slices every parameter above "
-                 "2**20 elements); quantized weights (buffers), adapters and norms stay whole")
+        a.append(
+            "sharding stage3 slices the float weights, frozen or not (Paddle slices every parameter above "
+            "2**20 elements); quantized weights (buffers), adapters and norms stay whole"
+        )
     if layout.pp > 1:
-        a.append(f"pipeline 1F1B: the first stage holds min(pp, gradient_accumulation_steps) = "
-                 f"{min(layout.pp, inp.grad_accum)} micro-batches of activations")
+        a.append(
+            f"pipeline 1F1B: the first stage holds min(pp, gradient_accumulation_steps) = "
+            f"{min(layout.pp, inp.grad_accum)} micro-batches of activations"
+        )
     if inp.params.quantized_linears:
         a.append("quantized base: the dequantized weight of one layer is transient (measured: does not raise the peak)")
     a.extend(inp.params.notes)

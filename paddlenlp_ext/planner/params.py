@@ -158,8 +158,15 @@ def adapter_params(adapter, in_f: int, out_f: int) -> int:
     return lokr_params(adapter.r, in_f, out_f, adapter.lokr_factor, adapter.lokr_decompose_both)
 
 
-def account(shape: ModelShape, method: str, adapter=None, quant: Optional[QuantSpec] = None,
-            prefix=None, fuse_qkv: bool = False, fuse_ffn: bool = False) -> ParamAccount:
+def account(
+    shape: ModelShape,
+    method: str,
+    adapter=None,
+    quant: Optional[QuantSpec] = None,
+    prefix=None,
+    fuse_qkv: bool = False,
+    fuse_ffn: bool = False,
+) -> ParamAccount:
     """The parameter groups of ``shape`` trained with ``method``.
 
     ``adapter``: an AdapterSpec / AdapterConfig (LoRA / VeRA / LoKr) or None; ``quant``: the quantized base or None;
@@ -198,9 +205,11 @@ def account(shape: ModelShape, method: str, adapter=None, quant: Optional[QuantS
                     mask_elems += in_f
     head_adapted = adapter is not None and shape.lm_head_params and _match(adapter_targets, "lm_head")
     if adapter is not None and adapted == 0 and not head_adapted:
-        raise PlanError(f"target_modules {adapter_targets} match no Linear layer of this {shape.model_type} model "
-                        f"(re.fullmatch against names like {shape.layer_name(0, linears[0][0])!r}); "
-                        "the run would stop with the same error")
+        raise PlanError(
+            f"target_modules {adapter_targets} match no Linear layer of this {shape.model_type} model "
+            f"(re.fullmatch against names like {shape.layer_name(0, linears[0][0])!r}); "
+            "the run would stop with the same error"
+        )
     groups = acc.layer_groups
     if frozen:
         groups.append(Group("frozen linears", frozen / L, False, stage3=True))
@@ -217,13 +226,15 @@ def account(shape: ModelShape, method: str, adapter=None, quant: Optional[QuantS
     if shape.lm_head_params:
         acc.last_groups.append(Group("lm_head", shape.lm_head_params, full, stage3=True))
         if head_adapted:
-            acc.last_groups.append(Group("lm_head adapter", adapter_params(adapter, shape.hidden_size,
-                                                                           shape.vocab_size), True))
+            acc.last_groups.append(
+                Group("lm_head adapter", adapter_params(adapter, shape.hidden_size, shape.vocab_size), True)
+            )
             adapted += 1
     if adapter is not None and adapter.method == "vera":
         # shared frozen projections A [r, max_in], B [max_out, r], one copy per model
-        acc.every_groups.append(Group("VeRA shared projections", adapter.r * (vera_in + vera_out), False,
-                                      tp_split=False))
+        acc.every_groups.append(
+            Group("VeRA shared projections", adapter.r * (vera_in + vera_out), False, tp_split=False)
+        )
     if prefix is not None:
         acc.first_groups.append(Group("prefix encoder", prefix.trainable_params(), True, tp_split=False))
     acc.adapted_linears, acc.quantized_linears = adapted, quantized

@@ -54,31 +54,37 @@ def layout_from_config(t: dict, world_size: Optional[int] = None) -> Layout:
     if world <= 1:
         world = tp * pp * max(sd, 1)
     if world % (tp * pp):
-        raise PlanError(f"world size {world} is not a multiple of tensor_parallel_degree x pipeline_parallel_degree "
-                        f"= {tp * pp}")
+        raise PlanError(
+            f"world size {world} is not a multiple of tensor_parallel_degree x pipeline_parallel_degree = {tp * pp}"
+        )
     if not stage:
         sd = 1  # PaddleNLP: no sharding option means no sharding, whatever the degree
     elif sd <= 0:
         sd = world // (tp * pp)  # -1: shard over every device left after TP and PP
     if world % (tp * pp * sd):
-        raise PlanError(f"world size {world} is not a multiple of tensor x pipeline x sharding_parallel_degree "
-                        f"= {tp * pp * sd}")
+        raise PlanError(
+            f"world size {world} is not a multiple of tensor x pipeline x sharding_parallel_degree = {tp * pp * sd}"
+        )
     if sd == 1:
         stage = 0
     offload = offload or bool(t.get("offload_optim", False))
-    return Layout(tp=tp, pp=pp, sharding_stage=stage, sharding_degree=sd, dp=world // (tp * pp * sd),
-                  offload=offload)
+    return Layout(tp=tp, pp=pp, sharding_stage=stage, sharding_degree=sd, dp=world // (tp * pp * sd), offload=offload)
 
 
 def _quant(cfg, saved_quant: Optional[dict]) -> Optional[QuantSpec]:
     m = cfg.model
     if m.weight_quantize_algo:
-        return QuantSpec(m.weight_quantize_algo, m.weight_blocksize, m.weight_double_quant,
-                         m.weight_double_quant_block_size)
+        return QuantSpec(
+            m.weight_quantize_algo, m.weight_blocksize, m.weight_double_quant, m.weight_double_quant_block_size
+        )
     q = saved_quant
     if q:  # an adapter trained on a quantized base continues on the same quantized base
-        return QuantSpec(q["weight_quantize_algo"], q.get("weight_blocksize", 64), q.get("weight_double_quant", False),
-                         q.get("weight_double_quant_block_size", 256))
+        return QuantSpec(
+            q["weight_quantize_algo"],
+            q.get("weight_blocksize", 64),
+            q.get("weight_double_quant", False),
+            q.get("weight_double_quant_block_size", 256),
+        )
     return None
 
 
@@ -90,13 +96,24 @@ def _saved_adapter(path: str, model_type: str) -> Tuple[AdapterSpec, Optional[di
             d = read_json_object(full, "the lora_path adapter config")
             if paddlenlp:  # PaddleNLP's LoRAConfig keys
                 targets = d.get("target_modules")
-                return AdapterSpec("lora", int(d.get("r", 8)), float(d.get("lora_dropout", 0.0) or 0.0),
-                                   tuple(targets) if targets else None, model_type), None
+                return AdapterSpec(
+                    "lora",
+                    int(d.get("r", 8)),
+                    float(d.get("lora_dropout", 0.0) or 0.0),
+                    tuple(targets) if targets else None,
+                    model_type,
+                ), None
             targets = d.get("target_modules")
-            return AdapterSpec(d.get("method", "lora"), int(d.get("r", 8)), float(d.get("dropout", 0.0) or 0.0),
-                               tuple(targets) if targets else None, model_type, int(d.get("lokr_factor", -1)),
-                               bool(d.get("lokr_decompose_both", False)), bool(d.get("pissa", False))), \
-                d.get("quantization")
+            return AdapterSpec(
+                d.get("method", "lora"),
+                int(d.get("r", 8)),
+                float(d.get("dropout", 0.0) or 0.0),
+                tuple(targets) if targets else None,
+                model_type,
+                int(d.get("lokr_factor", -1)),
+                bool(d.get("lokr_decompose_both", False)),
+                bool(d.get("pissa", False)),
+            ), d.get("quantization")
     raise PlanError(f"lora_path {path!r} has no adapter_config.json or lora_config.json")
 
 
@@ -112,8 +129,9 @@ def _adapter(cfg, shape: ModelShape) -> Tuple[Optional[AdapterSpec], Optional[di
     if m.vera:
         return AdapterSpec("vera", m.vera_rank, m.lora_dropout, targets, shape.model_type), None
     if m.lokr:
-        return AdapterSpec("lokr", m.lokr_dim, m.lora_dropout, targets, shape.model_type, m.lokr_factor,
-                           m.lokr_decompose_both), None
+        return AdapterSpec(
+            "lokr", m.lokr_dim, m.lora_dropout, targets, shape.model_type, m.lokr_factor, m.lokr_decompose_both
+        ), None
     return None, None
 
 
@@ -126,37 +144,68 @@ def inputs_from_run(cfg, target: Optional[str] = None, shape: Optional[ModelShap
     prefix = None
     if m.prefix_tuning:
         try:
-            prefix = prefix_config_for_model(ModelFacts(shape.model_type, shape.hidden_size, shape.num_attention_heads,
-                                                        shape.num_key_value_heads, shape.num_hidden_layers),
-                                             m.num_prefix_tokens, m.prefix_projection, m.prefix_projection_hidden_size)
+            prefix = prefix_config_for_model(
+                ModelFacts(
+                    shape.model_type,
+                    shape.hidden_size,
+                    shape.num_attention_heads,
+                    shape.num_key_value_heads,
+                    shape.num_hidden_layers,
+                ),
+                m.num_prefix_tokens,
+                m.prefix_projection,
+                m.prefix_projection_hidden_size,
+            )
         except PrefixConfigError as e:
             raise PlanError(f"prefix_tuning: {e}") from None
     do_train = bool(t.get("do_train", False))
-    method = "eval" if not do_train else (adapter.method if adapter is not None else
-                                          "prefix" if prefix is not None else "full")
-    acc = account(shape, method, adapter=adapter, quant=quant, prefix=prefix,
-                  fuse_qkv=bool(m.fuse_attention_qkv), fuse_ffn=bool(m.fuse_attention_ffn))
+    method = (
+        "eval"
+        if not do_train
+        else (adapter.method if adapter is not None else "prefix" if prefix is not None else "full")
+    )
+    acc = account(
+        shape,
+        method,
+        adapter=adapter,
+        quant=quant,
+        prefix=prefix,
+        fuse_qkv=bool(m.fuse_attention_qkv),
+        fuse_ffn=bool(m.fuse_attention_ffn),
+    )
     if cfg.dpo is not None:
-        acc.notes.append("DPO: planned as fine-tuning on rows of max_seq_len tokens (chosen + rejected packed); "
-                         "a full-fine-tuning reference model (not reference_free) adds a frozen copy of the weights")
+        acc.notes.append(
+            "DPO: planned as fine-tuning on rows of max_seq_len tokens (chosen + rejected packed); "
+            "a full-fine-tuning reference model (not reference_free) adds a frozen copy of the weights"
+        )
     precision = "bf16" if t.get("bf16") else "fp16" if t.get("fp16") else "fp32"
     level = t.get("fp16_opt_level", "O1")
     if level == "O0":
         precision = "fp32"  # AMP level O0: no autocast, fp32 everywhere
     layers = t.get("no_recompute_layers") or []
     inp = PlanInputs(
-        shape=shape, params=acc, target=plan_target(cfg, target), precision=precision, amp_level=level,
-        amp_master_grad=bool(t.get("amp_master_grad", False)), optim=str(t.get("optim", "adamw")),
+        shape=shape,
+        params=acc,
+        target=plan_target(cfg, target),
+        precision=precision,
+        amp_level=level,
+        amp_master_grad=bool(t.get("amp_master_grad", False)),
+        optim=str(t.get("optim", "adamw")),
         batch=int(t.get("per_device_train_batch_size", 8)),
         seq=int(cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length),
-        grad_accum=int(t.get("gradient_accumulation_steps", 1)), recompute=bool(t.get("recompute", False)),
-        recompute_granularity=str(t.get("recompute_granularity", "full")), no_recompute_layers=len(layers),
-        flash_attention=bool(m.use_flash_attention), prefix_tokens=m.num_prefix_tokens if prefix else 0,
+        grad_accum=int(t.get("gradient_accumulation_steps", 1)),
+        recompute=bool(t.get("recompute", False)),
+        recompute_granularity=str(t.get("recompute_granularity", "full")),
+        no_recompute_layers=len(layers),
+        flash_attention=bool(m.use_flash_attention),
+        prefix_tokens=m.num_prefix_tokens if prefix else 0,
         fused_linear_cross_entropy=bool(t.get("use_fused_linear_cross_entropy", False)),
         tensor_parallel_output=bool(t.get("tensor_parallel_output", False)),
         sequence_parallel=bool(t.get("sequence_parallel", False)),
-        max_grad_norm=float(t.get("max_grad_norm", 1.0) or 0.0), release_grads=bool(t.get("release_grads", False)),
-        do_train=do_train)
+        max_grad_norm=float(t.get("max_grad_norm", 1.0) or 0.0),
+        release_grads=bool(t.get("release_grads", False)),
+        do_train=do_train,
+    )
     if cfg.dpo is not None and method == "full" and not cfg.dpo.reference_free:
         acc.every_groups.append(_reference_copy(acc))
     return inp
@@ -167,8 +216,9 @@ def _reference_copy(acc):
     return Group("DPO reference model (frozen copy)", acc.total_params, False)
 
 
-def estimate_for_run(cfg, target: Optional[str] = None, world_size: Optional[int] = None,
-                     shape: Optional[ModelShape] = None) -> Estimate:
+def estimate_for_run(
+    cfg, target: Optional[str] = None, world_size: Optional[int] = None, shape: Optional[ModelShape] = None
+) -> Estimate:
     """Bytes per device of ``cfg`` (a validated RunConfig) under its own parallel layout.
 
     ``target``: "gpu" / "cpu" (default: this machine, see :func:`plan_target`); ``world_size``:
@@ -185,14 +235,21 @@ def gib(n: float) -> str:
 def format_one_line(est: Estimate, device_memory: Optional[int] = None) -> str:
     """``memory plan: 4.44 GiB per device (weights 3.14, ...; cpu, 1 device)`` + `` -- exceeds ...`` when it does."""
     b = est.breakdown
-    parts = ", ".join(f"{k.replace('_', ' ')} {b[k] / GiB:.2f}" for k in
-                      ("weights", "gradients", "optimizer_states", "activations", "logits") if b[k])
-    line = (f"memory plan: {gib(est.per_device_bytes)} per device ({parts}; overhead "
-            f"{b['framework_overhead'] / GiB:.2f} GiB; {est.inputs.target}, {est.layout.describe()})")
+    parts = ", ".join(
+        f"{k.replace('_', ' ')} {b[k] / GiB:.2f}"
+        for k in ("weights", "gradients", "optimizer_states", "activations", "logits")
+        if b[k]
+    )
+    line = (
+        f"memory plan: {gib(est.per_device_bytes)} per device ({parts}; overhead "
+        f"{b['framework_overhead'] / GiB:.2f} GiB; {est.inputs.target}, {est.layout.describe()})"
+    )
     if device_memory:
         if est.per_device_bytes > device_memory:
-            line += (f" -- exceeds the {gib(device_memory)} available; see python llm/tools/plan_memory.py CONFIG "
-                     f"--device_memory {device_memory / GiB:.0f}GB for a layout that fits")
+            line += (
+                f" -- exceeds the {gib(device_memory)} available; see python llm/tools/plan_memory.py CONFIG "
+                f"--device_memory {device_memory / GiB:.0f}GB for a layout that fits"
+            )
         else:
             line += f" -- fits in {gib(device_memory)}"
     return line

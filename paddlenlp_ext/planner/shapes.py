@@ -76,10 +76,16 @@ class ModelShape:
         """``(sublayer suffix, in_features, out_features)`` of the Linear layers of one decoder layer,
         named as PaddleNLP names them (``self_attn.q_proj`` ... or the fused ``qkv_proj`` / ``gate_up_fused_proj``)."""
         h, q, k, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
-        attn = [(self.fused_qkv_name or "self_attn.qkv_proj", h, q + 2 * k)] if fuse_qkv or self.fused_qkv_name \
+        attn = (
+            [(self.fused_qkv_name or "self_attn.qkv_proj", h, q + 2 * k)]
+            if fuse_qkv or self.fused_qkv_name
             else [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, k), ("self_attn.v_proj", h, k)]
-        mlp = [(self.fused_ffn_name or "mlp.gate_up_fused_proj", h, 2 * i)] if fuse_ffn or self.fused_ffn_name \
+        )
+        mlp = (
+            [(self.fused_ffn_name or "mlp.gate_up_fused_proj", h, 2 * i)]
+            if fuse_ffn or self.fused_ffn_name
             else [("mlp.gate_proj", h, i), ("mlp.up_proj", h, i)]
+        )
         return attn + [("self_attn.o_proj", q, h)] + mlp + [("mlp.down_proj", i, h)]
 
     def layer_name(self, index: int, suffix: str) -> str:
@@ -101,8 +107,13 @@ class ModelShape:
         MLP ones), the q/k norms (Qwen3's per head; a decoder row's as it states them)."""
         h, i = self.hidden_size, self.intermediate_size
         qk = self.qk_norm_params or (2 * self.head_dim if self.qk_norm else 0)
-        return (self.layer_norm_params + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
-                + (h if self.o_bias else 0) + ((2 * i + h) if self.mlp_bias else 0) + qk)
+        return (
+            self.layer_norm_params
+            + ((self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0)
+            + (h if self.o_bias else 0)
+            + ((2 * i + h) if self.mlp_bias else 0)
+            + qk
+        )
 
     @property
     def embedding_params(self) -> int:
@@ -162,11 +173,25 @@ def decoder_shape(cfg: dict, where: str) -> Optional[ModelShape]:
         raise PlanError(f"{where}: {e}") from None
     a = family.arch
     qk = {"head": 2 * k.head_dim, "proj": (k.heads + k.kv_heads) * k.head_dim}.get(a.qk_norm or "", 0)
-    return ModelShape(k.hidden, k.intermediate, k.layers, k.heads, k.kv_heads, k.vocab, k.tie, family.model_type,
-                      k.qkv_bias, source=where, explicit_head_dim=k.head_dim,
-                      layer_norms=sum(n is not None for n in a.layer_norms), o_bias=k.o_bias, mlp_bias=k.mlp_bias,
-                      qk_norm_params=qk, fused_qkv_name="self_attn.qkv_proj" if a.fused_qkv else "",
-                      fused_ffn_name="mlp.gate_up_proj" if a.fused_gate_up else "")
+    return ModelShape(
+        k.hidden,
+        k.intermediate,
+        k.layers,
+        k.heads,
+        k.kv_heads,
+        k.vocab,
+        k.tie,
+        family.model_type,
+        k.qkv_bias,
+        source=where,
+        explicit_head_dim=k.head_dim,
+        layer_norms=sum(n is not None for n in a.layer_norms),
+        o_bias=k.o_bias,
+        mlp_bias=k.mlp_bias,
+        qk_norm_params=qk,
+        fused_qkv_name="self_attn.qkv_proj" if a.fused_qkv else "",
+        fused_ffn_name="mlp.gate_up_proj" if a.fused_gate_up else "",
+    )
 
 
 def shape_from_config(cfg: dict, where: str) -> ModelShape:
@@ -189,11 +214,15 @@ def shape_from_config(cfg: dict, where: str) -> ModelShape:
             values[key] = v
     if not problems:
         if not cfg.get("head_dim") and values["hidden_size"] % values["num_attention_heads"]:
-            problems.append(f"{where}: hidden_size {values['hidden_size']} is not a multiple of num_attention_heads "
-                            f"{values['num_attention_heads']}")
+            problems.append(
+                f"{where}: hidden_size {values['hidden_size']} is not a multiple of num_attention_heads "
+                f"{values['num_attention_heads']}"
+            )
         if values["num_attention_heads"] % values["num_key_value_heads"]:
-            problems.append(f"{where}: num_attention_heads {values['num_attention_heads']} is not a multiple of "
-                            f"num_key_value_heads {values['num_key_value_heads']}")
+            problems.append(
+                f"{where}: num_attention_heads {values['num_attention_heads']} is not a multiple of "
+                f"num_key_value_heads {values['num_key_value_heads']}"
+            )
     if problems:
         raise PlanError("; ".join(problems))
     model_type = str(cfg.get("model_type") or "llama")
@@ -203,10 +232,20 @@ def shape_from_config(cfg: dict, where: str) -> ModelShape:
     head_dim = cfg.get("head_dim") or 0
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0:
         raise PlanError(f"{where}: head_dim must be a positive integer, got {head_dim!r}")
-    return ModelShape(values["hidden_size"], values["intermediate_size"], values["num_hidden_layers"],
-                      values["num_attention_heads"], values["num_key_value_heads"], values["vocab_size"],
-                      bool(cfg.get("tie_word_embeddings", False)), model_type, bias, source=where,
-                      explicit_head_dim=head_dim, qk_norm=family.qk_norm)
+    return ModelShape(
+        values["hidden_size"],
+        values["intermediate_size"],
+        values["num_hidden_layers"],
+        values["num_attention_heads"],
+        values["num_key_value_heads"],
+        values["vocab_size"],
+        bool(cfg.get("tie_word_embeddings", False)),
+        model_type,
+        bias,
+        source=where,
+        explicit_head_dim=head_dim,
+        qk_norm=family.qk_norm,
+    )
 
 
 def read_json_object(path: str, what: str) -> dict:
@@ -224,14 +263,18 @@ def read_json_object(path: str, what: str) -> dict:
 def read_model_shape(name_or_path: str) -> ModelShape:
     """The shape of ``name_or_path``: a directory with config.json, a config.json file, or a built-in name."""
     if not name_or_path:
-        raise PlanError("model_name_or_path is not set; pass --model_name_or_path DIR (a directory with config.json) "
-                        f"or one of the built-in shapes: {', '.join(BUILTIN_SHAPES)}")
+        raise PlanError(
+            "model_name_or_path is not set; pass --model_name_or_path DIR (a directory with config.json) "
+            f"or one of the built-in shapes: {', '.join(BUILTIN_SHAPES)}"
+        )
     path = os.path.join(name_or_path, "config.json") if os.path.isdir(name_or_path) else name_or_path
     if os.path.isfile(path):
         return shape_from_config(read_json_object(path, "the model config"), path)
     key = builtin_key(name_or_path)
     if key is not None:
         return replace(BUILTIN_SHAPES[key], source=f"built-in: {key}")
-    raise PlanError(f"model_name_or_path {name_or_path!r} is not a directory with config.json (no weights are "
-                    f"needed, only config.json) and not a built-in shape ({', '.join(BUILTIN_SHAPES)}); pass "
-                    "--model_name_or_path DIR")
+    raise PlanError(
+        f"model_name_or_path {name_or_path!r} is not a directory with config.json (no weights are "
+        f"needed, only config.json) and not a built-in shape ({', '.join(BUILTIN_SHAPES)}); pass "
+        "--model_name_or_path DIR"
+    )

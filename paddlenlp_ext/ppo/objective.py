@@ -29,8 +29,14 @@ import numpy as np
 __all__ = ["token_rewards", "gae", "whiten", "policy_loss", "value_loss"]
 
 
-def token_rewards(logps: np.ndarray, ref_logps: np.ndarray, scores: np.ndarray, segment: np.ndarray,
-                  kl_coeff: float, clip_range_score: float = float("inf")) -> np.ndarray:
+def token_rewards(
+    logps: np.ndarray,
+    ref_logps: np.ndarray,
+    scores: np.ndarray,
+    segment: np.ndarray,
+    kl_coeff: float,
+    clip_range_score: float = float("inf"),
+) -> np.ndarray:
     """[T] rewards: the k1 KL penalty per token plus each completion's (clipped) score on its last token.
 
     >>> token_rewards(np.array([-1.0, -2.0, -1.0]), np.array([-1.5, -2.0, -1.0]), np.array([2.0, -1.0]),
@@ -44,8 +50,9 @@ def token_rewards(logps: np.ndarray, ref_logps: np.ndarray, scores: np.ndarray, 
     return r
 
 
-def gae(rewards: np.ndarray, values: np.ndarray, segment: np.ndarray, gamma: float, lam: float) \
-        -> Tuple[np.ndarray, np.ndarray]:
+def gae(
+    rewards: np.ndarray, values: np.ndarray, segment: np.ndarray, gamma: float, lam: float
+) -> Tuple[np.ndarray, np.ndarray]:
     """(advantages [T], returns [T]) by generalised advantage estimation within each completion.
 
     >>> a, r = gae(np.array([0.0, 1.0]), np.array([0.5, 0.25]), np.array([0, 0]), 1.0, 0.95)

@@ -71,8 +71,10 @@ class PPOTrainer(GRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if split_lm_head(self.model, router_aux=True) is None:
-            raise ValueError("PPO's value head reads the policy's last hidden states, which this model family does "
-                             "not expose (no separable lm_head); use a Llama or Qwen2 family model")
+            raise ValueError(
+                "PPO's value head reads the policy's last hidden states, which this model family does "
+                "not expose (no separable lm_head); use a Llama or Qwen2 family model"
+            )
         if not hasattr(self.model, HEAD_ATTR):
             head = nn.Linear(int(self.model.config.hidden_size), 1)
             with paddle.no_grad():
@@ -80,9 +82,11 @@ class PPOTrainer(GRPOTrainer):
                 head.bias.set_value(paddle.zeros_like(head.bias))
             self.model.add_sublayer(HEAD_ATTR, head)
         self.loss_type = "ppo"
-        logger.info(f"PPO: kl_coeff {self.grpo.kl_coeff}, clip_range_ratio {self.grpo.clip_range_ratio}, "
-                    f"clip_range_value {self.grpo.clip_range_value}, gamma {self.grpo.gamma}, "
-                    f"gae_lambda {self.grpo.gae_lambda}, vf_coef {self.grpo.vf_coef}")
+        logger.info(
+            f"PPO: kl_coeff {self.grpo.kl_coeff}, clip_range_ratio {self.grpo.clip_range_ratio}, "
+            f"clip_range_value {self.grpo.clip_range_value}, gamma {self.grpo.gamma}, "
+            f"gae_lambda {self.grpo.gae_lambda}, vf_coef {self.grpo.vf_coef}"
+        )
 
     # -- the value head's own file ---------------------------------------------------
     @contextlib.contextmanager
@@ -110,8 +114,11 @@ class PPOTrainer(GRPOTrainer):
 
         with self._head_detached() as head:
             done = super().load_weights(resume_from_checkpoint)
-        path = os.path.join(str(resume_from_checkpoint), VALUE_HEAD_NAME) if resume_from_checkpoint and \
-            not isinstance(resume_from_checkpoint, bool) else None
+        path = (
+            os.path.join(str(resume_from_checkpoint), VALUE_HEAD_NAME)
+            if resume_from_checkpoint and not isinstance(resume_from_checkpoint, bool)
+            else None
+        )
         if head is not None and path and os.path.isfile(path):
             head.set_state_dict({k: paddle.to_tensor(v) for k, v in load_file(path).items()})
             logger.info(f"Loaded the value head from {path}")
@@ -126,8 +133,9 @@ class PPOTrainer(GRPOTrainer):
         try:
             with paddle.no_grad():
                 for m in rollout.micro:
-                    m.old_logps, m.old_values = policy_and_values(self.model, m.batch, o.temperature,
-                                                                    getattr(self.model, HEAD_ATTR))
+                    m.old_logps, m.old_values = policy_and_values(
+                        self.model, m.batch, o.temperature, getattr(self.model, HEAD_ATTR)
+                    )
         finally:
             if was_training:
                 self.model.train()
@@ -161,10 +169,14 @@ class PPOTrainer(GRPOTrainer):
         vf, vf_clipped = value_loss(values, m.old_values, m.returns, o.clip_range_value)
         loss = self.with_router_aux(model, pg + o.vf_coef * vf, real)  # + router_aux_loss_coef * aux (MoE rows)
         lengths = np.asarray([len(c) for c in m.completions], dtype=np.float64)
-        metrics = {"reward": float(np.mean(m.rewards)), "policy_loss": float(pg), "value_loss": float(vf),
-                   "clip_ratio": float(pg_clipped.astype("float32").mean()),
-                   "value_clip_ratio": float(vf_clipped.astype("float32").mean()),
-                   "completion_length": float(lengths.mean())}
+        metrics = {
+            "reward": float(np.mean(m.rewards)),
+            "policy_loss": float(pg),
+            "value_loss": float(vf),
+            "clip_ratio": float(pg_clipped.astype("float32").mean()),
+            "value_clip_ratio": float(vf_clipped.astype("float32").mean()),
+            "completion_length": float(lengths.mean()),
+        }
         if m.kl_tokens is not None:
             metrics["kl"] = float(np.mean(m.kl_tokens))
         for name, values_ in m.per_func.items():

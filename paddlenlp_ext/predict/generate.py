@@ -34,12 +34,17 @@ from .prompts import Prompt
 
 def generation_config(o: PredictOptions, max_new_tokens: int, eos_ids: List[int], pad_id: int) -> GenerationConfig:
     """PaddleNLP's GenerationConfig for the options (greedy when ``o.greedy``)."""
-    kw = dict(decode_strategy="greedy_search" if o.greedy else "sampling", max_new_tokens=int(max_new_tokens),
-              # max_length 0: generate() would otherwise take a saved generation_config's max_length
-              # as max_new_tokens whenever max_new_tokens equals its default (20)
-              max_length=0, repetition_penalty=float(o.repetition_penalty),
-              eos_token_id=eos_ids[0] if len(eos_ids) == 1 else list(eos_ids), pad_token_id=int(pad_id),
-              use_cache=True)
+    kw = dict(
+        decode_strategy="greedy_search" if o.greedy else "sampling",
+        max_new_tokens=int(max_new_tokens),
+        # max_length 0: generate() would otherwise take a saved generation_config's max_length
+        # as max_new_tokens whenever max_new_tokens equals its default (20)
+        max_length=0,
+        repetition_penalty=float(o.repetition_penalty),
+        eos_token_id=eos_ids[0] if len(eos_ids) == 1 else list(eos_ids),
+        pad_token_id=int(pad_id),
+        use_cache=True,
+    )
     if not o.greedy:
         kw.update(top_k=int(o.top_k), top_p=float(o.top_p), temperature=float(o.temperature))
     return GenerationConfig(**kw)
@@ -75,8 +80,14 @@ def cut_answer(tokens: Sequence[int], budget: int, eos_ids: Sequence[int]) -> Li
     return out
 
 
-def generate_batch(model, prompts: Sequence[Prompt], o: PredictOptions, eos_ids: List[int], pad_id: int,
-                   streamer: Optional[BaseStreamer] = None) -> List[List[int]]:
+def generate_batch(
+    model,
+    prompts: Sequence[Prompt],
+    o: PredictOptions,
+    eos_ids: List[int],
+    pad_id: int,
+    streamer: Optional[BaseStreamer] = None,
+) -> List[List[int]]:
     """One generate() call for the prompts; each row's answer token ids (EOS and padding removed).
 
     ``streamer.put`` gets every row's next token [B, 1]: ``TokenPrinter`` shows one sequence, so it takes
@@ -88,8 +99,13 @@ def generate_batch(model, prompts: Sequence[Prompt], o: PredictOptions, eos_ids:
     budget = max(p.max_new_tokens for p in prompts)
     cfg = generation_config(o, budget, eos_ids, pad_id)
     with paddle.no_grad():
-        out, _ = model.generate(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                                position_ids=paddle.to_tensor(pos), generation_config=cfg, streamer=streamer)
+        out, _ = model.generate(
+            input_ids=paddle.to_tensor(ids),
+            attention_mask=paddle.to_tensor(mask),
+            position_ids=paddle.to_tensor(pos),
+            generation_config=cfg,
+            streamer=streamer,
+        )
     gen = out.numpy()  # [B, T]: the generated tokens only (T <= budget), finished rows padded with pad_id
     return [cut_answer(gen[i], p.max_new_tokens, eos_ids) for i, p in enumerate(prompts)]
 
@@ -112,7 +128,7 @@ class TokenPrinter(BaseStreamer):
 
     def _show(self, text: str) -> None:
         if text.startswith(self.shown) and len(text) > len(self.shown):
-            self.write(text[len(self.shown):])
+            self.write(text[len(self.shown) :])
             self.shown = text
 
     def put(self, value) -> None:

@@ -54,7 +54,7 @@ def parse_prompt(obj: Any) -> PromptRecord:
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object with 'src', got {type(obj).__name__}")
     if "src" not in obj:
-        raise ValueError("missing key 'src' (the prompt to answer); add \"src\": \"...\"")
+        raise ValueError('missing key \'src\' (the prompt to answer); add "src": "..."')
     src = _strings(obj["src"], "src")
     tgt = _strings(obj["tgt"], "tgt") if obj.get("tgt") is not None else []
     if len(tgt) == len(src):
@@ -62,9 +62,11 @@ def parse_prompt(obj: Any) -> PromptRecord:
     elif len(tgt) == len(src) - 1:
         history, reference = tgt, None
     else:
-        raise ValueError(f"{len(src)} src turn(s) and {len(tgt)} tgt answer(s): give one answer per earlier turn "
-                         f"({len(src) - 1}), optionally followed by the reference answer of the last turn "
-                         f"({len(src)})")
+        raise ValueError(
+            f"{len(src)} src turn(s) and {len(tgt)} tgt answer(s): give one answer per earlier turn "
+            f"({len(src) - 1}), optionally followed by the reference answer of the last turn "
+            f"({len(src)})"
+        )
     from ..data.reader import context_system  # lazily, as read_prompts: flag errors come before any heavy import
 
     system = context_system(obj)
@@ -74,8 +76,10 @@ def parse_prompt(obj: Any) -> PromptRecord:
 def read_prompts(path: str) -> List[PromptRecord]:
     """Every non-empty line of ``path``; PredictInputError listing up to MAX_REPORTED bad lines as ``file:line``."""
     if not os.path.isfile(path):
-        raise PredictInputError(f"--data_file {path}: no such file (give a JSON-lines file of {{\"src\": ...}} "
-                                "objects, e.g. llm/data/demo_prompts.json)")
+        raise PredictInputError(
+            f'--data_file {path}: no such file (give a JSON-lines file of {{"src": ...}} '
+            "objects, e.g. llm/data/demo_prompts.json)"
+        )
     from ..data.reader import DataError, read_utf8_lines
 
     records, problems, extra = [], [], 0

@@ -89,10 +89,13 @@ def _lengths(o: PredictOptions, mpe: Optional[int], where: str, problems: List[s
         problems.append(
             f"--max_length {max_length} must be greater than --src_length {src_length}: max_length counts the prompt "
             f"AND the answer (PaddleNLP's meaning), so nothing would be left to generate; e.g. --src_length "
-            f"{src_length} --max_length {2 * src_length}")
+            f"{src_length} --max_length {2 * src_length}"
+        )
     if mpe and max_length > mpe:
-        problems.append(f"--max_length {max_length} exceeds max_position_embeddings={mpe} in {where}: the model "
-                        f"was not built for longer sequences; use --max_length {mpe} or less")
+        problems.append(
+            f"--max_length {max_length} exceeds max_position_embeddings={mpe} in {where}: the model "
+            f"was not built for longer sequences; use --max_length {mpe} or less"
+        )
     return src_length, max_length
 
 
@@ -101,8 +104,10 @@ def check_options(o: PredictOptions) -> Tuple[PredictOptions, List[str], List[st
     problems: List[str] = []
     notes: List[str] = []
     if not o.data_file and not o.chat:
-        problems.append("nothing to do: give --data_file FILE (JSON lines with \"src\") to predict a file, "
-                        "or --chat for an interactive session")
+        problems.append(
+            'nothing to do: give --data_file FILE (JSON lines with "src") to predict a file, '
+            "or --chat for an interactive session"
+        )
     if o.data_file and o.chat:
         problems.append("--data_file and --chat are two modes; give one of them")
     if o.data_file and not os.path.isfile(o.data_file):
@@ -116,50 +121,71 @@ def check_options(o: PredictOptions) -> Tuple[PredictOptions, List[str], List[st
         if why:
             problems.append(f"--model_name_or_path {o.model_name_or_path}: {why}")
     mpe = cfg.get("max_position_embeddings")
-    src_length, max_length = _lengths(o, mpe if isinstance(mpe, int) and mpe > 0 else None,
-                                      os.path.join(o.model_name_or_path, "config.json"), problems)
+    src_length, max_length = _lengths(
+        o,
+        mpe if isinstance(mpe, int) and mpe > 0 else None,
+        os.path.join(o.model_name_or_path, "config.json"),
+        problems,
+    )
     if o.lora_path:
         if not os.path.isdir(o.lora_path):
             problems.append(f"--lora_path {o.lora_path}: no such directory")
         elif adapter_kind(o.lora_path) is None:
-            problems.append(f"--lora_path {o.lora_path}: holds none of {', '.join(ADAPTER_FILES + PREFIX_FILES)}; "
-                            "give the output_dir (or a checkpoint-N/) of an adapter or prefix-tuning run")
+            problems.append(
+                f"--lora_path {o.lora_path}: holds none of {', '.join(ADAPTER_FILES + PREFIX_FILES)}; "
+                "give the output_dir (or a checkpoint-N/) of an adapter or prefix-tuning run"
+            )
     if o.chat_template and not os.path.isfile(o.chat_template):
-        problems.append(f"--chat_template {o.chat_template}: no such file (a jinja template or PaddleNLP's "
-                        "chat_template.json, the file given to training as chat_template)")
+        problems.append(
+            f"--chat_template {o.chat_template}: no such file (a jinja template or PaddleNLP's "
+            "chat_template.json, the file given to training as chat_template)"
+        )
     if o.decode_strategy not in DECODE_STRATEGIES:
         problems.append(f"--decode_strategy {o.decode_strategy!r}: choose one of {', '.join(DECODE_STRATEGIES)}")
     if o.dtype not in DTYPES:
         problems.append(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
     if o.device is not None and o.device not in DEVICES:
         problems.append(f"--device {o.device!r}: choose one of {', '.join(DEVICES)}")
-    for name, ok, rule in (("batch_size", o.batch_size >= 1, "at least 1"),
-                           ("top_k", o.top_k >= 0, "0 (no top-k filter) or more"),
-                           ("top_p", 0.0 < o.top_p <= 1.0, "in (0, 1]"),
-                           ("temperature", o.temperature > 0.0, "greater than 0"),
-                           ("repetition_penalty", o.repetition_penalty > 0.0, "greater than 0 (1.0 = off)")):
+    for name, ok, rule in (
+        ("batch_size", o.batch_size >= 1, "at least 1"),
+        ("top_k", o.top_k >= 0, "0 (no top-k filter) or more"),
+        ("top_p", 0.0 < o.top_p <= 1.0, "in (0, 1]"),
+        ("temperature", o.temperature > 0.0, "greater than 0"),
+        ("repetition_penalty", o.repetition_penalty > 0.0, "greater than 0 (1.0 = off)"),
+    ):
         if not ok:
             problems.append(f"--{name} {getattr(o, name)}: must be {rule}")
     if o.output_file and os.path.isdir(o.output_file):
-        problems.append(f"--output_file {o.output_file} is a directory; give a file name, e.g. "
-                        f"{os.path.join(o.output_file, DEFAULT_OUTPUT_FILE)}")
+        problems.append(
+            f"--output_file {o.output_file} is a directory; give a file name, e.g. "
+            f"{os.path.join(o.output_file, DEFAULT_OUTPUT_FILE)}"
+        )
     if o.chat and o.batch_size != 1:
         notes.append("--batch_size has no effect with --chat (one conversation, one answer at a time)")
     if o.greedy and (o.temperature != 1.0 or o.top_p != 1.0):
-        notes.append("decoding is greedy (--decode_strategy greedy_search, or --top_k 1 which keeps only the most "
-                     "likely token), so --temperature and --top_p change nothing; sample with "
-                     "--decode_strategy sampling --top_k 0")
+        notes.append(
+            "decoding is greedy (--decode_strategy greedy_search, or --top_k 1 which keeps only the most "
+            "likely token), so --temperature and --top_p change nothing; sample with "
+            "--decode_strategy sampling --top_k 0"
+        )
     output_file = o.output_file or (DEFAULT_OUTPUT_FILE if o.data_file else None)
-    return (dataclasses.replace(o, src_length=src_length, max_length=max_length, output_file=output_file),
-            problems, notes)
+    return (
+        dataclasses.replace(o, src_length=src_length, max_length=max_length, output_file=output_file),
+        problems,
+        notes,
+    )
 
 
 def add_generation_flags(p: argparse.ArgumentParser) -> None:
     """The flags the predictor and the server (``llm/predict/server.py``) share: lengths, decoding, dtype,
     device, chat template (PaddleNLP's names and defaults)."""
     d = PredictOptions(model_name_or_path="")
-    p.add_argument("--max_length", type=int, default=None, help="prompt + answer in tokens (default 2048, at most "
-                   "max_position_embeddings)")
+    p.add_argument(
+        "--max_length",
+        type=int,
+        default=None,
+        help="prompt + answer in tokens (default 2048, at most max_position_embeddings)",
+    )
     p.add_argument("--decode_strategy", choices=DECODE_STRATEGIES, default=d.decode_strategy)
     p.add_argument("--top_k", type=int, default=d.top_k, help="1 = greedy (default); 0 = no top-k filter")
     p.add_argument("--top_p", type=float, default=d.top_p)

@@ -82,7 +82,7 @@ def template_messages(rec: PromptRecord, rounds: Optional[int] = None) -> List[D
     [{'role': 'system', 'content': 's'}, {'role': 'user', 'content': 'b'}]
     """
     earlier = list(zip(rec.src[:-1], rec.history))
-    kept = earlier[len(earlier) - (len(earlier) if rounds is None else rounds):]
+    kept = earlier[len(earlier) - (len(earlier) if rounds is None else rounds) :]
     msgs = [{"role": "system", "content": rec.system}] if rec.system is not None else []
     for question, answer in kept:
         msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
@@ -124,12 +124,14 @@ def full_prompt_ids(rec: PromptRecord, tokenizer, use_template: bool, jinja: Opt
 
 
 def _example(rec: PromptRecord) -> Example:
-    return Example(src=list(rec.src), tgt=list(rec.history) + [PLACEHOLDER_ANSWER], system=rec.system,
-                   origin=rec.origin)
+    return Example(
+        src=list(rec.src), tgt=list(rec.history) + [PLACEHOLDER_ANSWER], system=rec.system, origin=rec.origin
+    )
 
 
-def build_prompt(rec: PromptRecord, tokenizer, src_length: int, max_length: int, use_template: bool,
-                 jinja: Optional[str] = None) -> Prompt:
+def build_prompt(
+    rec: PromptRecord, tokenizer, src_length: int, max_length: int, use_template: bool, jinja: Optional[str] = None
+) -> Prompt:
     """The prompt ids of ``rec`` and how many tokens the answer may take (``max_length - len(ids)``).
 
     ``jinja``: the chat template's source (``session.prompt_template``); it renders the prompt, system
@@ -147,5 +149,6 @@ def build_prompt(rec: PromptRecord, tokenizer, src_length: int, max_length: int,
     if len(ids) >= max_length:
         raise PredictInputError(
             f"{rec.origin}: the prompt is {len(ids)} tokens after truncation (system prompt / chat template "
-            f"included), which leaves no room to answer within --max_length {max_length}; raise --max_length")
+            f"included), which leaves no room to answer within --max_length {max_length}; raise --max_length"
+        )
     return Prompt(ids=ids, max_new_tokens=max_length - len(ids), dropped_rounds=dropped, truncated=truncated)

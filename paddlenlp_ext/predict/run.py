@@ -50,8 +50,9 @@ def terminal_safe(text: str) -> str:
     >>> terminal_safe("ok\x00\x1b[2Jbye\x07\tx\n\x08\x7f\x9b")
     'ok\\x00\\x1b[2Jbye\\x07\tx\n\\x08\\x7f\\x9b'
     """
-    return "".join(c if c in "\n\t" or not (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F) else f"\\x{ord(c):02x}"
-                   for c in text)
+    return "".join(
+        c if c in "\n\t" or not (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F) else f"\\x{ord(c):02x}" for c in text
+    )
 
 
 def show_pair(rec: PromptRecord, answer: str, write: Callable[[str], None]) -> None:
@@ -89,8 +90,14 @@ def build_prompts(records: Sequence[PromptRecord], tokenizer, o: PredictOptions,
     return prompts
 
 
-def predict_file(session, o: PredictOptions, records: Sequence[PromptRecord], prompts: Sequence[Prompt],
-                 out: Optional[IO] = None, err: Optional[IO] = None) -> dict:
+def predict_file(
+    session,
+    o: PredictOptions,
+    records: Sequence[PromptRecord],
+    prompts: Sequence[Prompt],
+    out: Optional[IO] = None,
+    err: Optional[IO] = None,
+) -> dict:
     """Generate every prompt in batches of ``o.batch_size``; returns counts and timings.
     ``out`` / ``err`` default to sys.stdout / sys.stderr as they are at call time."""
     from .generate import generate_batch
@@ -101,8 +108,10 @@ def predict_file(session, o: PredictOptions, records: Sequence[PromptRecord], pr
     n_batches = -(-len(prompts) // o.batch_size)
     cut = sum(p.truncated for p in prompts)
     if cut:
-        err.write(f"[predict] note: {cut} prompt(s) were truncated to --src_length {o.src_length} tokens "
-                  "(earlier turns dropped first, each src cut to its first src_length tokens)\n")
+        err.write(
+            f"[predict] note: {cut} prompt(s) were truncated to --src_length {o.src_length} tokens "
+            "(earlier turns dropped first, each src cut to its first src_length tokens)\n"
+        )
     t_all, new_tokens = time.time(), 0
     with open(o.output_file, "w", encoding="utf-8") as f:
         for b in range(n_batches):
@@ -117,12 +126,16 @@ def predict_file(session, o: PredictOptions, records: Sequence[PromptRecord], pr
             n = sum(len(a) for a in answers)
             new_tokens += n
             lengths = [len(prompts[i].ids) for i in batch]
-            err.write(f"[predict] batch {b + 1}/{n_batches}: {len(batch)} prompt(s) of {min(lengths)}-{max(lengths)} "
-                      f"tokens, {n} new tokens in {time.time() - t0:.1f}s\n")
+            err.write(
+                f"[predict] batch {b + 1}/{n_batches}: {len(batch)} prompt(s) of {min(lengths)}-{max(lengths)} "
+                f"tokens, {n} new tokens in {time.time() - t0:.1f}s\n"
+            )
             err.flush()
     seconds = time.time() - t_all
-    err.write(f"[predict] wrote {len(prompts)} prediction(s) to {o.output_file} ({new_tokens} new tokens, "
-              f"{new_tokens / max(seconds, 1e-9):.1f} tokens/s)\n")
+    err.write(
+        f"[predict] wrote {len(prompts)} prediction(s) to {o.output_file} ({new_tokens} new tokens, "
+        f"{new_tokens / max(seconds, 1e-9):.1f} tokens/s)\n"
+    )
     return {"prompts": len(prompts), "new_tokens": new_tokens, "seconds": seconds}
 
 
@@ -158,12 +171,15 @@ def chat(session, o: PredictOptions, stdin: Optional[IO] = None, out: Optional[I
         out.write(text)
         out.flush()
 
-    layout = "the tokenizer's chat template" if session.use_template or session.jinja else \
-        "the training layout: [bos] + question + answer + eos + ..."
+    layout = (
+        "the tokenizer's chat template"
+        if session.use_template or session.jinja
+        else "the training layout: [bos] + question + answer + eos + ..."
+    )
     write(f"[chat] {session.description}\n[chat] prompts use {layout}; {CHAT_HELP}\n")
     if o.output_file:
         os.makedirs(os.path.dirname(os.path.abspath(o.output_file)), exist_ok=True)
-    with (open(o.output_file, "w", encoding="utf-8") if o.output_file else contextlib.nullcontext()) as record:
+    with open(o.output_file, "w", encoding="utf-8") if o.output_file else contextlib.nullcontext() as record:
         return _chat_loop(session, o, stdin, out, write, record)
 
 
@@ -200,8 +216,9 @@ def _chat_loop(session, o: PredictOptions, stdin: IO, out: IO, write: Callable[[
             continue
         rec = PromptRecord(src=questions + [text], history=list(answers), origin=f"chat turn {len(questions) + 1}")
         try:
-            prompt = build_prompt(rec, session.tokenizer, o.src_length, o.max_length, session.use_template,
-                                  session.jinja)
+            prompt = build_prompt(
+                rec, session.tokenizer, o.src_length, o.max_length, session.use_template, session.jinja
+            )
         except PredictInputError as e:  # e.g. one question longer than the whole budget: say so, keep chatting
             write(f"[chat] {e}\n")
             continue

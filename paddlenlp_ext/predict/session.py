@@ -63,8 +63,10 @@ def pick_device(requested: Optional[str]) -> str:
 
     has_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     if requested == "gpu" and not has_gpu:
-        raise PredictInputError("--device gpu: this Paddle build has no usable GPU (paddle.device.is_compiled_with_"
-                                "cuda() or the device count is 0); use --device cpu")
+        raise PredictInputError(
+            "--device gpu: this Paddle build has no usable GPU (paddle.device.is_compiled_with_"
+            "cuda() or the device count is 0); use --device cpu"
+        )
     device = requested or ("gpu" if has_gpu else "cpu")
     paddle.set_device(device)
     return device
@@ -81,9 +83,11 @@ def load_tokenizer(o: PredictOptions):
     try:
         tokenizer = load_any_tokenizer(o.model_name_or_path)  # tokenizer.json-only directories included
     except (OSError, ValueError, KeyError) as e:
-        raise PredictInputError(f"--model_name_or_path {o.model_name_or_path}: cannot load its tokenizer "
-                                f"({type(e).__name__}: {e}); the directory needs the tokenizer files training "
-                                "saved") from e
+        raise PredictInputError(
+            f"--model_name_or_path {o.model_name_or_path}: cannot load its tokenizer "
+            f"({type(e).__name__}: {e}); the directory needs the tokenizer files training "
+            "saved"
+        ) from e
     from jinja2 import TemplateError
 
     try:
@@ -145,8 +149,9 @@ def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
         config = load_model_config(o.model_name_or_path, dtype=o.dtype)
         # eager attention, as PaddleNLP's predictor without --use_flash_attention (same math, any device)
         config.use_flash_attention = False
-        model, _ = load_model_streaming(o.model_name_or_path, config, o.dtype, quantization=quantization, logger=_log,
-                                        max_seq_len=o.max_length)
+        model, _ = load_model_streaming(
+            o.model_name_or_path, config, o.dtype, quantization=quantization, logger=_log, max_seq_len=o.max_length
+        )
     except (CheckpointError, ValueError) as e:  # names the tensor / file and what to do
         raise PredictInputError(f"--model_name_or_path {o.model_name_or_path}: {e}") from e
     return model
@@ -184,13 +189,15 @@ def eos_token_ids(tokenizer, model) -> List[int]:
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     gen = getattr(model, "generation_config", None)
     extra = getattr(gen, "eos_token_id", None) if gen is not None else None
-    for t in ([extra] if isinstance(extra, int) else list(extra or [])):
+    for t in [extra] if isinstance(extra, int) else list(extra or []):
         if isinstance(t, int) and t not in ids:
             ids.append(t)
     if not ids:
-        raise PredictInputError(f"{_tokenizer_name(tokenizer)}: the tokenizer has no eos_token and "
-                                "generation_config.json names none, so an answer could never end; set eos_token in "
-                                "tokenizer_config.json")
+        raise PredictInputError(
+            f"{_tokenizer_name(tokenizer)}: the tokenizer has no eos_token and "
+            "generation_config.json names none, so an answer could never end; set eos_token in "
+            "tokenizer_config.json"
+        )
     return ids
 
 
@@ -204,8 +211,10 @@ def load_session(o: PredictOptions, tokenizer, use_template: bool) -> Session:
 
     device = pick_device(o.device)
     if o.dtype != "float32" and not matmul_supported(o.dtype):
-        raise PredictInputError(f"--dtype {o.dtype}: this Paddle build has no {o.dtype} matmul kernel on {device}; "
-                                "use --dtype float32" + ("" if device == "gpu" else " (half precision needs a GPU)"))
+        raise PredictInputError(
+            f"--dtype {o.dtype}: this Paddle build has no {o.dtype} matmul kernel on {device}; "
+            "use --dtype float32" + ("" if device == "gpu" else " (half precision needs a GPU)")
+        )
     if o.seed is not None:
         import paddle
 
@@ -222,6 +231,13 @@ def load_session(o: PredictOptions, tokenizer, use_template: bool) -> Session:
     model.eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     name = os.path.basename(os.path.normpath(o.model_name_or_path))
-    return Session(model=model, tokenizer=tokenizer, use_template=use_template, eos_ids=eos_token_ids(tokenizer, model),
-                   pad_id=int(pad if pad is not None else 0), device=device,
-                   description=f"{name} ({o.dtype}, {device}) + {what}", jinja=prompt_template(o))
+    return Session(
+        model=model,
+        tokenizer=tokenizer,
+        use_template=use_template,
+        eos_ids=eos_token_ids(tokenizer, model),
+        pad_id=int(pad if pad is not None else 0),
+        device=device,
+        description=f"{name} ({o.dtype}, {device}) + {what}",
+        jinja=prompt_template(o),
+    )

@@ -93,10 +93,14 @@ class PrefixConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise PrefixConfigError(f"prefix config: {key} must be a positive integer, got {v!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise PrefixConfigError(f"prefix config: hidden_size {self.hidden_size} is not a multiple of "
-                                    f"num_attention_heads {self.num_attention_heads}")
+            raise PrefixConfigError(
+                f"prefix config: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
         if self.multi_query_group_num is not None and self.multi_query_group_num <= 0:
-            raise PrefixConfigError(f"prefix config: multi_query_group_num must be > 0, got {self.multi_query_group_num}")
+            raise PrefixConfigError(
+                f"prefix config: multi_query_group_num must be > 0, got {self.multi_query_group_num}"
+            )
         if self.prefix_projection and not self.prefix_projection_hidden_size:
             raise PrefixConfigError("prefix config: prefix_projection=true needs prefix_projection_hidden_size")
         if not 0.0 <= float(self.prefix_dropout) < 1.0:
@@ -104,7 +108,8 @@ class PrefixConfig:
         if self.tensor_parallel_degree is not None and self.tensor_parallel_degree > 1:
             raise PrefixConfigError(
                 f"prefix config: saved with tensor_parallel_degree={self.tensor_parallel_degree} (one weight file per "
-                "rank); merge it first (PaddleNLP: save_pretrained(merge_tensor_parallel=True))")
+                "rank); merge it first (PaddleNLP: save_pretrained(merge_tensor_parallel=True))"
+            )
         return self
 
     # -- files ---------------------------------------------------------------
@@ -148,17 +153,29 @@ class ModelFacts:
         get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
         heads = get("num_attention_heads")
         kv = get("num_key_value_heads") or heads
-        return cls(get("model_type"), get("hidden_size"), heads, kv, get("num_hidden_layers"),
-                   get("tensor_parallel_degree", 1) or 1)
+        return cls(
+            get("model_type"),
+            get("hidden_size"),
+            heads,
+            kv,
+            get("num_hidden_layers"),
+            get("tensor_parallel_degree", 1) or 1,
+        )
 
 
-def prefix_config_for_model(facts: ModelFacts, num_prefix_tokens: int, prefix_projection: bool = False,
-                            prefix_projection_hidden_size: Optional[int] = None, prefix_dropout: float = 0.0,
-                            dtype: Optional[str] = None) -> PrefixConfig:
+def prefix_config_for_model(
+    facts: ModelFacts,
+    num_prefix_tokens: int,
+    prefix_projection: bool = False,
+    prefix_projection_hidden_size: Optional[int] = None,
+    prefix_dropout: float = 0.0,
+    dtype: Optional[str] = None,
+) -> PrefixConfig:
     """The PrefixConfig PaddleNLP's run_finetune would build for this model (GQA Llama: see module doc)."""
     if facts.model_type not in SUPPORTED_MODEL_TYPES:
-        raise PrefixConfigError(f"prefix tuning supports model_type {' and '.join(SUPPORTED_MODEL_TYPES)}; "
-                                f"got {facts.model_type!r}")
+        raise PrefixConfigError(
+            f"prefix tuning supports model_type {' and '.join(SUPPORTED_MODEL_TYPES)}; got {facts.model_type!r}"
+        )
     gqa = facts.num_key_value_heads != facts.num_attention_heads
     return PrefixConfig(
         prefix_dropout=float(prefix_dropout),
@@ -168,7 +185,8 @@ def prefix_config_for_model(facts: ModelFacts, num_prefix_tokens: int, prefix_pr
         num_hidden_layers=facts.num_hidden_layers,
         hidden_size=facts.hidden_size,
         prefix_projection=bool(prefix_projection),
-        prefix_projection_hidden_size=(prefix_projection_hidden_size or facts.hidden_size) if prefix_projection
+        prefix_projection_hidden_size=(prefix_projection_hidden_size or facts.hidden_size)
+        if prefix_projection
         else None,
         tensor_parallel_degree=facts.tensor_parallel_degree,
         dtype=dtype,
@@ -185,7 +203,8 @@ def model_mismatches(pc: PrefixConfig, facts: ModelFacts) -> List[str]:
         out.append(
             f"the prefix has {pc.num_kv_heads} key/value heads per layer but the model has num_key_value_heads="
             f"{facts.num_key_value_heads} (PaddleNLP's get_prefix_tuning_params ignores GQA for llama: such a "
-            "prefix cannot be concatenated to this model's keys, in PaddleNLP either)")
+            "prefix cannot be concatenated to this model's keys, in PaddleNLP either)"
+        )
     return out
 
 
@@ -203,23 +222,33 @@ def config_problems(m, d, t: Mapping[str, Any], where: str) -> List[str]:
     training keys ``t``), for ``config.parse``; each problem says what to change."""
     defaults = {f.name: f.default for f in dataclasses.fields(type(m))}
     if not m.prefix_tuning:
-        p = [f"{where}: prefix_path is set but prefix_tuning is false; set prefix_tuning=true to use it"] \
-            if m.prefix_path else []
-        return p + [f"{where}: {k}={getattr(m, k)!r} applies only with prefix_tuning=true; set it or remove {k}"
-                    for k in TUNING_KEYS if getattr(m, k, defaults.get(k)) != defaults.get(k)]
+        p = (
+            [f"{where}: prefix_path is set but prefix_tuning is false; set prefix_tuning=true to use it"]
+            if m.prefix_path
+            else []
+        )
+        return p + [
+            f"{where}: {k}={getattr(m, k)!r} applies only with prefix_tuning=true; set it or remove {k}"
+            for k in TUNING_KEYS
+            if getattr(m, k, defaults.get(k)) != defaults.get(k)
+        ]
     p = []
     others = [k for k in OTHER_METHOD_KEYS if getattr(m, k, None)]
     if others:
-        p.append(f"{where}: prefix_tuning cannot be combined with {', '.join(others)}: one parameter-efficient "
-                 "method at a time (the prefix runs in front of a frozen, unmodified model)")
+        p.append(
+            f"{where}: prefix_tuning cannot be combined with {', '.join(others)}: one parameter-efficient "
+            "method at a time (the prefix runs in front of a frozen, unmodified model)"
+        )
     if m.weight_quantize_algo:
         p.append(f"{where}: prefix_tuning with weight_quantize_algo is not supported; remove weight_quantize_algo")
     if t.get("tensor_parallel_degree", 1) > 1:
         p.append(f"{where}: prefix_tuning with tensor_parallel_degree > 1 is not supported; use data parallel")
     if d.zero_padding and m.use_flash_attention and not m.flash_mask:
-        p.append(f"{where}: prefix_tuning with zero_padding and use_flash_attention needs flash_mask=true (the "
-                 "flash path takes FlashMask start rows, which get the prefix columns; a dense packed mask does "
-                 "not reach it); or set use_flash_attention=false")
+        p.append(
+            f"{where}: prefix_tuning with zero_padding and use_flash_attention needs flash_mask=true (the "
+            "flash path takes FlashMask start rows, which get the prefix columns; a dense packed mask does "
+            "not reach it); or set use_flash_attention=false"
+        )
     if m.prefix_projection_hidden_size is not None and not m.prefix_projection:
         p.append(f"{where}: prefix_projection_hidden_size applies only with prefix_projection=true")
     facts = None
@@ -227,8 +256,10 @@ def config_problems(m, d, t: Mapping[str, Any], where: str) -> List[str]:
         raw = _read_json(os.path.join(m.model_name_or_path, "config.json"))
         facts = ModelFacts.of(raw) if raw else None
         if facts is not None and facts.model_type not in SUPPORTED_MODEL_TYPES:
-            p.append(f"{where}: prefix_tuning supports model_type {' and '.join(SUPPORTED_MODEL_TYPES)}; "
-                     f"{m.model_name_or_path!r} is {facts.model_type!r}")
+            p.append(
+                f"{where}: prefix_tuning supports model_type {' and '.join(SUPPORTED_MODEL_TYPES)}; "
+                f"{m.model_name_or_path!r} is {facts.model_type!r}"
+            )
             facts = None
     if m.prefix_path:
         p += _saved_prefix_problems(m, defaults, facts, where)
@@ -239,8 +270,10 @@ def _saved_prefix_problems(m, defaults, facts: Optional[ModelFacts], where: str)
     """prefix_path: the directory holds a loadable prefix that fits the model; keys set in the
     config that contradict the saved prefix are errors (unset keys follow the saved prefix)."""
     if not os.path.isfile(os.path.join(m.prefix_path, PREFIX_WEIGHTS_NAME)):
-        return [f"{where}: prefix_path {m.prefix_path!r} has no {PREFIX_WEIGHTS_NAME} (is it a prefix-tuning "
-                "output directory? per-rank tensor-parallel files must be merged first)"]
+        return [
+            f"{where}: prefix_path {m.prefix_path!r} has no {PREFIX_WEIGHTS_NAME} (is it a prefix-tuning "
+            "output directory? per-rank tensor-parallel files must be merged first)"
+        ]
     try:
         saved = PrefixConfig.load(m.prefix_path).validate()
     except PrefixConfigError as e:
@@ -251,8 +284,10 @@ def _saved_prefix_problems(m, defaults, facts: Optional[ModelFacts], where: str)
         if key == "prefix_projection_hidden_size" and not saved.prefix_projection:
             theirs = None
         if mine != defaults.get(key) and mine != theirs:
-            p.append(f"{where}: {key}={mine!r} but the prefix in prefix_path was trained with {theirs!r}; "
-                     "remove the key or make them match (the saved prefix's settings apply)")
+            p.append(
+                f"{where}: {key}={mine!r} but the prefix in prefix_path was trained with {theirs!r}; "
+                "remove the key or make them match (the saved prefix's settings apply)"
+            )
     if facts is not None:
         p += [f"{where}: prefix_path {m.prefix_path!r}: {x}" for x in model_mismatches(saved, facts)]
     return p

@@ -23,8 +23,14 @@ from typing import Dict, Optional
 import numpy as np
 import paddle
 
-from .config import (PAST_KEY_VALUES_NAME, PREFIX_WEIGHTS_NAME, ModelFacts, PrefixConfig, PrefixConfigError,
-                     prefix_config_for_model)
+from .config import (
+    PAST_KEY_VALUES_NAME,
+    PREFIX_WEIGHTS_NAME,
+    ModelFacts,
+    PrefixConfig,
+    PrefixConfigError,
+    prefix_config_for_model,
+)
 from .model import PrefixModel
 
 #: our parameter name -> PaddleNLP's state key (index in its nn.Sequential(embedding, linear, tanh, linear, dropout))
@@ -71,12 +77,16 @@ def load_prefix_weights(pm: PrefixModel, directory: str) -> None:
     mine = pm.prefix_config
     for key in ("num_prefix_tokens", "num_hidden_layers", "hidden_size", "prefix_projection"):
         if getattr(saved, key) != getattr(mine, key):
-            raise PrefixConfigError(f"{directory}: the saved prefix has {key}={getattr(saved, key)!r}, this model's "
-                                    f"prefix {getattr(mine, key)!r}")
+            raise PrefixConfigError(
+                f"{directory}: the saved prefix has {key}={getattr(saved, key)!r}, this model's "
+                f"prefix {getattr(mine, key)!r}"
+            )
     if saved.num_kv_heads != mine.num_kv_heads or (
-            mine.prefix_projection and saved.prefix_projection_hidden_size != mine.prefix_projection_hidden_size):
-        raise PrefixConfigError(f"{directory}: the saved prefix's head count / projection size differ from this "
-                                "model's prefix")
+        mine.prefix_projection and saved.prefix_projection_hidden_size != mine.prefix_projection_hidden_size
+    ):
+        raise PrefixConfigError(
+            f"{directory}: the saved prefix's head count / projection size differ from this model's prefix"
+        )
     state = read_prefix_state(directory)
     own = prefix_state_dict(pm)
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
@@ -84,8 +94,10 @@ def load_prefix_weights(pm: PrefixModel, directory: str) -> None:
         raise PrefixConfigError(f"{directory}/{PREFIX_WEIGHTS_NAME}: missing keys {missing}, unexpected keys {extra}")
     for key, param in own.items():
         if list(state[key].shape) != list(param.shape):
-            raise PrefixConfigError(f"{directory}/{PREFIX_WEIGHTS_NAME}: {key} has shape {list(state[key].shape)}, "
-                                    f"expected {list(param.shape)}")
+            raise PrefixConfigError(
+                f"{directory}/{PREFIX_WEIGHTS_NAME}: {key} has shape {list(state[key].shape)}, "
+                f"expected {list(param.shape)}"
+            )
     for key, param in own.items():
         param.set_value(paddle.to_tensor(state[key]).astype(param.dtype))
 
@@ -118,11 +130,23 @@ def attach_prefix(model, m, dtype: str):
     if m.prefix_path:
         pm = load_prefix_model(model, m.prefix_path, dtype)
     else:
-        cfg = prefix_config_for_model(ModelFacts.of(model.config), m.num_prefix_tokens, m.prefix_projection,
-                                      m.prefix_projection_hidden_size, m.prefix_dropout, dtype)
+        cfg = prefix_config_for_model(
+            ModelFacts.of(model.config),
+            m.num_prefix_tokens,
+            m.prefix_projection,
+            m.prefix_projection_hidden_size,
+            m.prefix_dropout,
+            dtype,
+        )
         pm = PrefixModel(model, cfg)
     c = pm.prefix_config
-    info = {"num_prefix_tokens": c.num_prefix_tokens, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
-            "prefix_projection": c.prefix_projection, "prefix_projection_hidden_size": c.prefix_projection_hidden_size,
-            "prefix_dropout": c.prefix_dropout, "prefix_path": m.prefix_path}
+    info = {
+        "num_prefix_tokens": c.num_prefix_tokens,
+        "kv_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "prefix_projection": c.prefix_projection,
+        "prefix_projection_hidden_size": c.prefix_projection_hidden_size,
+        "prefix_dropout": c.prefix_dropout,
+        "prefix_path": m.prefix_path,
+    }
     return pm, PrefixCheckpointIO(), info

@@ -146,10 +146,12 @@ class PrefixModel(nn.Layer):
                 raise ValueError(
                     "prefix tuning with use_flash_attention=true takes FlashMask start rows or a [batch, seq] padding "
                     f"mask; got a dense mask of shape {attention_mask.shape} (zero_padding without flash_mask): set "
-                    "flash_mask=true or use_flash_attention=false")
+                    "flash_mask=true or use_flash_attention=false"
+                )
             keep = self._pad_2d(attention_mask, kv_len).astype("bool")  # [B, kv]
-            rows = paddle.where(keep, paddle.full_like(keep, q_len, dtype="int32"),
-                                paddle.zeros_like(keep, dtype="int32"))  # 0: masked for every row
+            rows = paddle.where(
+                keep, paddle.full_like(keep, q_len, dtype="int32"), paddle.zeros_like(keep, dtype="int32")
+            )  # 0: masked for every row
             return None, rows.unsqueeze(1)  # [B, 1, kv]
         if attention_mask is None:
             return None, None  # the model builds ones([B, P + L]) and offsets its causal mask by P
@@ -166,13 +168,16 @@ class PrefixModel(nn.Layer):
         """[B, n] -> [B, kv_len] with visible columns in front (the prefix slots)."""
         front = kv_len - mask.shape[1]
         if front != self.prefix_config.num_prefix_tokens:
-            raise ValueError(f"attention_mask covers {mask.shape[1]} keys; expected {kv_len} - "
-                             f"{self.prefix_config.num_prefix_tokens} prefix slots")
+            raise ValueError(
+                f"attention_mask covers {mask.shape[1]} keys; expected {kv_len} - "
+                f"{self.prefix_config.num_prefix_tokens} prefix slots"
+            )
         return paddle.concat([paddle.ones([mask.shape[0], front], dtype=mask.dtype), mask], axis=1)
 
     # -- forward / generate -------------------------------------------------
-    def forward(self, input_ids=None, attention_mask=None, attn_mask_startend_row_indices=None,
-                past_key_values=None, **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, attn_mask_startend_row_indices=None, past_key_values=None, **kwargs
+    ):
         if past_key_values is not None:
             raise ValueError("PrefixModel supplies past_key_values itself (the prefix); use generate() to decode")
         if input_ids is None:
@@ -199,8 +204,7 @@ class PrefixModel(nn.Layer):
             if inputs.get("past_key_values") is None:
                 inputs["past_key_values"] = self.past_key_values(ids.shape[0])
             kv_len = inputs["past_key_values"][0][0].shape[1] + ids.shape[1]
-            mask, startend = self.extend_masks(inputs.get("attention_mask"), None, ids.shape[0], ids.shape[1],
-                                               kv_len)
+            mask, startend = self.extend_masks(inputs.get("attention_mask"), None, ids.shape[0], ids.shape[1], kv_len)
             inputs["attention_mask"] = mask
             if startend is not None:
                 inputs["attn_mask_startend_row_indices"] = startend

@@ -64,8 +64,11 @@ def _numpy_scales(layer) -> np.ndarray:
     """:func:`block_scales` in numpy (the CPU decoder's input), via :func:`.codec.block_scales`."""
     if not layer.double_quant:
         return _np_f32(layer.quant_scale)
-    s = {"qquant_scale": _np(layer.qquant_scale), "double_quant_scale": _np_f32(layer.double_quant_scale),
-         "quant_scale_offset": _np_f32(layer.quant_scale_offset)}
+    s = {
+        "qquant_scale": _np(layer.qquant_scale),
+        "double_quant_scale": _np_f32(layer.double_quant_scale),
+        "quant_scale_offset": _np_f32(layer.quant_scale_offset),
+    }
     return C.block_scales(dict(s, double_quant=True, double_quant_block_size=layer.double_quant_block_size))
 
 
@@ -128,4 +131,3 @@ class DequantMatmul(PyLayer):
 
 def _as(t: paddle.Tensor, dtype) -> paddle.Tensor:
     return t if t.dtype == dtype else t.astype(dtype)
-

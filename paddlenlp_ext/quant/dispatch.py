@@ -102,7 +102,12 @@ def weight_only_shape_ok(fmt: QuantFormat, in_features: int, out_features: int) 
 
 
 def plan_build(
-    fmt: QuantFormat, backend: str, in_features: int, out_features: int, weight_dtype: str, weight_on_gpu: bool,
+    fmt: QuantFormat,
+    backend: str,
+    in_features: int,
+    out_features: int,
+    weight_dtype: str,
+    weight_on_gpu: bool,
     caps: KernelCaps,
 ) -> BuildPlan:
     """Storage layout for a ``[in_features, out_features]`` weight of ``weight_dtype``.
@@ -120,8 +125,10 @@ def plan_build(
         if not (fused and weight_on_gpu):
             return BuildPlan(BACKEND_PORTABLE)
         if not ok or shape_why:  # a fused format on a GPU that cannot use the kernel: say why
-            return BuildPlan(BACKEND_PORTABLE, reason=f"{fmt.name}: portable layout instead of "
-                                                      f"'{BACKEND_WEIGHT_ONLY}': {why or shape_why}")
+            return BuildPlan(
+                BACKEND_PORTABLE,
+                reason=f"{fmt.name}: portable layout instead of '{BACKEND_WEIGHT_ONLY}': {why or shape_why}",
+            )
         backend = BACKEND_WEIGHT_ONLY
     elif backend == BACKEND_WEIGHT_ONLY:
         if not fused:

@@ -331,7 +331,10 @@ class QuantizedLinear(nn.Layer):
                 return self._weight_only_dequant(kwargs), False
             if path == PATH_PADDLESLIM:
                 w = paddleslim_ops().dequant_blockwise(
-                    self.quant_weight, kwargs["code"], self._block_scales().reshape([-1]), kwargs["blocksize"],
+                    self.quant_weight,
+                    kwargs["code"],
+                    self._block_scales().reshape([-1]),
+                    kwargs["blocksize"],
                     kwargs["quant_type"],
                 )  # [2 * numel(quant_weight), 1] float32
                 return w.reshape([self.out_features, self.in_features]), True

@@ -104,8 +104,9 @@ def select_targets(
             continue
         if isinstance(layer, tp_types):
             # QuantizedParallelLinear communicates as a plain Column/RowParallelLinear, not sequence parallel
-            sequence_parallel = "SequenceParallel" in type(layer).__name__ or \
-                bool(getattr(getattr(layer, "tp_spec", None), "sequence_parallel", False))
+            sequence_parallel = "SequenceParallel" in type(layer).__name__ or bool(
+                getattr(getattr(layer, "tp_spec", None), "sequence_parallel", False)
+            )
             if not is_supported(layer) or sequence_parallel:
                 raise ValueError(
                     f"layer '{name}' is a tensor-parallel {type(layer).__name__}: tensor-parallel QLoRA "
@@ -250,4 +251,3 @@ def quantize_model(
             f"({stats['bytes_per_param']:.4f} bytes/param), path={stats['path']}"
         )
     return stats
-

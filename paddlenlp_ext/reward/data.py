@@ -64,14 +64,24 @@ class RewardCollator(PreferenceCollator):
     def __call__(self, rows):
         out = super().__call__(rows)
         S = out["input_ids"].shape[1]
-        out["score_index"] = np.concatenate([np.asarray(r["score_index"], dtype=np.int64) + b * S
-                                             for b, r in enumerate(rows)])
+        out["score_index"] = np.concatenate(
+            [np.asarray(r["score_index"], dtype=np.int64) + b * S for b, r in enumerate(rows)]
+        )
         return out
 
 
-def build_reward_datasets(data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool,
-                          seed: int = 0) -> PreferenceData:
+def build_reward_datasets(
+    data_args: Any, tokenizer, *, do_train: bool, do_eval: bool, flash_mask: bool, seed: int = 0
+) -> PreferenceData:
     """Datasets, collator and reports: :func:`~paddlenlp_ext.dpo.data.build_preference_datasets` with the
     reward rows and batches (``lazy`` is refused at config time)."""
-    return build_preference_datasets(data_args, tokenizer, do_train=do_train, do_eval=do_eval, flash_mask=flash_mask,
-                                     seed=seed, dataset_cls=RewardDataset, collator_cls=RewardCollator)
+    return build_preference_datasets(
+        data_args,
+        tokenizer,
+        do_train=do_train,
+        do_eval=do_eval,
+        flash_mask=flash_mask,
+        seed=seed,
+        dataset_cls=RewardDataset,
+        collator_cls=RewardCollator,
+    )

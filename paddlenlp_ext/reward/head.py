@@ -31,9 +31,11 @@ def body_of(model):
     split = split_lm_head(model, router_aux=True)
     if split is None:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
-        raise ValueError(f"reward models need a causal LM that splits into decoder body + lm_head (llama, qwen2, "
-                         f"qwen3, qwen3_moe, our decoder's rows, without sequence or tensor parallel); got model_type "
-                         f"{model_type!r}")
+        raise ValueError(
+            f"reward models need a causal LM that splits into decoder body + lm_head (llama, qwen2, "
+            f"qwen3, qwen3_moe, our decoder's rows, without sequence or tensor parallel); got model_type "
+            f"{model_type!r}"
+        )
     return split[0]
 
 
@@ -57,8 +59,9 @@ def attach_score_head(model, freeze_lm_head: bool = True) -> nn.Linear:
     return head
 
 
-def sequence_scores(model, inputs: Dict[str, paddle.Tensor], score_index: paddle.Tensor,
-                    real_tokens=None) -> paddle.Tensor:
+def sequence_scores(
+    model, inputs: Dict[str, paddle.Tensor], score_index: paddle.Tensor, real_tokens=None
+) -> paddle.Tensor:
     """Scores ``[K]`` float32 of the hidden states at ``score_index`` ``[K]`` (flat ``row * S + position``).
 
     ``inputs``: ``input_ids`` [B, S], optional ``position_ids`` [B, S] and at most one mask
@@ -101,5 +104,9 @@ def pair_score_metrics(chosen: paddle.Tensor, rejected: paddle.Tensor) -> Dict[s
     """
     c = chosen.detach().astype("float32").numpy().reshape([-1])
     r = rejected.detach().astype("float32").numpy().reshape([-1])
-    return {"rewards/accuracies": (c > r).astype("float64").tolist(), "rewards/margins": (c - r).tolist(),
-            "rewards/chosen": c.tolist(), "rewards/rejected": r.tolist()}
+    return {
+        "rewards/accuracies": (c > r).astype("float64").tolist(),
+        "rewards/margins": (c - r).tolist(),
+        "rewards/chosen": c.tolist(),
+        "rewards/rejected": r.tolist(),
+    }

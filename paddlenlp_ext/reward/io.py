@@ -40,12 +40,14 @@ def read_reward_config(path: str) -> Dict[str, Any]:
     """``reward_config.json`` of a reward directory; ValueError naming the file if absent or not one."""
     file = os.path.join(path, REWARD_CONFIG_NAME)
     if not os.path.isfile(file):
-        raise ValueError(f"{path} is not a reward model directory: no {REWARD_CONFIG_NAME} (write one by training "
-                         "with llm/run_reward.py)")
+        raise ValueError(
+            f"{path} is not a reward model directory: no {REWARD_CONFIG_NAME} (write one by training "
+            "with llm/run_reward.py)"
+        )
     with open(file, encoding="utf-8") as f:
         info = json.load(f)
     if not isinstance(info, dict) or info.get("kind") != REWARD_KIND:
-        raise ValueError(f"{file}: not a reward model config (needs \"kind\": \"{REWARD_KIND}\")")
+        raise ValueError(f'{file}: not a reward model config (needs "kind": "{REWARD_KIND}")')
     return info
 
 
@@ -79,8 +81,10 @@ def load_score_head(model, path: str) -> None:
     head = getattr(model, SCORE_HEAD_ATTR)
     w = tensors[SCORE_HEAD_KEY]
     if list(w.shape) != list(head.weight.shape):
-        raise ValueError(f"{file}: {SCORE_HEAD_KEY} has shape {list(w.shape)}, the model's score head "
-                         f"{list(head.weight.shape)} (hidden_size {head.weight.shape[0]}): a different base model?")
+        raise ValueError(
+            f"{file}: {SCORE_HEAD_KEY} has shape {list(w.shape)}, the model's score head "
+            f"{list(head.weight.shape)} (hidden_size {head.weight.shape[0]}): a different base model?"
+        )
     head.weight.set_value(paddle.to_tensor(w).astype(head.weight.dtype))
 
 

@@ -25,10 +25,13 @@ def reward_info(cfg: RunConfig, tokenizer) -> Dict[str, Any]:
     from ..data.tokenize import resolve_chat_template
 
     template = cfg.data.chat_template
-    return {"base_model_name_or_path": os.path.abspath(cfg.model.model_name_or_path),
-            "chat_template": bool(resolve_chat_template(tokenizer, template)),
-            "chat_template_file": os.path.abspath(template) if template else None,
-            "max_seq_len": cfg.dpo.max_seq_len, "max_prompt_len": cfg.dpo.max_prompt_len}
+    return {
+        "base_model_name_or_path": os.path.abspath(cfg.model.model_name_or_path),
+        "chat_template": bool(resolve_chat_template(tokenizer, template)),
+        "chat_template_file": os.path.abspath(template) if template else None,
+        "max_seq_len": cfg.dpo.max_seq_len,
+        "max_prompt_len": cfg.dpo.max_prompt_len,
+    }
 
 
 def _reward_trainer(cfg: RunConfig, **kw):

@@ -38,7 +38,7 @@ def parse_score_record(obj: Any, origin: str) -> Tuple[str, Any, Any]:
     try:
         ex = preference_from_obj(obj, origin)
     except ValueError as e:
-        raise ValueError(f"neither {{\"prompt\", \"response\"}} nor a preference pair: {e}") from e
+        raise ValueError(f'neither {{"prompt", "response"}} nor a preference pair: {e}') from e
     return "pair", obj, ex
 
 

@@ -54,16 +54,20 @@ class RewardScorer:
         tokenizer = load_tokenizer(path)
         use_template = resolve_chat_template(tokenizer, info.get("chat_template_file"))
         if bool(info.get("chat_template")) != bool(use_template):
-            raise ValueError(f"{path}: training {'used' if info.get('chat_template') else 'did not use'} a chat "
-                             f"template, but the saved tokenizer {'has none' if not use_template else 'has one'}")
+            raise ValueError(
+                f"{path}: training {'used' if info.get('chat_template') else 'did not use'} a chat "
+                f"template, but the saved tokenizer {'has none' if not use_template else 'has one'}"
+            )
         weights_dir, quantization = path, None
         if info.get("adapter"):
             from ..adapters.config import AdapterConfig
 
             weights_dir = info.get("base_model_name_or_path") or AdapterConfig.load(path).base_model_name_or_path
             if not weights_dir or not os.path.isdir(weights_dir):
-                raise ValueError(f"{path}: the adapter's base model {weights_dir!r} (reward_config.json "
-                                 "base_model_name_or_path) is not a directory here")
+                raise ValueError(
+                    f"{path}: the adapter's base model {weights_dir!r} (reward_config.json "
+                    "base_model_name_or_path) is not a directory here"
+                )
             quantization = AdapterConfig.load(path).quantization
         config = load_model_config(weights_dir, dtype=dtype)
         config.use_flash_attention = False  # eager attention: the same math on any device
@@ -94,16 +98,18 @@ class RewardScorer:
         order = np.argsort([len(s) for s in seqs], kind="stable")  # similar lengths share a batch
         with paddle.no_grad():
             for start in range(0, len(seqs), self.batch_size):
-                chunk = order[start:start + self.batch_size]
+                chunk = order[start : start + self.batch_size]
                 S = max(len(seqs[i]) for i in chunk)
                 ids = np.full([len(chunk), S], self.pad_token_id, dtype=np.int64)  # [b, S]
                 for b, i in enumerate(chunk):
                     ids[b, : len(seqs[i])] = seqs[i]
                 index = np.asarray([b * S + len(seqs[i]) - 1 for b, i in enumerate(chunk)], dtype=np.int64)  # [b]
                 pos = np.tile(np.arange(S, dtype=np.int64), [len(chunk), 1])  # [b, S]
-                scores = sequence_scores(self.model, {"input_ids": paddle.to_tensor(ids),
-                                                      "position_ids": paddle.to_tensor(pos)},
-                                         paddle.to_tensor(index))  # [b]
+                scores = sequence_scores(
+                    self.model,
+                    {"input_ids": paddle.to_tensor(ids), "position_ids": paddle.to_tensor(pos)},
+                    paddle.to_tensor(index),
+                )  # [b]
                 out[chunk] = scores.numpy()
         return out
 
@@ -113,8 +119,9 @@ class RewardScorer:
         from ..data.reader import Example
         from ..data.tokenize import encode_turns, fit_turns
 
-        prefix, turns = encode_turns(Example([prompt.strip()], [completion.strip()], None), self.tokenizer,
-                                     self.use_chat_template)
+        prefix, turns = encode_turns(
+            Example([prompt.strip()], [completion.strip()], None), self.tokenizer, self.use_chat_template
+        )
         max_seq_len = int(self.info.get("max_seq_len") or 1 << 30)
         max_prompt_len = int(self.info.get("max_prompt_len") or max_seq_len - 1)
         tokens, _, _, _ = fit_turns(prefix, turns, max_prompt_len, max_seq_len)
@@ -123,5 +130,7 @@ class RewardScorer:
     def score_texts(self, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
         """float32 ``[n]``: ``score_ids`` of each ``prompt`` + ``completion`` pair (see :meth:`encode`)."""
         if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions; give one completion per prompt")
+            raise ValueError(
+                f"{len(prompts)} prompts but {len(completions)} completions; give one completion per prompt"
+            )
         return self.score_ids([self.encode(p, c) for p, c in zip(prompts, completions)])

@@ -56,16 +56,26 @@ async def read_json(request: Request) -> Any:
         elif size > DRAIN_BYTES:
             break
     if size > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes ({size} read); send less "
-                       "(the prompt is limited by the model's context length anyway)", None, "request_too_large")
+        raise ApiError(
+            413,
+            f"the request body is over {MAX_BODY_BYTES} bytes ({size} read); send less "
+            "(the prompt is limited by the model's context length anyway)",
+            None,
+            "request_too_large",
+        )
     try:
         return json.loads(bytes(raw).decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise ApiError(400, f"the request body is not UTF-8 ({e.reason} at byte {e.start})", None,
-                       "invalid_json") from e
+        raise ApiError(
+            400, f"the request body is not UTF-8 ({e.reason} at byte {e.start})", None, "invalid_json"
+        ) from e
     except json.JSONDecodeError as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                       None, "invalid_json") from e
+        raise ApiError(
+            400,
+            f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+            None,
+            "invalid_json",
+        ) from e
 
 
 OPEN_PATHS = ("/", "/health", "/metrics")  # no key needed (the chat page asks for it itself)
@@ -87,19 +97,28 @@ def _logprobs(req: GenRequest, model: ServedModel, tokens, infos, prompt=None):
     return merge_completion(completion_logprobs(prompt[0], prompt[1], text), out) if prompt else out
 
 
-def _chunk(req: GenRequest, rid: str, created: int, index: int = 0, delta: Dict[str, Any] = None, finish=None,
-           logprobs=None) -> Dict[str, Any]:
+def _chunk(
+    req: GenRequest, rid: str, created: int, index: int = 0, delta: Dict[str, Any] = None, finish=None, logprobs=None
+) -> Dict[str, Any]:
     if req.kind == "chat":
         choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                "choices": [choice]}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+            "choices": [choice],
+        }
     choice = {"index": index, "text": (delta or {}).get("content", ""), "logprobs": logprobs, "finish_reason": finish}
     return {"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": [choice]}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _sse(obj: Any) -> str:
@@ -134,8 +153,15 @@ async def _stream(job: Job, rid: str, created: int, observe) -> AsyncIterator[st
                     content, calls = parse_tool_calls(event[4], style)
                     if calls:
                         finish = "tool_calls"
-                        yield _sse(_chunk(req, rid, created, event[5], {"tool_calls": [
-                            dict(c, index=k) for k, c in enumerate(calls)]}))
+                        yield _sse(
+                            _chunk(
+                                req,
+                                rid,
+                                created,
+                                event[5],
+                                {"tool_calls": [dict(c, index=k) for k, c in enumerate(calls)]},
+                            )
+                        )
                     if content:
                         yield _sse(_chunk(req, rid, created, event[5], {"content": content}))
                 yield _sse(_chunk(req, rid, created, event[5], {}, finish))
@@ -143,8 +169,16 @@ async def _stream(job: Job, rid: str, created: int, observe) -> AsyncIterator[st
                 left -= 1
         else:
             if req.include_usage:
-                yield _sse({"id": rid, "object": _chunk(req, rid, created)["object"], "created": created,
-                            "model": req.model, "choices": [], "usage": _usage(job.prompt_tokens, n_new)})
+                yield _sse(
+                    {
+                        "id": rid,
+                        "object": _chunk(req, rid, created)["object"],
+                        "created": created,
+                        "model": req.model,
+                        "choices": [],
+                        "usage": _usage(job.prompt_tokens, n_new),
+                    }
+                )
             observe("done", n_new)
         yield "data: [DONE]\n\n"
     finally:
@@ -198,19 +232,40 @@ def _whole(job: Job, rid: str, created: int, events) -> Dict[str, Any]:
                 message["content"], calls = parse_tool_calls(text, style)
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
-            choices.append({"index": index, "message": message,
-                            "logprobs": _logprobs(req, job.model, extra["tokens"], extra["infos"]),
-                            "finish_reason": finish})
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": _logprobs(req, job.model, extra["tokens"], extra["infos"]),
+                    "finish_reason": finish,
+                }
+            )
             continue
         prompt = None
         if req.echo:
-            text = job.model.session.tokenizer.decode(extra["prompt_ids"], skip_special_tokens=False,
-                                                      clean_up_tokenization_spaces=False) + text
+            text = (
+                job.model.session.tokenizer.decode(
+                    extra["prompt_ids"], skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+                + text
+            )
             prompt = (extra["prompt_ids"], extra["prompt_infos"] or [None] * len(extra["prompt_ids"]))
-        choices.append({"index": index, "text": text, "finish_reason": finish,
-                        "logprobs": _logprobs(req, job.model, extra["tokens"], extra["infos"], prompt)})
-    return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion", "created": created,
-            "model": req.model, "choices": choices, "usage": _usage(job.prompt_tokens, sum(e[3] for e in events))}
+        choices.append(
+            {
+                "index": index,
+                "text": text,
+                "finish_reason": finish,
+                "logprobs": _logprobs(req, job.model, extra["tokens"], extra["infos"], prompt),
+            }
+        )
+    return {
+        "id": rid,
+        "object": "chat.completion" if req.kind == "chat" else "text_completion",
+        "created": created,
+        "model": req.model,
+        "choices": choices,
+        "usage": _usage(job.prompt_tokens, sum(e[3] for e in events)),
+    }
 
 
 class Guard:
@@ -231,8 +286,15 @@ class Guard:
         counted = path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
         if self.api_key and not (path in OPEN_PATHS or path.startswith("/static/")) and not self._authorized(scope):
             self.metrics.requests.labels(path, "401").inc()
-            response = error_response(ApiError(401, "invalid or missing API key: send the header 'Authorization: "
-                                               "Bearer KEY' with the server's --api_key", None, "invalid_api_key"))
+            response = error_response(
+                ApiError(
+                    401,
+                    "invalid or missing API key: send the header 'Authorization: "
+                    "Bearer KEY' with the server's --api_key",
+                    None,
+                    "invalid_api_key",
+                )
+            )
             return await response(scope, receive, send)
 
         async def send_counted(message):
@@ -243,8 +305,9 @@ class Guard:
         return await self.app(scope, receive, send_counted)
 
 
-def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling, api_key: str = None,
-              lora_updating: bool = False) -> FastAPI:
+def build_app(
+    models: List[ServedModel], scheduler: Scheduler, default: Sampling, api_key: str = None, lora_updating: bool = False
+) -> FastAPI:
     app = FastAPI(title="paddlenlp_ext OpenAI-compatible server", docs_url=None, redoc_url=None, openapi_url=None)
     by_name = {m.name: m for m in models}
     names = [m.name for m in models]
@@ -259,10 +322,12 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
-        what = {404: f"no route {request.url.path}; endpoints: GET /v1/models, POST /v1/chat/completions, "
-                     "POST /v1/completions, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /metrics, "
-                     "GET /",
-                405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        what = {
+            404: f"no route {request.url.path}; endpoints: GET /v1/models, POST /v1/chat/completions, "
+            "POST /v1/completions, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /metrics, "
+            "GET /",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(e.status_code, str(e.detail))
         return error_response(ApiError(e.status_code, what, None, "not_found" if e.status_code == 404 else None))
 
     @app.exception_handler(500)
@@ -279,8 +344,9 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
         for card in model_cards(models, started)["data"]:
             if card["id"] == model_id:
                 return card
-        raise ApiError(404, f"the model {model_id!r} does not exist here; served: {', '.join(names)}", "model",
-                       "model_not_found")
+        raise ApiError(
+            404, f"the model {model_id!r} does not exist here; served: {', '.join(names)}", "model", "model_not_found"
+        )
 
     @app.get("/health")
     async def health():
@@ -288,8 +354,9 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(len(scheduler.waiting), scheduler.stats["running"]),
-                        media_type=metrics.content_type)
+        return Response(
+            metrics.render(len(scheduler.waiting), scheduler.stats["running"]), media_type=metrics.content_type
+        )
 
     scheduler.on_rows = metrics.batch_rows.observe
     add_token_routes(app, models, by_name)
@@ -324,8 +391,11 @@ def build_app(models: List[ServedModel], scheduler: Scheduler, default: Sampling
             metrics.generation_tokens.labels(req.model).inc(n_new)
 
         if req.stream:
-            return StreamingResponse(_stream(job, rid, created, observe), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _stream(job, rid, created, observe),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         events = await _wait_done(job, request)
         if events is None:  # the client is gone; nobody reads this
             return JSONResponse({}, status_code=499)

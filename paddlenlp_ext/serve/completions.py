@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from .protocol import COMPLETION_KEYS, MAX_N, MAX_TOP_LOGPROBS, GenRequest, Sampling, bad, bounded_int, \
-    common_fields, is_int, parse_sampling
+from .protocol import (
+    COMPLETION_KEYS,
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    GenRequest,
+    Sampling,
+    bad,
+    bounded_int,
+    common_fields,
+    is_int,
+    parse_sampling,
+)
 
 
 def parse_prompts(prompt: Any) -> List[Any]:
@@ -15,14 +25,15 @@ def parse_prompts(prompt: Any) -> List[Any]:
     >>> parse_prompts("hi"), parse_prompts(["a", "b"]), parse_prompts([1, 2]), parse_prompts([[1], [2, 3]])
     (['hi'], ['a', 'b'], [[1, 2]], [[1], [2, 3]])
     """
-    what = ("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
+    what = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids"
     if prompt is None:
         raise bad("prompt", what, "missing_required_parameter")
     if isinstance(prompt, str):
         return [prompt]
     if not isinstance(prompt, list) or not prompt:
-        raise bad("prompt", what + f", got {type(prompt).__name__ if prompt != [] else 'an empty list'}",
-                  "invalid_type")
+        raise bad(
+            "prompt", what + f", got {type(prompt).__name__ if prompt != [] else 'an empty list'}", "invalid_type"
+        )
     if all(is_int(t) for t in prompt):
         return [list(prompt)]
     out = []
@@ -49,10 +60,17 @@ def parse_completion(body: Any, models: List[str], default: Sampling) -> GenRequ
     k = bounded_int(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
     best_of = bounded_int(body, "best_of", 1, MAX_N, None)
     if best_of is not None and best_of != common["n"]:
-        raise bad("best_of", f"best_of {best_of} != n {common['n']} is not supported (ranking samples by "
-                  "likelihood is not implemented): leave best_of out")
+        raise bad(
+            "best_of",
+            f"best_of {best_of} != n {common['n']} is not supported (ranking samples by "
+            "likelihood is not implemented): leave best_of out",
+        )
     if common["stream"] and echo:
-        raise bad("echo", "echo with stream is not supported: send stream false (echo is for scoring prompts)",
-                  "unsupported_parameter")
-    return GenRequest(kind="completion", sampling=parse_sampling(body, default), prompt=prompts, logprobs=k,
-                      echo=echo, **common)
+        raise bad(
+            "echo",
+            "echo with stream is not supported: send stream false (echo is for scoring prompts)",
+            "unsupported_parameter",
+        )
+    return GenRequest(
+        kind="completion", sampling=parse_sampling(body, default), prompt=prompts, logprobs=k, echo=echo, **common
+    )

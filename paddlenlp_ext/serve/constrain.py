@@ -78,7 +78,7 @@ def longest_match(data: bytes, by_bytes: Dict[bytes, int], longest: int) -> List
     out, i = [], 0
     while i < len(data):
         for n in range(min(longest, len(data) - i), 0, -1):
-            t = by_bytes.get(data[i:i + n])
+            t = by_bytes.get(data[i : i + n])
             if t is not None:
                 out.append(t)
                 i += n
@@ -114,8 +114,8 @@ class _Wrapped:
         # after a NUL byte and drop its tokens (kept only when the rest decodes to the text itself)
         head = self._encode("\x00")
         ids = self._encode("\x00" + text)
-        if ids[:len(head)] == head and b"".join(self.tokens[t] for t in ids[len(head):]) == text.encode("utf-8"):
-            return ids[len(head):]
+        if ids[: len(head)] == head and b"".join(self.tokens[t] for t in ids[len(head) :]) == text.encode("utf-8"):
+            return ids[len(head) :]
         # the tokenizer normalizes the text (e.g. drops newlines): the longest tokens that spell its bytes exactly
         return longest_match(text.encode("utf-8"), self.by_bytes, self.longest)
 
@@ -152,9 +152,18 @@ def tool_call_schema(tools: List[Dict[str, Any]], style: str) -> Dict[str, Any]:
     """The JSON schema of one call to any of ``tools`` in the template's style (hermes: ``arguments``,
     llama3: ``parameters``)."""
     key = "parameters" if style == "llama3" else "arguments"
-    options = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                 key: t["function"].get("parameters") or {"type": "object"}},
-                "required": ["name", key], "additionalProperties": False} for t in tools]
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t["function"]["name"]},
+                key: t["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", key],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -179,8 +188,12 @@ class Constraint:
         self.eos_id = eos_id
         self.matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer, eos_id), grammar, log_level=0)
         if self.matcher.is_error():
-            raise ApiError(400, f"cannot compile this schema for constrained decoding: {self.matcher.get_error()}",
-                           "response_format", "invalid_schema")
+            raise ApiError(
+                400,
+                f"cannot compile this schema for constrained decoding: {self.matcher.get_error()}",
+                "response_format",
+                "invalid_schema",
+            )
 
     def mask(self, vocab: int) -> np.ndarray:
         allowed = np.zeros(vocab, dtype=bool)
@@ -205,8 +218,7 @@ def check_grammar(tokenizer, eos_id: int, grammar: str, param: str) -> None:
 
     err = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer(tokenizer, eos_id))
     if err and not err.startswith("WARNING"):
-        raise ApiError(400, f"{param}: cannot use this schema for constrained decoding: {err}", param,
-                       "invalid_schema")
+        raise ApiError(400, f"{param}: cannot use this schema for constrained decoding: {err}", param, "invalid_schema")
 
 
 def request_constraint(req, session) -> Optional[Callable[[], Constraint]]:

@@ -68,9 +68,14 @@ class RunningBatch:
         import paddle
 
         def run():
-            out = self.model(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                             position_ids=paddle.to_tensor(pos), past_key_values=cache, use_cache=True,
-                             return_dict=True)
+            out = self.model(
+                input_ids=paddle.to_tensor(ids),
+                attention_mask=paddle.to_tensor(mask),
+                position_ids=paddle.to_tensor(pos),
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=True,
+            )
             return out.logits, list(out.past_key_values)  # [b, q, V], [(k, v)] per layer
 
         if self.table is None:
@@ -99,14 +104,18 @@ class RunningBatch:
         self.rows += rows
         self.states += states
         self.seen += [list(ids[i]) for i in range(len(rows))]
-        self.nxt = np.concatenate([self.nxt, np.zeros(len(rows), "int64")]) if self.nxt is not None else \
-            np.zeros(len(rows), "int64")
+        self.nxt = (
+            np.concatenate([self.nxt, np.zeros(len(rows), "int64")])
+            if self.nxt is not None
+            else np.zeros(len(rows), "int64")
+        )
         last = logits[:, -1, :].astype("float32").numpy()  # [b, V]
         ended = []
         for j, r in enumerate(rows):
             if r.echo:
-                r.prompt_logprobs = prompt_logprobs(logits[j, L - len(r.prompt):].astype("float32").numpy(), r.prompt,
-                                                    r.logprobs or 0)
+                r.prompt_logprobs = prompt_logprobs(
+                    logits[j, L - len(r.prompt) :].astype("float32").numpy(), r.prompt, r.logprobs or 0
+                )
             if not r.generate or self._pick(start + j, last[j]):
                 ended.append(start + j)
         self._merge(cache, mask, pos[:, -1] + 1)
@@ -124,8 +133,13 @@ class RunningBatch:
             extra = T - m.shape[1]
             if not extra:
                 return c, m
-            c = [tuple(paddle.concat([paddle.zeros([x.shape[0], extra] + list(x.shape[2:]), dtype=x.dtype), x],
-                                     axis=1) for x in kv) for kv in c]  # [b, T, H, D]
+            c = [
+                tuple(
+                    paddle.concat([paddle.zeros([x.shape[0], extra] + list(x.shape[2:]), dtype=x.dtype), x], axis=1)
+                    for x in kv
+                )
+                for kv in c
+            ]  # [b, T, H, D]
             return c, np.concatenate([np.zeros((m.shape[0], extra), "int64"), m], axis=1)
 
         a, ma = pad(self.cache, self.mask)
@@ -159,8 +173,9 @@ class RunningBatch:
 
         self.mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), "int64")], axis=1)  # [B, T+1]
         with paddle.no_grad():
-            logits, self.cache = self._forward(self.nxt.reshape(-1, 1), self.mask, self.pos.reshape(-1, 1),
-                                               self.cache, self.slots)
+            logits, self.cache = self._forward(
+                self.nxt.reshape(-1, 1), self.mask, self.pos.reshape(-1, 1), self.cache, self.slots
+            )
         self.pos = self.pos + 1
         last = logits[:, -1, :].astype("float32").numpy()  # [B, V]
         ended = [i for i in range(len(self.rows)) if self._pick(i, last[i])]
@@ -192,8 +207,7 @@ class ContinuousLoop:
                 s._run(new)  # noqa: SLF001 -- the same worker thread
                 return True
             # the base's model, shared by its per-row adapters; each row's slot goes with it (serve.multilora)
-            self.running = RunningBatch(model.session.model, model.session.eos_ids, model.session.pad_id,
-                                        model.table)
+            self.running = RunningBatch(model.session.model, model.session.eos_ids, model.session.pad_id, model.table)
             self.running.served = model.group
             self.busy_since, self.jobs = time.time(), set()
         run = self.running
@@ -210,8 +224,15 @@ class ContinuousLoop:
             s.stats["running"] = 0
             s.stats["batches"] += 1
             s.stats["rows"] += len(self.jobs)
-            s.on_batch({"model": run.served, "rows": len(self.jobs), "seconds": time.time() - self.busy_since,
-                        "new_tokens": run.tokens, "cancelled": run.cancelled})
+            s.on_batch(
+                {
+                    "model": run.served,
+                    "rows": len(self.jobs),
+                    "seconds": time.time() - self.busy_since,
+                    "new_tokens": run.tokens,
+                    "cancelled": run.cancelled,
+                }
+            )
         return True
 
     def fail(self, e: Exception) -> None:

@@ -120,11 +120,10 @@ def draw(p: np.ndarray, u: float, block: int = 1024) -> int:
     cum = np.cumsum(sums)
     target = u * cum[-1]
     j = min(int(np.searchsorted(cum, target, side="right")), len(cum) - 1)
-    inner = np.cumsum(p[j * block:(j + 1) * block], dtype="float64")
-    k = j * block + min(int(np.searchsorted(inner, target - (cum[j - 1] if j else 0.0), side="right")),
-                        len(inner) - 1)
+    inner = np.cumsum(p[j * block : (j + 1) * block], dtype="float64")
+    k = j * block + min(int(np.searchsorted(inner, target - (cum[j - 1] if j else 0.0), side="right")), len(inner) - 1)
     if p[k] == 0:  # rounding put the draw on a masked token: take the nearest allowed one before it
-        nz = np.flatnonzero(p[:k + 1])
+        nz = np.flatnonzero(p[: k + 1])
         k = int(nz[-1]) if nz.size else int(np.argmax(p))
     return k
 
@@ -186,15 +185,22 @@ def prompt_logprobs(logits_row: np.ndarray, prompt: List[int], k: int) -> list:
     return out
 
 
-def decode(model, rows: List[Row], eos_ids: Sequence[int], pad_id: int, max_new: int,
-           on_token: Callable[[int, int, Optional[dict]], bool]) -> None:
+def decode(
+    model,
+    rows: List[Row],
+    eos_ids: Sequence[int],
+    pad_id: int,
+    max_new: int,
+    on_token: Callable[[int, int, Optional[dict]], bool],
+) -> None:
     """Generate for ``rows`` (module doc) for at most ``max_new`` steps."""
     import paddle
 
     from ..predict.generate import left_padded
 
-    inner, prepare = (model, model.prepare_inputs_for_generation) if not hasattr(model, "prefix_config") \
-        else _prefix_prepare(model)
+    inner, prepare = (
+        (model, model.prepare_inputs_for_generation) if not hasattr(model, "prefix_config") else _prefix_prepare(model)
+    )
     ids, mask, pos = left_padded([r.prompt for r in rows])  # [B, L] each
     B, L = ids.shape
     pad = [L - len(r.prompt) for r in rows]
@@ -210,8 +216,9 @@ def decode(model, rows: List[Row], eos_ids: Sequence[int], pad_id: int, max_new:
             if step == 0:
                 for i, r in enumerate(rows):
                     if r.echo:  # the prompt's own logprobs, from the prefill
-                        r.prompt_logprobs = prompt_logprobs(logits[i, pad[i]:].astype("float32").numpy(), r.prompt,
-                                                            r.logprobs or 0)
+                        r.prompt_logprobs = prompt_logprobs(
+                            logits[i, pad[i] :].astype("float32").numpy(), r.prompt, r.logprobs or 0
+                        )
             if all(done):
                 return
             last = logits[:, -1, :].astype("float32").numpy()  # [B, V]

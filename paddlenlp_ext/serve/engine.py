@@ -59,14 +59,24 @@ class Job:
     ``("done", finish_reason, prompt_tokens, completion_tokens, full_text, choice_index, extra)``,
     or ``("error", ApiError)``.  ``extra``: ``{"tokens", "infos", "prompt_ids", "prompt_infos"}``."""
 
-    def __init__(self, req: GenRequest, model, prompt_ids, max_new_tokens, loop: asyncio.AbstractEventLoop,
-                 constraint_factory: Optional[Callable[[], Any]] = None):
+    def __init__(
+        self,
+        req: GenRequest,
+        model,
+        prompt_ids,
+        max_new_tokens,
+        loop: asyncio.AbstractEventLoop,
+        constraint_factory: Optional[Callable[[], Any]] = None,
+    ):
         self.id = next(_ids)
         prompts = [prompt_ids] if prompt_ids and isinstance(prompt_ids[0], int) else list(prompt_ids)
         budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
         n = getattr(req, "n", 1)
-        self.choices = [Choice(p * n + j, prompts[p], budgets[p], constraint_factory() if constraint_factory else None)
-                        for p in range(len(prompts)) for j in range(n)]
+        self.choices = [
+            Choice(p * n + j, prompts[p], budgets[p], constraint_factory() if constraint_factory else None)
+            for p in range(len(prompts))
+            for j in range(n)
+        ]
         self.req, self.model = req, model
         self.prompt_ids, self.max_new_tokens = prompts[0], budgets[0]  # the first prompt's (logs, tests)
         self.prompt_tokens = sum(len(p) for p in prompts)
@@ -129,7 +139,7 @@ class RowState:
         return False
 
     def _emit_delta(self, delta: str) -> None:
-        infos = self.infos[self.sent:]
+        infos = self.infos[self.sent :]
         self.sent = len(self.infos)
         self.job.emit("delta", delta, self.choice.index, infos)
 
@@ -144,15 +154,28 @@ class RowState:
         self.reason = "stop" if cut is not None else reason
         self.job.remaining -= 1
         self.job.finished = self.job.remaining <= 0
-        extra = {"tokens": list(self.dec.ids), "infos": self.infos, "prompt_ids": self.choice.prompt_ids,
-                 "prompt_infos": getattr(self.row, "prompt_logprobs", None)}
-        self.job.emit("done", self.reason, len(self.choice.prompt_ids), len(self.dec.ids), answer,
-                      self.choice.index, extra)
+        extra = {
+            "tokens": list(self.dec.ids),
+            "infos": self.infos,
+            "prompt_ids": self.choice.prompt_ids,
+            "prompt_infos": getattr(self.row, "prompt_logprobs", None),
+        }
+        self.job.emit(
+            "done", self.reason, len(self.choice.prompt_ids), len(self.dec.ids), answer, self.choice.index, extra
+        )
 
 
 class Scheduler:
-    def __init__(self, models, max_batch_size: int = 16, max_queue: int = 64, batch_wait: float = 0.01,
-                 on_batch: Optional[Callable[[dict], None]] = None, continuous: bool = False, max_loras: int = 4):
+    def __init__(
+        self,
+        models,
+        max_batch_size: int = 16,
+        max_queue: int = 64,
+        batch_wait: float = 0.01,
+        on_batch: Optional[Callable[[dict], None]] = None,
+        continuous: bool = False,
+        max_loras: int = 4,
+    ):
         self.max_loras = max_loras  # distinct per-row adapters in one batch at most (vLLM's --max_loras)
         self.continuous = continuous  # serve.continuous: rows join and leave the running batch every step
         self.models = {m.name: m for m in models}
@@ -178,8 +201,9 @@ class Scheduler:
             if self.closing:
                 raise ApiError(503, "the server is shutting down; retry on another instance", None, "shutting_down")
             if len(self.waiting) >= self.max_queue:
-                raise ApiError(429, f"too many requests waiting ({self.max_queue}, --max_queue); retry shortly",
-                               None, "queue_full")
+                raise ApiError(
+                    429, f"too many requests waiting ({self.max_queue}, --max_queue); retry shortly", None, "queue_full"
+                )
             self.waiting.append(job)
             self.cond.notify()
 
@@ -303,10 +327,21 @@ class Scheduler:
             sp, req = j.req.sampling, j.req
             for c in j.choices:
                 rng = np.random.default_rng([sp.seed, c.index]) if sp.seed is not None else np.random.default_rng()
-                rows.append(Row(prompt=c.prompt_ids, greedy=sp.greedy, temperature=sp.temperature, top_p=sp.top_p,
-                                top_k=sp.top_k, repetition_penalty=float(model.options.repetition_penalty), rng=rng,
-                                logprobs=getattr(req, "logprobs", None), echo=getattr(req, "echo", False),
-                                constraint=c.constraint, generate=c.max_new_tokens > 0))
+                rows.append(
+                    Row(
+                        prompt=c.prompt_ids,
+                        greedy=sp.greedy,
+                        temperature=sp.temperature,
+                        top_p=sp.top_p,
+                        top_k=sp.top_k,
+                        repetition_penalty=float(model.options.repetition_penalty),
+                        rng=rng,
+                        logprobs=getattr(req, "logprobs", None),
+                        echo=getattr(req, "echo", False),
+                        constraint=c.constraint,
+                        generate=c.max_new_tokens > 0,
+                    )
+                )
                 states.append(RowState(j, c, text, rows[-1]))
         return rows, states
 
@@ -332,8 +367,14 @@ class Scheduler:
             try:
                 if table is not None:  # each row's adapter slot, -1 for the base (serve.multilora)
                     table.set_rows([-1 if st.job.model.slot is None else st.job.model.slot for st in states])
-                decode(s.model, rows, s.eos_ids, s.pad_id, max(c.max_new_tokens for j in jobs for c in j.choices),
-                       lambda i, t, info: states[i].add(t, info, eos))
+                decode(
+                    s.model,
+                    rows,
+                    s.eos_ids,
+                    s.pad_id,
+                    max(c.max_new_tokens for j in jobs for c in j.choices),
+                    lambda i, t, info: states[i].add(t, info, eos),
+                )
             except Exception as e:  # reported to each request of this batch as a 500; the server goes on
                 _log.exception("generation failed")
                 for j in jobs:
@@ -351,6 +392,13 @@ class Scheduler:
             self.stats["batches"] += 1
             self.stats["rows"] += len(jobs)
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(rows))
-            self.on_batch({"model": model.name, "rows": len(jobs), "choices": len(rows), "seconds": time.time() - t0,
-                           "new_tokens": sum(len(x.ids) for x in states),
-                           "cancelled": sum(x.reason == "cancelled" for x in states)})
+            self.on_batch(
+                {
+                    "model": model.name,
+                    "rows": len(jobs),
+                    "choices": len(rows),
+                    "seconds": time.time() - t0,
+                    "new_tokens": sum(len(x.ids) for x in states),
+                    "cancelled": sum(x.reason == "cancelled" for x in states),
+                }
+            )

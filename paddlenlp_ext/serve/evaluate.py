@@ -27,26 +27,42 @@ MODELS = {"local-completions": "/v1/completions", "local-chat-completions": "/v1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Run lm-eval tasks against llm/predict/server.py serving a base "
-                                "model or base + adapter. See docs/eval.md.", allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        description="Run lm-eval tasks against llm/predict/server.py serving a base "
+        "model or base + adapter. See docs/eval.md.",
+        allow_abbrev=False,
+    )
     p.add_argument("--model_name_or_path", required=True, help="the base model directory")
     p.add_argument("--lora_path", default=None, help="evaluate base + this adapter (any the predictor takes)")
     p.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated")
     p.add_argument("--output_dir", required=True, help="lm-eval's output; results.json is copied to its top")
     p.add_argument("--include_path", default=None, help="a directory of your own lm-eval task YAML files")
-    p.add_argument("--model", default="local-completions", choices=sorted(MODELS),
-                   help="lm-eval's API model: local-completions (log-likelihood and generate-until) or "
-                   "local-chat-completions (generate-until through the chat template)")
+    p.add_argument(
+        "--model",
+        default="local-completions",
+        choices=sorted(MODELS),
+        help="lm-eval's API model: local-completions (log-likelihood and generate-until) or "
+        "local-chat-completions (generate-until through the chat template)",
+    )
     p.add_argument("--batch_size", type=int, default=8, help="prompts per request (local-completions)")
     p.add_argument("--max_length", type=int, default=2048, help="the server's context (prompt + answer)")
     p.add_argument("--num_fewshot", type=int, default=None)
     p.add_argument("--limit", type=float, default=None, help="examples per task (a count, or a fraction < 1)")
-    p.add_argument("--apply_chat_template", action="store_true", help="lm-eval renders chat messages "
-                   "(needed by local-chat-completions; the server applies the model's template)")
+    p.add_argument(
+        "--apply_chat_template",
+        action="store_true",
+        help="lm-eval renders chat messages "
+        "(needed by local-chat-completions; the server applies the model's template)",
+    )
     p.add_argument("--log_samples", action="store_true", help="lm-eval also writes every request and response")
     p.add_argument("--gen_kwargs", default=None, help="lm-eval's --gen_kwargs, e.g. max_gen_toks=64")
-    p.add_argument("--server_arg", action="append", default=[], metavar="ARG",
-                   help="one more argument for llm/predict/server.py (repeat), e.g. --server_arg=--dtype=float32")
+    p.add_argument(
+        "--server_arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for llm/predict/server.py (repeat), e.g. --server_arg=--dtype=float32",
+    )
     return p
 
 
@@ -67,15 +83,39 @@ def problems(a: argparse.Namespace) -> List[str]:
 
 def lm_eval_command(a: argparse.Namespace, url: str, served: str, key: str) -> List[str]:
     """The ``python -m lm_eval run`` command line for a server at ``url`` serving ``served``."""
-    margs = [f"model={served}", f"base_url={url}{MODELS[a.model]}", "num_concurrent=1", "max_retries=1",
-             f"max_length={a.max_length}", f"auth_token={key}", "timeout=600"]
+    margs = [
+        f"model={served}",
+        f"base_url={url}{MODELS[a.model]}",
+        "num_concurrent=1",
+        "max_retries=1",
+        f"max_length={a.max_length}",
+        f"auth_token={key}",
+        "timeout=600",
+    ]
     if a.model == "local-completions":
         margs += ["tokenizer_backend=remote", "tokenized_requests=True"]
-    cmd = [sys.executable, "-m", "lm_eval", "run", "--model", a.model, "--model_args", ",".join(margs),
-           "--tasks", a.tasks, "--output_path", a.output_dir,
-           "--batch_size", str(a.batch_size if a.model == "local-completions" else 1)]
-    for flag, value in (("--include_path", a.include_path), ("--num_fewshot", a.num_fewshot),
-                        ("--limit", a.limit), ("--gen_kwargs", a.gen_kwargs)):
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        a.model,
+        "--model_args",
+        ",".join(margs),
+        "--tasks",
+        a.tasks,
+        "--output_path",
+        a.output_dir,
+        "--batch_size",
+        str(a.batch_size if a.model == "local-completions" else 1),
+    ]
+    for flag, value in (
+        ("--include_path", a.include_path),
+        ("--num_fewshot", a.num_fewshot),
+        ("--limit", a.limit),
+        ("--gen_kwargs", a.gen_kwargs),
+    ):
         if value is not None:
             cmd += [flag, str(int(value) if flag == "--limit" and value >= 1 else value)]
     if a.apply_chat_template:
@@ -95,14 +135,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = parser.parse_args(argv)
     bad = problems(a)
     if bad:
-        print(parser.format_usage() + "error: " + "\n  ".join(["bad arguments (see docs/eval.md):"] + bad),
-              file=sys.stderr)
+        print(
+            parser.format_usage() + "error: " + "\n  ".join(["bad arguments (see docs/eval.md):"] + bad),
+            file=sys.stderr,
+        )
         return 2
     os.makedirs(a.output_dir, exist_ok=True)
     key = secrets.token_hex(16)
     served = "adapter" if a.lora_path else "base"
-    args = ["--host", "127.0.0.1", "--model_name_or_path", a.model_name_or_path, "--served_model_name", "base",
-            "--max_length", str(a.max_length), "--api_key", key, "--max_batch_size", str(max(a.batch_size, 1))]
+    args = [
+        "--host",
+        "127.0.0.1",
+        "--model_name_or_path",
+        a.model_name_or_path,
+        "--served_model_name",
+        "base",
+        "--max_length",
+        str(a.max_length),
+        "--api_key",
+        key,
+        "--max_batch_size",
+        str(max(a.batch_size, 1)),
+    ]
     if a.lora_path:
         args += ["--lora_path", f"adapter={a.lora_path}"]
     try:
@@ -111,8 +165,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        print(f"[eval] server on {server.url} ({served}); running lm-eval {a.model} on {a.tasks}", file=sys.stderr,
-              flush=True)
+        print(
+            f"[eval] server on {server.url} ({served}); running lm-eval {a.model} on {a.tasks}",
+            file=sys.stderr,
+            flush=True,
+        )
         env = dict(os.environ, OPENAI_API_KEY=key, TOKENIZERS_PARALLELISM="false")
         rc = subprocess.call(lm_eval_command(a, server.url, served, key), env=env)
     finally:

@@ -25,8 +25,9 @@ def top_dict(top: Sequence[tuple], text: Callable[[int], str]) -> Dict[str, floa
     return out
 
 
-def completion_logprobs(tokens: Sequence[int], infos: Sequence[Optional[dict]], text: Callable[[int], str],
-                        offset: int = 0) -> Dict[str, list]:
+def completion_logprobs(
+    tokens: Sequence[int], infos: Sequence[Optional[dict]], text: Callable[[int], str], offset: int = 0
+) -> Dict[str, list]:
     """The legacy ``logprobs`` object of ``tokens`` (prompt tokens first when echoed).
 
     >>> completion_logprobs([1, 2], [None, {"logprob": -0.5, "top": [(3, -0.2)]}], {1: "A", 2: "b", 3: "c"}.get)

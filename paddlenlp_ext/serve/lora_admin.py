@@ -40,19 +40,29 @@ def add_lora_routes(app: FastAPI, models: List[ServedModel], by_name, names: Lis
         body = await read_json(request)
         name, path = _name(body, "lora_name"), _name(body, "lora_path")
         if name in by_name:
-            raise ApiError(400, f"the model name {name!r} is already served; unload it first", "lora_name",
-                           "invalid_value")
+            raise ApiError(
+                400, f"the model name {name!r} is already served; unload it first", "lora_name", "invalid_value"
+            )
         if not NAME_RE.match(name):
-            raise ApiError(400, "lora_name: use letters, digits and . _ : / - (at most 128 characters)", "lora_name",
-                           "invalid_value")
+            raise ApiError(
+                400,
+                "lora_name: use letters, digits and . _ : / - (at most 128 characters)",
+                "lora_name",
+                "invalid_value",
+            )
         opts, problems, _ = check_options(dataclasses.replace(base.options, lora_path=path))
         if problems:
             raise ApiError(400, "; ".join(problems), "lora_path", "invalid_value")
         why = await run_in_threadpool(per_row_refusal, path)
         if why is not None or hasattr(base.session.model, "prefix_config"):
-            raise ApiError(400, f"lora_path {path}: only plain LoRA adapters can be loaded at runtime (applied per "
-                           f"row on the shared base); this is {why or 'on a prefix-tuning base'}. Serve it with "
-                           "--lora_path NAME=DIR at start", "lora_path", "invalid_value")
+            raise ApiError(
+                400,
+                f"lora_path {path}: only plain LoRA adapters can be loaded at runtime (applied per "
+                f"row on the shared base); this is {why or 'on a prefix-tuning base'}. Serve it with "
+                "--lora_path NAME=DIR at start",
+                "lora_path",
+                "invalid_value",
+            )
         m = ServedModel(name=name, options=opts, parent=base.name)
         try:
             await run_in_threadpool(add_row_adapter, base, m)
@@ -72,8 +82,12 @@ def add_lora_routes(app: FastAPI, models: List[ServedModel], by_name, names: Lis
             raise ApiError(404, f"no per-row LoRA adapter named {name!r} is loaded", "lora_name", "model_not_found")
         with scheduler.cond:
             if any(j.model is m for j in scheduler.waiting):
-                raise ApiError(409, f"requests for {name!r} are waiting; unload it when they are answered",
-                               "lora_name", "adapter_busy")
+                raise ApiError(
+                    409,
+                    f"requests for {name!r} are waiting; unload it when they are answered",
+                    "lora_name",
+                    "adapter_busy",
+                )
             del by_name[name]  # no new request can name it from now on
             names.remove(name)
             models.remove(m)

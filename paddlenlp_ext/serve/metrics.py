@@ -21,20 +21,34 @@ class Metrics:
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter(PREFIX + "requests", "HTTP requests by endpoint and status code",
-                                ["endpoint", "status"], registry=r)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "prompt tokens of finished requests", ["model"],
-                                     registry=r)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "generated tokens of finished requests",
-                                         ["model"], registry=r)
+        self.requests = Counter(
+            PREFIX + "requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "prompt tokens of finished requests", ["model"], registry=r
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "generated tokens of finished requests", ["model"], registry=r
+        )
         self.waiting = Gauge(PREFIX + "num_requests_waiting", "requests waiting for a batch", registry=r)
         self.running = Gauge(PREFIX + "num_rows_running", "rows (choices) generating now", registry=r)
-        self.batch_rows = Histogram(PREFIX + "batch_size_rows", "rows per generation batch", buckets=BATCH_BUCKETS,
-                                    registry=r)
-        self.latency = Histogram(PREFIX + "e2e_request_latency_seconds", "request latency, arrival to last token",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.first_token = Histogram(PREFIX + "time_to_first_token_seconds", "arrival to the first streamed text",
-                                     ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_rows = Histogram(
+            PREFIX + "batch_size_rows", "rows per generation batch", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.latency = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "request latency, arrival to last token",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_token = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "arrival to the first streamed text",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def render(self, waiting: int, running: int) -> bytes:
         self.waiting.set(waiting)

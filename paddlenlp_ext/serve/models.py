@@ -56,8 +56,9 @@ def split_lora_arg(value: str) -> Tuple[str, str]:
     return os.path.basename(os.path.normpath(value)), value
 
 
-def plan_models(base: PredictOptions, served_name: Optional[str], lora_args: List[str]) -> Tuple[List[ServedModel],
-                                                                                               List[str]]:
+def plan_models(
+    base: PredictOptions, served_name: Optional[str], lora_args: List[str]
+) -> Tuple[List[ServedModel], List[str]]:
     """(models, problems): every name and directory checked with the predictor's checks, before anything loads."""
     problems: List[str] = []
     name = served_name or os.path.basename(os.path.normpath(base.model_name_or_path))
@@ -110,8 +111,12 @@ def add_row_adapter(base: ServedModel, m: ServedModel) -> None:
     cfg = base.table.add(m.name, path, base.options.model_name_or_path)
     m.parent, m.table, m.slot = base.name, base.table, base.table.slots[m.name]
     kind = cfg.method + ("+rslora" if cfg.rslora else "")
-    m.session = dataclasses.replace(base.session, description=base.session.description.replace(
-        "+ no adapter", f"+ {kind} adapter {path} (r={cfg.r}, applied per row on the shared base)"))
+    m.session = dataclasses.replace(
+        base.session,
+        description=base.session.description.replace(
+            "+ no adapter", f"+ {kind} adapter {path} (r={cfg.r}, applied per row on the shared base)"
+        ),
+    )
 
 
 def default_sampling(o: PredictOptions) -> Sampling:
@@ -139,7 +144,7 @@ def prompt_ids(req: GenRequest, model: ServedModel):
     try:
         # src_length = limit: nothing is cut unless the prompt alone fills the context (`truncated`);
         # max_length unbounded so build_prompt leaves the refusal to the checks below
-        p = build_prompt(rec, s.tokenizer, limit, 2 ** 62, s.use_template, s.jinja)
+        p = build_prompt(rec, s.tokenizer, limit, 2**62, s.use_template, s.jinja)
     except PredictInputError as e:  # the chat template refused the conversation
         raise ApiError(400, str(e), "messages", "invalid_value") from e
     ids = p.ids
@@ -160,16 +165,30 @@ def _tool_prompt_ids(req: GenRequest, model: ServedModel) -> List[int]:
 
     s = model.session
     if not s.jinja:
-        raise ApiError(400, "tools, tool calls and tool results are rendered by the model's jinja chat template, and "
-                       "this model has none: start the server with --chat_template FILE.jinja (or add chat_template "
-                       "to the model's tokenizer_config.json)", "tools", "chat_template_required")
+        raise ApiError(
+            400,
+            "tools, tool calls and tool results are rendered by the model's jinja chat template, and "
+            "this model has none: start the server with --chat_template FILE.jinja (or add chat_template "
+            "to the model's tokenizer_config.json)",
+            "tools",
+            "chat_template_required",
+        )
     if req.tool_choice != "none" and tool_style(s.jinja) is None:
-        raise ApiError(400, "this model's chat template writes no tool-call format the server can parse (Hermes/Qwen "
-                       "<tool_call> blocks or Llama 3 JSON); send tool_choice \"none\" or use such a template",
-                       "tools", "tool_format_unknown")
+        raise ApiError(
+            400,
+            "this model's chat template writes no tool-call format the server can parse (Hermes/Qwen "
+            '<tool_call> blocks or Llama 3 JSON); send tool_choice "none" or use such a template',
+            "tools",
+            "tool_format_unknown",
+        )
     try:
-        text = render(s.jinja, req.messages, req.tools if req.tool_choice != "none" else None, True,
-                      special_tokens_of(s.tokenizer))
+        text = render(
+            s.jinja,
+            req.messages,
+            req.tools if req.tool_choice != "none" else None,
+            True,
+            special_tokens_of(s.tokenizer),
+        )
     except TemplateRenderError as e:
         raise ApiError(400, str(e), "messages", "invalid_value") from e
     return _encode(s.tokenizer, text)
@@ -187,22 +206,35 @@ def _completion_ids(p, i: int, req: GenRequest, model: ServedModel) -> List[int]
     bad_ids = [t for t in p if not 0 <= t < v]
     if bad_ids:
         where = "prompt" if len(req.prompt) == 1 else f"prompt[{i}]"
-        raise ApiError(400, f"{where} has token id(s) {bad_ids[:5]} outside this model's vocabulary [0, {v})",
-                       where, "invalid_value")
+        raise ApiError(
+            400,
+            f"{where} has token id(s) {bad_ids[:5]} outside this model's vocabulary [0, {v})",
+            where,
+            "invalid_value",
+        )
     return list(p)
 
 
 def _check_room(ids: List[int], req: GenRequest, model: ServedModel, param: str) -> None:
     limit = model.options.max_length
     if len(ids) >= limit + (1 if req.max_tokens == 0 else 0):
-        raise ApiError(400, f"this model's maximum context length is {limit} tokens (prompt + answer); the "
-                       f"{'messages are' if param == 'messages' else 'prompt is'} {len(ids)} tokens. Shorten it.",
-                       param, "context_length_exceeded")
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {limit} tokens (prompt + answer); the "
+            f"{'messages are' if param == 'messages' else 'prompt is'} {len(ids)} tokens. Shorten it.",
+            param,
+            "context_length_exceeded",
+        )
     room = limit - len(ids)
     if req.max_tokens is not None and req.max_tokens > room:
-        raise ApiError(400, f"this model's maximum context length is {limit} tokens; you requested "
-                       f"{len(ids) + req.max_tokens} ({len(ids)} in the prompt, {req.max_tokens} for the answer). "
-                       f"Use max_tokens {room} or less.", "max_tokens", "context_length_exceeded")
+        raise ApiError(
+            400,
+            f"this model's maximum context length is {limit} tokens; you requested "
+            f"{len(ids) + req.max_tokens} ({len(ids)} in the prompt, {req.max_tokens} for the answer). "
+            f"Use max_tokens {room} or less.",
+            "max_tokens",
+            "context_length_exceeded",
+        )
 
 
 def _refuse_dropped_system(rec: PromptRecord, ids: List[int], session, limit: int) -> None:
@@ -211,17 +243,34 @@ def _refuse_dropped_system(rec: PromptRecord, ids: List[int], session, limit: in
     wrong.  (A jinja template renders the system message as transformers does: never refused.)"""
     from ..predict.prompts import build_prompt
 
-    bare = build_prompt(dataclasses.replace(rec, system=None), session.tokenizer, limit, 2 ** 62, True)
+    bare = build_prompt(dataclasses.replace(rec, system=None), session.tokenizer, limit, 2**62, True)
     if bare.ids == ids:
-        raise ApiError(400, "this model's chat template (PaddleNLP's chat_template.json) has no system slot, so "
-                       "the system message would be dropped; leave it out, or put its text in the first user "
-                       "message", "messages[0]", "system_message_unsupported")
+        raise ApiError(
+            400,
+            "this model's chat template (PaddleNLP's chat_template.json) has no system slot, so "
+            "the system message would be dropped; leave it out, or put its text in the first user "
+            "message",
+            "messages[0]",
+            "system_message_unsupported",
+        )
 
 
 def model_cards(models: List[ServedModel], created: int) -> Dict[str, Any]:
     """``GET /v1/models``: OpenAI's list, plus what each name is (base directory, adapter)."""
-    return {"object": "list", "data": [
-        {"id": m.name, "object": "model", "created": created, "owned_by": "paddlenlp_ext",
-         "root": m.options.lora_path or m.options.model_name_or_path, "parent": m.parent,
-         "adapter": m.options.lora_path, "per_row": m.slot is not None,
-         "max_model_len": m.options.max_length} for m in models]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": created,
+                "owned_by": "paddlenlp_ext",
+                "root": m.options.lora_path or m.options.model_name_or_path,
+                "parent": m.parent,
+                "adapter": m.options.lora_path,
+                "per_row": m.slot is not None,
+                "max_model_len": m.options.max_length,
+            }
+            for m in models
+        ],
+    }

@@ -50,10 +50,15 @@ class ServerProcess:
         self._ready.set()  # the process ended (its output is complete)
 
     def start(self) -> "ServerProcess":
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([self.python, SCRIPT] + self.args, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [self.python, SCRIPT] + self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.time() + self.timeout
         while not self._ready.wait(0.2):
@@ -116,7 +121,7 @@ def malformed_requests(model: str) -> List[Tuple[str, str, Any]]:
         ("no model", chat, {"messages": msg}),
         ("no messages", chat, {"model": model}),
         ("negative max_tokens", chat, ok(max_tokens=-5)),
-        ("huge max_tokens", chat, ok(max_tokens=10 ** 9)),
+        ("huge max_tokens", chat, ok(max_tokens=10**9)),
         ("1 MB prompt", chat, {"model": model, "messages": [{"role": "user", "content": "x " * 500000}]}),
         ("max_tokens of the wrong type", chat, ok(max_tokens="ten")),
         ("bad role", chat, {"model": model, "messages": [{"role": "wizard", "content": "hi"}]}),
@@ -127,7 +132,7 @@ def malformed_requests(model: str) -> List[Tuple[str, str, Any]]:
         ("n over the limit", chat, ok(n=1000)),
         ("five stop sequences", chat, ok(stop=["a", "b", "c", "d", "e"])),
         ("messages a string", chat, {"model": model, "messages": "hello"}),
-        ("token id outside the vocabulary", "/v1/completions", {"model": model, "prompt": [1, 2, 10 ** 9]}),
+        ("token id outside the vocabulary", "/v1/completions", {"model": model, "prompt": [1, 2, 10**9]}),
         ("echo while streaming", "/v1/completions", {"model": model, "prompt": "hi", "echo": True, "stream": True}),
         ("unknown parameter", "/v1/completions", {"model": model, "prompt": "hi", "bogus_option": 1}),
         ("5 MB body", chat, b"x" * (5 * 1024 * 1024)),

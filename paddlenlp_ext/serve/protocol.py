@@ -22,16 +22,27 @@ ROLES = ("system", "developer", "user", "assistant")
 #: parameters that change nothing about the answer, accepted and not used
 HARMLESS = {"user", "metadata", "store", "stream_options", "service_tier", "parallel_tool_calls"}
 #: OpenAI parameters this server does not implement, with the value that means "off" (accepted as such)
-UNSUPPORTED = {"functions": None, "function_call": None,
-               "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "suffix": None,
-               "modalities": None, "audio": None, "prediction": None, "reasoning_effort": None}
+UNSUPPORTED = {
+    "functions": None,
+    "function_call": None,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logit_bias": None,
+    "suffix": None,
+    "modalities": None,
+    "audio": None,
+    "prediction": None,
+    "reasoning_effort": None,
+}
 #: "off" values besides None that mean the same (OpenAI's own defaults, which its clients may send)
-ALSO_OFF = {"logit_bias": ({},), "modalities": (["text"],),
-            "suffix": ("",)}
+ALSO_OFF = {"logit_bias": ({},), "modalities": (["text"],), "suffix": ("",)}
 MAX_N = 16  # choices per request (each is a row of the batch)
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API (vLLM's default limit too)
-COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "n", "logprobs",
-          "response_format"} | HARMLESS | set(UNSUPPORTED)
+COMMON = (
+    {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "n", "logprobs", "response_format"}
+    | HARMLESS
+    | set(UNSUPPORTED)
+)
 CHAT_KEYS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
 COMPLETION_KEYS = COMMON | {"prompt", "echo", "best_of"}
 
@@ -39,8 +50,15 @@ COMPLETION_KEYS = COMMON | {"prompt", "echo", "best_of"}
 class ApiError(Exception):
     """A request the server refuses: HTTP status + OpenAI's error object."""
 
-    TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+    TYPES = {
+        400: "invalid_request_error",
+        404: "invalid_request_error",
+        405: "invalid_request_error",
+        413: "invalid_request_error",
+        429: "rate_limit_error",
+        500: "server_error",
+        503: "server_error",
+    }
 
     def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None):
         super().__init__(message)
@@ -52,8 +70,14 @@ class ApiError(Exception):
         >>> ApiError(400, "bad", "top_p", "invalid_value").body()["error"]["type"]
         'invalid_request_error'
         """
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad(param: Optional[str], message: str, code: str = "invalid_value") -> ApiError:
@@ -114,8 +138,13 @@ def _check_keys(body: Dict[str, Any], allowed: set, endpoint: str) -> None:
             raise bad(key, f"unknown parameter {key!r} for {endpoint}", "unknown_parameter")
     for key, off in UNSUPPORTED.items():
         if key in body and body[key] is not None and body[key] != off and body[key] not in ALSO_OFF.get(key, ()):
-            raise bad(key, f"{key}={body[key]!r} is not supported by this server (leave it out"
-                      + ("" if off is None else f" or send {off!r}") + ")", "unsupported_parameter")
+            raise bad(
+                key,
+                f"{key}={body[key]!r} is not supported by this server (leave it out"
+                + ("" if off is None else f" or send {off!r}")
+                + ")",
+                "unsupported_parameter",
+            )
 
 
 def text_content(content: Any, where: str) -> str:
@@ -130,8 +159,10 @@ def text_content(content: Any, where: str) -> str:
         parts = []
         for i, p in enumerate(content):
             if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                raise bad(f"{where}[{i}]", f"{where}[{i}] must be {{\"type\": \"text\", \"text\": \"...\"}} "
-                          "(this server reads text only)")
+                raise bad(
+                    f"{where}[{i}]",
+                    f'{where}[{i}] must be {{"type": "text", "text": "..."}} (this server reads text only)',
+                )
             parts.append(p["text"])
         return "".join(parts)
     raise bad(where, f"{where} must be a string or a non-empty list of text parts, got {type(content).__name__}")
@@ -147,8 +178,11 @@ def parse_messages(messages: Any) -> Conversation:
     (['Hi', 'Bye'], ['Hello!'], 'Be brief.')
     """
     if not isinstance(messages, list) or not messages:
-        raise bad("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects",
-                  "missing_required_parameter" if messages is None else "invalid_type")
+        raise bad(
+            "messages",
+            'messages must be a non-empty list of {"role", "content"} objects',
+            "missing_required_parameter" if messages is None else "invalid_type",
+        )
     system, src, history = None, [], []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -156,20 +190,29 @@ def parse_messages(messages: Any) -> Conversation:
             raise bad(where, f"{where} must be an object with 'role' and 'content'", "invalid_type")
         role = m.get("role")
         if role not in ROLES:
-            raise bad(f"{where}.role", f"{where}.role {role!r} is not supported: use one of {', '.join(ROLES)} "
-                      "(tool and function messages are not supported)")
+            raise bad(
+                f"{where}.role",
+                f"{where}.role {role!r} is not supported: use one of {', '.join(ROLES)} "
+                "(tool and function messages are not supported)",
+            )
         if "content" not in m or m["content"] is None:
             raise bad(f"{where}.content", f"{where} has no content", "missing_required_parameter")
         text = text_content(m["content"], f"{where}.content")
         if role in ("system", "developer"):
             if i != 0:
-                raise bad(f"{where}.role", f"{where}: a {role} message is only accepted first (one system prompt "
-                          "per conversation, as in training)")
+                raise bad(
+                    f"{where}.role",
+                    f"{where}: a {role} message is only accepted first (one system prompt "
+                    "per conversation, as in training)",
+                )
             system = text
         elif role == "user":
             if len(src) != len(history):
-                raise bad(f"{where}.role", f"{where}: two user messages in a row; user and assistant turns must "
-                          "alternate (join the two user messages into one)")
+                raise bad(
+                    f"{where}.role",
+                    f"{where}: two user messages in a row; user and assistant turns must "
+                    "alternate (join the two user messages into one)",
+                )
             src.append(text)
         else:
             if len(src) != len(history) + 1:
@@ -205,7 +248,7 @@ def parse_sampling(body: Dict[str, Any], default: Sampling) -> Sampling:
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         raise bad("seed", f"seed must be an integer, got {type(seed).__name__}", "invalid_type")
-    if seed is not None and not 0 <= seed < 2 ** 63:
+    if seed is not None and not 0 <= seed < 2**63:
         raise bad("seed", f"seed {seed} is out of range: must be in [0, 2**63)")
     if temperature is None and top_p is None:
         return Sampling(default.greedy, default.temperature, default.top_p, default.top_k, seed)
@@ -249,22 +292,30 @@ def common_fields(body: Any, endpoint: str, allowed: set, models: List[str]) -> 
     _check_keys(body, allowed, endpoint)
     model = body.get("model")
     if model is None:
-        raise bad("model", f"model is required: one of {', '.join(models)} (GET /v1/models)",
-                  "missing_required_parameter")
+        raise bad(
+            "model", f"model is required: one of {', '.join(models)} (GET /v1/models)", "missing_required_parameter"
+        )
     if not isinstance(model, str):
         raise bad("model", f"model must be a string, got {type(model).__name__}", "invalid_type")
     if model not in models:
-        raise ApiError(404, f"the model {model!r} does not exist here; served: {', '.join(models)}", "model",
-                       "model_not_found")
+        raise ApiError(
+            404, f"the model {model!r} does not exist here; served: {', '.join(models)}", "model", "model_not_found"
+        )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad("stream", f"stream must be true or false, got {stream!r}", "invalid_type")
     opts = body.get("stream_options")
     if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
-        raise bad("stream_options", "stream_options must be {\"include_usage\": true|false}", "invalid_type")
-    return {"model": model, "stream": stream, "include_usage": bool(stream and opts and opts.get("include_usage")),
-            "max_tokens": _max_tokens(body), "stop": parse_stop(body.get("stop")), "n": bounded_int(body, "n", 1, MAX_N, 1),
-            "response_format": parse_response_format(body.get("response_format"))}
+        raise bad("stream_options", 'stream_options must be {"include_usage": true|false}', "invalid_type")
+    return {
+        "model": model,
+        "stream": stream,
+        "include_usage": bool(stream and opts and opts.get("include_usage")),
+        "max_tokens": _max_tokens(body),
+        "stop": parse_stop(body.get("stop")),
+        "n": bounded_int(body, "n", 1, MAX_N, 1),
+        "response_format": parse_response_format(body.get("response_format")),
+    }
 
 
 def bounded_int(body: Dict[str, Any], key: str, lo: int, hi: int, default: Optional[int]) -> Optional[int]:
@@ -287,15 +338,22 @@ def parse_response_format(value: Any) -> Optional[Dict[str, Any]]:
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad("response_format", "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                  "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}", "invalid_type")
+        raise bad(
+            "response_format",
+            'response_format must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+            "invalid_type",
+        )
     if value["type"] == "text":
         return None
     if value["type"] == "json_schema":
         js = value.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
-            raise bad("response_format.json_schema", "response_format.json_schema must be an object with a "
-                      "\"schema\" object (a JSON Schema)", "invalid_type")
+            raise bad(
+                "response_format.json_schema",
+                'response_format.json_schema must be an object with a "schema" object (a JSON Schema)',
+                "invalid_type",
+            )
     return value
 
 
@@ -303,12 +361,15 @@ def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     """A ``/v1/chat/completions`` body -> GenRequest, or ApiError naming the parameter."""
     common = common_fields(body, "/v1/chat/completions", CHAT_KEYS, models)
     if "messages" not in body:
-        raise bad("messages", "messages is required: [{\"role\": \"user\", \"content\": \"...\"}]",
-                  "missing_required_parameter")
+        raise bad(
+            "messages", 'messages is required: [{"role": "user", "content": "..."}]', "missing_required_parameter"
+        )
     tools, choice = parse_tools(body)
     raw = body["messages"]
-    with_tools = tools is not None or (isinstance(raw, list) and any(
-        isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in raw))
+    with_tools = tools is not None or (
+        isinstance(raw, list)
+        and any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in raw)
+    )
     conversation, messages = (None, tool_messages(raw)) if with_tools else (parse_messages(raw), None)
     want = body.get("logprobs")
     if want is not None and not isinstance(want, bool):
@@ -316,9 +377,16 @@ def parse_chat(body: Any, models: List[str], default: Sampling) -> GenRequest:
     top = bounded_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
     if top is not None and not want:
         raise bad("top_logprobs", "top_logprobs needs logprobs: true")
-    return GenRequest(kind="chat", sampling=parse_sampling(body, default), conversation=conversation,
-                      logprobs=(top or 0) if want else None, messages=messages, tools=tools, tool_choice=choice,
-                      **common)
+    return GenRequest(
+        kind="chat",
+        sampling=parse_sampling(body, default),
+        conversation=conversation,
+        logprobs=(top or 0) if want else None,
+        messages=messages,
+        tools=tools,
+        tool_choice=choice,
+        **common,
+    )
 
 
 def parse_tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Any]:
@@ -330,11 +398,19 @@ def parse_tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], A
     tools = body.get("tools") or None
     if tools is not None:
         if not isinstance(tools, list) or not all(
-                isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
-                and isinstance(t["function"].get("name"), str) and t["function"]["name"]
-                and isinstance(t["function"].get("parameters", {}), dict) for t in tools):
-            raise bad("tools", "tools must be a list of {\"type\": \"function\", \"function\": {\"name\": ..., "
-                      "\"parameters\": {JSON Schema}}}", "invalid_type")
+            isinstance(t, dict)
+            and t.get("type", "function") == "function"
+            and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+            and t["function"]["name"]
+            and isinstance(t["function"].get("parameters", {}), dict)
+            for t in tools
+        ):
+            raise bad(
+                "tools",
+                'tools must be a list of {"type": "function", "function": {"name": ..., "parameters": {JSON Schema}}}',
+                "invalid_type",
+            )
         tools = [{"type": "function", "function": t["function"]} for t in tools]
     choice = body.get("tool_choice")
     if choice is None:
@@ -345,8 +421,11 @@ def parse_tools(body: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], A
         if name not in names:
             raise bad("tool_choice", f"tool_choice names the function {name!r}, which is not in tools ({names})")
     elif choice not in ("none", "auto", "required"):
-        raise bad("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                  "\"function\": {\"name\": ...}}", "invalid_type")
+        raise bad(
+            "tool_choice",
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            "invalid_type",
+        )
     if choice != "none" and not tools:
         raise bad("tool_choice", f"tool_choice {choice!r} needs tools", "invalid_value")
     return tools, choice
@@ -364,7 +443,7 @@ def tool_messages(messages: Any) -> List[Dict[str, Any]]:
     from ..data.formats.messages import to_message
 
     if not isinstance(messages, list) or not messages:
-        raise bad("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects", "invalid_type")
+        raise bad("messages", 'messages must be a non-empty list of {"role", "content"} objects', "invalid_type")
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -372,8 +451,9 @@ def tool_messages(messages: Any) -> List[Dict[str, Any]]:
             raise bad(where, f"{where} must be an object with 'role' and 'content'", "invalid_type")
         role = "system" if m.get("role") == "developer" else m.get("role")
         if role not in ROLES + ("tool",):
-            raise bad(f"{where}.role", f"{where}.role {role!r} is not supported: use one of "
-                      f"{', '.join(ROLES + ('tool',))}")
+            raise bad(
+                f"{where}.role", f"{where}.role {role!r} is not supported: use one of {', '.join(ROLES + ('tool',))}"
+            )
         if role == "tool":
             prev = next((p for p in reversed(out) if p["role"] != "tool"), None)
             if prev is None or not prev.get("tool_calls"):
@@ -381,8 +461,14 @@ def tool_messages(messages: Any) -> List[Dict[str, Any]]:
         if m.get("content") is None and not (role == "assistant" and m.get("tool_calls")):
             raise bad(f"{where}.content", f"{where} has no content", "missing_required_parameter")
         try:
-            msg = to_message(dict(m, role=role, content=text_content(m["content"], f"{where}.content")
-                                  if m.get("content") is not None else None), where).as_template_dict()
+            msg = to_message(
+                dict(
+                    m,
+                    role=role,
+                    content=text_content(m["content"], f"{where}.content") if m.get("content") is not None else None,
+                ),
+                where,
+            ).as_template_dict()
         except ValueError as e:
             raise bad(where, str(e)) from e
         out.append(msg)

@@ -65,12 +65,12 @@ class TextAssembler:
             decoded, self.stopped = decoded[:cut], True
         elif not final:
             decoded = decoded.rstrip("\ufffd")  # an incomplete UTF-8 tail: wait for its last byte
-            decoded = decoded[:len(decoded) - partial_stop(decoded, self.stops)]
+            decoded = decoded[: len(decoded) - partial_stop(decoded, self.stops)]
         if not decoded.startswith(self.text) or len(decoded) <= len(self.text):
             # nothing new, or the decoding of a longer sequence changed earlier text (rare: a tokenizer's
             # clean-up of spaces); wait until it extends what was sent
             return "", self.stopped
-        delta, self.text = decoded[len(self.text):], decoded
+        delta, self.text = decoded[len(self.text) :], decoded
         return delta, self.stopped
 
 
@@ -94,11 +94,11 @@ class IncrementalDecoder:
     def add(self, token: int) -> str:
         """Append a token; the text it completes (maybe empty)."""
         self.ids.append(token)
-        before = self.decode(self.ids[self.prefix:self.read])
-        now = self.decode(self.ids[self.prefix:])
+        before = self.decode(self.ids[self.prefix : self.read])
+        now = self.decode(self.ids[self.prefix :])
         if len(now) <= len(before) or now.endswith("\ufffd") or not now.startswith(before):
             return ""
-        delta = now[len(before):]
+        delta = now[len(before) :]
         self.prefix, self.read = self.read, len(self.ids)
         self.text += delta
         return delta

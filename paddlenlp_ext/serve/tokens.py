@@ -27,8 +27,9 @@ def _model(body: Dict[str, Any], models, by_name):
     if name is None:
         return models[0]
     if name not in by_name:
-        raise ApiError(404, f"the model {name!r} does not exist here; served: {', '.join(by_name)}", "model",
-                       "model_not_found")
+        raise ApiError(
+            404, f"the model {name!r} does not exist here; served: {', '.join(by_name)}", "model", "model_not_found"
+        )
     return by_name[name]
 
 
@@ -59,8 +60,9 @@ def add_token_routes(app: FastAPI, models, by_name) -> None:
                 raise bad("prompt", "prompt must be a string (or send messages)", "invalid_type")
             if not isinstance(special, bool):
                 raise bad("add_special_tokens", "add_special_tokens must be true or false", "invalid_type")
-            ids = (await run_in_threadpool(tok, prompt, add_special_tokens=special,
-                                           return_attention_mask=False))["input_ids"]
+            ids = (await run_in_threadpool(tok, prompt, add_special_tokens=special, return_attention_mask=False))[
+                "input_ids"
+            ]
         ids = [int(t) for t in ids]
         return {"count": len(ids), "max_model_len": m.options.max_length, "tokens": ids, "token_strs": None}
 
@@ -70,8 +72,9 @@ def add_token_routes(app: FastAPI, models, by_name) -> None:
         m = _model(body, models, by_name)
         tokens: List[Any] = body.get("tokens")
         v = vocab_size(m.session.tokenizer)
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < v
-                                                   for t in tokens):
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < v for t in tokens
+        ):
             raise bad("tokens", f"tokens must be a list of token ids in [0, {v})", "invalid_type")
         text = m.session.tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return {"prompt": text}
@@ -81,7 +84,12 @@ def add_token_routes(app: FastAPI, models, by_name) -> None:
         m = models[0]
         tok = m.session.tokenizer
         template = m.session.jinja or getattr(tok, "chat_template", None)
-        return {"tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
-                "pad_token": tok.pad_token, "unk_token": getattr(tok, "unk_token", None),
-                "chat_template": template if isinstance(template, str) else None,
-                "model_max_length": m.options.max_length}
+        return {
+            "tokenizer_class": type(tok).__name__,
+            "eos_token": tok.eos_token,
+            "bos_token": tok.bos_token,
+            "pad_token": tok.pad_token,
+            "unk_token": getattr(tok, "unk_token", None),
+            "chat_template": template if isinstance(template, str) else None,
+            "model_max_length": m.options.max_length,
+        }

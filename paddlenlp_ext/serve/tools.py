@@ -47,8 +47,11 @@ def _call(obj: Any) -> Optional[Dict[str, Any]]:
             return None
     if not isinstance(args, dict):
         return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+    }
 
 
 def parse_tool_calls(text: str, style: str) -> Tuple[Optional[str], List[Dict[str, Any]]]:
@@ -75,7 +78,7 @@ def parse_tool_calls(text: str, style: str) -> Tuple[Optional[str], List[Dict[st
     if style == "llama3":
         body = text.strip()
         if body.startswith("<|python_tag|>"):
-            body = body[len("<|python_tag|>"):]
+            body = body[len("<|python_tag|>") :]
         for part in [p for p in body.split(";") if p.strip()] if body.startswith("{") else []:
             try:
                 c = _call(json.loads(part))

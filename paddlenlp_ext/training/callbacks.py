@@ -104,8 +104,11 @@ class ConsoleProgress(TrainerCallback):
     """
 
     #: log keys shown after the learning rate when present (DPO's reward accuracy)
-    EXTRA_KEYS = {"rewards/accuracies": "reward acc", "aux_loss": "aux loss",
-                  "expert_load_max_over_mean": "expert load max/mean"}
+    EXTRA_KEYS = {
+        "rewards/accuracies": "reward acc",
+        "aux_loss": "aux loss",
+        "expert_load_max_over_mean": "expert load max/mean",
+    }
 
     def __init__(self, console, tokens: Callable[[], int], data_parallel: int = 1):
         self.console = console
@@ -129,16 +132,27 @@ class ConsoleProgress(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         # the last step always logs (its loss averages the steps since the last logging step), so a run
         # shorter than logging_steps still prints a progress line and puts a point in loss.png
-        if state.global_step >= state.max_steps and str(getattr(args.logging_strategy, "value",
-                                                                args.logging_strategy)) == "steps":
+        if (
+            state.global_step >= state.max_steps
+            and str(getattr(args.logging_strategy, "value", args.logging_strategy)) == "steps"
+        ):
             control.should_log = True
         self._draw_bar(state)
 
     def _draw_bar(self, state):
         if self.console.bar and state.is_world_process_zero:
             elapsed, eta = self._pace(state)
-            self.console.show_bar(progress_bar(state.global_step, state.max_steps, elapsed, eta, self._last_loss,
-                                               self.console.columns(), self.console.ascii_only))
+            self.console.show_bar(
+                progress_bar(
+                    state.global_step,
+                    state.max_steps,
+                    elapsed,
+                    eta,
+                    self._last_loss,
+                    self.console.columns(),
+                    self.console.ascii_only,
+                )
+            )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not (self.training and state.is_world_process_zero and logs):
@@ -149,8 +163,18 @@ class ConsoleProgress(TrainerCallback):
             rate = (tokens - self._last_tokens) * self.data_parallel / max(now - self._last_time, 1e-9)
             self._last_time, self._last_tokens, self._last_loss = now, tokens, logs["loss"]
             extra = {name: logs[k] for k, name in self.EXTRA_KEYS.items() if k in logs}
-            self.console.line(progress_line(state.global_step, state.max_steps, logs["loss"],
-                                            logs.get("learning_rate"), rate, elapsed, eta, extra))
+            self.console.line(
+                progress_line(
+                    state.global_step,
+                    state.max_steps,
+                    logs["loss"],
+                    logs.get("learning_rate"),
+                    rate,
+                    elapsed,
+                    eta,
+                    extra,
+                )
+            )
             self._draw_bar(state)  # on_step_end drew the bar before this step's loss was logged
         elif "eval_loss" in logs:
             accuracy = logs.get("eval_accuracy", logs.get("eval_rewards/accuracies"))

@@ -81,26 +81,45 @@ def _step_text(step: int, total: int) -> str:
     return f"step {step:>{width}}/{total} ({pct:3.0f}%)"
 
 
-def progress_line(step: int, total: int, loss: Optional[float], lr: Optional[float],
-                  tokens_per_s: Optional[float], elapsed: float, eta: Optional[float],
-                  extra: Optional[Dict[str, float]] = None) -> str:
+def progress_line(
+    step: int,
+    total: int,
+    loss: Optional[float],
+    lr: Optional[float],
+    tokens_per_s: Optional[float],
+    elapsed: float,
+    eta: Optional[float],
+    extra: Optional[Dict[str, float]] = None,
+) -> str:
     """``step  10/150 (  7%)  loss 7.1777  lr 1.00e-02  4,583 tok/s  elapsed 0:04  ETA 0:47``"""
     parts = [_step_text(step, total), f"loss {format_float(loss)}"]
     if lr is not None:
         parts.append(f"lr {lr:.2e}")
     for name, value in (extra or {}).items():
         parts.append(f"{name} {format_float(value)}")
-    parts += [f"{format_count(tokens_per_s)} tok/s", f"elapsed {format_duration(elapsed)}",
-              f"ETA {format_duration(eta)}"]
+    parts += [
+        f"{format_count(tokens_per_s)} tok/s",
+        f"elapsed {format_duration(elapsed)}",
+        f"ETA {format_duration(eta)}",
+    ]
     return "  ".join(parts)
 
 
-def progress_bar(step: int, total: int, elapsed: float, eta: Optional[float], loss: Optional[float],
-                 columns: int = 100, ascii_only: bool = False) -> str:
+def progress_bar(
+    step: int,
+    total: int,
+    elapsed: float,
+    eta: Optional[float],
+    loss: Optional[float],
+    columns: int = 100,
+    ascii_only: bool = False,
+) -> str:
     """``  42/150 |█████▋        | 28% loss 1.2345 0:13<0:35``, at most ``columns - 1`` characters."""
     width = len(str(total))
-    tail = f" {100.0 * step / total if total else 0:3.0f}% loss {format_float(loss)} " \
-           f"{format_duration(elapsed)}<{format_duration(eta)}"
+    tail = (
+        f" {100.0 * step / total if total else 0:3.0f}% loss {format_float(loss)} "
+        f"{format_duration(elapsed)}<{format_duration(eta)}"
+    )
     head = f"{step:>{width}}/{total}"
     cells = min(columns - 3 - len(head) - len(tail), 40)
     if cells >= 5:  # else a narrow terminal: the figures without the bar
@@ -114,8 +133,11 @@ def _data_text(reports: Dict[str, Dict[str, Any]]) -> List[str]:
     train = reports.get("train")
     if train:
         unit = "pairs" if "pairs" in train else "examples"
-        cut = "".join(f", {format_count(train[k])} {k.split('_')[0]}" for k in ("truncated_examples", "dropped_examples")
-                      if k in train)  # the one truncation policy's counts (docs/data.md)
+        cut = "".join(
+            f", {format_count(train[k])} {k.split('_')[0]}"
+            for k in ("truncated_examples", "dropped_examples")
+            if k in train
+        )  # the one truncation policy's counts (docs/data.md)
         parts.append(f"train {format_count(train.get(unit))} {unit}, {format_count(train.get('tokens'))} tokens{cut}")
     dev = reports.get("dev")
     if dev:
@@ -129,8 +151,14 @@ def _data_text(reports: Dict[str, Dict[str, Any]]) -> List[str]:
     return parts
 
 
-def config_line(model_path: str, method: str, trainable: int, total: int,
-                reports: Dict[str, Dict[str, Any]], cpu: Optional[str] = None) -> str:
+def config_line(
+    model_path: str,
+    method: str,
+    trainable: int,
+    total: int,
+    reports: Dict[str, Dict[str, Any]],
+    cpu: Optional[str] = None,
+) -> str:
     """``model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples, ...``,
     ending with ``| cpu: 2 threads (2 CPUs), MKL AVX2 code path (AMD CPU)`` when ``cpu`` is given
     (``cli.cpu_env``'s decision)."""
@@ -172,8 +200,9 @@ def final_table(summary: Dict[str, Any], output_dir: str, outputs: List[str]) ->
     train_time = summary.get("train_time_s")
     before = summary.get("train_time_before_resume_s")
     resumed = f" ({format_duration(before)} of it before the resume)" if before else ""
-    time_text = (f"train {format_duration(train_time)}{resumed}, " if train_time is not None else "") + \
-        f"{'this process' if before else 'total'} {format_duration(summary.get('wall_time_s'))}"
+    time_text = (
+        f"train {format_duration(train_time)}{resumed}, " if train_time is not None else ""
+    ) + f"{'this process' if before else 'total'} {format_duration(summary.get('wall_time_s'))}"
     rows.append(("time", time_text))
     tokens = summary.get("tokens_trained")
     if tokens and train_time:

@@ -21,7 +21,7 @@ class TrainingInterrupted(Exception):
         self.exit_code = 128 + int(signum)
         name = signal.Signals(signum).name
         if checkpoint:
-            text = (f"training stopped by {name}: checkpoint {checkpoint} is complete. Resume with:\n  {command}")
+            text = f"training stopped by {name}: checkpoint {checkpoint} is complete. Resume with:\n  {command}"
         else:
             text = f"training stopped by {name} before any step finished; nothing to resume, run it again"
         super().__init__(text)

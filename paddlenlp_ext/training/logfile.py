@@ -35,8 +35,13 @@ from .console import FILE_LOGGER_NAME, Console, activate, deactivate
 LOG_NAME = "train.log"
 FILE_FORMAT = "[%(asctime)s] [%(levelname)8s] %(name)s - %(message)s"
 #: ``log_level`` values -> stdlib levels (PaddleNLP's logger level names)
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
-          "critical": logging.CRITICAL}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 DEFAULT_LEVEL = "warning"
 
 
@@ -151,8 +156,10 @@ def run_logging(cfg, stream=None):
         checkpoints = [n for n in removed if n.startswith("checkpoint-")]
         rest = len(removed) - len(checkpoints)
         what = checkpoints + ([f"{rest} other file{'s' if rest > 1 else ''} of it"] if rest else [])
-        console.line(f"overwrite_output_dir: removed the earlier run from {os.path.abspath(output_dir)}: "
-                     f"{', '.join(what)} (train.log lists them)")
+        console.line(
+            f"overwrite_output_dir: removed the earlier run from {os.path.abspath(output_dir)}: "
+            f"{', '.join(what)} (train.log lists them)"
+        )
         logging.getLogger(FILE_LOGGER_NAME).info(f"overwrite_output_dir removed: {', '.join(removed)}")
     try:
         with warnings_to_log(file_logger, show_library=level <= logging.INFO):

@@ -80,8 +80,7 @@ def global_token_loss(model, inputs, global_tokens: int, ranks: int, accumulatio
     ``inputs`` holds ``labels`` and the model's other inputs (ids, positions, mask).
     """
     model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-    return supervised_loss_sum(model, model_inputs, inputs["labels"]) * global_scale(ranks, accumulation,
-                                                                                      global_tokens)
+    return supervised_loss_sum(model, model_inputs, inputs["labels"]) * global_scale(ranks, accumulation, global_tokens)
 
 
 def supervised_loss_sum(model, inputs, labels: paddle.Tensor) -> paddle.Tensor:
@@ -112,8 +111,12 @@ def _supervised_rows(model, body, inputs, labels: paddle.Tensor):
     index = paddle.nonzero(flat_labels != IGNORE_INDEX).reshape([-1])  # [T]
     out = body(**inputs, use_cache=False, return_dict=True)
     if hasattr(model, "record_moe_forward"):
-        model.record_moe_forward(getattr(out, "router_logits", None), inputs.get("attention_mask"),
-                                 inputs.get("input_ids"), inputs.get("inputs_embeds"))
+        model.record_moe_forward(
+            getattr(out, "router_logits", None),
+            inputs.get("attention_mask"),
+            inputs.get("input_ids"),
+            inputs.get("inputs_embeds"),
+        )
     hidden = out[0]  # [B, S, H]
     b, s, h = hidden.shape
     return paddle.gather(hidden.reshape([b * s, h]), index, axis=0), paddle.gather(flat_labels, index)

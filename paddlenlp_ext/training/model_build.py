@@ -113,16 +113,23 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         from ..models.loading import load_model_streaming
 
         try:
-            model, _ = load_model_streaming(m.model_name_or_path, config, dtype, logger=logger,
-                                            max_seq_len=config.seq_length)
+            model, _ = load_model_streaming(
+                m.model_name_or_path, config, dtype, logger=logger, max_seq_len=config.seq_length
+            )
         except (CheckpointError, ValueError) as e:
             raise ConfigError([f"{where}: {e}"], before_load=False) from e
     elif m.continue_training:
         from ..models.loading import load_model_streaming
 
         try:
-            return load_model_streaming(m.model_name_or_path, config, dtype, quantization=quantization, logger=logger,
-                                        max_seq_len=config.seq_length)
+            return load_model_streaming(
+                m.model_name_or_path,
+                config,
+                dtype,
+                quantization=quantization,
+                logger=logger,
+                max_seq_len=config.seq_length,
+            )
         except (CheckpointError, ValueError) as e:  # names the tensor / file / layer and what to do
             raise ConfigError([f"{where}: {e}"], before_load=False) from e
     else:  # random init (continue_training=false); decoder rows PaddleNLP also names (mixtral) get our class
@@ -135,12 +142,17 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     from ..quant import quantize_model
 
     try:
-        stats = quantize_model(model, quantization["weight_quantize_algo"], block_size=quantization["weight_blocksize"],
-                               double_quant=quantization["weight_double_quant"],
-                               double_quant_block_size=quantization["weight_double_quant_block_size"])
+        stats = quantize_model(
+            model,
+            quantization["weight_quantize_algo"],
+            block_size=quantization["weight_blocksize"],
+            double_quant=quantization["weight_double_quant"],
+            double_quant_block_size=quantization["weight_double_quant_block_size"],
+        )
     except ValueError as e:  # a layer shape the format cannot take: the message says what to do
-        raise ConfigError([f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"],
-                          before_load=False) from e
+        raise ConfigError(
+            [f"{where}: weight_quantize_algo={quantization['weight_quantize_algo']}: {e}"], before_load=False
+        ) from e
     return model, stats
 
 
@@ -155,10 +167,14 @@ def refuse_hf_layout(model_dir: str, where: str) -> None:
     except CheckpointError as e:
         raise ConfigError([f"{where}: {e}"]) from e
     if hf is not None:
-        raise ConfigError([f"{where} is a Hugging Face transformers-layout checkpoint, which only the streaming "
-                           "loader converts; tensor_parallel_degree / pipeline_parallel_degree > 1 and "
-                           "fuse_attention_qkv / fuse_attention_ffn load with PaddleNLP's own loader. Run "
-                           "single-device without fuse_* keys, or save the model once in PaddleNLP's layout"])
+        raise ConfigError(
+            [
+                f"{where} is a Hugging Face transformers-layout checkpoint, which only the streaming "
+                "loader converts; tensor_parallel_degree / pipeline_parallel_degree > 1 and "
+                "fuse_attention_qkv / fuse_attention_ffn load with PaddleNLP's own loader. Run "
+                "single-device without fuse_* keys, or save the model once in PaddleNLP's layout"
+            ]
+        )
 
 
 #: model_type -> PaddleNLP pipeline class name (paddlenlp.transformers), for the families whose pipeline
@@ -187,8 +203,10 @@ def pipeline_layout_problem(model_type: Optional[str], num_layers: int, pp: int,
     if num_layers < pp * vpp:
         return f"num_hidden_layers={num_layers} is fewer than pipeline_parallel_degree x virtual_pp_degree = {pp * vpp}"
     if vpp > 1 and num_layers % (pp * vpp):
-        return (f"num_hidden_layers={num_layers} is not a multiple of pipeline_parallel_degree x virtual_pp_degree = "
-                f"{pp * vpp} (Paddle cuts the interleaved chunks by whole decoder layers)")
+        return (
+            f"num_hidden_layers={num_layers} is not a multiple of pipeline_parallel_degree x virtual_pp_degree = "
+            f"{pp * vpp} (Paddle cuts the interleaved chunks by whole decoder layers)"
+        )
     return None
 
 
@@ -197,8 +215,9 @@ def load_pipeline_stage(m, config, dtype: str, args, where: str):
     import paddlenlp.transformers as transformers
 
     vpp = int(getattr(config, "virtual_pp_degree", 1) or 1)
-    problem = pipeline_layout_problem(getattr(config, "model_type", None), int(config.num_hidden_layers),
-                                      args.pipeline_parallel_degree, vpp)
+    problem = pipeline_layout_problem(
+        getattr(config, "model_type", None), int(config.num_hidden_layers), args.pipeline_parallel_degree, vpp
+    )
     if problem:
         raise ConfigError([f"{where}: {problem}"], before_load=False)
     if decoder_pipeline_row(config.model_type):  # our decoder's stages: streamed, either checkpoint layout
@@ -211,8 +230,9 @@ def load_pipeline_stage(m, config, dtype: str, args, where: str):
         if not m.continue_training:
             return cls.from_config(config, dtype=dtype)
         try:
-            return load_model_streaming(m.model_name_or_path, config, dtype, max_seq_len=config.seq_length,
-                                        model_class=cls)[0]
+            return load_model_streaming(
+                m.model_name_or_path, config, dtype, max_seq_len=config.seq_length, model_class=cls
+            )[0]
         except (CheckpointError, ValueError) as e:
             raise ConfigError([f"{where}: {e}"], before_load=False) from e
     cls = getattr(transformers, PIPELINE_CLASSES[config.model_type])
@@ -253,6 +273,7 @@ def resolve_quantization(cfg: RunConfig) -> Optional[Dict[str, Any]]:
 @dataclasses.dataclass
 class BuiltModel:
     """What :func:`build_model` made: the model ready for the trainer and its facts for the summary."""
+
     model: Any
     adapter_config: Any
     quantization: Optional[Dict[str, Any]]
@@ -266,8 +287,13 @@ class BuiltModel:
     rss_after_load: int
 
     def summary(self) -> Dict[str, Any]:
-        out = {"rss_before_model_bytes": self.rss_before_model, "rss_after_load_bytes": self.rss_after_load,
-               "method": self.method, "trainable_params": self.trainable, "total_params": self.total}
+        out = {
+            "rss_before_model_bytes": self.rss_before_model,
+            "rss_after_load_bytes": self.rss_after_load,
+            "method": self.method,
+            "trainable_params": self.trainable,
+            "total_params": self.total,
+        }
         if self.load_stats is not None:
             out["quantization" if self.quantization else "load"] = self.load_stats
         if self.prefix_info is not None:
@@ -319,15 +345,27 @@ def build_model(cfg: RunConfig, args) -> BuiltModel:
     trainable, total = count_parameters(model)
     method = describe_method(cfg, adapter_config)
     logger.info(f"method: {method}; trainable parameters {trainable:,} of {total:,} ({100.0 * trainable / total:.4f}%)")
-    return BuiltModel(model, adapter_config, quantization, load_stats, prefix_io, prefix_info, method, trainable,
-                      total, rss_before_model, current_rss_bytes())
+    return BuiltModel(
+        model,
+        adapter_config,
+        quantization,
+        load_stats,
+        prefix_io,
+        prefix_info,
+        method,
+        trainable,
+        total,
+        rss_before_model,
+        current_rss_bytes(),
+    )
 
 
 def adapter_config_from_run(cfg: RunConfig, model_type: Optional[str] = None):
     from ..adapters.config import adapter_config_from_args
 
-    return adapter_config_from_args({**dataclasses.asdict(cfg.model), "quantization": quantization_dict(cfg),
-                                     "model_type": model_type})
+    return adapter_config_from_args(
+        {**dataclasses.asdict(cfg.model), "quantization": quantization_dict(cfg), "model_type": model_type}
+    )
 
 
 def quantization_dict(cfg: RunConfig) -> Optional[Dict[str, Any]]:

@@ -122,8 +122,12 @@ def layer_load(counts) -> Dict[str, Any]:
     n = len(counts)
     frac = [round(float(c) / total, 4) if total > 0 else 0.0 for c in counts]
     top = max(frac) if frac else 0.0
-    return {"fraction": frac, "max": top, "mean": round(1.0 / n, 6),
-            "max_over_mean": round(float(counts.max()) * n / total, 4) if total > 0 else 0.0}
+    return {
+        "fraction": frac,
+        "max": top,
+        "mean": round(1.0 / n, 6),
+        "max_over_mean": round(float(counts.max()) * n / total, 4) if total > 0 else 0.0,
+    }
 
 
 def prepare_forward(model, real_tokens) -> None:
@@ -165,8 +169,11 @@ def record_body_forward(model, router_logits, real_tokens) -> None:
     if not blocks or not inner.training:
         return
     spec = blocks[0].spec
-    aux = load_balancing_loss(list(router_logits), spec.num_experts, spec.top_k, attention_mask=real_tokens) \
-        if router_logits else None  # [] float32
+    aux = (
+        load_balancing_loss(list(router_logits), spec.num_experts, spec.top_k, attention_mask=real_tokens)
+        if router_logits
+        else None
+    )  # [] float32
     counts = [expert_load(b.last_selected, b.spec.num_experts, attention_mask=real_tokens) for b in blocks]  # [E]
     inner.moe_state = {"aux_loss": aux, "in_loss": False, "counts": counts}
 

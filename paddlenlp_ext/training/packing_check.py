@@ -33,8 +33,9 @@ def _grads(model) -> Dict[str, np.ndarray]:
     return {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def check_packing(model, features: Sequence[Dict], max_length: int, pad_token_id: int, flash_mask: bool,
-                  greedy: bool = True) -> Dict:
+def check_packing(
+    model, features: Sequence[Dict], max_length: int, pad_token_id: int, flash_mask: bool, greedy: bool = True
+) -> Dict:
     """Compare unpacked (one example per forward) and packed token-mean loss and gradients.
 
     Returns loss_unpacked, loss_packed, loss_abs_diff, grad_max_abs_diff,

@@ -62,8 +62,10 @@ def pipeline_inputs(batches: Union[Dict[str, Any], Sequence[Dict[str, Any]]]) ->
     for b in [batches] if isinstance(batches, dict) else batches:
         unknown = sorted(set(b) - known)
         if unknown:  # a key no stage would receive: refuse rather than train without it
-            raise ValueError(f"pipeline parallel: the batch has keys no pipeline stage takes: {unknown} "
-                             f"(the first stage takes {list(FIRST_STAGE_KEYS)}, the last labels)")
+            raise ValueError(
+                f"pipeline parallel: the batch has keys no pipeline stage takes: {unknown} "
+                f"(the first stage takes {list(FIRST_STAGE_KEYS)}, the last labels)"
+            )
     if isinstance(batches, dict):
         first = tuple(_cast(k, batches.get(k)) for k in FIRST_STAGE_KEYS)
         labels, n = batches.get("labels"), batches.get(GLOBAL_TOKENS_KEY)

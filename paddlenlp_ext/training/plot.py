@@ -31,15 +31,34 @@ def write_loss_plot(path: str, train: Dict[int, float], evals: Dict[int, float],
     if train:
         steps = sorted(train)
         # a single logged loss is a dot, not an invisible line; the figure says how to get a curve
-        ax.plot(steps, [train[s] for s in steps], label="train loss", color="tab:blue", linewidth=1.5,
-                marker="o" if len(steps) == 1 else None)
+        ax.plot(
+            steps,
+            [train[s] for s in steps],
+            label="train loss",
+            color="tab:blue",
+            linewidth=1.5,
+            marker="o" if len(steps) == 1 else None,
+        )
         if len(steps) == 1:
-            ax.text(0.5, 0.5, f"one train loss logged (step {steps[0]}): lower logging_steps for a curve",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=9)
+            ax.text(
+                0.5,
+                0.5,
+                f"one train loss logged (step {steps[0]}): lower logging_steps for a curve",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=9,
+            )
     if evals:
         steps = sorted(evals)
-        ax.plot(steps, [evals[s] for s in steps], label="eval loss", color="tab:orange", marker="o",
-                linestyle="--" if len(steps) > 1 else "none")
+        ax.plot(
+            steps,
+            [evals[s] for s in steps],
+            label="eval loss",
+            color="tab:orange",
+            marker="o",
+            linestyle="--" if len(steps) > 1 else "none",
+        )
     if not train and not evals:
         ax.text(0.5, 0.5, "no loss logged yet", ha="center", va="center", transform=ax.transAxes)
     else:

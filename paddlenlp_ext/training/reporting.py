@@ -16,9 +16,13 @@ from ..cli import cpu_env
 from .console import config_line, current, final_table
 
 #: weight files in output_dir -> what the table calls them (first match wins)
-WEIGHT_KINDS = (("adapter_model.safetensors", "adapter"), ("prefix_model_state.pdparams", "prefix"),
-                ("model.safetensors", "model weights"), ("model.safetensors.index.json", "model weights"),
-                ("model_state.pdparams", "model weights"))
+WEIGHT_KINDS = (
+    ("adapter_model.safetensors", "adapter"),
+    ("prefix_model_state.pdparams", "prefix"),
+    ("model.safetensors", "model weights"),
+    ("model.safetensors.index.json", "model weights"),
+    ("model_state.pdparams", "model weights"),
+)
 
 
 def attach_reporting(trainer, cfg, args, built, reports: Dict[str, Dict[str, Any]], tokens: Callable[[], int]) -> None:
@@ -35,13 +39,20 @@ def attach_reporting(trainer, cfg, args, built, reports: Dict[str, Dict[str, Any
     close_visualdl = replace_console_callbacks(trainer, ConsoleProgress(console, tokens, args.dataset_world_size))
     if close_visualdl is not None:
         console.closers.append(close_visualdl)
-    curve = LossCurve(loss_plot_path(args.output_dir), title=f"{built.method}: {args.output_dir}",
-                      enabled=args.should_save)
+    curve = LossCurve(
+        loss_plot_path(args.output_dir), title=f"{built.method}: {args.output_dir}", enabled=args.should_save
+    )
     trainer.add_callback(curve)
     console.finishers.append(curve.write)  # after the final evaluation, which comes after on_train_end
     decision = cpu_env.current()
-    line = config_line(cfg.model.model_name_or_path, built.method, built.trainable, built.total, reports,
-                       cpu=decision.text if decision else None)
+    line = config_line(
+        cfg.model.model_name_or_path,
+        built.method,
+        built.trainable,
+        built.total,
+        reports,
+        cpu=decision.text if decision else None,
+    )
     notice = packing_notice(cfg, args, built.model)
     console.line(line + (f" | {notice}" if notice else ""))
 
@@ -55,8 +66,13 @@ def packing_notice(cfg, args, model):
     if cfg.dpo is not None:
         return None
     config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
-    return packing_payoff(bool(cfg.data.zero_padding), bool(cfg.model.flash_mask), args.per_device_train_batch_size,
-                          getattr(config, "hidden_size", None), on_cpu=paddle.get_device().startswith("cpu"))
+    return packing_payoff(
+        bool(cfg.data.zero_padding),
+        bool(cfg.model.flash_mask),
+        args.per_device_train_batch_size,
+        getattr(config, "hidden_size", None),
+        on_cpu=paddle.get_device().startswith("cpu"),
+    )
 
 
 def outputs_of(args) -> List[str]:
@@ -66,8 +82,11 @@ def outputs_of(args) -> List[str]:
     out = [next((kind for name, kind in WEIGHT_KINDS if name in names), None)]
     out += [n for n in ("loss.png", "train.log") if n in names]
     logging_dir = os.path.abspath(args.logging_dir or "")
-    if "visualdl" in (args.report_to or []) and os.path.isdir(logging_dir) \
-            and logging_dir.startswith(os.path.abspath(out_dir) + os.sep):
+    if (
+        "visualdl" in (args.report_to or [])
+        and os.path.isdir(logging_dir)
+        and logging_dir.startswith(os.path.abspath(out_dir) + os.sep)
+    ):
         out.append(os.path.relpath(logging_dir, out_dir).split(os.sep)[0] + "/ (VisualDL)")
     out.append("run_summary.json")
     return [o for o in out if o]

@@ -17,8 +17,14 @@ import shutil
 import sys
 from typing import Dict, List, Optional
 
-from ..config.checkpoints import (REPLACED_PREFIX, RUN_TOTALS_NAME, STAGING_PREFIX, checkpoint_step,
-                                  list_checkpoints, read_json_file)
+from ..config.checkpoints import (
+    REPLACED_PREFIX,
+    RUN_TOTALS_NAME,
+    STAGING_PREFIX,
+    checkpoint_step,
+    list_checkpoints,
+    read_json_file,
+)
 
 
 def staging_root(final: str) -> str:
@@ -53,7 +59,7 @@ def clean_stale_staging(output_dir: str) -> List[str]:
             shutil.rmtree(path, ignore_errors=True)
             done.append(f"removed {path} (a save that did not finish)")
         elif name.startswith(REPLACED_PREFIX) and os.path.isdir(path):
-            final = os.path.join(output_dir, name[len(REPLACED_PREFIX):])
+            final = os.path.join(output_dir, name[len(REPLACED_PREFIX) :])
             if os.path.exists(final):
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -128,8 +134,15 @@ def resume_command(checkpoint: str, argv: Optional[List[str]] = None, python: Op
         if not arg.startswith("--resume_from_checkpoint="):
             rest.append(arg)
         i += 1
-    return shlex.join([python or sys.executable, argv[0] if argv else "llm/run_finetune.py", *rest,
-                       "--resume_from_checkpoint", checkpoint])
+    return shlex.join(
+        [
+            python or sys.executable,
+            argv[0] if argv else "llm/run_finetune.py",
+            *rest,
+            "--resume_from_checkpoint",
+            checkpoint,
+        ]
+    )
 
 
 def newest_complete(output_dir: str) -> Optional[str]:
@@ -141,15 +154,22 @@ def save_failure_message(target: str, error: OSError, output_dir: str, is_checkp
     """What a failed write tells the user: what failed and why, what is intact, what to do."""
     previous = newest_complete(output_dir)
     what = f"checkpoint {target}" if is_checkpoint else f"the final weights into {target}"
-    kept = ("it was being written in a temporary directory, which was removed" if is_checkpoint
-            else "the files already there are unchanged")
+    kept = (
+        "it was being written in a temporary directory, which was removed"
+        if is_checkpoint
+        else "the files already there are unchanged"
+    )
     step = checkpoint_step(os.path.basename(os.path.normpath(target))) if is_checkpoint else None
-    lines = [f"could not write {what}: {error.strerror or error} ({type(error).__name__}"
-             f"{', errno ' + str(error.errno) if error.errno else ''}{', ' + error.filename if error.filename else ''})"
-             f"; {kept}."]
+    lines = [
+        f"could not write {what}: {error.strerror or error} ({type(error).__name__}"
+        f"{', errno ' + str(error.errno) if error.errno else ''}{', ' + error.filename if error.filename else ''})"
+        f"; {kept}."
+    ]
     if previous:
-        lines.append(f"The previous checkpoint {previous} is complete and intact. Free disk space or fix the "
-                     f"permissions, then resume with:\n  {resume_command(previous)}")
+        lines.append(
+            f"The previous checkpoint {previous} is complete and intact. Free disk space or fix the "
+            f"permissions, then resume with:\n  {resume_command(previous)}"
+        )
     else:
         lines.append("No complete checkpoint exists yet; free disk space or fix the permissions and run again.")
     if step is not None:

@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict
 
 from ..config.parse import ConfigError, RunConfig
+
 # the model half of the build; load_model is re-exported for llm/tools/check_packing.py
 from .model_build import build_model, load_model  # noqa: F401
 
@@ -31,8 +32,9 @@ def build_training_args(cfg: RunConfig):
     where = cfg.source or "config"
     on_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     if cfg.training.get("fp16") and not on_gpu:
-        raise ConfigError([f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); "
-                           "use bf16 (O1) or fp32 on CPU"])
+        raise ConfigError(
+            [f"{where}: fp16=true needs a GPU (Paddle's CPU build has no fp16 kernels); use bf16 (O1) or fp32 on CPU"]
+        )
     try:
         return make_training_arguments(cfg.training)
     except (ValueError, TypeError, AssertionError) as e:  # PaddleNLP's own checks
@@ -79,11 +81,13 @@ def check_complete_checkpoint(ckpt: str, cfg: RunConfig) -> None:
     from .trainer import CHECKPOINT_COMPLETE_NAME
 
     if not os.path.isfile(os.path.join(ckpt, CHECKPOINT_COMPLETE_NAME)):
-        raise ConfigError([
-            f"{cfg.source or 'config'}: resume_from_checkpoint {ckpt!r} is incomplete (no {CHECKPOINT_COMPLETE_NAME}: "
-            "the run stopped while saving it, or it was not written by paddlenlp_ext); resume from an earlier "
-            "checkpoint-* directory"
-        ])
+        raise ConfigError(
+            [
+                f"{cfg.source or 'config'}: resume_from_checkpoint {ckpt!r} is incomplete (no {CHECKPOINT_COMPLETE_NAME}: "
+                "the run stopped while saving it, or it was not written by paddlenlp_ext); resume from an earlier "
+                "checkpoint-* directory"
+            ]
+        )
 
 
 def lazy_resume_point(args):
@@ -97,8 +101,12 @@ def lazy_resume_point(args):
     ckpt = args.resume_from_checkpoint
     cursor = load_cursor(ckpt)
     if cursor is None:
-        raise ConfigError([f"resume_from_checkpoint {ckpt!r} has no {DATA_STATE_NAME}: it was not written by a "
-                           "lazy=true run, so the stream position is unknown"])
+        raise ConfigError(
+            [
+                f"resume_from_checkpoint {ckpt!r} has no {DATA_STATE_NAME}: it was not written by a "
+                "lazy=true run, so the stream position is unknown"
+            ]
+        )
     with open(os.path.join(ckpt, "trainer_state.json")) as f:
         step = int(json.load(f)["global_step"])
     if not args.ignore_data_skip:
@@ -137,8 +145,11 @@ def library_patches(cfg: RunConfig):
             # the rest to paddlenlp_ext.kernels.flashmask_attention; it also
             # accepts our [batch, 1, seq, 1] start-row layout.
             patches.enter_context(cpu_flashmask())
-            path = "Paddle's native kernels (fp16/bf16)" if native_flashmask_available() else \
-                "paddlenlp_ext.kernels.flashmask_attention (block-sparse, CPU; packed documents: per document)"
+            path = (
+                "Paddle's native kernels (fp16/bf16)"
+                if native_flashmask_available()
+                else "paddlenlp_ext.kernels.flashmask_attention (block-sparse, CPU; packed documents: per document)"
+            )
             print(f"[paddlenlp_ext] attention: use_flash_attention via {path}", file=sys.stderr)
         yield
 
@@ -191,15 +202,20 @@ def train_and_save(trainer, cfg: RunConfig, args, data, summary: Dict[str, Any])
     trainer.save_state()
     if cfg.data.lazy:
         data.reports["train"]["stream"] = data.train.report()
-    summary.update(train_loss=metrics.get("train_loss"), global_steps=result.global_step,
-                   train_time_s=round(trainer.train_time_s, 3))
+    summary.update(
+        train_loss=metrics.get("train_loss"),
+        global_steps=result.global_step,
+        train_time_s=round(trainer.train_time_s, 3),
+    )
     if trainer.train_time_before:
         # train_time_s covers the whole run; wall_time_s only this process: say how much came before
         summary["train_time_before_resume_s"] = round(trainer.train_time_before, 3)
     if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
         # the weights in output_dir (and evaluated after training) are this checkpoint's
-        summary.update(best_model_checkpoint=trainer.state.best_model_checkpoint,
-                       best_metric={args.metric_for_best_model: trainer.state.best_metric})
+        summary.update(
+            best_model_checkpoint=trainer.state.best_model_checkpoint,
+            best_metric={args.metric_for_best_model: trainer.state.best_metric},
+        )
     return trainer.train_time_s
 
 
@@ -249,8 +265,9 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
 
     wall_start = time.time()
     args, tokenizer, resume_cursor, resume_step = start_run(cfg)
-    data = build_datasets(cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed,
-                          resume_cursor=resume_cursor)
+    data = build_datasets(
+        cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed, resume_cursor=resume_cursor
+    )
     for split, report in data.reports.items():
         logger.info(f"data[{split}]: {json.dumps(report)}")
 
@@ -305,8 +322,11 @@ def _run(cfg: RunConfig) -> Dict[str, Any]:
             current().line("generation eval: " + ", ".join(f"{k} {v:.4f}" for k, v in gen_metrics.items()))
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
-        summary.update(eval_loss=metrics["eval_loss"], eval_perplexity=metrics.get("eval_perplexity"),
-                       eval_accuracy=metrics.get("eval_accuracy"))
+        summary.update(
+            eval_loss=metrics["eval_loss"],
+            eval_perplexity=metrics.get("eval_perplexity"),
+            eval_accuracy=metrics.get("eval_accuracy"),
+        )
     return write_run_summary(args, summary, step_timer, wall_start)
 
 
@@ -340,4 +360,3 @@ def write_run_summary(args, summary: Dict[str, Any], step_timer, wall_start: flo
     report_final(args, summary)
     finish_together()  # no process exits while another still writes (rank_counts.finish_together)
     return summary
-

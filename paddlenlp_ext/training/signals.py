@@ -44,12 +44,20 @@ def _handler(request: StopRequest):
         name = signal.Signals(signum).name
         if request.signum is not None:
             # os._exit: no cleanup that could hang; staged writes keep every complete checkpoint intact
-            print(f"\n[paddlenlp_ext] second {name}: exiting now without saving (the complete checkpoints in "
-                  "output_dir are intact)", file=sys.stderr, flush=True)
+            print(
+                f"\n[paddlenlp_ext] second {name}: exiting now without saving (the complete checkpoints in "
+                "output_dir are intact)",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signum)
         request.signum = signum
-        print(f"\n[paddlenlp_ext] {name} received: finishing the current step, saving a checkpoint, then stopping "
-              f"(send {name} again to exit at once)", file=sys.stderr, flush=True)
+        print(
+            f"\n[paddlenlp_ext] {name} received: finishing the current step, saving a checkpoint, then stopping "
+            f"(send {name} again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return handle
 

@@ -25,8 +25,14 @@ from paddlenlp.trainer.trainer import TRAINING_ARGS_NAME
 from paddlenlp.utils.log import logger
 
 from .. import adapters as adapter_api
-from ..data.global_batches import GLOBAL_TOKENS_KEY, GlobalBatchSampler, GlobalTokensCollator, GlobalTokensView, \
-    label_token_counts
+from ..data.global_batches import (
+    GLOBAL_TOKENS_KEY,
+    GlobalBatchSampler,
+    GlobalTokensCollator,
+    GlobalTokensView,
+    label_token_counts,
+)
+
 # CHECKPOINT_COMPLETE_NAME is written last into every checkpoint: one without it was cut short
 # (the run died while saving) and must not be resumed from.  Re-exported here for training.run.
 from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
@@ -38,8 +44,16 @@ from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
 from .moe_aux import add_aux_loss, prepare_forward
 from .rank_counts import TokenAccuracy, sum_over_ranks
-from .resume import (clean_stale_staging, publish_checkpoint, read_run_totals, resume_command, rotate_checkpoints,
-                     save_failure_message, staging_root, write_run_totals)
+from .resume import (
+    clean_stale_staging,
+    publish_checkpoint,
+    read_run_totals,
+    resume_command,
+    rotate_checkpoints,
+    save_failure_message,
+    staging_root,
+    write_run_totals,
+)
 from .signals import InterruptCallback, StopRequest, stop_on_signals
 
 __all__ = ["CHECKPOINT_COMPLETE_NAME", "FinetuneTrainer", "TokenAccuracy", "staged_write"]
@@ -83,12 +97,22 @@ class FinetuneTrainer(TrainerBoundary):
         if dataset is None or isinstance(dataset, paddle.io.IterableDataset) or not hasattr(dataset, "__len__"):
             return super().get_train_dataloader()
         a = self.args
-        sampler = GlobalBatchSampler(dataset, a.per_device_train_batch_size, a.gradient_accumulation_steps,
-                                     a.dataset_world_size, a.dataset_rank, a.seed, a.dataloader_drop_last,
-                                     counts=lambda: self.label_counts(dataset))
-        return paddle.io.DataLoader(GlobalTokensView(dataset), batch_sampler=sampler,
-                                    collate_fn=GlobalTokensCollator(self.data_collator),
-                                    num_workers=a.dataloader_num_workers)
+        sampler = GlobalBatchSampler(
+            dataset,
+            a.per_device_train_batch_size,
+            a.gradient_accumulation_steps,
+            a.dataset_world_size,
+            a.dataset_rank,
+            a.seed,
+            a.dataloader_drop_last,
+            counts=lambda: self.label_counts(dataset),
+        )
+        return paddle.io.DataLoader(
+            GlobalTokensView(dataset),
+            batch_sampler=sampler,
+            collate_fn=GlobalTokensCollator(self.data_collator),
+            num_workers=a.dataloader_num_workers,
+        )
 
     def create_optimizer(self, lr_scheduler=None):
         # Sharding stage 3 steps parameters renamed "slice@" + name; PaddleNLP's weight-decay rule asks by
@@ -115,26 +139,29 @@ class FinetuneTrainer(TrainerBoundary):
                 prepare_forward(model, real)
             if self.neftune_hook is not None:
                 self.neftune_hook.set_token_lengths(
-                    adapter_api.token_lengths_from_batch(
-                        position_ids=inputs.get("position_ids"), attention_mask=real
-                    )
+                    adapter_api.token_lengths_from_batch(position_ids=inputs.get("position_ids"), attention_mask=real)
                 )
         global_tokens = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [] N of this micro-batch's global batch
         if model.training and global_tokens is not None and not return_outputs:
             a = self.args
-            loss = global_token_loss(model, inputs, int(global_tokens), a.dataset_world_size,
-                                     a.gradient_accumulation_steps)
+            loss = global_token_loss(
+                model, inputs, int(global_tokens), a.dataset_world_size, a.gradient_accumulation_steps
+            )
             return add_aux_loss(model, loss, self.moe_aux_log) if self.moe_aux_log is not None else loss
         own = "labels" in inputs and shifts_labels_itself(model)  # codegen: never hand it our shifted labels
         if (model.training or "labels" not in inputs) and not own:
             out = super().compute_loss(model, inputs, return_outputs=return_outputs)
             if model.training and self.moe_aux_log is not None:
-                out = (add_aux_loss(model, out[0], self.moe_aux_log), out[1]) if return_outputs else \
-                    add_aux_loss(model, out, self.moe_aux_log)
+                out = (
+                    (add_aux_loss(model, out[0], self.moe_aux_log), out[1])
+                    if return_outputs
+                    else add_aux_loss(model, out, self.moe_aux_log)
+                )
             return out
         labels = inputs["labels"]  # [batch, seq], already shifted: position i predicts labels[i]
-        loss, outputs = token_mean_loss(model, inputs) if own else \
-            super().compute_loss(model, inputs, return_outputs=True)
+        loss, outputs = (
+            token_mean_loss(model, inputs) if own else super().compute_loss(model, inputs, return_outputs=True)
+        )
         if model.training:
             return (loss, outputs) if return_outputs else loss
         self.eval_accuracy.update(logits_of(outputs), labels)
@@ -150,8 +177,11 @@ class FinetuneTrainer(TrainerBoundary):
         return sum_over_ranks([self.trained_tokens, self.trained_supervised_tokens])
 
     def run_counters(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k.startswith("trained_") and isinstance(v, int)
-                and not isinstance(v, bool)}
+        return {
+            k: v
+            for k, v in vars(self).items()
+            if k.startswith("trained_") and isinstance(v, int) and not isinstance(v, bool)
+        }
 
     def train_time_so_far(self) -> float:
         """Seconds of training of the whole run, the parts before a resume included."""
@@ -176,8 +206,9 @@ class FinetuneTrainer(TrainerBoundary):
         self.add_callback(callback)
         try:
             with stop_on_signals(request):
-                output = super().train(resume_from_checkpoint=resume_from_checkpoint,
-                                       ignore_keys_for_eval=ignore_keys_for_eval)
+                output = super().train(
+                    resume_from_checkpoint=resume_from_checkpoint, ignore_keys_for_eval=ignore_keys_for_eval
+                )
                 if request and request.saved_step is None and self.state.global_step > 0:
                     self.save_checkpoint_now()  # the signal came after the last step's save point
                     request.saved_step = self.state.global_step
@@ -197,8 +228,10 @@ class FinetuneTrainer(TrainerBoundary):
             raise ConfigError([f"resume_from_checkpoint: {e}; resume from another checkpoint"]) from e
         if totals is None:
             if checkpoint:
-                logger.warning(f"{checkpoint} has no run totals (older paddlenlp_ext): train_loss, token counts "
-                               "and train time count the resumed steps only")
+                logger.warning(
+                    f"{checkpoint} has no run totals (older paddlenlp_ext): train_loss, token counts "
+                    "and train time count the resumed steps only"
+                )
             return
         self.restore_loss_sum(totals.get("loss_sum", 0.0))
         self.train_time_before = float(totals.get("train_time_s", 0.0))
@@ -226,8 +259,11 @@ class FinetuneTrainer(TrainerBoundary):
     # -- saving and resuming (hooks of TrainerBoundary) -------------------
     def owns_saving(self) -> bool:
         # Full fine-tuning with unified checkpoints / sharding stage 1 uses PaddleNLP's own formats.
-        return self.weights_io is not None or self.adapter_config is not None or not (
-            self.args.unified_checkpoint or self.args.should_save_sharding_stage1_model)
+        return (
+            self.weights_io is not None
+            or self.adapter_config is not None
+            or not (self.args.unified_checkpoint or self.args.should_save_sharding_stage1_model)
+        )
 
     def save_weights(self, output_dir: str) -> None:
         """Write into a staging directory next to the files, then move each file into place with
@@ -266,8 +302,12 @@ class FinetuneTrainer(TrainerBoundary):
             save_stage_weights(self.model, output_dir)
         else:
             # under tensor parallel every rank joins the gather (join_weights_gather); this one writes
-            self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB",
-                                       merge_tensor_parallel=self.args.tensor_parallel_degree > 1)
+            self.model.save_pretrained(
+                output_dir,
+                safe_serialization=True,
+                max_shard_size="4GB",
+                merge_tensor_parallel=self.args.tensor_parallel_degree > 1,
+            )
 
     def join_weights_gather(self, output_dir: str) -> None:
         """A tensor-parallel rank that writes nothing (or a later pipeline stage): the collective half of
@@ -284,8 +324,13 @@ class FinetuneTrainer(TrainerBoundary):
         elif self.args.pipeline_parallel_degree > 1:
             save_stage_weights(self.model, output_dir)  # a later stage: its own layers' files
         else:
-            self.model.save_pretrained(output_dir, safe_serialization=True, max_shard_size="4GB",
-                                       merge_tensor_parallel=True, is_main_process=False)
+            self.model.save_pretrained(
+                output_dir,
+                safe_serialization=True,
+                max_shard_size="4GB",
+                merge_tensor_parallel=True,
+                is_main_process=False,
+            )
 
     def checkpoint_staging(self, final: str) -> Optional[str]:
         # Several processes (each writes its own files, no barrier after) and async saves (files
@@ -303,7 +348,8 @@ class FinetuneTrainer(TrainerBoundary):
         # every rank: the counters are summed over ranks (a collective), written by the main process
         names = sorted(self.run_counters())
         self._totals_at_checkpoint = {
-            "global_step": self.state.global_step, "loss_sum": self.loss_sum(),
+            "global_step": self.state.global_step,
+            "loss_sum": self.loss_sum(),
             "train_time_s": round(self.train_time_so_far(), 3),
             "counters": dict(zip(names, sum_over_ranks([getattr(self, n) for n in names]))),
         }
@@ -321,8 +367,9 @@ class FinetuneTrainer(TrainerBoundary):
             f.write(f"global_step {self.state.global_step}\n")
         if written != final:
             publish_checkpoint(written, final)
-        for path in rotate_checkpoints(self.args.output_dir, self.args.save_total_limit,
-                                       self.state.best_model_checkpoint):
+        for path in rotate_checkpoints(
+            self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint
+        ):
             logger.info(f"Deleted older checkpoint {path} (save_total_limit={self.args.save_total_limit})")
 
     def checkpoint_save_failed(self, final: str, staging: Optional[str], error: OSError) -> Exception:
@@ -339,8 +386,11 @@ class FinetuneTrainer(TrainerBoundary):
     def load_weights(self, resume_from_checkpoint) -> bool:
         if self.adapter_config is None and self.weights_io is None:
             # Our full-model checkpoints are safetensors (PaddleNLP's loader wants model_state.pdparams).
-            if resume_from_checkpoint and not isinstance(resume_from_checkpoint, bool) \
-                    and safetensors_files(str(resume_from_checkpoint)):
+            if (
+                resume_from_checkpoint
+                and not isinstance(resume_from_checkpoint, bool)
+                and safetensors_files(str(resume_from_checkpoint))
+            ):
                 self._load_full_safetensors(str(resume_from_checkpoint))
                 return True
             return False

@@ -19,13 +19,23 @@ ROLES = ("system", "user", "assistant", "tool")
 
 # LLaMA-Factory's column names -> the default field name in a record.
 DEFAULT_COLUMNS = {
-    "prompt": "instruction", "query": "input", "response": "output", "history": "history",  # alpaca
-    "messages": "conversations", "system": "system", "tools": "tools",  # sharegpt (messages: its own default)
+    "prompt": "instruction",
+    "query": "input",
+    "response": "output",
+    "history": "history",  # alpaca
+    "messages": "conversations",
+    "system": "system",
+    "tools": "tools",  # sharegpt (messages: its own default)
     "text": "text",
 }
 DEFAULT_TAGS = {
-    "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
-    "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system",
+    "role_tag": "from",
+    "content_tag": "value",
+    "user_tag": "human",
+    "assistant_tag": "gpt",
+    "observation_tag": "observation",
+    "function_tag": "function_call",
+    "system_tag": "system",
 }
 
 
@@ -75,8 +85,10 @@ def parse_arguments(args: Any, where: str) -> Dict[str, Any]:
         try:
             val = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: tool call arguments are not valid JSON ({e.msg} at column {e.colno}): "
-                             f"{args[:80]!r}; write them as a JSON object such as {{\"city\": \"Paris\"}}") from None
+            raise ValueError(
+                f"{where}: tool call arguments are not valid JSON ({e.msg} at column {e.colno}): "
+                f'{args[:80]!r}; write them as a JSON object such as {{"city": "Paris"}}'
+            ) from None
         if isinstance(val, dict):
             return val
     raise ValueError(f"{where}: tool call arguments must be a JSON object (or its JSON text), got {args!r:.80}")
@@ -104,8 +116,10 @@ def parse_tools(tools: Any, where: str) -> Optional[List[Dict[str, Any]]]:
         tools = [tools]
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ValueError(f"{where}: 'tools' must be a list of function schemas (objects)")
-    return [t if "function" in t and t.get("type", "function") == "function" else {"type": "function", "function": t}
-            for t in tools] or None
+    return [
+        t if "function" in t and t.get("type", "function") == "function" else {"type": "function", "function": t}
+        for t in tools
+    ] or None
 
 
 def tool_call(name: Any, arguments: Any, where: str) -> Dict[str, Any]:
@@ -135,25 +149,35 @@ def check_turns(messages: List[Message], where: str) -> None:
         if m.role not in ROLES:
             raise ValueError(f"{where}: message {i + 1} has role {m.role!r}; use one of {', '.join(ROLES)}")
         if m.role == "system" and i != 0:
-            raise ValueError(f"{where}: message {i + 1} is a system message after the first; a system prompt "
-                             "must come first")
+            raise ValueError(
+                f"{where}: message {i + 1} is a system message after the first; a system prompt must come first"
+            )
         if m.role == "assistant" and not m.content.strip() and not m.tool_calls:
-            raise ValueError(f"{where}: message {i + 1} is an empty assistant turn; write the answer or remove "
-                             "the turn")
+            raise ValueError(
+                f"{where}: message {i + 1} is an empty assistant turn; write the answer or remove the turn"
+            )
         if m.role == "tool":  # after any assistant turn (LLaMA-Factory: the call may be in the answer's text)
             prev = next((p for p in reversed(messages[:i]) if p.role != "tool"), None)
             if prev is None or prev.role != "assistant":
-                raise ValueError(f"{where}: message {i + 1} is a tool result that follows no assistant turn; put "
-                                 "the assistant's call (gpt/function_call) before it")
+                raise ValueError(
+                    f"{where}: message {i + 1} is a tool result that follows no assistant turn; put "
+                    "the assistant's call (gpt/function_call) before it"
+                )
         if m.role == "user":
             prev = messages[i - 1].role if i else "system"
             if prev == "user":
-                raise ValueError(f"{where}: messages {i} and {i + 1} are both user turns; merge them or add the "
-                                 "assistant answer between them")
+                raise ValueError(
+                    f"{where}: messages {i} and {i + 1} are both user turns; merge them or add the "
+                    "assistant answer between them"
+                )
     first = next(i for i, m in enumerate(messages) if m.role != "system")
     if messages[first].role != "user":
-        raise ValueError(f"{where}: the conversation starts with {messages[first].role!r}; it must start with a "
-                         "user turn (after an optional system prompt)")
+        raise ValueError(
+            f"{where}: the conversation starts with {messages[first].role!r}; it must start with a "
+            "user turn (after an optional system prompt)"
+        )
     if messages[-1].role != "assistant":
-        raise ValueError(f"{where}: the last message is {messages[-1].role!r}; a training conversation ends with "
-                         "the assistant's answer (drop the trailing turn or add the answer)")
+        raise ValueError(
+            f"{where}: the last message is {messages[-1].role!r}; a training conversation ends with "
+            "the assistant's answer (drop the trailing turn or add the answer)"
+        )

@@ -18,8 +18,10 @@ from .convo import Conversation, check_turns
 from .files import parse_records
 
 FORMATS = {"paddlenlp": paddlenlp, "messages": messages, "sharegpt": sharegpt, "alpaca": alpaca, "text": text}
-EXPECTED = ("paddlenlp {src, tgt}; messages {messages: [{role, content}]}; sharegpt {conversations: [{from, value}]}; "
-            "alpaca {instruction, input, output}; text {text}")
+EXPECTED = (
+    "paddlenlp {src, tgt}; messages {messages: [{role, content}]}; sharegpt {conversations: [{from, value}]}; "
+    "alpaca {instruction, input, output}; text {text}"
+)
 
 
 def detect_format(record: Any, columns: Optional[Dict[str, str]] = None) -> Optional[str]:
@@ -32,8 +34,10 @@ def detect_format(record: Any, columns: Optional[Dict[str, str]] = None) -> Opti
 
 def _no_format(record, origin) -> ValueError:
     keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
-    return ValueError(f"{origin}: the record matches no dataset format (it has {keys}); expected one of: {EXPECTED}. "
-                      "Rename its fields with dataset_columns or convert it")
+    return ValueError(
+        f"{origin}: the record matches no dataset format (it has {keys}); expected one of: {EXPECTED}. "
+        "Rename its fields with dataset_columns or convert it"
+    )
 
 
 def parse_record(record: Any, fmt: str, origin: str, columns: Optional[Dict[str, str]] = None, check: bool = True):
@@ -51,13 +55,18 @@ def parse_record(record: Any, fmt: str, origin: str, columns: Optional[Dict[str,
         found = detect_format(record, columns)
         if found is None:
             raise _no_format(record, origin)
-        raise ValueError(f"{origin}: the record is not in the {name} format"
-                         + (f" (it looks like {found}: set dataset_format to auto or {found})" if found else "")
-                         + f"; the {name} format is {next(e for e in EXPECTED.split('; ') if e.startswith(name))}")
+        raise ValueError(
+            f"{origin}: the record is not in the {name} format"
+            + (f" (it looks like {found}: set dataset_format to auto or {found})" if found else "")
+            + f"; the {name} format is {next(e for e in EXPECTED.split('; ') if e.startswith(name))}"
+        )
     try:
         # a ShareGPT prompt (check=False: GRPO) may end with the user's turn: no turn-count rule then
-        item = mod.convert(record, origin, columns, ranking=None) if name == "sharegpt" and not check else \
-            mod.convert(record, origin, columns)
+        item = (
+            mod.convert(record, origin, columns, ranking=None)
+            if name == "sharegpt" and not check
+            else mod.convert(record, origin, columns)
+        )
     except ValueError as e:
         msg = str(e)
         raise ValueError(msg if msg.startswith(origin) else f"{origin}: {msg}") from None
@@ -66,8 +75,9 @@ def parse_record(record: Any, fmt: str, origin: str, columns: Optional[Dict[str,
     return item
 
 
-def read_items(files: List[str], fmt: str = "auto", columns: Optional[Dict[str, str]] = None,
-               check: bool = True) -> Tuple[List[Any], Dict[str, str]]:
+def read_items(
+    files: List[str], fmt: str = "auto", columns: Optional[Dict[str, str]] = None, check: bool = True
+) -> Tuple[List[Any], Dict[str, str]]:
     """Every record of ``files`` parsed; returns ``(items, {file: format})``.
 
     All bad records are reported together in one :class:`DataError` (the first MAX_REPORTED listed,

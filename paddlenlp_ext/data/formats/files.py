@@ -44,8 +44,9 @@ def iter_records(path: str) -> Iterator[Tuple[int, Any, Optional[str]]]:
     """
     ext = os.path.splitext(path)[1]
     if ext not in EXTENSIONS:
-        raise DataError([f"{path}: unsupported file type {ext or '(no extension)'}; use one of "
-                         f"{', '.join(EXTENSIONS)}"])
+        raise DataError(
+            [f"{path}: unsupported file type {ext or '(no extension)'}; use one of {', '.join(EXTENSIONS)}"]
+        )
     if ext == ".parquet":
         yield from _parquet(path)
     elif ext == ".txt":

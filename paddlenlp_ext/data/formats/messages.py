@@ -31,8 +31,10 @@ def content_text(content, where) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"{where}: content part of type {kind!r} is not supported (text parts only: "
-                                 "{\"type\": \"text\", \"text\": ...})")
+                raise ValueError(
+                    f"{where}: content part of type {kind!r} is not supported (text parts only: "
+                    '{"type": "text", "text": ...})'
+                )
             out.append(part["text"])
         return "".join(out)
     raise ValueError(f"{where}: 'content' must be a string or a list of text parts")
@@ -61,8 +63,13 @@ def to_message(m, where) -> Message:
     reasoning = m.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):
         raise ValueError(f"{where}: 'reasoning_content' must be a string")
-    return Message(m["role"], content_text(m.get("content"), where), tool_calls=_tool_calls(m.get("tool_calls"), where),
-                   reasoning=reasoning, loss=loss_flag(m.get("loss_weight"), where))
+    return Message(
+        m["role"],
+        content_text(m.get("content"), where),
+        tool_calls=_tool_calls(m.get("tool_calls"), where),
+        reasoning=reasoning,
+        loss=loss_flag(m.get("loss_weight"), where),
+    )
 
 
 def convert(record, origin: str, columns=None, tags=None) -> Conversation:

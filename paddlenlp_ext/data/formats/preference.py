@@ -48,8 +48,10 @@ def _answer(value, key: str, origin: str, columns) -> Message:
         if msg.role != "assistant":
             raise ValueError(f"{where}: the answer's role is {msg.role!r}; it must be the assistant's")
     else:
-        raise ValueError(f"{where} must be an assistant turn ({{\"from\": \"gpt\", \"value\": ...}} or "
-                         "{\"role\": \"assistant\", \"content\": ...}) or a string")
+        raise ValueError(
+            f'{where} must be an assistant turn ({{"from": "gpt", "value": ...}} or '
+            '{"role": "assistant", "content": ...}) or a string'
+        )
     if not msg.content.strip() and not msg.tool_calls:
         raise ValueError(f"{where} is empty: both answers need text (or a tool call)")
     return msg
@@ -61,8 +63,9 @@ def convert_pair(record, origin: str, columns=None) -> Tuple[Conversation, Messa
     tools = parse_tools(record.get(c["tools"]), origin)
     turns = record.get(c["messages"])
     role_tag = sharegpt.tag_names(columns)["role_tag"]
-    if isinstance(turns, list) and not (turns and isinstance(turns[0], dict) and role_tag not in turns[0]
-                                        and "role" in turns[0]):  # ShareGPT turns (OpenAI ones have "role")
+    if isinstance(turns, list) and not (
+        turns and isinstance(turns[0], dict) and role_tag not in turns[0] and "role" in turns[0]
+    ):  # ShareGPT turns (OpenAI ones have "role")
         conv = sharegpt.convert(record, origin, columns, ranking=True)
     elif isinstance(turns, list) or isinstance(record.get("messages"), list) or isinstance(record.get("prompt"), list):
         msgs = turns if isinstance(turns, list) else record.get("messages") or record["prompt"]
@@ -70,19 +73,26 @@ def convert_pair(record, origin: str, columns=None) -> Tuple[Conversation, Messa
     elif isinstance(record.get("prompt"), str):
         conv = openai.convert({"messages": [{"role": "user", "content": record["prompt"]}]}, origin)
     else:
-        raise ValueError(f"{origin}: a preference record needs the prompt turns under {c['messages']!r} (ShareGPT), "
-                         "'messages' or 'prompt'")
-    chosen, rejected = _answer(record[c["chosen"]], "chosen", origin, columns), \
-        _answer(record[c["rejected"]], "rejected", origin, columns)
+        raise ValueError(
+            f"{origin}: a preference record needs the prompt turns under {c['messages']!r} (ShareGPT), "
+            "'messages' or 'prompt'"
+        )
+    chosen, rejected = (
+        _answer(record[c["chosen"]], "chosen", origin, columns),
+        _answer(record[c["rejected"]], "rejected", origin, columns),
+    )
     if conv.messages and conv.messages[-1].role == "assistant":
-        raise ValueError(f"{origin}: the prompt turns end with the assistant; they must end with the user's turn "
-                         "(or a tool result) that both answers reply to")
+        raise ValueError(
+            f"{origin}: the prompt turns end with the assistant; they must end with the user's turn "
+            "(or a tool result) that both answers reply to"
+        )
     check_turns(conv.messages + [chosen], origin)  # the shape a template renders: user first, tools after calls
     return conv, chosen, rejected
 
 
-def plain_turns(conv: Conversation, chosen: Message, rejected: Message
-                ) -> Optional[Tuple[Optional[str], List[str], List[str], str, str]]:
+def plain_turns(
+    conv: Conversation, chosen: Message, rejected: Message
+) -> Optional[Tuple[Optional[str], List[str], List[str], str, str]]:
     """``(system, src, tgt, chosen, rejected)`` when the pair is plain alternating user / assistant text
     (PaddleNLP's src/tgt rendering applies), else None (tool calls, tool results, tools or reasoning: a
     jinja chat template renders it)."""
@@ -90,8 +100,9 @@ def plain_turns(conv: Conversation, chosen: Message, rejected: Message
     system = msgs[0].content if msgs and msgs[0].role == "system" else None
     rest = msgs[1:] if system is not None else msgs
     roles = [m.role for m in rest]
-    fancy = conv.tools or any(m.tool_calls or m.reasoning is not None or m.loss is not None
-                              for m in rest + [chosen, rejected])
+    fancy = conv.tools or any(
+        m.tool_calls or m.reasoning is not None or m.loss is not None for m in rest + [chosen, rejected]
+    )
     if fancy or roles != ["user", "assistant"] * (len(rest) // 2) + ["user"]:
         return None
     return system, [m.content for m in rest[0::2]], [m.content for m in rest[1::2]], chosen.content, rejected.content
@@ -102,6 +113,8 @@ def convert(record, origin: str, columns=None) -> Tuple[Optional[str], List[str]
     calls -> ValueError (KTO and the src/tgt readers take plain turns only)."""
     out = plain_turns(*convert_pair(record, origin, columns))
     if out is None:
-        raise ValueError(f"{origin}: the turns must alternate user / assistant as plain text here (tool calls, tool "
-                         "results and reasoning are supported in DPO and reward-model pairs, with a jinja template)")
+        raise ValueError(
+            f"{origin}: the turns must alternate user / assistant as plain text here (tool calls, tool "
+            "results and reasoning are supported in DPO and reward-model pairs, with a jinja template)"
+        )
     return out

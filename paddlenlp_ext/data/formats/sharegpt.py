@@ -45,10 +45,10 @@ def function_calls(value, where):
     """A ``function_call`` turn's value -> tool calls: ``'{"name": "f", "arguments": {}}'`` ->
     ``[{"type": "function", "function": {"name": "f", "arguments": {}}}]`` (a JSON list gives several)."""
     if isinstance(value, str):
-        value = json_text(value, where, "the function call", "write {\"name\": ..., \"arguments\": {...}}")
+        value = json_text(value, where, "the function call", 'write {"name": ..., "arguments": {...}}')
     calls = value if isinstance(value, list) else [value]
     if not calls or not all(isinstance(c, dict) for c in calls):
-        raise ValueError(f"{where}: a function call must be {{\"name\": ..., \"arguments\": {{...}}}} or a list of them")
+        raise ValueError(f'{where}: a function call must be {{"name": ..., "arguments": {{...}}}} or a list of them')
     return [tool_call(c.get("name"), c.get("arguments", {}), where) for c in calls]
 
 
@@ -58,16 +58,25 @@ def turn_message(turn, t, where, allowed=None) -> Message:
     if not isinstance(turn, dict) or t["role_tag"] not in turn or t["content_tag"] not in turn:
         raise ValueError(f"{where}: each turn must be an object with {t['role_tag']!r} and {t['content_tag']!r}")
     tag, value = turn[t["role_tag"]], turn[t["content_tag"]]
-    roles = {t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["system_tag"]: "system",
-             t["function_tag"]: "function_call", t["observation_tag"]: "tool"}
+    roles = {
+        t["user_tag"]: "user",
+        t["assistant_tag"]: "assistant",
+        t["system_tag"]: "system",
+        t["function_tag"]: "function_call",
+        t["observation_tag"]: "tool",
+    }
     if tag not in roles:
-        raise ValueError(f"{where}: unknown {t['role_tag']!r} {tag!r}; expected one of {', '.join(roles)} "
-                         "(map other names with dataset_columns' *_tag keys or dataset_info.json's tags)")
+        raise ValueError(
+            f"{where}: unknown {t['role_tag']!r} {tag!r}; expected one of {', '.join(roles)} "
+            "(map other names with dataset_columns' *_tag keys or dataset_info.json's tags)"
+        )
     if allowed is not None and tag not in allowed:
-        raise ValueError(f"{where}: {t['role_tag']!r} {tag!r} breaks ShareGPT's alternation (LLaMA-Factory's rule): "
-                         f"turns 1, 3, 5, ... are {t['user_tag']!r} or {t['observation_tag']!r}, turns 2, 4, ... "
-                         f"{t['assistant_tag']!r} or {t['function_tag']!r} (after an optional leading "
-                         f"{t['system_tag']!r} turn); fix the order of the turns or drop the record")
+        raise ValueError(
+            f"{where}: {t['role_tag']!r} {tag!r} breaks ShareGPT's alternation (LLaMA-Factory's rule): "
+            f"turns 1, 3, 5, ... are {t['user_tag']!r} or {t['observation_tag']!r}, turns 2, 4, ... "
+            f"{t['assistant_tag']!r} or {t['function_tag']!r} (after an optional leading "
+            f"{t['system_tag']!r} turn); fix the order of the turns or drop the record"
+        )
     loss = loss_flag(turn.get("loss_weight"), where)
     if roles[tag] == "function_call":
         return Message("assistant", "", tool_calls=function_calls(value, where), loss=loss)
@@ -95,7 +104,10 @@ def convert(record, origin: str, columns=None, tags=None, ranking: Optional[bool
         msgs.append(turn_message(turn, t, f"{origin}: {c['messages']}[{first + k + 1}]", accept[k % 2]))
     n = len(turns) - first
     if n == 0 or (ranking is not None and n % 2 != int(ranking)):
-        want = "an odd number (the prompt ends with a human or observation turn)" if ranking else \
-            "an even number (the conversation ends with the answer)"
+        want = (
+            "an odd number (the prompt ends with a human or observation turn)"
+            if ranking
+            else "an even number (the conversation ends with the answer)"
+        )
         raise ValueError(f"{origin}: {c['messages']!r} has {n} turn(s) after the system turn; ShareGPT needs {want}")
     return Conversation(msgs, tools=parse_tools(record.get(c["tools"]), origin), origin=origin, format="sharegpt")

@@ -13,8 +13,13 @@ Importing this package does not import paddle; see docs/adding-a-model.md for ad
 import importlib
 
 __all__ = ["DecoderConfig", "DecoderModel", "DecoderForCausalLM", "classes_for", "config_class_for"]
-_WHERE = {"DecoderConfig": ".configuration", "config_class_for": ".configuration", "DecoderModel": ".modeling",
-          "DecoderForCausalLM": ".modeling", "classes_for": ".modeling"}
+_WHERE = {
+    "DecoderConfig": ".configuration",
+    "config_class_for": ".configuration",
+    "DecoderModel": ".modeling",
+    "DecoderForCausalLM": ".modeling",
+    "classes_for": ".modeling",
+}
 
 
 def __getattr__(name):

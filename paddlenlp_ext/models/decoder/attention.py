@@ -76,7 +76,7 @@ class MaskPlan:
         elif m.ndim == 2:  # padding mask over all keys (past + current)
             allowed = causal & (m.astype("bool").reshape([m.shape[0], 1, 1, -1]))  # [B, 1, Lq, Lk]
         elif m.ndim == 4:
-            m = m[:, :, -self.q_len:, -self.k_len:]
+            m = m[:, :, -self.q_len :, -self.k_len :]
             if m.dtype == paddle.bool:
                 allowed = m
             elif m.is_floating_point() and bool((m < 0).any()):
@@ -113,8 +113,9 @@ def _repeat_kv(x, rep: int):
     return x.unsqueeze(3).expand([b, s, h, rep, d]).reshape([b, s, h * rep, d])
 
 
-def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, softcap: Optional[float] = None,
-           sinks=None):
+def attend(
+    q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, softcap: Optional[float] = None, sinks=None
+):
     """Attention output [B, Lq, H * D] of q [B, Lq, H, D] over k, v [B, Lk, Hkv, D].
 
     ``sinks`` [H] (gpt-oss): one learned logit per head joins each query's softmax as an extra key with no
@@ -129,8 +130,13 @@ def attend(q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, 
     qt = q.transpose([0, 2, 1, 3])  # [B, H, Lq, D]
     kt = _repeat_kv(k, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
     vt = _repeat_kv(v, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
-    if softcap is None and sinks is None and q.dtype == paddle.float32 and not plan.autograd_only and not (
-            q.stop_gradient and k.stop_gradient and v.stop_gradient):
+    if (
+        softcap is None
+        and sinks is None
+        and q.dtype == paddle.float32
+        and not plan.autograd_only
+        and not (q.stop_gradient and k.stop_gradient and v.stop_gradient)
+    ):
         # training in fp32: keep q/k/v, not the [B, H, Lq, Lk] probabilities, for the backward
         out = _RecomputedProbsAttention.apply(qt, kt, vt, plan.additive(window), scale)  # [B, H, Lq, D]
         return out.transpose([0, 2, 1, 3]).reshape([b, lq, h * d])

@@ -51,6 +51,7 @@ def config_class_for(model_type: str) -> type:
     if model_type not in _CONFIGS:
         from .modeling import class_prefix
 
-        _CONFIGS[model_type] = type(f"{class_prefix(model_type)}Config", (DecoderConfig,),
-                                    {"model_type": model_type, "__module__": __name__})
+        _CONFIGS[model_type] = type(
+            f"{class_prefix(model_type)}Config", (DecoderConfig,), {"model_type": model_type, "__module__": __name__}
+        )
     return _CONFIGS[model_type]

@@ -88,8 +88,14 @@ class Rotary:
         if self.scaling and self.scaling.get("rope_type") == "longrope":
             long = int(position_ids.max()) + 1 > (k.original_max_positions or k.max_positions)
         if long not in self._freqs:
-            freq, att = inv_freq(k.rotary_dim, self.theta, self.scaling, k.max_positions, k.original_max_positions,
-                                 seq_len=(k.original_max_positions or k.max_positions) + 1 if long else 0)
+            freq, att = inv_freq(
+                k.rotary_dim,
+                self.theta,
+                self.scaling,
+                k.max_positions,
+                k.original_max_positions,
+                seq_len=(k.original_max_positions or k.max_positions) + 1 if long else 0,
+            )
             self._freqs[long] = (freq, att)
         freq, att = self._freqs[long]
         angles = position_ids.astype("float32").unsqueeze(-1) * paddle.to_tensor(freq)  # [B, L, R / 2]
@@ -138,10 +144,13 @@ class _Rotary(PyLayer):
 
 
 _ACT: Dict[str, Callable] = {
-    "silu": F.silu, "swish": F.silu, "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
     "gelu": lambda x: F.gelu(x, approximate=False),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate=True),
-    "gelu_new": lambda x: F.gelu(x, approximate=True), "gelu_fast": lambda x: F.gelu(x, approximate=True),
+    "gelu_new": lambda x: F.gelu(x, approximate=True),
+    "gelu_fast": lambda x: F.gelu(x, approximate=True),
 }
 
 
@@ -217,8 +226,10 @@ class Attention(nn.Layer):
         self.k, self.idx, self.tp = k, layer_idx, tp
         n = 1 if tp is None else tp.degree
         if k.heads % n or k.kv_heads % n:
-            raise ValueError(f"num_attention_heads={k.heads} and num_key_value_heads={k.kv_heads} must both be "
-                             f"multiples of tensor_parallel_degree={n}")
+            raise ValueError(
+                f"num_attention_heads={k.heads} and num_key_value_heads={k.kv_heads} must both be "
+                f"multiples of tensor_parallel_degree={n}"
+            )
         self.heads, self.kv_heads = k.heads // n, k.kv_heads // n  # this rank's
         q_out, kv_out = k.heads * k.head_dim, k.kv_heads * k.head_dim
         column = _linear if tp is None else tp.column
@@ -233,12 +244,17 @@ class Attention(nn.Layer):
         if k.arch.qk_norm == "head":
             self.q_norm, self.k_norm = norm_of(k, k.head_dim, tp), norm_of(k, k.head_dim, tp)
         elif k.arch.qk_norm == "proj":
-            self.q_norm, self.k_norm = norm_of(k, q_out, tp, split=tp is not None), \
-                norm_of(k, kv_out, tp, split=tp is not None)
+            self.q_norm, self.k_norm = (
+                norm_of(k, q_out, tp, split=tp is not None),
+                norm_of(k, kv_out, tp, split=tp is not None),
+            )
         self.window = k.windows[layer_idx]
         # gpt-oss: one sink logit per head in the softmax (attention.attend)
-        self.sinks = self.create_parameter([self.heads], default_initializer=nn.initializer.Constant(0.0)) \
-            if k.arch.attn_sinks else None
+        self.sinks = (
+            self.create_parameter([self.heads], default_initializer=nn.initializer.Constant(0.0))
+            if k.arch.attn_sinks
+            else None
+        )
         if self.sinks is not None and tp is not None:  # one per head: this rank's heads' sinks
             from ...parallel.layers import mark_split
             from ...parallel.shard import COLUMN, ShardSpec
@@ -257,7 +273,7 @@ class Attention(nn.Layer):
             q, key, val = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         pad = getattr(plan, "sp_pad", 0)
         if pad:  # sequence parallel: the projections gathered the zero rows that pad the tokens; drop them
-            q, key, val = q[:b * s], key[:b * s], val[:b * s]
+            q, key, val = q[: b * s], key[: b * s], val[: b * s]
         if k.arch.qk_norm == "proj":  # OLMo 2: over the whole projection, before the head split
             q, key = self.q_norm(q), self.k_norm(key)
         q = q.reshape([b, s, self.heads, k.head_dim])  # [B, L, H, D]

@@ -103,7 +103,7 @@ class LatentAttention(nn.Layer):
         pad = getattr(plan, "sp_pad", 0)
         if tp is not None and tp.sequence_parallel:  # every rank's tokens [B * L + pad, hidden] -> [B, L, hidden]
             full = tp.comm.all_gather(x.reshape([1, -1])).reshape([-1, x.shape[-1]])
-            x = full[:b * s].reshape([b, s, -1])
+            x = full[: b * s].reshape([b, s, -1])
         h = self.heads
         if m.q_lora_rank is None:
             q = self.q_proj(x)
@@ -126,10 +126,11 @@ class LatentAttention(nn.Layer):
             val = paddle.concat([past[1], val], axis=1)  # [B, Lp + L, h, v]
         cache = (key, val) if use_cache else None
         width = max(self.qk_dim, m.v)  # one head width for the kernels: zero channels change no score, no output
-        out = attend(_pad_to(q, width), _pad_to(key, width), _pad_to(val, width), plan, k.scale, self.window,
-                     k.attn_softcap)  # [B, L, h * width]
+        out = attend(
+            _pad_to(q, width), _pad_to(key, width), _pad_to(val, width), plan, k.scale, self.window, k.attn_softcap
+        )  # [B, L, h * width]
         if width != m.v:
-            out = out.reshape([b, s, h, width])[..., :m.v].reshape([b, s, h * m.v])
+            out = out.reshape([b, s, h, width])[..., : m.v].reshape([b, s, h * m.v])
         if tp is not None and tp.sequence_parallel:  # the row-parallel o_proj reduce-scatters the tokens (axis 0)
             out = out.reshape([b * s, -1])
             if pad:

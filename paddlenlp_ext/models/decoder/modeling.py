@@ -72,8 +72,11 @@ class DecoderLayer(nn.Layer):
         x = x + self._norm(1, h)
         ff = self.feed_forward
         # an MoE block under sequence parallelism drops the zero rows that pad the tokens before routing them
-        h = ff(self._norm(2, x), getattr(plan, "sp_pad", 0)) if getattr(ff, "takes_sp_pad", False) else \
-            ff(self._norm(2, x))
+        h = (
+            ff(self._norm(2, x), getattr(plan, "sp_pad", 0))
+            if getattr(ff, "takes_sp_pad", False)
+            else ff(self._norm(2, x))
+        )
         router_logits = None
         if isinstance(h, tuple):  # an MoE block: (hidden [B, L, H], router logits [B*L, E])
             h, router_logits = h
@@ -97,9 +100,13 @@ class DecoderPretrainedModel(PretrainedModel):
         from .configuration import arch_of
         from .tp_mappings import tensor_parallel_actions
 
-        return tensor_parallel_actions(arch_of(config.model_type), config.to_dict(),
-                                       int(config.tensor_parallel_degree), int(config.tensor_parallel_rank or 0),
-                                       is_split=is_split)
+        return tensor_parallel_actions(
+            arch_of(config.model_type),
+            config.to_dict(),
+            int(config.tensor_parallel_degree),
+            int(config.tensor_parallel_rank or 0),
+            is_split=is_split,
+        )
 
     def _init_weights(self, layer):
         std = float(getattr(self.config, "initializer_range", 0.02) or 0.02)
@@ -125,8 +132,9 @@ class DecoderModel(DecoderPretrainedModel):
         tp = self.tp = tp_context(config)  # None unless tensor_parallel_degree > 1
         if tp is not None and k.vocab % tp.degree:
             raise ValueError(f"vocab_size={k.vocab} is not a multiple of tensor_parallel_degree={tp.degree}")
-        self.embed_tokens = nn.Embedding(k.vocab, k.hidden) if tp is None else \
-            VocabParallelEmbedding(k.vocab, k.hidden, tp.group)
+        self.embed_tokens = (
+            nn.Embedding(k.vocab, k.hidden) if tp is None else VocabParallelEmbedding(k.vocab, k.hidden, tp.group)
+        )
         self.layers = nn.LayerList([DecoderLayer(k, i, tp) for i in range(k.layers)])
         self.norm = norm_of(k, k.hidden, tp if tp is not None and tp.sequence_parallel else None)
         self._rotaries, self._rope_index = rotaries(k)
@@ -137,15 +145,27 @@ class DecoderModel(DecoderPretrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, use_cache=False,
-                past_key_values=None, output_attentions=False, output_hidden_states=None, return_dict=True,
-                attn_mask_startend_row_indices=None, output_router_logits=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        position_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        use_cache=False,
+        past_key_values=None,
+        output_attentions=False,
+        output_hidden_states=None,
+        return_dict=True,
+        attn_mask_startend_row_indices=None,
+        output_router_logits=None,
+        **kwargs,
+    ):
         if output_attentions:
             raise ValueError("the decoder does not return attention weights (output_attentions=True)")
         k = self.knobs
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [B, L, hidden]
         if k.arch.embed_scale:  # Gemma: sqrt(hidden) rounded to the activations' dtype first
-            x = x * paddle.to_tensor(k.hidden ** 0.5, dtype="float32").astype(x.dtype)
+            x = x * paddle.to_tensor(k.hidden**0.5, dtype="float32").astype(x.dtype)
         b, s = x.shape[0], x.shape[1]
         past_len = 0 if not past_key_values else past_key_values[0][0].shape[1]
         if position_ids is None:
@@ -184,12 +204,15 @@ class DecoderModel(DecoderPretrainedModel):
                 router_logits.append(logits)
         x = self.norm(x)
         if sp:  # every token again; the gather's backward sums the ranks' parts of the head's input gradient
-            x = self.tp.comm.seq_all_gather(x)[:b * s].reshape([b, s, -1])
+            x = self.tp.comm.seq_all_gather(x)[: b * s].reshape([b, s, -1])
         if hidden_states is not None:
             hidden_states.append(x)
-        return MoEModelOutputWithPast(last_hidden_state=x, past_key_values=tuple(caches) if use_cache else None,
-                                      hidden_states=tuple(hidden_states) if hidden_states is not None else None,
-                                      router_logits=tuple(router_logits) if router_logits is not None else None)
+        return MoEModelOutputWithPast(
+            last_hidden_state=x,
+            past_key_values=tuple(caches) if use_cache else None,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            router_logits=tuple(router_logits) if router_logits is not None else None,
+        )
 
 
 class DecoderLMHead(nn.Layer):
@@ -257,8 +280,9 @@ class DecoderForCausalLM(DecoderPretrainedModel):
     def get_output_embeddings(self):
         return None if self.lm_head.transpose_y else self.lm_head
 
-    def prepare_inputs_for_generation(self, input_ids, use_cache=False, past_key_values=None, inputs_embeds=None,
-                                      **kwargs):
+    def prepare_inputs_for_generation(
+        self, input_ids, use_cache=False, past_key_values=None, inputs_embeds=None, **kwargs
+    ):
         b, s = input_ids.shape
         k = self.body.knobs
         if past_key_values and any(sc and sc.get("rope_type") == "longrope" for _, sc in k.rope):
@@ -273,32 +297,63 @@ class DecoderForCausalLM(DecoderPretrainedModel):
         if past_key_values:
             input_ids, position_ids = input_ids[:, -1:], position_ids[:, -1:]
         out = {"input_ids": input_ids} if inputs_embeds is None or past_key_values else {"inputs_embeds": inputs_embeds}
-        out.update(position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
-                   attention_mask=kwargs.get("attention_mask"))
+        out.update(
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            attention_mask=kwargs.get("attention_mask"),
+        )
         return out
 
-    def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
-                use_cache=False, past_key_values=None, output_attentions=False, output_hidden_states=None,
-                return_dict=True, attn_mask_startend_row_indices=None, output_router_logits=None, **kwargs):
-        out = self.body(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                        inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
-                        output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                        attn_mask_startend_row_indices=attn_mask_startend_row_indices,
-                        output_router_logits=output_router_logits)
+    def forward(
+        self,
+        input_ids=None,
+        position_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=False,
+        past_key_values=None,
+        output_attentions=False,
+        output_hidden_states=None,
+        return_dict=True,
+        attn_mask_startend_row_indices=None,
+        output_router_logits=None,
+        **kwargs,
+    ):
+        out = self.body(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            attn_mask_startend_row_indices=attn_mask_startend_row_indices,
+            output_router_logits=output_router_logits,
+        )
         logits = self.lm_head(out.last_hidden_state)  # [B, L, vocab]
         loss = None
         if labels is not None:
             flat = labels.reshape([-1, 1])  # [B * L, 1]
             # reduction="sum" / count: Paddle's "mean" divides by every position, ignored ones included
-            total = F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]), flat,
-                                    ignore_index=-100, reduction="sum")
+            total = F.cross_entropy(
+                logits.astype("float32").reshape([-1, logits.shape[-1]]), flat, ignore_index=-100, reduction="sum"
+            )
             loss = total / paddle.clip((flat != -100).astype("float32").sum(), min=1.0)
         loss, aux_loss = self.record_moe_forward(out.router_logits, attention_mask, input_ids, inputs_embeds, loss)
         if not return_dict:
             rest = (logits, out.past_key_values) if use_cache else (logits,)
             return ((loss,) + rest) if loss is not None else (rest if len(rest) > 1 else logits)
-        return DecoderLMOutput(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                               hidden_states=out.hidden_states, aux_loss=aux_loss, router_logits=out.router_logits)
+        return DecoderLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=out.past_key_values,
+            hidden_states=out.hidden_states,
+            aux_loss=aux_loss,
+            router_logits=out.router_logits,
+        )
 
     def record_moe_forward(self, router_logits, attention_mask=None, input_ids=None, inputs_embeds=None, loss=None):
         """After the body's forward: the aux loss of ``router_logits`` (the body output's; None without
@@ -371,11 +426,22 @@ def classes_for(model_type: str) -> Tuple[type, type, type]:
     if model_type not in _CLASSES:
         prefix = class_prefix(model_type)
         config_cls = config_class_for(model_type)
-        body = type(f"{prefix}Model", (DecoderModel,), {"config_class": config_cls, "base_model_prefix": model_type,
-                                                        "__module__": __name__})
-        lm = type(f"{prefix}ForCausalLM", (DecoderForCausalLM,),
-                  {"config_class": config_cls, "base_model_prefix": model_type, "body_class": body,
-                   "base_model_class": body, "__module__": __name__})
+        body = type(
+            f"{prefix}Model",
+            (DecoderModel,),
+            {"config_class": config_cls, "base_model_prefix": model_type, "__module__": __name__},
+        )
+        lm = type(
+            f"{prefix}ForCausalLM",
+            (DecoderForCausalLM,),
+            {
+                "config_class": config_cls,
+                "base_model_prefix": model_type,
+                "body_class": body,
+                "base_model_class": body,
+                "__module__": __name__,
+            },
+        )
         body.base_model_class = body
         _CLASSES[model_type] = (config_cls, body, lm)
     return _CLASSES[model_type]

@@ -114,15 +114,19 @@ class MoEBlock(nn.Layer):
         # the experts see every token of the block (gathered under sequence parallelism): plain column/row layers
         expert_tp = None if tp is None else type(tp)(tp.group, False)
         h, e = spec.hidden_size, spec.num_experts
-        router = Router(h, e, bias=spec.router_bias, correction_bias=spec.correction_bias == "gate",
-                        fp32=spec.router_fp32)
+        router = Router(
+            h, e, bias=spec.router_bias, correction_bias=spec.correction_bias == "gate", fp32=spec.router_fp32
+        )
         setattr(self, spec.router_name, router)
         if spec.correction_bias == "moe_statics":
             self.moe_statics = MoEStatics(e)
         self.experts = build_experts(spec, expert_tp)
         if spec.shared_intermediate_size:
-            setattr(self, spec.shared_name, SwiGLUExpert(h, spec.shared_intermediate_size, spec.hidden_act,
-                                                         spec.shared_expert_bias, tp=expert_tp))
+            setattr(
+                self,
+                spec.shared_name,
+                SwiGLUExpert(h, spec.shared_intermediate_size, spec.hidden_act, spec.shared_expert_bias, tp=expert_tp),
+            )
             if spec.shared_gate:
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
         # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer
@@ -175,7 +179,7 @@ class MoEBlock(nn.Layer):
         pieces, start = [], 0
         for e in np.flatnonzero(counts).tolist():
             n = int(counts[e])
-            rows = xs[start:start + n]
+            rows = xs[start : start + n]
             pieces.append(self.run_expert(e, rows, True) if partial else self.run_expert(e, rows))  # [n_e, H]
             start += n
         return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
@@ -192,8 +196,9 @@ class MoEBlock(nn.Layer):
         experts = list(self.experts)
         if self.spec.shared_intermediate_size:
             experts.append(getattr(self, self.spec.shared_name))
-        return all(isinstance(getattr(ex, n), (ParallelLinear, QuantizedParallelLinear))
-                   for ex in experts for n in ex.names)
+        return all(
+            isinstance(getattr(ex, n), (ParallelLinear, QuantizedParallelLinear)) for ex in experts for n in ex.names
+        )
 
     def forward(self, hidden_states, sp_pad: int = 0):
         """``hidden_states`` [B, L, H] -> ([B, L, H], router output [B*L, E]).  Sequence parallel: this rank's

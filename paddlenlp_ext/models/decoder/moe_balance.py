@@ -26,17 +26,19 @@ def _token_mask(attention_mask, n_tokens: int):
     """attention_mask [B, S] (bool/int/float) -> float32 [B*S] of 1 (real) / 0, checked against the logits."""
     m = paddle.to_tensor(attention_mask) if not isinstance(attention_mask, paddle.Tensor) else attention_mask
     if m.ndim != 2:
-        raise ValueError(f"attention_mask must be [batch, seq] of 0/1 (got shape {list(m.shape)}); pass the "
-                         "2-D mask of real tokens, not an attention bias or a start-row mask")
+        raise ValueError(
+            f"attention_mask must be [batch, seq] of 0/1 (got shape {list(m.shape)}); pass the "
+            "2-D mask of real tokens, not an attention bias or a start-row mask"
+        )
     m = m.astype("float32").reshape([-1])  # [B*S]
     if m.shape[0] != n_tokens:
-        raise ValueError(f"attention_mask covers {m.shape[0]} tokens but a layer's router logits have "
-                         f"{n_tokens} rows")
+        raise ValueError(f"attention_mask covers {m.shape[0]} tokens but a layer's router logits have {n_tokens} rows")
     return m
 
 
-def load_balancing_loss(router_logits_per_layer: Sequence[paddle.Tensor], num_experts: int, top_k: int,
-                        attention_mask=None) -> paddle.Tensor:
+def load_balancing_loss(
+    router_logits_per_layer: Sequence[paddle.Tensor], num_experts: int, top_k: int, attention_mask=None
+) -> paddle.Tensor:
     """The auxiliary load-balancing loss (a float32 scalar) of ``router_logits_per_layer`` (one [B*S, E]
     tensor per MoE layer, as :class:`~.moe.MoEBlock` returns them), differentiable w.r.t. them.
     No layers: 0 (transformers returns 0 too).
@@ -97,8 +99,12 @@ def load_stats(counts: paddle.Tensor) -> Dict[str, object]:
     total = float(c.sum())
     frac = (c / total) if total > 0 else c
     mean = 1.0 / len(c)
-    return {"fraction": [float(v) for v in frac], "max": float(frac.max()), "mean": mean,
-            "max_over_mean": float(frac.max()) / mean if total > 0 else 0.0}
+    return {
+        "fraction": [float(v) for v in frac],
+        "max": float(frac.max()),
+        "mean": mean,
+        "max_over_mean": float(frac.max()) / mean if total > 0 else 0.0,
+    }
 
 
 def update_correction_bias(layer, expert_counts, rate: float) -> Optional[paddle.Tensor]:

@@ -23,15 +23,21 @@ from paddle import nn
 
 from .moe_spec import MoEConfigError, MoESpec
 
-_ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
-                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate=True)}
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate=True),
+}
 
 
 def activation(name: str):
     """The activation function of a transformers ``hidden_act`` name."""
     if name not in _ACTIVATIONS:
-        raise MoEConfigError(f"hidden_act={name!r} is not supported by the MoE experts; use one of "
-                             f"{sorted(_ACTIVATIONS)}")
+        raise MoEConfigError(
+            f"hidden_act={name!r} is not supported by the MoE experts; use one of {sorted(_ACTIVATIONS)}"
+        )
     return _ACTIVATIONS[name]
 
 
@@ -39,8 +45,15 @@ class SwiGLUExpert(nn.Layer):
     """``down(act(gate(x)) * up(x))`` with transformers' Linear names (``gate_proj/up_proj/down_proj``,
     mixtral's ``w1/w3/w2``); also the shared expert(s)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False,
-                 names=("gate_proj", "up_proj", "down_proj"), tp=None):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        act: str = "silu",
+        bias: bool = False,
+        names=("gate_proj", "up_proj", "down_proj"),
+        tp=None,
+    ):
         super().__init__()
         self.names = tuple(names)
         b = None if bias else False
@@ -79,8 +92,9 @@ class Router(nn.Linear):
     """The gate: ``nn.Linear(H, E)`` (weight ``[H, E]``), plus deepseek's ``e_score_correction_bias`` buffer
     ([E], a buffer as in transformers: saved with the weights, never trained by the optimizer)."""
 
-    def __init__(self, hidden_size: int, num_experts: int, bias: bool = False, correction_bias: bool = False,
-                 fp32: bool = False):
+    def __init__(
+        self, hidden_size: int, num_experts: int, bias: bool = False, correction_bias: bool = False, fp32: bool = False
+    ):
         super().__init__(hidden_size, num_experts, bias_attr=None if bias else False)
         self.fp32 = fp32
         if correction_bias:
@@ -108,8 +122,15 @@ class GptOssExperts(nn.Layer):
     ``down_proj_bias`` [E, H]; the clamped SwiGLU ``(clip(up, -l, l) + 1) * g * sigmoid(alpha * g)``
     with ``g = min(gate, l)``."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, alpha: float = 1.702,
-                 limit: float = 7.0, tp=None):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        alpha: float = 1.702,
+        limit: float = 7.0,
+        tp=None,
+    ):
         super().__init__()
         e, h, i = num_experts, hidden_size, intermediate_size
         self.tp = tp
@@ -155,7 +176,14 @@ def build_experts(spec: MoESpec, tp=None):
     """The routed experts of ``spec``: a LayerList of :class:`SwiGLUExpert` or one :class:`GptOssExperts`
     (``tp``: split over the tensor-parallel ranks, see the module docstring)."""
     if spec.fused_experts:
-        return GptOssExperts(spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.swiglu_alpha,
-                             spec.swiglu_limit, tp)
-    return nn.LayerList([SwiGLUExpert(spec.hidden_size, spec.intermediate_size, spec.hidden_act, spec.expert_bias,
-                                      spec.expert_names, tp) for _ in range(spec.num_experts)])
+        return GptOssExperts(
+            spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.swiglu_alpha, spec.swiglu_limit, tp
+        )
+    return nn.LayerList(
+        [
+            SwiGLUExpert(
+                spec.hidden_size, spec.intermediate_size, spec.hidden_act, spec.expert_bias, spec.expert_names, tp
+            )
+            for _ in range(spec.num_experts)
+        ]
+    )

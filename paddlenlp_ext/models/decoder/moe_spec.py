@@ -74,25 +74,31 @@ class MoESpec:
 
     def __post_init__(self):
         if not 0 < self.top_k <= self.num_experts:
-            raise MoEConfigError(f"{self.model_type}: top-k ({self.top_k}) must be in 1..num_experts "
-                                 f"({self.num_experts})")
+            raise MoEConfigError(
+                f"{self.model_type}: top-k ({self.top_k}) must be in 1..num_experts ({self.num_experts})"
+            )
         if self.scoring not in ("softmax", "sigmoid", "topk_softmax"):
             raise MoEConfigError(f"unknown scoring {self.scoring!r}")
         if self.group_score not in ("top2_sum", "max"):
             raise MoEConfigError(f"unknown group_score {self.group_score!r}")
         if self.n_group > 1:
             if self.num_experts % self.n_group:
-                raise MoEConfigError(f"{self.model_type}: n_group={self.n_group} must divide the "
-                                     f"{self.num_experts} experts")
+                raise MoEConfigError(
+                    f"{self.model_type}: n_group={self.n_group} must divide the {self.num_experts} experts"
+                )
             if not 0 < self.topk_group <= self.n_group:
                 raise MoEConfigError(f"{self.model_type}: topk_group={self.topk_group} must be in 1..n_group")
             if self.topk_group * (self.num_experts // self.n_group) < self.top_k:
-                raise MoEConfigError(f"{self.model_type}: topk_group={self.topk_group} groups of "
-                                     f"{self.num_experts // self.n_group} experts hold fewer than top-k="
-                                     f"{self.top_k}; raise topk_group")
+                raise MoEConfigError(
+                    f"{self.model_type}: topk_group={self.topk_group} groups of "
+                    f"{self.num_experts // self.n_group} experts hold fewer than top-k="
+                    f"{self.top_k}; raise topk_group"
+                )
             if self.group_score == "top2_sum" and self.num_experts // self.n_group < 2:
-                raise MoEConfigError(f"{self.model_type}: groups score by their 2 best experts; n_group="
-                                     f"{self.n_group} leaves fewer than 2 experts per group")
+                raise MoEConfigError(
+                    f"{self.model_type}: groups score by their 2 best experts; n_group="
+                    f"{self.n_group} leaves fewer than 2 experts per group"
+                )
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -123,48 +129,105 @@ def moe_spec(config: Any, model_type: Optional[str] = None) -> MoESpec:
     act = _get(config, "hidden_act", "silu") or "silu"
     k = int(_get(config, "num_experts_per_tok", 2))
     if mt == "mixtral":
-        return MoESpec(mt, h, int(_need(config, "num_local_experts", mt)), k, int(_need(config, "intermediate_size", mt)),
-                       act, expert_names=_EXPERT_NAMES[mt],
-                       jitter_noise=float(_get(config, "router_jitter_noise", 0.0) or 0.0))
+        return MoESpec(
+            mt,
+            h,
+            int(_need(config, "num_local_experts", mt)),
+            k,
+            int(_need(config, "intermediate_size", mt)),
+            act,
+            expert_names=_EXPERT_NAMES[mt],
+            jitter_noise=float(_get(config, "router_jitter_noise", 0.0) or 0.0),
+        )
     if mt in ("qwen2_moe", "qwen3_moe"):
         shared = int(_get(config, "shared_expert_intermediate_size", 0) or 0) if mt == "qwen2_moe" else 0
-        return MoESpec(mt, h, int(_need(config, "num_experts", mt)), k, int(_need(config, "moe_intermediate_size", mt)),
-                       act, norm_topk_prob=bool(_get(config, "norm_topk_prob", False)),
-                       shared_intermediate_size=shared, shared_name="shared_expert", shared_gate=True)
+        return MoESpec(
+            mt,
+            h,
+            int(_need(config, "num_experts", mt)),
+            k,
+            int(_need(config, "moe_intermediate_size", mt)),
+            act,
+            norm_topk_prob=bool(_get(config, "norm_topk_prob", False)),
+            shared_intermediate_size=shared,
+            shared_name="shared_expert",
+            shared_gate=True,
+        )
     if mt == "ernie4_5_moe":
         inter = int(_need(config, "moe_intermediate_size", mt))
-        return MoESpec(mt, h, int(_need(config, "moe_num_experts", mt)), int(_get(config, "moe_k", 6)), inter, act,
-                       norm_min=float(_get(config, "moe_norm_min", 1e-12)), correction_bias="moe_statics",
-                       router_fp32=True, **_biases(config, "use_bias"),
-                       shared_intermediate_size=inter * int(_get(config, "moe_num_shared_experts", 0) or 0))
+        return MoESpec(
+            mt,
+            h,
+            int(_need(config, "moe_num_experts", mt)),
+            int(_get(config, "moe_k", 6)),
+            inter,
+            act,
+            norm_min=float(_get(config, "moe_norm_min", 1e-12)),
+            correction_bias="moe_statics",
+            router_fp32=True,
+            **_biases(config, "use_bias"),
+            shared_intermediate_size=inter * int(_get(config, "moe_num_shared_experts", 0) or 0),
+        )
     if mt in ("deepseek_v2", "deepseek_v3"):
         _deepseek_keys(config, mt)
     if mt == "deepseek_v2":
         inter = int(_need(config, "moe_intermediate_size", mt))
         method = _get(config, "topk_method", "greedy")
         if method not in ("greedy", "group_limited_greedy"):
-            raise MoEConfigError(f"deepseek_v2: topk_method={method!r} is not one transformers' DeepseekV2MoEGate "
-                                 "computes; use 'greedy' or 'group_limited_greedy'")
+            raise MoEConfigError(
+                f"deepseek_v2: topk_method={method!r} is not one transformers' DeepseekV2MoEGate "
+                "computes; use 'greedy' or 'group_limited_greedy'"
+            )
         grouped = method == "group_limited_greedy"
-        return MoESpec(mt, h, int(_need(config, "n_routed_experts", mt)), int(_need(config, "num_experts_per_tok", mt)),
-                       inter, act, norm_topk_prob=False, router_fp32=True,
-                       routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
-                       n_group=int(_need(config, "n_group", mt)) if grouped else 1,
-                       topk_group=int(_need(config, "topk_group", mt)) if grouped else 1, group_score="max",
-                       **_biases(config, "mlp_bias"),
-                       shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0))
+        return MoESpec(
+            mt,
+            h,
+            int(_need(config, "n_routed_experts", mt)),
+            int(_need(config, "num_experts_per_tok", mt)),
+            inter,
+            act,
+            norm_topk_prob=False,
+            router_fp32=True,
+            routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
+            n_group=int(_need(config, "n_group", mt)) if grouped else 1,
+            topk_group=int(_need(config, "topk_group", mt)) if grouped else 1,
+            group_score="max",
+            **_biases(config, "mlp_bias"),
+            shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0),
+        )
     if mt == "deepseek_v3":
         inter = int(_need(config, "moe_intermediate_size", mt))
-        return MoESpec(mt, h, int(_need(config, "n_routed_experts", mt)), k, inter, act, scoring="sigmoid",
-                       norm_topk_prob=bool(_get(config, "norm_topk_prob", True)), norm_min=1e-20,
-                       routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
-                       n_group=int(_get(config, "n_group", 1) or 1), topk_group=int(_get(config, "topk_group", 1) or 1),
-                       correction_bias="gate", router_fp32=True,
-                       shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0))
+        return MoESpec(
+            mt,
+            h,
+            int(_need(config, "n_routed_experts", mt)),
+            k,
+            inter,
+            act,
+            scoring="sigmoid",
+            norm_topk_prob=bool(_get(config, "norm_topk_prob", True)),
+            norm_min=1e-20,
+            routed_scaling_factor=float(_get(config, "routed_scaling_factor", 1.0)),
+            n_group=int(_get(config, "n_group", 1) or 1),
+            topk_group=int(_get(config, "topk_group", 1) or 1),
+            correction_bias="gate",
+            router_fp32=True,
+            shared_intermediate_size=inter * int(_get(config, "n_shared_experts", 0) or 0),
+        )
     # gpt_oss: alpha and limit are constants of transformers 4.55's GptOssExperts; later configs name the limit
-    return MoESpec(mt, h, int(_need(config, "num_local_experts", mt)), k, int(_need(config, "intermediate_size", mt)),
-                   act, scoring="topk_softmax", router_name="router", router_bias=True,
-                   fused_experts=True, swiglu_limit=float(_get(config, "swiglu_limit", 7.0) or 7.0))
+    return MoESpec(
+        mt,
+        h,
+        int(_need(config, "num_local_experts", mt)),
+        k,
+        int(_need(config, "intermediate_size", mt)),
+        act,
+        scoring="topk_softmax",
+        router_name="router",
+        router_bias=True,
+        fused_experts=True,
+        swiglu_limit=float(_get(config, "swiglu_limit", 7.0) or 7.0),
+    )
 
 
 def _biases(config: Any, key: str) -> dict:
@@ -183,8 +246,10 @@ def _biases(config: Any, key: str) -> dict:
 
 #: the routing of transformers' DeepSeek classes, whatever config.json says: the original DeepSeek code's (and
 #: PaddleNLP's) scoring_func / topk_method keys are read only to refuse another routing than this one
-_DEEPSEEK_ROUTING = {"deepseek_v2": ("softmax", ("greedy", "group_limited_greedy")),
-                     "deepseek_v3": ("sigmoid", ("noaux_tc",))}
+_DEEPSEEK_ROUTING = {
+    "deepseek_v2": ("softmax", ("greedy", "group_limited_greedy")),
+    "deepseek_v3": ("sigmoid", ("noaux_tc",)),
+}
 
 
 def _deepseek_keys(config: Any, mt: str) -> None:
@@ -201,14 +266,18 @@ def _deepseek_keys(config: Any, mt: str) -> None:
     cls = "DeepseekV3" if mt == "deepseek_v3" else "DeepseekV2"
     got = _get(config, "scoring_func")
     if got is not None and got != scoring:
-        raise MoEConfigError(f"{mt}: config.json scoring_func={got!r}: transformers' {cls} routes with {scoring} scores "
-                             f"only; set scoring_func to {scoring!r} (or remove it) if the checkpoint was trained so, "
-                             "else transformers computes this checkpoint otherwise than it was trained")
+        raise MoEConfigError(
+            f"{mt}: config.json scoring_func={got!r}: transformers' {cls} routes with {scoring} scores "
+            f"only; set scoring_func to {scoring!r} (or remove it) if the checkpoint was trained so, "
+            "else transformers computes this checkpoint otherwise than it was trained"
+        )
     got = _get(config, "topk_method")
     if mt == "deepseek_v3" and got is not None and got not in methods:
-        raise MoEConfigError(f"{mt}: config.json topk_method={got!r}: transformers' DeepseekV3 chooses experts by "
-                             "'noaux_tc' (group-limited top-k on sigmoid scores + e_score_correction_bias) only; "
-                             "set topk_method to 'noaux_tc' (or remove it) if the checkpoint was trained so")
+        raise MoEConfigError(
+            f"{mt}: config.json topk_method={got!r}: transformers' DeepseekV3 chooses experts by "
+            "'noaux_tc' (group-limited top-k on sigmoid scores + e_score_correction_bias) only; "
+            "set topk_method to 'noaux_tc' (or remove it) if the checkpoint was trained so"
+        )
 
 
 def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) -> bool:
@@ -227,13 +296,17 @@ def is_moe_layer(config: Any, layer_idx: int, model_type: Optional[str] = None) 
         return True
     if mt in ("qwen2_moe", "qwen3_moe"):
         step = int(_get(config, "decoder_sparse_step", 1) or 1)
-        return (layer_idx not in (_get(config, "mlp_only_layers") or []) and int(_get(config, "num_experts", 0)) > 0
-                and (layer_idx + 1) % step == 0)
+        return (
+            layer_idx not in (_get(config, "mlp_only_layers") or [])
+            and int(_get(config, "num_experts", 0)) > 0
+            and (layer_idx + 1) % step == 0
+        )
     if mt == "ernie4_5_moe":
         end = int(_get(config, "moe_layer_end_index", -1))
         end = int(_need(config, "num_hidden_layers", mt)) - 1 if end == -1 else end
-        return ((layer_idx + 1) % int(_get(config, "moe_layer_interval", 1)) == 0
-                and int(_get(config, "moe_layer_start_index", 1)) <= layer_idx <= end)
+        return (layer_idx + 1) % int(_get(config, "moe_layer_interval", 1)) == 0 and int(
+            _get(config, "moe_layer_start_index", 1)
+        ) <= layer_idx <= end
     if mt in ("deepseek_v2", "deepseek_v3"):
         return layer_idx >= int(_get(config, "first_k_dense_replace", 0))
     raise MoEConfigError(f"model_type {mt!r} has no MoE block here; the block covers {list(MOE_TYPES)}")
@@ -264,9 +337,11 @@ def fused_expert_target_problems(patterns, model_type: Optional[str]) -> list:
         except re.error:
             continue  # an invalid pattern is reported where the patterns are checked
         if hit:
-            out.append(f"lora_target_modules: {p!r} reaches {model_type}' fused experts (mlp.experts.gate_up_proj / "
-                       "down_proj are 3-D parameters, not Linear layers; adapters on them are not implemented "
-                       "here); remove it from lora_target_modules (the default adapts attention q/k/v/o_proj)")
+            out.append(
+                f"lora_target_modules: {p!r} reaches {model_type}' fused experts (mlp.experts.gate_up_proj / "
+                "down_proj are 3-D parameters, not Linear layers; adapters on them are not implemented "
+                "here); remove it from lora_target_modules (the default adapts attention q/k/v/o_proj)"
+            )
     return out
 
 
@@ -290,8 +365,10 @@ def router_aux_loss_coef(run_keys: Mapping[str, Any], model_config: Any) -> floa
     """
     given = {k: run_keys[k] for k in (AUX_LOSS_KEY, AUX_LOSS_ALIAS) if run_keys.get(k) is not None}
     if len(given) == 2 and float(given[AUX_LOSS_KEY]) != float(given[AUX_LOSS_ALIAS]):
-        raise MoEConfigError(f"{AUX_LOSS_KEY}={given[AUX_LOSS_KEY]} and its alias {AUX_LOSS_ALIAS}="
-                             f"{given[AUX_LOSS_ALIAS]} disagree; set only {AUX_LOSS_KEY}")
+        raise MoEConfigError(
+            f"{AUX_LOSS_KEY}={given[AUX_LOSS_KEY]} and its alias {AUX_LOSS_ALIAS}="
+            f"{given[AUX_LOSS_ALIAS]} disagree; set only {AUX_LOSS_KEY}"
+        )
     for key, value in given.items():
         try:
             coef = float(value)
@@ -324,7 +401,9 @@ def moe_key_problems(run_keys: Mapping[str, Any], model_type: Optional[str]) -> 
         if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate < 0:
             problems.append(f"{BIAS_RATE_KEY}={rate!r} must be a number >= 0 (DeepSeek-V3 used 0.001)")
         elif model_type not in CORRECTION_BIAS_TYPES:
-            problems.append(f"{BIAS_RATE_KEY}: {model_type} routers have no e_score_correction_bias to update "
-                            f"(only {list(CORRECTION_BIAS_TYPES)} do); remove {BIAS_RATE_KEY} or use "
-                            f"{AUX_LOSS_KEY} to balance the experts")
+            problems.append(
+                f"{BIAS_RATE_KEY}: {model_type} routers have no e_score_correction_bias to update "
+                f"(only {list(CORRECTION_BIAS_TYPES)} do); remove {BIAS_RATE_KEY} or use "
+                f"{AUX_LOSS_KEY} to balance the experts"
+            )
     return problems

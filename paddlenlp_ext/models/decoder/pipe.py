@@ -85,7 +85,7 @@ class DecoderEmbeddingPipe(nn.Layer):
         b, s = ids.shape
         x = self.embed_tokens(ids)  # [B, L, hidden]
         if self.knobs.arch.embed_scale:
-            x = x * paddle.to_tensor(self.knobs.hidden ** 0.5, dtype="float32").astype(x.dtype)
+            x = x * paddle.to_tensor(self.knobs.hidden**0.5, dtype="float32").astype(x.dtype)
         if positions is None:
             positions = paddle.arange(s, dtype="int64").unsqueeze(0).expand([b, s])
         if mask is not None:  # any dense form -> the bool [B | 1, 1, L, L] the layers read
@@ -135,7 +135,9 @@ class DecoderLMHeadPipe(DecoderLMHead):
         k = config.knobs()
         if tied:  # a weight of the table's shape, kept equal to it by fleet's shared-weight broadcast / all-reduce
             super().__init__(k, paddle.create_parameter([k.vocab, k.hidden], dtype=paddle.get_default_dtype()))
-            self.weight.tied_from = f"{config.model_type}.embed_tokens.weight"  # what the streaming loader fills it from
+            self.weight.tied_from = (
+                f"{config.model_type}.embed_tokens.weight"  # what the streaming loader fills it from
+            )
         else:
             super().__init__(k)
 
@@ -158,41 +160,58 @@ class DecoderForCausalLMPipe(PipelinePretrainedModel, PipelineLayer):
         self.config = config
         k = config.knobs()
         if k.arch.mlp != "dense" and getattr(config, "output_router_logits", False):  # refused at config time too
-            raise NotImplementedError("the decoder's MoE stages do not pass router logits between stages, so the "
-                                      "load-balancing loss over every layer cannot be computed; set "
-                                      "router_aux_loss_coef=0 or pipeline_parallel_degree=1")
+            raise NotImplementedError(
+                "the decoder's MoE stages do not pass router logits between stages, so the "
+                "load-balancing loss over every layer cannot be computed; set "
+                "router_aux_loss_coef=0 or pipeline_parallel_degree=1"
+            )
         hcg = fleet.get_hybrid_communicate_group()
         if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1 or hcg.get_model_parallel_world_size() > 1:
-            raise NotImplementedError("the decoder's pipeline stages are not tensor parallel; use one of "
-                                      "tensor_parallel_degree / pipeline_parallel_degree")
+            raise NotImplementedError(
+                "the decoder's pipeline stages are not tensor parallel; use one of "
+                "tensor_parallel_degree / pipeline_parallel_degree"
+            )
         body, shared = config.model_type, f"{config.model_type}_shared_embedding"
         if k.tie:
-            self.add_sequential_layer(SharedLayerDesc(shared, DecoderEmbeddingPipe, shared_weight_attr="embedding_weight",
-                                                      config=config), body)
+            self.add_sequential_layer(
+                SharedLayerDesc(shared, DecoderEmbeddingPipe, shared_weight_attr="embedding_weight", config=config),
+                body,
+            )
         else:
             self.add_sequential_layer(LayerDesc(DecoderEmbeddingPipe, config=config), body)
         for i in range(k.layers):
             self.add_sequential_layer(LayerDesc(DecoderLayerPipe, config=config, idx=i), f"{body}.layers.{i}")
         self.add_sequential_layer(LayerDesc(DecoderNormPipe, config=config), body)
         if k.tie:
-            self.add_sequential_layer(SharedLayerDesc(shared, DecoderLMHeadPipe, shared_weight_attr="embedding_weight",
-                                                      config=config, tied=True), "lm_head")
+            self.add_sequential_layer(
+                SharedLayerDesc(
+                    shared, DecoderLMHeadPipe, shared_weight_attr="embedding_weight", config=config, tied=True
+                ),
+                "lm_head",
+            )
         else:
             self.add_sequential_layer(LayerDesc(DecoderLMHeadPipe, config=config), "lm_head")
         stages = hcg.topology().get_dim_size("pipe")
         PipelineLayer.__init__(
-            self, layers=self.get_sequential_layers(), loss_fn=None, topology=hcg.topology(),
-            seg_method="layer:DecoderLayerPipe" if k.layers % stages == 0 else "uniform", recompute_interval=0,
-            num_virtual_pipeline_stages=int(getattr(config, "virtual_pp_degree", 1) or 1))
+            self,
+            layers=self.get_sequential_layers(),
+            loss_fn=None,
+            topology=hcg.topology(),
+            seg_method="layer:DecoderLayerPipe" if k.layers % stages == 0 else "uniform",
+            recompute_interval=0,
+            num_virtual_pipeline_stages=int(getattr(config, "virtual_pp_degree", 1) or 1),
+        )
         self.apply(self._init_weights)
-
 
     def moe_blocks(self) -> list:
         """The MoE blocks of this stage's layers (``freeze_router`` fixes their routers)."""
         from .moe import MoEBlock
 
-        return [layer.feed_forward for layer in self.sublayers() if isinstance(layer, DecoderLayer)
-                and isinstance(layer.feed_forward, MoEBlock)]
+        return [
+            layer.feed_forward
+            for layer in self.sublayers()
+            if isinstance(layer, DecoderLayer) and isinstance(layer.feed_forward, MoEBlock)
+        ]
 
 
 _PIPES: dict = {}
@@ -204,6 +223,9 @@ def pipe_class_for(model_type: str) -> type:
         from .modeling import classes_for
 
         config_cls = classes_for(model_type)[0]
-        _PIPES[model_type] = type(f"{config_cls.__name__[:-len('Config')]}ForCausalLMPipe", (DecoderForCausalLMPipe,),
-                                  {"config_class": config_cls, "__module__": __name__})
+        _PIPES[model_type] = type(
+            f"{config_cls.__name__[: -len('Config')]}ForCausalLMPipe",
+            (DecoderForCausalLMPipe,),
+            {"config_class": config_cls, "__module__": __name__},
+        )
     return _PIPES[model_type]

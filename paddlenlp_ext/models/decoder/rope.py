@@ -72,8 +72,9 @@ def _yarn(dim: int, theta: float, rope: dict, max_positions: int) -> Tuple[np.nd
     return (interpolation * (1 - extra_weight) + extrapolation * extra_weight).astype(np.float32), float(attention)
 
 
-def _longrope(dim: int, theta: float, rope: dict, max_positions: int, original: Optional[int],
-              long: bool) -> Tuple[np.ndarray, float]:
+def _longrope(
+    dim: int, theta: float, rope: dict, max_positions: int, original: Optional[int], long: bool
+) -> Tuple[np.ndarray, float]:
     factor = rope.get("factor")
     if original:
         factor = max_positions / original
@@ -87,8 +88,14 @@ def _longrope(dim: int, theta: float, rope: dict, max_positions: int, original: 
     return (np.float32(1.0) / (ext * np.float32(theta) ** shape)).astype(np.float32), float(attention)
 
 
-def inv_freq(dim: int, theta: float, rope: Optional[dict], max_positions: int,
-             original_max_positions: Optional[int] = None, seq_len: int = 0) -> Tuple[np.ndarray, float]:
+def inv_freq(
+    dim: int,
+    theta: float,
+    rope: Optional[dict],
+    max_positions: int,
+    original_max_positions: Optional[int] = None,
+    seq_len: int = 0,
+) -> Tuple[np.ndarray, float]:
     """(inverse frequencies [dim / 2] float32, attention scaling) for ``dim`` rotary channels.
 
     ``seq_len`` matters for ``longrope`` only: its long factors apply when the largest position + 1

@@ -27,8 +27,12 @@ from typing import Any, Mapping, Optional, Tuple, Union
 #: where the four per-layer norms sit: (before attention, after attention, before the MLP, after the MLP);
 #: each entry is the norm's parameter name in transformers' layout, None when absent
 PRE_NORM = ("input_layernorm", None, "post_attention_layernorm", None)
-GEMMA_SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                  "post_feedforward_layernorm")
+GEMMA_SANDWICH = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
 GLM_SANDWICH = ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm")
 POST_NORM = (None, "post_attention_layernorm", None, "post_feedforward_layernorm")
 
@@ -194,8 +198,10 @@ def _rope_scaling(cfg: Mapping[str, Any]) -> Optional[dict]:
         raise ArchError(f"config.json rope_scaling must be an object, got {rope!r}")
     rtype = rope.get("rope_type", rope.get("type", "default"))
     if rtype not in ROPE_TYPES:
-        raise ArchError(f"config.json rope_scaling.rope_type={rtype!r} is not implemented by the decoder "
-                        f"(it implements {', '.join(ROPE_TYPES)}); remove rope_scaling or use another checkpoint")
+        raise ArchError(
+            f"config.json rope_scaling.rope_type={rtype!r} is not implemented by the decoder "
+            f"(it implements {', '.join(ROPE_TYPES)}); remove rope_scaling or use another checkpoint"
+        )
     return None if rtype == "default" else {**rope, "rope_type": rtype}
 
 
@@ -211,7 +217,7 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
     if act not in ACTIVATIONS:
         raise ArchError(f"config.json {arch.act}={act!r}: the decoder computes {', '.join(ACTIVATIONS)}")
     scalar = _get(cfg, arch, arch.query_scalar) if arch.query_scalar else None
-    scale = float(scalar) ** -0.5 if scalar else head_dim ** -0.5
+    scale = float(scalar) ** -0.5 if scalar else head_dim**-0.5
     windows = _windows(arch, cfg, layers)
     if arch.rope_layers and _get(cfg, arch, arch.rope_layers) is not None:
         rope_on = tuple(bool(x) for x in _get(cfg, arch, arch.rope_layers))
@@ -241,8 +247,10 @@ def resolve(arch: Arch, cfg: Mapping[str, Any]) -> Knobs:
         except MoEConfigError as e:
             raise ArchError(str(e)) from None
         if cfg.get("model_type") == "qwen2_moe" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-            raise ArchError("config.json use_sliding_window=true: the decoder's qwen2_moe row computes full "
-                            "attention only; set use_sliding_window to false")
+            raise ArchError(
+                "config.json use_sliding_window=true: the decoder's qwen2_moe row computes full "
+                "attention only; set use_sliding_window to false"
+            )
     mla = None
     if arch.attn == "mla":
         mla, head_dim, kv_heads, scale = _mla(arch, cfg, heads, kv_heads)
@@ -277,6 +285,7 @@ def _mla(arch: Arch, cfg: Mapping[str, Any], heads: int, kv_heads: int):
     >>> shape.q_lora_rank, d, kv, round(s, 6), round(0.25 * (0.1 * math.log(4.0) + 1) ** 2, 6)
     (None, 4, 2, 0.324119, 0.324119)
     """
+
     def need(key):
         value = _get(cfg, arch, key)
         if value is None:
@@ -284,16 +293,25 @@ def _mla(arch: Arch, cfg: Mapping[str, Any], heads: int, kv_heads: int):
         return int(value)
 
     if kv_heads != heads:  # transformers' MLA builds one key per query head (kv_b_proj) and repeats nothing
-        raise ArchError(f"config.json num_key_value_heads={kv_heads}: multi-head latent attention has one key per "
-                        f"head; set num_key_value_heads to num_attention_heads ({heads}) or remove it")
+        raise ArchError(
+            f"config.json num_key_value_heads={kv_heads}: multi-head latent attention has one key per "
+            f"head; set num_key_value_heads to num_attention_heads ({heads}) or remove it"
+        )
     partial = _get(cfg, arch, "partial_rotary_factor")
     if partial not in (None, 1, 1.0):
-        raise ArchError(f"config.json partial_rotary_factor={partial}: multi-head latent attention rotates the "
-                        "whole qk_rope_head_dim slice; remove partial_rotary_factor")
+        raise ArchError(
+            f"config.json partial_rotary_factor={partial}: multi-head latent attention rotates the "
+            "whole qk_rope_head_dim slice; remove partial_rotary_factor"
+        )
     q_rank = _get(cfg, arch, "q_lora_rank")
-    shape = MLAShape(q_lora_rank=int(q_rank) if q_rank else None, kv_lora_rank=need("kv_lora_rank"),
-                     nope=need("qk_nope_head_dim"), rope=need("qk_rope_head_dim"), v=need("v_head_dim"),
-                     interleave=_flag(cfg, arch, arch.mla_interleave))
+    shape = MLAShape(
+        q_lora_rank=int(q_rank) if q_rank else None,
+        kv_lora_rank=need("kv_lora_rank"),
+        nope=need("qk_nope_head_dim"),
+        rope=need("qk_rope_head_dim"),
+        v=need("v_head_dim"),
+        interleave=_flag(cfg, arch, arch.mla_interleave),
+    )
     if shape.rope % 2:
         raise ArchError(f"config.json qk_rope_head_dim={shape.rope} must be even (RoPE rotates pairs)")
     scale = (shape.nope + shape.rope) ** -0.5
@@ -334,8 +352,12 @@ def tensor_parallel_problems(k: Knobs, degree: int) -> list:
         from .moe_spec import is_moe_layer, moe_spec
 
         spec = moe_spec(k.cfg)
-        sizes.append(("intermediate_size" if spec.model_type in ("mixtral", "gpt_oss") else "moe_intermediate_size",
-                      spec.intermediate_size))
+        sizes.append(
+            (
+                "intermediate_size" if spec.model_type in ("mixtral", "gpt_oss") else "moe_intermediate_size",
+                spec.intermediate_size,
+            )
+        )
         if spec.shared_intermediate_size:
             key = "shared_expert_intermediate_size" if spec.shared_gate else "moe_intermediate_size x shared experts"
             sizes.append((key, spec.shared_intermediate_size))
@@ -346,8 +368,10 @@ def tensor_parallel_problems(k: Knobs, degree: int) -> list:
     out = []
     for key, value in sizes:
         if value % degree:
-            out.append(f"{key}={value} is not a multiple of tensor_parallel_degree={degree} (each rank takes "
-                       f"1/{degree} of them); choose a tensor_parallel_degree that divides it")
+            out.append(
+                f"{key}={value} is not a multiple of tensor_parallel_degree={degree} (each rank takes "
+                f"1/{degree} of them); choose a tensor_parallel_degree that divides it"
+            )
     return out
 
 
@@ -357,8 +381,18 @@ def class_prefix(model_type: str) -> str:
     >>> class_prefix("gemma3_text"), class_prefix("smollm3"), class_prefix("ernie4_5")
     ('Gemma3', 'SmolLM3', 'Ernie4_5')
     """
-    special = {"gemma3_text": "Gemma3", "smollm3": "SmolLM3", "qwen3_moe": "Qwen3Moe", "glm4": "Glm4",
-               "olmo2": "Olmo2", "ernie4_5": "Ernie4_5", "phi3": "Phi3", "qwen2_moe": "Qwen2Moe",
-               "ernie4_5_moe": "Ernie4_5_Moe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3",
-               "gpt_oss": "GptOss"}
+    special = {
+        "gemma3_text": "Gemma3",
+        "smollm3": "SmolLM3",
+        "qwen3_moe": "Qwen3Moe",
+        "glm4": "Glm4",
+        "olmo2": "Olmo2",
+        "ernie4_5": "Ernie4_5",
+        "phi3": "Phi3",
+        "qwen2_moe": "Qwen2Moe",
+        "ernie4_5_moe": "Ernie4_5_Moe",
+        "deepseek_v2": "DeepseekV2",
+        "deepseek_v3": "DeepseekV3",
+        "gpt_oss": "GptOss",
+    }
     return special.get(model_type) or model_type[:1].upper() + model_type[1:]

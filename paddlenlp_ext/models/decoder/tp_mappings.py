@@ -89,7 +89,9 @@ def _moe_layout(cfg: Mapping[str, Any], mlp: str, column: dict, row: list, out: 
     if spec.shared_intermediate_size:
         experts.append((f"{mlp}{spec.shared_name}.", spec.shared_expert_bias))
     for prefix, bias in experts:
-        names = (gate, up, down) if not prefix.endswith(f"{spec.shared_name}.") else ("gate_proj", "up_proj", "down_proj")
+        names = (
+            (gate, up, down) if not prefix.endswith(f"{spec.shared_name}.") else ("gate_proj", "up_proj", "down_proj")
+        )
         column[f"{prefix}{names[0]}"] = ((), bias)
         column[f"{prefix}{names[1]}"] = ((), bias)
         row.append(f"{prefix}{names[2]}")
@@ -114,12 +116,16 @@ def _join(ranks: Sequence[Any], axis: int, segs: Sequence[int]) -> np.ndarray:
     return np.concatenate([np.concatenate([p[i] for p in pieces], axis=axis) for i in range(len(segs))], axis=axis)
 
 
-def tensor_parallel_actions(arch: Arch, cfg: Mapping[str, Any], degree: int, rank: int,
-                            is_split: bool = True) -> Dict[str, Callable]:
+def tensor_parallel_actions(
+    arch: Arch, cfg: Mapping[str, Any], degree: int, rank: int, is_split: bool = True
+) -> Dict[str, Callable]:
     """PaddleNLP's ``{name: action}``: cut a full tensor into rank ``rank``'s part (``is_split``), or join the
     ranks' parts (a list, rank order) into the full tensor."""
     actions = {}
     for name, (axis, segs) in split_layout(arch, cfg).items():
-        actions[name] = (functools.partial(_take, axis=axis, segs=segs, degree=degree, rank=rank) if is_split
-                         else functools.partial(_join, axis=axis, segs=segs))
+        actions[name] = (
+            functools.partial(_take, axis=axis, segs=segs, degree=degree, rank=rank)
+            if is_split
+            else functools.partial(_join, axis=axis, segs=segs)
+        )
     return actions

@@ -14,11 +14,24 @@ tools load models); the tokenizer is Qwen2's.
 
 import importlib
 
-__all__ = ["Qwen3Config", "Qwen3ForCausalLM", "Qwen3Model", "Qwen3PretrainedModel", "Qwen3MoeConfig",
-           "Qwen3MoeForCausalLM", "Qwen3MoeModel"]
-_WHERE = {"Qwen3Config": ".configuration", "Qwen3ForCausalLM": ".modeling", "Qwen3Model": ".modeling",
-          "Qwen3PretrainedModel": ".modeling", "Qwen3MoeConfig": ".moe", "Qwen3MoeForCausalLM": ".moe",
-          "Qwen3MoeModel": ".moe"}
+__all__ = [
+    "Qwen3Config",
+    "Qwen3ForCausalLM",
+    "Qwen3Model",
+    "Qwen3PretrainedModel",
+    "Qwen3MoeConfig",
+    "Qwen3MoeForCausalLM",
+    "Qwen3MoeModel",
+]
+_WHERE = {
+    "Qwen3Config": ".configuration",
+    "Qwen3ForCausalLM": ".modeling",
+    "Qwen3Model": ".modeling",
+    "Qwen3PretrainedModel": ".modeling",
+    "Qwen3MoeConfig": ".moe",
+    "Qwen3MoeForCausalLM": ".moe",
+    "Qwen3MoeModel": ".moe",
+}
 
 
 def __getattr__(name):

@@ -109,8 +109,10 @@ class Qwen3Attention(Qwen2Attention):
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         if self.num_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
+            raise ValueError(
+                f"num_attention_heads={self.num_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.gqa_or_mqa = self.num_heads != self.num_key_value_heads
         self.max_position_embeddings = config.max_position_embeddings
@@ -190,10 +192,17 @@ class Qwen3Attention(Qwen2Attention):
 
         has_gradient = not (query_states.stop_gradient and key_states.stop_gradient and value_states.stop_gradient)
         args = (query_states, self.config, key_states, value_states, attention_mask, output_attentions)
-        kw = dict(attn_mask_startend_row_indices=attn_mask_startend_row_indices, training=self.training,
-                  sequence_parallel=self.sequence_parallel)
-        if (self.enable_recompute and self.layerwise_recompute and has_gradient
-                and self.recompute_granularity == "core_attn"):
+        kw = dict(
+            attn_mask_startend_row_indices=attn_mask_startend_row_indices,
+            training=self.training,
+            sequence_parallel=self.sequence_parallel,
+        )
+        if (
+            self.enable_recompute
+            and self.layerwise_recompute
+            and has_gradient
+            and self.recompute_granularity == "core_attn"
+        ):
             outputs = recompute(self.attn_func, *args, use_reentrant=self.config.recompute_use_reentrant, **kw)
         else:
             outputs = self.attn_func(*args, **kw)
@@ -244,8 +253,13 @@ class Qwen3PretrainedModel(Qwen2PretrainedModel):
         model_mappings = [["embed_tokens.weight"], ["norm.weight"]]
         for i in range(config.num_hidden_layers):
             pre = f"layers.{i}."
-            for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                         *cls._mlp_linear_names(config, i)):
+            for name in (
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                *cls._mlp_linear_names(config, i),
+            ):
                 model_mappings.append([f"{pre}{name}.weight", None, "transpose"])
                 if config.attention_bias and name.startswith("self_attn"):
                     model_mappings.append([f"{pre}{name}.bias"])
@@ -280,16 +294,22 @@ class Qwen3Model(Qwen3PretrainedModel, Qwen2Model):
             from paddle.distributed.fleet import meta_parallel as mpu
 
             self.embed_tokens = mpu.VocabParallelEmbedding(
-                self.vocab_size, self.hidden_size,
+                self.vocab_size,
+                self.hidden_size,
                 weight_attr=paddle.ParamAttr(initializer=nn.initializer.XavierNormal()),
             )
         else:
             self.embed_tokens = nn.Embedding(self.vocab_size, self.hidden_size)
-        self.layers = nn.LayerList([
-            decoder_layer(i, layerwise_recompute=i not in self.no_recompute_layers,
-                          skip_recompute_ops=get_skip_recompute_ops(config, i))
-            for i in range(config.num_hidden_layers)
-        ])
+        self.layers = nn.LayerList(
+            [
+                decoder_layer(
+                    i,
+                    layerwise_recompute=i not in self.no_recompute_layers,
+                    skip_recompute_ops=get_skip_recompute_ops(config, i),
+                )
+                for i in range(config.num_hidden_layers)
+            ]
+        )
         self.norm = Qwen2RMSNorm(config)
 
 

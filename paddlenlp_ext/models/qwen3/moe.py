@@ -34,9 +34,18 @@ class Qwen3MoeConfig(Qwen3Config):
 
     model_type = "qwen3_moe"
 
-    def __init__(self, decoder_sparse_step=1, moe_intermediate_size=768, num_experts_per_tok=8, num_experts=128,
-                 norm_topk_prob=False, output_router_logits=False, router_aux_loss_coef=0.001, mlp_only_layers=None,
-                 **kwargs):
+    def __init__(
+        self,
+        decoder_sparse_step=1,
+        moe_intermediate_size=768,
+        num_experts_per_tok=8,
+        num_experts=128,
+        norm_topk_prob=False,
+        output_router_logits=False,
+        router_aux_loss_coef=0.001,
+        mlp_only_layers=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.decoder_sparse_step = int(decoder_sparse_step)
         self.moe_intermediate_size = int(moe_intermediate_size)
@@ -68,8 +77,11 @@ class Qwen3MoeSparseMoeBlock(nn.Layer):
 
     def __init__(self, config: Qwen3MoeConfig):
         super().__init__()
-        self.num_experts, self.top_k, self.norm_topk_prob = config.num_experts, config.num_experts_per_tok, \
-            config.norm_topk_prob
+        self.num_experts, self.top_k, self.norm_topk_prob = (
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.norm_topk_prob,
+        )
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.top_k} must be in 1..num_experts={self.num_experts}")
         self.gate = linear_utils.Linear(config.hidden_size, self.num_experts, bias_attr=False)
@@ -96,16 +108,24 @@ class Qwen3MoeSparseMoeBlock(nn.Layer):
 
 
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
-    def __init__(self, config: Qwen3MoeConfig, layer_idx: int, layerwise_recompute: bool = False,
-                 skip_recompute_ops=None):
-        mlp = Qwen3MoeSparseMoeBlock(config) if is_sparse_layer(config, layer_idx) else Qwen2MLP(config, skip_recompute_ops=skip_recompute_ops)
+    def __init__(
+        self, config: Qwen3MoeConfig, layer_idx: int, layerwise_recompute: bool = False, skip_recompute_ops=None
+    ):
+        mlp = (
+            Qwen3MoeSparseMoeBlock(config)
+            if is_sparse_layer(config, layer_idx)
+            else Qwen2MLP(config, skip_recompute_ops=skip_recompute_ops)
+        )
         super().__init__(config, layerwise_recompute, skip_recompute_ops, mlp=mlp)
 
 
 def is_sparse_layer(config: Qwen3MoeConfig, layer_idx: int) -> bool:
     """Whether decoder layer ``layer_idx`` has the sparse block (else the dense MLP), as transformers decides."""
-    return (layer_idx not in config.mlp_only_layers and config.num_experts > 0
-            and (layer_idx + 1) % config.decoder_sparse_step == 0)
+    return (
+        layer_idx not in config.mlp_only_layers
+        and config.num_experts > 0
+        and (layer_idx + 1) % config.decoder_sparse_step == 0
+    )
 
 
 class Qwen3MoePretrainedModel(Qwen3PretrainedModel):
@@ -116,8 +136,9 @@ class Qwen3MoePretrainedModel(Qwen3PretrainedModel):
     def _mlp_linear_names(cls, config, layer_idx: int) -> tuple:
         if not is_sparse_layer(config, layer_idx):
             return super()._mlp_linear_names(config, layer_idx)
-        return ("mlp.gate",) + tuple(f"mlp.experts.{j}.{p}" for j in range(config.num_experts)
-                                     for p in ("gate_proj", "up_proj", "down_proj"))
+        return ("mlp.gate",) + tuple(
+            f"mlp.experts.{j}.{p}" for j in range(config.num_experts) for p in ("gate_proj", "up_proj", "down_proj")
+        )
 
 
 @register_base_model

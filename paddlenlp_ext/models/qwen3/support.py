@@ -24,8 +24,10 @@ def unsupported_settings(config: Any) -> List[str]:
 
     problems = []
     if get("use_sliding_window"):
-        problems.append("use_sliding_window=true (sliding-window attention layers are not implemented; "
-                        "set use_sliding_window false)")
+        problems.append(
+            "use_sliding_window=true (sliding-window attention layers are not implemented; "
+            "set use_sliding_window false)"
+        )
     if get("rope_scaling"):
         problems.append(f"rope_scaling={get('rope_scaling')!r} (only plain RoPE is implemented; remove rope_scaling)")
     if get("fuse_attention_qkv"):
@@ -34,9 +36,13 @@ def unsupported_settings(config: Any) -> List[str]:
         problems.append("refined_recompute (not implemented for Qwen3's attention; remove refined_recompute)")
     if get("model_type") == "qwen3_moe":
         if get("output_router_logits"):
-            problems.append("output_router_logits=true (the router's load-balancing loss is not implemented; "
-                            "set output_router_logits false)")
+            problems.append(
+                "output_router_logits=true (the router's load-balancing loss is not implemented; "
+                "set output_router_logits false)"
+            )
         if int(get("tensor_parallel_degree") or 1) > 1:
-            problems.append(f"tensor_parallel_degree={get('tensor_parallel_degree')} (the experts are not split "
-                            "across ranks; set tensor_parallel_degree 1)")
+            problems.append(
+                f"tensor_parallel_degree={get('tensor_parallel_degree')} (the experts are not split "
+                "across ranks; set tensor_parallel_degree 1)"
+            )
     return problems
