@@ -321,14 +321,20 @@ def test_save_pretrained_merge_mappings_rebuild_the_single_device_checkpoint(mod
     ``_get_tensor_parallel_mappings(is_split=False)`` names and joins it with the action (rank 0's copy for the
     rest); run with PaddleNLP's own key resolver on the simulated ranks' state dicts, that gives the single-device
     state dict exactly, and ``is_split=True`` cuts each rank's part back out.  Every split parameter is named."""
+    check_merge_mappings(model_type)
+
+
+def check_merge_mappings(model_type, init=randomize, load=load_shards):
+    """The merge-mappings check of the test above on ``model_type``, its weights set by ``init`` and sliced per
+    rank by ``load`` (tests/test_moe_parallel.py passes the MoE rows' own) -> the names of the split parameters."""
     from paddlenlp_ext.models.decoder import classes_for
 
     cfg = config_dict(model_type)
     ref = build(model_type)
-    randomize(ref, seed=4)
+    init(ref, seed=4)
     sim = SimulatedGroup(N)
     tps = sim.build(lambda r: build(model_type, N, r))
-    load_shards(ref, tps, cfg, model_type)
+    load(ref, tps, cfg, model_type)
     lm_cls = classes_for(model_type)[2]
     states = [{k: v.numpy() for k, v in m.state_dict().items()} for m in tps]
     for r in range(N):
@@ -346,6 +352,7 @@ def test_save_pretrained_merge_mappings_rebuild_the_single_device_checkpoint(mod
             np.testing.assert_array_equal(cut[base](merged[k]), states[r][k], err_msg=base)
         tp_named = {n for n, p in tps[r].named_parameters() if getattr(p, "tp_full_shape", None) is not None}
         assert tp_named <= set(named), sorted(tp_named - set(named))
+    return tp_named
 
 
 def _config_problems(tmp_path, model_type, *overrides, **config_over):
