@@ -14,15 +14,14 @@ that row's failing runs with their output tails.
 import functools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import DATA_DIR, ROOT, run_jobs, selected_params
+from conftest import ROOT, run_jobs, selected_params
 from hf_tokenizers import build as build_tokenizer
 from paddlenlp_ext.models.family_table import FAMILIES
 from test_decoder_parity import LONGROPE
+from test_hf_e2e import finetune, run  # the same 20-step LoRA run and CLI call as the Llama-family tests
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -31,15 +30,7 @@ torch = pytest.importorskip("torch")
 #: the rows built with our decoder, and qwen3_moe, whose transformers-layout checkpoints train on the decoder
 #: (family_table.layout_row; its PaddleNLP layout: tests/test_qwen3_moe.py)
 DECODER_ROWS = [k for k, f in FAMILIES.items() if f.decoder or (f.hf_row is not None and f.hf_row.decoder)]
-FINETUNE = os.path.join(ROOT, "llm", "run_finetune.py")
 LORA_CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
-
-
-def run(cmd, check=True):
-    r = subprocess.run([sys.executable, *map(str, cmd)], capture_output=True, text=True, cwd=ROOT)
-    if check:
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return r
 
 
 def save_row(model_type, out_dir, dtype="bfloat16"):
@@ -53,39 +44,6 @@ def save_row(model_type, out_dir, dtype="bfloat16"):
     model.save_pretrained(out_dir, max_shard_size="200KB")
     build_tokenizer(out_dir, "llama3")
     return out_dir
-
-
-def finetune(model_dir, out, *overrides, check=True):
-    return run(
-        [
-            FINETUNE,
-            LORA_CONFIG,
-            "--model_name_or_path",
-            model_dir,
-            "--dataset_name_or_path",
-            DATA_DIR,
-            "--output_dir",
-            out,
-            "--max_steps",
-            "20",
-            "--per_device_train_batch_size",
-            "8",
-            "--logging_steps",
-            "1",
-            "--learning_rate",
-            "3e-2",
-            "--warmup_steps",
-            "0",
-            "--do_eval",
-            "false",
-            "--src_length",
-            "64",
-            "--max_length",
-            "128",
-            *overrides,
-        ],
-        check=check,
-    )
 
 
 def losses(out):
