@@ -23,7 +23,8 @@ step lines), interleaved (MoE ours, dense ours, MoE TRL; then again, ``--repeats
   default LoRA targets are exactly those above), its CPU set-up;
 * **TRL + PEFT**: ``SFTTrainer`` + PEFT LoRA on transformers' own ``MixtralForCausalLM`` (``bench/e2e_trl.py``,
   torch's default threads), in ``--trl-python`` (default: this interpreter, whose venv has torch 2.13,
-  transformers, peft and trl 0.22).
+  transformers, peft and trl 0.22).  Same work as ours, as in bench/e2e.py: no gradient checkpointing
+  (TRL 0.22's ``SFTConfig`` turns it on by default; ours does not checkpoint) and ours' example order.
 
 Printed: per run and per toolkit the supervised tokens/s, median step time (steps 2..N), peak RSS, CPU%
 and final loss; then, from this one run, side by side: MoE step / dense step (ours; target <= 1.5x),
@@ -194,9 +195,19 @@ def main(argv=None):
             t0 = time.time()
             out_dir = os.path.join(a.scratch, f"{who}_{a.size}_{i}")
             if who == "trl":
+                # use_fast=False: the shared venv's protobuf cannot convert the SentencePiece model;
+                # same_work: no gradient checkpointing (TRL 0.22's SFTConfig default is on) and ours' example order
                 r = run_trl(
-                    py, moe_dir, data_dir, out_dir, a.steps, packing=False, targets=MOE_TARGETS, use_fast=False
-                )  # the shared venv's protobuf cannot convert the SentencePiece model
+                    py,
+                    moe_dir,
+                    data_dir,
+                    out_dir,
+                    a.steps,
+                    packing=False,
+                    targets=MOE_TARGETS,
+                    use_fast=False,
+                    same_work=True,
+                )
             else:
                 r = run_once("on", moe_dir if who == "ours" else dense_dir, data_dir, out_dir, a.steps)
                 r.pop("summary", None)
@@ -230,6 +241,9 @@ def main(argv=None):
         )
     print()
     print(h.table(["run", "runs", "supervised tok/s", "step time", "peak RSS", "CPU% in steps", "final loss"], rows))
+    trl_work = sorted({r["work"] for r in runs if r["who"] == "trl" and r.get("work")})
+    if trl_work:
+        print(f"TRL + PEFT work: {'; '.join(trl_work)} (ours: no gradient checkpointing, the same order)")
     print()
     ratios = side_by_side(runs)
     print(

@@ -328,7 +328,7 @@ def test_model_spm_reads_either_layouts_tokenizer(tmp_path):
 
 def test_trl_does_ours_work_unpacked_in_ours_order_and_without_checkpointing():
     """bench/e2e.py's TRL spec: no gradient checkpointing (TRL 0.22 turns it on by default, ours runs without),
-    and unpacked the examples in ours' order; without ``same_work`` (bench/moe.py) TRL's own defaults."""
+    and unpacked the examples in ours' order (bench/moe.py asks the same); without ``same_work`` TRL's own defaults."""
     spec = e2e_runs.trl_spec("/m", "/d", "/o", 5, packing=False, use_fast=False, same_work=True)
     assert spec["gradient_checkpointing"] is False and spec["order_seed"] == e2e.SEED and spec["use_fast"] is False
     packed = e2e_runs.trl_spec("/m", "/d", "/o", 5, packing=True, same_work=True)
