@@ -81,6 +81,9 @@ class Layout:
     sharding_degree: int = 1
     dp: int = 1
     offload: bool = False  # "stage2 offload" / "stage3 offload" / offload_optim: optimizer states on the host
+    #: expert_parallel_degree: the routed experts split over EP of the data-parallel / sharding ranks (each holds
+    #: E / EP of them); it adds no device (PaddleFormers' meaning)
+    ep: int = 1
 
     @property
     def devices(self) -> int:
@@ -103,18 +106,23 @@ class Layout:
             parts.append(f"PP {self.pp}")
         if self.dp > 1:
             parts.append(f"DP {self.dp}")
+        if self.ep > 1:
+            parts.append(f"EP {self.ep}")
         n = self.devices
         return f"{n} device{'s' if n > 1 else ''}" + (f" ({', '.join(parts)})" if parts else "")
 
     def config_keys(self) -> Dict[str, object]:
         """The config keys that select this layout (``sharding`` "" when not sharded)."""
         stage = f"stage{self.sharding_stage}" + (" offload" if self.offload else "") if self.sharding_stage else ""
-        return {
+        keys = {
             "tensor_parallel_degree": self.tp,
             "pipeline_parallel_degree": self.pp,
             "sharding": stage,
             "sharding_parallel_degree": self.sharding_degree if self.sharding_stage else -1,
         }
+        if self.ep > 1:
+            keys["expert_parallel_degree"] = self.ep
+        return keys
 
 
 @dataclass
@@ -184,12 +192,12 @@ class Estimate:
         }
 
 
-def _group_bytes(groups, n, inp: PlanInputs, tp: int):
+def _group_bytes(groups, n, inp: PlanInputs, tp: int, ep: int = 1):
     """(weight bytes, trainable params, bytes that sharding stage 3 slices) of ``groups`` repeated ``n`` times
-    on one TP rank."""
+    on one TP rank (and one EP rank: E / ``ep`` of the routed experts)."""
     w = tparams = sliced = 0.0
     for g in groups:
-        div = tp if g.tp_split else 1
+        div = (tp if g.tp_split else 1) * (ep if g.ep_split else 1)
         b = g.fixed_bytes if g.fixed_bytes is not None else g.params * inp.weight_bytes
         w += n * b / div
         if g.trainable:
@@ -202,7 +210,7 @@ def _group_bytes(groups, n, inp: PlanInputs, tp: int):
 def layer_activation_elements(inp: PlanInputs, tp: int) -> Dict[str, float]:
     """Activation elements per token of one decoder layer on one TP rank, by part."""
     s, p = inp.shape, inp.params
-    h, k, i = s.hidden_size, s.kv_dim, s.intermediate_size
+    h, k, i = s.hidden_size, s.kv_dim, act_intermediate(s)
     keys = inp.seq + inp.prefix_tokens  # prefix tuning puts its key/values in front of every layer's keys
     repl = ACT_REPLICATED_HIDDEN * h / (tp if inp.sequence_parallel else 1)
     attn = (ACT_PER_HIDDEN - ACT_REPLICATED_HIDDEN) * h + ACT_PER_KV * k * keys / inp.seq
@@ -210,11 +218,40 @@ def layer_activation_elements(inp: PlanInputs, tp: int) -> Dict[str, float]:
     return {
         "replicated": repl,
         "attn": attn / tp,
-        "mlp": ACT_PER_INTERMEDIATE * i / tp,
+        "mlp": ACT_PER_INTERMEDIATE * i / tp + moe_dispatch_elements(s),
         "scores": scores / tp,
         "adapters": p.adapter_act_elements / tp,
         "hidden": h / (tp if inp.sequence_parallel else 1),
     }
+
+
+def act_intermediate(s: ModelShape) -> float:
+    """Per token, the MLP width a layer computes, averaged over the layers: intermediate_size (dense); in an MoE
+    layer top_k x the expert's + the shared experts' (a token passes through those only).
+
+    Mixtral 8 x top-2 of 1408 on every layer: 2 x 1408 = 2816, as the equal-active dense model's intermediate."""
+    if s.moe is None:
+        return float(s.intermediate_size)
+    moe = s.moe.top_k * s.moe.expert_intermediate + s.moe.shared_intermediate
+    L = s.num_hidden_layers
+    return (s.moe.moe_layers * moe + (L - s.moe.moe_layers) * s.intermediate_size) / L
+
+
+#: per token and MoE layer, what the block keeps besides the experts' own activations (``decoder/moe.py``): the
+#: rows gathered for the experts and the experts' outputs kept for the routing weights' gradient (top_k x hidden
+#: each), and the router's logits and probabilities (E each; the aux loss reads the logits)
+MOE_KEPT_PER_HIDDEN_K = 2.0
+MOE_KEPT_PER_EXPERT = 2.0
+
+
+def moe_dispatch_elements(s: ModelShape) -> float:
+    """Elements per token the MoE block keeps on top of the experts' activations, averaged over the layers.
+
+    Mixtral-0.5B of bench/moe.py (hidden 1024, 8 experts top-2, every layer MoE): 2 x 2 x 1024 + 2 x 8 = 4112."""
+    if s.moe is None:
+        return 0.0
+    per = MOE_KEPT_PER_HIDDEN_K * s.moe.top_k * s.hidden_size + MOE_KEPT_PER_EXPERT * s.moe.num_experts
+    return per * s.moe.moe_layers / s.num_hidden_layers
 
 
 def activation_bytes(inp: PlanInputs, tp: int, layers: int, in_flight: int) -> float:
@@ -264,7 +301,7 @@ def overhead_bytes(inp: PlanInputs, layout: Layout) -> int:
 
 
 def _stage(inp: PlanInputs, layout: Layout, which: str) -> Dict[str, float]:
-    acc, tp, pp = inp.params, layout.tp, layout.pp
+    acc, tp, pp, ep = inp.params, layout.tp, layout.pp, layout.ep
     layers = math.ceil(acc.num_layers / pp)
     parts = [(acc.layer_groups, layers), (acc.every_groups, 1)]
     if which in ("only", "first"):
@@ -273,7 +310,7 @@ def _stage(inp: PlanInputs, layout: Layout, which: str) -> Dict[str, float]:
         parts.append((acc.last_groups, 1))
     w = tp_params = s3_bytes = 0.0
     for groups, n in parts:
-        gw, gp, gs = _group_bytes(groups, n, inp, tp)
+        gw, gp, gs = _group_bytes(groups, n, inp, tp, ep)
         w, tp_params, s3_bytes = w + gw, tp_params + gp, s3_bytes + gs
     sd = layout.sharding_degree if layout.sharding_stage else 1
     train = inp.do_train
@@ -291,7 +328,7 @@ def _stage(inp: PlanInputs, layout: Layout, which: str) -> Dict[str, float]:
         grads /= sd
     if layout.sharding_stage >= 3:
         # the large parameters are sliced; the layer being computed (and the next, prefetched) is gathered whole
-        per_layer = _group_bytes(acc.layer_groups, 1, inp, tp)[2]
+        per_layer = _group_bytes(acc.layer_groups, 1, inp, tp, ep)[2]
         w = w - s3_bytes + s3_bytes / sd + 2 * per_layer * (1 - 1 / sd)
     in_flight = min(pp, inp.grad_accum) if (pp > 1 and which == "first") else 1
     act = activation_bytes(inp, tp, layers, in_flight)
@@ -301,6 +338,8 @@ def _stage(inp: PlanInputs, layout: Layout, which: str) -> Dict[str, float]:
         temps = grads  # ClipGradByGlobalNorm: one new gradient per parameter
     if train and inp.target == "cpu" and acc.method == "full":
         temps = max(temps, min(w, SAVE_SHARD_BYTES))  # the final save's numpy copy of one shard
+    if s_moe := inp.shape.moe:  # the routers' e_score_correction_bias buffers (fp32), on every rank
+        w += 4 * s_moe.router_buffer_elements * layers / acc.num_layers
     return {
         "weights": w,
         "gradients": grads,
@@ -326,6 +365,24 @@ def estimate(inp: PlanInputs, layout: Optional[Layout] = None) -> Estimate:
             f"tensor_parallel_degree {layout.tp} must divide num_attention_heads "
             f"{s.num_attention_heads} and num_key_value_heads {s.num_key_value_heads}"
         )
+    if layout.ep > 1:
+        if s.moe is None:
+            raise PlanError(f"expert_parallel_degree {layout.ep}: {s.model_type} has no experts; set it to 1")
+        if s.moe.num_experts % layout.ep:
+            raise PlanError(
+                f"expert_parallel_degree {layout.ep} must divide the {s.moe.num_experts} experts (each rank holds "
+                "num_experts / expert_parallel_degree of them)"
+            )
+        if s.moe.fused_experts:
+            raise PlanError(
+                f"expert_parallel_degree {layout.ep}: {s.model_type}'s fused experts (one 3-D parameter for all "
+                "experts) are not split here; set expert_parallel_degree to 1"
+            )
+        if (layout.sharding_degree * layout.dp) % layout.ep:
+            raise PlanError(
+                f"expert_parallel_degree {layout.ep} must divide the data-parallel x sharding ranks "
+                f"({layout.sharding_degree * layout.dp}): the expert-parallel ranks are those"
+            )
     if layout.pp > s.num_hidden_layers:
         raise PlanError(f"pipeline_parallel_degree {layout.pp} exceeds num_hidden_layers {s.num_hidden_layers}")
     stages = ["only"] if layout.pp == 1 else ["first", "last"]
@@ -339,6 +396,17 @@ def estimate(inp: PlanInputs, layout: Optional[Layout] = None) -> Estimate:
         "trainable_params": inp.params.trainable_params,
         "method": inp.params.method,
     }
+    if s.moe is not None:
+        est.facts.update(
+            active_params=s.active_params,
+            num_experts=s.moe.num_experts,
+            experts_per_token=s.moe.top_k,
+            moe_layers=s.moe.moe_layers,
+            expert_params=s.expert_params,
+            experts_per_rank=s.moe.num_experts // layout.ep,
+            expert_parallel_degree=layout.ep,
+            router_buffer_elements=s.moe.router_buffer_elements,
+        )
     return est
 
 
@@ -351,6 +419,22 @@ def assumptions(inp: PlanInputs, layout: Layout) -> List[str]:
         + (f" (+ {added:,} of the method)" if added else "")
         + f", {inp.params.trainable_params:,} trainable"
     )
+    if s.moe is not None:
+        m = s.moe
+        a.append(
+            f"mixture of experts: {m.num_experts} experts, top-{m.top_k} per token, in {m.moe_layers} of "
+            f"{s.num_hidden_layers} layers"
+            + (f" (+ shared experts of {m.shared_intermediate})" if m.shared_intermediate else "")
+            + f": {s.active_params:,} parameters active per token of {s.total_params:,}; routed experts "
+            f"{s.expert_params:,}"
+            + (f", {m.num_experts // layout.ep} per rank (expert_parallel_degree {layout.ep})" if layout.ep > 1 else "")
+            + (
+                f"; router buffers (e_score_correction_bias) {m.router_buffer_elements:,} fp32"
+                if m.router_buffer_elements
+                else ""
+            )
+            + "; activations: top-k experts' widths + the gathered rows and router logits per token"
+        )
     a.append(f"micro-batch {inp.batch} x {inp.seq} tokens (every row padded or packed to max_length: the worst case)")
     if inp.target == "cpu":
         a.append(

@@ -83,6 +83,8 @@ class Group:
     #: sliced by sharding stage 3: Paddle's GroupShardedStage3 slices every parameter above its segment size
     #: (2**20 elements) whether it trains or not; quantized weights are buffers, adapters and norms are small
     stage3: bool = False
+    #: routed experts (and their adapters): expert parallelism keeps E / EP of them on each rank
+    ep_split: bool = False
 
 
 @dataclass
@@ -176,53 +178,80 @@ def account(
     acc = ParamAccount(method=method, num_layers=shape.num_hidden_layers)
     full = method == "full"
     L = shape.num_hidden_layers
-    linears = shape.layer_linears(fuse_qkv, fuse_ffn)
     quant_targets = decoder_linear_targets(shape.model_type) if quant else []
     adapter_targets = adapter.resolved_target_modules if adapter is not None else []
-    q_bytes = q_params = adapted = quantized = 0
-    frozen = trainable = 0.0
+    adapted = quantized = 0
+    # per kind of Linear ("" or "expert": what expert parallelism splits, "router": replicated under TP)
+    q_bytes, q_params, frozen, trainable = {}, {}, {}, {}
     lora_elems = mask_elems = 0.0
     vera_in = vera_out = 0
+    first_name = ""
     for index in range(L):
-        for suffix, in_f, out_f in linears:
+        for suffix, in_f, out_f, role in shape.layer_parts(index, fuse_qkv, fuse_ffn):
+            kind = role if role in ("expert", "router") else ""
             name = shape.layer_name(index, suffix)
+            first_name = first_name or name
             excluded = any(part in name for part in NEVER_TARGET_PARTS)
             if quant and not excluded and _match(quant_targets, name):
-                q_bytes += quantized_linear_bytes(in_f, out_f, quant)
-                q_params += in_f * out_f
+                q_bytes[kind] = q_bytes.get(kind, 0) + quantized_linear_bytes(in_f, out_f, quant)
+                q_params[kind] = q_params.get(kind, 0) + in_f * out_f
                 quantized += 1
             elif full:
-                trainable += in_f * out_f
+                trainable[kind] = trainable.get(kind, 0) + in_f * out_f
             else:
-                frozen += in_f * out_f
+                frozen[kind] = frozen.get(kind, 0) + in_f * out_f
             if adapter is not None and _match(adapter_targets, name):
                 adapted += 1
-                trainable += adapter_params(adapter, in_f, out_f)
+                trainable[kind] = trainable.get(kind, 0) + adapter_params(adapter, in_f, out_f)
                 vera_in, vera_out = max(vera_in, in_f), max(vera_out, out_f)
-                lora_elems += adapter.r  # x @ A (LoRA / VeRA) is kept for backward
+                # x @ A (LoRA / VeRA) is kept for backward; an expert sees only its tokens: top_k / E of them
+                share = shape.moe.top_k / shape.moe.num_experts if role == "expert" and shape.moe else 1.0
+                lora_elems += adapter.r * share
                 if adapter.dropout > 0:
-                    lora_elems += in_f  # the dropped-out copy of the input
-                    mask_elems += in_f
+                    lora_elems += in_f * share  # the dropped-out copy of the input
+                    mask_elems += in_f * share
     head_adapted = adapter is not None and shape.lm_head_params and _match(adapter_targets, "lm_head")
     if adapter is not None and adapted == 0 and not head_adapted:
         raise PlanError(
             f"target_modules {adapter_targets} match no Linear layer of this {shape.model_type} model "
-            f"(re.fullmatch against names like {shape.layer_name(0, linears[0][0])!r}); "
+            f"(re.fullmatch against names like {first_name!r}); "
             "the run would stop with the same error"
         )
     groups = acc.layer_groups
-    if frozen:
-        groups.append(Group("frozen linears", frozen / L, False, stage3=True))
-    if trainable:
-        groups.append(Group("trainable linears" if full else "adapters", trainable / L, True, stage3=full))
-    if q_params:
-        groups.append(Group("quantized linears", q_params / L, False, fixed_bytes=q_bytes / L))
-    bias = shape.layer_other_params - shape.layer_norm_params
-    if bias:
-        groups.append(Group("q/k/v biases", bias, full))
-    groups.append(Group("RMSNorm weights", shape.layer_norm_params, full, tp_split=False))
+    label = {"": "", "expert": "expert ", "router": "router "}
+    for kind in ("", "router", "expert"):
+        ep, tp = kind == "expert", kind != "router"
+        if frozen.get(kind):
+            groups.append(Group(f"frozen {label[kind]}linears", frozen[kind] / L, False, tp, stage3=True, ep_split=ep))
+        if trainable.get(kind):
+            what = f"trainable {label[kind]}linears" if full else f"{label[kind]}adapters"
+            groups.append(Group(what, trainable[kind] / L, True, tp, stage3=full, ep_split=ep))
+        if q_params.get(kind):
+            groups.append(
+                Group(
+                    f"quantized {label[kind]}linears",
+                    q_params[kind] / L,
+                    False,
+                    tp,
+                    fixed_bytes=q_bytes[kind] / L,
+                    ep_split=ep,
+                )
+            )
+    if shape.layer_plans:  # norms, biases, sinks, router biases; the fused experts of gpt_oss (3-D parameters)
+        other = sum(n for p in shape.layer_plans for _, n, r in p.others if r != "expert")
+        experts = sum(n for p in shape.layer_plans for _, n, r in p.others if r == "expert")
+        groups.append(Group("norms and biases", other / L, full, tp_split=False))
+        if experts:
+            groups.append(Group("expert biases and fused experts", experts / L, full, stage3=full, ep_split=True))
+    else:
+        bias = shape.layer_other_params - shape.layer_norm_params
+        if bias:
+            groups.append(Group("q/k/v biases", bias, full))
+        groups.append(Group("RMSNorm weights", shape.layer_norm_params, full, tp_split=False))
     acc.first_groups.append(Group("embeddings", shape.embedding_params, full, stage3=True))
     acc.last_groups.append(Group("final norm", shape.hidden_size, full, tp_split=False))
+    if shape.lm_head_bias:
+        acc.last_groups.append(Group("lm_head bias", shape.vocab_size, full))
     if shape.lm_head_params:
         acc.last_groups.append(Group("lm_head", shape.lm_head_params, full, stage3=True))
         if head_adapted:

@@ -6,6 +6,7 @@ CLI prints at start; ``llm/tools/plan_memory.py`` uses the same functions (``pla
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Optional, Tuple
@@ -50,9 +51,13 @@ def layout_from_config(t: dict, world_size: Optional[int] = None) -> Layout:
     sd = int(t.get("sharding_parallel_degree", -1) or -1)
     if sd <= 0:
         sd = int(t.get("sharding_degree", -1) or -1)  # PaddleNLP's deprecated alias
+    try:
+        ep = max(1, int(t.get("expert_parallel_degree", -1) or 1))
+    except (TypeError, ValueError):
+        raise PlanError(f"expert_parallel_degree={t.get('expert_parallel_degree')!r} must be an integer") from None
     world = world_size or launched_world_size()
     if world <= 1:
-        world = tp * pp * max(sd, 1)
+        world = tp * pp * math.lcm(max(sd, 1), ep)  # the expert-parallel ranks are data-parallel / sharding ranks
     if world % (tp * pp):
         raise PlanError(
             f"world size {world} is not a multiple of tensor_parallel_degree x pipeline_parallel_degree = {tp * pp}"
@@ -68,7 +73,9 @@ def layout_from_config(t: dict, world_size: Optional[int] = None) -> Layout:
     if sd == 1:
         stage = 0
     offload = offload or bool(t.get("offload_optim", False))
-    return Layout(tp=tp, pp=pp, sharding_stage=stage, sharding_degree=sd, dp=world // (tp * pp * sd), offload=offload)
+    return Layout(
+        tp=tp, pp=pp, sharding_stage=stage, sharding_degree=sd, dp=world // (tp * pp * sd), offload=offload, ep=ep
+    )
 
 
 def _quant(cfg, saved_quant: Optional[dict]) -> Optional[QuantSpec]:

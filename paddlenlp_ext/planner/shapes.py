@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 from ..models.family_table import planner_layout_problem, row
+from .moe_shape import LayerPlan, MoEFacts, moe_layer_plans
 
 
 class PlanError(ValueError):
@@ -58,6 +59,12 @@ class ModelShape:
     qk_norm_params: int = 0
     fused_qkv_name: str = ""
     fused_ffn_name: str = ""
+    #: the decoder's MoE rows (and MLA): one plan per layer (``moe_shape.py``); empty: every layer is the same
+    layer_plans: Tuple[LayerPlan, ...] = ()
+    moe: Optional[MoEFacts] = None
+    lm_head_bias: bool = False
+    #: activation widths of an MLA row (k and v per token): 0 for the others (kv_dim)
+    act_kv_dim: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -70,7 +77,31 @@ class ModelShape:
 
     @property
     def kv_dim(self) -> int:
-        return self.num_key_value_heads * self.head_dim
+        return self.act_kv_dim or self.num_key_value_heads * self.head_dim
+
+    def layer_parts(
+        self, index: int, fuse_qkv: bool = False, fuse_ffn: bool = False
+    ) -> List[Tuple[str, int, int, str]]:
+        """``(suffix, in, out, role)`` of the Linears of layer ``index`` (roles: ``moe_shape.ROLES``; a Llama-layout
+        layer's are "attn" and "mlp")."""
+        if self.layer_plans:
+            return list(self.layer_plans[index].linears)
+        return [(n, i, o, "attn" if "self_attn" in n else "mlp") for n, i, o in self.layer_linears(fuse_qkv, fuse_ffn)]
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of the routed experts over the model (0 for a dense model)."""
+        return sum(p.params("expert") for p in self.layer_plans)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token computes with: all but the (E - k) routed experts it skips per MoE layer.
+
+        Dense: total_params.  Worked example in ``moe_shape.py`` (the tiny mixtral: 189,248 total, 115,520 active)."""
+        if self.moe is None:
+            return self.total_params
+        idle = self.expert_params * (self.moe.num_experts - self.moe.top_k) / self.moe.num_experts
+        return self.total_params - int(round(idle))
 
     def layer_linears(self, fuse_qkv: bool = False, fuse_ffn: bool = False) -> List[Tuple[str, int, int]]:
         """``(sublayer suffix, in_features, out_features)`` of the Linear layers of one decoder layer,
@@ -125,8 +156,16 @@ class ModelShape:
 
     @property
     def total_params(self) -> int:
+        head = (
+            self.embedding_params
+            + self.hidden_size
+            + self.lm_head_params
+            + (self.vocab_size if self.lm_head_bias else 0)
+        )
+        if self.layer_plans:
+            return sum(p.params() for p in self.layer_plans) + head
         per_layer = self.layer_linear_params + self.layer_other_params
-        return self.num_hidden_layers * per_layer + self.embedding_params + self.hidden_size + self.lm_head_params
+        return self.num_hidden_layers * per_layer + head
 
 
 def _llama(h, i, layers, heads, kv, vocab=32000, tie=False, model_type="llama", bias=False) -> ModelShape:
@@ -163,7 +202,9 @@ def decoder_shape(cfg: dict, where: str) -> Optional[ModelShape]:
     (('self_attn.qkv_proj', 64, 192), ('mlp.gate_up_proj', 64, 192))
     """
     family = row(str(cfg.get("model_type") or ""))
-    if family is None or not family.decoder or family.arch is None or family.arch.mlp != "dense":
+    if family is not None and not family.decoder and family.hf_row is not None:
+        family = family.hf_row  # qwen3_moe: PaddleNLP's layout has the same parameters as transformers'
+    if family is None or not family.decoder or family.arch is None:
         return None
     from ..models.decoder.rows import ArchError, resolve
 
@@ -172,6 +213,8 @@ def decoder_shape(cfg: dict, where: str) -> Optional[ModelShape]:
     except (ArchError, KeyError, TypeError, ValueError) as e:
         raise PlanError(f"{where}: {e}") from None
     a = family.arch
+    if a.mlp == "moe" or k.mla is not None:
+        return _moe_shape(family.model_type, k, cfg, where)
     qk = {"head": 2 * k.head_dim, "proj": (k.heads + k.kv_heads) * k.head_dim}.get(a.qk_norm or "", 0)
     return ModelShape(
         k.hidden,
@@ -191,6 +234,36 @@ def decoder_shape(cfg: dict, where: str) -> Optional[ModelShape]:
         qk_norm_params=qk,
         fused_qkv_name="self_attn.qkv_proj" if a.fused_qkv else "",
         fused_ffn_name="mlp.gate_up_proj" if a.fused_gate_up else "",
+    )
+
+
+def _moe_shape(model_type: str, k, cfg: dict, where: str) -> ModelShape:
+    """The ModelShape of an MoE row of the decoder: per-layer plans (``moe_shape.py``) over resolved knobs ``k``."""
+    from ..models.decoder.moe_spec import MoEConfigError
+
+    try:
+        plans, facts = moe_layer_plans(k, dict(cfg, model_type=model_type))
+    except (MoEConfigError, KeyError, TypeError, ValueError) as e:
+        raise PlanError(f"{where}: {e}") from None
+    m = k.mla
+    return ModelShape(
+        k.hidden,
+        k.intermediate,
+        k.layers,
+        k.heads,
+        k.kv_heads,
+        k.vocab,
+        k.tie,
+        model_type,
+        k.qkv_bias,
+        source=where,
+        # MLA: q is heads x (nope + rope) wide; k and v per token heads x (nope + rope) and heads x v
+        explicit_head_dim=(m.nope + m.rope) if m is not None else k.head_dim,
+        layer_norms=sum(n is not None for n in k.arch.layer_norms),
+        layer_plans=plans,
+        moe=facts,
+        lm_head_bias=bool(k.lm_head_bias),
+        act_kv_dim=(k.heads * (m.nope + m.rope + m.v) // 2) if m is not None else 0,
     )
 
 
