@@ -1,12 +1,13 @@
 """Benchmark: an MoE LoRA fine-tune vs the dense model of the same active parameters, and ours vs TRL + PEFT.
 
-    .venv/bin/python -m bench.moe [--size 0.5b|0.3b|tiny] [--steps 5] [--repeats 2] [--scratch DIR]
+    .venv/bin/python -m bench.moe [--size 0.8b|0.5b|0.3b|tiny] [--steps 5] [--repeats 2] [--scratch DIR]
                                   [--toolkits ours,dense,trl] [--trl-python PY] [--json F]
 
 Models (random weights, built once by transformers 4.55 in the Hugging Face layout, ``save_pretrained``):
 
 * **MoE**: ``MixtralForCausalLM``, 8 experts top-2 (softmax, renormalised), hidden 1024, 16 heads, expert
-  intermediate 1408, vocab 32000 (the Llama-2 SentencePiece tokenizer of the shared data); ``--size 0.5b``:
+  intermediate 1408, vocab 32000 (the Llama-2 SentencePiece tokenizer of the shared data); ``--size 0.8b``:
+  20 layers, 0.84B parameters (0.33B active per token: the size the memory claims need); ``0.5b``:
   12 layers, 0.53B parameters (0.22B active per token); ``0.3b``: 6 layers, 0.30B (0.14B active);
   ``tiny``: hidden 64, 2 layers, 4 experts (a smoke run of this script).
 * **dense, equal active parameters**: ``LlamaForCausalLM`` with the same attention, embeddings and layers
@@ -59,6 +60,7 @@ BASE = dict(
     expert_intermediate=1408,
 )
 SIZES = {
+    "0.8b": dict(BASE, num_hidden_layers=20),
     "0.5b": dict(BASE, num_hidden_layers=12),
     "0.3b": dict(BASE, num_hidden_layers=6),
     "tiny": dict(
