@@ -325,6 +325,16 @@ def test_llama_configs_plan_on_this_machine_with_their_own_values():
     assert len(e.value.problems) == 1 and "--lora_rnak: unknown key 'lora_rnak'" in e.value.problems[0]
 
 
+def _moe_config_dir(tmp_path) -> str:
+    """A directory with the config.json of a tiny transformers Mixtral (4 experts)."""
+    d = tmp_path / "mixtral"
+    d.mkdir()
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2}
+    cfg.update(num_attention_heads=4, vocab_size=128, num_local_experts=4, num_experts_per_tok=2)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
 def test_every_tolerated_kind_is_what_load_config_tags(tmp_path, tiny_model_dir):
     """Each machine/launch/file-system check tags its problem with its kind, and every other problem is
     untagged (so the plan tool never sets aside a real config error)."""
@@ -363,6 +373,8 @@ def test_every_tolerated_kind_is_what_load_config_tags(tmp_path, tiny_model_dir)
         (TINY_SFT, ["--fp16", "true"]),
         (TINY_SFT, ["--resume_from_checkpoint", str(tmp_path / "no_ckpt")]),
         (TINY_SFT, ["--lora_rnak", "4", "--learning_rate", "-1"]),
+        # expert parallelism (verified by simulation only here) on a decoder MoE row: a layout PaddleFormers runs
+        (TINY_SFT, ["--model_name_or_path", _moe_config_dir(tmp_path), "--expert_parallel_degree", "2"]),
     ):
         with pytest.raises(ConfigError) as e:
             load_config(config, overrides)

@@ -171,3 +171,7 @@ def test_the_cli_plans_an_moe_config(tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert '"active_params": 219800576' in text and "mixture of experts" in text
+    # a config written for PaddleFormers' expert parallelism (refused by this build's training CLI) is planned
+    assert main(argv + ["--expert_parallel_degree", "4", "--sharding", "stage1"]) == 0
+    text = capsys.readouterr().out
+    assert '"experts_per_rank": 2' in text and '"ep": 4' in text and "verified by simulation only" in text

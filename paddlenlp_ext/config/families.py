@@ -100,8 +100,10 @@ def family_problems(cfg, where: str, mode: str = "sft", model_type: Optional[str
     problems += [f"{where}: {p}" for p in moe_pipeline_problems(cfg, path, family)]
     problems += [f"{where}: model_name_or_path {path!r}: {p}" for p in decoder_tp_problems(cfg, model_type, path)]
     from .expert_parallel import expert_parallel_problems  # expert_parallel_degree (docs/moe.md)
+    from .problems import Problem
 
-    problems += [f"{where}: {p}" for p in expert_parallel_problems(cfg, model_type, path)]
+    for p in expert_parallel_problems(cfg, model_type, path):  # keeps the kind of a tagged one (problems.py)
+        problems.append(Problem(f"{where}: {p}", p.kind) if isinstance(p, Problem) else f"{where}: {p}")
     return problems
 
 

@@ -30,6 +30,7 @@ KINDS = {
     "chat_template": "the chat_template file is not here",
     "resume": "the resume_from_checkpoint checks (checkpoint directories here)",
     "pipeline": "a method or combination paddlenlp_ext does not run pipeline parallel (PaddleNLP does)",
+    "expert_parallel": "expert_parallel_degree > 1, verified by simulation only here (PaddleFormers runs it)",
 }
 
 

@@ -36,12 +36,15 @@ TOLERATED = (
     "chat_template",
     "resume",
     "pipeline",
+    "expert_parallel",
 )
 
 #: notes for the plan when a layout runs in PaddleNLP but not (yet) in paddlenlp_ext
 UNSUPPORTED_NOTES = {
     "pipeline": "this method or combination does not run with pipeline_parallel_degree > 1 in paddlenlp_ext (full "
     "fine-tuning, LoRA family and LoKr do, docs/parallel.md); the plan is for PaddleNLP's pipeline",
+    "expert_parallel": "expert_parallel_degree > 1 is verified by simulation only in paddlenlp_ext (the training "
+    "CLI refuses it, docs/moe.md); the plan is for PaddleFormers' expert parallelism (E / EP experts per rank)",
 }
 
 
@@ -100,6 +103,9 @@ def load_plan_config(path: str, overrides: Sequence[str] = (), mode: str = "sft"
     if "device" in kinds:
         restore_training["device"] = "gpu"
         neutral += ["--device", "cpu"]
+    if "expert_parallel" in kinds:
+        restore_training["expert_parallel_degree"] = _as_int(raw.get("expert_parallel_degree"))
+        neutral += ["--expert_parallel_degree", "1"]
     if "pipeline" in kinds:
         restore_training["pipeline_parallel_degree"] = _as_int(raw.get("pipeline_parallel_degree"))
         restore_training["virtual_pp_degree"] = _as_int(raw.get("virtual_pp_degree"))
