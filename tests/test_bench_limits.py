@@ -416,3 +416,38 @@ def test_model_ernie_runs_ours_and_trl_on_one_checkpoint_without_paddlenlp(tmp_p
     assert py == e2e.sys.executable and hf_dir == model_dir and kwargs["use_fast"] is False and kwargs["same_work"]
     assert "PaddleNLP column skipped: PaddleNLP 3.0.0b4 has no ERNIE 4.5 model" in out
     assert "| ours / TRL + PEFT |  | 2.00x |" in out and "no gradient checkpointing on either side" in out
+
+
+def test_bench_moe_runs_trl_with_ours_work(tmp_path, monkeypatch, capsys):
+    """bench/moe.py asks TRL + PEFT for ours' work (same_work: no gradient checkpointing, ours' order), as
+    bench/e2e.py does, and its table says what TRL ran; the runs themselves are stubbed (the bench's numbers are
+    docs/benchmarks.md's)."""
+    from bench import moe
+
+    calls = []
+
+    def fake_trl(py, model, data, out, steps, **kw):
+        calls.append(kw)
+        return dict(
+            sup_tok_s=1.0,
+            step_s=2.0,
+            peak_rss_gib=1.0,
+            cpu_pct=50.0,
+            final_loss=1.0,
+            work="gradient checkpointing off, unpacked, order ours",
+        )
+
+    def fake_ours(setting, model, data, out, steps):
+        return dict(sup_tok_s=3.0, step_s=1.0, peak_rss_gib=0.5, cpu_pct=90.0, final_loss=1.0)
+
+    info = {"mixtral-tiny": {"params": 2, "active": 1}, "dense-tiny": {"params": 1, "active": 1}}
+    monkeypatch.setattr(moe.h, "require_shared", lambda *a, **k: None)
+    monkeypatch.setattr(moe, "trl_python", lambda scratch, py: (py, None))
+    monkeypatch.setattr(moe, "ensure_models", lambda s, size, py: (s + "/mixtral-tiny", s + "/dense-tiny", info))
+    monkeypatch.setattr(moe, "ensure_data", lambda s: s)
+    monkeypatch.setattr(moe, "run_trl", fake_trl)
+    monkeypatch.setattr(moe, "run_once", fake_ours)
+    assert moe.main(["--size", "tiny", "--repeats", "1", "--scratch", str(tmp_path)]) == 0
+    assert calls and all(kw["same_work"] is True and kw["packing"] is False for kw in calls)
+    out = capsys.readouterr().out
+    assert "TRL + PEFT work: gradient checkpointing off, unpacked, order ours" in out
