@@ -55,7 +55,9 @@ def describe_run(est: Estimate) -> str:
     extras.append("flash attention" if inp.flash_attention else "eager attention")
     q = inp.params.quantized_linears
     return (
-        f"{inp.shape.model_type} {inp.shape.total_params / 1e9:.2f}B params, {f['method']}"
+        f"{inp.shape.model_type} {inp.shape.total_params / 1e9:.2f}B params"
+        + (f" ({inp.shape.active_params / 1e9:.2f}B active)" if inp.shape.moe else "")
+        + f", {f['method']}"
         f"{' on a quantized base' if q else ''} ({f['trainable_params']:,} trainable), {prec}, " + ", ".join(extras)
     )
 
