@@ -124,10 +124,20 @@ def test_expert_parallel_splits_the_routed_experts_only(tmp_path):
         8 * s.expert_params * (1 - 1 / 4)
     )
     assert four.facts["experts_per_rank"] == 2 and four.facts["active_params"] == s.active_params
+    # with sharding, an EP rank's experts are sharded over sd / EP ranks: sharding stage 1 x4 already divides the
+    # experts' AdamW states by 4, EP 4 on top of it leaves them as they are (PaddleNLP's moe-sharding group)
+    sharded = estimate(inp, Layout(sharding_stage=1, sharding_degree=4))
+    sharded_ep = estimate(inp, Layout(sharding_stage=1, sharding_degree=4, ep=4))
+    assert sharded.breakdown["optimizer_states"] == sharded_ep.breakdown["optimizer_states"]
+    assert (
+        sharded.breakdown["weights"] - sharded_ep.breakdown["weights"]
+        == one.breakdown["weights"] - four.breakdown["weights"]
+    )
     assert "EP 4" in four.layout.describe() and four.layout.config_keys()["expert_parallel_degree"] == 4
     for layout, message in (
         (Layout(dp=3, ep=3), "must divide the 8 experts"),
         (Layout(dp=2, ep=4), "data-parallel x sharding ranks"),
+        (Layout(sharding_stage=1, sharding_degree=2, dp=2, ep=4), "must divide sharding_parallel_degree"),
     ):
         with pytest.raises(PlanError, match=message):
             estimate(inp, layout)

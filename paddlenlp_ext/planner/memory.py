@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from .moe_shape import act_intermediate, moe_dispatch_elements
 from .params import ParamAccount
 from .shapes import ModelShape, PlanError
 
@@ -225,35 +226,6 @@ def layer_activation_elements(inp: PlanInputs, tp: int) -> Dict[str, float]:
     }
 
 
-def act_intermediate(s: ModelShape) -> float:
-    """Per token, the MLP width a layer computes, averaged over the layers: intermediate_size (dense); in an MoE
-    layer top_k x the expert's + the shared experts' (a token passes through those only).
-
-    Mixtral 8 x top-2 of 1408 on every layer: 2 x 1408 = 2816, as the equal-active dense model's intermediate."""
-    if s.moe is None:
-        return float(s.intermediate_size)
-    moe = s.moe.top_k * s.moe.expert_intermediate + s.moe.shared_intermediate
-    L = s.num_hidden_layers
-    return (s.moe.moe_layers * moe + (L - s.moe.moe_layers) * s.intermediate_size) / L
-
-
-#: per token and MoE layer, what the block keeps besides the experts' own activations (``decoder/moe.py``): the
-#: rows gathered for the experts and the experts' outputs kept for the routing weights' gradient (top_k x hidden
-#: each), and the router's logits and probabilities (E each; the aux loss reads the logits)
-MOE_KEPT_PER_HIDDEN_K = 2.0
-MOE_KEPT_PER_EXPERT = 2.0
-
-
-def moe_dispatch_elements(s: ModelShape) -> float:
-    """Elements per token the MoE block keeps on top of the experts' activations, averaged over the layers.
-
-    Mixtral-0.5B of bench/moe.py (hidden 1024, 8 experts top-2, every layer MoE): 2 x 2 x 1024 + 2 x 8 = 4112."""
-    if s.moe is None:
-        return 0.0
-    per = MOE_KEPT_PER_HIDDEN_K * s.moe.top_k * s.hidden_size + MOE_KEPT_PER_EXPERT * s.moe.num_experts
-    return per * s.moe.moe_layers / s.num_hidden_layers
-
-
 def activation_bytes(inp: PlanInputs, tp: int, layers: int, in_flight: int) -> float:
     """Activations kept by ``layers`` decoder layers for ``in_flight`` micro-batches, plus what backward adds."""
     if layers == 0:
@@ -308,28 +280,30 @@ def _stage(inp: PlanInputs, layout: Layout, which: str) -> Dict[str, float]:
         parts.append((acc.first_groups, 1))
     if which in ("only", "last"):
         parts.append((acc.last_groups, 1))
-    w = tp_params = s3_bytes = 0.0
-    for groups, n in parts:
-        gw, gp, gs = _group_bytes(groups, n, inp, tp, ep)
-        w, tp_params, s3_bytes = w + gw, tp_params + gp, s3_bytes + gs
     sd = layout.sharding_degree if layout.sharding_stage else 1
+    # the routed experts (ep_split) of an EP rank are sharded over the moe-sharding group: sd / EP ranks
+    sds = {False: sd, True: max(1, sd // ep)}
+    w = grads = states = 0.0
     train = inp.do_train
-    grads = tp_params * inp.grad_bytes if train else 0.0
-    states = 0.0
-    if train:
-        optim = OPTIMIZER_STATE_BYTES.get(inp.optim)
-        if optim is None:
-            raise PlanError(f"optim {inp.optim!r}: PaddleNLP's Trainer supports {', '.join(OPTIMIZER_STATE_BYTES)}")
-        master = MASTER_WEIGHT_BYTES if inp.weight_bytes == 2 else 0
-        states = 0.0 if layout.offload else tp_params * (optim + master)
-    if layout.sharding_stage >= 1:
-        states /= sd
-    if layout.sharding_stage >= 2:
-        grads /= sd
-    if layout.sharding_stage >= 3:
-        # the large parameters are sliced; the layer being computed (and the next, prefetched) is gathered whole
-        per_layer = _group_bytes(acc.layer_groups, 1, inp, tp, ep)[2]
-        w = w - s3_bytes + s3_bytes / sd + 2 * per_layer * (1 - 1 / sd)
+    optim = OPTIMIZER_STATE_BYTES.get(inp.optim)
+    if train and optim is None:
+        raise PlanError(f"optim {inp.optim!r}: PaddleNLP's Trainer supports {', '.join(OPTIMIZER_STATE_BYTES)}")
+    master = MASTER_WEIGHT_BYTES if inp.weight_bytes == 2 else 0
+    for experts, div in sds.items():
+        pw = tp_params = s3_bytes = 0.0
+        for groups, n in parts:
+            gw, gp, gs = _group_bytes([g for g in groups if g.ep_split == experts], n, inp, tp, ep)
+            pw, tp_params, s3_bytes = pw + gw, tp_params + gp, s3_bytes + gs
+        if train:
+            grads += tp_params * inp.grad_bytes / (div if layout.sharding_stage >= 2 else 1)
+            if not layout.offload:
+                states += tp_params * (optim + master) / (div if layout.sharding_stage >= 1 else 1)
+        if layout.sharding_stage >= 3:
+            # the large parameters are sliced; the layer being computed (and the next, prefetched) is gathered whole
+            layer = [g for g in acc.layer_groups if g.ep_split == experts]
+            per_layer = _group_bytes(layer, 1, inp, tp, ep)[2]
+            pw = pw - s3_bytes + s3_bytes / div + 2 * per_layer * (1 - 1 / div)
+        w += pw
     in_flight = min(pp, inp.grad_accum) if (pp > 1 and which == "first") else 1
     act = activation_bytes(inp, tp, layers, in_flight)
     logits = logits_bytes(inp, tp) if which in ("only", "last") else 0.0
@@ -377,6 +351,11 @@ def estimate(inp: PlanInputs, layout: Optional[Layout] = None) -> Estimate:
             raise PlanError(
                 f"expert_parallel_degree {layout.ep}: {s.model_type}'s fused experts (one 3-D parameter for all "
                 "experts) are not split here; set expert_parallel_degree to 1"
+            )
+        if layout.sharding_stage and layout.sharding_degree > 1 and layout.sharding_degree % layout.ep:
+            raise PlanError(
+                f"expert_parallel_degree {layout.ep} must divide sharding_parallel_degree {layout.sharding_degree} "
+                "(PaddleNLP shards each rank's experts over sharding_parallel_degree / expert_parallel_degree ranks)"
             )
         if (layout.sharding_degree * layout.dp) % layout.ep:
             raise PlanError(

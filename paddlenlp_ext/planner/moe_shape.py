@@ -160,3 +160,32 @@ def moe_layer_plans(k, cfg: dict) -> Tuple[Tuple[LayerPlan, ...], MoEFacts]:
         plans.append(LayerPlan(tuple(lin), tuple(oth), moe=True))
     facts = MoEFacts(e, s.top_k, s.intermediate_size, s.shared_intermediate_size, moe_layers, s.fused_experts, buffers)
     return tuple(plans), facts
+
+
+def act_intermediate(s) -> float:
+    """Per token, the MLP width a layer computes, averaged over the layers: intermediate_size (dense); in an MoE
+    layer top_k x the expert's + the shared experts' (a token passes through those only).
+
+    Mixtral 8 x top-2 of 1408 on every layer: 2 x 1408 = 2816, as the equal-active dense model's intermediate."""
+    if s.moe is None:
+        return float(s.intermediate_size)
+    moe = s.moe.top_k * s.moe.expert_intermediate + s.moe.shared_intermediate
+    L = s.num_hidden_layers
+    return (s.moe.moe_layers * moe + (L - s.moe.moe_layers) * s.intermediate_size) / L
+
+
+#: per token and MoE layer, what the block keeps besides the experts' own activations (``decoder/moe.py``): the
+#: rows gathered for the experts and the experts' outputs kept for the routing weights' gradient (top_k x hidden
+#: each), and the router's logits and probabilities (E each; the aux loss reads the logits)
+MOE_KEPT_PER_HIDDEN_K = 2.0
+MOE_KEPT_PER_EXPERT = 2.0
+
+
+def moe_dispatch_elements(s) -> float:
+    """Elements per token the MoE block keeps on top of the experts' activations, averaged over the layers.
+
+    Mixtral-0.5B of bench/moe.py (hidden 1024, 8 experts top-2, every layer MoE): 2 x 2 x 1024 + 2 x 8 = 4112."""
+    if s.moe is None:
+        return 0.0
+    per = MOE_KEPT_PER_HIDDEN_K * s.moe.top_k * s.hidden_size + MOE_KEPT_PER_EXPERT * s.moe.num_experts
+    return per * s.moe.moe_layers / s.num_hidden_layers
