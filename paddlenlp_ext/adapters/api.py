@@ -396,6 +396,9 @@ def adapters_disabled(model: nn.Layer):
     for layer in layers:
         if layer.merged:
             raise AdapterError("adapters_disabled() on merged adapters: the base weight includes them; unmerge first")
+        if not layer.config.row.supports.reference_by_disabling:
+            why = layer.config.row.refusals.get("reference_by_disabling", "its base is not the original model")
+            raise AdapterError(f"adapters_disabled() with {layer.config.row.title}: {why}")
         if isinstance(layer, PiSSALinear):
             raise AdapterError(
                 "adapters_disabled() with PiSSA: the base weight is the residual W - A0 B0, not the original model"

@@ -151,6 +151,8 @@ class AdapterConfig:
                     err(f"target_modules entry {pat!r} is not a valid regex: {e}")
         if self.quantization is not None and not isinstance(self.quantization, dict):
             err(f"quantization must be a dict or None, got {type(self.quantization).__name__}")
+        if self.quantization and not row.supports.quantized_base:
+            err(f"{row.title} does not run on a quantized base: {row.refusals.get('quantized_base', 'not verified')}")
         return self
 
     # --------------------------------------------------------------- derived

@@ -84,6 +84,10 @@ def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[
     from ..adapters.api import layer_class
 
     cfg = bundle.config
+    if not cfg.row.supports.merge:  # the method's row (adapters.methods)
+        raise MergeError(
+            f"{cfg.row.title} adapters cannot be merged: {cfg.row.refusals.get('merge', 'no dense delta')}"
+        )
     suffixes = set(layer_class(cfg).state_suffixes)
     by_name = {e.name: e for e in ckpt.entries}
     targets: Dict[str, TensorEntry] = {}
