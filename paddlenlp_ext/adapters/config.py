@@ -47,7 +47,9 @@ class AdapterConfig:
 
     Fields
     ------
-    method: ``"lora"``, ``"vera"`` or ``"lokr"``.
+    method: a row of the method table (``adapters.methods``): ``"lora"``, ``"vera"``, ``"lokr"``
+        or a registered one.  Which fields below are a method's own options is its row's
+        ``options`` dataclass; another method's option left off its default is an error.
     r: rank (``lora_rank`` for LoRA, ``vera_rank`` for VeRA, ``lokr_dim`` for
         LoKr); default 8.
     alpha: LoRA alpha; ``None`` (or PaddleNLP's "unset" value -1) resolves to
