@@ -31,7 +31,10 @@ class _LayerClasses(dict):
     method registered after this module was imported is found too; classes are imported on first use."""
 
     def _refresh(self) -> None:
-        for name, path in layer_types().items():
+        types = layer_types()
+        for name in [n for n in dict.keys(self) if n not in types]:  # unregistered since
+            dict.__delitem__(self, name)
+        for name, path in types.items():
             if not dict.__contains__(self, name):
                 dict.__setitem__(self, name, load_object(path))
 
