@@ -3,6 +3,7 @@
 Public API (see docs/methods.md)::
 
     AdapterConfig                                   # config.py (no paddle import)
+    AdapterMethod, Supports, register_method, TABLE # methods.py: the method table (no paddle import)
     METHODS                                         # {"lora", "pissa", "vera", "lokr"} -> layer class
     apply_adapters(model, config, *, init_weights=True) -> dict
     adapter_state_dict(model) -> {f"{module}.{suffix}": Tensor}
@@ -27,6 +28,7 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 from .config import CONFIG_NAME, DEFAULT_TARGET_MODULES, WEIGHTS_NAME, AdapterConfig, AdapterConfigError
+from .methods import TABLE, AdapterMethod, Supports, register_method
 
 _LAZY = {
     # api
@@ -68,8 +70,16 @@ _LAZY = {
     "token_lengths_from_batch": "neftune",
 }
 
-__all__ = ["AdapterConfig", "AdapterConfigError", "CONFIG_NAME", "WEIGHTS_NAME", "DEFAULT_TARGET_MODULES"] + sorted(
-    _LAZY
-)
+__all__ = [
+    "AdapterConfig",
+    "AdapterConfigError",
+    "AdapterMethod",
+    "Supports",
+    "register_method",
+    "TABLE",
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "DEFAULT_TARGET_MODULES",
+] + sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -22,28 +22,58 @@ from .base import (  # noqa: F401  (iter_adapter_layers, holds_part_of_model: al
     to_numpy_f32,
 )
 from .config import CONFIG_NAME, WEIGHTS_NAME, AdapterConfig
-from .lokr import LoKrLinear
-from .lora import LoRALinear
+from .methods import layer_types, load_object
 from .pissa import PiSSALinear
-from .vera import VeRALinear
 
-#: method / layer type -> adapter layer class.  ``AdapterConfig.layer_type``
-#: gives the key ("lora", "pissa" for lora+pissa, "vera", "lokr").
-METHODS: Dict[str, type] = {
-    "lora": LoRALinear,
-    "pissa": PiSSALinear,
-    "vera": VeRALinear,
-    "lokr": LoKrLinear,
-}
+
+class _LayerClasses(dict):
+    """``{layer type: adapter layer class}`` read from the method table (``adapters.methods``), so a
+    method registered after this module was imported is found too; classes are imported on first use."""
+
+    def _refresh(self) -> None:
+        types = layer_types()
+        for name in [n for n in dict.keys(self) if n not in types]:  # unregistered since
+            dict.__delitem__(self, name)
+        for name, path in types.items():
+            if not dict.__contains__(self, name):
+                dict.__setitem__(self, name, load_object(path))
+
+    def __getitem__(self, name):
+        self._refresh()
+        return dict.__getitem__(self, name)
+
+    def __iter__(self):
+        self._refresh()
+        return dict.__iter__(self)
+
+    def __len__(self):
+        self._refresh()
+        return dict.__len__(self)
+
+    def __contains__(self, name):
+        self._refresh()
+        return dict.__contains__(self, name)
+
+    def keys(self):
+        self._refresh()
+        return dict.keys(self)
+
+    def items(self):
+        self._refresh()
+        return dict.items(self)
+
+
+#: layer type -> adapter layer class ("lora", "pissa" for lora+pissa, "vera", "lokr", and any registered
+#: method).  ``AdapterConfig.layer_type`` gives the key.
+METHODS: Dict[str, type] = _LayerClasses()
 
 _MODEL_CONFIG_ATTR = "_paddlenlp_ext_adapter_config"
 
 
 def layer_class(config: AdapterConfig) -> type:
-    try:
-        return METHODS[config.layer_type]
-    except KeyError:
-        raise ValueError(f"no adapter implementation for {config.layer_type!r}; known: {sorted(METHODS)}") from None
+    if config.layer_type not in layer_types():
+        raise ValueError(f"no adapter implementation for {config.layer_type!r}; known: {sorted(METHODS)}")
+    return METHODS[config.layer_type]
 
 
 # --------------------------------------------------------------------- helpers
@@ -110,11 +140,9 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     config.validate()
     if iter_adapter_layers(model):
         raise AdapterError("model already has adapter layers; apply_adapters() must be called on a plain base model")
-    if layer_names is not None and config.method == "vera":
-        raise NotImplementedError(
-            "VeRA on a pipeline stage: its shared projections are sized over every adapted "
-            "layer of the whole model, which one stage does not see"
-        )
+    if layer_names is not None and not config.row.supports.pipeline_parallel:
+        why = config.row.refusals.get("pipeline_parallel", "it has not been verified on pipeline stages")
+        raise NotImplementedError(f"{config.row.title} on a pipeline stage: {why}")
     plain = dict(layer_names or {})
     patterns = [re.compile(p) for p in config.resolved_target_modules]
     matched: List[Tuple[str, nn.Layer]] = []
@@ -371,6 +399,9 @@ def adapters_disabled(model: nn.Layer):
     for layer in layers:
         if layer.merged:
             raise AdapterError("adapters_disabled() on merged adapters: the base weight includes them; unmerge first")
+        if not layer.config.row.supports.reference_by_disabling:
+            why = layer.config.row.refusals.get("reference_by_disabling", "its base is not the original model")
+            raise AdapterError(f"adapters_disabled() with {layer.config.row.title}: {why}")
         if isinstance(layer, PiSSALinear):
             raise AdapterError(
                 "adapters_disabled() with PiSSA: the base weight is the residual W - A0 B0, not the original model"

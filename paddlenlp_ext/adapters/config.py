@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..models.targets import decoder_linear_targets
+from .methods import TABLE, AdapterMethod, method_by_key, method_keys
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
-SUPPORTED_METHODS = ("lora", "vera", "lokr")
+#: the built-in methods (``adapters.methods.TABLE`` is the live list, with methods registered later)
+SUPPORTED_METHODS = tuple(TABLE)
 
 #: Default targets when the model type is unknown: every linear layer inside
 #: the decoder layers (one definition, ``paddlenlp_ext.models.targets``).
@@ -45,7 +47,9 @@ class AdapterConfig:
 
     Fields
     ------
-    method: ``"lora"``, ``"vera"`` or ``"lokr"``.
+    method: a row of the method table (``adapters.methods``): ``"lora"``, ``"vera"``, ``"lokr"``
+        or a registered one.  Which fields below are a method's own options is its row's
+        ``options`` dataclass; another method's option left off its default is an error.
     r: rank (``lora_rank`` for LoRA, ``vera_rank`` for VeRA, ``lokr_dim`` for
         LoKr); default 8.
     alpha: LoRA alpha; ``None`` (or PaddleNLP's "unset" value -1) resolves to
@@ -101,51 +105,42 @@ class AdapterConfig:
             self.target_modules = list(self.target_modules)
         if _is_number(self.alpha) and self.alpha == -1:  # PaddleNLP's "unset"
             self.alpha = None
-        if self.alpha is None and self.method == "lora" and _is_int(self.r):
-            self.alpha = 2 * self.r
-        if self.method == "lokr" and (self.alpha is None or self.alpha == 0) and _is_int(self.r):
-            self.alpha = self.r  # PaddleNLP LoKr: lokr_alpha 0 means alpha = lokr_dim, scaling 1
+        row = TABLE.get(self.method)  # an unknown method is named by validate()
+        if row is not None and row.uses_alpha and _is_int(self.r):
+            if self.alpha is None or (_is_number(self.alpha) and self.alpha in row.unset_alpha):
+                self.alpha = row.default_alpha(self.r)  # LoRA: 2 r; LoKr: r (lokr_alpha 0, scaling 1)
         if _is_int(self.alpha):
             self.alpha = float(self.alpha)
         self.validate()
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> "AdapterConfig":
+        """The common checks, then the method's row: its alpha rule, the other methods' options left at
+        their defaults, and its own checks (``adapters.methods``)."""
+
         def err(msg):
             raise AdapterConfigError(f"AdapterConfig: {msg}")
 
-        if self.method not in SUPPORTED_METHODS:
-            err(f"method must be one of {SUPPORTED_METHODS}, got {self.method!r}")
+        if self.method not in TABLE:
+            err(f"method must be one of {tuple(TABLE)}, got {self.method!r}")
+        row = TABLE[self.method]
         if not _is_int(self.r) or self.r <= 0:
             err(f"r (rank) must be a positive integer, got {self.r!r}")
         if not _is_number(self.dropout) or not (0.0 <= self.dropout < 1.0):
             err(f"dropout must be a number in [0, 1), got {self.dropout!r}")
-        for name in ("rslora", "pissa"):
-            if not isinstance(getattr(self, name), bool):
-                err(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not _is_number(self.lora_plus_scale) or not (self.lora_plus_scale > 0) or math.isinf(self.lora_plus_scale):
-            err(f"lora_plus_scale must be a finite number > 0, got {self.lora_plus_scale!r}")
-        if not _is_int(self.pissa_niter) or self.pissa_niter < 0:
-            err(f"pissa_niter must be an integer >= 0 (0 = exact SVD), got {self.pissa_niter!r}")
-        if self.method in ("lora", "lokr"):
+        own = row.option_defaults()
+        for other in TABLE.values():  # another method's option set here would be silently ignored
+            for name, default in other.option_defaults().items():
+                value = getattr(self, name)
+                if other is not row and name not in own and value != default:
+                    err(other.foreign_message.format(field=name, value=value, name=other.name, method=self.method))
+        for problem in row.check(self):
+            err(problem)
+        if row.uses_alpha:
             if not _is_number(self.alpha) or not (self.alpha > 0) or math.isinf(self.alpha):
                 err(f"alpha must be a finite number > 0, got {self.alpha!r}")
-        elif self.alpha is not None:  # vera
-            err("alpha is not used by VeRA (the adapter has no scaling factor); leave it None")
-        if self.method != "lora":
-            for name, default in (("rslora", False), ("pissa", False), ("lora_plus_scale", 1.0)):
-                if getattr(self, name) != default:
-                    err(f"{name}={getattr(self, name)!r} only applies to method='lora', not {self.method!r}")
-        # lokr_factor 0 or < -1 would silently degrade to (1, dim) in PaddleNLP; a factor that does not
-        # divide a dimension is legal there (nearest balanced divisor <= factor, see lokr.factorization)
-        if not _is_int(self.lokr_factor) or not (self.lokr_factor == -1 or self.lokr_factor > 0):
-            err(f"lokr_factor must be -1 (most balanced factors) or a positive integer, got {self.lokr_factor!r}")
-        if not isinstance(self.lokr_decompose_both, bool):
-            err(f"lokr_decompose_both must be a bool, got {self.lokr_decompose_both!r}")
-        if self.method != "lokr" and (self.lokr_factor != -1 or self.lokr_decompose_both):
-            err(f"lokr_factor / lokr_decompose_both only apply to method='lokr', not {self.method!r}")
-        if self.pissa and self.quantization:
-            err("pissa cannot be combined with a quantized base (the residual weight would have to be re-quantized)")
+        elif self.alpha is not None:
+            err(f"alpha is not used by {row.title} (the adapter has no scaling factor); leave it None")
         if self.target_modules is not None:
             if not isinstance(self.target_modules, list) or not self.target_modules:
                 err(f"target_modules must be a non-empty list of regex strings or None, got {self.target_modules!r}")
@@ -156,36 +151,27 @@ class AdapterConfig:
                     re.compile(pat)
                 except re.error as e:
                     err(f"target_modules entry {pat!r} is not a valid regex: {e}")
-        if not _is_int(self.vera_seed):
-            err(f"vera_seed must be an integer, got {self.vera_seed!r}")
-        if not _is_number(self.vera_d_init):
-            err(f"vera_d_init must be a number, got {self.vera_d_init!r}")
-        for name in ("vera_max_in", "vera_max_out"):
-            v = getattr(self, name)
-            if v is not None and (not _is_int(v) or v <= 0):
-                err(f"{name} must be a positive integer or None, got {v!r}")
         if self.quantization is not None and not isinstance(self.quantization, dict):
             err(f"quantization must be a dict or None, got {type(self.quantization).__name__}")
+        if self.quantization and not row.supports.quantized_base:
+            err(f"{row.title} does not run on a quantized base: {row.refusals.get('quantized_base', 'not verified')}")
         return self
 
     # --------------------------------------------------------------- derived
     @property
+    def row(self) -> AdapterMethod:
+        """This method's row of the table (``adapters.methods``)."""
+        return TABLE[self.method]
+
+    @property
     def layer_type(self) -> str:
-        """Key into the adapters' ``METHODS`` dispatch table."""
-        if self.method == "lora" and self.pissa:
-            return "pissa"
-        return self.method
+        """The layer to build: the method's name, or a variant of it ("pissa" for lora + pissa)."""
+        return self.row.resolve_layer_type(self)
 
     @property
     def scaling(self) -> float:
-        """Factor applied to the low-rank product (1.0 for VeRA)."""
-        if self.method == "vera":
-            return 1.0
-        if self.method == "lokr":
-            return float(self.alpha) / self.r  # multiplies kron(W1, W2), not a low-rank product
-        if self.rslora:
-            return float(self.alpha) / math.sqrt(self.r)
-        return float(self.alpha) / self.r
+        """Factor applied to the adapter branch (the row's rule; 1.0 for VeRA)."""
+        return self.row.scaling(self)
 
     @property
     def resolved_target_modules(self) -> List[str]:
@@ -235,8 +221,8 @@ class AdapterConfig:
         return cls.from_dict(d)
 
 
-#: Flat config keys (PaddleNLP's names) that select an adapter method.
-ADAPTER_METHOD_KEYS = ("lora", "vera", "lokr")
+#: Flat config keys (PaddleNLP's names) that select a built-in adapter method (``methods.method_keys()``: live).
+ADAPTER_METHOD_KEYS = method_keys()
 
 
 def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]:
@@ -259,12 +245,12 @@ def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]
     4.0
     """
     a = dict(args)
-    on = [k for k in ADAPTER_METHOD_KEYS if a.get(k, False)]
+    on = [k for k in method_keys() if a.get(k, False)]
     if len(on) > 1:
         raise AdapterConfigError(f"only one adapter method at a time; got {' and '.join(on)} both true")
     if not on:
         return None
-    lora = on[0] == "lora"
+    row = method_by_key(on[0])
     targets = a.get("lora_target_modules")
     if targets is None:
         targets = a.get("target_modules")
@@ -274,36 +260,5 @@ def adapter_config_from_args(args: Mapping[str, Any]) -> Optional[AdapterConfig]
         model_type=a.get("model_type"),
         quantization=a.get("quantization"),
     )
-    if lora:
-        kw.update(
-            method="lora",
-            r=a.get("lora_rank", 8),
-            alpha=a.get("lora_alpha"),
-            dropout=a.get("lora_dropout", 0.0),
-            rslora=bool(a.get("rslora", False)),
-            lora_plus_scale=a.get("lora_plus_scale", 1.0),
-            pissa=bool(a.get("pissa", False)),
-            pissa_niter=a.get("pissa_niter", 0),
-        )
-    elif on[0] == "lokr":
-        # rslora / pissa / lora_plus_scale are passed on so that combining them with LoKr is an error, not ignored
-        kw.update(
-            method="lokr",
-            r=a.get("lokr_dim", 8),
-            alpha=a.get("lokr_alpha", 0.0),
-            dropout=a.get("lora_dropout", 0.0),
-            lokr_factor=a.get("lokr_factor", -1),
-            lokr_decompose_both=bool(a.get("lokr_decompose_both", False)),
-            rslora=bool(a.get("rslora", False)),
-            pissa=bool(a.get("pissa", False)),
-            lora_plus_scale=a.get("lora_plus_scale", 1.0),
-        )
-    else:
-        kw.update(
-            method="vera",
-            r=a.get("vera_rank", 8),
-            dropout=a.get("lora_dropout", 0.0),
-            vera_seed=a.get("vera_seed", 0),
-            vera_d_init=a.get("vera_d_init", 0.1),
-        )
+    kw.update(method=row.name, **row.from_args(a))  # the row maps its own flat keys
     return AdapterConfig(**kw)

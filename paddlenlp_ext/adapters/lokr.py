@@ -3,9 +3,10 @@
 ``lokr`` semantics (``paddlenlp/peft/lokr``): same factorization, parameter
 names, parameter shapes, init and scaling, so its checkpoints map 1:1.
 
-Owns: ``factorization`` (how a dimension splits into two factors),
-``lokr_shapes`` (the tensors one adapted layer holds, used by the layer, by the
-offline merge's shape check and by ``compute_delta``) and ``LoKrLinear``.
+Owns ``LoKrLinear``.  ``factorization`` (how a dimension splits into two factors) and
+``lokr_shapes`` (the tensors one adapted layer holds, used by the layer, by the offline
+merge's shape check, by ``compute_delta`` and by the planner) live with LoKr's row in the
+paddle-free ``adapters.methods`` and are re-exported here.
 
 Factors, for a Linear with ``in`` inputs and ``out`` outputs::
 
@@ -42,7 +43,6 @@ full ``kron``.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
@@ -52,62 +52,7 @@ import paddle.nn as nn
 from .base import AdapterLayer, to_numpy_f32
 from .config import AdapterConfig
 from .lora import _check_shape
-
-
-def factorization(dimension: int, factor: int = -1) -> Tuple[int, int]:
-    """Split ``dimension`` into ``(m, n)`` with ``m * n == dimension`` (LyCORIS /
-    PaddleNLP rule; ``m`` sizes W1, ``n`` sizes W2):
-
-    * ``factor > 0`` dividing ``dimension``: exactly ``(factor, dimension // factor)``
-      (not reordered, so ``m`` may exceed ``n``);
-    * ``factor == -1``: the most balanced pair, ``m`` = the largest divisor
-      ``<= sqrt(dimension)``;
-    * ``factor > 0`` not dividing: the most balanced pair whose smaller side is
-      a divisor ``<= factor`` (walk the divisors upwards, stop before one
-      exceeds ``factor``), returned as ``(smaller, larger)``.
-
-    >>> factorization(4096), factorization(768, 8), factorization(176), factorization(176, 10)
-    ((64, 64), (8, 96), (11, 16), (8, 22))
-    """
-    if not isinstance(dimension, int) or dimension <= 0:
-        raise ValueError(f"factorization: dimension must be a positive integer, got {dimension!r}")
-    if not isinstance(factor, int) or not (factor == -1 or factor > 0):
-        raise ValueError(f"factorization: factor must be -1 or a positive integer, got {factor!r}")
-    if factor > 0 and dimension % factor == 0:
-        return factor, dimension // factor
-    limit = dimension if factor == -1 else factor
-    small = [d for d in range(1, math.isqrt(dimension) + 1) if dimension % d == 0]
-    divisors = small + [dimension // d for d in reversed(small) if d * d != dimension]  # ascending
-    m, n = 1, dimension
-    for d in divisors[1:]:
-        if d > limit:
-            break
-        m, n = d, dimension // d
-        if m >= n:  # crossed sqrt(dimension): (m, n) is the mirror of the most balanced pair
-            break
-    return (m, n) if m <= n else (n, m)
-
-
-def lokr_shapes(config: AdapterConfig, in_features: int, out_features: int) -> "OrderedDict[str, Tuple[int, int]]":
-    """``{suffix: shape}`` of the LoKr tensors of one ``[in, out]`` Linear, in
-    a fixed order (W1 part first).  Same decision rule as PaddleNLP's
-    ``LoKrLinear``: decompose W2 iff ``r < max(out_n, in_n) / 2``; decompose W1
-    iff ``lokr_decompose_both`` and ``r < max(out_m, in_m) / 2``."""
-    r = config.r
-    in_m, in_n = factorization(int(in_features), config.lokr_factor)
-    out_m, out_n = factorization(int(out_features), config.lokr_factor)
-    shapes: "OrderedDict[str, Tuple[int, int]]" = OrderedDict()
-    if config.lokr_decompose_both and r < max(out_m, in_m) / 2:
-        shapes["lokr_w1_a"] = (out_m, r)
-        shapes["lokr_w1_b"] = (r, in_m)
-    else:
-        shapes["lokr_w1"] = (out_m, in_m)
-    if r < max(out_n, in_n) / 2:
-        shapes["lokr_w2_a"] = (out_n, r)
-        shapes["lokr_w2_b"] = (r, in_n)
-    else:
-        shapes["lokr_w2"] = (out_n, in_n)
-    return shapes
+from .methods import factorization, lokr_shapes  # noqa: F401  (paddle-free, the table rows use them; API here)
 
 
 def lokr_scaling(config: AdapterConfig) -> float:

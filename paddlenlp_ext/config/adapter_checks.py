@@ -6,6 +6,7 @@ keys, so what passes here is what runs."""
 import dataclasses
 from typing import Any, Dict, List
 
+from ..adapters.methods import method
 from ..adapters.config import ADAPTER_METHOD_KEYS, AdapterConfigError, adapter_config_from_args
 from ..adapters.paddlenlp_format import adapter_config_file, saved_adapter_settings
 from .schema import ModelArgument
@@ -65,19 +66,12 @@ def adapter_mismatches(m: ModelArgument, where: str) -> List[str]:
         mine = adapter_config_from_args(dataclasses.asdict(m)).to_dict()
     except (OSError, ValueError) as e:  # ValueError covers JSON and AdapterConfigError
         return [f"{where}: cannot check lora_path against the config: {e}"]
-    method = mine["method"]
-    keys = {
-        "method": "lokr" if method == "lokr" else "lora/vera",
-        "r": {"vera": "vera_rank", "lokr": "lokr_dim"}.get(method, "lora_rank"),
-    }
-    if method == "lora":
-        keys.update(rslora="rslora", pissa="pissa", lora_plus_scale="lora_plus_scale")
-        if m.lora_alpha != -1:  # unset alpha follows the saved adapter
-            keys["alpha"] = "lora_alpha"
-    elif method == "lokr":
-        keys.update(lokr_factor="lokr_factor", lokr_decompose_both="lokr_decompose_both")
-        if m.lokr_alpha != 0:  # unset alpha follows the saved adapter
-            keys["alpha"] = "lokr_alpha"
+    row = method(mine["method"])  # the row names the flat key of each saved setting (adapters.methods)
+    keys = {"method": row.mismatch_label or row.key}
+    for field, key in row.flat_keys.items():
+        # an unset alpha (lora_alpha -1, lokr_alpha 0) follows the saved adapter
+        if field != "alpha" or getattr(m, key) not in (-1, *row.unset_alpha):
+            keys[field] = key
     return [
         f"{where}: {name} says {mine[k]!r} but the adapter in lora_path was trained with {saved.get(k)!r}; "
         "make them match (the saved adapter's settings are the ones that apply)"

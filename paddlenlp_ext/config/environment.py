@@ -17,6 +17,7 @@ import re
 from functools import lru_cache
 from typing import Dict, List
 
+from ..adapters.methods import method_by_key, supporting
 from .problems import Problem, tagged
 from .schema import DPOArgument
 
@@ -134,11 +135,14 @@ def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
     if tp <= 1 or not methods:
         return []
     p = []
-    if "lokr" in methods:
-        p.append(
-            f"{where}: tensor_parallel_degree={tp} with lokr adapters is not supported (LoKr's Kronecker "
-            "factors span the whole weight); use lora or vera, or tensor_parallel_degree=1"
-        )
+    for key in methods:  # the method table says which methods have a tensor-parallel layer (adapters.methods)
+        row = method_by_key(key)
+        if not row.supports.tensor_parallel:
+            p.append(
+                f"{where}: tensor_parallel_degree={tp} with {key} adapters is not supported "
+                f"({row.refusals.get('tensor_parallel', 'no tensor-parallel layer')}); use "
+                f"{' or '.join(supporting('tensor_parallel'))}, or tensor_parallel_degree=1"
+            )
     if m.pissa:
         p.append(
             f"{where}: tensor_parallel_degree={tp} with pissa=true is not supported (PiSSA's initialisation "
@@ -184,10 +188,12 @@ def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) 
             f"{head} with prefix_tuning is not supported (the prefix key/values would have to travel "
             "between stages); use lora=true or pipeline_parallel_degree=1"
         )
-    elif "vera" in methods:
+    elif methods and not method_by_key(methods[0]).supports.pipeline_parallel:  # adapters.methods
+        row = method_by_key(methods[0])
         refused.append(
-            f"{head} with vera=true is not supported (VeRA's shared projections span every adapted layer "
-            "of the model, which one stage does not hold); use lora=true or pipeline_parallel_degree=1"
+            f"{head} with {row.key}=true is not supported "
+            f"({row.refusals.get('pipeline_parallel', 'not verified on pipeline stages')}); "
+            f"use {supporting('pipeline_parallel')[0]}=true or pipeline_parallel_degree=1"
         )
     if m.pissa:
         refused.append(f"{head} with pissa=true is not supported yet; set pissa=false or pipeline_parallel_degree=1")

@@ -9,6 +9,7 @@ become problems of the all-at-once config report (exit 2), before any model load
 import os
 from typing import List, Optional
 
+from ..adapters.config import ADAPTER_METHOD_KEYS
 from ..models.families import read_model_type
 from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, layout_row, row
 
@@ -42,7 +43,7 @@ def requested_features(cfg, mode: str) -> List[str]:
     """
     m, d, t = cfg.model, cfg.data, cfg.training
     out = []
-    adapter = m.lora or m.vera or m.lokr or bool(m.lora_path)
+    adapter = any(getattr(m, key) for key in ADAPTER_METHOD_KEYS) or bool(m.lora_path)  # adapters.methods' keys
     if adapter:
         out.append("lora")
     elif not m.prefix_tuning and t.get("do_train", False):

@@ -29,10 +29,12 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import Any, Dict, List
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+from ..adapters.methods import load_object
 from ..merge.common import Log
 from ..merge.formats import AdapterBundle
 from ..merge.writer import make_temp_dir, publish, write_json
@@ -48,6 +50,25 @@ def _f32(name: str, arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class PeftMapping:
+    """How one adapter method maps onto a PEFT type; a method's row names one (``peft_export``,
+    ``adapters.methods``).  ``tensors(module, {suffix: array}, cfg)`` -> ``{PEFT tensor suffix: array}``;
+    ``config(cfg)`` -> the PEFT config keys of that type; ``shared(cfg)`` -> model-level tensors."""
+
+    peft_type: str
+    tensors: Callable[[str, Dict[str, np.ndarray], Any], Dict[str, np.ndarray]]
+    config: Callable[[Any], Dict[str, Any]]
+    shared: Callable[[Any], Dict[str, np.ndarray]] = lambda cfg: {}
+
+
+def _mapping(cfg) -> PeftMapping:
+    row = cfg.row
+    if row.peft_export is None:
+        raise ExportError(f"adapter method {cfg.method!r} has no PEFT equivalent here")
+    return load_object(row.peft_export)
+
+
 def peft_tensors(bundle: AdapterBundle, model_type: str) -> Dict[str, np.ndarray]:
     """PEFT's state dict (name -> float32 array) for the adapter in ``bundle``.
 
@@ -56,34 +77,48 @@ def peft_tensors(bundle: AdapterBundle, model_type: str) -> Dict[str, np.ndarray
     and ``....lora_B.weight`` [176, 4].
     """
     cfg = bundle.config
+    mapping = _mapping(cfg)
     out: Dict[str, np.ndarray] = {}
     for mod, t in sorted(bundle.modules.items()):
         hf_mod = hf_name(mod + ".weight", model_type)[0][: -len(".weight")]
-        key = PEFT_PREFIX + hf_mod + "."
         t = {k: _f32(f"{mod}.{k}", v) for k, v in t.items()}
-        if cfg.method == "lora" and not cfg.pissa:
-            out[key + "lora_A.weight"], out[key + "lora_B.weight"] = t["lora_A"].T, t["lora_B"].T
-        elif cfg.method == "lora":  # PiSSA -> LoRA of rank 2r on the original base
-            a = np.concatenate([t["lora_A"], t["pissa_A0"]], axis=1)  # [in, 2r]
-            b = np.concatenate([t["lora_B"], -t["pissa_B0"]], axis=0)  # [2r, out]
-            out[key + "lora_A.weight"], out[key + "lora_B.weight"] = a.T, b.T
-        elif cfg.method == "vera":
-            out[key + "vera_lambda_d"], out[key + "vera_lambda_b"] = t["vera_d"], t["vera_b"]
-        elif cfg.method == "lokr":
-            _check_lokr_like_peft(mod, t, cfg)
-            for k, v in t.items():
-                out[key + k] = v
-        else:
-            raise ExportError(f"adapter method {cfg.method!r} has no PEFT equivalent here")
-    if cfg.method == "vera":
-        from ..adapters.vera import vera_projections
-
-        a, b = vera_projections(cfg.vera_seed, cfg.r, cfg.vera_max_in, cfg.vera_max_out)
-        out["base_model.vera_A"], out["base_model.vera_B"] = np.array(a), np.array(b)
+        for suffix, v in mapping.tensors(mod, t, cfg).items():
+            out[PEFT_PREFIX + hf_mod + "." + suffix] = v
+    out.update(mapping.shared(cfg))
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-def _check_lokr_like_peft(mod: str, t: Dict[str, np.ndarray], cfg) -> None:
+def _lora_tensors(mod: str, t: Dict[str, np.ndarray], cfg) -> Dict[str, np.ndarray]:
+    if not cfg.pissa:
+        return {"lora_A.weight": t["lora_A"].T, "lora_B.weight": t["lora_B"].T}
+    # PiSSA -> LoRA of rank 2r on the original base
+    a = np.concatenate([t["lora_A"], t["pissa_A0"]], axis=1)  # [in, 2r]
+    b = np.concatenate([t["lora_B"], -t["pissa_B0"]], axis=0)  # [2r, out]
+    return {"lora_A.weight": a.T, "lora_B.weight": b.T}
+
+
+def _lora_config(cfg) -> Dict[str, Any]:
+    r, alpha = cfg.r, float(cfg.alpha)
+    if cfg.pissa:  # rank doubles; alpha keeps the scaling: alpha/r (or alpha/sqrt(r) with rsLoRA)
+        r, alpha = 2 * r, alpha * (math.sqrt(2.0) if cfg.rslora else 2.0)
+    return {
+        "r": r,
+        "lora_alpha": alpha,
+        "use_rslora": bool(cfg.rslora),
+        "lora_dropout": cfg.dropout,
+        "init_lora_weights": True,
+        "use_dora": False,
+    }
+
+
+def _vera_shared(cfg) -> Dict[str, np.ndarray]:
+    from ..adapters.vera import vera_projections
+
+    a, b = vera_projections(cfg.vera_seed, cfg.r, cfg.vera_max_in, cfg.vera_max_out)
+    return {"base_model.vera_A": np.array(a), "base_model.vera_B": np.array(b)}
+
+
+def _lokr_tensors(mod: str, t: Dict[str, np.ndarray], cfg) -> Dict[str, np.ndarray]:
     """PEFT builds ``lokr_w1`` (or ``_a/_b`` when decompose_both and r < max(out_m, in_m)/2) and
     ``lokr_w2`` (or ``_a/_b`` when r < max(out_n, in_n)/2): our saved set must be that one."""
     w1 = t["lokr_w1"].shape if "lokr_w1" in t else (t["lokr_w1_a"].shape[0], t["lokr_w1_b"].shape[1])
@@ -95,11 +130,44 @@ def _check_lokr_like_peft(mod: str, t: Dict[str, np.ndarray], cfg) -> None:
             f"LoKr module {mod}: saved tensors {sorted(t)}, but PEFT's LoKr builds {sorted(want)} "
             "for these shapes; this adapter cannot be expressed as a PEFT LoKr"
         )
+    return dict(t)  # both sides store the Kronecker factors as [out_i, in_i]
+
+
+#: LoRA / rsLoRA / LoRA+ (PiSSA as the rank-2r LoRA it is on the original base)
+LORA = PeftMapping("LORA", _lora_tensors, _lora_config)
+VERA = PeftMapping(
+    "VERA",
+    lambda mod, t, cfg: {"vera_lambda_d": t["vera_d"], "vera_lambda_b": t["vera_b"]},
+    lambda cfg: {
+        "r": cfg.r,
+        "projection_prng_key": cfg.vera_seed,
+        "save_projection": True,
+        "vera_dropout": cfg.dropout,
+        "d_initial": cfg.vera_d_init,
+        "init_weights": True,
+    },
+    _vera_shared,
+)
+LOKR = PeftMapping(
+    "LOKR",
+    _lokr_tensors,
+    lambda cfg: {
+        "r": cfg.r,
+        "alpha": float(cfg.alpha),
+        "decompose_both": cfg.lokr_decompose_both,
+        "decompose_factor": cfg.lokr_factor,
+        "rank_dropout": 0.0,
+        "module_dropout": 0.0,
+        "use_effective_conv2d": False,
+        "init_weights": True,
+    },
+)
 
 
 def peft_config(bundle: AdapterBundle, model_type: str, base_model_name_or_path: Any = None) -> Dict[str, Any]:
     """PEFT's adapter_config.json for the adapter in ``bundle`` (target_modules: the exact module names)."""
     cfg = bundle.config
+    mapping = _mapping(cfg)
     targets = sorted(hf_name(m + ".weight", model_type)[0][: -len(".weight")] for m in bundle.modules)
     common = {
         "target_modules": targets,
@@ -110,43 +178,7 @@ def peft_config(bundle: AdapterBundle, model_type: str, base_model_name_or_path:
         "bias": "none",
         "fan_in_fan_out": False,
     }
-    if cfg.method == "lora":
-        r, alpha = cfg.r, float(cfg.alpha)
-        if cfg.pissa:  # rank doubles; alpha keeps the scaling: alpha/r (or alpha/sqrt(r) with rsLoRA)
-            r, alpha = 2 * r, alpha * (math.sqrt(2.0) if cfg.rslora else 2.0)
-        return {
-            **common,
-            "peft_type": "LORA",
-            "r": r,
-            "lora_alpha": alpha,
-            "use_rslora": bool(cfg.rslora),
-            "lora_dropout": cfg.dropout,
-            "init_lora_weights": True,
-            "use_dora": False,
-        }
-    if cfg.method == "vera":
-        return {
-            **common,
-            "peft_type": "VERA",
-            "r": cfg.r,
-            "projection_prng_key": cfg.vera_seed,
-            "save_projection": True,
-            "vera_dropout": cfg.dropout,
-            "d_initial": cfg.vera_d_init,
-            "init_weights": True,
-        }
-    return {
-        **common,
-        "peft_type": "LOKR",
-        "r": cfg.r,
-        "alpha": float(cfg.alpha),
-        "decompose_both": cfg.lokr_decompose_both,
-        "decompose_factor": cfg.lokr_factor,
-        "rank_dropout": 0.0,
-        "module_dropout": 0.0,
-        "use_effective_conv2d": False,
-        "init_weights": True,
-    }
+    return {**common, "peft_type": mapping.peft_type, **mapping.config(cfg)}
 
 
 def export_peft_adapter(

@@ -72,18 +72,9 @@ class AdapterBundle:
 
 
 def _expected_adapter_shapes(cfg: AdapterConfig, in_f: int, out_f: int) -> Dict[str, Tuple[int, ...]]:
-    """{suffix: shape} the adapter tensors of one module must have for an [in_f, out_f] base weight."""
-    r = cfg.r
-    if cfg.layer_type == "vera":
-        return {"vera_d": (r,), "vera_b": (out_f,)}
-    if cfg.layer_type == "lokr":  # Kronecker factors of in/out; which of them are low rank depends on the shape
-        from ..adapters.lokr import lokr_shapes
-
-        return dict(lokr_shapes(cfg, in_f, out_f))
-    shapes = {"lora_A": (in_f, r), "lora_B": (r, out_f)}
-    if cfg.layer_type == "pissa":
-        shapes.update(pissa_A0=(in_f, r), pissa_B0=(r, out_f))
-    return shapes
+    """{suffix: shape} the adapter tensors of one module must have for an [in_f, out_f] base weight
+    (the method's row, ``adapters.methods``; LoKr's set of tensors depends on the shape)."""
+    return dict(cfg.row.saved_shapes(cfg, in_f, out_f))
 
 
 def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[str, TensorEntry]:
@@ -93,6 +84,10 @@ def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[
     from ..adapters.api import layer_class
 
     cfg = bundle.config
+    if not cfg.row.supports.merge:  # the method's row (adapters.methods)
+        raise MergeError(
+            f"{cfg.row.title} adapters cannot be merged: {cfg.row.refusals.get('merge', 'no dense delta')}"
+        )
     suffixes = set(layer_class(cfg).state_suffixes)
     by_name = {e.name: e for e in ckpt.entries}
     targets: Dict[str, TensorEntry] = {}
@@ -104,8 +99,8 @@ def check_adapter_against_base(bundle: AdapterBundle, ckpt: Checkpoint) -> Dict[
         if ent is None:
             missing.append(key)
             continue
-        need = suffixes  # LoKr: the set depends on the module's [in, out] shape
-        if cfg.layer_type == "lokr" and len(ent.shape) == 2:
+        need = suffixes  # the set may depend on the module's [in, out] shape (LoKr)
+        if len(ent.shape) == 2:
             need = set(_expected_adapter_shapes(cfg, *ent.shape))
         if set(got) != need:
             problems.append(f"{mod}: adapter tensors {sorted(got)}, a {cfg.layer_type} adapter needs {sorted(need)}")

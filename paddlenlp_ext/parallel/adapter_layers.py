@@ -73,6 +73,7 @@ import paddle.nn as nn
 from ..adapters.base import AdapterError, to_numpy_f32
 from ..adapters.config import AdapterConfig
 from ..adapters.lora import LoRALinear
+from ..adapters.methods import TABLE, load_object
 from ..adapters.vera import VeRALinear
 from .collectives import Collectives, collectives_for, scale_grad
 from .shard import COLUMN, ROW, local_product, output_bias, shard_spec
@@ -83,11 +84,13 @@ def refusal(config: AdapterConfig) -> Optional[str]:
     if config.layer_type == "pissa":
         return ("PiSSA is not supported with tensor parallelism: its initialisation is an SVD of each whole "
                 "weight, which no rank holds; train PiSSA with tensor_parallel_degree=1 (or use LoRA)")  # fmt: skip
-    if config.layer_type == "lokr":
-        return ("LoKr is not supported with tensor parallelism: its Kronecker factors span the whole weight and "
-                "do not split along a shard; use tensor_parallel_degree=1 (or LoRA / VeRA)")  # fmt: skip
-    if config.layer_type not in PARALLEL_METHODS:
-        return f"{config.layer_type} adapters have no tensor-parallel layer"
+    row = config.row  # adapters.methods: the row names its tensor-parallel class or why it has none
+    if row.tp_layer is None:
+        why = row.refusals.get("tensor_parallel_layer", "it has no tensor-parallel layer class")
+        others = " / ".join(r.title for r in TABLE.values() if r.tp_layer is not None)
+        return (
+            f"{row.title} is not supported with tensor parallelism: {why}; use tensor_parallel_degree=1 (or {others})"
+        )
     return None
 
 
@@ -125,7 +128,7 @@ def parallel_layer_class(config: AdapterConfig) -> type:
     why = refusal(config)
     if why is not None:
         raise NotImplementedError(why)
-    return PARALLEL_METHODS[config.layer_type]
+    return load_object(config.row.tp_layer)
 
 
 class ParallelAdapterMixin:

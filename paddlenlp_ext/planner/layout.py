@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, List
 
+from ..adapters.methods import TABLE
 from .memory import Estimate, Layout, PlanInputs, estimate
 
 TP_CHOICES = (1, 2, 4, 8)
@@ -30,18 +31,17 @@ def supported(inp: PlanInputs, layout: Layout) -> str:
     fine-tuning, LoRA (rsLoRA, LoRA+), VeRA and quantized bases; pipeline parallelism full fine-tuning
     and LoRA (rsLoRA, LoRA+) / LoKr adapters on a float base (paddlenlp_ext/parallel, docs/parallel.md)."""
     m = inp.params
+    row = TABLE.get(m.method)  # an adapter method's row says what it runs with (adapters.methods)
     if layout.pp > 1:
-        if m.method not in ("full", "lora", "lokr"):
-            return (
-                f"pipeline parallelism with {m.method} does not run in paddlenlp_ext (full fine-tuning, LoRA "
-                "family and LoKr do)"
-            )
+        if m.method != "full" and not (row is not None and row.supports.pipeline_parallel):
+            runs = " and ".join(r.title for r in TABLE.values() if r.supports.pipeline_parallel)
+            return f"pipeline parallelism with {m.method} does not run in paddlenlp_ext (full fine-tuning, {runs} do)"
         if m.pissa or m.quantized_linears:
             return "pipeline parallelism with pissa or a quantized base does not run in paddlenlp_ext"
         if layout.tp > 1:
             return "tensor x pipeline parallelism does not run in paddlenlp_ext yet"
-    if layout.tp > 1 and inp.params.method in ("lokr", "prefix"):
-        return f"tensor parallelism with {inp.params.method} does not run in paddlenlp_ext"
+    if layout.tp > 1 and (m.method == "prefix" or (row is not None and not row.supports.tensor_parallel)):
+        return f"tensor parallelism with {m.method} does not run in paddlenlp_ext"
     if layout.tp > 1 and inp.params.pissa:
         return "tensor parallelism with pissa does not run in paddlenlp_ext"
     return ""

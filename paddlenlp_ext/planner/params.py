@@ -8,9 +8,11 @@ splits it, and -- for quantized linears -- its fixed storage in bytes.
 
 Target layers follow the rules the run uses (``adapters.apply_adapters``: LoRA / VeRA / LoKr
 target_modules matched with ``re.fullmatch`` against PaddleNLP's sublayer names, default
-``models.targets``' decoder linears, which a quantized base replaces too); the planner does not
-import ``adapters/`` (docs/architecture.md), so :class:`AdapterSpec` carries the few settings that
-size an adapter (an ``AdapterConfig`` has the same attributes and works as well).  Bytes of a
+``models.targets``' decoder linears, which a quantized base replaces too).  What one adapted Linear adds
+comes from the method's row of the paddle-free method table (``adapters.methods``: its saved shapes
+minus its frozen tensors, and any shared tensors); the planner imports nothing else of ``adapters/``
+(docs/architecture.md), so :class:`AdapterSpec` carries the few settings that size an adapter (an
+``AdapterConfig`` has the same attributes and works as well).  Bytes of a
 quantized linear follow ``quant.formats`` (codes + scales; numpy only, no paddle).
 """
 
@@ -21,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+from ..adapters.methods import method as method_row  # paddle-free: the adapter method table
 from ..models.targets import NEVER_TARGET_PARTS, decoder_linear_targets
 from ..quant.formats import DEFAULT_DOUBLE_QUANT_BLOCK_SIZE, get_format
 from .shapes import ModelShape, PlanError
@@ -125,39 +128,20 @@ def _match(patterns: Sequence[str], name: str) -> bool:
     return any(re.fullmatch(p, name) for p in patterns)
 
 
-def _lokr_factor(dimension: int, factor: int) -> Tuple[int, int]:
-    """``adapters.lokr.factorization`` (that module imports paddle; tests/test_planner.py checks they agree)."""
-    if factor > 0 and dimension % factor == 0:
-        return factor, dimension // factor
-    limit = dimension if factor == -1 else factor
-    small = [d for d in range(1, math.isqrt(dimension) + 1) if dimension % d == 0]
-    divisors = small + [dimension // d for d in reversed(small) if d * d != dimension]
-    m, n = 1, dimension
-    for d in divisors[1:]:
-        if d > limit:
-            break
-        m, n = d, dimension // d
-        if m >= n:
-            break
-    return (m, n) if m <= n else (n, m)
-
-
 def lokr_params(r: int, in_f: int, out_f: int, factor: int = -1, decompose_both: bool = False) -> int:
-    """Trainable parameters of one LoKr layer, by ``adapters.lokr.lokr_shapes``' rule."""
-    in_m, in_n = _lokr_factor(in_f, factor)
-    out_m, out_n = _lokr_factor(out_f, factor)
-    w1 = r * (out_m + in_m) if decompose_both and r < max(out_m, in_m) / 2 else out_m * in_m
-    w2 = r * (out_n + in_n) if r < max(out_n, in_n) / 2 else out_n * in_n
-    return w1 + w2
+    """Trainable parameters of one LoKr layer, by ``adapters.methods.lokr_shapes``' rule.
+
+    >>> lokr_params(4, 64, 176)  # W1 [11, 8] + W2 = [16, 4] @ [4, 8]
+    184
+    """
+    spec = AdapterSpec("lokr", r, lokr_factor=factor, lokr_decompose_both=decompose_both)
+    return method_row("lokr").trainable_params(spec, in_f, out_f)
 
 
 def adapter_params(adapter, in_f: int, out_f: int) -> int:
-    """Trainable parameters that ``adapter`` (AdapterSpec or AdapterConfig) adds to one ``[in, out]`` Linear."""
-    if adapter.method == "lora":
-        return adapter.r * (in_f + out_f)  # A [in, r], B [r, out]
-    if adapter.method == "vera":
-        return adapter.r + out_f  # d [r], b [out]; the projections are shared and frozen
-    return lokr_params(adapter.r, in_f, out_f, adapter.lokr_factor, adapter.lokr_decompose_both)
+    """Trainable parameters that ``adapter`` (AdapterSpec or AdapterConfig) adds to one ``[in, out]`` Linear:
+    the saved tensors of its method's row that train (``adapters.methods``)."""
+    return method_row(adapter.method).trainable_params(adapter, in_f, out_f)
 
 
 def account(
@@ -259,11 +243,10 @@ def account(
                 Group("lm_head adapter", adapter_params(adapter, shape.hidden_size, shape.vocab_size), True)
             )
             adapted += 1
-    if adapter is not None and adapter.method == "vera":
-        # shared frozen projections A [r, max_in], B [max_out, r], one copy per model
-        acc.every_groups.append(
-            Group("VeRA shared projections", adapter.r * (vera_in + vera_out), False, tp_split=False)
-        )
+    shared = method_row(adapter.method).shared_params(adapter, vera_in, vera_out) if adapter is not None else 0
+    if shared:  # frozen, one copy per model (VeRA's projections A [r, max_in], B [max_out, r])
+        title = method_row(adapter.method).title
+        acc.every_groups.append(Group(f"{title} shared projections", shared, False, tp_split=False))
     if prefix is not None:
         acc.first_groups.append(Group("prefix encoder", prefix.trainable_params(), True, tp_split=False))
     acc.adapted_linears, acc.quantized_linears = adapted, quantized

@@ -6,11 +6,13 @@ CLI prints at start; ``llm/tools/plan_memory.py`` uses the same functions (``pla
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 from typing import Optional, Tuple
 
+from ..adapters.methods import method_by_key, method_keys
 from ..config.environment import paddle_build, world_size as launched_world_size
 from ..prefix.config import ModelFacts, PrefixConfigError, prefix_config_for_model
 from .memory import GiB, Estimate, Layout, PlanInputs, estimate
@@ -131,13 +133,18 @@ def _adapter(cfg, shape: ModelShape) -> Tuple[Optional[AdapterSpec], Optional[di
         return _saved_adapter(m.lora_path, shape.model_type)  # the saved adapter's own settings apply
     targets = m.lora_target_modules or m.target_modules
     targets = tuple(targets) if targets else None
-    if m.lora:
-        return AdapterSpec("lora", m.lora_rank, m.lora_dropout, targets, shape.model_type, pissa=m.pissa), None
-    if m.vera:
-        return AdapterSpec("vera", m.vera_rank, m.lora_dropout, targets, shape.model_type), None
-    if m.lokr:
+    on = [key for key in method_keys() if getattr(m, key, False)]
+    if on:  # the row maps its own flat keys (adapters.methods); AdapterSpec keeps the ones that size it
+        kw = method_by_key(on[0]).from_args(dataclasses.asdict(m))
         return AdapterSpec(
-            "lokr", m.lokr_dim, m.lora_dropout, targets, shape.model_type, m.lokr_factor, m.lokr_decompose_both
+            method_by_key(on[0]).name,
+            kw["r"],
+            kw.get("dropout", 0.0),
+            targets,
+            shape.model_type,
+            kw.get("lokr_factor", -1),
+            kw.get("lokr_decompose_both", False),
+            kw.get("pissa", False),
         ), None
     return None, None
 

@@ -28,6 +28,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..adapters.config import ADAPTER_METHOD_KEYS
+
 PREFIX_CONFIG_NAME = "prefix_config.json"  # paddlenlp.utils.env.PREFIX_CONFIG_NAME
 PREFIX_WEIGHTS_NAME = "prefix_model_state.pdparams"  # paddlenlp.utils.env.PREFIX_WEIGHTS_NAME
 PAST_KEY_VALUES_NAME = "pre_caches.npy"  # paddlenlp.utils.env.PAST_KEY_VALUES_FILE_NAME
@@ -39,7 +41,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 TUNING_KEYS = ("num_prefix_tokens", "prefix_projection", "prefix_projection_hidden_size", "prefix_dropout")
 
 #: ModelArgument keys of the other parameter-efficient methods (prefix tuning wraps the model alone)
-OTHER_METHOD_KEYS = ("lora", "lora_path", "vera", "lokr", "lokr_path")
+OTHER_METHOD_KEYS = (*ADAPTER_METHOD_KEYS, "lora_path", "lokr_path")
 
 
 class PrefixConfigError(ValueError):
