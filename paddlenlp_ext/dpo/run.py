@@ -26,7 +26,7 @@ from ..training.run import (
 
 def preference_data_args(cfg: RunConfig) -> SimpleNamespace:
     """What ``dpo.data.build_preference_datasets`` reads, from the dpo and data groups."""
-    o, d = cfg.dpo, cfg.data
+    o, d = cfg.alignment, cfg.data
     return SimpleNamespace(
         train_dataset_path=o.train_dataset_path,
         dev_dataset_path=o.dev_dataset_path,
@@ -50,7 +50,7 @@ def _dpo_data(data_args, tokenizer, **kw):
 def _dpo_trainer(cfg, **kw):
     from .trainer import DPOTrainer
 
-    return DPOTrainer(**kw, dpo_config=cfg.dpo)
+    return DPOTrainer(**kw, dpo_config=cfg.alignment)
 
 
 def run(cfg: RunConfig, build_data: Callable = _dpo_data, make_trainer: Callable = _dpo_trainer) -> Dict[str, Any]:
@@ -58,7 +58,7 @@ def run(cfg: RunConfig, build_data: Callable = _dpo_data, make_trainer: Callable
 
     ``build_data(data_args, tokenizer, do_train=, do_eval=, flash_mask=, seed=)`` and
     ``make_trainer(cfg, **trainer_kwargs)`` are DPO's; ``kto.run`` passes KTO's."""
-    if cfg.dpo is None:
+    if cfg.alignment is None:
         raise ValueError("dpo.run.run needs a preference config: load_config(path, overrides, mode='dpo' or 'kto')")
     from ..training.heap import limit_heap_retention
     from ..training.logfile import run_logging

@@ -46,7 +46,7 @@ def build_prompts(cfg: RunConfig, tokenizer):
     from ..dpo.data import resolve_split_files
     from .data import PromptDataset, fit_prompt, offer_tools, read_prompts
 
-    o, d = cfg.dpo, cfg.data
+    o, d = cfg.alignment, cfg.data
     files = resolve_split_files(o.train_dataset_path, "train")
     records = read_prompts(files, d.dataset_format, d.dataset_columns)
     use_template = resolve_chat_template(tokenizer, d.chat_template)
@@ -102,7 +102,7 @@ def tool_schemas(cfg: RunConfig, renderer):
     from ..config.grpo import resolve_tools
     from ..serve.tools import tool_style
 
-    tools = getattr(cfg.dpo, "tools", None)
+    tools = getattr(cfg.alignment, "tools", None)
     if not tools:
         return None
     source = renderer.templates.get(True) or renderer.templates.get(False)
@@ -126,14 +126,14 @@ def tool_schemas(cfg: RunConfig, renderer):
 
 def tool_env(cfg: RunConfig, tokenizer, dataset_report):
     """The multi-turn rollout's :class:`~paddlenlp_ext.grpo.multiturn.ToolEnv`, or None without tools."""
-    if not getattr(cfg.dpo, "tools", None):
+    if not getattr(cfg.alignment, "tools", None):
         return None
     from ..data.chat_template import find_template, special_tokens_of
     from ..serve.tools import tool_style
     from .multiturn import ToolEnv
     from .tools import ToolRunner
 
-    m, o = cfg.model, cfg.dpo
+    m, o = cfg.model, cfg.alignment
     source = find_template(m.tokenizer_name_or_path or m.model_name_or_path, cfg.data.chat_template, True)
     return ToolEnv(
         tokenizer=tokenizer,
@@ -180,7 +180,7 @@ def run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     """Train as configured; returns the run summary (also output_dir/run_summary.json).  ``trainer_cls``:
     GRPOTrainer by default; ppo.run passes PPOTrainer (a mode="ppo" config)."""
     want = "grpo" if trainer_cls is None else "ppo"
-    if cfg.dpo is None or getattr(cfg.dpo, "alignment", None) != want:
+    if cfg.alignment is None or cfg.alignment.mode != want:
         raise ValueError(f"{want}.run.run needs a {want.upper()} config: load_config(path, overrides, mode={want!r})")
     from ..training.heap import limit_heap_retention
     from ..training.logfile import run_logging
@@ -202,7 +202,7 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     from .trainer import GRPOTrainer
 
     wall_start = time.time()
-    o = cfg.dpo
+    o = cfg.alignment
     args, tokenizer, _, resume_step = start_run(cfg)
     try:
         dataset, report = build_prompts(cfg, tokenizer)
@@ -240,7 +240,7 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
         **built.summary(),
         "world_size": args.world_size,
         "data": {"train": report},
-        "trainer": o.alignment,
+        "trainer": o.mode,
         "loss_type": o.loss_type,
         "reference": trainer.reference,
         "rewards": rewards.names,

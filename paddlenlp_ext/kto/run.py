@@ -14,7 +14,7 @@ from ..config.parse import RunConfig
 def _kto_trainer(cfg: RunConfig, **kw):
     from .trainer import KTOTrainer
 
-    return KTOTrainer(**kw, kto_config=cfg.dpo)
+    return KTOTrainer(**kw, kto_config=cfg.alignment)
 
 
 def _kto_data(data_args, tokenizer, **kw):
@@ -27,6 +27,6 @@ def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json)."""
     from ..dpo.run import run as run_preference
 
-    if cfg.dpo is None or cfg.dpo.loss_type != "kto":
+    if cfg.alignment is None or cfg.alignment.mode != "kto":
         raise ValueError("kto.run.run needs a KTO config: load_config(path, overrides, mode='kto')")
     return run_preference(cfg, build_data=_kto_data, make_trainer=_kto_trainer)

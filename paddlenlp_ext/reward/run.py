@@ -29,8 +29,8 @@ def reward_info(cfg: RunConfig, tokenizer) -> Dict[str, Any]:
         "base_model_name_or_path": os.path.abspath(cfg.model.model_name_or_path),
         "chat_template": bool(resolve_chat_template(tokenizer, template)),
         "chat_template_file": os.path.abspath(template) if template else None,
-        "max_seq_len": cfg.dpo.max_seq_len,
-        "max_prompt_len": cfg.dpo.max_prompt_len,
+        "max_seq_len": cfg.alignment.max_seq_len,
+        "max_prompt_len": cfg.alignment.max_prompt_len,
     }
 
 
@@ -47,13 +47,13 @@ def _reward_trainer(cfg: RunConfig, **kw):
     head = attach_score_head(model)
     logger.info(f"score head: Linear({head.weight.shape[0]} -> 1), trainable; lm_head frozen")
     io = RewardCheckpointIO(kw["adapter_config"], reward_info(cfg, kw["tokenizer"]))
-    return RewardTrainer(**kw, reward_config=cfg.dpo, weights_io=io)
+    return RewardTrainer(**kw, reward_config=cfg.alignment, weights_io=io)
 
 
 def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json)."""
     from ..dpo.run import run as run_preference
 
-    if cfg.dpo is None or cfg.dpo.loss_type != "reward":
+    if cfg.alignment is None or cfg.alignment.mode != "reward":
         raise ValueError("reward.run.run needs a reward config: load_config(path, overrides, mode='reward')")
     return run_preference(cfg, build_data=_reward_data, make_trainer=_reward_trainer)

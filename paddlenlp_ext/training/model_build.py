@@ -62,7 +62,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     apply_llm_meta(cfg, config, on_gpu=gpu)
     for notice in llm_meta_notices(cfg, on_gpu=gpu):  # a key set but not applied is said on the console
         current().line(notice)
-    config.seq_length = cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length
+    config.seq_length = cfg.alignment.max_seq_len if cfg.alignment is not None else d.max_length
     # only dropout the family really reads (config.parse refused the others)
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():

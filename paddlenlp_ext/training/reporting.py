@@ -63,7 +63,7 @@ def packing_notice(cfg, args, model):
 
     from ..config.packing_payoff import packing_payoff
 
-    if cfg.dpo is not None:
+    if cfg.alignment is not None:
         return None
     config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
     return packing_payoff(
