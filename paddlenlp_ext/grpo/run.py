@@ -165,17 +165,6 @@ def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, An
     return out
 
 
-def show_reward_on_console(trainer) -> None:
-    """Each progress line also shows the step's mean reward and KL (after the learning rate), and with tools
-    the mean tool calls per completion."""
-    from ..training.callbacks import ConsoleProgress
-
-    tools = {"tools/call_frequency": "tool calls"} if getattr(trainer, "tool_env", None) is not None else {}
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, ConsoleProgress):
-            callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl", **tools}
-
-
 def run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     """Train as configured; returns the run summary (also output_dir/run_summary.json).  ``trainer_cls``:
     GRPOTrainer by default; ppo.run passes PPOTrainer (a mode="ppo" config)."""
@@ -234,7 +223,6 @@ def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
     attach_moe_log(trainer, built.model, float(cfg.model.moe_router_bias_update_rate or 0.0))
     attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
     attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
-    show_reward_on_console(trainer)
     step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
     summary: Dict[str, Any] = {
         **built.summary(),
