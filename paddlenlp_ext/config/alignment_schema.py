@@ -208,7 +208,7 @@ class GRPOArgument:
         return self.max_prompt_len + self.max_completion_length
 
 
-# Keys of llm/run_ppo.py only (load_config(..., mode="ppo"); held in RunConfig.alignment): the prompt, sampling
+# Keys of llm/run_ppo.py only (the PPO mode of config/modes.py; held in RunConfig.alignment): the prompt, sampling
 # and reward keys of GRPO plus PaddleNLP's PPO names (kl_coeff, clip_range_ratio, clip_range_value,
 # clip_range_score, gamma, gae_lambda) and TRL's (vf_coef, whiten_rewards).
 @dataclass

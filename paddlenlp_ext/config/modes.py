@@ -69,7 +69,7 @@ def _reward_aliases(cfg) -> None:
 
 
 _ROWS = (
-    Mode("sft", "fine-tuning", "llm/run_finetune.py", "paddlenlp_ext.training.run", "docs/config.md"),
+    Mode("sft", "fine-tuning", "llm/run_finetune.py", "paddlenlp_ext.training.finetune", "docs/config.md"),
     Mode(
         "dpo",
         "DPO",
