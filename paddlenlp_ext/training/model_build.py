@@ -1,6 +1,6 @@
 """Build the model of a run: load (streamed, quantized as configured), then adapters or the prefix.
 
-``build_model`` is shared by ``training.run`` (fine-tuning) and ``dpo.run``;
+``build_model`` is shared by every mode through the run recipe (``training.recipe``);
 ``load_model`` also by ``llm/tools/check_packing.py``.  What it built, with the
 method and parameter counts the console and run_summary.json report, is a
 :class:`BuiltModel`.
