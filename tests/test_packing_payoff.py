@@ -43,7 +43,7 @@ def test_notice_of_a_run(monkeypatch):
     args = SimpleNamespace(per_device_train_batch_size=1)
     wrapped = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(hidden_size=1024)))
     assert "hidden size 1024" in packing_notice(cfg, args, wrapped)
-    assert packing_notice(SimpleNamespace(**{**vars(cfg), "dpo": object()}), args, wrapped) is None
+    assert packing_notice(SimpleNamespace(**{**vars(cfg), "alignment": object()}), args, wrapped) is None
     monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")
     assert packing_notice(cfg, args, wrapped) is None
 
