@@ -70,7 +70,7 @@ def worker(args) -> None:
         ],
         mode="grpo",
     )
-    o = cfg.dpo
+    o = cfg.alignment
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     dataset, _ = build_prompts(cfg, tokenizer)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32")

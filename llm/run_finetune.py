@@ -24,7 +24,7 @@ USAGE = "usage: python llm/run_finetune.py CONFIG.json [--key value ...]"
 
 
 def main(argv):
-    return run_config_script(argv, USAGE, mode="sft", runner="paddlenlp_ext.training.run")
+    return run_config_script(argv, USAGE, mode="sft", runner="paddlenlp_ext.training.finetune")
 
 
 if __name__ == "__main__":

@@ -233,8 +233,12 @@ def test_config_refusals(tiny_model_dir, tmp_path):
     ):
         assert want in text, (want, text)
     cfg = grpo_config(tiny_model_dir, tmp_path, "--top_p", "0.9")
-    assert cfg.dpo.top_p == 0.9 and cfg.dpo.max_seq_len == 256 + 64 and cfg.data.zero_padding
-    assert (cfg.dpo.loss_type, cfg.dpo.scale_rewards, cfg.dpo.importance_sampling_level) == ("dapo", "group", "token")
+    assert cfg.alignment.top_p == 0.9 and cfg.alignment.max_seq_len == 256 + 64 and cfg.data.zero_padding
+    assert (cfg.alignment.loss_type, cfg.alignment.scale_rewards, cfg.alignment.importance_sampling_level) == (
+        "dapo",
+        "group",
+        "token",
+    )
 
 
 @pytest.mark.parametrize(
@@ -278,7 +282,7 @@ def test_new_keys_accepted(tiny_model_dir, tmp_path):
         "--scale_rewards",
         "false",
     )
-    o = cfg.dpo
+    o = cfg.alignment
     assert (o.num_iterations, o.loss_type, o.epsilon_high, o.importance_sampling_level) == (2, "cispo", 5.0, "sequence")
     assert o.scale_rewards == "none" and "scale_rewards" in cfg.derived and o.mask_truncated_completions
     assert cfg.training["gradient_accumulation_steps"] == 2

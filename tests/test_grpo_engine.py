@@ -189,8 +189,8 @@ def test_rollout_engine_key(tiny_model_dir, tmp_path):
 
     from paddlenlp_ext.config.parse import ConfigError
 
-    assert grpo_config(tiny_model_dir, tmp_path).dpo.rollout_engine == "engine"
-    assert grpo_config(tiny_model_dir, tmp_path, "--rollout_engine", "generate").dpo.rollout_engine == "generate"
+    assert grpo_config(tiny_model_dir, tmp_path).alignment.rollout_engine == "engine"
+    assert grpo_config(tiny_model_dir, tmp_path, "--rollout_engine", "generate").alignment.rollout_engine == "generate"
     with pytest.raises(ConfigError) as e:
         grpo_config(tiny_model_dir, tmp_path, "--rollout_engine", "vllm")
     assert "rollout_engine: must be one of engine, generate; got 'vllm'" in "\n".join(e.value.problems)

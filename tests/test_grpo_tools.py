@@ -85,8 +85,8 @@ def test_config_checks(tmp_path):
     from paddlenlp_ext.config.parse import ConfigError
 
     cfg = load(tmp_path, "--tools", json.dumps([ADD]), "--max_turns", "3", "--tool_timeout", "2.5")
-    assert cfg.dpo.tools == [ADD] and cfg.dpo.max_turns == 3 and cfg.dpo.tool_timeout == 2.5
-    assert load(tmp_path).dpo.max_turns == 1 and load(tmp_path).dpo.tools is None  # today's behaviour
+    assert cfg.alignment.tools == [ADD] and cfg.alignment.max_turns == 3 and cfg.alignment.tool_timeout == 2.5
+    assert load(tmp_path).alignment.max_turns == 1 and load(tmp_path).alignment.tools is None  # today's behaviour
     cases = [
         (("--tools", '["nowhere_mod:f"]', "--max_turns", "2"), "tools[0]: 'nowhere_mod:f': cannot import module"),
         (

@@ -224,7 +224,7 @@ def test_config_mode(tiny_model_dir, tmp_path):
         "true",
     ]
     cfg = load_config(None, base + ["--desirable_weight", "1.33"], mode="kto")
-    assert cfg.dpo.desirable_weight == 1.33 and cfg.dpo.loss_type == "kto" and cfg.data.zero_padding
+    assert cfg.alignment.desirable_weight == 1.33 and cfg.alignment.loss_type == "kto" and cfg.data.zero_padding
     with pytest.raises(ConfigError) as e:
         load_config(
             None,

@@ -37,11 +37,13 @@ def test_notice_of_a_run(monkeypatch):
     from paddlenlp_ext.training.reporting import packing_notice
 
     monkeypatch.setattr(paddle, "get_device", lambda: "cpu")
-    cfg = SimpleNamespace(dpo=None, data=SimpleNamespace(zero_padding=True), model=SimpleNamespace(flash_mask=True))
+    cfg = SimpleNamespace(
+        alignment=None, data=SimpleNamespace(zero_padding=True), model=SimpleNamespace(flash_mask=True)
+    )
     args = SimpleNamespace(per_device_train_batch_size=1)
     wrapped = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(hidden_size=1024)))
     assert "hidden size 1024" in packing_notice(cfg, args, wrapped)
-    assert packing_notice(SimpleNamespace(**{**vars(cfg), "dpo": object()}), args, wrapped) is None
+    assert packing_notice(SimpleNamespace(**{**vars(cfg), "alignment": object()}), args, wrapped) is None
     monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")
     assert packing_notice(cfg, args, wrapped) is None
 

@@ -126,8 +126,8 @@ def test_config_mode(tiny_model_dir, tmp_path):
         f"{ROOT}/llm/data/grpo_tiny",
     ]
     cfg = load_config(f"{ROOT}/llm/config/tiny/ppo_argument.json", base + ["--num_generations", "1"], mode="ppo")
-    o = cfg.dpo
-    assert (o.alignment, o.loss_type, o.num_generations, o.beta, o.epsilon) == ("ppo", "ppo", 1, 0.02, 0.2)
+    o = cfg.alignment
+    assert (o.mode, o.loss_type, o.num_generations, o.beta, o.epsilon) == ("ppo", "ppo", 1, 0.02, 0.2)
     with pytest.raises(ConfigError) as e:
         load_config(
             None,

@@ -228,7 +228,7 @@ def test_reward_config_mode(tmp_path, tiny_model_dir):
 
     base = ["--output_dir", str(tmp_path / "o"), "--model_name_or_path", tiny_model_dir]
     cfg = load_config(LORA_CONFIG, base, mode="reward")
-    assert cfg.dpo.loss_type == "reward" and cfg.data.zero_padding and cfg.model.lora
+    assert cfg.alignment.loss_type == "reward" and cfg.data.zero_padding and cfg.model.lora
     with pytest.raises(ConfigError) as e:
         load_config(
             LORA_CONFIG,
@@ -320,7 +320,7 @@ def test_paddlenlp_rm_config_keys_are_accepted(tmp_path, tiny_model_dir):
         json.dumps(dict(PADDLENLP_RM_CONFIG, model_name_or_path=tiny_model_dir, output_dir=str(tmp_path / "o")))
     )
     cfg = load_config(str(path), mode="reward")
-    assert cfg.dpo.max_seq_len == 4096 and cfg.model.flash_mask and cfg.data.zero_padding
+    assert cfg.alignment.max_seq_len == 4096 and cfg.model.flash_mask and cfg.data.zero_padding
     with pytest.raises(ConfigError) as e:  # PaddleNLP's value: 8-way tensor parallel
         load_config(str(path), ["--tensor_parallel_degree", "8"], mode="reward")
     assert "tensor_parallel_degree > 1 is not supported for reward" in e.value.report()

@@ -53,7 +53,7 @@ def check_preferences(cfg, tool):
 
     args = build_training_args(cfg)
     tokenizer = load_tokenizer(cfg)
-    o = cfg.dpo
+    o = cfg.alignment
     examples = read_preference_files(resolve_split_files(o.train_dataset_path, "train"))[
         : tool.get("check_examples", 16)
     ]

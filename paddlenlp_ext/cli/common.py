@@ -12,6 +12,7 @@ Exit codes (docs/reliability.md):
 import sys
 from typing import List, Optional, Tuple
 
+from ..config.modes import MODES
 from ..config.parse import ConfigError, RunConfig, load_config
 from ..data.reader import DataError
 from ..training.errors import SaveError, TrainingInterrupted
@@ -46,7 +47,8 @@ def split_argv(argv: List[str]) -> Tuple[Optional[str], List[str]]:
 def config_or_exit(argv: List[str], usage: str, mode: str = "sft") -> RunConfig:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
-        print("Every key is documented in docs/config.md" + (" and docs/dpo.md." if mode == "dpo" else "."))
+        doc = MODES[mode].doc  # the mode's own keys (config/modes.py)
+        print("Every key is documented in docs/config.md" + (f" and {doc}." if doc != "docs/config.md" else "."))
         sys.exit(0 if argv else EXIT_CONFIG_ERROR)
     path, overrides = split_argv(argv)
     try:
@@ -113,8 +115,9 @@ def run_config_script(argv: List[str], usage: str, mode: str, runner: str) -> in
     """The whole ``main`` of a config-driven training script (run_finetune, run_dpo, run_kto, run_grpo, run_reward).
 
     The config is loaded and validated first (exit 2 on any problem, before paddle loads);
-    only then is ``runner`` (a module with ``run(cfg)``, e.g. ``"paddlenlp_ext.dpo.run"``)
-    imported, so a config error never pays for the heavy imports.  -> the exit code.
+    only then is ``runner`` (the mode's recipe: a module with ``run(cfg)``, e.g. ``"paddlenlp_ext.dpo.run"``,
+    as ``config.modes.MODES[mode].recipe`` records it: tests/test_modes.py) imported, so a config error never pays for the heavy
+    imports.  -> the exit code.
     """
     import importlib
 

@@ -1,5 +1,5 @@
 """The key groups of the alignment CLIs (no paddle import here): ``llm/run_dpo.py``, ``run_kto.py``,
-``run_reward.py``, ``run_grpo.py`` and ``run_ppo.py``, each held in ``RunConfig.dpo``.
+``run_reward.py``, ``run_grpo.py`` and ``run_ppo.py``, each held in ``RunConfig.alignment``.
 
 Same conventions as ``schema.py`` (PaddleNLP's / TRL's names and defaults; field metadata as ``keys.py``
 says), which re-exports every name here.
@@ -76,7 +76,7 @@ class DPOArgument:
     dpo_benchmark: bool = _unsupported(False, "PaddleNLP's DPO benchmark mode.")
 
 
-# Keys of llm/run_kto.py only (load_config(..., mode="kto"); held in RunConfig.dpo, the preference key
+# Keys of llm/run_kto.py only (the KTO mode of config/modes.py; held in RunConfig.alignment, the preference key
 # group): PaddleNLP's KTOConfig and KTODataArgument (llm/alignment/kto/kto_argument.py), same names and
 # defaults, plus ref_model_update_steps as in DPO.
 @dataclass
@@ -102,7 +102,10 @@ class KTOArgument:
 
     # not keys: what the preference code shared with DPO reads (KTO always has a reference model)
     reference_free = False
-    loss_type = "kto"
+
+    @property
+    def loss_type(self) -> str:  # one loss, named after the mode (config/modes.py stamps ``mode``)
+        return self.mode
 
 
 # how GRPO / PPO sample their completions (docs/alignment.md#rollouts): the same tokens under the same seeds
@@ -115,7 +118,7 @@ ROLLOUT_ENGINE_HELP = (
 )
 
 
-# Keys of llm/run_grpo.py only (load_config(..., mode="grpo"); held in RunConfig.dpo, the alignment key
+# Keys of llm/run_grpo.py only (the GRPO mode of config/modes.py; held in RunConfig.alignment, the alignment key
 # group): TRL's GRPOConfig names (num_generations, max_completion_length, epsilon, beta, scale_rewards,
 # reward_weights, ...) plus PaddleNLP's data key names (train_dataset_path, max_prompt_len).
 @dataclass
@@ -198,7 +201,6 @@ class GRPOArgument:
     # not keys: what the alignment code shared with DPO reads
     ref_model_update_steps = -1
     reference_free = False
-    alignment = "grpo"  # which alignment mode the config/dpo.py dispatch sends this group to
 
     @property
     def max_seq_len(self) -> int:
@@ -206,7 +208,7 @@ class GRPOArgument:
         return self.max_prompt_len + self.max_completion_length
 
 
-# Keys of llm/run_ppo.py only (load_config(..., mode="ppo"); held in RunConfig.dpo): the prompt, sampling
+# Keys of llm/run_ppo.py only (the PPO mode of config/modes.py; held in RunConfig.alignment): the prompt, sampling
 # and reward keys of GRPO plus PaddleNLP's PPO names (kl_coeff, clip_range_ratio, clip_range_value,
 # clip_range_score, gamma, gae_lambda) and TRL's (vf_coef, whiten_rewards).
 @dataclass
@@ -251,13 +253,15 @@ class PPOArgument:
     # not keys: what the alignment / GRPO code shared with PPO reads
     ref_model_update_steps = -1
     reference_free = False
-    alignment = "ppo"
-    loss_type = "ppo"
     epsilon_high = None
     importance_sampling_level = "token"
     scale_rewards = "none"
     mask_truncated_completions = False
     normalize_advantages = False
+
+    @property
+    def loss_type(self) -> str:  # one loss, named after the mode (config/modes.py stamps ``mode``)
+        return self.mode
 
     @property
     def beta(self) -> float:
@@ -272,7 +276,7 @@ class PPOArgument:
         return self.max_prompt_len + self.max_completion_length
 
 
-# Keys of llm/run_reward.py only (load_config(..., mode="reward"); held in RunConfig.dpo, the preference
+# Keys of llm/run_reward.py only (the reward mode of config/modes.py; held in RunConfig.alignment, the preference
 # key group): PaddleNLP's reward-model DataArgument (llm/alignment/rm/flashmask/reward_argument.py), same
 # names and defaults; its greedy_zero_padding, lazy, benchmark, autotuner_benchmark and model keys are
 # the fine-tuning ones of the same names.
@@ -291,14 +295,7 @@ class RewardArgument:
     reference_free = True
     ref_model_update_steps = -1
     rslora_plus = False
-    loss_type = "reward"
 
-
-#: load_config's mode -> the dataclass of its alignment key group (RunConfig.dpo)
-ALIGNMENT_ARGUMENTS = {
-    "dpo": DPOArgument,
-    "kto": KTOArgument,
-    "grpo": GRPOArgument,
-    "ppo": PPOArgument,
-    "reward": RewardArgument,
-}
+    @property
+    def loss_type(self) -> str:  # one loss, named after the mode (config/modes.py stamps ``mode``)
+        return self.mode

@@ -48,19 +48,18 @@ DPO_BEST_METRICS = (
 )
 
 
-def sft_key_problem(key: str, origin: str, mode: str = "dpo") -> Optional[str]:
-    """The message for an SFT-only key in a DPO (or KTO) config, or None if ``key`` is not one."""
+def sft_key_problem(key: str, origin: str, title: str = "DPO", doc: str = "docs/dpo.md") -> Optional[str]:
+    """The message for an SFT-only key in a DPO (KTO, reward) config, or None if ``key`` is not one."""
     if key not in SFT_ONLY_KEYS:
         return None
     instead = SFT_ONLY_KEYS[key]
     what = f"use {instead} instead" if instead else "it has no meaning for preference training; remove it"
-    doc = "docs/alignment.md" if mode in ("kto", "reward") else "docs/dpo.md"
-    return f"{origin}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {mode.upper()} config {what} ({doc})"
+    return f"{origin}: {key!r} is a fine-tuning (llm/run_finetune.py) key; in a {title.upper()} config {what} ({doc})"
 
 
 def apply_preference_aliases(cfg, name: str) -> None:
     """What run_dpo.py and run_kto.py both rewrite: zero padding on by default, rslora_plus."""
-    o, m, d = cfg.dpo, cfg.model, cfg.data
+    o, m, d = cfg.alignment, cfg.model, cfg.data
     if "zero_padding" not in cfg.explicit and "intokens" not in cfg.explicit and not d.zero_padding:
         # PaddleNLP's run_dpo / run_kto always build a zero-padding stream (their data keys have no
         # zero_padding; greedy_zero_padding picks the packer); zero_padding: false is our opt-out to one pair per row
@@ -79,17 +78,7 @@ def apply_preference_aliases(cfg, name: str) -> None:
 
 def apply_dpo_aliases(cfg) -> None:
     """PaddleNLP's run_dpo.py rewrites, made visible as derived settings (before the cross checks)."""
-    o = cfg.dpo
-    if getattr(o, "alignment", None) in ("grpo", "ppo"):  # llm/run_grpo.py, llm/run_ppo.py: config/grpo.py
-        from .grpo import apply_grpo_aliases
-
-        return apply_grpo_aliases(cfg)
-    if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
-        from .kto import apply_kto_aliases
-
-        return apply_kto_aliases(cfg)
-    if o.loss_type == "reward":  # llm/run_reward.py (schema.RewardArgument): zero padding on, as PaddleNLP's
-        return apply_preference_aliases(cfg, "Reward")
+    o = cfg.alignment
     apply_preference_aliases(cfg, "DPO")
     if o.loss_type == "orpo":  # run_dpo.py: orpo = or + SFT term + no reference
         o.loss_type = "or"
@@ -106,19 +95,8 @@ def apply_dpo_aliases(cfg) -> None:
 
 
 def dpo_problems(cfg, where: str) -> List[str]:
-    o = cfg.dpo
-    if getattr(o, "alignment", None) in ("grpo", "ppo"):  # llm/run_grpo.py, llm/run_ppo.py: config/grpo.py
-        from .grpo import grpo_problems
-
-        return grpo_problems(cfg, where) + unread_dataset_dir(cfg, where, "GRPO")
-    if o.loss_type == "kto":  # llm/run_kto.py (schema.KTOArgument): config/kto.py
-        from .kto import kto_problems
-
-        return kto_problems(cfg, where) + unread_dataset_dir(cfg, where, "KTO")
-    if o.loss_type == "reward":  # llm/run_reward.py (schema.RewardArgument): config/reward.py
-        from .reward import reward_problems
-
-        return reward_problems(cfg, where)
+    """The DPO cross checks (config/modes.py's row for llm/run_dpo.py)."""
+    o = cfg.alignment
     p: List[str] = []
     if not 0.0 <= o.label_smoothing < 0.5:
         p.append(
@@ -137,7 +115,7 @@ def dpo_problems(cfg, where: str) -> List[str]:
         )
     if o.pref_loss_ratio == 0 and o.sft_loss_ratio == 0:
         p.append(f"{where}: pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
-    return p + preference_problems(cfg, where, "DPO", DPO_BEST_METRICS)
+    return p + preference_problems(cfg, where, "DPO", DPO_BEST_METRICS, named_datasets=True)
 
 
 def unread_dataset_dir(cfg, where: str, name: str) -> List[str]:
@@ -150,9 +128,13 @@ def unread_dataset_dir(cfg, where: str, name: str) -> List[str]:
     ]
 
 
-def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
-    """The checks DPO and KTO share: reference updates, lengths, adapters, parallelism, data files."""
-    o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
+def preference_problems(
+    cfg, where: str, name: str, best_metrics, score_head: bool = False, named_datasets: bool = False
+) -> List[str]:
+    """The checks DPO, KTO and reward models share: reference updates, lengths, adapters, parallelism, data
+    files.  ``score_head``: a reward model (its score head is not split over ranks); ``named_datasets``: the
+    data paths may name an entry of dataset_dir's dataset_info.json (DPO and reward data)."""
+    o, m, d, t = cfg.alignment, cfg.model, cfg.data, cfg.training
     p: List[str] = []
     methods = [k for k in ADAPTER_METHOD_KEYS if getattr(m, k)]
     if o.ref_model_update_steps == 0 or o.ref_model_update_steps < -1:
@@ -204,7 +186,7 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
     if t.get("tensor_parallel_degree", 1) > 1:
         why = (
             "the score head is not split over ranks"
-            if name == "reward"
+            if score_head
             else "the per-answer log-probs need the whole vocabulary of logits"
         )
         p.append(f"{where}: tensor_parallel_degree > 1 is not supported for {name} yet ({why})")
@@ -221,14 +203,15 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
     from .data_checks import dataset_dir_problems, is_entry, named_dataset_problems
 
-    p += dataset_dir_problems(d.dataset_dir, where) if name in ("DPO", "reward") else []
+    named = named_datasets
+    p += dataset_dir_problems(d.dataset_dir, where) if named else []
     for flag, key, split in ((do_train, "train_dataset_path", "train"), (do_eval, "dev_dataset_path", "dev")):
         path = getattr(o, key)
         if not flag:
             continue
         if not path:
             p.append(f"{where}: {key} is required with do_{'train' if split == 'train' else 'eval'}")
-        elif name in ("DPO", "reward") and is_entry(path, d.dataset_dir):  # a name of dataset_info.json
+        elif named and is_entry(path, d.dataset_dir):  # a name of dataset_info.json
             p += named_dataset_problems(path, d.dataset_dir, where, ranking=True)
         elif os.path.isdir(path):
             from ..data.reader import find_split_files
@@ -239,11 +222,7 @@ def preference_problems(cfg, where: str, name: str, best_metrics) -> List[str]:
             p.append(
                 f"{where}: {key} {path!r} does not exist (a JSON-lines file or a directory with "
                 f"{split}.json"
-                + (
-                    f", or a dataset of {d.dataset_dir}/dataset_info.json"
-                    if d.dataset_dir and name in ("DPO", "reward")
-                    else ""
-                )
+                + (f", or a dataset of {d.dataset_dir}/dataset_info.json" if d.dataset_dir and named else "")
                 + ")"
             )
     return p

@@ -11,23 +11,8 @@ from typing import List, Optional
 
 from ..adapters.config import ADAPTER_METHOD_KEYS
 from ..models.families import read_model_type
+from .modes import MODES
 from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, layout_row, row
-
-
-#: load_config's mode -> the table feature the run asks for (PPO trains on DPO's log-prob path)
-ALIGNMENT_FEATURE = {"dpo": "dpo", "kto": "kto", "reward": "reward", "grpo": "grpo", "ppo": "dpo"}
-
-
-def run_mode(cfg) -> str:
-    """The CLI mode of a RunConfig: "sft", or the alignment mode whose key group ``cfg.dpo`` holds.
-
-    Worked example: a config loaded with ``mode="kto"`` (``cfg.dpo`` a ``KTOArgument``) -> ``"kto"``.
-    """
-    from .schema import ALIGNMENT_ARGUMENTS
-
-    if cfg.dpo is None:
-        return "sft"
-    return next((m for m, cls in ALIGNMENT_ARGUMENTS.items() if type(cfg.dpo) is cls), "dpo")
 
 
 def unlisted_allowed() -> bool:
@@ -56,8 +41,9 @@ def requested_features(cfg, mode: str) -> List[str]:
         out.append("flash_attention")
     if m.flash_mask:
         out.append("flash_mask")
-    if mode in ALIGNMENT_FEATURE:
-        out.append(ALIGNMENT_FEATURE[mode])
+    feature = MODES[mode].feature  # the alignment mode's own (config/modes.py)
+    if feature:
+        out.append(feature)
     if int(t.get("tensor_parallel_degree", 1) or 1) > 1:
         out.append("tp")
     if int(t.get("pipeline_parallel_degree", 1) or 1) > 1:

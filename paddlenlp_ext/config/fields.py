@@ -13,7 +13,8 @@ from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
 from ..integrations.training_args_source import read_training_fields
-from .schema import GROUPS, DPOArgument, ExtraTrainingArgument, GRPOArgument, KTOArgument, PPOArgument, RewardArgument
+from .modes import MODES
+from .schema import GROUPS, ExtraTrainingArgument
 
 
 @dataclass
@@ -140,21 +141,14 @@ def _dataclass_specs(cls, group) -> Dict[str, FieldSpec]:
 
 @lru_cache(maxsize=4)
 def all_fields(mode: str = "sft") -> Dict[str, FieldSpec]:
-    """Every accepted key -> its FieldSpec (model, data, generate, training; with mode "dpo" also
-    the ``dpo`` group of llm/run_dpo.py)."""
+    """Every accepted key -> its FieldSpec (model, data, generate, training; with an alignment mode also
+    its ``alignment`` group, e.g. DPOArgument's keys for llm/run_dpo.py: config/modes.py)."""
     specs: Dict[str, FieldSpec] = {}
     for group, cls in GROUPS.items():
         specs.update(_dataclass_specs(cls, group))
-    if mode == "dpo":
-        specs.update(_dataclass_specs(DPOArgument, "dpo"))
-    elif mode == "kto":  # the preference key group of llm/run_kto.py (held in RunConfig.dpo)
-        specs.update(_dataclass_specs(KTOArgument, "dpo"))
-    elif mode == "grpo":  # llm/run_grpo.py's keys (also held in RunConfig.dpo)
-        specs.update(_dataclass_specs(GRPOArgument, "dpo"))
-    elif mode == "ppo":  # llm/run_ppo.py's keys (also held in RunConfig.dpo)
-        specs.update(_dataclass_specs(PPOArgument, "dpo"))
-    elif mode == "reward":  # llm/run_reward.py's data keys (held in RunConfig.dpo)
-        specs.update(_dataclass_specs(RewardArgument, "dpo"))
+    arguments = MODES[mode].arguments
+    if arguments is not None:  # the mode's own key group (RunConfig.alignment; config/modes.py)
+        specs.update(_dataclass_specs(arguments, "alignment"))
     training = _training_specs()
     training.update(_dataclass_specs(ExtraTrainingArgument, "training"))
     for name, spec in training.items():

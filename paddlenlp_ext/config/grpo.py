@@ -1,7 +1,7 @@
 """The GRPO mode of ``load_config`` (``llm/run_grpo.py``), without importing paddle.
 
-``load_config(path, overrides, mode="grpo")`` accepts the GRPO keys (``schema.GRPOArgument``: TRL's
-GRPOConfig names) on top of the model / training keys, held in ``cfg.dpo`` (the alignment key group,
+``load_config`` in the GRPO mode (``config.modes.MODES``) accepts the GRPO keys (``schema.GRPOArgument``: TRL's
+GRPOConfig names) on top of the model / training keys, held in ``cfg.alignment`` (the alignment key group,
 so the model build, the planner and resume read one place as for DPO and KTO).  This module holds the
 GRPO rewrites (zero padding on, rslora_plus) and cross checks: the reward functions are imported here,
 so a missing module or function is reported before anything is loaded (exit 2, naming the key).
@@ -30,7 +30,7 @@ REWARD_SCORER = "paddlenlp_ext.reward.scorer"
 def apply_grpo_aliases(cfg) -> None:
     """Zero padding on unless the config says otherwise (rows of prompt + completion sequences), rslora_plus."""
     apply_preference_aliases(cfg, "GRPO")
-    o = cfg.dpo
+    o = cfg.alignment
     raw = o.scale_rewards
     if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):  # --scale_rewards false from the CLI
         raw = raw.strip().lower() == "true"
@@ -39,7 +39,7 @@ def apply_grpo_aliases(cfg) -> None:
         cfg.derived["scale_rewards"] = f"{o.scale_rewards} (from {str(raw).lower()}, TRL's older spelling)"
     if "zero_padding" in cfg.derived:
         cfg.derived["zero_padding"] = (
-            f"True ({cfg.dpo.alignment.upper()} packs the prompt + completion sequences "
+            f"True ({cfg.alignment.mode.upper()} packs the prompt + completion sequences "
             "of a step into rows of "
             "max_prompt_len + max_completion_length, separated by start-row masks)"
         )
@@ -73,8 +73,29 @@ def reward_scorer_available() -> bool:
 
 
 def grpo_problems(cfg, where: str) -> List[str]:
-    o, m, d, t = cfg.dpo, cfg.model, cfg.data, cfg.training
-    name = o.alignment.upper()  # GRPO or PPO (llm/run_ppo.py shares these checks)
+    """llm/run_grpo.py's cross checks: the rollout ones PPO shares, then the loss keys and the tools."""
+    return _rollout_problems(cfg, where, lambda: loss_problems(cfg, where) + tool_problems(cfg, where))
+
+
+def ppo_problems(cfg, where: str) -> List[str]:
+    """llm/run_ppo.py's cross checks: the rollout ones GRPO shares, then PPO's own."""
+
+    def own() -> List[str]:
+        if world_size() > 1:  # the value head is applied outside the data-parallel wrapper's forward
+            return [
+                f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
+                "forward); launch llm/run_ppo.py without paddle.distributed.launch"
+            ]
+        if not cfg.alignment.top_p <= 1.0:
+            return [f"{where}: top_p must be in (0, 1]; got {cfg.alignment.top_p}"]
+        return []
+
+    return _rollout_problems(cfg, where, own)
+
+
+def _rollout_problems(cfg, where: str, own: Callable[[], List[str]]) -> List[str]:
+    o, m, d, t = cfg.alignment, cfg.model, cfg.data, cfg.training
+    name = o.mode.upper()  # GRPO or PPO
     p: List[str] = []
     for key in sorted(cfg.explicit & (set(SFT_ONLY_KEYS) - {"top_p"})):
         instead = GRPO_INSTEAD.get(key)
@@ -108,15 +129,7 @@ def grpo_problems(cfg, where: str) -> List[str]:
             f"{where}: reward_weights has {len(o.reward_weights)} value(s) for {n_rewards} reward(s) "
             "(reward_funcs in order, then the reward model); give one weight each"
         )
-    if o.alignment == "grpo":
-        p += loss_problems(cfg, where) + tool_problems(cfg, where)
-    elif world_size() > 1:  # PPO: the value head is applied outside the data-parallel wrapper's forward
-        p.append(
-            f"{where}: PPO runs on one process for now (its value head is not yet part of the data-parallel "
-            "forward); launch llm/run_ppo.py without paddle.distributed.launch"
-        )
-    elif not o.top_p <= 1.0:
-        p.append(f"{where}: top_p must be in (0, 1]; got {o.top_p}")
+    p += own()
     for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         if t.get(key, 1) > 1:
             p.append(
@@ -163,7 +176,7 @@ def grpo_problems(cfg, where: str) -> List[str]:
 
 def loss_problems(cfg, where: str) -> List[str]:
     """The loss keys' cross checks (loss_type, scale_rewards, epsilon_high, RLOO's own keys)."""
-    o = cfg.dpo
+    o = cfg.alignment
     p: List[str] = []
     if o.scale_rewards not in ("group", "batch", "none"):
         p.append(f"{where}: scale_rewards must be group, batch or none (or true/false); got {o.scale_rewards!r}")
@@ -212,7 +225,7 @@ def resolve_tools(specs) -> List[Tuple[Callable, dict]]:
 
 def tool_problems(cfg, where: str) -> List[str]:
     """The multi-turn keys: tools resolve (module, function, schema), tools <-> max_turns >= 2."""
-    o = cfg.dpo
+    o = cfg.alignment
     p: List[str] = []
     try:
         resolve_tools(o.tools)

@@ -1,8 +1,8 @@
 """The KTO mode of ``load_config`` (``llm/run_kto.py``), without importing paddle.
 
-``load_config(path, overrides, mode="kto")`` accepts the KTO keys (``schema.KTOArgument``:
+``load_config`` in the KTO mode (``config.modes.MODES``) accepts the KTO keys (``schema.KTOArgument``:
 PaddleNLP's KTOConfig and KTODataArgument) on top of the model / training keys, held in
-``cfg.dpo`` (the preference key group shared with DPO, so the model build, the planner and
+``cfg.alignment`` (the preference key group shared with DPO, so the model build, the planner and
 resume read one place).  This module holds what differs from DPO: the KTO cross checks
 (weights, streaming data) on top of the checks both share (``config.dpo.preference_problems``).
 """
@@ -33,7 +33,7 @@ def apply_kto_aliases(cfg) -> None:
 
 
 def kto_problems(cfg, where: str) -> List[str]:
-    o, d = cfg.dpo, cfg.data
+    o, d = cfg.alignment, cfg.data
     p: List[str] = []
     if o.desirable_weight == 0 and o.undesirable_weight == 0:
         p.append(f"{where}: desirable_weight and undesirable_weight are both 0: nothing to train")

@@ -31,7 +31,8 @@ from .json_errors import describe_json_error
 from .output_dir import earlier_run_problems, resume_overrides_overwrite
 from .paths import missing_path_text, model_dir_text, resolve_from_root
 from .resume import coerce_resume, output_dir_problems, resume_problems, resume_settings
-from .schema import ALIGNMENT_ARGUMENTS, DataArgument, DPOArgument, GenerateArgument, ModelArgument
+from .modes import MODES, mode_of
+from .schema import DataArgument, DPOArgument, GenerateArgument, ModelArgument
 
 
 class ConfigError(Exception):
@@ -61,8 +62,8 @@ class RunConfig:
     derived: Dict[str, str] = field(default_factory=dict)
     # keys the user set (file or command line)
     explicit: set = field(default_factory=set)
-    # the DPO key group (load_config(..., mode="dpo"), llm/run_dpo.py); None for fine-tuning
-    dpo: Optional[DPOArgument] = None
+    # the alignment key group of the mode (config/modes.py: DPO, KTO, reward, GRPO, PPO); None for fine-tuning
+    alignment: Optional[DPOArgument] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -73,9 +74,9 @@ class RunConfig:
             "training": dict(self.training),
             "derived": dict(self.derived),
             "explicit": sorted(self.explicit),
-            **({"dpo": dataclasses.asdict(self.dpo)} if self.dpo is not None else {}),
+            **({"alignment": dataclasses.asdict(self.alignment)} if self.alignment is not None else {}),
             # copied into every checkpoint: a resume under other settings is refused (config.resume)
-            "resume_settings": resume_settings(self, training_defaults(self.dpo is not None)),
+            "resume_settings": resume_settings(self, training_defaults(self.alignment is not None)),
         }
 
     @property
@@ -87,8 +88,9 @@ class RunConfig:
         return None
 
 
-def training_defaults(dpo: bool = False) -> Dict[str, Any]:
-    return {k: s.default for k, s in all_fields("dpo" if dpo else "sft").items() if s.group == "training"}
+def training_defaults(alignment: bool = False) -> Dict[str, Any]:
+    # the training keys are the same in every alignment mode (their own groups only add keys)
+    return {k: s.default for k, s in all_fields("dpo" if alignment else "sft").items() if s.group == "training"}
 
 
 def _no_duplicates(path):
@@ -229,12 +231,14 @@ def _check_range(spec: FieldSpec, value) -> Optional[str]:
 def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = "sft") -> RunConfig:
     """Parse and validate. Raises ConfigError listing every problem.
 
-    ``mode="dpo"`` (llm/run_dpo.py) adds the DPO keys (``schema.DPOArgument``) and refuses the
-    fine-tuning-only data keys, naming the DPO key to use (``config.dpo``); ``mode="kto"``
-    (llm/run_kto.py) the same with the KTO keys (``schema.KTOArgument``, in ``cfg.dpo``; ``config.kto``), ``mode="reward"``
-    (llm/run_reward.py) with the reward-model keys (``schema.RewardArgument``, in ``cfg.dpo``; ``config.reward``)."""
+    ``mode`` is a row of ``config.modes.MODES``: an alignment mode (``dpo``, ``kto``, ``reward``, ``grpo``,
+    ``ppo``) adds its key group (``cfg.alignment``), its PaddleNLP rewrites and cross checks, and refuses the
+    fine-tuning-only data keys, naming the key to use instead."""
     from .dpo import sft_key_problem
 
+    if mode not in MODES:
+        raise ValueError(f"load_config: unknown mode {mode!r}; one of {', '.join(MODES)} (config/modes.py)")
+    row = MODES[mode]
     specs = all_fields(mode)
     problems: List[str] = []
     where = path or "command line"
@@ -253,11 +257,11 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
     values: Dict[str, Any] = {}
     for key, (value, from_cli, origin) in raw.items():
         spec = specs.get(key)
-        sft_only = sft_key_problem(key, origin, mode) if mode in ("dpo", "kto", "reward") else None
+        sft_only = sft_key_problem(key, origin, row.title, row.doc) if row.refuses_sft_keys else None
         if sft_only:
             problems.append(sft_only)
             continue
-        if spec is None and mode in ("kto", "grpo", "ppo", "reward") and key in DPO_KEYS:
+        if spec is None and row.refuses_dpo_keys and key in DPO_KEYS:
             problems.append(
                 f"{origin}: {key!r} is a DPO (llm/run_dpo.py) key; {mode.upper()} does not use it: remove "
                 f"it (the {mode.upper()} keys are in docs/alignment.md)"
@@ -308,10 +312,16 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), mode: str = 
         kw = {k: v for k, v in values.items() if specs[k].group == gname}
         groups[gname] = cls(**kw)
     training = {k: v for k, v in values.items() if specs[k].group == "training"}
-    pref_cls = ALIGNMENT_ARGUMENTS.get(mode)  # cfg.dpo
-    dpo = pref_cls(**{k: v for k, v in values.items() if specs[k].group == "dpo"}) if pref_cls else None
+    own = row.arguments  # cfg.alignment
+    alignment = own(**{k: v for k, v in values.items() if specs[k].group == "alignment"}) if own else None
     cfg = RunConfig(
-        groups["model"], groups["data"], groups["generate"], training, source=path, explicit=set(values), dpo=dpo
+        groups["model"],
+        groups["data"],
+        groups["generate"],
+        training,
+        source=path,
+        explicit=set(values),
+        alignment=alignment,
     )
     for key, full in from_root.items():
         cfg.derived[key] = (
@@ -392,10 +402,8 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
     if t.get("fp16") and t.get("bf16"):
         p.append(f"{where}: fp16 and bf16 are both true; choose one")
     do_train, do_eval = t.get("do_train", False), t.get("do_eval", False)
-    if cfg.dpo is not None:  # preference data keys instead of dataset_name_or_path (config.dpo)
-        from .dpo import dpo_problems
-
-        p += dpo_problems(cfg, where)
+    if cfg.alignment is not None:  # the mode's own checks and data keys instead of dataset_name_or_path
+        p += MODES[mode_of(cfg.alignment)].checks(cfg, where)
     elif (do_train or do_eval) and not d.dataset_name_or_path:
         p.append(f"{where}: dataset_name_or_path is required with do_train or do_eval")
     elif d.dataset_name_or_path:
@@ -412,7 +420,7 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
         p.append(f"{where}: lazy=true streams the data without knowing its length; set max_steps > 0")
     if not do_train and not do_eval:
         p.append(f"{where}: nothing to do: set do_train and/or do_eval to true")
-    p += pipeline_parallel_problems(t, m, d, methods, where, dpo=cfg.dpo is not None)
+    p += pipeline_parallel_problems(t, m, d, methods, where, dpo=cfg.alignment is not None)
     for key in ("sep_parallel_degree", "context_parallel_degree"):
         if t.get(key, 1) > 1:
             p.append(f"{where}: {key} > 1 is not supported yet in paddlenlp_ext")
@@ -424,9 +432,9 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
 
     p += prefix_problems(m, d, t, where)
     # the model family x what the config asks for (models/family_table.py; docs/models.md)
-    from .families import family_problems, run_mode
+    from .families import family_problems
 
-    p += family_problems(cfg, where, mode=run_mode(cfg))
+    p += family_problems(cfg, where, mode=mode_of(cfg.alignment))
     return p
 
 
@@ -437,10 +445,8 @@ def _apply_aliases(cfg: RunConfig) -> None:
         # a LoKr adapter is an ordinary adapter directory (method "lokr"), loaded like any lora_path
         m.lora_path = m.lokr_path
         cfg.derived["lora_path"] = f"{m.lokr_path} (from its alias lokr_path)"
-    if cfg.dpo is not None:
-        from .dpo import apply_dpo_aliases
-
-        apply_dpo_aliases(cfg)
+    if cfg.alignment is not None:  # PaddleNLP's rewrites of the mode's settings (config/modes.py)
+        MODES[mode_of(cfg.alignment)].aliases(cfg)
     resume_overrides_overwrite(cfg)
     d, t = cfg.data, cfg.training
     if d.intokens is not None and "zero_padding" not in cfg.explicit:

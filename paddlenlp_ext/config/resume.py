@@ -73,7 +73,7 @@ RESUME_KEYS = {
         "lazy",
         "chat_template",
     ),
-    "dpo": (
+    "alignment": (
         "train_dataset_path",
         "max_seq_len",
         "max_prompt_len",  # then GRPO's (a group has only its own)
@@ -181,7 +181,7 @@ def write_probe_error(directory: str) -> Optional[str]:
 
 def resume_settings(cfg, training_defaults: Dict[str, Any]) -> Dict[str, Any]:
     """The RESUME_KEYS values of a config (paths absolute, training keys with their defaults)."""
-    groups = {"model": cfg.model, "data": cfg.data, "dpo": cfg.dpo}
+    groups = {"model": cfg.model, "data": cfg.data, "alignment": cfg.alignment}
     out = {}
     for group, keys in RESUME_KEYS.items():
         for key in keys:

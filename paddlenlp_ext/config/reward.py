@@ -1,7 +1,7 @@
 """The reward-model mode of ``load_config`` (``llm/run_reward.py``), without importing paddle.
 
-``load_config(path, overrides, mode="reward")`` accepts PaddleNLP's reward-model data keys
-(``schema.RewardArgument``) on top of the model / training keys, held in ``cfg.dpo`` (the
+``load_config`` in the reward mode (``config.modes.MODES``) accepts PaddleNLP's reward-model data keys
+(``schema.RewardArgument``) on top of the model / training keys, held in ``cfg.alignment`` (the
 preference key group shared with DPO and KTO, so the model build, the planner and resume read one
 place).  This module holds the reward checks on top of the ones preference training shares
 (``config.dpo.preference_problems``: lengths, adapters, parallelism, data files).
@@ -24,5 +24,7 @@ def reward_problems(cfg, where: str) -> List[str]:
         p.append(
             f"{where}: lazy=true is not supported for reward models yet (the pairs are read in memory); remove lazy"
         )
-    # a family without a body + lm_head split (models/heads.py) is refused by the family table's "reward" feature
-    return p + preference_problems(cfg, where, "reward", REWARD_BEST_METRICS)
+    # a family without a body + lm_head split (models/heads.py) is refused by the family table's reward feature
+    return p + preference_problems(
+        cfg, where, cfg.alignment.mode, REWARD_BEST_METRICS, score_head=True, named_datasets=True
+    )

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from .alignment_schema import (  # noqa: F401  (re-exported: the alignment key groups)
-    ALIGNMENT_ARGUMENTS,
     DPO_LOSS_TYPES,
     GRPO_LOSS_TYPES,
     ROLLOUT_ENGINE_DEFAULT,

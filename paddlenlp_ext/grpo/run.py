@@ -1,26 +1,21 @@
-"""Build a GRPO run from a validated RunConfig (``load_config(..., mode="grpo")``), then train.
+"""GRPO (``llm/run_grpo.py``; PPO's ``ppo.run`` with its own trainer): the run recipe (``training.recipe``)
+with these hooks.
 
-Order as ``training.run`` and ``dpo.run``: training args -> tokenizer -> prompts (read, rendered)
--> rewards -> model (streamed, quantized) -> adapters -> :class:`~paddlenlp_ext.grpo.trainer.GRPOTrainer`.
-The run summary adds the per-step rewards and the mean reward of the first and last ten steps.
+data: the prompts (read, rendered) and the rewards (before the model: a reward model loads first) ->
+trainer: :class:`~paddlenlp_ext.grpo.trainer.GRPOTrainer` (the multi-turn tool environment when tools are
+configured; its runner closed however training ends) -> summary: the rollout settings before training;
+prompts, completions and tokens, the per-step rewards and the mean reward of the first and last ten steps
+after it.  GRPO only trains (no evaluation set).
 """
 
 from __future__ import annotations
 
-import json
-import time
+import contextlib
 from types import SimpleNamespace
 from typing import Any, Dict, List
 
 from ..config.parse import ConfigError, RunConfig
-from ..training.run import (
-    attach_data_callbacks,
-    build_model,
-    library_patches,
-    start_run,
-    train_and_save,
-    write_run_summary,
-)
+from ..training.recipe import RunHooks, run_recipe
 
 #: per-step metrics copied from the log history into run_summary.json
 STEP_KEYS = (
@@ -46,7 +41,7 @@ def build_prompts(cfg: RunConfig, tokenizer):
     from ..dpo.data import resolve_split_files
     from .data import PromptDataset, fit_prompt, offer_tools, read_prompts
 
-    o, d = cfg.dpo, cfg.data
+    o, d = cfg.alignment, cfg.data
     files = resolve_split_files(o.train_dataset_path, "train")
     records = read_prompts(files, d.dataset_format, d.dataset_columns)
     use_template = resolve_chat_template(tokenizer, d.chat_template)
@@ -102,7 +97,7 @@ def tool_schemas(cfg: RunConfig, renderer):
     from ..config.grpo import resolve_tools
     from ..serve.tools import tool_style
 
-    tools = getattr(cfg.dpo, "tools", None)
+    tools = getattr(cfg.alignment, "tools", None)
     if not tools:
         return None
     source = renderer.templates.get(True) or renderer.templates.get(False)
@@ -126,14 +121,14 @@ def tool_schemas(cfg: RunConfig, renderer):
 
 def tool_env(cfg: RunConfig, tokenizer, dataset_report):
     """The multi-turn rollout's :class:`~paddlenlp_ext.grpo.multiturn.ToolEnv`, or None without tools."""
-    if not getattr(cfg.dpo, "tools", None):
+    if not getattr(cfg.alignment, "tools", None):
         return None
     from ..data.chat_template import find_template, special_tokens_of
     from ..serve.tools import tool_style
     from .multiturn import ToolEnv
     from .tools import ToolRunner
 
-    m, o = cfg.model, cfg.dpo
+    m, o = cfg.model, cfg.alignment
     source = find_template(m.tokenizer_name_or_path or m.model_name_or_path, cfg.data.chat_template, True)
     return ToolEnv(
         tokenizer=tokenizer,
@@ -165,128 +160,103 @@ def reward_trend(log_history: List[Dict[str, Any]], n: int = 10) -> Dict[str, An
     return out
 
 
-def show_reward_on_console(trainer) -> None:
-    """Each progress line also shows the step's mean reward and KL (after the learning rate), and with tools
-    the mean tool calls per completion."""
-    from ..training.callbacks import ConsoleProgress
+class GRPOHooks(RunHooks):
+    mode = "grpo"
 
-    tools = {"tools/call_frequency": "tool calls"} if getattr(trainer, "tool_env", None) is not None else {}
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, ConsoleProgress):
-            callback.EXTRA_KEYS = {**ConsoleProgress.EXTRA_KEYS, "reward": "reward", "kl": "kl", **tools}
+    def __init__(self, trainer_cls=None):
+        self.trainer_cls = trainer_cls  # GRPOTrainer by default; ppo.run passes PPOTrainer
+        self.env = None
 
+    def data(self, cfg, args, tokenizer, resume_cursor):
+        from .data import prompt_collator
+        from .rewards import RewardSet
 
-def run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
-    """Train as configured; returns the run summary (also output_dir/run_summary.json).  ``trainer_cls``:
-    GRPOTrainer by default; ppo.run passes PPOTrainer (a mode="ppo" config)."""
-    want = "grpo" if trainer_cls is None else "ppo"
-    if cfg.dpo is None or getattr(cfg.dpo, "alignment", None) != want:
-        raise ValueError(f"{want}.run.run needs a {want.upper()} config: load_config(path, overrides, mode={want!r})")
-    from ..training.heap import limit_heap_retention
-    from ..training.logfile import run_logging
-
-    limit_heap_retention()
-    with run_logging(cfg), library_patches(cfg):  # train.log and the console as in fine-tuning
-        return _run(cfg, trainer_cls)
-
-
-def _run(cfg: RunConfig, trainer_cls=None) -> Dict[str, Any]:
-    from paddlenlp.utils.log import logger
-
-    from ..data.reader import DataError
-    from ..training.callbacks import attach_step_callbacks
-    from ..training.console import current
-    from ..training.reporting import attach_reporting
-    from .data import prompt_collator
-    from .rewards import RewardSet
-    from .trainer import GRPOTrainer
-
-    wall_start = time.time()
-    o = cfg.dpo
-    args, tokenizer, _, resume_step = start_run(cfg)
-    try:
         dataset, report = build_prompts(cfg, tokenizer)
-    except ValueError as e:
-        if isinstance(e, DataError):
-            raise
-        raise ConfigError([f"{cfg.source or 'config'}: {e}"]) from e
-    logger.info(f"data[train]: {json.dumps(report, default=str)}")
-    rewards = RewardSet(o.reward_funcs or [], o.reward_model_name_or_path, o.reward_weights)
-    built = build_model(cfg, args)
-    env = tool_env(cfg, tokenizer, report)
-    extra = {"tool_env": env} if env is not None else {}
-    trainer = (trainer_cls or GRPOTrainer)(
-        model=built.model,
-        args=args,
-        train_dataset=dataset,
-        tokenizer=tokenizer,
-        data_collator=prompt_collator,
-        adapter_config=built.adapter_config,
-        grpo_config=o,
-        rewards=rewards,
-        flash_mask=cfg.model.flash_mask,
-        packed=cfg.data.zero_padding,
-        **extra,
-    )
-    from ..training.moe_aux import attach_moe_log
+        o = cfg.alignment
+        self.rewards = RewardSet(o.reward_funcs or [], o.reward_model_name_or_path, o.reward_weights)
+        return SimpleNamespace(train=dataset, dev=None, collator=prompt_collator, reports={"train": report})
 
-    # MoE rows: the policy forward's router aux loss joins the loss, logged with the expert load (docs/moe.md)
-    attach_moe_log(trainer, built.model, float(cfg.model.moe_router_bias_update_rate or 0.0))
-    attach_data_callbacks(trainer, dataset, cfg, args, resume_step)
-    attach_reporting(trainer, cfg, args, built, {"train": report}, tokens=lambda: trainer.trained_real_tokens)
-    show_reward_on_console(trainer)
-    step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
-    summary: Dict[str, Any] = {
-        **built.summary(),
-        "world_size": args.world_size,
-        "data": {"train": report},
-        "trainer": o.alignment,
-        "loss_type": o.loss_type,
-        "reference": trainer.reference,
-        "rewards": rewards.names,
-        "num_generations": o.num_generations,
-        "num_iterations": o.num_iterations,
-        "importance_sampling_level": o.importance_sampling_level,
-        "scale_rewards": o.scale_rewards,
-        "epsilon_high": trainer.epsilon_high,
-    }
-    if env is not None:
-        summary.update(tools=list(o.tools), max_turns=o.max_turns, tool_timeout=o.tool_timeout)
-        logger.info(
-            f"GRPO tools: {[s['function']['name'] for s in env.schemas]}, up to {o.max_turns} turns, "
-            f"{o.tool_timeout:g} s per call, {env.style} tool calls"
+    def trainer(self, cfg, built, args, tokenizer, data):
+        from .trainer import GRPOTrainer
+
+        self.env = tool_env(cfg, tokenizer, data.reports["train"])
+        extra = {"tool_env": self.env} if self.env is not None else {}
+        return (self.trainer_cls or GRPOTrainer)(
+            model=built.model,
+            args=args,
+            train_dataset=data.train,
+            tokenizer=tokenizer,
+            data_collator=data.collator,
+            adapter_config=built.adapter_config,
+            grpo_config=cfg.alignment,
+            rewards=self.rewards,
+            flash_mask=cfg.model.flash_mask,
+            packed=cfg.data.zero_padding,
+            **extra,
         )
-    try:
-        train_time = train_and_save(trainer, cfg, args, SimpleNamespace(reports={"train": report}), summary)
-    finally:
+
+    def describe(self, cfg, trainer) -> Dict[str, Any]:
+        from paddlenlp.utils.log import logger
+
+        o, env = cfg.alignment, self.env
+        out = {
+            "trainer": o.mode,
+            "loss_type": o.loss_type,
+            "reference": trainer.reference,
+            "rewards": self.rewards.names,
+            "num_generations": o.num_generations,
+            "num_iterations": o.num_iterations,
+            "importance_sampling_level": o.importance_sampling_level,
+            "scale_rewards": o.scale_rewards,
+            "epsilon_high": trainer.epsilon_high,
+        }
         if env is not None:
-            env.runner.close()
-    if env is not None:
-        summary["tool_isolation"] = env.runner.isolation  # the no-network layers the tool process had
-    if trainer.moe_aux_log is not None:
-        summary["moe"] = trainer.moe_aux_log.summary()
-    tokens, completion_tokens = trainer.global_token_counts()
-    from ..training.rank_counts import sum_over_ranks
+            out.update(tools=list(o.tools), max_turns=o.max_turns, tool_timeout=o.tool_timeout)
+            logger.info(
+                f"GRPO tools: {[s['function']['name'] for s in env.schemas]}, up to {o.max_turns} turns, "
+                f"{o.tool_timeout:g} s per call, {env.style} tool calls"
+            )
+        return out
 
-    completions, prompts, real = sum_over_ranks(
-        [trainer.trained_pairs, trainer.trained_prompts, trainer.trained_real_tokens]
-    )
-    summary.update(
-        row_tokens_trained=tokens,
-        completion_tokens_trained=completion_tokens,
-        prompts_trained=prompts,
-        completions_trained=completions,
-        tokens_trained=real,
-        row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
-        completions_per_second=round(completions / max(train_time, 1e-9), 3),
-    )
-    summary.update(reward_trend(trainer.state.log_history), rollouts_generated=trainer.rollouts)
-    if env is not None:
-        calls = [s["tools/call_frequency"] for s in summary["steps"] if "tools/call_frequency" in s]
-        summary["tool_calls_per_completion"] = sum(calls) / len(calls) if calls else 0.0
-    if "reward_first" in summary:
-        k = summary["reward_window"]
-        current().line(
-            f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps {summary['reward_last']:.4f}"
+    @contextlib.contextmanager
+    def training(self):
+        try:
+            yield
+        finally:
+            if self.env is not None:
+                self.env.runner.close()
+
+    def trained(self, cfg, trainer, summary, train_time) -> None:
+        from ..training.console import current
+        from ..training.rank_counts import sum_over_ranks
+
+        if self.env is not None:
+            summary["tool_isolation"] = self.env.runner.isolation  # the no-network layers the tool process had
+        tokens, completion_tokens = trainer.global_token_counts()
+        completions, prompts, real = sum_over_ranks(
+            [trainer.trained_pairs, trainer.trained_prompts, trainer.trained_real_tokens]
         )
-    return write_run_summary(args, summary, step_timer, wall_start)
+        summary.update(
+            row_tokens_trained=tokens,
+            completion_tokens_trained=completion_tokens,
+            prompts_trained=prompts,
+            completions_trained=completions,
+            tokens_trained=real,
+            row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
+            completions_per_second=round(completions / max(train_time, 1e-9), 3),
+        )
+        summary.update(reward_trend(trainer.state.log_history), rollouts_generated=trainer.rollouts)
+        if self.env is not None:
+            calls = [s["tools/call_frequency"] for s in summary["steps"] if "tools/call_frequency" in s]
+            summary["tool_calls_per_completion"] = sum(calls) / len(calls) if calls else 0.0
+        if "reward_first" in summary:
+            k = summary["reward_window"]
+            current().line(
+                f"mean reward: first {k} steps {summary['reward_first']:.4f} -> last {k} steps "
+                f"{summary['reward_last']:.4f}"
+            )
+
+
+def run(cfg: RunConfig) -> Dict[str, Any]:
+    """Train as configured; returns the run summary (also output_dir/run_summary.json)."""
+    return run_recipe(cfg, GRPOHooks())

@@ -1,7 +1,5 @@
-"""Build a KTO run from a validated RunConfig (``load_config(..., mode="kto")``), then train / evaluate.
-
-``dpo.run.run`` (training args -> tokenizer -> data -> model -> adapters -> trainer -> summary)
-with KTO's data (:func:`~paddlenlp_ext.kto.data.build_kto_datasets`) and trainer.
+"""KTO (``llm/run_kto.py``): the run recipe (``training.recipe``) with DPO's preference hooks
+(``dpo.run.PreferenceHooks``), KTO's data (:func:`~paddlenlp_ext.kto.data.build_kto_datasets`) and trainer.
 """
 
 from __future__ import annotations
@@ -9,24 +7,24 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..config.parse import RunConfig
+from ..dpo.run import PreferenceHooks, trainer_kwargs
+from ..training.recipe import run_recipe
 
 
-def _kto_trainer(cfg: RunConfig, **kw):
-    from .trainer import KTOTrainer
+class KTOHooks(PreferenceHooks):
+    mode = "kto"
 
-    return KTOTrainer(**kw, kto_config=cfg.dpo)
+    def data(self, cfg, args, tokenizer, resume_cursor):
+        from .data import build_kto_datasets
 
+        return self.build_data(build_kto_datasets, cfg, args, tokenizer, resume_cursor)
 
-def _kto_data(data_args, tokenizer, **kw):
-    from .data import build_kto_datasets
+    def trainer(self, cfg, built, args, tokenizer, data):
+        from .trainer import KTOTrainer
 
-    return build_kto_datasets(data_args, tokenizer, **kw)
+        return KTOTrainer(**trainer_kwargs(built, args, tokenizer, data), kto_config=cfg.alignment)
 
 
 def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json)."""
-    from ..dpo.run import run as run_preference
-
-    if cfg.dpo is None or cfg.dpo.loss_type != "kto":
-        raise ValueError("kto.run.run needs a KTO config: load_config(path, overrides, mode='kto')")
-    return run_preference(cfg, build_data=_kto_data, make_trainer=_kto_trainer)
+    return run_recipe(cfg, KTOHooks())

@@ -1,8 +1,8 @@
-"""KTOTrainer: DPOTrainer's reference, forward and metric bookkeeping with the KTO loss.
+"""KTOTrainer: the alignment base's reference, forward and metric bookkeeping with the KTO loss.
 
 One step: the reference log-probs of every example's completion and of its mismatched
 completion (adapters disabled for LoRA, the frozen copy for full fine-tuning:
-``DPOTrainer._reference_logps``) -> the policy's (one forward over the packed rows) -> the KL
+``AlignmentTrainer._reference_logps``) -> the policy's (one forward over the packed rows) -> the KL
 reference point z0 (over this micro-batch's mismatched pairs, and over every data-parallel rank)
 -> :func:`~paddlenlp_ext.kto.losses.kto_loss`.  The loss is the mean over the examples of the
 global batch (as DPO's pair mean), so gradient accumulation and data parallel give the same
@@ -18,20 +18,16 @@ from __future__ import annotations
 from paddlenlp.utils.log import logger
 
 from ..data.global_batches import GLOBAL_TOKENS_KEY
-from ..dpo.trainer import DPOTrainer
-from ..training.trainer import FinetuneTrainer
+from ..dpo.alignment import AlignmentTrainer
 from .losses import kl_reference_point, kto_loss, kto_metrics
 
 
-class KTOTrainer(DPOTrainer):
+class KTOTrainer(AlignmentTrainer):
+    """trained_pairs counts examples (one pair row slot each); the reference is always there."""
+
     def __init__(self, *args, kto_config, **kwargs):
-        FinetuneTrainer.__init__(self, *args, **kwargs)  # DPOTrainer's own init reads the DPO loss keys
-        self.dpo_config = kto_config  # what the shared DPOTrainer methods read (ref_model_update_steps)
-        self.trained_pairs = 0  # examples (one pair row slot each)
-        self.trained_real_tokens = 0
-        self.loss_type = "kto"
-        self.normalize = False
-        self._init_reference("adapters" if self.adapter_config is not None else "copy")
+        super().__init__(*args, alignment_config=kto_config, **kwargs)
+        self.loss_type = kto_config.loss_type  # one loss: the mode's name
         logger.info(
             f"KTO: reference {self.reference}, beta {kto_config.beta}, desirable_weight "
             f"{kto_config.desirable_weight}, undesirable_weight {kto_config.undesirable_weight}"
@@ -40,7 +36,7 @@ class KTOTrainer(DPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False):
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [2]: examples and completion tokens of the global batch
         labels = inputs.pop("kto_label")  # [N] 1 desirable, 0 undesirable
-        o = self.dpo_config
+        o = self.alignment_config
         training = model.training
         real_tokens = self._policy_real_tokens(model, inputs)
         if training:
@@ -62,7 +58,5 @@ class KTOTrainer(DPOTrainer):
         loss = self.with_router_aux(model, loss, real_tokens)  # + coef * aux on MoE rows (TRL's KTOTrainer)
         metrics = kto_metrics(losses, rewards, logps, labels, z0)
         metrics["kto_loss"] = float(losses.mean())
-        split = "train" if training else "eval"
-        for key, value in metrics.items():  # every rank stores; _averaged reduces over ranks
-            self._stored[split][key].append(value)
+        self.store_metrics(model, metrics)
         return (loss, {"logits": forward[0]}) if return_outputs else loss

@@ -187,7 +187,7 @@ def inputs_from_run(cfg, target: Optional[str] = None, shape: Optional[ModelShap
         fuse_qkv=bool(m.fuse_attention_qkv),
         fuse_ffn=bool(m.fuse_attention_ffn),
     )
-    if cfg.dpo is not None:
+    if cfg.alignment is not None:
         acc.notes.append(
             "DPO: planned as fine-tuning on rows of max_seq_len tokens (chosen + rejected packed); "
             "a full-fine-tuning reference model (not reference_free) adds a frozen copy of the weights"
@@ -206,7 +206,7 @@ def inputs_from_run(cfg, target: Optional[str] = None, shape: Optional[ModelShap
         amp_master_grad=bool(t.get("amp_master_grad", False)),
         optim=str(t.get("optim", "adamw")),
         batch=int(t.get("per_device_train_batch_size", 8)),
-        seq=int(cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length),
+        seq=int(cfg.alignment.max_seq_len if cfg.alignment is not None else d.max_length),
         grad_accum=int(t.get("gradient_accumulation_steps", 1)),
         recompute=bool(t.get("recompute", False)),
         recompute_granularity=str(t.get("recompute_granularity", "full")),
@@ -220,7 +220,7 @@ def inputs_from_run(cfg, target: Optional[str] = None, shape: Optional[ModelShap
         release_grads=bool(t.get("release_grads", False)),
         do_train=do_train,
     )
-    if cfg.dpo is not None and method == "full" and not cfg.dpo.reference_free:
+    if cfg.alignment is not None and method == "full" and not cfg.alignment.reference_free:
         acc.every_groups.append(_reference_copy(acc))
     return inp
 

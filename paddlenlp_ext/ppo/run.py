@@ -1,13 +1,22 @@
-"""Build a PPO run (``load_config(..., mode="ppo")``) and train: GRPO's run with :class:`~.trainer.PPOTrainer`."""
+"""PPO (``llm/run_ppo.py``): the run recipe (``training.recipe``) with GRPO's hooks and :class:`~.trainer.PPOTrainer`."""
 
 from __future__ import annotations
 
 from typing import Any, Dict
 
+from ..grpo.run import GRPOHooks
+from ..training.recipe import run_recipe
+
+
+class PPOHooks(GRPOHooks):
+    mode = "ppo"
+
+    def __init__(self):
+        from .trainer import PPOTrainer
+
+        super().__init__(trainer_cls=PPOTrainer)
+
 
 def run(cfg) -> Dict[str, Any]:
     """Train as configured; returns the run summary (also output_dir/run_summary.json)."""
-    from ..grpo.run import run as grpo_run
-    from .trainer import PPOTrainer
-
-    return grpo_run(cfg, PPOTrainer)
+    return run_recipe(cfg, PPOHooks())

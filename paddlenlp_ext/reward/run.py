@@ -1,9 +1,7 @@
-"""Build a reward-model run from a validated RunConfig (``load_config(..., mode="reward")``), then train / evaluate.
-
-``dpo.run.run`` (training args -> tokenizer -> data -> model (+quant) -> adapters -> trainer -> summary)
-with the reward data (:func:`~paddlenlp_ext.reward.data.build_reward_datasets`) and a trainer built on
-the model with its score head attached (seeded, after the adapters, so it is always trainable) and
-saving through :class:`~paddlenlp_ext.reward.io.RewardCheckpointIO`.
+"""Reward models (``llm/run_reward.py``): the run recipe (``training.recipe``) with DPO's preference hooks
+(``dpo.run.PreferenceHooks``), the reward data (:func:`~paddlenlp_ext.reward.data.build_reward_datasets`) and
+a trainer built on the model with its score head attached (seeded, after the adapters, so it is always
+trainable) and saving through :class:`~paddlenlp_ext.reward.io.RewardCheckpointIO`.
 """
 
 from __future__ import annotations
@@ -12,12 +10,8 @@ import os
 from typing import Any, Dict
 
 from ..config.parse import RunConfig
-
-
-def _reward_data(data_args, tokenizer, **kw):
-    from .data import build_reward_datasets
-
-    return build_reward_datasets(data_args, tokenizer, **kw)
+from ..dpo.run import PreferenceHooks, trainer_kwargs
+from ..training.recipe import run_recipe
 
 
 def reward_info(cfg: RunConfig, tokenizer) -> Dict[str, Any]:
@@ -29,31 +23,34 @@ def reward_info(cfg: RunConfig, tokenizer) -> Dict[str, Any]:
         "base_model_name_or_path": os.path.abspath(cfg.model.model_name_or_path),
         "chat_template": bool(resolve_chat_template(tokenizer, template)),
         "chat_template_file": os.path.abspath(template) if template else None,
-        "max_seq_len": cfg.dpo.max_seq_len,
-        "max_prompt_len": cfg.dpo.max_prompt_len,
+        "max_seq_len": cfg.alignment.max_seq_len,
+        "max_prompt_len": cfg.alignment.max_prompt_len,
     }
 
 
-def _reward_trainer(cfg: RunConfig, **kw):
-    from paddlenlp.trainer import set_seed
-    from paddlenlp.utils.log import logger
+class RewardHooks(PreferenceHooks):
+    mode = "reward"
 
-    from .head import attach_score_head
-    from .io import RewardCheckpointIO
-    from .trainer import RewardTrainer
+    def data(self, cfg, args, tokenizer, resume_cursor):
+        from .data import build_reward_datasets
 
-    model, args = kw["model"], kw["args"]
-    set_seed(args.seed)  # the head's init depends on the seed only
-    head = attach_score_head(model)
-    logger.info(f"score head: Linear({head.weight.shape[0]} -> 1), trainable; lm_head frozen")
-    io = RewardCheckpointIO(kw["adapter_config"], reward_info(cfg, kw["tokenizer"]))
-    return RewardTrainer(**kw, reward_config=cfg.dpo, weights_io=io)
+        return self.build_data(build_reward_datasets, cfg, args, tokenizer, resume_cursor)
+
+    def trainer(self, cfg, built, args, tokenizer, data):
+        from paddlenlp.trainer import set_seed
+        from paddlenlp.utils.log import logger
+
+        from .head import attach_score_head
+        from .io import RewardCheckpointIO
+        from .trainer import RewardTrainer
+
+        set_seed(args.seed)  # the head's init depends on the seed only
+        head = attach_score_head(built.model)
+        logger.info(f"score head: Linear({head.weight.shape[0]} -> 1), trainable; lm_head frozen")
+        io = RewardCheckpointIO(built.adapter_config, reward_info(cfg, tokenizer))
+        return RewardTrainer(**trainer_kwargs(built, args, tokenizer, data), reward_config=cfg.alignment, weights_io=io)
 
 
 def run(cfg: RunConfig) -> Dict[str, Any]:
     """Train and/or evaluate as configured; returns the run summary (also output_dir/run_summary.json)."""
-    from ..dpo.run import run as run_preference
-
-    if cfg.dpo is None or cfg.dpo.loss_type != "reward":
-        raise ValueError("reward.run.run needs a reward config: load_config(path, overrides, mode='reward')")
-    return run_preference(cfg, build_data=_reward_data, make_trainer=_reward_trainer)
+    return run_recipe(cfg, RewardHooks())

@@ -1,4 +1,4 @@
-"""RewardTrainer: the pairwise (Bradley-Terry) loss on last-token scores, DPO's bookkeeping.
+"""RewardTrainer: the pairwise (Bradley-Terry) loss on last-token scores, the alignment base's bookkeeping.
 
 One step: one forward of the decoder body over the (packed) pair rows -> the score head at every
 answer's last token (``score_index``) -> ``-log sigmoid(r_chosen - r_rejected)`` per pair.  The loss
@@ -13,31 +13,26 @@ rewards/chosen, rewards/rejected (mean scores) -- DPO's names, so the console's 
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from paddlenlp.utils.log import logger
 
 from ..data.global_batches import GLOBAL_TOKENS_KEY
-from ..dpo.trainer import DPOTrainer
-from ..training.trainer import FinetuneTrainer
+from ..dpo.alignment import AlignmentTrainer
 from .head import pair_score_metrics, pairwise_loss, sequence_scores
 
 
-class RewardTrainer(DPOTrainer):
+class RewardTrainer(AlignmentTrainer):
+    PROGRESS_METRICS = {"rewards/accuracies": "reward acc"}
+    ACCURACY_METRIC = "rewards/accuracies"
+    DISABLE_DROPOUT = False  # no reference forward to match
+    OWN_WEIGHTS_IO = True  # reward.io.RewardCheckpointIO saves the score head with the weights
+
     def __init__(self, *args, reward_config, **kwargs):
-        FinetuneTrainer.__init__(self, *args, **kwargs)  # DPOTrainer's own init builds a reference model
-        if self.neftune_hook is not None:
-            raise ValueError("RewardTrainer does not support neftune")
-        self.dpo_config = reward_config  # what the shared DPOTrainer methods read (ref_model_update_steps)
-        self.trained_pairs = 0
-        self.trained_real_tokens = 0
-        self.loss_type = "reward"
-        self.normalize = False
-        self.reference = "none"
-        self.ref_model = None
-        self._ref_synced_at = 0
-        self._stored = defaultdict(lambda: defaultdict(list))
+        super().__init__(*args, alignment_config=reward_config, **kwargs)
+        self.loss_type = reward_config.loss_type  # one loss: the mode's name
         logger.info("Reward model: pairwise loss -log sigmoid(r_chosen - r_rejected) on last-token scores")
+
+    def reference_mode(self) -> str:
+        return "none"
 
     def compute_loss(self, model, inputs, return_outputs=False):
         global_counts = inputs.pop(GLOBAL_TOKENS_KEY, None)  # [2]: pairs and chosen tokens of the global batch
@@ -52,7 +47,6 @@ class RewardTrainer(DPOTrainer):
         losses = pairwise_loss(chosen, rejected)  # [N]
         loss = self.global_pair_mean(losses, global_counts if training else None)  # the global batch's pair mean
         loss = self.with_router_aux(model, loss, real_tokens)  # + coef * aux on an MoE body
-        split = "train" if training else "eval"
-        for key, values in pair_score_metrics(chosen, rejected).items():  # every rank stores; _averaged reduces
-            self._stored[split][key].extend(values)  # one value per pair: the logged means are over pairs
+        # one value per pair: the logged means are over pairs
+        self.store_metrics(model, pair_score_metrics(chosen, rejected), per_pair=True)
         return (loss, {"logits": scores}) if return_outputs else loss

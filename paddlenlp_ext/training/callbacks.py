@@ -103,17 +103,28 @@ class ConsoleProgress(TrainerCallback):
     remaining steps at the average pace of the steps done in this process.
     """
 
-    #: log keys shown after the learning rate when present (DPO's reward accuracy)
+    #: log keys every run shows after the learning rate when present (MoE rows); the trainer adds its own
     EXTRA_KEYS = {
-        "rewards/accuracies": "reward acc",
         "aux_loss": "aux loss",
         "expert_load_max_over_mean": "expert load max/mean",
     }
 
-    def __init__(self, console, tokens: Callable[[], int], data_parallel: int = 1):
+    def __init__(
+        self,
+        console,
+        tokens: Callable[[], int],
+        data_parallel: int = 1,
+        metrics: Optional[Dict[str, str]] = None,
+        accuracy_metric: Optional[str] = "accuracy",
+    ):
+        """``metrics``: the trainer's own log keys -> console labels (``progress_metrics()``, e.g. DPO's
+        ``{"rewards/accuracies": "reward acc"}``), shown before EXTRA_KEYS; ``accuracy_metric``: the eval
+        metric (without "eval_") the eval line shows as the accuracy (``accuracy_metric()``), or None."""
         self.console = console
         self.tokens = tokens
         self.data_parallel = max(int(data_parallel), 1)
+        self.extra_keys = {**(metrics or {}), **self.EXTRA_KEYS}
+        self.accuracy_metric = accuracy_metric
         self.training = False
         self._start = self._last_time = 0.0
         self._start_step = self._last_tokens = 0
@@ -162,7 +173,7 @@ class ConsoleProgress(TrainerCallback):
             now, tokens = time.time(), self.tokens()
             rate = (tokens - self._last_tokens) * self.data_parallel / max(now - self._last_time, 1e-9)
             self._last_time, self._last_tokens, self._last_loss = now, tokens, logs["loss"]
-            extra = {name: logs[k] for k, name in self.EXTRA_KEYS.items() if k in logs}
+            extra = {name: logs[k] for k, name in self.extra_keys.items() if k in logs}
             self.console.line(
                 progress_line(
                     state.global_step,
@@ -177,7 +188,7 @@ class ConsoleProgress(TrainerCallback):
             )
             self._draw_bar(state)  # on_step_end drew the bar before this step's loss was logged
         elif "eval_loss" in logs:
-            accuracy = logs.get("eval_accuracy", logs.get("eval_rewards/accuracies"))
+            accuracy = logs.get(f"eval_{self.accuracy_metric}") if self.accuracy_metric else None
             acc = f"  accuracy {format_float(accuracy)}" if accuracy is not None else ""
             self.console.line(f"eval at step {state.global_step}: loss {format_float(logs['eval_loss'])}{acc}")
 

@@ -1,6 +1,6 @@
 """Build the model of a run: load (streamed, quantized as configured), then adapters or the prefix.
 
-``build_model`` is shared by ``training.run`` (fine-tuning) and ``dpo.run``;
+``build_model`` is shared by every mode through the run recipe (``training.recipe``);
 ``load_model`` also by ``llm/tools/check_packing.py``.  What it built, with the
 method and parameter counts the console and run_summary.json report, is a
 :class:`BuiltModel`.
@@ -62,7 +62,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     apply_llm_meta(cfg, config, on_gpu=gpu)
     for notice in llm_meta_notices(cfg, on_gpu=gpu):  # a key set but not applied is said on the console
         current().line(notice)
-    config.seq_length = cfg.dpo.max_seq_len if cfg.dpo is not None else d.max_length
+    config.seq_length = cfg.alignment.max_seq_len if cfg.alignment is not None else d.max_length
     # only dropout the family really reads (config.parse refused the others)
     dropout = {k: getattr(m, k) for k in DROPOUT_KEYS}
     for attr, value in dropout_config_updates(getattr(config, "model_type", None), dropout).items():

@@ -36,7 +36,11 @@ def attach_reporting(trainer, cfg, args, built, reports: Dict[str, Dict[str, Any
     console = current()
     # PaddleNLP's disable_tqdm: true = plain lines; false = a live bar, on a terminal only
     console.bar = console.main and not args.disable_tqdm and console.stream.isatty()
-    close_visualdl = replace_console_callbacks(trainer, ConsoleProgress(console, tokens, args.dataset_world_size))
+    # the trainer declares what its progress and eval lines show (e.g. DPO's reward accuracy, GRPO's reward and KL)
+    progress = ConsoleProgress(
+        console, tokens, args.dataset_world_size, trainer.progress_metrics(), trainer.accuracy_metric()
+    )
+    close_visualdl = replace_console_callbacks(trainer, progress)
     if close_visualdl is not None:
         console.closers.append(close_visualdl)
     curve = LossCurve(
@@ -63,7 +67,7 @@ def packing_notice(cfg, args, model):
 
     from ..config.packing_payoff import packing_payoff
 
-    if cfg.dpo is not None:
+    if cfg.alignment is not None:
         return None
     config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
     return packing_payoff(

@@ -1,10 +1,10 @@
-"""Build everything from a validated RunConfig, then train / evaluate.
+"""The steps every run shares, which the one run recipe (``training.recipe``) calls in order: training args,
+resolved_config.json, the tokenizer, the resume checks (``start_run``), the library patches, the data
+callbacks, training and saving (``train_and_save``) and run_summary.json (``write_run_summary``).
 
-Order: training args -> tokenizer -> data (validated, tokenized, packed)
--> model -> quantization -> adapters -> trainer.  Data is read before the
-model so that a malformed line fails in seconds, not after a model load.
-The model half is ``training.model_build``; the console, train.log, VisualDL
-and loss.png are ``training.logfile`` / ``training.reporting`` (docs/logging.md).
+Data is read before the model so that a malformed line fails in seconds, not after a model load.  The
+model half is ``training.model_build``; the console, train.log, VisualDL and loss.png are
+``training.logfile`` / ``training.reporting`` (docs/logging.md).
 """
 
 import contextlib
@@ -154,17 +154,6 @@ def library_patches(cfg: RunConfig):
         yield
 
 
-def run(cfg: RunConfig) -> Dict[str, Any]:
-    """Train and/or evaluate as configured; returns the run summary."""
-    from .heap import limit_heap_retention
-    from .logfile import run_logging
-
-    # tensors under 2 MiB reuse freed heap memory within a step; HeapTrim gives it back between steps
-    limit_heap_retention()
-    with run_logging(cfg), library_patches(cfg):  # train.log + console first: it sees the whole run
-        return _run(cfg)
-
-
 def start_run(cfg: RunConfig):
     """What every run does first (fine-tuning and DPO): training args, resolved_config.json, the derived
     settings logged, the seed, the resume checkpoint checked, the tokenizer, and (lazy) the stream cursor
@@ -251,83 +240,6 @@ def attach_data_callbacks(trainer, train_dataset, cfg: RunConfig, args, resume_s
     if cfg.data.lazy and args.do_train:
         rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.dataset_world_size
         trainer.checkpoint_extras.append(StreamCursorSaver(train_dataset, rows_per_step, resume_step))
-
-
-def _run(cfg: RunConfig) -> Dict[str, Any]:
-    from paddlenlp.utils.log import logger
-
-    from ..data.pipeline import build_datasets
-    from .callbacks import attach_step_callbacks
-    from .console import current
-    from .reporting import attach_reporting
-    from .moe_aux import attach_moe_log
-    from .trainer import FinetuneTrainer
-
-    wall_start = time.time()
-    args, tokenizer, resume_cursor, resume_step = start_run(cfg)
-    data = build_datasets(
-        cfg, tokenizer, do_train=args.do_train, do_eval=args.do_eval, seed=args.seed, resume_cursor=resume_cursor
-    )
-    for split, report in data.reports.items():
-        logger.info(f"data[{split}]: {json.dumps(report)}")
-
-    built = build_model(cfg, args)
-    model, adapter_config, prefix_io = built.model, built.adapter_config, built.prefix_io
-    neftune_hook = None
-    if cfg.model.neftune:
-        from .. import adapters as adapter_api
-
-        neftune_hook = adapter_api.attach_neftune(model, cfg.model.neftune_noise_alpha)
-
-    trainer = FinetuneTrainer(
-        model=model,
-        args=args,
-        train_dataset=data.train,
-        eval_dataset=data.dev,
-        tokenizer=tokenizer,
-        data_collator=data.collator,
-        adapter_config=adapter_config,
-        neftune_hook=neftune_hook,
-        weights_io=prefix_io,
-    )
-    # MoE rows: the aux loss in the training loss, logged on its own with the expert load; the bias update
-    attach_moe_log(trainer, model, float(cfg.model.moe_router_bias_update_rate or 0.0))
-    attach_data_callbacks(trainer, data.train, cfg, args, resume_step)
-    attach_reporting(trainer, cfg, args, built, data.reports, tokens=lambda: trainer.trained_tokens)
-
-    step_timer = attach_step_callbacks(trainer)  # step times + heap trim (training/heap.py)
-    summary: Dict[str, Any] = {**built.summary(), "world_size": args.world_size, "data": data.reports}
-    if args.do_eval and args.eval_before_train and args.do_train:  # eval-only: the one evaluation below
-        metrics = trainer.evaluate()
-        summary["eval_loss_before_train"] = metrics["eval_loss"]
-        current().line(f"eval loss before training: {metrics['eval_loss']:.4f}")
-
-    if args.do_train:
-        train_time = train_and_save(trainer, cfg, args, data, summary)
-        if trainer.moe_aux_log is not None:
-            summary["moe"] = trainer.moe_aux_log.summary()
-        tokens, supervised = trainer.global_token_counts()
-        summary.update(
-            tokens_trained=tokens,
-            supervised_tokens_trained=supervised,
-            supervised_token_fraction=round(supervised / max(tokens, 1), 4),
-            tokens_per_second=round(tokens / max(train_time, 1e-9), 2),
-        )
-    if args.do_eval:
-        metrics = trainer.evaluate()
-        if cfg.data.eval_with_do_generation and args.should_save:
-            gen_metrics = evaluate_generation(cfg, model, tokenizer, args.output_dir)
-            metrics.update(gen_metrics)
-            summary.update(gen_metrics)
-            current().line("generation eval: " + ", ".join(f"{k} {v:.4f}" for k, v in gen_metrics.items()))
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
-        summary.update(
-            eval_loss=metrics["eval_loss"],
-            eval_perplexity=metrics.get("eval_perplexity"),
-            eval_accuracy=metrics.get("eval_accuracy"),
-        )
-    return write_run_summary(args, summary, step_timer, wall_start)
 
 
 def cpu_setup_record() -> Dict[str, Any]:

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 import paddle
 from paddlenlp.trainer.trainer import TRAINING_ARGS_NAME
@@ -80,6 +80,14 @@ class FinetuneTrainer(TrainerBoundary):
         self.checkpoint_extras = []
         self.eval_accuracy = TokenAccuracy()
         self.moe_aux_log = None  # training.moe_aux.MoEAuxLog on MoE rows with an aux loss or a bias update
+
+    def progress_metrics(self) -> Dict[str, str]:
+        """Log key -> console label of this trainer's own metrics on each progress line (an alignment trainer's)."""
+        return {}
+
+    def accuracy_metric(self) -> Optional[str]:
+        """The eval metric (without "eval_") the console's eval line shows as the accuracy: token accuracy."""
+        return "accuracy"
 
     # -- data order -------------------------------------------------------
     def label_counts(self, dataset):
