@@ -1,11 +1,13 @@
-"""Mistral and Gemma moved from PaddleNLP's classes onto our decoder: checkpoints PaddleNLP's own
-``MistralForCausalLM`` / ``GemmaForCausalLM`` write load into the decoder by name (the same tensor names and
-[in, out] Linears), and the decoder's logits equal PaddleNLP's forward on them."""
+"""Mistral, Gemma, Llama, Qwen2 and Qwen3 moved from PaddleNLP's classes (and ours of qwen3) onto our decoder:
+checkpoints PaddleNLP's own ``MistralForCausalLM`` / ``GemmaForCausalLM`` / ``LlamaForCausalLM`` /
+``Qwen2ForCausalLM`` (and ``models/qwen3``'s ``Qwen3ForCausalLM``) write load into the decoder by name (the same
+tensor names and [in, out] Linears), and the decoder's logits equal those classes' forward on them."""
 
 import numpy as np
 import paddle
 import pytest
 
+from conftest import DATA_DIR
 from family_models import build_family_model
 from paddlenlp_ext.models.family_table import FAMILIES
 
@@ -29,6 +31,52 @@ def test_paddlenlp_checkpoint_loads_into_the_decoder_with_paddlenlps_logits(mode
     ours, stats = load_model_streaming(path, config, "float32", model_class=lm_cls)
     ours.eval()
     assert stats["layout"] == "paddlenlp"
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 500, size=(2, 16)), dtype="int64")
+    mask = paddle.to_tensor([[0] * 4 + [1] * 12, [1] * 16], dtype="int64")  # a left-padded row
+    with paddle.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask, return_dict=True).logits.numpy()
+        got = ours(input_ids=ids, attention_mask=mask, return_dict=True).logits.numpy()
+    np.testing.assert_allclose(got[0, 4:], want[0, 4:], atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+
+
+#: the rows the toolkit trained on PaddleNLP's LlamaForCausalLM / Qwen2ForCausalLM and on models/qwen3 (ours, in
+#: PaddleNLP's layout) before they moved: checkpoints those classes write, and the classes' forward as the judge
+PADDLENLP_BUILT = {
+    "llama": ("paddlenlp.transformers", "LlamaForCausalLM", {}),
+    "llama-tied": ("paddlenlp.transformers", "LlamaForCausalLM", {"tie_word_embeddings": True}),
+    "qwen2": ("paddlenlp.transformers", "Qwen2ForCausalLM", {}),
+    "qwen3": ("paddlenlp_ext.models.qwen3", "Qwen3ForCausalLM", {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PADDLENLP_BUILT))
+def test_llama_qwen2_qwen3_checkpoints_load_into_the_decoder_with_their_classes_logits(case, tmp_path):
+    import importlib
+
+    from paddlenlp_ext.models.decoder import classes_for
+    from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+    from paddlenlp_ext.models.model_config import load_model_config
+    from paddlenlp_ext.models.tiny import build_tiny_model
+
+    module, name, overrides = PADDLENLP_BUILT[case]
+    model_type = case.split("-")[0]
+    assert FAMILIES[model_type].decoder
+    path = build_tiny_model(str(tmp_path / case), DATA_DIR, family=model_type, **overrides)
+    ref_cls = getattr(importlib.import_module(module), name)
+    ref = ref_cls.from_pretrained(path, dtype="float32")
+    ref.eval()
+    _, _, lm_cls = classes_for(model_type)
+    cls, config = decoder_class_for(load_model_config(path, dtype="float32"))  # what training and the predictor build
+    assert cls is lm_cls and not isinstance(ref, lm_cls)
+    ours, stats = load_model_streaming(path, config, "float32", model_class=lm_cls)
+    ours.eval()
+    assert stats["layout"] == "paddlenlp"
+    assert sorted(ours.state_dict()) == sorted(ref.state_dict())  # the same tensor names: adapters keep their keys
+    _same_logits(ref, ours)
+
+
+def _same_logits(ref, ours):
     ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 500, size=(2, 16)), dtype="int64")
     mask = paddle.to_tensor([[0] * 4 + [1] * 12, [1] * 16], dtype="int64")  # a left-padded row
     with paddle.no_grad():

@@ -76,19 +76,17 @@ RELIED_ON = [
 
 #: sys.modules aliases the Auto classes import from
 _MODULES = {
-    "paddlenlp.transformers.qwen3": "paddlenlp_ext.models.qwen3",
-    "paddlenlp.transformers.qwen3.modeling": "paddlenlp_ext.models.qwen3.modeling",
-    "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration",
     "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
     "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
     "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe",
 }
-#: MAPPING_NAMES key (architecture prefix) -> model_type / module name
-_FAMILIES = {"Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe"}
+#: MAPPING_NAMES key (architecture prefix) -> model_type / module name; dense qwen3 trains on our decoder
+#: (integrations/decoder.py registers it), so only Qwen3-MoE's PaddleNLP layout resolves to models/qwen3
+_FAMILIES = {"Qwen3Moe": "qwen3_moe"}
 
 
 def is_registered() -> bool:
-    return auto_modeling.MAPPING_NAMES.get("Qwen3") == "qwen3"
+    return auto_modeling.MAPPING_NAMES.get("Qwen3Moe") == "qwen3_moe"
 
 
 def register_qwen3() -> None:
@@ -105,8 +103,8 @@ def register_qwen3() -> None:
 
     for alias, real in _MODULES.items():
         sys.modules.setdefault(alias, importlib.import_module(real))
-    for model_type, config_cls in (("qwen3_moe", Qwen3MoeConfig), ("qwen3", Qwen3Config)):
-        AutoConfig.register(model_type, config_cls, exist_ok=True)
+    AutoConfig.register("qwen3_moe", Qwen3MoeConfig, exist_ok=True)
+    for config_cls in (Qwen3MoeConfig, Qwen3Config):
         AutoTokenizer.register(
             config_cls, slow_tokenizer_class=Qwen2Tokenizer, fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True
         )
@@ -114,5 +112,4 @@ def register_qwen3() -> None:
         for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):
             auto_cls._name_mapping[f"{prefix}Model_Import_Class"] = prefix + task
             auto_cls._name_mapping[prefix + task] = module
-    auto_modeling.MAPPING_NAMES["Qwen3Moe"] = "qwen3_moe"
-    auto_modeling.MAPPING_NAMES["Qwen3"] = "qwen3"  # last: is_registered() means all of the above is done
+    auto_modeling.MAPPING_NAMES["Qwen3Moe"] = "qwen3_moe"  # last: is_registered() means all of the above is done

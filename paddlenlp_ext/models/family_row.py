@@ -172,9 +172,19 @@ _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 _DECODER_DENSE = _DECODER | {"tp", "pp"}
 
 
-def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Family":
+def _decoder_row(
+    name: str, arch: Arch, planner: Optional[str] = None, dropout: Optional[Dict[str, str]] = None
+) -> "Family":
+    """A dense row on our decoder; ``dropout``: the run's dropout keys the decoder honours (``Family.dropout``)."""
     return Family(
-        name, features=_DECODER_DENSE, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True, planner=planner
+        name,
+        features=_DECODER_DENSE,
+        masks=_DECODER_MASKS,
+        hf_layout=True,
+        arch=arch,
+        decoder=True,
+        planner=planner,
+        dropout=dict(dropout or {}),
     )
 
 
