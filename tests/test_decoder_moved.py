@@ -84,3 +84,44 @@ def _same_logits(ref, ours):
         got = ours(input_ids=ids, attention_mask=mask, return_dict=True).logits.numpy()
     np.testing.assert_allclose(got[0, 4:], want[0, 4:], atol=1e-5)
     np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+
+
+def test_paddlenlp_fused_projections_are_refused_with_advice_that_works(tiny_model_dir, tmp_path):
+    """A checkpoint holding PaddleNLP's fused ``qkv_proj`` / ``gate_up_fused_proj`` (what a fused LlamaForCausalLM's
+    state_dict holds; PaddleNLP 3.0.0b4's save_pretrained splits them) is refused naming them, and the advice, run
+    as written, gives a directory the decoder loads with the fused model's logits."""
+    import json
+    import shutil
+
+    import paddlenlp.transformers as T
+    from safetensors.numpy import save_file
+
+    from paddlenlp_ext.models.checkpoint import CheckpointError
+    from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+    from paddlenlp_ext.models.model_config import load_model_config
+
+    fused_dir = tmp_path / "fused"
+    shutil.copytree(tiny_model_dir, fused_dir)
+    config = T.LlamaConfig.from_pretrained(tiny_model_dir)
+    config.fuse_attention_qkv = config.fuse_attention_ffn = True
+    ref = T.LlamaForCausalLM.from_pretrained(tiny_model_dir, config=config, dtype="float32")
+    ref.eval()
+    state = {k: v.numpy() for k, v in ref.state_dict().items()}
+    assert (
+        "llama.layers.0.self_attn.qkv_proj.weight" in state and "llama.layers.0.mlp.gate_up_fused_proj.weight" in state
+    )
+    (fused_dir / "model.safetensors").unlink()
+    save_file(state, str(fused_dir / "model.safetensors"), metadata={"format": "np"})
+    raw = json.loads((fused_dir / "config.json").read_text())
+    (fused_dir / "config.json").write_text(json.dumps({**raw, "fuse_attention_qkv": True, "fuse_attention_ffn": True}))
+
+    cls, cfg = decoder_class_for(load_model_config(str(fused_dir), dtype="float32"))
+    with pytest.raises(CheckpointError, match="qkv_proj.*gate_up_fused_proj|gate_up_fused_proj.*qkv_proj") as e:
+        load_model_streaming(str(fused_dir), cfg, "float32", model_class=cls)
+    advice = str(e.value).split("python -c ")[1].split(" and set model_name_or_path")[0]
+    out = tmp_path / "split"
+    exec(advice.strip('"').replace("OUT_DIR", str(out)), {})  # the command's program, in this process
+    cls, cfg = decoder_class_for(load_model_config(str(out), dtype="float32"))
+    ours, _ = load_model_streaming(str(out), cfg, "float32", model_class=cls)
+    ours.eval()
+    _same_logits(ref, ours)
