@@ -125,3 +125,26 @@ def test_paddlenlp_fused_projections_are_refused_with_advice_that_works(tiny_mod
     ours, _ = load_model_streaming(str(out), cfg, "float32", model_class=cls)
     ours.eval()
     _same_logits(ref, ours)
+
+
+def test_qwen2_attention_dropout_applies_in_training_only(tiny_qwen2_dir):
+    """qwen2 kept its attention dropout when it moved (attention_probs_dropout_prob -> the config's
+    attention_dropout, as PaddleNLP's eager Qwen2 attention): the probabilities drop out in training only."""
+    from paddlenlp_ext.models.families import dropout_config_updates
+    from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+    from paddlenlp_ext.models.model_config import load_model_config
+
+    config = load_model_config(tiny_qwen2_dir, dtype="float32")
+    for attr, value in dropout_config_updates("qwen2", {"attention_probs_dropout_prob": 0.5}).items():
+        setattr(config, attr, value)
+    cls, config = decoder_class_for(config)
+    model, _ = load_model_streaming(tiny_qwen2_dir, config, "float32", model_class=cls)
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 500, size=(1, 12)), dtype="int64")
+    with paddle.no_grad():
+        model.eval()
+        a, b = (model(input_ids=ids, return_dict=True).logits.numpy() for _ in range(2))
+        model.train()
+        paddle.seed(0)
+        c = model(input_ids=ids, return_dict=True).logits.numpy()
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(c - a).max() > 1e-3  # half of every row's attention weights dropped (and the rest doubled)
