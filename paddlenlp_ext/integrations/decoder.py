@@ -8,8 +8,10 @@ added to ``auto.modeling.MAPPING_NAMES``, which PaddleNLP matches longest-first 
 ``paddlenlp.transformers.<model_type>[.modeling|.configuration]`` aliased in ``sys.modules`` to a
 module holding the generated classes, which is where the Auto classes import them from.
 
-Only the family table's rows marked ``decoder`` are registered (llama, qwen2, qwen3, mistral and
-gemma keep PaddleNLP's / our qwen3 classes).  All additions are new keys; idempotent.  The
+Only the family table's rows marked ``decoder`` are registered.  Where PaddleNLP has a module of the same
+name already imported (``paddlenlp.transformers.llama``, ``qwen2``, ``mistral``, ``gemma``), the
+``sys.modules`` alias is not replaced and PaddleNLP's Auto classes keep their own class: the toolkit builds
+those rows through ``models.loading.decoder_class_for``, never through the Auto classes.  Idempotent.  The
 tokenizer is whatever ``tokenizer.json`` says (``models/tokenizer.py``), so no tokenizer is
 registered here.
 """

@@ -1,4 +1,4 @@
-"""The model-family table: one row per PaddleNLP causal-LM ``model_type`` (and ours, qwen3).
+"""The model-family table: one row per PaddleNLP causal-LM ``model_type`` (and those of our decoder).
 
 Paddle-free, so ``config/`` reads it before anything loads.  Each row (:class:`Family`; ``family_row.py``
 says what each field means) states what the code of that family does, as measured on PaddleNLP 3.0.0b4
