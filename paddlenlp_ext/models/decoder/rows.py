@@ -38,6 +38,8 @@ POST_NORM = (None, "post_attention_layernorm", None, "post_feedforward_layernorm
 
 #: rope_scaling types the decoder computes (``models/decoder/rope.py``)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+#: the keys of a llama3 rope_scaling, all read by transformers
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 #: activations the MLP computes (transformers' ACT2FN names)
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "relu")
 
@@ -202,6 +204,10 @@ def _rope_scaling(cfg: Mapping[str, Any]) -> Optional[dict]:
             f"config.json rope_scaling.rope_type={rtype!r} is not implemented by the decoder "
             f"(it implements {', '.join(ROPE_TYPES)}); remove rope_scaling or use another checkpoint"
         )
+    if rtype == "llama3":  # transformers reads all four (original_max_position_embeddings: 5.x fills it in)
+        absent = [k for k in LLAMA3_ROPE_KEYS if k not in rope]
+        if absent:
+            raise ArchError(f"config.json rope_scaling (rope_type 'llama3') lacks {absent}")
     return None if rtype == "default" else {**rope, "rope_type": rtype}
 
 
