@@ -45,6 +45,12 @@ def test_paddlenlp_checkpoint_loads_into_the_decoder_with_paddlenlps_logits(mode
 PADDLENLP_BUILT = {
     "llama": ("paddlenlp.transformers", "LlamaForCausalLM", {}),
     "llama-tied": ("paddlenlp.transformers", "LlamaForCausalLM", {"tie_word_embeddings": True}),
+    # PaddleNLP's own linear RoPE scaling key: transformers' linear scaling (decoder/rows.paddlenlp_rope_scaling)
+    "llama-linear": (
+        "paddlenlp.transformers",
+        "LlamaForCausalLM",
+        {"rope_scaling_type": "linear", "rope_scaling_factor": 2.0},
+    ),
     "qwen2": ("paddlenlp.transformers", "Qwen2ForCausalLM", {}),
     "qwen3": ("paddlenlp_ext.models.qwen3", "Qwen3ForCausalLM", {}),
 }
