@@ -154,3 +154,31 @@ def test_qwen2_attention_dropout_applies_in_training_only(tiny_qwen2_dir):
         c = model(input_ids=ids, return_dict=True).logits.numpy()
     np.testing.assert_array_equal(a, b)
     assert np.abs(c - a).max() > 1e-3  # half of every row's attention weights dropped (and the rest doubled)
+
+
+def test_prefix_tuning_on_the_decoder_with_recompute(tiny_model_dir):
+    """PaddleNLP's shipped llama/pt_argument.json sets recompute=true: a decoder layer given the prefix's
+    past_key_values is not recomputed, so the prefix gets the same loss and gradients as without recompute."""
+    from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+    from paddlenlp_ext.models.model_config import load_model_config
+    from paddlenlp_ext.prefix.config import ModelFacts, prefix_config_for_model
+    from paddlenlp_ext.prefix.model import PrefixModel
+
+    cls, config = decoder_class_for(load_model_config(tiny_model_dir, dtype="float32"))
+    model, _ = load_model_streaming(tiny_model_dir, config, "float32", model_class=cls)
+    paddle.seed(1)
+    pm = PrefixModel(model, prefix_config_for_model(ModelFacts.of(model.config), 4, dtype="float32"))
+    pm.train()
+    ids = paddle.to_tensor(np.random.RandomState(0).randint(3, 500, size=(2, 12)), dtype="int64")
+    out = []
+    for recompute in (False, True):
+        model.config.recompute = recompute
+        loss = pm(input_ids=ids, labels=ids, return_dict=True).loss
+        loss.backward()
+        grads = [p.grad.numpy().copy() for p in pm.prefix_encoder.parameters()]
+        pm.clear_gradients()
+        out.append((float(loss), grads))
+    model.config.recompute = False
+    assert out[0][0] == out[1][0]
+    for a, b in zip(out[0][1], out[1][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # autograd vs the saved-q/k/v attention: rounding
