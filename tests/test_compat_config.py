@@ -4,6 +4,7 @@ and the llm-meta keys' effect on the model config (training/run.apply_llm_meta).
 import glob
 import json
 import os
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,22 @@ from paddlenlp_ext.config.parse import ConfigError, load_config
 from conftest import DATA_DIR, ROOT
 
 CPU_BUILD = not paddle_build()["cuda"]
+
+
+def edit_json(path, **changes):
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**d, **changes}, f)
+
+
+@pytest.fixture(scope="module")
+def paddlenlp_class_model(tmp_path_factory, tiny_model_dir):
+    """A tiny qwen (v1) model: a family still on PaddleNLP's classes, which read recompute_granularity and
+    recompute_use_reentrant themselves (our decoder's rows refuse all but full, non-reentrant recompute)."""
+    from family_models import build_family_model
+
+    return build_family_model("qwen", str(tmp_path_factory.mktemp("qwen") / "qwen"), tiny_model_dir)
 
 
 def write(tmp_path, obj, name="cfg.json"):
@@ -118,12 +135,17 @@ def test_parallel_degree_larger_than_the_launch_says_how_to_launch(tmp_path, bas
     )
 
 
-def test_llm_meta_keys_are_accepted_and_pipeline_ones_refused(tmp_path, base):
+def test_llm_meta_keys_are_accepted_and_pipeline_ones_refused(tmp_path, base, paddlenlp_class_model):
+    meta = {"recompute": True, "recompute_granularity": "core_attn", "recompute_use_reentrant": True}
+    decoder = problems(write(tmp_path, {**base, **meta}))  # llama: our decoder recomputes whole layers
+    assert "recompute_granularity 'core_attn' is not implemented on llama" in decoder
+    assert "recompute_use_reentrant=true is not supported on llama" in decoder
     cfg = load_config(
         write(
             tmp_path,
             {
                 **base,
+                "model_name_or_path": paddlenlp_class_model,
                 "recompute": True,
                 "recompute_granularity": "core_attn",
                 "recompute_use_reentrant": True,
@@ -143,9 +165,10 @@ def test_llm_meta_keys_are_accepted_and_pipeline_ones_refused(tmp_path, base):
     assert "recompute_granularity: must be one of full, full_attn, core_attn" in p
 
 
-def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys):
-    """recompute keys always reach the model config; GPU fusions only on GPU (else a notice);
-    GPT-only keys only get a notice.  No key is dropped without a word."""
+def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys, paddlenlp_class_model):
+    """recompute keys always reach the model config (of a family on PaddleNLP's classes, which reads
+    recompute_granularity); GPU fusions only on GPU (else a notice); GPT-only keys only get a notice.  No key is
+    dropped without a word."""
     from paddlenlp_ext.models.llm_meta import apply_llm_meta, llm_meta_notices
 
     cfg = load_config(
@@ -153,6 +176,7 @@ def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys)
             tmp_path,
             {
                 **base,
+                "model_name_or_path": paddlenlp_class_model,
                 "recompute": True,
                 "recompute_granularity": "full_attn",
                 "use_fused_rms_norm": True,
@@ -211,7 +235,13 @@ def test_config_zoo_validates(tmp_path, tiny_model_dir, path, monkeypatch):
     )
     if mode in ("grpo", "ppo"):  # prompts only (GRPO and PPO have no dev set)
         data = ["--train_dataset_path", os.path.join(ROOT, "llm", "data", "grpo_tiny")]
-    overrides = ["--model_name_or_path", tiny_model_dir, *data, "--output_dir", str(tmp_path)]
+    model_dir = tiny_model_dir
+    tp = int(raw.get("tensor_parallel_degree", 1) or 1)
+    if tp > 1 and 2 % tp:  # the hub models these configs name split their 32 (8) kv heads; the tiny one has 2
+        model_dir = str(tmp_path / "model")
+        shutil.copytree(tiny_model_dir, model_dir)
+        edit_json(os.path.join(model_dir, "config.json"), num_key_value_heads=4)
+    overrides = ["--model_name_or_path", model_dir, *data, "--output_dir", str(tmp_path)]
     if CPU_BUILD and (raw.get("bf16") or raw.get("fp16")):
         overrides += ["--bf16", "false", "--fp16", "false"]
     for key in ("lora_path", "prefix_path", "lokr_path"):
@@ -250,7 +280,7 @@ def test_family_zoo_configs_validate_against_their_family(tmp_path, path, monkey
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=4,  # the hub models' kv heads divide tensor_parallel_degree=4 (qwen3/sft_argument.json)
         max_position_embeddings=8192,
     ).save_pretrained(str(model_dir))
     monkeypatch.setenv(

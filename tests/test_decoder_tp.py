@@ -505,27 +505,27 @@ def test_a_run_loads_its_rank_of_a_transformers_checkpoint_with_sequence_paralle
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_sequence_parallel_reaches_a_paddlenlp_family_model_config(tiny_model_dir, monkeypatch, sp):
-    """PaddleNLP's own llama (not a decoder row) reads ``sequence_parallel`` from its model config: the run's key
-    must be there when PaddleNLP's from_pretrained builds the tensor-parallel model (it was left at False, so
+def test_sequence_parallel_reaches_the_model_config(tiny_model_dir, monkeypatch, sp):
+    """The decoder (llama here; PaddleNLP's own llama did too) reads ``sequence_parallel`` from its model config:
+    the run's key must be there when the tensor-parallel model is built (it was left at False, so
     sequence_parallel=true silently ran plain TP)."""
     import os
     from types import SimpleNamespace
 
     from conftest import ROOT
-    from paddlenlp.transformers import AutoModelForCausalLM
 
     from paddlenlp_ext.config.parse import load_config
+    from paddlenlp_ext.models import loading
     from paddlenlp_ext.training.model_build import load_model
 
     class Built(Exception):
         pass
 
-    def capture(cls, path, config=None, **kw):
+    def capture(path, config, dtype, **kw):
         raise Built(config)
 
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(capture))
+    monkeypatch.setattr(loading, "load_model_streaming", capture)
     cfg = load_config(
         os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json"),
         [

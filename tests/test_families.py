@@ -47,6 +47,9 @@ PADDLENLP_DECODERS = {
 def test_every_paddlenlp_decoder_family_has_a_row():
     decoder_rows = {k for k, f in FAMILIES.items() if f.decoder}  # our decoder's rows (models/decoder)
     assert decoder_rows == {
+        "llama",
+        "qwen2",
+        "qwen3",
         "mistral",
         "gemma",
         "gemma2",
@@ -201,9 +204,9 @@ def test_dense_families_take_lora_full_qlora_packing(tmp_path, family):
         ("bloom", ["--lora", "true"], ["bloom blocks pass no gradient to their weights"]),
         ("chatglm_v2", ["--pipeline_parallel_degree", "2"], ["chatglm_v2 models", "set pipeline_parallel_degree=1"]),
         (
-            "qwen3",
+            "qwen3_moe",
             ["--pipeline_parallel_degree", "2"],
-            ["qwen3 has no pipeline model", "set pipeline_parallel_degree=1"],
+            ["qwen3_moe checkpoints in PaddleNLP's layout (models/qwen3) have no pipeline model", "--format hf"],
         ),
         (
             "codegen",
@@ -281,10 +284,12 @@ def test_hf_layout_flag_is_set_for_the_families_the_loader_reads():
 def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
     from paddlenlp_ext.models.families import dropout_problem
     from paddlenlp_ext.planner.shapes import PlanError, read_model_shape
-    from paddlenlp_ext.training.model_build import PIPELINE_CLASSES
+    from paddlenlp_ext.training.model_build import PIPELINE_CLASSES, decoder_pipeline_row
 
     assert decoder_linear_targets("qwen") == list(row("qwen").targets)
-    assert PIPELINE_CLASSES == {"llama": "LlamaForCausalLMPipe", "qwen2": "Qwen2ForCausalLMPipe"}
+    # no family trains on PaddleNLP's *ForCausalLMPipe any more: llama, qwen2 and qwen3 run as the decoder's stages
+    assert PIPELINE_CLASSES == {}
+    assert all(decoder_pipeline_row(k) and feature_problem(k, "pp") is None for k in ("llama", "qwen2", "qwen3"))
     assert dropout_problem("qwen2", "attention_probs_dropout_prob", 0.1, flash=False) is None
     assert dropout_problem("qwen", "hidden_dropout_prob", 0.1, flash=False)  # no such field verified: refused
     assert dropout_problem("gpt", "hidden_dropout_prob", 0.1, flash=False) is None  # GPT reads it itself

@@ -16,6 +16,7 @@ from hf_models import FAMILY_PARAMS, edit_config, save_hf_model
 from paddlenlp_ext.models import hf_layout
 from paddlenlp_ext.models.checkpoint import CheckpointError, find_checkpoint
 from paddlenlp_ext.models.loading import load_model_streaming
+from paddlenlp_ext.models.model_config import ModelConfigError, load_model_config
 from paddlenlp_ext.quant import QuantizedLinear
 
 torch = pytest.importorskip("torch")
@@ -134,23 +135,34 @@ def test_tied_llama_like_llama_3_2_matches_transformers(tmp_path):
 @pytest.mark.parametrize(
     "change,match",
     [
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling.rope_type='yarn'.*silently ignored"),
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"lacks \['high_freq_factor'"),
-        ({"head_dim": 32}, r"head_dim=32"),
-        ({"attention_bias": True}, r"attention_bias=true"),
-        ({"hidden_act": "gelu"}, r"hidden_act='gelu'.*always computes SwiGLU"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, r"rope_type='dynamic' is not implemented"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, r"lacks \['low_freq_factor'"),
+        ({"head_dim": 32}, r"shape"),  # the checkpoint's q/k/v/o were made for head_dim 16
+        ({"attention_bias": True}, r"self_attn.q_proj.bias"),  # biases the checkpoint does not hold
     ],
 )
-def test_config_settings_paddlenlp_would_compute_otherwise_are_refused(fp32_dirs, tmp_path, change, match, monkeypatch):
-    family = "llama"  # (mistral's window and tie refusals went with its move onto our decoder, which honours both)
+def test_config_settings_the_decoder_cannot_compute_are_refused(fp32_dirs, tmp_path, change, match, monkeypatch):
+    """llama trains on our decoder (it computes yarn, head_dim, biases, other activations: see the next test); what
+    it cannot compute, or a config.json its checkpoint does not fit, is refused before any tensor is read."""
+    family = "llama"
     d = str(tmp_path / "m")
     shutil.copytree(fp32_dirs[family], d)
     edit_config(d, **change)
     monkeypatch.setattr(
         "paddlenlp_ext.models.checkpoint._pread_into", lambda *a: pytest.fail("read tensor data before refusing")
     )
-    with pytest.raises(CheckpointError, match=match):
-        load_model_streaming(d, AutoConfig.from_pretrained(fp32_dirs[family]), "float32", max_seq_len=64)
+    with pytest.raises((CheckpointError, ModelConfigError), match=match):  # reading config.json, or the loader
+        load_model_streaming(d, load_model_config(d), "float32", max_seq_len=64)
+
+
+@pytest.mark.parametrize("change", [{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {"hidden_act": "gelu"}])
+def test_settings_paddlenlp_llama_ignored_are_computed_on_the_decoder(fp32_dirs, tmp_path, change):
+    """PaddleNLP's LlamaForCausalLM ignored yarn and hidden_act (so they were refused); the decoder computes both,
+    with transformers' logits."""
+    d = str(tmp_path / "m")
+    shutil.copytree(fp32_dirs["llama"], d)
+    edit_config(d, **change)
+    np.testing.assert_allclose(our_logits(ours(d)[0]), hf_logits(hf_model(d)), atol=1e-4, rtol=0)
 
 
 def test_sliding_window_longer_than_the_run_is_accepted(fp32_dirs, tmp_path):

@@ -124,20 +124,13 @@ def test_partial_rotary_factor_inside_rope_parameters_moves_to_the_top_level_on_
             {"model_type": "llama", "rope_parameters": {"rope_type": "su", "rope_theta": 1e4}},
             "rope_parameters.rope_type='su'",
         ),
-        (
-            {"model_type": "qwen2", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
-            "rope_parameters.rope_type='yarn'",
-        ),
-        (
-            {"model_type": "llama", "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
-            "rope_parameters.rope_type='linear'",
-        ),
-        (
+        (  # llama / qwen2 / qwen3 are decoder rows: the decoder computes yarn, linear, llama3, longrope
             {
-                "model_type": "llama",
-                "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+                "model_type": "qwen2",
+                **BASE,
+                "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0},
             },
-            "rope_parameters.partial_rotary_factor=0.5",
+            "rope_parameters.rope_type='dynamic' is not implemented by the decoder",
         ),
         (
             {"model_type": "qwen2", "rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
@@ -254,7 +247,7 @@ def test_unsupported_rope_type_exits_2_at_config_time_naming_the_key(tiny_model_
     for name in os.listdir(tiny_model_dir):
         os.symlink(os.path.join(tiny_model_dir, name), d / name)
     cfg = json.load(open(os.path.join(tiny_model_dir, "config.json")))
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}  # not computed by the decoder
     os.remove(d / "config.json")
     (d / "config.json").write_text(json.dumps(cfg))
     r = subprocess.run(
@@ -273,5 +266,17 @@ def test_unsupported_rope_type_exits_2_at_config_time_naming_the_key(tiny_model_
         text=True,
         cwd=ROOT,
     )
-    assert r.returncode == 2 and "rope_parameters.rope_type='yarn'" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "rope_parameters.rope_type='dynamic'" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_the_decoder_rows_llama_qwen2_qwen3_read_the_rope_scalings_it_computes():
+    """Since llama, qwen2 and qwen3 moved onto our decoder, yarn, linear, llama3 and longrope scalings and partial
+    rotary are computed (tests/test_decoder_parity.py judges the decoder's RoPE against transformers), not refused as
+    PaddleNLP's classes had to."""
+    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}
+    for model_type in ("llama", "qwen2", "qwen3"):
+        assert read_problems({"model_type": model_type, **BASE, "rope_parameters": yarn}) == []
+        assert (
+            read_problems({"model_type": model_type, **BASE, "rope_scaling": {"type": "linear", "factor": 2.0}}) == []
+        )

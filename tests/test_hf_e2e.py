@@ -207,24 +207,26 @@ def test_dpo_on_a_transformers_directory(hf_dirs, tmp_path):
     assert losses and losses[-1] < losses[0]
 
 
-def test_what_paddlenlp_would_compute_otherwise_is_refused_with_exit_2(hf_dirs, tmp_path):
-    d = tmp_path / "yarn"
+def test_what_the_decoder_would_compute_otherwise_is_refused_with_exit_2(hf_dirs, tmp_path):
+    """llama trains on our decoder: a RoPE it does not compute (dynamic) and load-time fusion (it keeps the
+    projections as stored) are refused at config time (yarn, which PaddleNLP's llama ignored, is computed now)."""
+    d = tmp_path / "dynamic"
     shutil.copytree(hf_dirs["llama"], d)
-    edit_config(str(d), rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    edit_config(str(d), rope_scaling={"rope_type": "dynamic", "factor": 4.0})
 
     def fused_qkv():
         r = finetune(hf_dirs["llama"], str(tmp_path / "o"), "--fuse_attention_qkv", "true", check=False)
-        assert r.returncode == 2 and "transformers-layout checkpoint" in r.stderr and "Traceback" not in r.stderr, (
+        assert r.returncode == 2 and "trains on our decoder" in r.stderr and "Traceback" not in r.stderr, (
             r.returncode,
             r.stderr[-2000:],
         )
 
-    def yarn():
+    def dynamic():
         r = finetune(str(d), str(tmp_path / "o2"), check=False)
-        assert r.returncode == 2 and "rope_scaling.rope_type='yarn'" in r.stderr and "Traceback" not in r.stderr, (
+        assert r.returncode == 2 and "rope_scaling.rope_type='dynamic'" in r.stderr and "Traceback" not in r.stderr, (
             r.returncode,
             r.stderr[-2000:],
         )
 
-    failures = run_jobs({"fuse_attention_qkv": fused_qkv, "yarn": yarn})
+    failures = run_jobs({"fuse_attention_qkv": fused_qkv, "dynamic": dynamic})
     assert not failures, failures

@@ -112,8 +112,12 @@ def quant_dict(algo, dq=False, block=64):
 
 
 def reference(d, dtype="float32", quant=None, source=None):
-    """PaddleNLP's path: from_pretrained(+ quantize_model)."""
-    model = AutoModelForCausalLM.from_pretrained(source or d, config=AutoConfig.from_pretrained(d), dtype=dtype)
+    """PaddleNLP's path: from_pretrained(+ quantize_model), of the class the streaming loader builds (our decoder
+    for llama / qwen2: PaddleNLP's from_pretrained on it; the toolkit never builds them through the Auto classes)."""
+    from paddlenlp_ext.models.loading import decoder_class_for
+
+    cls, config = decoder_class_for(AutoConfig.from_pretrained(d))
+    model = (cls or AutoModelForCausalLM).from_pretrained(source or d, config=config, dtype=dtype)
     if quant:
         quantize_model(
             model,
@@ -463,8 +467,11 @@ def test_configs_the_loader_cannot_serve(ckpts, no_tensor_reads):
         load_model_streaming(d, cfg, "float32")
     cfg = AutoConfig.from_pretrained(d)
     cfg.tensor_parallel_degree = 2
+    from paddlenlp.transformers import LlamaForCausalLM
+
+    # a class that is not our decoder's (PaddleNLP's own: its TP shards come from its from_pretrained)
     with pytest.raises(ValueError, match="tensor_parallel_degree=2"):
-        load_model_streaming(d, cfg, "float32")
+        load_model_streaming(d, cfg, "float32", model_class=LlamaForCausalLM)
 
 
 def test_a_parameter_left_lazy_is_an_error(ckpts, monkeypatch):

@@ -140,23 +140,31 @@ def test_20_greedy_tokens_identical_with_our_generation():
 
 # ------------------------------------------------------------------ integration with PaddleNLP and our loaders
 def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
+    """Dense qwen3 trains on our decoder: PaddleNLP's Auto classes build the decoder's Qwen3 classes from a
+    checkpoint models/qwen3 wrote (PaddleNLP's layout), and the streaming loader quantizes it on arrival."""
+    from paddlenlp_ext.integrations.decoder import register_decoder
+
     register_qwen3()
-    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    register_decoder()
+    from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
+    from paddlenlp_ext.models.decoder import classes_for
     from paddlenlp_ext.models.loading import load_model_streaming
+    from paddlenlp_ext.models.tokenizer import load_tokenizer
 
+    config_cls, _, lm_cls = classes_for("qwen3")
     config = AutoConfig.from_pretrained(tiny_qwen3_dir)
-    assert type(config) is Qwen3Config and config.model_type == "qwen3"
+    assert type(config) is config_cls and config.model_type == "qwen3"
     assert config.architectures == ["Qwen3ForCausalLM"]
     assert config.head_dim == 32 != config.hidden_size // config.num_attention_heads  # the tiny model bites
     loaded = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype="float32")
-    assert type(loaded) is Qwen3ForCausalLM and type(AutoModelForCausalLM.from_config(config)) is Qwen3ForCausalLM
+    assert type(loaded) is lm_cls and type(AutoModelForCausalLM.from_config(config)) is lm_cls
     names = dict(loaded.named_parameters())
     assert list(names["qwen3.layers.0.self_attn.q_proj.weight"].shape) == [64, 4 * 32]
     assert list(names["qwen3.layers.0.self_attn.o_proj.weight"].shape) == [4 * 32, 64]
     assert list(names["qwen3.layers.1.self_attn.k_norm.weight"].shape) == [32]
     assert "qwen3.layers.0.self_attn.q_proj.bias" not in names and "lm_head.weight" in names
-    assert AutoTokenizer.from_pretrained(tiny_qwen3_dir).vocab_size == config.vocab_size
+    assert load_tokenizer(tiny_qwen3_dir).vocab_size == config.vocab_size
 
     streamed, stats = load_model_streaming(
         tiny_qwen3_dir,
@@ -169,7 +177,7 @@ def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
             "weight_double_quant_block_size": 256,
         },
     )
-    assert type(streamed) is Qwen3ForCausalLM and stats["quantized_layers"] == 14  # 7 linears x 2 layers
+    assert type(streamed) is lm_cls and stats["quantized_layers"] == 14  # 7 linears x 2 layers
     ids = np.arange(1, 11)[None]
     ref = logits_of(loaded, ids)
     plain, _ = load_model_streaming(tiny_qwen3_dir, config, "float32")
@@ -187,8 +195,12 @@ def test_registration_leaves_the_other_families_alone(tiny_model_dir, tiny_qwen2
     register_qwen3()  # idempotent
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
 
+    # the Auto model classes still give PaddleNLP's own classes (which the toolkit no longer trains llama / qwen2 on:
+    # models.loading.decoder_class_for picks the decoder; AutoConfig may hold the decoder's config classes once
+    # integrations.decoder.register_decoder ran in this process, so each class builds from its own config class)
     for d, cls in ((tiny_model_dir, LlamaForCausalLM), (tiny_qwen2_dir, Qwen2ForCausalLM)):
-        assert type(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(d))) is cls
+        assert AutoConfig.from_pretrained(d).model_type == cls.config_class.model_type
+        assert type(AutoModelForCausalLM.from_config(cls.config_class.from_pretrained(d))) is cls
 
 
 def test_hf_name_mappings_cover_every_parameter():
@@ -253,13 +265,19 @@ def test_packed_flashmask_row_matches_examples_one_by_one(recompute):
 
 
 def test_dpo_lm_head_split_takes_the_qwen3_body(tiny_qwen3_dir):
-    """models.heads: the causal LM as body + lm_head (DPO's scored rows) -- the same logits as the forward."""
-    register_qwen3()
-    from paddlenlp.transformers import AutoModelForCausalLM
-
+    """models.heads: the causal LM as body + lm_head (DPO's scored rows) -- the same logits as the forward, on
+    models/qwen3's class (the base of its Qwen3-MoE) and on the decoder's (what dense qwen3 trains on)."""
     from paddlenlp_ext.models.heads import split_lm_head
+    from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+    from paddlenlp_ext.models.model_config import load_model_config
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype="float32")
+    cls, config = decoder_class_for(load_model_config(tiny_qwen3_dir, dtype="float32"))
+    decoder, _ = load_model_streaming(tiny_qwen3_dir, config, "float32", model_class=cls)
+    for model in (Qwen3ForCausalLM.from_pretrained(tiny_qwen3_dir, dtype="float32"), decoder):
+        _check_split(model, split_lm_head)
+
+
+def _check_split(model, split_lm_head):
     model.eval()
     body, head = split_lm_head(model)
     assert body is model.qwen3

@@ -30,9 +30,12 @@ def reward_model(tiny_model_dir, flash=False, seed=0):
 
     from paddlenlp_ext.reward.head import attach_score_head
 
+    from paddlenlp_ext.models.loading import decoder_class_for
+
     config = AutoConfig.from_pretrained(tiny_model_dir)
     config.use_flash_attention = flash
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, config=config)
+    cls, config = decoder_class_for(config)  # llama trains on our decoder (what run_reward and the scorer build)
+    model = (cls or AutoModelForCausalLM).from_pretrained(tiny_model_dir, config=config)
     paddle.seed(seed)
     attach_score_head(model)
     return model

@@ -35,46 +35,9 @@ COLUMNS = [
 ]
 
 _E2E = "test_families_e2e.py::"
-#: the tests behind each "yes" (tests/...); llama and qwen2 by the suites that have long run them
+#: the tests behind each "yes" (tests/...); the rows that moved onto our decoder (llama, qwen2, qwen3) are
+#: filled in below from the decoder's suites plus the CLI suites that have long run them
 EVIDENCE = {
-    "llama": {
-        "lora": "test_methods_e2e.py",
-        "qlora": "test_qlora_e2e.py",
-        "full": "test_e2e.py",
-        "packing": "test_packing_e2e.py",
-        "flash_mask": "test_packing_e2e.py, test_flashmask_patch.py",
-        "dpo": "test_dpo_e2e.py",
-        "tp": "test_tp_sim.py, test_parallel_e2e.py",
-        "pp": "test_pipeline_sim.py",
-        "merge": "test_merge.py",
-        "predict": "test_predict.py",
-        "hf_checkpoint": "test_hf_checkpoint.py",
-    },
-    "qwen2": {
-        "lora": "test_compat_e2e.py",
-        "qlora": "test_compat_e2e.py",
-        "full": "test_compat_e2e.py",
-        "packing": "test_dpo_packing.py, test_pipeline_sim.py",
-        "flash_mask": "test_flashmask_patch.py",
-        "dpo": "test_dpo_packing.py",
-        "tp": "test_parallel_e2e.py",
-        "pp": "test_pipeline_sim.py",
-        "merge": "test_merge.py",
-        "predict": "test_predict.py",
-        "hf_checkpoint": "test_hf_checkpoint.py",
-    },
-    "qwen3": {
-        "lora": "test_qwen3_e2e.py",
-        "qlora": "test_qwen3_e2e.py",
-        "full": "test_qwen3_e2e.py",
-        "packing": "test_qwen3_e2e.py (check_packing)",
-        "flash_mask": "test_qwen3.py, test_qwen3_e2e.py",
-        "dpo": "test_qwen3_e2e.py",
-        "tp": "test_qwen3_tp.py",
-        "merge": "test_qwen3_e2e.py",
-        "predict": "test_qwen3_e2e.py",
-        "hf_checkpoint": "test_hf_checkpoint.py, test_hf_e2e.py",
-    },
     "qwen3_moe": {
         "lora": "test_qwen3_moe.py (CLI)",
         "qlora": "test_qwen3_moe.py (nf4 streaming load)",
@@ -109,13 +72,6 @@ for _name, _ev in EVIDENCE.items():
     if "dpo" in _ev:
         _ev.setdefault("kto", f"{_ev['dpo']} (DPO's log-prob path; {_KTO})")
         _ev.setdefault("grpo", f"{_ev['dpo']} (DPO's log-prob path; {_GRPO})")
-EVIDENCE["llama"].update(kto="test_kto_e2e.py", reward="test_reward_e2e.py", grpo="test_grpo_e2e.py")
-EVIDENCE["qwen2"]["grpo"] = "test_grpo_trl.py (vs TRL's GRPOTrainer)"
-for _name in ("qwen2", "qwen3"):
-    EVIDENCE[_name]["reward"] = (
-        f"{EVIDENCE[_name]['dpo']} (the body + lm_head split the score head reads; "
-        "reward itself: test_reward_e2e.py on llama)"
-    )
 _ALIGN = "test_decoder_align.py::test_kto_reward_and_grpo_train_every_dense_decoder_row"
 DECODER.update(kto=_ALIGN, reward=_ALIGN, grpo=_ALIGN)
 #: the MoE rows' alignment cells: the loss = the mode's loss + router_aux_loss_coef x the policy forward's aux loss
@@ -141,6 +97,39 @@ MOE_DECODER = dict(
 DENSE_DECODER = dict(
     DECODER, lora=_DEC + ", test_decoder_methods.py (rsLoRA, LoRA+, PiSSA, VeRA, LoKr + their merge, NEFTune)"
 )
+#: llama, qwen2 and qwen3 moved onto the decoder: the decoder's matrix runs them like every dense row, the CLI
+#: suites on the tiny models (build/tiny-llama, -qwen2, -qwen3: PaddleNLP-layout checkpoints) run them too, and
+#: PaddleNLP-built checkpoints load with their classes' logits (test_decoder_moved.py)
+_MOVED = {
+    "llama": dict(
+        lora="test_methods_e2e.py",
+        qlora="test_qlora_e2e.py",
+        full="test_e2e.py",
+        packing="test_packing_e2e.py",
+        flash_mask="test_packing_e2e.py",
+        dpo="test_dpo_e2e.py",
+        kto="test_kto_e2e.py",
+        reward="test_reward_e2e.py",
+        grpo="test_grpo_e2e.py",
+        tp="test_parallel_e2e.py",
+        merge="test_merge.py",
+        predict="test_predict.py",
+        hf_checkpoint="test_hf_checkpoint.py",
+    ),
+    "qwen2": dict(lora="test_compat_e2e.py", qlora="test_compat_e2e.py", full="test_compat_e2e.py"),
+    "qwen3": dict(
+        lora="test_qwen3_e2e.py",
+        qlora="test_qwen3_e2e.py",
+        full="test_qwen3_e2e.py",
+        packing="test_qwen3_e2e.py (check_packing)",
+        dpo="test_qwen3_e2e.py",
+        merge="test_qwen3_e2e.py",
+        predict="test_qwen3_e2e.py",
+    ),
+}
+for _name, _cli in _MOVED.items():
+    EVIDENCE[_name] = {f: f"{_cli[f]}, {t}" if f in _cli else t for f, t in DENSE_DECODER.items()}
+    EVIDENCE[_name]["hf_checkpoint"] += ", test_decoder_moved.py (PaddleNLP's layout)"
 NEW_FAMILY = {
     "lora": _E2E + "test_lora_trains",
     "qlora": _E2E + "test_qlora_nf4_trains",

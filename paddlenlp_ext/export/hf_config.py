@@ -71,8 +71,8 @@ def export_row(model_type):
     """The table row whose transformers layout the export writes: qwen3_moe's is the decoder's MoE row whatever
     the source's layout (``family_table.layout_row``); every other model_type's is its row.
 
-    >>> export_row("qwen3_moe").decoder, export_row("llama").decoder
-    (True, False)
+    >>> export_row("qwen3_moe").decoder, export_row("llama").decoder, export_row("gpt").decoder
+    (True, True, False)
     """
     return layout_row(model_type, hf_layout=True)
 
@@ -81,9 +81,10 @@ def hf_config_from_paddle(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str,
     """transformers config.json for PaddleNLP config ``cfg`` (a dict of its config.json).
 
     >>> c = hf_config_from_paddle({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
-    ...     "intermediate_size": 176, "rope_scaling_type": None, "num_key_value_heads": None}, "float32")
-    >>> c["architectures"], c["num_key_value_heads"], c["hidden_act"], c["rope_scaling"], c["rope_parameters"]
-    (['LlamaForCausalLM'], 4, 'silu', None, {'rope_type': 'default', 'rope_theta': 10000.0})
+    ...     "intermediate_size": 176, "num_hidden_layers": 2, "vocab_size": 32, "rope_scaling_type": "linear",
+    ...     "rope_scaling_factor": 2.0, "num_key_value_heads": None, "rope_theta": 10000.0}, "float32")
+    >>> c["architectures"], c["rope_scaling"], c["rope_parameters"], "rope_scaling_type" in c
+    (['LlamaForCausalLM'], {'rope_type': 'linear', 'factor': 2.0}, {'rope_type': 'linear', 'factor': 2.0, 'rope_theta': 10000.0}, False)
     """
     raw = cfg
     cfg, problems = canonical_config(cfg)  # a source config saved by transformers 5.x reads the same
@@ -172,6 +173,10 @@ _PADDLE_ONLY_KEYS = (
 )
 
 
+#: PaddleNLP's own position keys, read (``rows.paddlenlp_rope_scaling``) and not written for transformers
+_PADDLE_ROPE_KEYS = ("rope_scaling_type", "rope_scaling_factor", "alibi", "use_long_sequence_strategies")
+
+
 def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
     """config.json of a row our decoder builds: the decoder keeps transformers' config.json as it is
     (``models/decoder/configuration.py``) and reads it through the row, so the export is the same keys
@@ -186,8 +191,18 @@ def _decoder_config(cfg: Mapping[str, Any], torch_dtype: str) -> Dict[str, Any]:
     """
     from ..models.decoder.rows import class_prefix, config_problems as decoder_problems
 
+    from ..models.decoder.rows import ArchError, paddlenlp_rope_scaling
+
     mt = cfg["model_type"]
     out = {k: v for k, v in cfg.items() if k not in _PADDLE_ONLY_KEYS and k != "architectures"}
+    try:  # PaddleNLP's own RoPE keys (its Llama / Qwen2 configs): linear becomes transformers' rope_scaling
+        legacy = paddlenlp_rope_scaling(cfg)
+    except ArchError as e:
+        raise ExportError(str(e)) from None
+    if legacy is not None and not cfg.get("rope_scaling"):
+        out["rope_scaling"] = legacy
+    for key in _PADDLE_ROPE_KEYS:
+        out.pop(key, None)
     out["architectures"] = [class_prefix(mt) + "ForCausalLM"]
     out["torch_dtype"] = torch_dtype
     problems = decoder_problems(export_row(mt).arch, out)

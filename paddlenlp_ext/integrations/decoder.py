@@ -8,8 +8,11 @@ added to ``auto.modeling.MAPPING_NAMES``, which PaddleNLP matches longest-first 
 ``paddlenlp.transformers.<model_type>[.modeling|.configuration]`` aliased in ``sys.modules`` to a
 module holding the generated classes, which is where the Auto classes import them from.
 
-Only the family table's rows marked ``decoder`` are registered (llama, qwen2, qwen3, mistral and
-gemma keep PaddleNLP's / our qwen3 classes).  All additions are new keys; idempotent.  The
+Only the family table's rows marked ``decoder`` are registered, but for llama and qwen2
+(``KEEP_PADDLENLP_CONFIG``).  Where PaddleNLP has a module of the same name already imported
+(``paddlenlp.transformers.llama``, ``qwen2``, ``mistral``, ``gemma``), the ``sys.modules`` alias is not
+replaced and PaddleNLP's Auto model classes keep their own class: the toolkit builds those rows through
+``models.loading.decoder_class_for``, never through the Auto classes.  Idempotent.  The
 tokenizer is whatever ``tokenizer.json`` says (``models/tokenizer.py``), so no tokenizer is
 registered here.
 """
@@ -49,13 +52,21 @@ def decoder_model_types() -> list:
     return [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None]
 
 
+#: rows whose PaddleNLP classes stay in use beside the decoder (PaddleNLP's pipeline / tensor-parallel Llama and
+#: Qwen2 classes and our patches of them, built from ``AutoConfig``): ``AutoConfig`` keeps PaddleNLP's config class
+#: for them, as PaddleNLP's Auto model classes keep its model class (its module is imported by that name), so a
+#: PaddleNLP model built from AutoConfig stays consistent; the toolkit converts the config for the decoder
+#: (``models.loading.decoder_class_for``)
+KEEP_PADDLENLP_CONFIG = ("llama", "qwen2")
+
+
 def register_decoder() -> None:
     """Make every decoder row's ``model_type`` / ``architectures`` resolve to our classes in ``AutoConfig``,
     ``AutoModel`` and ``AutoModelForCausalLM`` (``from_pretrained`` / ``from_config``).  Idempotent."""
     from ..models.decoder.modeling import class_prefix, classes_for
 
     for model_type in decoder_model_types():
-        if model_type in _DONE:
+        if model_type in _DONE or model_type in KEEP_PADDLENLP_CONFIG:
             continue
         config_cls, body_cls, lm_cls = classes_for(model_type)
         module = types.ModuleType(f"paddlenlp.transformers.{model_type}")

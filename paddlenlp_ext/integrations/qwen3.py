@@ -1,4 +1,7 @@
-"""Qwen3 and Qwen3-MoE (``paddlenlp_ext.models.qwen3``) made known to PaddleNLP 3.0.0b4's Auto classes.
+"""Qwen3-MoE in PaddleNLP's layout (``paddlenlp_ext.models.qwen3``) made known to PaddleNLP 3.0.0b4's Auto classes.
+
+Dense qwen3 trains on our decoder (``integrations/decoder.py`` registers it); ``models/qwen3``'s dense classes
+stay as the base of its Qwen3-MoE, which this module registers, with Qwen2's tokenizers for both configs.
 
 PaddleNLP has no public way to add a model family to ``AutoModelForCausalLM``;
 its ``_get_model_class_from_config`` finds the class by matching the config's
@@ -7,19 +10,15 @@ its ``_get_model_class_from_config`` finds the class by matching the config's
 ``_name_mapping`` and imports ``paddlenlp.transformers.<module>.modeling``.
 :func:`register_qwen3` therefore
 
-* registers ``Qwen3Config`` for ``model_type: "qwen3"`` (``Qwen3MoeConfig``: ``"qwen3_moe"``) (``AutoConfig.register``, public),
-  and Qwen2's tokenizers for it (``AutoTokenizer.register``, public);
-* adds ``"Qwen3" -> "qwen3"`` to ``MAPPING_NAMES`` and the ``Qwen3Model`` /
-  ``Qwen3ForCausalLM`` entries to ``AutoModel`` / ``AutoModelForCausalLM``'s
-  ``_name_mapping``;
-* makes ``paddlenlp.transformers.qwen3`` / ``.qwen3.modeling`` /
-  ``.qwen3.configuration`` resolve to our package (``sys.modules``), which is
-  where the Auto classes import the class from.
+* registers ``Qwen3MoeConfig`` for ``model_type: "qwen3_moe"`` (``AutoConfig.register``, public), and Qwen2's
+  tokenizers for it and for ``Qwen3Config`` (``AutoTokenizer.register``, public);
+* adds ``"Qwen3Moe" -> "qwen3_moe"`` to ``MAPPING_NAMES`` and the ``Qwen3MoeModel`` /
+  ``Qwen3MoeForCausalLM`` entries to ``AutoModel`` / ``AutoModelForCausalLM``'s ``_name_mapping``;
+* makes ``paddlenlp.transformers.qwen3_moe`` / ``.modeling`` / ``.configuration`` resolve to
+  ``models/qwen3/moe.py`` (``sys.modules``), which is where the Auto classes import the class from.
 
 All additions are new keys: no PaddleNLP behaviour for another family changes,
 so this is a registration done once (idempotent), not a patch in a context.
-``AutoModelForCausalLMPipe`` is deliberately not registered (no Qwen3 pipeline
-model: pipeline parallelism is refused for qwen3).
 
 ``RELIED_ON`` also lists the Qwen2 pieces ``models/qwen3/modeling.py`` builds on
 (constructors and forwards whose call shapes the subclasses depend on).
@@ -76,19 +75,17 @@ RELIED_ON = [
 
 #: sys.modules aliases the Auto classes import from
 _MODULES = {
-    "paddlenlp.transformers.qwen3": "paddlenlp_ext.models.qwen3",
-    "paddlenlp.transformers.qwen3.modeling": "paddlenlp_ext.models.qwen3.modeling",
-    "paddlenlp.transformers.qwen3.configuration": "paddlenlp_ext.models.qwen3.configuration",
     "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
     "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
     "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe",
 }
-#: MAPPING_NAMES key (architecture prefix) -> model_type / module name
-_FAMILIES = {"Qwen3": "qwen3", "Qwen3Moe": "qwen3_moe"}
+#: MAPPING_NAMES key (architecture prefix) -> model_type / module name; dense qwen3 trains on our decoder
+#: (integrations/decoder.py registers it), so only Qwen3-MoE's PaddleNLP layout resolves to models/qwen3
+_FAMILIES = {"Qwen3Moe": "qwen3_moe"}
 
 
 def is_registered() -> bool:
-    return auto_modeling.MAPPING_NAMES.get("Qwen3") == "qwen3"
+    return auto_modeling.MAPPING_NAMES.get("Qwen3Moe") == "qwen3_moe"
 
 
 def register_qwen3() -> None:
@@ -105,8 +102,8 @@ def register_qwen3() -> None:
 
     for alias, real in _MODULES.items():
         sys.modules.setdefault(alias, importlib.import_module(real))
-    for model_type, config_cls in (("qwen3_moe", Qwen3MoeConfig), ("qwen3", Qwen3Config)):
-        AutoConfig.register(model_type, config_cls, exist_ok=True)
+    AutoConfig.register("qwen3_moe", Qwen3MoeConfig, exist_ok=True)
+    for config_cls in (Qwen3MoeConfig, Qwen3Config):
         AutoTokenizer.register(
             config_cls, slow_tokenizer_class=Qwen2Tokenizer, fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True
         )
@@ -114,5 +111,4 @@ def register_qwen3() -> None:
         for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):
             auto_cls._name_mapping[f"{prefix}Model_Import_Class"] = prefix + task
             auto_cls._name_mapping[prefix + task] = module
-    auto_modeling.MAPPING_NAMES["Qwen3Moe"] = "qwen3_moe"
-    auto_modeling.MAPPING_NAMES["Qwen3"] = "qwen3"  # last: is_registered() means all of the above is done
+    auto_modeling.MAPPING_NAMES["Qwen3Moe"] = "qwen3_moe"  # last: is_registered() means all of the above is done

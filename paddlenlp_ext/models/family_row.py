@@ -26,8 +26,8 @@ A row (:class:`Family`) states what the code of one ``model_type`` does:
 * ``arch``: the architecture row of our own decoder (``models/decoder/rows.py``: the knobs that make
   this ``model_type`` differ from a pre-norm Llama block); ``decoder``: the toolkit builds the family
   with our decoder (``paddlenlp_ext.models.decoder``, registered with PaddleNLP's Auto classes) instead
-  of PaddleNLP's classes.  A row with ``arch`` but without ``decoder`` (llama, qwen2, qwen3, mistral,
-  gemma) still trains on PaddleNLP's / the qwen3 classes; the parity tests check the decoder on it too.
+  of PaddleNLP's classes.  A row with ``arch`` but without ``decoder`` (qwen3_moe in PaddleNLP's layout)
+  trains on its own classes (``models/qwen3``); its ``hf_row`` is the decoder's.
 
 The feature sets, refusal builders and ``_decoder_row`` / ``_moe_row`` below are what the table's rows are
 written with.
@@ -172,9 +172,19 @@ _DECODER_MASKS = frozenset({"dense", "startend", "position_ids"})
 _DECODER_DENSE = _DECODER | {"tp", "pp"}
 
 
-def _decoder_row(name: str, arch: Arch, planner: Optional[str] = None) -> "Family":
+def _decoder_row(
+    name: str, arch: Arch, planner: Optional[str] = None, dropout: Optional[Dict[str, str]] = None
+) -> "Family":
+    """A dense row on our decoder; ``dropout``: the run's dropout keys the decoder honours (``Family.dropout``)."""
     return Family(
-        name, features=_DECODER_DENSE, masks=_DECODER_MASKS, hf_layout=True, arch=arch, decoder=True, planner=planner
+        name,
+        features=_DECODER_DENSE,
+        masks=_DECODER_MASKS,
+        hf_layout=True,
+        arch=arch,
+        decoder=True,
+        planner=planner,
+        dropout=dict(dropout or {}),
     )
 
 

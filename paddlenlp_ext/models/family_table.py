@@ -1,4 +1,4 @@
-"""The model-family table: one row per PaddleNLP causal-LM ``model_type`` (and ours, qwen3).
+"""The model-family table: one row per PaddleNLP causal-LM ``model_type`` (and those of our decoder).
 
 Paddle-free, so ``config/`` reads it before anything loads.  Each row (:class:`Family`; ``family_row.py``
 says what each field means) states what the code of that family does, as measured on PaddleNLP 3.0.0b4
@@ -54,37 +54,21 @@ _MOE = (
 FAMILIES: Dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family(
-            "llama",
-            features=_ALL,
-            pipeline_class="LlamaForCausalLMPipe",
-            planner="llama",
-            hf_layout=True,
-            masks=frozenset({"dense", "startend", "position_ids"}),
-            arch=Arch(mlp_bias="mlp_bias", **_ATTN_BIAS),
-        ),
-        Family(
+        # on our decoder (PaddleNLP's LlamaForCausalLM / Qwen2ForCausalLM checkpoints and ours of qwen3 load by name:
+        # the same tensor names and [in, out] Linears, logits equal to PaddleNLP's forward; tests/test_decoder_moved.py).
+        # qwen2 and qwen3 keep their attention dropout (attention_probs_dropout_prob -> attention_dropout)
+        _decoder_row("llama", Arch(mlp_bias="mlp_bias", **_ATTN_BIAS), planner="llama"),
+        _decoder_row(
             "qwen2",
-            features=_ALL,
-            pipeline_class="Qwen2ForCausalLMPipe",
+            Arch(qkv_bias=True, windows="layer_types"),
             planner="llama",
-            hf_layout=True,
-            qkv_bias=True,
-            masks=frozenset({"dense", "startend", "position_ids"}),
             dropout={"attention_probs_dropout_prob": "attention_dropout"},
-            arch=Arch(qkv_bias=True, windows="layer_types"),
         ),
-        # our own Paddle code (paddlenlp_ext/models/qwen3, the qwen3 helper's tests); no pipeline class
-        Family(
+        _decoder_row(
             "qwen3",
-            features=_ALL - {"pp"},
+            Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS),
             planner="llama",
-            hf_layout=True,
-            qk_norm=True,
-            masks=frozenset({"dense", "startend", "position_ids"}),
             dropout={"attention_probs_dropout_prob": "attention_dropout"},
-            refusals={"pp": "qwen3 has no pipeline model (no Qwen3ForCausalLMPipe); set pipeline_parallel_degree=1"},
-            arch=Arch(qk_norm="head", windows="layer_types", **_ATTN_BIAS),
         ),
         # Qwen3-MoE in PaddleNLP's layout (models/qwen3/moe.py, our own Paddle code): attention and every expert's MLP
         # are the targets; the router (mlp.gate, [hidden, num_experts]) is neither adapted nor quantized: its logits

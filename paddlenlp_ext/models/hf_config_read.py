@@ -38,13 +38,8 @@ _NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
 #: the default RoPE base of every family here (transformers' RotaryEmbeddingConfigMixin.default_theta, PaddleNLP's)
 DEFAULT_THETA = 10000.0
 
-#: model_type -> rope types PaddleNLP 3.0.0b4's model (or ours) computes from ``rope_scaling``
-#: (llama/modeling.py ``_init_rope``: only ``rope_type == "llama3"``; qwen2 / qwen3 read none; the rows of our decoder, mistral and gemma included, are checked by decoder/rows.py)
-FAMILY_ROPE_TYPES: Dict[str, Tuple[str, ...]] = {"llama": ("llama3",), "qwen2": (), "qwen3": ()}
 #: model_type -> why a config.json in transformers 5.x's spelling is refused for it (measured, not assumed)
 NOT_READ_5X: Dict[str, str] = {}
-#: the keys of a llama3 rope_scaling dict, all required by both transformers and PaddleNLP
-LLAMA3_ROPE_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
 _LEGACY_LAYER_TYPES = {"attention": "full_attention"}
 
 
@@ -301,59 +296,47 @@ def canonical_config(raw: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]
         )
     key = spelled_rope_key(raw)
     rope = out.get("rope_scaling")
-    known_family = raw.get("model_type") in FAMILY_ROPE_TYPES  # other families: PaddleNLP's own rope_scaling kinds
-    on_decoder = _decoder_row(raw.get("model_type"))  # our decoder: rows.config_problems names what it computes
-    if (known_family or on_decoder) and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
+    # our decoder: rows.config_problems names what it computes; other families: PaddleNLP's own rope_scaling kinds
+    on_decoder = _decoder_row(raw.get("model_type"))
+    if on_decoder and isinstance(rope, dict) and rope.get("rope_type") not in KNOWN_ROPE_TYPES:
         problems.append(
             f"config.json {key}.rope_type={rope.get('rope_type')!r}: not a RoPE type transformers knows "
             f"({', '.join(KNOWN_ROPE_TYPES)})"
         )
-    elif not known_family and not on_decoder and key == "rope_parameters" and rope:
+    elif not on_decoder and key == "rope_parameters" and rope:
         problems.append(
             f"config.json rope_parameters.rope_type={rope.get('rope_type')!r}: RoPE scaling written by "
-            f"transformers 5.x is read for {', '.join(sorted(FAMILY_ROPE_TYPES))} and our decoder's rows "
-            f"(docs/models.md) only; whether "
+            "transformers 5.x is read for our decoder's rows (docs/models.md) only; whether "
             f"PaddleNLP's {raw.get('model_type')} computes it is not verified"
         )
-    prf = out.get("partial_rotary_factor")
-    if raw.get("model_type") in FAMILY_ROPE_TYPES and prf is not None and float(prf) != 1.0:
-        rp = raw.get("rope_parameters")
-        inside = isinstance(rp, dict) and "partial_rotary_factor" in rp
-        where = f"{key}.partial_rotary_factor" if inside else "partial_rotary_factor"
-        problems.append(f"config.json {where}={prf}: RoPE on part of each head is not computed by the model here")
     return out, problems
 
 
 def rope_problems(config: Mapping[str, Any], spelled: str = "rope_scaling") -> List[str]:
-    """What in a canonical config's RoPE the family's model here does not compute (ignored silently otherwise).
+    """What in a canonical config's RoPE the model of a decoder row does not compute (``decoder/rows.py``; the
+    PaddleNLP-class families keep their own ``rope_scaling`` kinds, unchecked).
 
     ``spelled``: the key the file used (``rope_parameters`` for a 5.x config), named in the message.
 
-    >>> rope_problems({"model_type": "qwen2", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters")
-    ["config.json rope_parameters.rope_type='yarn': PaddleNLP's qwen2 does not read rope scaling (it would be silently ignored); use a checkpoint without it"]
+    >>> rope_problems({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+    ...     "intermediate_size": 96, "vocab_size": 10, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+    ...     "rope_parameters")
+    ["config.json rope_parameters.rope_type='dynamic' is not implemented by the decoder (it implements default, linear, llama3, yarn, longrope); remove rope_scaling or use another checkpoint"]
+    >>> rope_problems({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    []
     """
-    mt = config.get("model_type")
+    from .family_table import row
+
     rope = config.get("rope_scaling")
-    if not rope or mt not in FAMILY_ROPE_TYPES:
+    family = row(config.get("model_type"))
+    if not isinstance(rope, dict) or family is None or not family.decoder or family.arch is None:
         return []
-    rtype = rope.get("rope_type") if isinstance(rope, dict) else rope
-    allowed = FAMILY_ROPE_TYPES[mt]
-    if rtype == "default":
-        return []
-    if rtype not in allowed:
-        what = (
-            f"implements rope scaling only for rope_type {', '.join(repr(a) for a in allowed)}"
-            if allowed
-            else "does not read rope scaling"
-        )
-        return [
-            f"config.json {spelled}.rope_type={rtype!r}: PaddleNLP's {mt} {what} (it would be silently "
-            "ignored); use a checkpoint without it"
-        ]
-    if rtype == "llama3":
-        absent = [k for k in LLAMA3_ROPE_KEYS if k not in rope]
-        if absent:
-            return [f"config.json {spelled} (rope_type 'llama3') lacks {absent}"]
+    from .decoder.rows import ArchError, _rope_scaling
+
+    try:
+        _rope_scaling(config)
+    except ArchError as e:
+        return [str(e).replace("config.json rope_scaling", f"config.json {spelled}", 1)]
     return []
 
 
@@ -369,8 +352,9 @@ def spelled_rope_key(raw: Mapping[str, Any]) -> str:
 def read_problems(raw: Mapping[str, Any]) -> List[str]:
     """Every problem of reading ``raw`` for its family's model here: the spelling's and the RoPE's.
 
-    >>> read_problems({"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}})[0][:56]
-    "config.json rope_parameters.rope_type='yarn': PaddleNLP'"
+    >>> read_problems({"model_type": "llama", "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4,
+    ...     "factor": 2.0}})[0][:59]
+    "config.json rope_parameters.rope_type='dynamic' is not impl"
     """
     canon, problems = canonical_config(raw)
     return problems or rope_problems(canon, spelled_rope_key(raw))

@@ -153,8 +153,9 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
     spelling (:func:`.hf_config_read.canonical_config`).  ``max_seq_len``: the longest
     sequence the run feeds (a sliding window shorter than it changes attention).
 
-    >>> config_problems({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    ["config.json rope_scaling.rope_type='yarn': PaddleNLP's llama implements rope scaling only for rope_type 'llama3' (it would be silently ignored); use a checkpoint without it"]
+    >>> config_problems({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+    ...     "intermediate_size": 96, "vocab_size": 10, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})[0][:48]
+    "config.json rope_scaling.rope_type='dynamic' is "
     """
     spelled = spelled_rope_key(config)
     config, out = canonical_config(config)
@@ -168,25 +169,7 @@ def config_problems(config: Mapping[str, Any], max_seq_len: Optional[int] = None
         return decoder_problems(family.arch, config)
     if family is None or not family.hf_layout:  # the names are read (READ_FAMILIES), PaddleNLP's class is not checked
         return [hf_layout_problem(mt)]
-    out = []
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    head_dim = config.get("head_dim")
-    if mt in ("llama", "qwen2") and head_dim is not None and hidden and heads and head_dim * heads != hidden:
-        out.append(
-            f"config.json head_dim={head_dim}: PaddleNLP's {mt} derives head_dim as hidden_size / "
-            f"num_attention_heads = {hidden // heads}; a checkpoint with an explicit other head_dim cannot load"
-        )
-    out.extend(rope_problems(config, spelled))
-    if mt == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
-        key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
-        out.append(f"config.json {key}=true: PaddleNLP's llama has no bias in its projections")
-    if mt == "llama" and config.get("hidden_act", "silu") != "silu":
-        out.append(
-            f"config.json hidden_act={config.get('hidden_act')!r}: PaddleNLP's llama always computes SwiGLU "
-            "(silu) in its MLP and ignores hidden_act"
-        )
-    if mt == "qwen2" and config.get("attention_bias") is False:
-        out.append("config.json attention_bias=false: PaddleNLP's qwen2 always has q/k/v biases")
+    out = rope_problems(config, spelled)
     window = _active_sliding_window(config)
     if window is not None and (max_seq_len is None or max_seq_len > window):
         seq = "an unbounded length" if max_seq_len is None else f"max length {max_seq_len}"

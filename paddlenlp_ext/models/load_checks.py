@@ -107,6 +107,10 @@ def missing_message(missing: List[str], ckpt: Checkpoint) -> str:
 
 def precheck(ckpt, keymap, expected, groups, ignore_missing, ignore_unexpected, skip) -> None:
     """Names (and shapes, for safetensors) against the model, before reading any tensor data."""
+    if not any(f in k for k in expected for f in PADDLENLP_FUSED):  # a model without them (our decoder's rows)
+        fused = fused_paddlenlp_problem(list(ckpt.tensors), ckpt.directory)
+        if fused:
+            raise CheckpointError(fused)
     problems, unexpected, provided = [], [], set()
     for key, info in ckpt.tensors.items():
         mk = keymap(key)
@@ -153,3 +157,32 @@ def check_hf_config(model_dir: str, config: Any, max_seq_len: Optional[int], dec
     problems = hf_layout.config_problems(raw, max_seq_len, decoder=decoder)
     if problems:
         raise CheckpointError(f"{model_dir} (transformers layout): " + "; ".join(problems))
+
+
+#: the names PaddleNLP's Llama / Qwen2 classes give their fused projections (``fuse_attention_qkv`` /
+#: ``fuse_attention_ffn``): q/k/v interleaved per key/value group, [gate | up] halves
+PADDLENLP_FUSED = (".self_attn.qkv_proj.", ".mlp.gate_up_fused_proj.")
+
+
+def fused_paddlenlp_problem(names: Sequence[str], model_dir: str) -> Optional[str]:
+    """Why a PaddleNLP-layout checkpoint holding PaddleNLP's fused projections cannot load into our decoder, or
+    None.  PaddleNLP 3.0.0b4's ``save_pretrained`` writes q/k/v and gate/up separately even for a fused model,
+    but a checkpoint written by an older PaddleNLP (or a raw state_dict) may hold ``qkv_proj`` /
+    ``gate_up_fused_proj``; PaddleNLP's own ``from_pretrained`` splits them, so loading and saving once with it
+    gives the separate tensors the decoder reads (equal logits).  The caller asks only for a model without these
+    names (phi3 / glm4 rows fuse ``self_attn.qkv_proj`` themselves, in transformers' [q; k; v] order).
+
+    >>> fused_paddlenlp_problem(["llama.layers.0.self_attn.qkv_proj.weight"], "m")[:62]
+    "m holds PaddleNLP's fused projections ('llama.layers.0.self_att"
+    >>> fused_paddlenlp_problem(["llama.layers.0.self_attn.q_proj.weight"], "m") is None
+    True
+    """
+    fused = [n for n in names if any(f in n for f in PADDLENLP_FUSED)]
+    if not fused:
+        return None
+    return (
+        f"{model_dir} holds PaddleNLP's fused projections ({few_names(fused)}), which our decoder does not read "
+        "(it takes q/k/v and gate/up separately). Save the model once with PaddleNLP, which splits them: "
+        f"python -c \"import paddlenlp.transformers as T; T.AutoModelForCausalLM.from_pretrained('{model_dir}')"
+        ".save_pretrained('OUT_DIR')\" and set model_name_or_path to OUT_DIR"
+    )

@@ -114,15 +114,26 @@ def _repeat_kv(x, rep: int):
 
 
 def attend(
-    q, k, v, plan: MaskPlan, scale: float, window: Optional[int] = None, softcap: Optional[float] = None, sinks=None
+    q,
+    k,
+    v,
+    plan: MaskPlan,
+    scale: float,
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    sinks=None,
+    dropout: float = 0.0,
 ):
     """Attention output [B, Lq, H * D] of q [B, Lq, H, D] over k, v [B, Lk, Hkv, D].
 
     ``sinks`` [H] (gpt-oss): one learned logit per head joins each query's softmax as an extra key with no
     value, so the real keys' weights sum to less than 1; such layers take the dense path (start rows become
-    the dense mask), which applies them under every mask form."""
+    the dense mask), which applies them under every mask form.  ``dropout`` (training only; the config's
+    ``attention_dropout``, as transformers and PaddleNLP's eager attention): dropout on the probabilities, on
+    the dense autograd path."""
     b, lq, h, d = q.shape
-    if plan.startend is not None and window is None and softcap is None and sinks is None and plan.past_len == 0:
+    plain = softcap is None and sinks is None and not dropout
+    if plan.startend is not None and window is None and plain and plan.past_len == 0:
         # FlashMask start rows, nothing else to apply: the block-sparse kernel (GQA inside)
         out = flashmask_dispatch(q, k, v, plan.startend, causal=True, softmax_scale=scale)  # [B, Lq, H, D]
         return out.reshape([b, lq, h * d])
@@ -131,8 +142,7 @@ def attend(
     kt = _repeat_kv(k, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
     vt = _repeat_kv(v, rep).transpose([0, 2, 1, 3])  # [B, H, Lk, D]
     if (
-        softcap is None
-        and sinks is None
+        plain
         and q.dtype == paddle.float32
         and not plan.autograd_only
         and not (q.stop_gradient and k.stop_gradient and v.stop_gradient)
@@ -149,6 +159,8 @@ def attend(
         probs = F.softmax(paddle.concat([scores, sink], axis=-1), axis=-1)[..., :-1].astype(q.dtype)  # [B, H, Lq, Lk]
     else:
         probs = F.softmax(scores, axis=-1).astype(q.dtype)  # [B, H, Lq, Lk]
+    if dropout:
+        probs = F.dropout(probs, p=dropout, training=True)
     out = paddle.matmul(probs, vt).transpose([0, 2, 1, 3])  # [B, Lq, H, D]
     return out.reshape([b, lq, h * d])
 

@@ -288,7 +288,8 @@ class Attention(nn.Layer):
         if past is not None:
             key = paddle.concat([past[0], key], axis=1)  # [B, Lp + L, Hkv, D]
             val = paddle.concat([past[1], val], axis=1)
-        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap, self.sinks)  # [B, L, H * D]
+        drop = float(k.cfg.get("attention_dropout") or 0.0) if self.training else 0.0  # qwen2/qwen3's dropout key
+        out = attend(q, key, val, plan, k.scale, self.window, k.attn_softcap, self.sinks, drop)  # [B, L, H * D]
         if self.tp is not None and self.tp.sequence_parallel:
             out = out.reshape([b * s, -1])  # the row-parallel o_proj reduce-scatters the tokens (axis 0)
             if pad:

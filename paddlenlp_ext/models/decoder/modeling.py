@@ -193,8 +193,9 @@ class DecoderModel(DecoderPretrainedModel):
             j = self._rope_index[i]
             past = past_key_values[i] if past_key_values else None
             rope = None if j is None else tables[j]
-            if recomputing and i not in keep:
-                # recompute=true: keep only each layer's input; its activations are recomputed in backward
+            if recomputing and i not in keep and past is None:
+                # recompute=true: keep only each layer's input; its activations are recomputed in backward (not
+                # with a prefix's past_key_values, whose trainable keys/values the layer must see as they are)
                 x, cache, logits = recompute_layer(layer, x, rope, plan, None, False)
             else:
                 x, cache, logits = layer(x, rope, plan, past, use_cache)

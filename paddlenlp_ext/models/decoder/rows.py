@@ -38,6 +38,8 @@ POST_NORM = (None, "post_attention_layernorm", None, "post_feedforward_layernorm
 
 #: rope_scaling types the decoder computes (``models/decoder/rope.py``)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+#: the keys of a llama3 rope_scaling, all read by transformers
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 #: activations the MLP computes (transformers' ACT2FN names)
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast", "relu")
 
@@ -190,10 +192,44 @@ def _windows(arch: Arch, cfg: Mapping[str, Any], layers: int) -> Tuple[Optional[
     return tuple(int(window) if t == "sliding_attention" else None for t in types)
 
 
+def paddlenlp_rope_scaling(cfg: Mapping[str, Any]) -> Optional[dict]:
+    """transformers' ``rope_scaling`` for PaddleNLP's own position keys in a PaddleNLP-layout config.json (its
+    Llama / Qwen2 configs): ``rope_scaling_type="linear"`` is transformers' linear scaling (positions / factor);
+    ``ntk`` / ``dynamic_ntk``, ALiBi and the long-sequence strategies have no exact equivalent and are refused.
+
+    >>> paddlenlp_rope_scaling({"rope_scaling_type": "linear", "rope_scaling_factor": 2.0})
+    {'rope_type': 'linear', 'factor': 2.0}
+    >>> paddlenlp_rope_scaling({"rope_scaling_type": "ntk", "rope_scaling_factor": 1.0}) is None
+    True
+    """
+    if cfg.get("alibi"):
+        raise ArchError(
+            "config.json alibi=true: the decoder computes RoPE, not PaddleNLP's ALiBi; use a checkpoint without it"
+        )
+    if cfg.get("use_long_sequence_strategies"):
+        raise ArchError(
+            "config.json use_long_sequence_strategies=true: PaddleNLP's long-sequence strategies are not computed "
+            "by the decoder; set rope_scaling (transformers' linear, llama3, yarn or longrope) instead"
+        )
+    rtype, factor = cfg.get("rope_scaling_type"), float(cfg.get("rope_scaling_factor") or 1.0)
+    if rtype in (None, "", "none") or factor == 1.0:
+        return None
+    if rtype == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    raise ArchError(
+        f"config.json rope_scaling_type={rtype!r} (factor {factor}): PaddleNLP's own RoPE scaling has no exact "
+        "equivalent in the decoder, which computes transformers' rope_scaling (linear, llama3, yarn, longrope); "
+        "use a checkpoint without it"
+    )
+
+
 def _rope_scaling(cfg: Mapping[str, Any]) -> Optional[dict]:
+    legacy = paddlenlp_rope_scaling(cfg)
     rope = cfg.get("rope_scaling")
     if not rope:
-        return None
+        return legacy
+    if legacy is not None:
+        raise ArchError("config.json sets both rope_scaling and PaddleNLP's rope_scaling_type; keep one")
     if not isinstance(rope, dict):
         raise ArchError(f"config.json rope_scaling must be an object, got {rope!r}")
     rtype = rope.get("rope_type", rope.get("type", "default"))
@@ -202,6 +238,10 @@ def _rope_scaling(cfg: Mapping[str, Any]) -> Optional[dict]:
             f"config.json rope_scaling.rope_type={rtype!r} is not implemented by the decoder "
             f"(it implements {', '.join(ROPE_TYPES)}); remove rope_scaling or use another checkpoint"
         )
+    if rtype == "llama3":  # transformers reads all four (original_max_position_embeddings: 5.x fills it in)
+        absent = [k for k in LLAMA3_ROPE_KEYS if k not in rope]
+        if absent:
+            raise ArchError(f"config.json rope_scaling (rope_type 'llama3') lacks {absent}")
     return None if rtype == "default" else {**rope, "rope_type": rtype}
 
 
