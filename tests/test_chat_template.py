@@ -83,7 +83,7 @@ def template_dir(tiny_model_dir, tmp_path_factory):
 
 def our_features(template_dir, tmp_path, records, **keys):
     from paddlenlp_ext.config.parse import load_config
-    from paddlenlp_ext.data.pipeline import build_datasets
+    from paddlenlp_ext.data.build import build_datasets
     from paddlenlp_ext.training.run import load_tokenizer
 
     data = tmp_path / "chat.jsonl"

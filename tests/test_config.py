@@ -205,7 +205,7 @@ def test_dropout_keys_apply_or_fail_never_ignored(tmp_path, base):
     qwen.mkdir()
     (qwen / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     cfg = load_config(write(tmp_path, {**base, "model_name_or_path": str(qwen), "attention_probs_dropout_prob": 0.2}))
-    from paddlenlp_ext.models.families import dropout_config_updates
+    from paddlenlp_ext.models.dropout import dropout_config_updates
 
     assert dropout_config_updates(
         "qwen2", {"attention_probs_dropout_prob": cfg.model.attention_probs_dropout_prob, "hidden_dropout_prob": None}

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from paddlenlp_ext.data import collate, pipeline, reader
+from paddlenlp_ext.data import collate, build, reader
 from paddlenlp_ext.data.reader import DataError, Example, find_split_files, read_examples
 from paddlenlp_ext.data.tokenize import IGNORE_INDEX, fit_turns, length_histogram, tokenize_example, tokenize_examples
 from paddlenlp_ext.data.collate import PaddingCollator, PackedCollator
@@ -16,7 +16,7 @@ def write_lines(tmp_path, lines, name="train.json"):
     return str(p)
 
 
-@pytest.mark.parametrize("module, examples", [(collate, 5), (pipeline, 1), (reader, 1)])
+@pytest.mark.parametrize("module, examples", [(collate, 5), (build, 1), (reader, 1)])
 def test_docstring_examples(module, examples):
     res = doctest.testmod(module, verbose=False)
     assert res.attempted >= examples and res.failed == 0

@@ -127,7 +127,7 @@ def test_lookup_honours_file_name_formatting_columns_tags_ranking(tmp_path):
 
 
 def test_sft_by_name_alpaca_and_sharegpt_with_custom_tags(tiny_model_dir, tiny_tokenizer, tmp_path):
-    from paddlenlp_ext.data.pipeline import build_datasets
+    from paddlenlp_ext.data.build import build_datasets
 
     d = make_dataset_dir(tmp_path)
     for name, first_user in (("qa", "What color is item 0?"), ("chat", "Color of item 0?"), ("qa,chat", None)):

@@ -136,7 +136,7 @@ def test_paddlenlp_fused_projections_are_refused_with_advice_that_works(tiny_mod
 def test_qwen2_attention_dropout_applies_in_training_only(tiny_qwen2_dir):
     """qwen2 kept its attention dropout when it moved (attention_probs_dropout_prob -> the config's
     attention_dropout, as PaddleNLP's eager Qwen2 attention): the probabilities drop out in training only."""
-    from paddlenlp_ext.models.families import dropout_config_updates
+    from paddlenlp_ext.models.dropout import dropout_config_updates
     from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
     from paddlenlp_ext.models.model_config import load_model_config
 

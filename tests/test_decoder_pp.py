@@ -1,7 +1,7 @@
 """Our decoder as pipeline stages (models/decoder/pipe.py): PP=2 equals one process on every dense decoder row.
 
-As tests/test_pipeline_sim.py does for PaddleNLP's Llama/Qwen2 pipes: the stage models of ``pipe_class_for(row)``
-are built in one process (``parallel.pipeline_sim.build_stages``), load the single model's state dict by the plain
+As tests/test_pp_sim.py does for PaddleNLP's Llama/Qwen2 pipes: the stage models of ``pipe_class_for(row)``
+are built in one process (``parallel.pp_sim.build_stages``), load the single model's state dict by the plain
 names, and run one micro-batch with detached activations ("sent") and back-propagated activation gradients
 ("received"); the last stage applies our PipelineCriterion.  The loss (1e-5) and every gradient -- every weight
 for full fine-tuning, every adapter tensor for LoRA -- equal the single model's ``global_token_loss`` with the
@@ -19,7 +19,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from test_decoder_tp import build, randomize  # noqa: E402
-from test_pipeline_sim import batch  # noqa: E402
+from test_pp_sim import batch  # noqa: E402
 
 from paddlenlp_ext.models.family_table import FAMILIES  # noqa: E402
 
@@ -30,8 +30,8 @@ LAYERS = 4
 def stages_of(model_type, n, virtual=1, method="full", seed=0, recompute=False):
     from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, load_adapter_state_dict
     from paddlenlp_ext.models.decoder.pipe import pipe_class_for
-    from paddlenlp_ext.parallel.pipeline import prepare_stage_for_adapters
-    from paddlenlp_ext.parallel.pipeline_sim import build_stages
+    from paddlenlp_ext.parallel.pp_adapters import prepare_stage_for_adapters
+    from paddlenlp_ext.parallel.pp_sim import build_stages
 
     single = build(model_type, num_hidden_layers=LAYERS)
     randomize(single, seed)
@@ -73,9 +73,9 @@ def grads(model, method):
 
 def compare(single, parts, kind, method, model_type):
     from paddlenlp_ext.integrations.flashmask import cpu_flashmask
-    from paddlenlp_ext.parallel.pipeline_sim import run_pipeline
+    from paddlenlp_ext.parallel.pp_sim import run_pipeline
     from paddlenlp_ext.training.loss import global_token_loss
-    from paddlenlp_ext.training.pipeline import PipelineCriterion
+    from paddlenlp_ext.training.pp_step import PipelineCriterion
 
     inputs, first, labels, n = batch(kind, single.config.vocab_size)
     n_global = n + 17
@@ -147,9 +147,9 @@ def test_tied_embedding_copies_alone_do_not_match():
         pytest.skip("no tied row")
     single, parts = stages_of(tied[0], 2)
     from paddlenlp_ext.integrations.flashmask import cpu_flashmask
-    from paddlenlp_ext.parallel.pipeline_sim import run_pipeline
+    from paddlenlp_ext.parallel.pp_sim import run_pipeline
     from paddlenlp_ext.training.loss import global_token_loss
-    from paddlenlp_ext.training.pipeline import PipelineCriterion
+    from paddlenlp_ext.training.pp_step import PipelineCriterion
 
     inputs, first, labels, n = batch("padded", single.config.vocab_size)
     with cpu_flashmask():
@@ -177,12 +177,12 @@ def test_stages_stream_a_transformers_checkpoint_and_save_one_single_device_chec
     import torch
     from test_decoder_parity import BASE, KNOBS
 
-    from paddlenlp_ext.integrations.pipeline import pipeline_stage_construction
+    from paddlenlp_ext.integrations.paddlenlp_pipe import pipeline_stage_construction
     from paddlenlp_ext.models.decoder import classes_for
     from paddlenlp_ext.models.decoder.pipe import pipe_class_for
     from paddlenlp_ext.models.loading import load_model_streaming
-    from paddlenlp_ext.parallel.pipeline import attach_pipeline_group, save_stage_weights
-    from paddlenlp_ext.parallel.pipeline_sim import SimulatedPipelineGroup, run_stages_in_threads
+    from paddlenlp_ext.parallel.pp_adapters import attach_pipeline_group, save_stage_weights
+    from paddlenlp_ext.parallel.pp_sim import SimulatedPipelineGroup, run_stages_in_threads
 
     hf_cfg = transformers.AutoConfig.for_model(
         model_type, **{**BASE, **KNOBS.get(model_type, {}), "num_hidden_layers": LAYERS}
@@ -234,11 +234,11 @@ def test_a_run_builds_and_wires_its_decoder_stage(tmp_path):
 
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
     from paddlenlp_ext.adapters.api import iter_adapter_layers
-    from paddlenlp_ext.integrations.pipeline import pipeline_stage_construction
+    from paddlenlp_ext.integrations.paddlenlp_pipe import pipeline_stage_construction
     from paddlenlp_ext.models.decoder.pipe import DecoderForCausalLMPipe
     from paddlenlp_ext.models.model_config import load_model_config
     from paddlenlp_ext.training.model_build import load_pipeline_stage, prepare_pipeline_stage
-    from paddlenlp_ext.training.pipeline import PipelineCriterion
+    from paddlenlp_ext.training.pp_step import PipelineCriterion
 
     model_type = ROWS[-1]
     hf_cfg = transformers.AutoConfig.for_model(

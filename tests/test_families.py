@@ -282,7 +282,7 @@ def test_hf_layout_flag_is_set_for_the_families_the_loader_reads():
 
 
 def test_table_drives_targets_dropout_pipeline_and_planner(tmp_path):
-    from paddlenlp_ext.models.families import dropout_problem
+    from paddlenlp_ext.models.dropout import dropout_problem
     from paddlenlp_ext.planner.shapes import PlanError, read_model_shape
     from paddlenlp_ext.training.model_build import PIPELINE_CLASSES, decoder_pipeline_row
 

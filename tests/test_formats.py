@@ -327,7 +327,7 @@ def mixture_cfg(tmp_path, **data):
 
 
 def test_mixture_shares_and_determinism(tmp_path):
-    from paddlenlp_ext.data.pipeline import tokenize_split
+    from paddlenlp_ext.data.build import tokenize_split
 
     a = write(tmp_path, "a.jsonl", [{"instruction": f"a{i}", "output": "x"} for i in range(900)])
     b = tmp_path / "b"

@@ -568,7 +568,7 @@ def test_verify_is_skipped_when_the_model_does_not_fit(adapters, tiny_model_dir,
 def test_failure_midway_leaves_nothing_and_fallback_copy_path(adapters, base_variants, tmp_path, monkeypatch):
     import threading
 
-    import paddlenlp_ext.merge.pipeline as pipeline  # looks add_delta_inplace up
+    import paddlenlp_ext.merge.checkpoint_merge as pipeline  # looks add_delta_inplace up
     import paddlenlp_ext.merge.writer as writer  # owns the copy_file_range switch
 
     src = base_variants["fp32_sharded"]

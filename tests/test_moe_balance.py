@@ -216,7 +216,7 @@ def test_router_names_and_bias_come_from_the_checkpoints_moe_spec(tmp_path):
     checkpoint's own MoE spec, so a new row with a correction bias (deepseek_v3) is covered without edits."""
     import json
 
-    from paddlenlp_ext.config.families import _router_names
+    from paddlenlp_ext.config.family_checks import _router_names
 
     configs = {
         "ernie4_5_moe": dict(

@@ -9,7 +9,7 @@ gets the single-device weights sliced by THIS test's numpy code; with the aux lo
 coefficient 0.1) and a non-zero correction bias, the loss on every rank and every gradient (gathered by this test)
 equal one process's, without and with sequence parallelism (an odd token count included); LoRA on the experts too.
 
-Pipeline (2 stages, ``parallel.pipeline_sim``): with the aux loss off, the stages' loss and every gradient equal
+Pipeline (2 stages, ``parallel.pp_sim``): with the aux loss off, the stages' loss and every gradient equal
 one process's ``global_token_loss``.  The aux loss over all layers is not a sum of per-stage terms (transformers'
 loss multiplies means over every layer), so pipeline stages with the aux loss on are refused at config time.
 

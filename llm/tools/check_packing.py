@@ -86,7 +86,7 @@ def main(argv):
 
 
 def check_sft(cfg, tool):
-    from paddlenlp_ext.data.pipeline import tokenize_split
+    from paddlenlp_ext.data.build import tokenize_split
     from paddlenlp_ext.data.tokenize import resolve_chat_template
     from paddlenlp_ext.training.packing_check import check_packing
     from paddlenlp_ext.training.run import build_training_args, library_patches, load_model, load_tokenizer

@@ -31,7 +31,7 @@ def main(argv):
 
 
 def report(cfg):
-    from paddlenlp_ext.data.pipeline import build_datasets
+    from paddlenlp_ext.data.build import build_datasets
     from paddlenlp_ext.training.run import load_tokenizer
 
     t = cfg.training

@@ -252,7 +252,7 @@ def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: s
 
         state, write = full_adapter_state_dict(model), is_checkpoint_writer(model)
     if holds_part_of_model(model):  # a pipeline stage: every stage's adapters, gathered (a collective)
-        from ..parallel.pipeline import gather_stage_states
+        from ..parallel.pp_adapters import gather_stage_states
 
         state, first_stage = gather_stage_states(model, state)
         write = write and first_stage

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..adapters.config import ADAPTER_METHOD_KEYS
 from ..data.reader import DataError, read_utf8_text
 from .data_checks import data_format_problems, dataset_path_problems
-from ..models.families import DROPOUT_KEYS, dropout_problem, read_model_type
+from ..models.dropout import DROPOUT_KEYS, dropout_problem, read_model_type
 from .problems import Problem, blame_command_line, tagged
 from .environment import (
     DPO_HINT,
@@ -432,7 +432,7 @@ def _cross_checks(cfg: RunConfig, where: str) -> List[str]:
 
     p += prefix_problems(m, d, t, where)
     # the model family x what the config asks for (models/family_table.py; docs/models.md)
-    from .families import family_problems
+    from .family_checks import family_problems
 
     p += family_problems(cfg, where, mode=mode_of(cfg.alignment))
     return p

@@ -52,7 +52,7 @@ def read_dev_items(cfg) -> List[Any]:
     """The dev records of every source of ``dataset_name_or_path``, in any data format (as training reads them)."""
     from ..data.formats.detect import read_items
     from ..data.mixture import split_sources
-    from ..data.pipeline import source_files
+    from ..data.build import source_files
 
     d, items = cfg.data, []
     for src in split_sources(d.dataset_name_or_path):
@@ -65,7 +65,7 @@ def read_dev_items(cfg) -> List[Any]:
 def evaluate_dev_by_generation(cfg, model, tokenizer, output_dir: str) -> Dict[str, float]:
     """``eval_with_do_generation`` of a fine-tuning run: the dev records of any format, prompts rendered with
     the training template (:func:`prompt_and_reference`), metrics as :func:`evaluate_by_generation`."""
-    from ..data.pipeline import make_renderer
+    from ..data.build import make_renderer
     from ..data.tokenize import resolve_chat_template
 
     d, g = cfg.data, cfg.generate

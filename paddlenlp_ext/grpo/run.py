@@ -35,7 +35,7 @@ STEP_KEYS = (
 
 def build_prompts(cfg: RunConfig, tokenizer):
     """(PromptDataset, report): the train prompts rendered with the run's template (DataError naming file:line)."""
-    from ..data.pipeline import make_renderer
+    from ..data.build import make_renderer
     from ..data.reader import DataError
     from ..data.tokenize import resolve_chat_template
     from ..dpo.data import resolve_split_files

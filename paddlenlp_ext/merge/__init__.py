@@ -54,7 +54,7 @@ from .common import (
 from .delta import CHUNK_ELEMENTS, MERGE_THREADS, add_delta_inplace, merge_dtype
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits, from_f32, to_f32
 from .formats import AdapterBundle, check_adapter_against_base, check_model_type
-from .pipeline import MergeResult, merge_adapter_checkpoint
+from .checkpoint_merge import MergeResult, merge_adapter_checkpoint
 from .reader import BufferPool, Checkpoint, TensorEntry, TensorSource
 from .verify import DEFAULT_TOLERANCE, estimate_verify_bytes, probe_inputs, verify_merge
 from .writer import MODEL_FILES, TOKENIZER_PATTERNS, SafetensorsStreamWriter, plan_shards, shard_file_names

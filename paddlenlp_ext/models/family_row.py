@@ -201,7 +201,7 @@ _MOE_TARGETS = (
 #: transformers / PEFT exports: tests/test_decoder_export.py; DPO, KTO, reward models and GRPO with the policy
 #: forward's router aux loss: tests/test_moe_align.py; tensor (and sequence) parallel: tests/test_moe_parallel.py
 #: (the router replicated, every expert split like the dense MLP, MLA's heads split); pipeline stages with the
-#: aux loss off (the aux loss across stages is refused by config.families.moe_pipeline_problems)
+#: aux loss off (the aux loss across stages is refused by config.family_checks.moe_pipeline_problems)
 _MOE_DECODER = _DECODER | {"tp", "pp"}
 
 

@@ -21,10 +21,10 @@ model-parallel group, the layers over pipeline stages):
 * :mod:`.simulate` -- N ranks in one CPU process (:class:`SimulatedGroup`): the
   same layer classes with simulated collectives, how all of the above is tested
   on machines whose Paddle build cannot run fleet's tensor parallelism.
-* :mod:`.pipeline` -- adapters on a pipeline stage (PaddleNLP's
+* :mod:`.pp_adapters` -- adapters on a pipeline stage (PaddleNLP's
   ``*ForCausalLMPipe``): plain layer names, the pipeline group
   (:class:`FleetPipelineGroup`) and the checkpoint gathered to the first stage;
-  :mod:`.pipeline_sim` -- N stages in one CPU process (PaddleNLP's own stage
+  :mod:`.pp_sim` -- N stages in one CPU process (PaddleNLP's own stage
   classes, activations sent and gradients received by hand).
 * :mod:`.expert` -- expert parallelism of the decoder's MoE blocks
   (``expert_parallel_degree``): each rank keeps E/N experts, tokens go to their
@@ -63,15 +63,15 @@ _LAZY = {
     "SimulatedProcessGroup": "simulate",
     "SimulationError": "simulate",
     "simulate_sharded_training": "sharding_sim",
-    "FleetPipelineGroup": "pipeline",
-    "attach_pipeline_group": "pipeline",
-    "prepare_stage_for_adapters": "pipeline",
+    "FleetPipelineGroup": "pp_adapters",
+    "attach_pipeline_group": "pp_adapters",
+    "prepare_stage_for_adapters": "pp_adapters",
     "apply_expert_parallel": "expert",
     "SimulatedExpertComm": "expert",
     "FleetExpertComm": "expert",
-    "build_stages": "pipeline_sim",
-    "run_pipeline": "pipeline_sim",
-    "SimulatedPipelineGroup": "pipeline_sim",
+    "build_stages": "pp_sim",
+    "run_pipeline": "pp_sim",
+    "SimulatedPipelineGroup": "pp_sim",
 }
 
 __all__ = sorted(_LAZY)

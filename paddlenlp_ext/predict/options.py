@@ -114,7 +114,7 @@ def check_options(o: PredictOptions) -> Tuple[PredictOptions, List[str], List[st
         problems.append(f"--data_file {o.data_file}: no such file")
     cfg = _model_config(o.model_name_or_path, problems)
     if cfg.get("model_type"):  # a family the table refuses (docs/models.md) is refused here too
-        from ..config.families import unlisted_allowed
+        from ..config.family_checks import unlisted_allowed
         from ..models.family_table import family_problem
 
         why = family_problem(cfg.get("model_type"), allow_unlisted=unlisted_allowed())

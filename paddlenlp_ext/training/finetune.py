@@ -1,6 +1,6 @@
 """Supervised fine-tuning (``llm/run_finetune.py``): the run recipe (``training.recipe``) with these hooks.
 
-data: ``data.pipeline.build_datasets`` (read, validated, tokenized, packed; a lazy stream resumes at its
+data: ``data.build.build_datasets`` (read, validated, tokenized, packed; a lazy stream resumes at its
 cursor) -> trainer: :class:`~paddlenlp_ext.training.trainer.FinetuneTrainer` (NEFTune noise on the embeddings
 when asked; prefix tuning's weights io) -> summary: supervised tokens and tokens/s after training; eval loss,
 perplexity, token accuracy and the generation metrics (``eval_with_do_generation``) after the evaluation.
@@ -18,7 +18,7 @@ class FinetuneHooks(RunHooks):
     mode = "sft"
 
     def data(self, cfg, args, tokenizer, resume_cursor):
-        from ..data.pipeline import build_datasets
+        from ..data.build import build_datasets
 
         self.tokenizer = tokenizer  # the generation eval's
         return build_datasets(

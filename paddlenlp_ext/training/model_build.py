@@ -11,7 +11,7 @@ import json
 from typing import Any, Dict, Optional
 
 from ..config.parse import ConfigError, RunConfig
-from ..models.families import DROPOUT_KEYS, dropout_config_updates
+from ..models.dropout import DROPOUT_KEYS, dropout_config_updates
 from ..models.family_table import FAMILIES, layout_row, row
 
 
@@ -69,7 +69,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         setattr(config, attr, value)
     # the row this checkpoint trains on: a transformers-layout qwen3_moe on the decoder's MoE row, PaddleNLP's on
     # models/qwen3 (family_table.layout_row)
-    from ..config.families import is_hf_layout
+    from ..config.family_checks import is_hf_layout
 
     hf = bool(m.continue_training) and is_hf_layout(m.model_name_or_path)
     family = layout_row(getattr(config, "model_type", None), hf, config)
@@ -244,12 +244,12 @@ def load_pipeline_stage(m, config, dtype: str, args, where: str):
 def prepare_pipeline_stage(model, args) -> Optional[Dict[str, str]]:
     """For a pipeline stage: install the pipeline inputs and loss, attach the pipeline group, and return
     the plain names of its layers (for the adapters); None for any other model."""
-    from ..integrations.pipeline import is_pipeline_model
+    from ..integrations.paddlenlp_pipe import is_pipeline_model
 
     if not is_pipeline_model(model):
         return None
-    from ..parallel.pipeline import FleetPipelineGroup, attach_pipeline_group, prepare_stage_for_adapters
-    from .pipeline import install_pipeline_training
+    from ..parallel.pp_adapters import FleetPipelineGroup, attach_pipeline_group, prepare_stage_for_adapters
+    from .pp_step import install_pipeline_training
 
     install_pipeline_training(model, args.dataset_world_size, args.gradient_accumulation_steps)
     attach_pipeline_group(model, FleetPipelineGroup())

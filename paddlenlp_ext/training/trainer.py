@@ -39,7 +39,7 @@ from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
 from ..config.parse import ConfigError
 from ..integrations.sharding import slice_aware_decay
 from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
-from ..parallel.pipeline import save_stage_weights
+from ..parallel.pp_adapters import save_stage_weights
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
 from .moe_aux import add_aux_loss, prepare_forward
@@ -134,7 +134,7 @@ class FinetuneTrainer(TrainerBoundary):
         self.trained_supervised_tokens += int((inputs["labels"] != -100).sum())
 
     def training_pipeline_step(self, model, inputs):
-        # pipeline parallel: PaddleNLP runs the micro-batch through the stages (training/pipeline.py), not
+        # pipeline parallel: PaddleNLP runs the micro-batch through the stages (training/pp_step.py), not
         # compute_loss; the token counters are kept here
         self._count_trained(inputs, inputs.pop(REAL_TOKENS_KEY, None))
         return super().training_pipeline_step(model, inputs)

@@ -9,7 +9,7 @@ copies take the same step (the single model's embedding gradient is their sum).
 
 What travels between stages is a tuple of tensors told apart by dtype (fleet sends no ``None``):
 ``(hidden [B, L, H] float, [mask [B | 1, 1, L, L] bool], [FlashMask start rows int32], position_ids [B, L]
-int64)``.  The first stage reads its inputs the same way (``training/pipeline.py`` sends
+int64)``.  The first stage reads its inputs the same way (``training/pp_step.py`` sends
 ``(input_ids, attention_mask, start rows, position_ids)``, with or without the ``None`` entries): a dense mask is
 turned into the bool mask the layers use (``MaskPlan.allowed``), positions default to ``0 .. L-1``.
 

@@ -105,7 +105,7 @@ class PipelineCriterion(nn.Layer):
 
 def install_pipeline_training(model: Any, ranks: int, accumulation: int) -> None:
     """Make a pipeline model take :func:`pipeline_inputs` and compute :class:`PipelineCriterion`."""
-    from ..integrations.pipeline import set_pipeline_inputs, set_pipeline_loss
+    from ..integrations.paddlenlp_pipe import set_pipeline_inputs, set_pipeline_loss
 
     set_pipeline_loss(model, PipelineCriterion(ranks, accumulation))
     set_pipeline_inputs(model, pipeline_inputs)

@@ -5,7 +5,7 @@ reads a device id a CPU build never sets; the schedule sends activations with
 device streams).  The simulation builds THE SAME stage models --
 PaddleNLP's ``*ForCausalLMPipe``, one per stage, each holding only its layers
 (:func:`build_stages`, through
-:func:`paddlenlp_ext.integrations.pipeline.pipeline_stage_construction`) -- and
+:func:`paddlenlp_ext.integrations.paddlenlp_pipe.pipeline_stage_construction`) -- and
 runs one micro-batch through them (:func:`run_pipeline`):
 
 * forward: stage ``s`` receives the previous stage's output with its
@@ -30,14 +30,14 @@ from typing import Any, Callable, List, Sequence
 
 import paddle
 
-from .pipeline import PipelineGroup
+from .pp_adapters import PipelineGroup
 
 __all__ = ["build_stages", "run_pipeline", "SimulatedPipelineGroup", "run_stages_in_threads"]
 
 
 def build_stages(model_class: Any, config: Any, num_stages: int) -> List[paddle.nn.Layer]:
     """``num_stages`` stage models of ``model_class(config)`` (``config.virtual_pp_degree`` chunks each)."""
-    from ..integrations.pipeline import pipeline_stage_construction
+    from ..integrations.paddlenlp_pipe import pipeline_stage_construction
 
     stages = []
     for s in range(num_stages):
@@ -66,7 +66,7 @@ def run_pipeline(
     stages: Sequence[paddle.nn.Layer], inputs: Any, labels: Any, criterion: Callable[[Any, Any], paddle.Tensor]
 ) -> paddle.Tensor:
     """Forward ``inputs`` (the first stage's tuple) through the stages, the loss on the last, and backward."""
-    from ..integrations.pipeline import gpu_argument_routing
+    from ..integrations.paddlenlp_pipe import gpu_argument_routing
 
     virtual = stages[0].get_num_virtual_stages()
     hops = [(s, c) for c in range(virtual) for s in range(len(stages))]

@@ -11,7 +11,7 @@ module adds:
 * :class:`PipelineGroup` -- what a stage needs from the pipeline group to save:
   its stage index and ``all_gather_object``; :class:`FleetPipelineGroup` asks
   fleet's hybrid group (GPU runs), the simulation brings its own
-  (:mod:`.pipeline_sim`); :func:`attach_pipeline_group` puts it on the model;
+  (:mod:`.pp_sim`); :func:`attach_pipeline_group` puts it on the model;
 * :func:`save_stage_weights` -- full fine-tuning: every stage writes its own
   layers' weights (PaddleNLP's ``save_pretrained`` with variant ``ppXX``, keys
   already the plain model's), and the first stage writes ``config.json`` (with
@@ -114,7 +114,7 @@ def gather_stage_states(model: Any, state: Mapping[str, Any]) -> Tuple[Dict[str,
 
 def prepare_stage_for_adapters(model: Any) -> Dict[str, str]:
     """``{sublayer name: plain model name}`` of a pipeline stage, for ``apply_adapters(layer_names=...)``."""
-    from ..integrations.pipeline import pipeline_layer_names
+    from ..integrations.paddlenlp_pipe import pipeline_layer_names
 
     return pipeline_layer_names(model)
 

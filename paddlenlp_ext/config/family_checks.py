@@ -10,7 +10,7 @@ import os
 from typing import List, Optional
 
 from ..adapters.config import ADAPTER_METHOD_KEYS
-from ..models.families import read_model_type
+from ..models.dropout import read_model_type
 from .modes import MODES
 from ..models.family_table import UNLISTED_ENV, family_problem, feature_problem, hf_layout_problem, layout_row, row
 

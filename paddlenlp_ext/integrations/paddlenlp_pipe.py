@@ -14,7 +14,7 @@
   ``_prepare_pipeline_inputs_func``.
 * :func:`pipeline_stage_construction` -- builds one stage of a
   ``*ForCausalLMPipe`` in a single CPU process without ``fleet.init``, for the
-  simulation (:mod:`paddlenlp_ext.parallel.pipeline_sim`): PaddleNLP's
+  simulation (:mod:`paddlenlp_ext.parallel.pp_sim`): PaddleNLP's
   constructor asks ``fleet.get_hybrid_communicate_group()`` for the model-
   parallel size and the topology (``_parent_hcg`` gives the stage), and
   ``PipelineLayer`` reads ``ParallelEnv().device_id`` (unset on a CPU build)

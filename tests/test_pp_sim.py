@@ -50,8 +50,8 @@ def adapter_config(method):
 def build_pair(tiny_dir, family, method, stages, virtual=1, **extra):
     """(single model with adapters, [stage models with the same weights and adapters])."""
     from paddlenlp_ext.adapters import adapter_state_dict, apply_adapters, load_adapter_state_dict
-    from paddlenlp_ext.parallel.pipeline import prepare_stage_for_adapters
-    from paddlenlp_ext.parallel.pipeline_sim import build_stages
+    from paddlenlp_ext.parallel.pp_adapters import prepare_stage_for_adapters
+    from paddlenlp_ext.parallel.pp_sim import build_stages
 
     single_cls, pipe_cls = classes(family)
     config = model_config(tiny_dir, virtual, **extra)
@@ -128,9 +128,9 @@ def adapter_grads(model):
 
 def compare(single, stages, kind, ranks=2, accumulation=3):
     from paddlenlp_ext.integrations.flashmask import cpu_flashmask
-    from paddlenlp_ext.parallel.pipeline_sim import run_pipeline
+    from paddlenlp_ext.parallel.pp_sim import run_pipeline
     from paddlenlp_ext.training.loss import global_token_loss
-    from paddlenlp_ext.training.pipeline import PipelineCriterion
+    from paddlenlp_ext.training.pp_step import PipelineCriterion
 
     inputs, first, labels, n = batch(kind, single.config.vocab_size)
     n_global = n + 17  # N counts the whole global batch, not only this micro-batch
@@ -195,8 +195,8 @@ def test_a_wrong_stage_weight_is_detected(tiny_model_dir):
 def test_stage_checkpoint_is_the_single_device_checkpoint(tmp_path, tiny_model_dir):
     from paddlenlp_ext.adapters import AdapterConfig, load_adapter, save_adapter
     from paddlenlp_ext.adapters.api import adapter_state_dict
-    from paddlenlp_ext.parallel.pipeline import attach_pipeline_group, prepare_stage_for_adapters
-    from paddlenlp_ext.parallel.pipeline_sim import SimulatedPipelineGroup, build_stages, run_stages_in_threads
+    from paddlenlp_ext.parallel.pp_adapters import attach_pipeline_group, prepare_stage_for_adapters
+    from paddlenlp_ext.parallel.pp_sim import SimulatedPipelineGroup, build_stages, run_stages_in_threads
 
     single, parts = build_pair(tiny_model_dir, "llama", "lora", 4)
     save_adapter(single, None, str(tmp_path / "single"))
@@ -240,8 +240,8 @@ def test_stage_without_group_refuses_to_save(tmp_path, tiny_model_dir):
 
 def test_vera_refused_on_a_stage(tiny_model_dir):
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
-    from paddlenlp_ext.parallel.pipeline import prepare_stage_for_adapters
-    from paddlenlp_ext.parallel.pipeline_sim import build_stages
+    from paddlenlp_ext.parallel.pp_adapters import prepare_stage_for_adapters
+    from paddlenlp_ext.parallel.pp_sim import build_stages
 
     stage = build_stages(classes("llama")[1], model_config(tiny_model_dir), 2)[0]
     with pytest.raises(NotImplementedError, match="VeRA on a pipeline stage"):
@@ -254,13 +254,13 @@ def test_vera_refused_on_a_stage(tiny_model_dir):
 def test_pipeline_inputs_doctest():
     import doctest
 
-    from paddlenlp_ext.training import pipeline
+    from paddlenlp_ext.training import pp_step
 
-    assert doctest.testmod(pipeline, verbose=False).failed == 0
+    assert doctest.testmod(pp_step, verbose=False).failed == 0
 
 
 def test_pipeline_inputs_cast_what_the_layers_tell_apart_by_dtype():
-    from paddlenlp_ext.training.pipeline import pipeline_inputs
+    from paddlenlp_ext.training.pp_step import pipeline_inputs
 
     micro = [
         {
@@ -282,7 +282,7 @@ def test_pipeline_inputs_cast_what_the_layers_tell_apart_by_dtype():
 def test_accumulated_micro_losses_give_the_global_token_mean():
     """The pipeline divides each micro-batch loss by the accumulation steps; with ranks = 1 the sum over
     the micro-batches must be the token mean of the whole global batch (micro-batches of 3 and 9 tokens)."""
-    from paddlenlp_ext.training.pipeline import PipelineCriterion
+    from paddlenlp_ext.training.pp_step import PipelineCriterion
 
     rng = np.random.RandomState(0)
     logits = [paddle.to_tensor(rng.randn(1, 12, 7).astype("float32")) for _ in range(2)]
@@ -386,9 +386,9 @@ def test_a_run_builds_and_wires_its_stage(tiny_model_dir):
 
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
     from paddlenlp_ext.adapters.api import iter_adapter_layers
-    from paddlenlp_ext.integrations.pipeline import pipeline_stage_construction
+    from paddlenlp_ext.integrations.paddlenlp_pipe import pipeline_stage_construction
     from paddlenlp_ext.training.model_build import load_pipeline_stage, prepare_pipeline_stage
-    from paddlenlp_ext.training.pipeline import PipelineCriterion, pipeline_inputs
+    from paddlenlp_ext.training.pp_step import PipelineCriterion, pipeline_inputs
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     args = SimpleNamespace(pipeline_parallel_degree=2, dataset_world_size=3, gradient_accumulation_steps=4)
@@ -425,8 +425,8 @@ def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tin
 
     from paddlenlp.transformers import LlamaForCausalLM
 
-    from paddlenlp_ext.parallel.pipeline import INDEX_NAME, attach_pipeline_group, save_stage_weights
-    from paddlenlp_ext.parallel.pipeline_sim import SimulatedPipelineGroup, run_stages_in_threads
+    from paddlenlp_ext.parallel.pp_adapters import INDEX_NAME, attach_pipeline_group, save_stage_weights
+    from paddlenlp_ext.parallel.pp_sim import SimulatedPipelineGroup, run_stages_in_threads
 
     single, parts = build_pair(tiny_model_dir, "llama", "full", 2)
     want = {k: v.numpy() for k, v in single.state_dict().items()}
@@ -461,7 +461,7 @@ def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tin
     # resuming: a fresh stage takes its own layers' tensors from the checkpoint (the trainer's loader)
     from types import SimpleNamespace
 
-    from paddlenlp_ext.parallel.pipeline_sim import build_stages
+    from paddlenlp_ext.parallel.pp_sim import build_stages
     from paddlenlp_ext.training.trainer import FinetuneTrainer
 
     fresh = build_stages(classes("llama")[1], model_config(tiny_model_dir), 2)[1]
