@@ -21,7 +21,7 @@ MODULES = [
     "mp_ops",
     "logging",
     "sharding",
-    "pipeline",
+    "paddlenlp_pipe",
     "qwen3",
     "decoder",
     "rotary",
