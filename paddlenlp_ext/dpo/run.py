@@ -60,7 +60,7 @@ class PreferenceHooks(RunHooks):
     def trainer(self, cfg, built, args, tokenizer, data):
         from .trainer import DPOTrainer
 
-        return DPOTrainer(**trainer_kwargs(built, args, tokenizer, data), dpo_config=cfg.alignment)
+        return DPOTrainer(**self.trainer_kwargs(built, args, tokenizer, data), dpo_config=cfg.alignment)
 
     def describe(self, cfg, trainer) -> Dict[str, Any]:
         return {"loss_type": trainer.loss_type, "reference": trainer.reference}
@@ -78,19 +78,6 @@ class PreferenceHooks(RunHooks):
             row_padding_ratio=round(1.0 - real / max(tokens, 1), 4),
             pairs_per_second=round(pairs / max(train_time, 1e-9), 3),
         )
-
-
-def trainer_kwargs(built, args, tokenizer, data) -> Dict[str, Any]:
-    """The Trainer arguments every preference trainer takes (the mode adds its own config)."""
-    return dict(
-        model=built.model,
-        args=args,
-        train_dataset=data.train,
-        eval_dataset=data.dev,
-        tokenizer=tokenizer,
-        data_collator=data.collator,
-        adapter_config=built.adapter_config,
-    )
 
 
 def run(cfg: RunConfig) -> Dict[str, Any]:

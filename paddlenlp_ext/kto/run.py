@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ..config.parse import RunConfig
-from ..dpo.run import PreferenceHooks, trainer_kwargs
+from ..dpo.run import PreferenceHooks
 from ..training.recipe import run_recipe
 
 
@@ -22,7 +22,7 @@ class KTOHooks(PreferenceHooks):
     def trainer(self, cfg, built, args, tokenizer, data):
         from .trainer import KTOTrainer
 
-        return KTOTrainer(**trainer_kwargs(built, args, tokenizer, data), kto_config=cfg.alignment)
+        return KTOTrainer(**self.trainer_kwargs(built, args, tokenizer, data), kto_config=cfg.alignment)
 
 
 def run(cfg: RunConfig) -> Dict[str, Any]:

@@ -10,7 +10,7 @@ import os
 from typing import Any, Dict
 
 from ..config.parse import RunConfig
-from ..dpo.run import PreferenceHooks, trainer_kwargs
+from ..dpo.run import PreferenceHooks
 from ..training.recipe import run_recipe
 
 
@@ -48,7 +48,9 @@ class RewardHooks(PreferenceHooks):
         head = attach_score_head(built.model)
         logger.info(f"score head: Linear({head.weight.shape[0]} -> 1), trainable; lm_head frozen")
         io = RewardCheckpointIO(built.adapter_config, reward_info(cfg, tokenizer))
-        return RewardTrainer(**trainer_kwargs(built, args, tokenizer, data), reward_config=cfg.alignment, weights_io=io)
+        return RewardTrainer(
+            **self.trainer_kwargs(built, args, tokenizer, data), reward_config=cfg.alignment, weights_io=io
+        )
 
 
 def run(cfg: RunConfig) -> Dict[str, Any]:

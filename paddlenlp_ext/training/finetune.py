@@ -35,15 +35,7 @@ class FinetuneHooks(RunHooks):
 
             neftune_hook = adapter_api.attach_neftune(built.model, cfg.model.neftune_noise_alpha)
         return FinetuneTrainer(
-            model=built.model,
-            args=args,
-            train_dataset=data.train,
-            eval_dataset=data.dev,
-            tokenizer=tokenizer,
-            data_collator=data.collator,
-            adapter_config=built.adapter_config,
-            neftune_hook=neftune_hook,
-            weights_io=built.prefix_io,
+            **self.trainer_kwargs(built, args, tokenizer, data), neftune_hook=neftune_hook, weights_io=built.prefix_io
         )
 
     def tokens(self, trainer) -> int:

@@ -51,6 +51,19 @@ class RunHooks:
         """-> the mode's trainer on ``built.model`` (``training.model_build.BuiltModel``)."""
         raise NotImplementedError
 
+    @staticmethod
+    def trainer_kwargs(built, args, tokenizer, data) -> Dict[str, Any]:
+        """The Trainer arguments every mode's trainer takes (the mode adds its own config)."""
+        return dict(
+            model=built.model,
+            args=args,
+            train_dataset=data.train,
+            eval_dataset=data.dev,
+            tokenizer=tokenizer,
+            data_collator=data.collator,
+            adapter_config=built.adapter_config,
+        )
+
     def tokens(self, trainer) -> int:
         """The tokens this process has trained so far (the console's tokens/s)."""
         return trainer.trained_real_tokens
