@@ -175,14 +175,17 @@ class MoEBlock(nn.Layer):
 
     def run_sorted(self, xs, counts, partial: bool = False):
         """``xs`` [sum(counts), H], rows sorted by expert (``counts`` [E] host ints) -> each row's expert
-        output, same order; experts with no rows are never called."""
-        pieces, start = [], 0
-        for e in np.flatnonzero(counts).tolist():
-            n = int(counts[e])
-            rows = xs[start : start + n]
-            pieces.append(self.run_expert(e, rows, True) if partial else self.run_expert(e, rows))  # [n_e, H]
-            start += n
-        return paddle.concat(pieces, axis=0)  # [T*k, H] in expert order
+        output, same order; experts with no rows are never called.
+
+        One ``split`` into the experts' runs, not one slice each: a slice's backward writes its gradient into a
+        zero-filled [T*k, H] tensor (E of them, then summed), a split's backward is one concat."""
+        used = np.flatnonzero(counts).tolist()
+        sizes = [int(counts[e]) for e in used]
+        runs = paddle.split(xs, sizes, axis=0) if len(sizes) > 1 else [xs]  # [n_e, H] each, expert order
+        pieces = [
+            self.run_expert(e, rows, True) if partial else self.run_expert(e, rows) for e, rows in zip(used, runs)
+        ]
+        return paddle.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]  # [T*k, H] in expert order
 
     def _one_all_reduce(self) -> bool:
         """Tensor parallel with every expert a plain split MLP (no adapter wraps one of its Linears): the ranks'
