@@ -101,19 +101,7 @@ def speed(a, tmp):
     packed = run_cli(
         "llm/run_dpo.py",
         "llm/config/tiny/dpo_lora_argument.json",
-        common
-        + [
-            "--per_device_train_batch_size",
-            rows,
-            "--zero_padding",
-            "true",
-            "--greedy_zero_padding",
-            "true",
-            "--use_flash_attention",
-            "true",
-            "--flash_mask",
-            "true",
-        ],
+        common + ["--per_device_train_batch_size", rows] + h.PACKED,
         os.path.join(tmp, "packed"),
     ).summary
     print(

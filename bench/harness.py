@@ -88,6 +88,16 @@ def module(name: str, *args) -> List[str]:
     return [sys.executable, "-m", name, *map(str, args)]
 
 
+def flags(**kv) -> List[str]:
+    """CLI overrides from keywords, in order: ``flags(max_steps=3, do_eval="false")``
+    -> ``["--max_steps", "3", "--do_eval", "false"]``."""
+    return [x for k, v in kv.items() for x in (f"--{k}", str(v))]
+
+
+# zero padding + greedy packing + flash-mask attention: the packed mode of every packing benchmark
+PACKED = flags(zero_padding="true", greedy_zero_padding="true", use_flash_attention="true", flash_mask="true")
+
+
 def clean_env(drop: Sequence[str] = (), **set_vars: str) -> dict:
     """This process's environment without the variables ``drop`` and with ``set_vars``."""
     env = {k: v for k, v in os.environ.items() if k not in drop}

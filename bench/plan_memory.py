@@ -98,43 +98,27 @@ print(open(os.path.join(model_dir, big_model.MARKER)).read())
 """
 
 
-def common_overrides(model_dir, out_dir, steps):
-    return [
-        "--model_name_or_path",
-        model_dir,
-        "--dataset_name_or_path",
-        DATA_DIR,
-        "--output_dir",
-        out_dir,
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "1",
-        "--gradient_accumulation_steps",
-        "1",
-        "--max_length",
-        "256",
-        "--src_length",
-        "128",
-        "--pad_to_max_length",
-        "true",
-        "--zero_padding",
-        "false",
-        "--do_train",
-        "true",
-        "--do_eval",
-        "false",
-        "--eval_before_train",
-        "false",
-        "--evaluation_strategy",
-        "no",
-        "--save_strategy",
-        "no",
-        "--logging_steps",
-        "1",
-        "--warmup_steps",
-        "0",
-    ]
+def common_overrides(model_dir, out_dir, steps, data_dir=DATA_DIR):
+    """``llm/run_finetune.py``'s overrides of a memory run (bench/qlora_memory.py adds its LoRA keys)."""
+    return h.flags(
+        model_name_or_path=model_dir,
+        dataset_name_or_path=data_dir,
+        output_dir=out_dir,
+        max_steps=steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        max_length=256,
+        src_length=128,
+        pad_to_max_length="true",
+        zero_padding="false",
+        do_train="true",
+        do_eval="false",
+        eval_before_train="false",
+        evaluation_strategy="no",
+        save_strategy="no",
+        logging_steps=1,
+        warmup_steps=0,
+    )
 
 
 def ensure_models():

@@ -93,19 +93,7 @@ def main():
         tokens_per_example = base["data"]["train"]["tokens"] / base["data"]["train"]["examples"]
         rows = max(1, math.ceil(a.batch_size * tokens_per_example / a.max_length))
         packed = run(
-            common
-            + [
-                "--per_device_train_batch_size",
-                str(rows),
-                "--zero_padding",
-                "true",
-                "--greedy_zero_padding",
-                "true",
-                "--use_flash_attention",
-                "true",
-                "--flash_mask",
-                "true",
-            ],
+            common + ["--per_device_train_batch_size", str(rows)] + h.PACKED,
             os.path.join(tmp, "packed"),
         )
     print(
