@@ -44,14 +44,7 @@ from paddlenlp_ext.cli.cpu_env import CODE_PATH_VARS, SWITCH, THREAD_VARS  # noq
 ROOT, SHARED, ALPACA, TOKENIZER_MODEL = h.ROOT, h.SHARED, h.ALPACA, h.TOKENIZER_MODEL
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
-MODEL_SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=16,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    max_position_embeddings=2048,
-)
+MODEL_SHAPE = h.llama_shape(1024, 2816, 16, 16, 16, max_position_embeddings=2048)
 CPU_LINE = re.compile(r"\| (cpu: .*)$")
 
 BUILD = r"""

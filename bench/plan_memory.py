@@ -48,15 +48,7 @@ MARGIN = 2 * GiB  # free memory wanted beyond the planned peak before a run star
 SMALL_DIR = os.path.join(ROOT, "build", "llama-0.3b")
 BIG_DIR = os.path.join(ROOT, "build", "llama-0.8b")
 DATA_DIR = os.path.join(ROOT, "build", "alpaca_en_demo")
-SMALL_SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=18,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    vocab_size=32000,
-    max_position_embeddings=2048,
-)
+SMALL_SHAPE = h.llama_shape(1024, 2816, 18, 16, 16, vocab_size=32000, max_position_embeddings=2048)
 
 LORA = ["--lora", "true", "--lora_rank", "8"]
 # name -> (base config, model dir, extra overrides, what it is)
