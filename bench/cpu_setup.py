@@ -245,9 +245,7 @@ def main(argv=None):
         f"over {len(runs['on'][0]['losses'])} steps x {len(runs['on'])} pairs"
     )
     print("cpu line (on):", runs["on"][0]["cpu_line"], "| env:", runs["on"][0]["env"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"runs": runs, "loss_rel_diff": diff, "model": info, "steps": a.steps}, f, indent=2)
+    h.write_json(a.json, {"runs": runs, "loss_rel_diff": diff, "model": info, "steps": a.steps})
     return 0
 
 

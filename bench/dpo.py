@@ -233,9 +233,7 @@ def main():
             results["speed"] = speed(a, tmp)
         if "memory" in a.part:
             results["memory"] = memory(a, tmp)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
+    h.write_json(a.json, results)
 
 
 if __name__ == "__main__":

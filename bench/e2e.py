@@ -68,7 +68,6 @@ flagging a case slower (or heavier) than the tolerance allows (``--tolerance``, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -405,22 +404,19 @@ def main(argv=None):
     versions = next((r["versions"] for r in runs if r.get("versions")), None)
     if versions:
         print("TRL side:", versions)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "runs": runs,
-                    "steps": a.steps,
-                    "trl_skipped": trl_why,
-                    "paddlenlp_skipped": pn_why,
-                    "cpu": limit["cpu"],
-                    "peak": limit["peak"],
-                    "data": limit["stats"],
-                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                },
-                f,
-                indent=2,
-            )
+    h.write_json(
+        a.json,
+        {
+            "runs": runs,
+            "steps": a.steps,
+            "trl_skipped": trl_why,
+            "paddlenlp_skipped": pn_why,
+            "cpu": limit["cpu"],
+            "peak": limit["peak"],
+            "data": limit["stats"],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
+    )
     return quick_guard(a, runs, limit["cpu"]) if a.quick else 0
 
 

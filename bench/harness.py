@@ -98,6 +98,13 @@ def flags(**kv) -> List[str]:
 PACKED = flags(zero_padding="true", greedy_zero_padding="true", use_flash_attention="true", flash_mask="true")
 
 
+def write_json(path: Optional[str], obj, indent: int = 2, default=None) -> None:
+    """A benchmark's ``--json`` report: ``obj`` written to ``path`` (nothing when ``path`` is None or empty)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=indent, default=default)
+
+
 def llama_shape(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, **more) -> dict:
     """The LlamaConfig keys of a benchmark model's shape, ``more`` after them in order:
     ``llama_shape(64, 128, 2, 4, 2, vocab_size=32000)`` -> ``{"hidden_size": 64, "intermediate_size": 128,

@@ -317,9 +317,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         records = [run_one(n, work, a.steps, a.wait_s) for n in names]
     report(records, CPU_RUNTIME_BYTES)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(records, f, indent=2)
+    h.write_json(a.json, records)
 
 
 if __name__ == "__main__":

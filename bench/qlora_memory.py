@@ -335,22 +335,19 @@ def main(argv=None):
     if a.extra:
         print(f"every run with: {' '.join(a.extra)}")
     print_report(records, targets, build)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "model": build,
-                    "steps": a.steps,
-                    "extra": a.extra,
-                    "baseline": BASELINE,
-                    "runs": records,
-                    "targets": targets,
-                    "workdir": work if a.keep else None,
-                },
-                f,
-                indent=2,
-                default=str,
-            )
+    h.write_json(
+        a.json,
+        {
+            "model": build,
+            "steps": a.steps,
+            "extra": a.extra,
+            "baseline": BASELINE,
+            "runs": records,
+            "targets": targets,
+            "workdir": work if a.keep else None,
+        },
+        default=str,
+    )
     return 0 if all("summary" in r for r in records.values()) else 1
 
 
