@@ -93,29 +93,19 @@ def ensure_data(scratch: str) -> str:
     return data_dir
 
 
+def lora_knobs(steps: int) -> list:
+    """The training settings of every ours-side run here and in bench/e2e.py (SFT and DPO; its TRL side
+    uses the same values, bench/e2e_runs.py): batch 1 x 4 accumulated, lr 1e-4 without warm-up, LoRA r8 / 16,
+    a loss every step, no eval, nothing saved, seed 42."""
+    knobs = dict(per_device_train_batch_size=1, gradient_accumulation_steps=4, learning_rate="1e-4", warmup_steps=0)
+    quiet = dict(logging_steps=1, do_eval="false", save_strategy="no", disable_tqdm="true", seed=42)
+    return h.flags(overwrite_output_dir="true", max_steps=steps, **knobs, lora_rank=8, lora_alpha=16, **quiet)
+
+
 def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
     """``llm/run_finetune.py``'s arguments of these benchmarks (after the config file)."""
-    return h.flags(
-        model_name_or_path=model_dir,
-        dataset_name_or_path=data_dir,
-        output_dir=out_dir,
-        overwrite_output_dir="true",
-        max_steps=steps,
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=4,
-        learning_rate="1e-4",
-        warmup_steps=0,
-        lora_rank=8,
-        lora_alpha=16,
-        max_length=1024,
-        src_length=1024,
-        logging_steps=1,
-        do_eval="false",
-        eval_before_train="false",
-        save_strategy="no",
-        disable_tqdm="true",
-        seed=42,
-    )
+    where = h.flags(model_name_or_path=model_dir, dataset_name_or_path=data_dir, output_dir=out_dir)
+    return where + lora_knobs(steps) + h.flags(max_length=1024, src_length=1024, eval_before_train="false")
 
 
 def run_once(

@@ -76,13 +76,12 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import harness as h  # noqa: E402
-from bench.cpu_setup import MODEL_SHAPE, ROOT, ensure_data, ensure_model, run_once  # noqa: E402
+from bench.cpu_setup import MODEL_SHAPE, ROOT, ensure_data, ensure_model, lora_knobs, run_once  # noqa: E402
 from bench.dpo import convert_dpo_demo  # noqa: E402
 from bench.e2e_report import limit_lines, ratios_across, table  # noqa: E402
 from bench.e2e_runs import (  # noqa: E402
     ACCUMULATION,
     ALPHA,
-    LR,
     MAX_LENGTH,
     RANK,
     SEED,
@@ -132,27 +131,10 @@ def ensure_dpo_data(scratch: str) -> str:
 
 
 def dpo_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
-    return h.flags(
-        model_name_or_path=model_dir,
-        train_dataset_path=data_dir,
-        dev_dataset_path=data_dir,
-        output_dir=out_dir,
-        overwrite_output_dir="true",
-        max_steps=steps,
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=ACCUMULATION,
-        learning_rate=LR,
-        warmup_steps=0,
-        lora_rank=RANK,
-        lora_alpha=ALPHA,
-        max_seq_len=MAX_LENGTH,
-        max_prompt_len=MAX_LENGTH // 2,
-        logging_steps=1,
-        do_eval="false",
-        save_strategy="no",
-        disable_tqdm="true",
-        seed=42,
-    )
+    """``llm/run_dpo.py``'s arguments: the SFT runs' settings (bench/cpu_setup.py) on preference data."""
+    where = h.flags(model_name_or_path=model_dir, train_dataset_path=data_dir, dev_dataset_path=data_dir)
+    lengths = h.flags(max_seq_len=MAX_LENGTH, max_prompt_len=MAX_LENGTH // 2)
+    return where + h.flags(output_dir=out_dir) + lora_knobs(steps) + lengths
 
 
 def machine_limit(a, info: dict, data_dir: str) -> dict:
