@@ -102,6 +102,19 @@ def lora_knobs(steps: int) -> list:
     return h.flags(overwrite_output_dir="true", max_steps=steps, **knobs, lora_rank=8, lora_alpha=16, **quiet)
 
 
+def ab_runs(names, repeats: int, run, line) -> dict:
+    """Each of ``names`` run ``repeats`` times, interleaved (a, b, a, b, ...) so the machine's other load
+    spreads over all of them: ``{name: [run(name, 0), run(name, 1), ...]}``, ``line(name, i, result)``
+    printed after each run and a blank line after the last."""
+    runs = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names:
+            runs[name].append(run(name, i))
+            print(line(name, i, runs[name][-1]), flush=True)
+    print()
+    return runs
+
+
 def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
     """``llm/run_finetune.py``'s arguments of these benchmarks (after the config file)."""
     where = h.flags(model_name_or_path=model_dir, dataset_name_or_path=data_dir, output_dir=out_dir)
@@ -217,17 +230,17 @@ def main(argv=None):
         f"{a.steps} steps of 1 x 4 at max_length 1024, LoRA r8, fp32",
         flush=True,
     )
-    runs = {"off": [], "on": []}
-    for i in range(a.repeats):
-        for setting in ("off", "on"):
-            r = run_once(setting, model_dir, data_dir, os.path.join(a.scratch, f"run_{setting}_{i}"), a.steps)
-            runs[setting].append(r)
-            print(
-                f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
-                f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})",
-                flush=True,
-            )
-    print()
+    runs = ab_runs(
+        ("off", "on"),
+        a.repeats,
+        lambda setting, i: run_once(
+            setting, model_dir, data_dir, os.path.join(a.scratch, f"run_{setting}_{i}"), a.steps
+        ),
+        lambda setting, i, r: (
+            f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
+            f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})"
+        ),
+    )
     print(compare(runs, "setting", "off", "on"))
     diff = loss_rel_diff(runs["on"], runs["off"])
     print(
