@@ -217,30 +217,18 @@ def gpu_table():
         "gradient_accumulation_steps 4 (PP: 2 micro-batches in flight on the first stage).  LLaMA-Factory: GB "
         "total, its README's estimate (full: AMP / pure bf16)\n"
     )
-    print("| model | method | " + " | ".join(n for n, _ in layouts) + " | LLaMA-Factory |")
-    print("|---|---|" + "---|" * (len(layouts) + 1))
+    rows = []
     for size in ("7b", "13b", "70b"):
         for i, (label, config) in enumerate(GPU_METHODS):
             cfg, _ = load_plan_config(
                 os.path.join(ROOT, "llm", "config", "llama", config),
-                [
-                    "--model_name_or_path",
-                    f"meta-llama/Llama-2-{size}",
-                    "--max_length",
-                    "1024",
-                    "--src_length",
-                    "512",
-                    "--per_device_train_batch_size",
-                    "1",
-                    "--tensor_parallel_degree",
-                    "1",
-                    "--sharding",
-                    "",
-                ],
+                h.flags(model_name_or_path=f"meta-llama/Llama-2-{size}", max_length=1024, src_length=512)
+                + h.flags(per_device_train_batch_size=1, tensor_parallel_degree=1, sharding=""),
             )
             inp = inputs_from_run(cfg, target="gpu")
             cells = [f"{estimate(inp, lay).per_device_bytes / GiB:.1f}" for _, lay in layouts]
-            print(f"| Llama-2-{size.upper()} | {label} | " + " | ".join(cells) + f" | {LLAMA_FACTORY[size][i]} |")
+            rows.append([f"Llama-2-{size.upper()}", label, *cells, LLAMA_FACTORY[size][i]])
+    print(h.table(["model", "method", *(n for n, _ in layouts), "LLaMA-Factory"], rows))
 
 
 def report(records, runtime_constant):
