@@ -35,15 +35,7 @@ MARKER = "bench_build.json"
 SHARD_LIMIT = 10**9  # bytes, PaddleNLP's "1GB"
 MIN_SHARDS = 4
 DEV_EXAMPLES = 50
-MODEL_SHAPE = dict(
-    hidden_size=2048,
-    intermediate_size=5504,
-    num_hidden_layers=14,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    vocab_size=32000,
-    max_position_embeddings=2048,
-)
+MODEL_SHAPE = h.llama_shape(2048, 5504, 14, 16, 16, vocab_size=32000, max_position_embeddings=2048)
 
 
 def llama_config():

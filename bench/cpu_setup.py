@@ -44,14 +44,7 @@ from paddlenlp_ext.cli.cpu_env import CODE_PATH_VARS, SWITCH, THREAD_VARS  # noq
 ROOT, SHARED, ALPACA, TOKENIZER_MODEL = h.ROOT, h.SHARED, h.ALPACA, h.TOKENIZER_MODEL
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")
 CONFIG = os.path.join(ROOT, "llm", "config", "tiny", "lora_argument.json")
-MODEL_SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=16,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    max_position_embeddings=2048,
-)
+MODEL_SHAPE = h.llama_shape(1024, 2816, 16, 16, 16, max_position_embeddings=2048)
 CPU_LINE = re.compile(r"\| (cpu: .*)$")
 
 BUILD = r"""
@@ -100,48 +93,32 @@ def ensure_data(scratch: str) -> str:
     return data_dir
 
 
+def lora_knobs(steps: int) -> list:
+    """The training settings of every ours-side run here and in bench/e2e.py (SFT and DPO; its TRL side
+    uses the same values, bench/e2e_runs.py): batch 1 x 4 accumulated, lr 1e-4 without warm-up, LoRA r8 / 16,
+    a loss every step, no eval, nothing saved, seed 42."""
+    knobs = dict(per_device_train_batch_size=1, gradient_accumulation_steps=4, learning_rate="1e-4", warmup_steps=0)
+    quiet = dict(logging_steps=1, do_eval="false", save_strategy="no", disable_tqdm="true", seed=42)
+    return h.flags(overwrite_output_dir="true", max_steps=steps, **knobs, lora_rank=8, lora_alpha=16, **quiet)
+
+
+def ab_runs(names, repeats: int, run, line) -> dict:
+    """Each of ``names`` run ``repeats`` times, interleaved (a, b, a, b, ...) so the machine's other load
+    spreads over all of them: ``{name: [run(name, 0), run(name, 1), ...]}``, ``line(name, i, result)``
+    printed after each run and a blank line after the last."""
+    runs = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names:
+            runs[name].append(run(name, i))
+            print(line(name, i, runs[name][-1]), flush=True)
+    print()
+    return runs
+
+
 def finetune_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
     """``llm/run_finetune.py``'s arguments of these benchmarks (after the config file)."""
-    return [
-        "--model_name_or_path",
-        model_dir,
-        "--dataset_name_or_path",
-        data_dir,
-        "--output_dir",
-        out_dir,
-        "--overwrite_output_dir",
-        "true",
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "1",
-        "--gradient_accumulation_steps",
-        "4",
-        "--learning_rate",
-        "1e-4",
-        "--warmup_steps",
-        "0",
-        "--lora_rank",
-        "8",
-        "--lora_alpha",
-        "16",
-        "--max_length",
-        "1024",
-        "--src_length",
-        "1024",
-        "--logging_steps",
-        "1",
-        "--do_eval",
-        "false",
-        "--eval_before_train",
-        "false",
-        "--save_strategy",
-        "no",
-        "--disable_tqdm",
-        "true",
-        "--seed",
-        "42",
-    ]
+    where = h.flags(model_name_or_path=model_dir, dataset_name_or_path=data_dir, output_dir=out_dir)
+    return where + lora_knobs(steps) + h.flags(max_length=1024, src_length=1024, eval_before_train="false")
 
 
 def run_once(
@@ -253,17 +230,17 @@ def main(argv=None):
         f"{a.steps} steps of 1 x 4 at max_length 1024, LoRA r8, fp32",
         flush=True,
     )
-    runs = {"off": [], "on": []}
-    for i in range(a.repeats):
-        for setting in ("off", "on"):
-            r = run_once(setting, model_dir, data_dir, os.path.join(a.scratch, f"run_{setting}_{i}"), a.steps)
-            runs[setting].append(r)
-            print(
-                f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
-                f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})",
-                flush=True,
-            )
-    print()
+    runs = ab_runs(
+        ("off", "on"),
+        a.repeats,
+        lambda setting, i: run_once(
+            setting, model_dir, data_dir, os.path.join(a.scratch, f"run_{setting}_{i}"), a.steps
+        ),
+        lambda setting, i, r: (
+            f"  {setting} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
+            f"CPU {h.fmt(r['cpu_pct'], '.0f')}%, loss {r['final_loss']:.6f} ({r['cpu_line']})"
+        ),
+    )
     print(compare(runs, "setting", "off", "on"))
     diff = loss_rel_diff(runs["on"], runs["off"])
     print(
@@ -271,9 +248,7 @@ def main(argv=None):
         f"over {len(runs['on'][0]['losses'])} steps x {len(runs['on'])} pairs"
     )
     print("cpu line (on):", runs["on"][0]["cpu_line"], "| env:", runs["on"][0]["env"])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"runs": runs, "loss_rel_diff": diff, "model": info, "steps": a.steps}, f, indent=2)
+    h.write_json(a.json, {"runs": runs, "loss_rel_diff": diff, "model": info, "steps": a.steps})
     return 0
 
 

@@ -72,24 +72,9 @@ def speed(a, tmp):
     data_dir, model_dir = os.path.join(tmp, "dpo_data"), os.path.join(tmp, "model")
     n, skipped = convert_dpo_demo(demo, data_dir)
     build_tiny_model(model_dir, None, spm_model=spm, max_position_embeddings=a.max_seq_len)
-    common = [
-        "--model_name_or_path",
-        model_dir,
-        "--train_dataset_path",
-        data_dir,
-        "--dev_dataset_path",
-        data_dir,
-        "--max_steps",
-        a.steps,
-        "--max_seq_len",
-        a.max_seq_len,
-        "--max_prompt_len",
-        a.max_seq_len // 2,
-        "--do_eval",
-        "false",
-        "--logging_steps",
-        5,
-    ]
+    common = h.flags(model_name_or_path=model_dir, train_dataset_path=data_dir, dev_dataset_path=data_dir)
+    common += h.flags(max_steps=a.steps, max_seq_len=a.max_seq_len, max_prompt_len=a.max_seq_len // 2)
+    common += h.flags(do_eval="false", logging_steps=5)
     base = run_cli(
         "llm/run_dpo.py",
         "llm/config/tiny/dpo_lora_argument.json",
@@ -101,19 +86,7 @@ def speed(a, tmp):
     packed = run_cli(
         "llm/run_dpo.py",
         "llm/config/tiny/dpo_lora_argument.json",
-        common
-        + [
-            "--per_device_train_batch_size",
-            rows,
-            "--zero_padding",
-            "true",
-            "--greedy_zero_padding",
-            "true",
-            "--use_flash_attention",
-            "true",
-            "--flash_mask",
-            "true",
-        ],
+        common + ["--per_device_train_batch_size", rows] + h.PACKED,
         os.path.join(tmp, "packed"),
     ).summary
     print(
@@ -245,9 +218,7 @@ def main():
             results["speed"] = speed(a, tmp)
         if "memory" in a.part:
             results["memory"] = memory(a, tmp)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
+    h.write_json(a.json, results)
 
 
 if __name__ == "__main__":

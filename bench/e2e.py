@@ -68,7 +68,6 @@ flagging a case slower (or heavier) than the tolerance allows (``--tolerance``, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -77,13 +76,12 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import harness as h  # noqa: E402
-from bench.cpu_setup import MODEL_SHAPE, ROOT, ensure_data, ensure_model, run_once  # noqa: E402
+from bench.cpu_setup import MODEL_SHAPE, ROOT, ensure_data, ensure_model, lora_knobs, run_once  # noqa: E402
 from bench.dpo import convert_dpo_demo  # noqa: E402
 from bench.e2e_report import limit_lines, ratios_across, table  # noqa: E402
 from bench.e2e_runs import (  # noqa: E402
     ACCUMULATION,
     ALPHA,
-    LR,
     MAX_LENGTH,
     RANK,
     SEED,
@@ -113,16 +111,7 @@ BATCH4 = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
 OURS_ARGS = {
     "lora": [],
     "qlora": ["--weight_quantize_algo", "nf4"],
-    "packed": [
-        "--zero_padding",
-        "true",
-        "--greedy_zero_padding",
-        "true",
-        "--use_flash_attention",
-        "true",
-        "--flash_mask",
-        "true",
-    ],
+    "packed": h.PACKED,
 }
 OURS_ARGS.update(lora_b4=BATCH4, packed_b4=OURS_ARGS["packed"] + BATCH4)
 
@@ -142,46 +131,10 @@ def ensure_dpo_data(scratch: str) -> str:
 
 
 def dpo_args(model_dir: str, data_dir: str, out_dir: str, steps: int) -> list:
-    return [
-        "--model_name_or_path",
-        model_dir,
-        "--train_dataset_path",
-        data_dir,
-        "--dev_dataset_path",
-        data_dir,
-        "--output_dir",
-        out_dir,
-        "--overwrite_output_dir",
-        "true",
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "1",
-        "--gradient_accumulation_steps",
-        str(ACCUMULATION),
-        "--learning_rate",
-        str(LR),
-        "--warmup_steps",
-        "0",
-        "--lora_rank",
-        str(RANK),
-        "--lora_alpha",
-        str(ALPHA),
-        "--max_seq_len",
-        str(MAX_LENGTH),
-        "--max_prompt_len",
-        str(MAX_LENGTH // 2),
-        "--logging_steps",
-        "1",
-        "--do_eval",
-        "false",
-        "--save_strategy",
-        "no",
-        "--disable_tqdm",
-        "true",
-        "--seed",
-        "42",
-    ]
+    """``llm/run_dpo.py``'s arguments: the SFT runs' settings (bench/cpu_setup.py) on preference data."""
+    where = h.flags(model_name_or_path=model_dir, train_dataset_path=data_dir, dev_dataset_path=data_dir)
+    lengths = h.flags(max_seq_len=MAX_LENGTH, max_prompt_len=MAX_LENGTH // 2)
+    return where + h.flags(output_dir=out_dir) + lora_knobs(steps) + lengths
 
 
 def machine_limit(a, info: dict, data_dir: str) -> dict:
@@ -433,22 +386,19 @@ def main(argv=None):
     versions = next((r["versions"] for r in runs if r.get("versions")), None)
     if versions:
         print("TRL side:", versions)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "runs": runs,
-                    "steps": a.steps,
-                    "trl_skipped": trl_why,
-                    "paddlenlp_skipped": pn_why,
-                    "cpu": limit["cpu"],
-                    "peak": limit["peak"],
-                    "data": limit["stats"],
-                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                },
-                f,
-                indent=2,
-            )
+    h.write_json(
+        a.json,
+        {
+            "runs": runs,
+            "steps": a.steps,
+            "trl_skipped": trl_why,
+            "paddlenlp_skipped": pn_why,
+            "cpu": limit["cpu"],
+            "peak": limit["peak"],
+            "data": limit["stats"],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
+    )
     return quick_guard(a, runs, limit["cpu"]) if a.quick else 0
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from bench import harness as h
 from bench.cpu_setup import CODE_PATH_VARS, MODEL_SHAPE, ROOT, SWITCH, THREAD_VARS, TOKENIZER_MODEL
+from bench.ernie_shape import TOKENIZER_CONFIG
 
 RANK, ALPHA, LR, MAX_LENGTH, ACCUMULATION = 8, 16, 1e-4, 1024, 4
 SEED = 42  # ours' --seed (bench/cpu_setup.py), hence its example order
@@ -64,20 +65,7 @@ def hf_copy(paddle_dir: str, hf_dir: str) -> str:
     spm = TOKENIZER_MODEL if os.path.isfile(TOKENIZER_MODEL) else os.path.join(paddle_dir, "sentencepiece.bpe.model")
     shutil.copyfile(spm, os.path.join(hf_dir, "tokenizer.model"))
     with open(os.path.join(hf_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(
-            {
-                "tokenizer_class": "LlamaTokenizer",
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "unk_token": "<unk>",
-                "pad_token": "<unk>",
-                "add_bos_token": True,
-                "add_eos_token": False,
-                "legacy": True,
-            },
-            f,
-            indent=2,
-        )
+        json.dump(TOKENIZER_CONFIG, f, indent=2)
     return hf_dir
 
 

@@ -73,25 +73,9 @@ def main(spec):
         else {"gradient_checkpointing": bool(spec["gradient_checkpointing"])}
     )
     cfg = SFTConfig(
-        output_dir=spec["out"],
-        max_steps=spec["steps"],
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=spec["accumulation"],
-        learning_rate=spec["lr"],
-        warmup_steps=0,
-        lr_scheduler_type="linear",
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        max_length=spec["max_length"],
+        **trainer_args(spec),
         packing=bool(spec.get("packing")),
         completion_only_loss=True,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        seed=42,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
         **more,
     )
     trainer = CountingTrainer(
@@ -123,6 +107,30 @@ def ours_order(n, seed):
     import numpy as np
 
     return np.random.RandomState(seed).permutation(n).tolist()
+
+
+def trainer_args(spec):
+    """The TrainingArguments both TRL runs share (SFT and DPO): fp32 on the CPU, batch 1 x
+    ``spec["accumulation"]``, linear schedule without warmup, a loss logged every step, nothing saved."""
+    return dict(
+        output_dir=spec["out"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=spec["accumulation"],
+        learning_rate=spec["lr"],
+        warmup_steps=0,
+        lr_scheduler_type="linear",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        max_length=spec["max_length"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=42,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
 
 
 def lora_config(spec):

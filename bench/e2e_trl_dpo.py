@@ -16,7 +16,7 @@ import sys
 if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bench.e2e_trl import lora_config, step_marks, write_result  # noqa: E402
+from bench.e2e_trl import lora_config, step_marks, trainer_args, write_result  # noqa: E402
 
 
 def main(spec):
@@ -35,27 +35,7 @@ def main(spec):
     tok = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], torch_dtype=torch.float32)
     marks = []
-    cfg = DPOConfig(
-        output_dir=spec["out"],
-        max_steps=spec["steps"],
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=spec["accumulation"],
-        learning_rate=spec["lr"],
-        warmup_steps=0,
-        lr_scheduler_type="linear",
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        max_length=spec["max_length"],
-        beta=0.1,
-        loss_type=["sigmoid"],
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        seed=42,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    cfg = DPOConfig(**trainer_args(spec), beta=0.1, loss_type=["sigmoid"])
     trainer = DPOTrainer(
         model=model,
         args=cfg,

@@ -25,15 +25,7 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
 from bench import harness as h  # noqa: E402
 
 #: Ernie4_5Config keys of the shape (bench/flops.py reads hidden/intermediate/layers/heads/kv heads/head_dim)
-ERNIE_SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=18,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    head_dim=128,
-    max_position_embeddings=4096,
-)
+ERNIE_SHAPE = h.llama_shape(1024, 3072, 18, 16, 2, head_dim=128, max_position_embeddings=4096)
 ERNIE_VOCAB = 103424
 MARKER = "bench_build.json"
 #: the tokenizer files next to the weights: transformers' slow LlamaTokenizer over the SentencePiece model

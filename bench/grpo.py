@@ -208,20 +208,18 @@ def main(argv=None) -> int:
         f"worker peak RSS {run.peak_rss_bytes / h.GiB:.2f} GiB, wall {run.wall_s:.0f} s; load average before "
         f"{load_before[0]:.2f} / after {load_after[0]:.2f} (1 min), {os.cpu_count()} CPUs"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    **result,
-                    "median": med,
-                    "speedup": speed,
-                    "load_before": load_before,
-                    "load_after": load_after,
-                    "peak_rss_bytes": run.peak_rss_bytes,
-                },
-                f,
-                indent=1,
-            )
+    h.write_json(
+        args.json,
+        {
+            **result,
+            "median": med,
+            "speedup": speed,
+            "load_before": load_before,
+            "load_after": load_after,
+            "peak_rss_bytes": run.peak_rss_bytes,
+        },
+        indent=1,
+    )
     return 0 if speed is not None and speed >= TARGET else 1
 
 

@@ -88,6 +88,37 @@ def module(name: str, *args) -> List[str]:
     return [sys.executable, "-m", name, *map(str, args)]
 
 
+def flags(**kv) -> List[str]:
+    """CLI overrides from keywords, in order: ``flags(max_steps=3, do_eval="false")``
+    -> ``["--max_steps", "3", "--do_eval", "false"]``."""
+    return [x for k, v in kv.items() for x in (f"--{k}", str(v))]
+
+
+# zero padding + greedy packing + flash-mask attention: the packed mode of every packing benchmark
+PACKED = flags(zero_padding="true", greedy_zero_padding="true", use_flash_attention="true", flash_mask="true")
+
+
+def write_json(path: Optional[str], obj, indent: int = 2, default=None) -> None:
+    """A benchmark's ``--json`` report: ``obj`` written to ``path`` (nothing when ``path`` is None or empty)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=indent, default=default)
+
+
+def llama_shape(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, **more) -> dict:
+    """The LlamaConfig keys of a benchmark model's shape, ``more`` after them in order:
+    ``llama_shape(64, 128, 2, 4, 2, vocab_size=32000)`` -> ``{"hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32000}``."""
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        **more,
+    )
+
+
 def clean_env(drop: Sequence[str] = (), **set_vars: str) -> dict:
     """This process's environment without the variables ``drop`` and with ``set_vars``."""
     env = {k: v for k, v in os.environ.items() if k not in drop}

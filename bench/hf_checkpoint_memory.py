@@ -172,14 +172,7 @@ def main(argv=None):
     )
     ok = h.verdict(ratio, TARGET) == "PASS"
     print(f"transformers / PaddleNLP peak RSS = {ratio:.3f} (target <= {TARGET}): {h.verdict(ratio, TARGET)}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {"build": build, "steps": a.steps, "runs": records, "ratio": ratio, "pass": ok},
-                f,
-                indent=2,
-                default=str,
-            )
+    h.write_json(a.json, {"build": build, "steps": a.steps, "runs": records, "ratio": ratio, "pass": ok}, default=str)
     return 0 if ok else 1
 
 

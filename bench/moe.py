@@ -252,20 +252,17 @@ def main(argv=None):
         h.table(["ratio (one run, means)", "value", "target", ""], [[n, f"{v:.2f}x", t, ok] for n, v, t, ok in ratios])
     )
     print(f"\nload average: {load0[0]:.2f} at the start, {load1[0]:.2f} at the end ({os.cpu_count()} CPUs, shared)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "size": a.size,
-                    "models": info,
-                    "runs": runs,
-                    "ratios": ratios,
-                    "load": [load0, load1],
-                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                },
-                f,
-                indent=2,
-            )
+    h.write_json(
+        a.json,
+        {
+            "size": a.size,
+            "models": info,
+            "runs": runs,
+            "ratios": ratios,
+            "load": [load0, load1],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
+    )
     return 0
 
 

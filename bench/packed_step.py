@@ -165,9 +165,7 @@ def main(argv=None):
             ["variant", "median time (each)", "supervised tok/s", "vs unpacked", "loss rel. diff vs unpacked"], body
         )
     )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"variants": out, "examples": len(docs), "supervised": supervised, "tokens": real}, f, indent=2)
+    h.write_json(a.json, {"variants": out, "examples": len(docs), "supervised": supervised, "tokens": real})
     return 0
 
 

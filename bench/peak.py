@@ -202,22 +202,19 @@ def main(argv=None):
         f"\npeak: {peak:.1f} GFLOP/s; copy bandwidth ({a.copy_mib} MiB, read + written): "
         f"{copy['numpy_gbs']:.1f} GB/s numpy (1 thread), {copy['paddle_gbs']:.1f} GB/s paddle.assign"
     )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "cpu": cpu,
-                    "threads": threads,
-                    "paddle": paddle.__version__,
-                    "matmul": results,
-                    "peak_gflops": peak,
-                    "copy": copy,
-                    "load_average": os.getloadavg(),
-                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                },
-                f,
-                indent=2,
-            )
+    h.write_json(
+        a.json,
+        {
+            "cpu": cpu,
+            "threads": threads,
+            "paddle": paddle.__version__,
+            "matmul": results,
+            "peak_gflops": peak,
+            "copy": copy,
+            "load_average": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        },
+    )
     return 0
 
 

@@ -56,6 +56,17 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+def shared_args(args, lr: str) -> list:
+    """The overrides every method runs with (``lr``: the method's learning rate as text)."""
+    return h.flags(
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch_size,
+        seed=args.seed,
+        learning_rate=lr,
+        eval_before_train="true",
+    )
+
+
 def run_method(name, python, args, out_root: Path):
     config, lr, extra = METHODS[name]
     out = out_root / slug(name)
@@ -65,16 +76,7 @@ def run_method(name, python, args, out_root: Path):
         str(config),
         "--output_dir",
         str(out),
-        "--max_steps",
-        str(args.steps),
-        "--per_device_train_batch_size",
-        str(args.batch_size),
-        "--seed",
-        str(args.seed),
-        "--learning_rate",
-        f"{lr:g}",
-        "--eval_before_train",
-        "true",
+        *shared_args(args, f"{lr:g}"),
         "--do_eval",
         "true",
         "--logging_steps",
@@ -172,16 +174,7 @@ def main(argv=None):
                 shown,
                 "llm/run_finetune.py",
                 "llm/config/tiny/{sft,lora}_argument.json",
-                "--max_steps",
-                str(args.steps),
-                "--per_device_train_batch_size",
-                str(args.batch_size),
-                "--seed",
-                str(args.seed),
-                "--learning_rate",
-                "LR",
-                "--eval_before_train",
-                "true",
+                *shared_args(args, "LR"),
                 "[method flags]",
             ]
         ),

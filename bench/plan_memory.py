@@ -48,15 +48,7 @@ MARGIN = 2 * GiB  # free memory wanted beyond the planned peak before a run star
 SMALL_DIR = os.path.join(ROOT, "build", "llama-0.3b")
 BIG_DIR = os.path.join(ROOT, "build", "llama-0.8b")
 DATA_DIR = os.path.join(ROOT, "build", "alpaca_en_demo")
-SMALL_SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=2816,
-    num_hidden_layers=18,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    vocab_size=32000,
-    max_position_embeddings=2048,
-)
+SMALL_SHAPE = h.llama_shape(1024, 2816, 18, 16, 16, vocab_size=32000, max_position_embeddings=2048)
 
 LORA = ["--lora", "true", "--lora_rank", "8"]
 # name -> (base config, model dir, extra overrides, what it is)
@@ -98,43 +90,27 @@ print(open(os.path.join(model_dir, big_model.MARKER)).read())
 """
 
 
-def common_overrides(model_dir, out_dir, steps):
-    return [
-        "--model_name_or_path",
-        model_dir,
-        "--dataset_name_or_path",
-        DATA_DIR,
-        "--output_dir",
-        out_dir,
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "1",
-        "--gradient_accumulation_steps",
-        "1",
-        "--max_length",
-        "256",
-        "--src_length",
-        "128",
-        "--pad_to_max_length",
-        "true",
-        "--zero_padding",
-        "false",
-        "--do_train",
-        "true",
-        "--do_eval",
-        "false",
-        "--eval_before_train",
-        "false",
-        "--evaluation_strategy",
-        "no",
-        "--save_strategy",
-        "no",
-        "--logging_steps",
-        "1",
-        "--warmup_steps",
-        "0",
-    ]
+def common_overrides(model_dir, out_dir, steps, data_dir=DATA_DIR):
+    """``llm/run_finetune.py``'s overrides of a memory run (bench/qlora_memory.py adds its LoRA keys)."""
+    return h.flags(
+        model_name_or_path=model_dir,
+        dataset_name_or_path=data_dir,
+        output_dir=out_dir,
+        max_steps=steps,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        max_length=256,
+        src_length=128,
+        pad_to_max_length="true",
+        zero_padding="false",
+        do_train="true",
+        do_eval="false",
+        eval_before_train="false",
+        evaluation_strategy="no",
+        save_strategy="no",
+        logging_steps=1,
+        warmup_steps=0,
+    )
 
 
 def ensure_models():
@@ -241,30 +217,18 @@ def gpu_table():
         "gradient_accumulation_steps 4 (PP: 2 micro-batches in flight on the first stage).  LLaMA-Factory: GB "
         "total, its README's estimate (full: AMP / pure bf16)\n"
     )
-    print("| model | method | " + " | ".join(n for n, _ in layouts) + " | LLaMA-Factory |")
-    print("|---|---|" + "---|" * (len(layouts) + 1))
+    rows = []
     for size in ("7b", "13b", "70b"):
         for i, (label, config) in enumerate(GPU_METHODS):
             cfg, _ = load_plan_config(
                 os.path.join(ROOT, "llm", "config", "llama", config),
-                [
-                    "--model_name_or_path",
-                    f"meta-llama/Llama-2-{size}",
-                    "--max_length",
-                    "1024",
-                    "--src_length",
-                    "512",
-                    "--per_device_train_batch_size",
-                    "1",
-                    "--tensor_parallel_degree",
-                    "1",
-                    "--sharding",
-                    "",
-                ],
+                h.flags(model_name_or_path=f"meta-llama/Llama-2-{size}", max_length=1024, src_length=512)
+                + h.flags(per_device_train_batch_size=1, tensor_parallel_degree=1, sharding=""),
             )
             inp = inputs_from_run(cfg, target="gpu")
             cells = [f"{estimate(inp, lay).per_device_bytes / GiB:.1f}" for _, lay in layouts]
-            print(f"| Llama-2-{size.upper()} | {label} | " + " | ".join(cells) + f" | {LLAMA_FACTORY[size][i]} |")
+            rows.append([f"Llama-2-{size.upper()}", label, *cells, LLAMA_FACTORY[size][i]])
+    print(h.table(["model", "method", *(n for n, _ in layouts), "LLaMA-Factory"], rows))
 
 
 def report(records, runtime_constant):
@@ -341,9 +305,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         records = [run_one(n, work, a.steps, a.wait_s) for n in names]
     report(records, CPU_RUNTIME_BYTES)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(records, f, indent=2)
+    h.write_json(a.json, records)
 
 
 if __name__ == "__main__":

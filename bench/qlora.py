@@ -79,7 +79,7 @@ from bench.qlora_tables import (  # noqa: E402
     table_summary,
     table_train,
 )
-from bench.qlora_worker import CONFIGS, MODEL_SHAPE, part0, worker  # noqa: E402
+from bench.qlora_worker import CONFIGS, part0, shape_text, worker  # noqa: E402
 
 REPO = Path(h.ROOT)
 CLI = REPO / "llm" / "run_finetune.py"
@@ -296,7 +296,7 @@ def main(argv=None):
         n_lin = 8 * (4 * 768 * 768 + 3 * 768 * 2048)
         print(
             f"\n## Part 1: ~106M-parameter random-init LlamaForCausalLM "
-            f"({', '.join(f'{k}={v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
+            f"({shape_text('=')}), "
             f"fp32; {n_lin:,} parameters in the 56 decoder linears\n",
             flush=True,
         )
@@ -329,7 +329,7 @@ def main(argv=None):
         how = ok_row.get("peak_train_how", "VmHWM reset")
         intro = (
             f"Random-init PaddleNLP `LlamaForCausalLM` "
-            f"({', '.join(f'{k} {v}' for k, v in MODEL_SHAPE.items() if k != 'max_position_embeddings')}), "
+            f"({shape_text(' ')}), "
             f"{ok_row.get('linear_params', 0) + other:,} parameters in fp32: {ok_row.get('linear_params', 0):,} in the 56 "
             f"decoder linears that `quantize_model` replaces, {other:,} (embeddings, lm_head, norms; "
             f"{4 * other / MiB:.0f} MiB) that stay fp32 in every configuration. nf4/fp4 use block size "

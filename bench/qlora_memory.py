@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import harness as h  # noqa: E402
+from bench import plan_memory  # noqa: E402
 
 ROOT, GB = h.ROOT, h.GiB
 BASE_CONFIG = os.path.join("llm", "config", "tiny", "lora_argument.json")
@@ -63,46 +64,7 @@ TARGETS = [("nf4-dq", "peak", 0.45), ("int4", "peak", 0.45), ("int8", "peak", 0.
 
 
 def common_overrides(model_dir, data_dir, output_dir, steps):
-    return [
-        "--model_name_or_path",
-        model_dir,
-        "--dataset_name_or_path",
-        data_dir,
-        "--output_dir",
-        output_dir,
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "1",
-        "--gradient_accumulation_steps",
-        "1",
-        "--max_length",
-        "256",
-        "--src_length",
-        "128",
-        "--pad_to_max_length",
-        "true",
-        "--zero_padding",
-        "false",
-        "--do_train",
-        "true",
-        "--do_eval",
-        "false",
-        "--eval_before_train",
-        "false",
-        "--evaluation_strategy",
-        "no",
-        "--save_strategy",
-        "no",
-        "--logging_steps",
-        "1",
-        "--warmup_steps",
-        "0",
-        "--lora",
-        "true",
-        "--lora_rank",
-        "8",
-    ]
+    return plan_memory.common_overrides(model_dir, output_dir, steps, data_dir) + h.flags(lora="true", lora_rank=8)
 
 
 # ---------------------------------------------------------------- build
@@ -373,22 +335,19 @@ def main(argv=None):
     if a.extra:
         print(f"every run with: {' '.join(a.extra)}")
     print_report(records, targets, build)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "model": build,
-                    "steps": a.steps,
-                    "extra": a.extra,
-                    "baseline": BASELINE,
-                    "runs": records,
-                    "targets": targets,
-                    "workdir": work if a.keep else None,
-                },
-                f,
-                indent=2,
-                default=str,
-            )
+    h.write_json(
+        a.json,
+        {
+            "model": build,
+            "steps": a.steps,
+            "extra": a.extra,
+            "baseline": BASELINE,
+            "runs": records,
+            "targets": targets,
+            "workdir": work if a.keep else None,
+        },
+        default=str,
+    )
     return 0 if all("summary" in r for r in records.values()) else 1
 
 

@@ -11,15 +11,23 @@ import time
 from bench import harness as h
 from bench.harness import reset_peak, rss_now, rss_peak
 
-MODEL_SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=768,
-    num_hidden_layers=8,
-    intermediate_size=2048,
-    num_attention_heads=12,
-    num_key_value_heads=12,
-    max_position_embeddings=2048,
+MODEL_SHAPE = h.llama_shape(768, 2048, 8, 12, 12, vocab_size=32000, max_position_embeddings=2048)
+# the order bench/qlora.py names the shape in (docs/qlora_benchmark.md)
+SHOWN_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
 )
+
+
+def shape_text(sep: str) -> str:
+    """The shape as bench/qlora.py prints it: ``shape_text("=")`` -> ``"vocab_size=32000, hidden_size=768, ...,
+    num_key_value_heads=12"`` (max_position_embeddings left out)."""
+    return ", ".join(f"{k}{sep}{MODEL_SHAPE[k]}" for k in SHOWN_KEYS)
+
 
 # name -> (algo or None, double_quant); block size is --block-size (64) for nf4/fp4
 CONFIGS = {

@@ -161,6 +161,18 @@ def mixed_workload(n):
     ]
 
 
+def server_args(a) -> list:
+    """The server's arguments of every run: the model served as "bench", max_length 256, a batch of
+    ``a.clients`` and a queue of 4 x ``a.clients``."""
+    return h.flags(
+        model_name_or_path=a.model,
+        served_model_name="bench",
+        max_length=256,
+        max_batch_size=a.clients,
+        max_queue=4 * a.clients,
+    )
+
+
 def compare_batching(a):
     """The same mixed workload from ``a.clients`` concurrent clients against a --batching static and a
     --batching continuous server (both started once), in interleaved rounds (static, continuous, static, ...;
@@ -171,25 +183,7 @@ def compare_batching(a):
     servers = {}
     with contextlib.ExitStack() as stack:
         for mode in rows:
-            servers[mode] = stack.enter_context(
-                server(
-                    [
-                        "--model_name_or_path",
-                        a.model,
-                        "--served_model_name",
-                        "bench",
-                        "--max_length",
-                        "256",
-                        "--max_batch_size",
-                        str(a.clients),
-                        "--max_queue",
-                        str(4 * a.clients),
-                        "--batching",
-                        mode,
-                    ],
-                    name=f"{mode} server",
-                )
-            )
+            servers[mode] = stack.enter_context(server(server_args(a) + ["--batching", mode], name=f"{mode} server"))
             one(servers[mode].ready.group(1), "bench", "warm-up", 4, a.timeout)
         per_client = [work[c :: a.clients] for c in range(a.clients)]
         for r in range(a.repeats):
@@ -262,20 +256,7 @@ def main():
     deadline = time.time() + a.deadline
     texts = prompts(a.clients * a.rounds)
     problems = []
-    with server(
-        [
-            "--model_name_or_path",
-            a.model,
-            "--served_model_name",
-            "bench",
-            "--max_length",
-            "256",
-            "--max_batch_size",
-            str(a.clients),
-            "--max_queue",
-            str(4 * a.clients),
-        ]
-    ) as srv:
+    with server(server_args(a)) as srv:
         url = srv.ready.group(1)
         print(f"server: {url}  model: {a.model}  requests: {len(texts)} (greedy, max_tokens {a.max_tokens})")
         one(url, "bench", "warm-up", 4, a.timeout)

@@ -39,12 +39,12 @@ if __package__ in (None, ""):
 from bench import harness as h  # noqa: E402
 
 ROOT = h.ROOT
-SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=16,
-    num_key_value_heads=4,
+SHAPE = h.llama_shape(
+    1024,
+    4864,
+    24,
+    16,
+    4,
     vocab_size=32000,
     max_position_embeddings=2048,
     tie_word_embeddings=False,

@@ -24,7 +24,7 @@ import sys
 if __package__ in (None, ""):  # run as a file, not with -m: make the repository root (the package's parent) importable
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bench.cpu_setup import ROOT, compare, ensure_data, ensure_model, loss_rel_diff, run_once  # noqa: E402
+from bench.cpu_setup import ROOT, ab_runs, compare, ensure_data, ensure_model, loss_rel_diff, run_once  # noqa: E402
 
 
 def main(argv=None):
@@ -43,26 +43,24 @@ def main(argv=None):
     if a.flash_mask:
         extra += ["--use_flash_attention", "true", "--flash_mask", "true"]
     roots = {"before": os.path.abspath(a.before), "after": ROOT}
-    runs = {"before": [], "after": []}
-    for i in range(a.repeats):
-        for name, root in roots.items():
-            r = run_once(
-                "on",
-                model_dir,
-                data_dir,
-                os.path.join(a.scratch, f"run_{name}_{i}"),
-                a.steps,
-                extra,
-                cli=os.path.join(root, "llm", "run_finetune.py"),
-                root=root,
-            )
-            runs[name].append(r)
-            print(
-                f"  {name} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
-                f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {r['cpu_pct'] or 0:.0f}%, losses {r['losses']}",
-                flush=True,
-            )
-    print()
+    runs = ab_runs(
+        roots,
+        a.repeats,
+        lambda name, i: run_once(
+            "on",
+            model_dir,
+            data_dir,
+            os.path.join(a.scratch, f"run_{name}_{i}"),
+            a.steps,
+            extra,
+            cli=os.path.join(roots[name], "llm", "run_finetune.py"),
+            root=roots[name],
+        ),
+        lambda name, i, r: (
+            f"  {name} #{i + 1}: {r['sup_tok_s']:.1f} supervised tok/s, step {r['step_s']:.2f} s, "
+            f"RSS {r['peak_rss_gib']:.2f} GiB, CPU {r['cpu_pct'] or 0:.0f}%, losses {r['losses']}"
+        ),
+    )
     print(compare(runs, "checkout", "before", "after"))
     print(
         f"\nper-step losses, after vs before: largest relative difference "

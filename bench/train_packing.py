@@ -76,36 +76,14 @@ def main():
         data_dir, model_dir = os.path.join(tmp, "alpaca"), os.path.join(tmp, "model")
         n = alpaca_to_dataset(alpaca, data_dir)
         build_tiny_model(model_dir, None, spm_model=spm, max_position_embeddings=a.max_length)
-        common = [
-            "--model_name_or_path",
-            model_dir,
-            "--dataset_name_or_path",
-            data_dir,
-            "--max_steps",
-            str(a.steps),
-            "--max_length",
-            str(a.max_length),
-            "--src_length",
-            str(a.max_length // 2),
-        ]
+        common = h.flags(model_name_or_path=model_dir, dataset_name_or_path=data_dir, max_steps=a.steps)
+        common += h.flags(max_length=a.max_length, src_length=a.max_length // 2)
         base = run(common + ["--per_device_train_batch_size", str(a.batch_size)], os.path.join(tmp, "base"))
         # rows of max_length holding about as many tokens per step as the baseline's batches
         tokens_per_example = base["data"]["train"]["tokens"] / base["data"]["train"]["examples"]
         rows = max(1, math.ceil(a.batch_size * tokens_per_example / a.max_length))
         packed = run(
-            common
-            + [
-                "--per_device_train_batch_size",
-                str(rows),
-                "--zero_padding",
-                "true",
-                "--greedy_zero_padding",
-                "true",
-                "--use_flash_attention",
-                "true",
-                "--flash_mask",
-                "true",
-            ],
+            common + ["--per_device_train_batch_size", str(rows)] + h.PACKED,
             os.path.join(tmp, "packed"),
         )
     print(

@@ -6,6 +6,7 @@ Fast: the harness imports no paddle, and the commands it runs here are small Pyt
 import ast
 import doctest
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -210,3 +211,35 @@ def test_time_calls_warms_up_then_times_each_call():
     calls = []
     wall, cpu = harness.time_calls(lambda: calls.append(1), repeats=3)
     assert len(calls) == 4 and len(wall) == len(cpu) == 3 and min(wall) >= 0 and min(cpu) >= 0
+
+
+def test_flags_shape_and_json_report_helpers(tmp_path):
+    """The shared pieces the benchmarks build their CLI overrides, model shapes and --json reports from."""
+    assert harness.flags(max_steps=3, do_eval="false", learning_rate=1e-4) == [
+        "--max_steps",
+        "3",
+        "--do_eval",
+        "false",
+        "--learning_rate",
+        "0.0001",
+    ]
+    assert harness.PACKED == ["--zero_padding", "true", "--greedy_zero_padding", "true"] + [
+        "--use_flash_attention",
+        "true",
+        "--flash_mask",
+        "true",
+    ]
+    shape = harness.llama_shape(64, 128, 2, 4, 2, vocab_size=32000)
+    assert list(shape.items()) == [
+        ("hidden_size", 64),
+        ("intermediate_size", 128),
+        ("num_hidden_layers", 2),
+        ("num_attention_heads", 4),
+        ("num_key_value_heads", 2),
+        ("vocab_size", 32000),
+    ]
+    harness.write_json(None, {"a": 1})  # no --json: nothing written, no error
+    out = tmp_path / "r.json"
+    harness.write_json(str(out), {"a": 1, "p": tmp_path}, default=str)
+    assert json.loads(out.read_text()) == {"a": 1, "p": str(tmp_path)}
+    assert out.read_text().startswith('{\n  "a"')  # indent 2, as the reports were written before
