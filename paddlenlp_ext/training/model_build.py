@@ -55,7 +55,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     )
     config.use_flash_attention = m.use_flash_attention
     config.recompute = args.recompute
-    from ..models.llm_meta import apply_llm_meta, llm_meta_notices, on_gpu
+    from .llm_meta import apply_llm_meta, llm_meta_notices, on_gpu
     from .console import current
 
     gpu = on_gpu()

@@ -214,7 +214,7 @@ def print_memory_plan(cfg: RunConfig) -> None:
     import paddle
     from paddlenlp.utils.log import logger
 
-    from ..models.llm_meta import on_gpu
+    from .llm_meta import on_gpu
     from ..planner import PlanError, estimate_for_run, format_one_line, host_memory_bytes
     from .console import current
 
@@ -243,9 +243,9 @@ def attach_data_callbacks(trainer, train_dataset, cfg: RunConfig, args, resume_s
 
 
 def cpu_setup_record() -> Dict[str, Any]:
-    """``cli.cpu_env``'s decision and the CPU math variables as this process has them now (after
+    """``runtime.cpu_env``'s decision and the CPU math variables as this process has them now (after
     paddle's import, which sets ``OMP_NUM_THREADS=1`` when it is unset)."""
-    from ..cli import cpu_env
+    from ..runtime import cpu_env
 
     decision = cpu_env.current()
     record = decision.as_dict() if decision else {"enabled": None, "text": "cpu: set-up not run"}
