@@ -31,16 +31,10 @@ from paddlenlp_ext.adapters import (
     load_adapter_state_dict,
     save_adapter,
 )
-from paddlenlp_ext.parallel import (
-    ParallelLoRALinear,
-    ParallelVeRALinear,
-    QuantizedParallelLinear,
-    SimulatedGroup,
-    SimulationError,
-    adapter_split_axes,
-    full_adapter_state_dict,
-    unshard_adapter_states,
-)
+from paddlenlp_ext.adapters.tp_checkpoint import adapter_split_axes, full_adapter_state_dict, unshard_adapter_states
+from paddlenlp_ext.adapters.tp_layers import ParallelLoRALinear, ParallelVeRALinear
+from paddlenlp_ext.parallel import SimulatedGroup, SimulationError
+from paddlenlp_ext.quant.parallel_linear import QuantizedParallelLinear
 from paddlenlp_ext.parallel.simulate import SimulatedCollectives
 
 TOL = 1e-5

@@ -248,7 +248,8 @@ def prepare_pipeline_stage(model, args) -> Optional[Dict[str, str]]:
 
     if not is_pipeline_model(model):
         return None
-    from ..parallel.pp_adapters import FleetPipelineGroup, attach_pipeline_group, prepare_stage_for_adapters
+    from ..adapters.pp_stage import attach_pipeline_group, prepare_stage_for_adapters
+    from ..parallel.pipeline_group import FleetPipelineGroup
     from .pp_step import install_pipeline_training
 
     install_pipeline_training(model, args.dataset_world_size, args.gradient_accumulation_steps)

@@ -39,7 +39,7 @@ from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
 from ..config.parse import ConfigError
 from ..integrations.sharding import slice_aware_decay
 from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
-from ..parallel.pp_adapters import save_stage_weights
+from ..adapters.pp_stage import save_stage_weights
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
 from .moe_aux import add_aux_loss, prepare_forward

@@ -25,10 +25,10 @@ from typing import Optional
 import paddle
 import paddle.nn as nn
 
-from ..quant import formats as QF
-from ..quant.linear import QuantizedLinear
-from .collectives import Collectives, collectives_for
-from .shard import COLUMN, ShardSpec, shard_spec
+from . import formats as QF
+from .linear import QuantizedLinear
+from ..parallel.collectives import Collectives, collectives_for
+from ..parallel.shard import COLUMN, ShardSpec, shard_spec
 
 
 class QuantizedParallelLinear(nn.Layer):
