@@ -14,7 +14,7 @@ def build_trainer(tmp_path, tiny_model_dir, lora_plus_scale, warmup_steps=0, max
     from paddlenlp_ext.data.collate import PaddingCollator
     from paddlenlp_ext.data.reader import read_examples
     from paddlenlp_ext.data.tokenize import tokenize_examples
-    from paddlenlp_ext.integrations.training_args import TrainingArguments
+    from paddlenlp_ext.training.training_args import TrainingArguments
     from paddlenlp_ext.training.trainer import FinetuneTrainer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

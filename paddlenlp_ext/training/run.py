@@ -27,7 +27,7 @@ RUN_SUMMARY_NAME = "run_summary.json"
 def build_training_args(cfg: RunConfig):
     import paddle
 
-    from ..integrations.training_args import make_training_arguments
+    from .training_args import make_training_arguments
 
     where = cfg.source or "config"
     on_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
