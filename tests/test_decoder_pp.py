@@ -246,7 +246,7 @@ def test_a_run_builds_and_wires_its_decoder_stage(tmp_path):
     )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(hf_cfg).save_pretrained(str(tmp_path))
-    from paddlenlp_ext.integrations.decoder import register_decoder
+    from paddlenlp_ext.models.registration import register_decoder
 
     register_decoder()  # as load_model does: our rows known to PaddleNLP's AutoConfig
     config = load_model_config(str(tmp_path), dtype="float32")

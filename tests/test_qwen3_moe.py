@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import ROOT  # noqa: E402
-from paddlenlp_ext.integrations.qwen3 import register_qwen3  # noqa: E402
+from paddlenlp_ext.models.registration import register_qwen3  # noqa: E402
 from paddlenlp_ext.models.qwen3 import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
 VOCAB = 101

@@ -213,6 +213,7 @@ def load_model_streaming(
     data is read when the format allows it (pdparams shapes are checked on arrival).
     """
     from ..integrations import lazy_init
+    from .registration import register_decoder, register_qwen3
     from ..quant.formats import check_target_shape
     from ..quant.model import select_targets
 
@@ -245,6 +246,8 @@ def load_model_streaming(
             "AutoModelForCausalLM cannot choose the model class"
         )
 
+    register_qwen3()  # our classes known to PaddleNLP's Auto classes, which build the skeleton
+    register_decoder()
     model = lazy_init.lazy_skeleton(config, dtype, model_class)
     expected = dict(model.state_dict())
     for p in list(expected.values()):  # a pipeline stage's copy of a tied weight reads the tensor it copies

@@ -53,10 +53,10 @@ def load_tokenizer(cfg: RunConfig):
     from ..models.tokenizer import TokenizerLoadError
     from ..models.tokenizer import load_tokenizer as load_any_tokenizer
 
-    from ..integrations.qwen3 import register_qwen3
+    from ..models.registration import register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
-    from ..integrations.decoder import register_decoder
+    from ..models.registration import register_decoder
 
     register_decoder()  # ... and our decoder's rows (models/family_table.py, Family.decoder)
 
