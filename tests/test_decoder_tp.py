@@ -136,7 +136,7 @@ def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, s
     tps = sim.build(lambda r: build(model_type, N, r, sp, **over))
     load_shards(ref, tps, cfg, model_type, split)
     if quant is not None:  # QLoRA: each rank quantizes its own shards (column shards quantize exactly as whole)
-        from paddlenlp_ext.quant import quantize_model
+        from paddlenlp_ext.models.quantize import quantize_model
 
         for m in [ref] + tps:
             quantize_model(m, quant, block_size=16)

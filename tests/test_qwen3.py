@@ -182,7 +182,7 @@ def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
     ref = logits_of(loaded, ids)
     plain, _ = load_model_streaming(tiny_qwen3_dir, config, "float32")
     np.testing.assert_array_equal(logits_of(plain, ids), ref)
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     quantize_model(loaded, "nf4", block_size=64)  # quantized after a full load: the same codes as on arrival
     got = logits_of(streamed, ids)

@@ -125,7 +125,7 @@ def test_auto_classes_and_streaming_nf4_load(tiny_qwen3_moe_dir):
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
     from paddlenlp_ext.models.loading import load_model_streaming
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     config = AutoConfig.from_pretrained(tiny_qwen3_moe_dir)
     assert type(config) is Qwen3MoeConfig and config.architectures == ["Qwen3MoeForCausalLM"]

@@ -422,7 +422,7 @@ def test_llama_decoder_layers_match_single_device(n, kv_heads, case):
     single-device model's; one SGD step (LoRA+ learning rates) leaves the same complete adapter."""
     from paddlenlp.transformers.llama.modeling import LlamaModel
 
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     spec = DECODER_CASES[case]
     targets = [r".*_proj"]

@@ -132,7 +132,7 @@ def verify_merge(
         cls, config = decoder_class_for(load_model_config(path, dtype="float32"))
         model = (cls or AutoModelForCausalLM).from_pretrained(path, config=config, dtype="float32")
         if quant:
-            from ..quant import quantize_model
+            from ..models.quantize import quantize_model
 
             quantize_model(
                 model,

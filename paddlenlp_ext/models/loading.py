@@ -1,6 +1,6 @@
 """Streaming model loading: build the model empty, then fill it one checkpoint tensor at a time.
 
-``AutoModelForCausalLM.from_pretrained`` + ``quant.quantize_model`` holds the
+``AutoModelForCausalLM.from_pretrained`` + ``models.quantize.quantize_model`` holds the
 whole full-precision model before quantizing it, which defeats QLoRA's point
 (a 0.82B Llama peaked at 4.88 GB for nf4, as for fp32 LoRA).
 :func:`load_model_streaming` instead
@@ -215,7 +215,7 @@ def load_model_streaming(
     from ..integrations import lazy_init
     from .registration import register_decoder, register_qwen3
     from ..quant.formats import check_target_shape
-    from ..quant.model import select_targets
+    from .quantize import select_targets
 
     log = logger if logger is not None else _log
     t0, rss0 = time.perf_counter(), _rss()
@@ -238,7 +238,7 @@ def load_model_streaming(
     if quant and int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         raise ValueError(
             "load_model_streaming quantizes no tensor-parallel shards: load in float, then "
-            "quant.quantize_model (each rank quantizes its own shard)"
+            "models.quantize.quantize_model (each rank quantizes its own shard)"
         )
     if not getattr(config, "architectures", None):
         raise CheckpointError(

@@ -139,7 +139,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         model = (model_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
     if not quantization:
         return model, None
-    from ..quant import quantize_model
+    from ..models.quantize import quantize_model
 
     try:
         stats = quantize_model(

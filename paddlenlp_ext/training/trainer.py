@@ -393,7 +393,7 @@ class FinetuneTrainer(TrainerBoundary):
 
     def amp_excluded_layers(self, model) -> list:
         # quantized bases keep fp32 scales / code books under O2 (their codes are integers anyway)
-        from ..quant import amp_excluded_layers
+        from ..models.quantize import amp_excluded_layers
 
         return amp_excluded_layers(model)
 

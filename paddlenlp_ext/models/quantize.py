@@ -22,10 +22,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import paddle.nn as nn
 
-from ..models.targets import NEVER_TARGET_PARTS, decoder_linear_targets
-from . import formats as F
-from .formats import check_target_shape  # noqa: F401  (public here too: the checkpoint loader's pre-check)
-from .linear import QuantizedLinear
+from .targets import NEVER_TARGET_PARTS, decoder_linear_targets
+from ..quant import formats as F
+from ..quant.formats import check_target_shape  # noqa: F401  (public here too: the checkpoint loader's pre-check)
+from ..quant.linear import QuantizedLinear
 
 _log = logging.getLogger("paddlenlp_ext.quant")
 
@@ -227,7 +227,7 @@ def quantize_model(
                 layer, algo, block_size, double_quant, double_quant_block_size, backend=backend
             )
         else:  # Column/RowParallelLinear: this rank's shard
-            from .parallel_linear import QuantizedParallelLinear
+            from ..quant.parallel_linear import QuantizedParallelLinear
 
             q = QuantizedParallelLinear.from_parallel_linear(
                 layer, algo, block_size, double_quant, double_quant_block_size, backend=backend
