@@ -158,7 +158,7 @@ class _AllToAllN(PyLayer):
 
 
 class SimulatedExpertComm(ExpertComm):
-    """Rank ``rank``'s expert-parallel collectives inside a :class:`~.simulate.SimulatedGroup` run."""
+    """Rank ``rank``'s expert-parallel collectives inside a :class:`~paddlenlp_ext.parallel.simulate.SimulatedGroup` run."""
 
     def __init__(self, simulation, rank: int):
         self.simulation, self.rank, self.world_size = simulation, int(rank), simulation.world_size
