@@ -101,8 +101,7 @@ def verify_merge(
     from paddlenlp.transformers import AutoModelForCausalLM
 
     from ..adapters import load_adapter
-    from ..models.registration import register_decoder
-    from ..models.registration import register_qwen3
+    from ..models.registration import register_decoder, register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to AutoModelForCausalLM
     register_decoder()  # ... and our decoder's rows (models/family_table.py, Family.decoder)

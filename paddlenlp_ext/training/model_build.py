@@ -37,8 +37,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     from paddlenlp.transformers import AutoModelForCausalLM
     from paddlenlp.utils.log import logger
 
-    from ..models.registration import register_decoder
-    from ..models.registration import register_qwen3
+    from ..models.registration import register_decoder, register_qwen3
     from ..models.checkpoint import CheckpointError
     from ..models.model_config import load_model_config
 
