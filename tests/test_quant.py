@@ -18,9 +18,8 @@ from paddlenlp_ext.quant import (
     QuantizedLinear,
     dequantize,
     quantize,
-    quantize_model,
-    quantized_state_bytes,
 )
+from paddlenlp_ext.models.quantize import quantize_model, quantized_state_bytes
 from paddlenlp_ext.quant import codec as C
 from paddlenlp_ext.quant import dispatch as D
 from paddlenlp_ext.quant import encode as E
