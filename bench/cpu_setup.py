@@ -1,4 +1,4 @@
-"""Benchmark: the CPU set-up of ``paddlenlp_ext/cli/cpu_env.py`` on vs off, through the CLI.
+"""Benchmark: the CPU set-up of ``paddlenlp_ext/runtime/cpu_env.py`` on vs off, through the CLI.
 
     .venv/bin/python -m bench.cpu_setup [--steps 8] [--repeats 2] [--scratch build/bench_cpu_setup] [--json out.json]
 
@@ -39,7 +39,7 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
 
 from bench import harness as h  # noqa: E402
 from bench.big_model import write_data  # noqa: E402
-from paddlenlp_ext.cli.cpu_env import CODE_PATH_VARS, SWITCH, THREAD_VARS  # noqa: E402
+from paddlenlp_ext.runtime.cpu_env import CODE_PATH_VARS, SWITCH, THREAD_VARS  # noqa: E402
 
 ROOT, SHARED, ALPACA, TOKENIZER_MODEL = h.ROOT, h.SHARED, h.ALPACA, h.TOKENIZER_MODEL
 CLI = os.path.join(ROOT, "llm", "run_finetune.py")

@@ -175,7 +175,7 @@ def paddlenlp_env(cpu_env: bool) -> dict:
     """Paddle's defaults as a user gets them, or (``cpu_env``) the variables our CPU set-up would set."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SWITCH) + THREAD_VARS + CODE_PATH_VARS}
     if cpu_env:
-        from paddlenlp_ext.cli.cpu_env import setup_cpu
+        from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
         probe = dict(env)
         setup_cpu(probe)  # decides on a copy: this process's environment stays as it is

@@ -46,7 +46,7 @@ def worker(args) -> None:
     """In the worker process: load, render, time both engines, print one ``RESULT {json}`` line."""
     import tempfile
 
-    from paddlenlp_ext.cli.cpu_env import setup_cpu
+    from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
     print(setup_cpu().text, flush=True)  # the CLIs' CPU set-up (threads, MKL code path), before paddle loads
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer

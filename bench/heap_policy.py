@@ -41,7 +41,7 @@ def child(model_dir: str, policy: str, lengths) -> dict:
     """One policy's run, in this process (called with ``--child``)."""
     import time
 
-    from paddlenlp_ext.cli.cpu_env import setup_cpu
+    from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
     setup_cpu()
     from paddlenlp_ext.training import heap

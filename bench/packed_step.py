@@ -66,7 +66,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
     a = p.parse_args(argv)
-    from paddlenlp_ext.cli.cpu_env import setup_cpu
+    from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
     print(setup_cpu().text, flush=True)  # the CLIs' CPU set-up, before paddle loads
     import paddle

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.peak [--shape JSON] [--vocab 32000] [--tokens 256,1024] [--square 4096]
                                    [--copy-mib 256] [--repeats 5] [--json F]
 
-Runs with the CPU set-up every CLI of this repository applies (``paddlenlp_ext/cli/cpu_env.py``: the
+Runs with the CPU set-up every CLI of this repository applies (``paddlenlp_ext/runtime/cpu_env.py``: the
 MKL/OpenMP threads and MKL's code path, decided before Paddle loads), so the peak is what a training
 run of ours can reach on this machine.  It prints the CPU model and its ISA (AVX2, AVX-512 and its BF16
 and VNNI extensions, AMX), then:
@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
 from bench import harness as h  # noqa: E402
 from bench.cpu_setup import MODEL_SHAPE  # noqa: E402
 from bench.flops import decoder_linears  # noqa: E402
-from paddlenlp_ext.cli.cpu_env import parse_cpuinfo  # noqa: E402
+from paddlenlp_ext.runtime.cpu_env import parse_cpuinfo  # noqa: E402
 
 #: the ISA flags worth naming, in /proc/cpuinfo's spelling
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -153,7 +153,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args(argv)
-    from paddlenlp_ext.cli.cpu_env import setup_cpu
+    from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
     decision = setup_cpu()  # before paddle loads: the threads and code path our CLI runs with
     import paddle

@@ -72,7 +72,7 @@ def build_layer_by_layer(cfg, algo, block_size, double_quant):
     from paddlenlp.transformers import LlamaForCausalLM
     from paddlenlp.transformers.model_utils import no_init_weights
 
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     with no_init_weights(), paddle.LazyGuard():
         model = LlamaForCausalLM(cfg)
@@ -133,7 +133,7 @@ def dequant_ms_per_step(model, repeats: int = 3):
 def build_naive(cfg, algo, block_size, double_quant):
     from paddlenlp.transformers import LlamaForCausalLM
 
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     model = LlamaForCausalLM(cfg)
     after_fp32 = rss_now()
@@ -151,7 +151,7 @@ def worker(args) -> dict:
     from paddlenlp.transformers import LlamaConfig
 
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
-    from paddlenlp_ext.quant import quantized_state_bytes
+    from paddlenlp_ext.models.quantize import quantized_state_bytes
 
     paddle.set_device("cpu")
     paddle.seed(args.seed)

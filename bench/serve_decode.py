@@ -118,7 +118,7 @@ def prompts(batch: int, length: int, vocab: int) -> np.ndarray:
 
 def ours(a) -> list:
     """The server's loop on the model as the server loads it; [{"batch", "decode_s", "tokens"}]."""
-    from paddlenlp_ext.cli.cpu_env import setup_cpu
+    from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
     cpu = setup_cpu()  # the server's CPU set-up (threads, MKL's code path), before paddle loads
     import paddle

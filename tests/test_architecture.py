@@ -5,7 +5,8 @@
 - private PaddleNLP/Paddle access only under paddlenlp_ext/integrations/;
 - no broad ``except`` that swallows (it must re-raise);
 - what may import what (config never imports paddle; data never touches models, adapters or training;
-  adapters know nothing of training; kernels and quant know nothing of PaddleNLP).
+  adapters know nothing of training; kernels and quant know nothing of PaddleNLP);
+- no import cycle between packages, counting every import statement wherever it stands (the layering).
 """
 
 import ast
@@ -56,18 +57,29 @@ IMPORT_RULES = {
     },
     "adapters": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "kernels": {"paddlenlp", "paddlenlp_ext.training", "paddlenlp_ext.adapters", "paddlenlp_ext.data"},
-    "quant": {"paddlenlp_ext.training", "paddlenlp_ext.adapters", "paddlenlp_ext.data", "paddlenlp.trainer"},
+    "quant": {
+        "paddlenlp_ext.training",
+        "paddlenlp_ext.adapters",
+        "paddlenlp_ext.data",
+        "paddlenlp.trainer",
+        "paddlenlp_ext.models",
+    },
+    # the process set-up before paddle loads: the standard library only
+    "runtime": {"paddle", "paddlenlp", "paddlenlp_ext"},
     "merge": {"paddlenlp_ext.training", "paddlenlp.trainer"},
     "export": {"paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.dpo", "paddlenlp.trainer"},
     "predict": {"paddlenlp_ext.training", "paddlenlp_ext.dpo", "paddlenlp_ext.merge", "paddlenlp.trainer"},
     "planner": {"paddle", "paddlenlp_ext.training", "paddlenlp_ext.data", "paddlenlp_ext.adapters"},
-    # parallel builds on the adapter layers (adapters.base); adapters.api calls parallel to save TP adapters
+    # parallel is the low layer of parallelism: what builds on models, quant or adapters lives there
+    # (adapters.tp_layers, quant.parallel_linear, models.decoder.expert_parallel)
     "parallel": {
         "paddlenlp_ext.training",
         "paddlenlp_ext.data",
         "paddlenlp_ext.merge",
         "paddlenlp.trainer",
-        "paddlenlp_ext.adapters.api",
+        "paddlenlp_ext.adapters",
+        "paddlenlp_ext.quant",
+        "paddlenlp_ext.models",
     },
     "serve": {
         "paddlenlp_ext.training",
@@ -246,21 +258,116 @@ def module_import_graph():
     return graph
 
 
-def cross_package_cycles(graph):
-    package = lambda m: m.split(".")[1]  # noqa: E731
-    return sorted(
-        {tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ()) and package(a) != package(b)}
-    )
+def package_of(module):
+    """``paddlenlp_ext.adapters.api`` -> ``adapters``; a top-level module is its own node (``paddlenlp_ext.lazy``
+    -> ``lazy``), and so is the package's own ``__init__`` (``paddlenlp_ext``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph):
+    """{package: {package it imports: [(module, module it imports), ...]}} from :func:`module_import_graph`'s
+    shape; imports inside a package are left out."""
+    out = {}
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            pa, pb = package_of(a), package_of(b)
+            if pa != pb:
+                out.setdefault(pa, {}).setdefault(pb, []).append((a, b))
+    return out
+
+
+def package_cycles(graph):
+    """The strongly connected components of the package graph with more than one package, each as
+    (sorted packages, the module edges between them): every import of one by another, wherever it stands.
+
+    Tarjan's algorithm: ``{"x.a.m": {"x.b.m"}, "x.b.m": {"x.c.m"}, "x.c.m": {"x.a.m"}}`` -> one component,
+    ``["a", "b", "c"]`` with its three edges; an acyclic graph -> ``[]``.
+    """
+    packages = package_graph(graph)
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in packages.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                members = set(component)
+                edges = [e for p in sorted(members) for q, es in sorted(packages.get(p, {}).items()) if q in members
+                         for e in es]  # fmt: skip
+                found.append((sorted(component), edges))
+
+    for v in sorted(packages):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def describe_cycles(cycles):
+    lines = []
+    for members, edges in cycles:
+        lines.append(f"packages {members} import each other, through {len(edges)} module imports:")
+        lines += [f"  {a} -> {b}" for a, b in edges]
+    return "\n".join(lines)
 
 
 def test_no_import_cycle_between_packages():
-    """e.g. adapters/api.py <-> parallel/checkpoint.py: parallel reads adapter layers from adapters.base."""
-    assert cross_package_cycles(module_import_graph()) == []
+    """The packages form layers (docs/architecture.md draws them bottom to top): counting every import, at the
+    top of a module or inside a function, no package reaches one that reaches back.  A cycle is reported with
+    its packages and the module imports that close it; move the code to the layer that owns it, or pass what a
+    lower layer needs in from the caller (no importlib or string imports: those would hide the edge)."""
+    cycles = package_cycles(module_import_graph())
+    assert cycles == [], describe_cycles(cycles)
+
+
+def test_the_cycle_check_finds_cycles():
+    """Negative controls: a 3-package cycle (the edges found inside functions count the same) and a 2-package
+    one through two modules are found, with their edges; imports inside one package and a chain are not."""
     sample = {
-        "paddlenlp_ext.adapters.api": {"paddlenlp_ext.parallel.checkpoint"},
-        "paddlenlp_ext.parallel.checkpoint": {"paddlenlp_ext.adapters.api"},
+        "paddlenlp_ext.config.parse": {"paddlenlp_ext.models.family_table", "paddlenlp_ext.config.schema"},
+        "paddlenlp_ext.config.schema": {"paddlenlp_ext.config.parse"},  # inside one package: no cycle
+        "paddlenlp_ext.models.family_table": {"paddlenlp_ext.quant.formats"},
+        "paddlenlp_ext.quant.formats": {"paddlenlp_ext.config.parse"},
+        "paddlenlp_ext.serve.app": {"paddlenlp_ext.config.parse", "paddlenlp_ext.lazy"},  # only downward
+        "paddlenlp_ext.lazy": set(),
     }
-    assert cross_package_cycles(sample) == [("paddlenlp_ext.adapters.api", "paddlenlp_ext.parallel.checkpoint")]
+    cycles = package_cycles(sample)
+    assert cycles == [
+        (
+            ["config", "models", "quant"],
+            [
+                ("paddlenlp_ext.config.parse", "paddlenlp_ext.models.family_table"),
+                ("paddlenlp_ext.models.family_table", "paddlenlp_ext.quant.formats"),
+                ("paddlenlp_ext.quant.formats", "paddlenlp_ext.config.parse"),
+            ],
+        )
+    ]
+    assert "paddlenlp_ext.quant.formats -> paddlenlp_ext.config.parse" in describe_cycles(cycles)
+    two = {
+        "paddlenlp_ext.adapters.api": {"paddlenlp_ext.parallel.checkpoint"},
+        "paddlenlp_ext.parallel.checkpoint": {"paddlenlp_ext.adapters.base"},
+        "paddlenlp_ext.adapters.base": set(),
+    }
+    assert [m for m, _ in package_cycles(two)] == [["adapters", "parallel"]]
+    del sample["paddlenlp_ext.quant.formats"]
+    assert package_cycles(sample) == []
+    # the graph is built from imports anywhere in a file: one inside a function counts
+    tree = ast.parse("def f():\n    from ..models import family_table\n")
+    assert "paddlenlp_ext.models.family_table" in set(imported_names(tree, "paddlenlp_ext.config.x"))
 
 
 #: the trees ``ruff format`` will re-flow (pyproject.toml); none of their modules may then pass MAX_LINES

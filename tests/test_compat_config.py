@@ -169,7 +169,7 @@ def test_llm_meta_applied_to_the_model_config_or_noticed(tmp_path, base, capsys,
     """recompute keys always reach the model config (of a family on PaddleNLP's classes, which reads
     recompute_granularity); GPU fusions only on GPU (else a notice); GPT-only keys only get a notice.  No key is
     dropped without a word."""
-    from paddlenlp_ext.models.llm_meta import apply_llm_meta, llm_meta_notices
+    from paddlenlp_ext.training.llm_meta import apply_llm_meta, llm_meta_notices
 
     cfg = load_config(
         write(

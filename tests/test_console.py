@@ -311,7 +311,7 @@ def test_paddlenlp_still_emits_the_superseded_warning():
     from paddlenlp.utils.log import logger
 
     from paddlenlp_ext.integrations.logging import SUPERSEDED_WARNINGS
-    from paddlenlp_ext.integrations.training_args import make_training_arguments
+    from paddlenlp_ext.training.training_args import make_training_arguments
 
     records = []
     catcher = logging.Handler()

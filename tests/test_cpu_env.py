@@ -1,4 +1,4 @@
-"""The CPU math set-up every entry script runs before Paddle loads (paddlenlp_ext/cli/cpu_env.py, docs/cpu.md)."""
+"""The CPU math set-up every entry script runs before Paddle loads (paddlenlp_ext/runtime/cpu_env.py, docs/cpu.md)."""
 
 import ast
 import glob
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from conftest import DATA_DIR, ROOT
-from paddlenlp_ext.cli import cpu_env
-from paddlenlp_ext.cli.cpu_env import CpuFacts, cgroup_cpu_quota, decide, local_ranks, parse_cpuinfo, setup_cpu
+from paddlenlp_ext.runtime import cpu_env
+from paddlenlp_ext.runtime.cpu_env import CpuFacts, cgroup_cpu_quota, decide, local_ranks, parse_cpuinfo, setup_cpu
 from paddlenlp_ext.training.console import config_line
 
 AMD = (
@@ -130,7 +130,7 @@ def test_the_configuration_line_ends_with_the_cpu_choice():
 
 def test_setup_reads_this_machine_without_importing_paddle():
     code = (
-        "import os, sys; from paddlenlp_ext.cli.cpu_env import setup_cpu, current; d = setup_cpu(); "
+        "import os, sys; from paddlenlp_ext.runtime.cpu_env import setup_cpu, current; d = setup_cpu(); "
         "assert 'paddle' not in sys.modules and current() is d; "
         "assert os.environ['OMP_NUM_THREADS'] == str(d.threads) == os.environ['MKL_NUM_THREADS']; print(d.text)"
     )

@@ -36,8 +36,7 @@ PROMPT, NEW, EOS = [1, 17, 25, 3, 99, 42], 20, VOCAB - 1
 
 
 def ours(model_dir):
-    from paddlenlp_ext.integrations.decoder import register_decoder
-    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.registration import register_decoder, register_qwen3
     from paddlenlp_ext.models.loading import load_model_streaming
     from paddlenlp_ext.models.model_config import load_model_config
 

@@ -450,7 +450,7 @@ def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_mode
     streaming loader both rebuild the decoder class with equal logits."""
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
-    from paddlenlp_ext.integrations.decoder import decoder_model_types, register_decoder
+    from paddlenlp_ext.models.registration import decoder_model_types, register_decoder
     from paddlenlp_ext.models.loading import load_model_streaming
 
     import os

@@ -30,7 +30,7 @@ LAYERS = 4
 def stages_of(model_type, n, virtual=1, method="full", seed=0, recompute=False):
     from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, apply_adapters, load_adapter_state_dict
     from paddlenlp_ext.models.decoder.pipe import pipe_class_for
-    from paddlenlp_ext.parallel.pp_adapters import prepare_stage_for_adapters
+    from paddlenlp_ext.adapters.pp_stage import prepare_stage_for_adapters
     from paddlenlp_ext.parallel.pp_sim import build_stages
 
     single = build(model_type, num_hidden_layers=LAYERS)
@@ -181,7 +181,7 @@ def test_stages_stream_a_transformers_checkpoint_and_save_one_single_device_chec
     from paddlenlp_ext.models.decoder import classes_for
     from paddlenlp_ext.models.decoder.pipe import pipe_class_for
     from paddlenlp_ext.models.loading import load_model_streaming
-    from paddlenlp_ext.parallel.pp_adapters import attach_pipeline_group, save_stage_weights
+    from paddlenlp_ext.adapters.pp_stage import attach_pipeline_group, save_stage_weights
     from paddlenlp_ext.parallel.pp_sim import SimulatedPipelineGroup, run_stages_in_threads
 
     hf_cfg = transformers.AutoConfig.for_model(
@@ -246,7 +246,7 @@ def test_a_run_builds_and_wires_its_decoder_stage(tmp_path):
     )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(hf_cfg).save_pretrained(str(tmp_path))
-    from paddlenlp_ext.integrations.decoder import register_decoder
+    from paddlenlp_ext.models.registration import register_decoder
 
     register_decoder()  # as load_model does: our rows known to PaddleNLP's AutoConfig
     config = load_model_config(str(tmp_path), dtype="float32")

@@ -136,7 +136,7 @@ def run_both(model_type, sp=False, lora=None, split=expected_split, over=None, s
     tps = sim.build(lambda r: build(model_type, N, r, sp, **over))
     load_shards(ref, tps, cfg, model_type, split)
     if quant is not None:  # QLoRA: each rank quantizes its own shards (column shards quantize exactly as whole)
-        from paddlenlp_ext.quant import quantize_model
+        from paddlenlp_ext.models.quantize import quantize_model
 
         for m in [ref] + tps:
             quantize_model(m, quant, block_size=16)
@@ -187,8 +187,8 @@ def test_two_ranks_equal_one_process_loss_and_every_gradient(model_type, sp, sha
 @pytest.mark.parametrize("model_type", ROWS)
 def test_lora_on_parallel_layers_equals_one_process_and_saves_the_single_device_adapter(model_type):
     from paddlenlp_ext.adapters import AdapterConfig, adapter_state_dict, iter_adapter_layers
-    from paddlenlp_ext.parallel import adapter_shard_specs, adapter_split_axes, full_adapter_state_dict
-    from paddlenlp_ext.parallel import unshard_adapter_states
+    from paddlenlp_ext.adapters.tp_checkpoint import adapter_shard_specs, adapter_split_axes, full_adapter_state_dict
+    from paddlenlp_ext.adapters.tp_checkpoint import unshard_adapter_states
 
     lora = AdapterConfig(target_modules=list(FAMILIES[model_type].targets), r=4, alpha=8)
     ref, loss, tps, losses, cfg = run_both(model_type, lora=lora)
@@ -215,8 +215,8 @@ def test_qlora_nf4_on_parallel_layers_equals_one_process(model_type):
     """The decoder's parallel linears are quantized per rank (QuantizedParallelLinear) and carry LoRA; blocks of 16
     divide every row shard here, so the dequantized shards are the single-device weights' slices."""
     from paddlenlp_ext.adapters import AdapterConfig, iter_adapter_layers
-    from paddlenlp_ext.parallel import QuantizedParallelLinear, adapter_shard_specs, adapter_split_axes
-    from paddlenlp_ext.parallel import unshard_adapter_states
+    from paddlenlp_ext.adapters.tp_checkpoint import adapter_shard_specs, adapter_split_axes, unshard_adapter_states
+    from paddlenlp_ext.quant.parallel_linear import QuantizedParallelLinear
 
     lora = AdapterConfig(target_modules=list(FAMILIES[model_type].targets), r=4, alpha=8)
     ref, loss, tps, losses, cfg = run_both(model_type, lora=lora, quant="nf4")
@@ -442,7 +442,8 @@ def test_a_run_loads_its_rank_of_a_transformers_checkpoint_with_sequence_paralle
     from test_decoder_parity import BASE as HF_BASE
 
     from paddlenlp_ext.config.parse import load_config
-    from paddlenlp_ext.parallel import ParallelLinear, QuantizedParallelLinear
+    from paddlenlp_ext.parallel import ParallelLinear
+    from paddlenlp_ext.quant.parallel_linear import QuantizedParallelLinear
     from paddlenlp_ext.training.model_build import load_model
 
     model_type = _fused_row("fused_qkv")

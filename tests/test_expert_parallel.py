@@ -1,4 +1,4 @@
-"""Expert parallelism of the decoder's MoE rows (paddlenlp_ext/parallel/expert.py): N simulated ranks equal one process.
+"""Expert parallelism of the decoder's MoE rows (paddlenlp_ext/models/decoder/expert_parallel.py): N simulated ranks equal one process.
 
 Each EP rank is a data-parallel rank with its own rows of the batch and only E/N experts (the single-process
 model's own expert objects, renumbered); tokens travel to their expert's rank by a simulated all-to-all and come
@@ -21,8 +21,8 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from paddlenlp_ext.parallel import expert as ep_mod  # noqa: E402
-from paddlenlp_ext.parallel.expert import SimulatedExpertComm, apply_expert_parallel  # noqa: E402
+from paddlenlp_ext.models.decoder import expert_parallel as ep_mod  # noqa: E402
+from paddlenlp_ext.models.decoder.expert_parallel import SimulatedExpertComm, apply_expert_parallel  # noqa: E402
 from paddlenlp_ext.parallel.simulate import SimulatedGroup  # noqa: E402
 
 TOL = 1e-5

@@ -107,7 +107,8 @@ def test_multiturn_tool_rollouts_equal(policy, tiny_tokenizer):
     from paddlenlp_ext.data.tokenize import _encode
     from paddlenlp_ext.examples.calculator import TEMPLATE, add, sft_conversation
     from paddlenlp_ext.grpo.multiturn import ToolEnv, run_tools
-    from paddlenlp_ext.grpo.tools import ToolRunner, function_schema
+    from paddlenlp_ext.config.tool_schema import function_schema
+    from paddlenlp_ext.grpo.tools import ToolRunner
 
     special, tools = special_tokens_of(tiny_tokenizer), [function_schema(add)]
     eos = tiny_tokenizer.eos_token_id

@@ -34,7 +34,7 @@ def test_schema_equals_transformers_get_json_schema():
     from transformers.utils import get_json_schema
 
     from paddlenlp_ext.examples.calculator import add
-    from paddlenlp_ext.grpo.tools import function_schema
+    from paddlenlp_ext.config.tool_schema import function_schema
 
     def search(
         query: str,
@@ -189,7 +189,7 @@ def test_suffix_tokens_are_what_training_renders(tiny_tokenizer):
     from paddlenlp_ext.data.tokenize import _encode
     from paddlenlp_ext.examples.calculator import TEMPLATE, add, sft_conversation
     from paddlenlp_ext.grpo.multiturn import ToolEnv, tool_suffix_ids
-    from paddlenlp_ext.grpo.tools import function_schema
+    from paddlenlp_ext.config.tool_schema import function_schema
 
     conv = sft_conversation(2, 3, call=True)
     msgs = [dict(m) for m in conv["messages"]]

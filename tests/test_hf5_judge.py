@@ -82,7 +82,7 @@ NAMES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistr
 
 
 def ours(d):
-    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.registration import register_qwen3
 
     register_qwen3()
     return load_model_streaming(d, load_model_config(d, dtype="float32"), "float32", None, max_seq_len=64)[0]

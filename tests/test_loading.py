@@ -1,7 +1,7 @@
 """Streaming checkpoint loading (paddlenlp_ext.models.loading / checkpoint, integrations.lazy_init).
 
 The reference for every equality test is PaddleNLP's own path: ``from_pretrained``
-(+ ``quant.quantize_model`` with the same settings).  Equality is bit for bit:
+(+ ``models.quantize.quantize_model`` with the same settings).  Equality is bit for bit:
 every parameter, every buffer of every QuantizedLinear, and the logits.
 """
 
@@ -23,7 +23,8 @@ from paddlenlp_ext.integrations import lazy_init
 from paddlenlp_ext.models import loading
 from paddlenlp_ext.models.checkpoint import CheckpointError, find_checkpoint
 from paddlenlp_ext.models.loading import load_model_streaming
-from paddlenlp_ext.quant import QuantizedLinear, quantize_model, quantized_state_bytes
+from paddlenlp_ext.models.quantize import quantize_model, quantized_state_bytes
+from paddlenlp_ext.quant import QuantizedLinear
 from paddlenlp_ext.quant import formats as F
 
 LAYOUTS = ("safetensors", "safetensors-sharded", "pdparams", "pdparams-sharded")
@@ -509,7 +510,8 @@ from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 from paddlenlp_ext.integrations.lazy_init import lazy_skeleton
 from paddlenlp_ext.models.checkpoint import find_checkpoint
 from paddlenlp_ext.models.loading import load_model_streaming
-from paddlenlp_ext.quant import QuantizedLinear, quantize_model
+from paddlenlp_ext.models.quantize import quantize_model
+from paddlenlp_ext.quant import QuantizedLinear
 d, mode = sys.argv[1], sys.argv[2]
 config = AutoConfig.from_pretrained(d)
 q = {"weight_quantize_algo": "nf4", "weight_blocksize": 64, "weight_double_quant": False,

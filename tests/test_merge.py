@@ -89,7 +89,7 @@ def _train_in_process(kind, base_dir, out, tokenizer, eval_batch):
 
     from paddlenlp_ext.adapters import apply_adapters, save_adapter
     from paddlenlp_ext.adapters.config import adapter_config_from_args
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     paddle.seed(1)
     cfg = adapter_config_from_args({**KINDS[kind], "model_name_or_path": base_dir})

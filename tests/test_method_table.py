@@ -81,7 +81,7 @@ def test_the_toy_method_trains_merges_and_exports_to_peft(lora_fa, tiny_model_di
     from paddlenlp_ext.export import export_hf_model, export_peft_adapter
     from paddlenlp_ext.merge import merge_adapter_checkpoint
     from paddlenlp_ext.models.loading import load_model_streaming
-    from paddlenlp_ext.parallel.adapter_layers import parallel_layer_class
+    from paddlenlp_ext.adapters.tp_layers import parallel_layer_class
     from paddlenlp_ext.planner.params import adapter_params
 
     quiet = dict(log=lambda *a: None)

@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":  # the bench: the CPU math set-up of every entry script, before paddle loads
-    from paddlenlp_ext.cli.cpu_env import setup_cpu
+    from paddlenlp_ext.runtime.cpu_env import setup_cpu
 
     print(setup_cpu().text)
 

@@ -142,7 +142,7 @@ def test_moe_lora_on_split_experts_equals_one_process(model_type):
     """LoRA on attention and every routed / shared expert's Linears (the row's default targets), TP=2 with
     sequence parallelism: every adapter gradient (gathered with ``unshard_adapter_states``) equals one process's."""
     from paddlenlp_ext.adapters import AdapterConfig, iter_adapter_layers
-    from paddlenlp_ext.parallel import adapter_shard_specs, adapter_split_axes, unshard_adapter_states
+    from paddlenlp_ext.adapters.tp_checkpoint import adapter_shard_specs, adapter_split_axes, unshard_adapter_states
 
     lora = AdapterConfig(target_modules=list(ROW_OF[model_type].targets), r=4, alpha=8)
     ref, out, tps, outs, cfg = run_both(model_type, sp=True, lora=lora)
@@ -228,7 +228,7 @@ def test_a_run_loads_its_rank_of_a_transformers_moe_checkpoint(tmp_path, monkeyp
     from test_decoder_parity import KNOBS
 
     from paddlenlp_ext.config.parse import load_config
-    from paddlenlp_ext.parallel import QuantizedParallelLinear
+    from paddlenlp_ext.quant.parallel_linear import QuantizedParallelLinear
     from paddlenlp_ext.training.model_build import load_model
 
     # nf4 blocks of 16 must divide every rank's shard (the shared expert's 64 / 2), so the dequantized shards are

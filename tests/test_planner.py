@@ -402,7 +402,7 @@ def test_estimate_for_run_and_one_line(tiny_model_dir):
 
 def test_planner_never_imports_paddle():
     code = (
-        "import sys; from paddlenlp_ext.planner.cli import main; "
+        "import sys; from paddlenlp_ext.cli.plan_memory import main; "
         "rc = main(['llm/config/llama/qlora_argument.json', '--model_name_or_path', 'Llama-2-7b', '--json']); "
         "assert rc == 0; assert 'paddle' not in sys.modules and 'paddlenlp' not in sys.modules, 'paddle imported'"
     )
@@ -459,7 +459,7 @@ def test_suggested_command_keeps_the_overrides_and_its_plan_fits(capsys):
     """The printed command, planned again on its own arguments, is the suggested layout and fits."""
     import shlex
 
-    from paddlenlp_ext.planner.cli import main
+    from paddlenlp_ext.cli.plan_memory import main
 
     config = os.path.join(LLAMA, "lora_argument.json")
     own = ["--model_name_or_path", "meta-llama/Llama-2-13b", "--max_length", "1024", "--sharding", "stage1"]

@@ -175,7 +175,7 @@ def test_the_estimate_is_within_15_percent_of_the_measured_bench_run(tmp_path, l
 
 
 def test_the_cli_plans_an_moe_config(tmp_path, capsys):
-    from paddlenlp_ext.planner.cli import main
+    from paddlenlp_ext.cli.plan_memory import main
 
     _bench_moe(tmp_path)
     argv = ["llm/config/tiny/lora_argument.json", "--model_name_or_path", str(tmp_path), "--json"]

@@ -50,7 +50,7 @@ def adapter_config(method):
 def build_pair(tiny_dir, family, method, stages, virtual=1, **extra):
     """(single model with adapters, [stage models with the same weights and adapters])."""
     from paddlenlp_ext.adapters import adapter_state_dict, apply_adapters, load_adapter_state_dict
-    from paddlenlp_ext.parallel.pp_adapters import prepare_stage_for_adapters
+    from paddlenlp_ext.adapters.pp_stage import prepare_stage_for_adapters
     from paddlenlp_ext.parallel.pp_sim import build_stages
 
     single_cls, pipe_cls = classes(family)
@@ -195,7 +195,7 @@ def test_a_wrong_stage_weight_is_detected(tiny_model_dir):
 def test_stage_checkpoint_is_the_single_device_checkpoint(tmp_path, tiny_model_dir):
     from paddlenlp_ext.adapters import AdapterConfig, load_adapter, save_adapter
     from paddlenlp_ext.adapters.api import adapter_state_dict
-    from paddlenlp_ext.parallel.pp_adapters import attach_pipeline_group, prepare_stage_for_adapters
+    from paddlenlp_ext.adapters.pp_stage import attach_pipeline_group, prepare_stage_for_adapters
     from paddlenlp_ext.parallel.pp_sim import SimulatedPipelineGroup, build_stages, run_stages_in_threads
 
     single, parts = build_pair(tiny_model_dir, "llama", "lora", 4)
@@ -240,7 +240,7 @@ def test_stage_without_group_refuses_to_save(tmp_path, tiny_model_dir):
 
 def test_vera_refused_on_a_stage(tiny_model_dir):
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
-    from paddlenlp_ext.parallel.pp_adapters import prepare_stage_for_adapters
+    from paddlenlp_ext.adapters.pp_stage import prepare_stage_for_adapters
     from paddlenlp_ext.parallel.pp_sim import build_stages
 
     stage = build_stages(classes("llama")[1], model_config(tiny_model_dir), 2)[0]
@@ -425,7 +425,7 @@ def test_full_fine_tuning_stages_save_one_single_device_checkpoint(tmp_path, tin
 
     from paddlenlp.transformers import LlamaForCausalLM
 
-    from paddlenlp_ext.parallel.pp_adapters import INDEX_NAME, attach_pipeline_group, save_stage_weights
+    from paddlenlp_ext.adapters.pp_stage import INDEX_NAME, attach_pipeline_group, save_stage_weights
     from paddlenlp_ext.parallel.pp_sim import SimulatedPipelineGroup, run_stages_in_threads
 
     single, parts = build_pair(tiny_model_dir, "llama", "full", 2)

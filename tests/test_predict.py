@@ -124,7 +124,7 @@ def _randomize(params, std, seed):
 def _save_ours(kind, base_dir, out):
     from paddlenlp_ext.adapters import apply_adapters, save_adapter
     from paddlenlp_ext.adapters.config import adapter_config_from_args
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     keys, std = OURS[kind]
     cfg = adapter_config_from_args({**keys, "model_name_or_path": base_dir})

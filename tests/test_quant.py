@@ -18,9 +18,8 @@ from paddlenlp_ext.quant import (
     QuantizedLinear,
     dequantize,
     quantize,
-    quantize_model,
-    quantized_state_bytes,
 )
+from paddlenlp_ext.models.quantize import quantize_model, quantized_state_bytes
 from paddlenlp_ext.quant import codec as C
 from paddlenlp_ext.quant import dispatch as D
 from paddlenlp_ext.quant import encode as E
@@ -628,7 +627,7 @@ def test_from_weight_rejects_what_it_cannot_build():
 
 def test_check_target_shape_names_the_layer():
     Q.check_target_shape("layers.0.mlp.up_proj", 64, 176, "nf4", 64)
-    from paddlenlp_ext.quant.model import check_target_shape
+    from paddlenlp_ext.quant.formats import check_target_shape
 
     with pytest.raises(ValueError, match=r"^layer 'layers\.1\.o': weight_only_int4 .*\[in_features=7, out"):
         check_target_shape("layers.1.o", 7, 64, "weight_only_int4", 64)
@@ -794,7 +793,7 @@ def test_amp_o2_leaves_the_quantized_layers_float32(algo, dq):
     there -- paddle.amp.auto_cast.amp_initialize, with the same arguments -- is called directly as well."""
     from paddle.amp.auto_cast import amp_initialize
 
-    from paddlenlp_ext.quant import amp_excluded_layers
+    from paddlenlp_ext.models.quantize import amp_excluded_layers
 
     def float_buffers(model):
         return {

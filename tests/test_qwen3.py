@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from paddlenlp_ext.integrations.qwen3 import register_qwen3  # noqa: E402
+from paddlenlp_ext.models.registration import register_qwen3  # noqa: E402
 from paddlenlp_ext.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 VOCAB = 101
@@ -142,7 +142,7 @@ def test_20_greedy_tokens_identical_with_our_generation():
 def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
     """Dense qwen3 trains on our decoder: PaddleNLP's Auto classes build the decoder's Qwen3 classes from a
     checkpoint models/qwen3 wrote (PaddleNLP's layout), and the streaming loader quantizes it on arrival."""
-    from paddlenlp_ext.integrations.decoder import register_decoder
+    from paddlenlp_ext.models.registration import register_decoder
 
     register_qwen3()
     register_decoder()
@@ -182,7 +182,7 @@ def test_auto_classes_and_streaming_loader_build_qwen3(tiny_qwen3_dir):
     ref = logits_of(loaded, ids)
     plain, _ = load_model_streaming(tiny_qwen3_dir, config, "float32")
     np.testing.assert_array_equal(logits_of(plain, ids), ref)
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     quantize_model(loaded, "nf4", block_size=64)  # quantized after a full load: the same codes as on arrival
     got = logits_of(streamed, ids)
@@ -197,7 +197,7 @@ def test_registration_leaves_the_other_families_alone(tiny_model_dir, tiny_qwen2
 
     # the Auto model classes still give PaddleNLP's own classes (which the toolkit no longer trains llama / qwen2 on:
     # models.loading.decoder_class_for picks the decoder; AutoConfig may hold the decoder's config classes once
-    # integrations.decoder.register_decoder ran in this process, so each class builds from its own config class)
+    # models.registration.register_decoder ran in this process, so each class builds from its own config class)
     for d, cls in ((tiny_model_dir, LlamaForCausalLM), (tiny_qwen2_dir, Qwen2ForCausalLM)):
         assert AutoConfig.from_pretrained(d).model_type == cls.config_class.model_type
         assert type(AutoModelForCausalLM.from_config(cls.config_class.from_pretrained(d))) is cls

@@ -123,7 +123,7 @@ def test_qlora_nf4_trains(runs):
 
 
 def test_full_finetune_packed_with_flashmask_and_reload(runs, tiny_qwen3_dir):
-    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.registration import register_qwen3
 
     out = runs("full_packed_flashmask")
     s = json.loads((out / "run_summary.json").read_text())

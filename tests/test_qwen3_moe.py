@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import ROOT  # noqa: E402
-from paddlenlp_ext.integrations.qwen3 import register_qwen3  # noqa: E402
+from paddlenlp_ext.models.registration import register_qwen3  # noqa: E402
 from paddlenlp_ext.models.qwen3 import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
 VOCAB = 101
@@ -125,7 +125,7 @@ def test_auto_classes_and_streaming_nf4_load(tiny_qwen3_moe_dir):
     from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
     from paddlenlp_ext.models.loading import load_model_streaming
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     config = AutoConfig.from_pretrained(tiny_qwen3_moe_dir)
     assert type(config) is Qwen3MoeConfig and config.architectures == ["Qwen3MoeForCausalLM"]

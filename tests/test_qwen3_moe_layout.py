@@ -79,7 +79,7 @@ def test_config_time_answers_differ_by_layout(hf_dir, tiny_qwen3_moe_dir):
 def test_loader_builds_the_decoder_for_transformers_layout_and_qwen3_for_paddlenlp(hf_dir, tiny_qwen3_moe_dir):
     from paddlenlp.transformers import AutoConfig
 
-    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.registration import register_qwen3
     from paddlenlp_ext.models.decoder.modeling import DecoderForCausalLM
     from paddlenlp_ext.models.heads import split_lm_head
     from paddlenlp_ext.models.loading import load_model_streaming
@@ -109,7 +109,7 @@ def test_paddlenlp_layout_checkpoint_exports_to_transformers(tiny_qwen3_moe_dir,
     from paddlenlp.transformers import AutoModelForCausalLM
 
     from paddlenlp_ext.export import export_hf_model
-    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.registration import register_qwen3
 
     register_qwen3()
     export_hf_model(tiny_qwen3_moe_dir, str(tmp_path / "hf"), log=lambda *a: None)
@@ -131,7 +131,7 @@ def test_paddlenlp_layout_with_a_window_loads_on_the_decoder(tmp_path):
     use_sliding_window: true) is a config models/qwen3 refuses: it loads on the decoder's row, window honoured."""
     from paddlenlp.transformers import AutoConfig
 
-    from paddlenlp_ext.integrations.qwen3 import register_qwen3
+    from paddlenlp_ext.models.registration import register_qwen3
     from paddlenlp_ext.models.decoder.modeling import DecoderForCausalLM
     from paddlenlp_ext.models.loading import load_model_streaming
     from paddlenlp_ext.models.qwen3.support import unsupported_settings

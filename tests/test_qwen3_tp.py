@@ -22,7 +22,8 @@ from paddlenlp_ext.adapters import (
     iter_adapter_layers,
     load_adapter_state_dict,
 )  # noqa: I001
-from paddlenlp_ext.parallel import SimulatedGroup, adapter_split_axes, unshard_adapter_states
+from paddlenlp_ext.adapters.tp_checkpoint import adapter_split_axes, unshard_adapter_states
+from paddlenlp_ext.parallel import SimulatedGroup
 
 
 B, S = 2, 6

@@ -373,7 +373,7 @@ def build_trainer(out, tiny_model_dir, max_steps=6, save_steps=3, **extra):
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
     from paddlenlp_ext.data.collate import PaddingCollator
     from paddlenlp_ext.data.tokenize import tokenize_examples
-    from paddlenlp_ext.integrations.training_args import TrainingArguments
+    from paddlenlp_ext.training.training_args import TrainingArguments
     from paddlenlp_ext.training.trainer import FinetuneTrainer
 
     paddle.seed(0)

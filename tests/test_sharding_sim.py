@@ -27,7 +27,7 @@ def build(tmp_path, tiny_model_dir, method, paddlenlp_optimizer=False):
 
     from paddlenlp_ext.adapters import AdapterConfig, apply_adapters
     from paddlenlp_ext.data.collate import PaddingCollator
-    from paddlenlp_ext.integrations.training_args import TrainingArguments
+    from paddlenlp_ext.training.training_args import TrainingArguments
     from paddlenlp_ext.training.trainer import FinetuneTrainer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

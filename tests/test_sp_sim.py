@@ -19,7 +19,8 @@ from paddle.distributed.fleet.utils.sequence_parallel_utils import (
 )
 
 from paddlenlp_ext.adapters import AdapterConfig, LoRALinear, VeRALinear
-from paddlenlp_ext.parallel import ParallelLoRALinear, ParallelVeRALinear, SimulatedGroup
+from paddlenlp_ext.adapters.tp_layers import ParallelLoRALinear, ParallelVeRALinear
+from paddlenlp_ext.parallel import SimulatedGroup
 from paddlenlp_ext.parallel.simulate import SimulatedCollectives
 from test_tp_sim import EXPECTED_AXES, IN, OUT, R, assert_close, build_tp_bases, np_gather, np_shard
 

@@ -31,16 +31,10 @@ from paddlenlp_ext.adapters import (
     load_adapter_state_dict,
     save_adapter,
 )
-from paddlenlp_ext.parallel import (
-    ParallelLoRALinear,
-    ParallelVeRALinear,
-    QuantizedParallelLinear,
-    SimulatedGroup,
-    SimulationError,
-    adapter_split_axes,
-    full_adapter_state_dict,
-    unshard_adapter_states,
-)
+from paddlenlp_ext.adapters.tp_checkpoint import adapter_split_axes, full_adapter_state_dict, unshard_adapter_states
+from paddlenlp_ext.adapters.tp_layers import ParallelLoRALinear, ParallelVeRALinear
+from paddlenlp_ext.parallel import SimulatedGroup, SimulationError
+from paddlenlp_ext.quant.parallel_linear import QuantizedParallelLinear
 from paddlenlp_ext.parallel.simulate import SimulatedCollectives
 
 TOL = 1e-5
@@ -428,7 +422,7 @@ def test_llama_decoder_layers_match_single_device(n, kv_heads, case):
     single-device model's; one SGD step (LoRA+ learning rates) leaves the same complete adapter."""
     from paddlenlp.transformers.llama.modeling import LlamaModel
 
-    from paddlenlp_ext.quant import quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
 
     spec = DECODER_CASES[case]
     targets = [r".*_proj"]

@@ -14,7 +14,7 @@ def build_trainer(tmp_path, tiny_model_dir, lora_plus_scale, warmup_steps=0, max
     from paddlenlp_ext.data.collate import PaddingCollator
     from paddlenlp_ext.data.reader import read_examples
     from paddlenlp_ext.data.tokenize import tokenize_examples
-    from paddlenlp_ext.integrations.training_args import TrainingArguments
+    from paddlenlp_ext.training.training_args import TrainingArguments
     from paddlenlp_ext.training.trainer import FinetuneTrainer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -90,7 +90,8 @@ def test_o2_amp_leaves_quantized_bases_in_float32(tiny_model_dir):
     ours must name every QuantizedLinear, whose fp32 scales / code book O2 would otherwise cast."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from paddlenlp_ext.quant import QuantizedLinear, quantize_model
+    from paddlenlp_ext.models.quantize import quantize_model
+    from paddlenlp_ext.quant import QuantizedLinear
     from paddlenlp_ext.training.trainer import FinetuneTrainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

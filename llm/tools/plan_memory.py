@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from paddlenlp_ext.planner.cli import main  # noqa: E402
+from paddlenlp_ext.cli.plan_memory import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -122,7 +122,7 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
 
     Tensor-parallel targets (Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear``
     or quantized ones, ``tensor_parallel_degree > 1``) get the layers of
-    :mod:`paddlenlp_ext.parallel.adapter_layers` (LoRA family and VeRA); their
+    :mod:`paddlenlp_ext.adapters.tp_layers` (LoRA family and VeRA); their
     collectives come from each layer's ``model_parallel_group`` unless
     ``collectives`` (a :class:`paddlenlp_ext.parallel.Collectives`) is given.
     PiSSA, LoKr and sequence-parallel / other tensor-parallel classes raise
@@ -159,7 +159,7 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
         if not any(p.fullmatch(plain.get(name, name)) for p in patterns):
             continue
         if tp:
-            from ..parallel.adapter_layers import check_parallel_target
+            from .tp_layers import check_parallel_target
 
             check_parallel_target(config, name, layer)
             matched.append((name, layer))
@@ -182,7 +182,7 @@ def apply_adapters(model: nn.Layer, config: AdapterConfig, *, init_weights: bool
     cls = layer_class(config)
     shared = cls.build_shared(config, [layer for _, layer in matched])  # VeRA: over the full layer sizes
     if n_tp:
-        from ..parallel.adapter_layers import parallel_layer_class
+        from .tp_layers import parallel_layer_class
 
         tp_cls = parallel_layer_class(config)
     for name, layer in matched:
@@ -248,11 +248,11 @@ def save_adapter(model: nn.Layer, config: Optional[AdapterConfig], output_dir: s
         raise AdapterError("save_adapter: adapters are merged; unmerge_adapters(model) first")
     state, write = adapter_state_dict(model), True
     if any(l.tensor_parallel for _, l in layers):
-        from ..parallel.checkpoint import full_adapter_state_dict, is_checkpoint_writer
+        from .tp_checkpoint import full_adapter_state_dict, is_checkpoint_writer
 
         state, write = full_adapter_state_dict(model), is_checkpoint_writer(model)
     if holds_part_of_model(model):  # a pipeline stage: every stage's adapters, gathered (a collective)
-        from ..parallel.pp_adapters import gather_stage_states
+        from .pp_stage import gather_stage_states
 
         state, first_stage = gather_stage_states(model, state)
         write = write and first_stage

@@ -16,7 +16,7 @@ adds a trainable low-rank branch.  Subclasses implement
   (classmethod, used by ``compute_delta`` without building a model).
 
 Tensor-parallel bases (``ColumnParallelLinear`` / ``RowParallelLinear``) are
-wrapped by the subclasses in :mod:`paddlenlp_ext.parallel.adapter_layers`
+wrapped by the subclasses in :mod:`paddlenlp_ext.adapters.tp_layers`
 (``tensor_parallel = True``), whose parameters are this rank's shards:
 ``in_features`` / ``out_features`` of such a layer are the LOCAL shard's, the
 full sizes are in its ``shard`` spec.  The single-device classes refuse them.
@@ -132,7 +132,7 @@ class AdapterLayer(nn.Layer):
     state_suffixes: Tuple[str, ...] = ()
     #: True: forward is the base layer's alone (``api.adapters_disabled``, e.g. DPO's reference model)
     disabled: bool = False
-    #: True for the tensor-parallel subclasses (paddlenlp_ext.parallel.adapter_layers): parameters are shards
+    #: True for the tensor-parallel subclasses (paddlenlp_ext.adapters.tp_layers): parameters are shards
     tensor_parallel: bool = False
 
     def __init__(self, base_layer: nn.Layer, config: AdapterConfig, *, init_weights: bool = True, shared: Any = None):
@@ -150,7 +150,7 @@ class AdapterLayer(nn.Layer):
             raise NotImplementedError(
                 f"{type(base_layer).__name__} is tensor parallel: {type(self).__name__} wraps single-device linears "
                 "only; apply_adapters() wraps tensor-parallel targets in the layers of "
-                "paddlenlp_ext.parallel.adapter_layers"
+                "paddlenlp_ext.adapters.tp_layers"
             )
         if not is_linear_like(base_layer):
             raise TypeError(

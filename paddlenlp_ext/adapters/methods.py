@@ -7,7 +7,7 @@ Everything that differs between LoRA, VeRA, LoKr (and a method you add) is a fie
 * ``adapters.config`` -- the flat keys that turn the method on and their mapping to
   :class:`~paddlenlp_ext.adapters.config.AdapterConfig` (``from_args``), the method's own options (a small
   dataclass whose fields are the ``AdapterConfig`` fields only it uses) and their checks, alpha and scaling;
-* ``adapters.api`` / ``parallel.adapter_layers`` -- the layer class and the tensor-parallel class, as
+* ``adapters.api`` / ``adapters.tp_layers`` -- the layer class and the tensor-parallel class, as
   dotted paths (``"module:Class"``) imported only when a model is built, so config code stays paddle-free;
 * ``config/`` -- what the method supports and the refusals for what it does not (tensor / pipeline
   parallelism), with the message of each refusal;
@@ -35,7 +35,7 @@ Shapes = Dict[str, Tuple[int, ...]]
 class Supports:
     """What a method runs with (a False is refused before anything loads, with the row's message)."""
 
-    tensor_parallel: bool = False  # parallel.adapter_layers has a class for it (``tp_layer``)
+    tensor_parallel: bool = False  # adapters.tp_layers has a class for it (``tp_layer``)
     pipeline_parallel: bool = False  # each stage can hold its own layers' adapters
     quantized_base: bool = True  # QLoRA: the branch reads x, never the base weight
     merge: bool = True  # merge_lora_params.py (the delta is a dense [in, out] matrix)
@@ -218,7 +218,7 @@ register_method(
         options=LoRAOptions,
         check=_lora_check,
         scaling=_lora_scaling,
-        tp_layer="paddlenlp_ext.parallel.adapter_layers:ParallelLoRALinear",
+        tp_layer="paddlenlp_ext.adapters.tp_layers:ParallelLoRALinear",
         peft_export="paddlenlp_ext.export.peft_adapter:LORA",
         supports=Supports(tensor_parallel=True, pipeline_parallel=True, peft_export=True),
         flat_keys={
@@ -276,7 +276,7 @@ register_method(
         check=_vera_check,
         uses_alpha=False,
         scaling=lambda cfg: 1.0,
-        tp_layer="paddlenlp_ext.parallel.adapter_layers:ParallelVeRALinear",
+        tp_layer="paddlenlp_ext.adapters.tp_layers:ParallelVeRALinear",
         peft_export="paddlenlp_ext.export.peft_adapter:VERA",
         supports=Supports(tensor_parallel=True, pipeline_parallel=False, peft_export=True),
         refusals={

@@ -4,14 +4,14 @@ It runs before paddle is imported and, in this order,
 
 1. checks that this Python is the project's environment (``cli/interpreter.py``: a system
    Python after ``make setup`` is told to activate ``.venv``, exit 2);
-2. sets Paddle's CPU math up (``cli/cpu_env.py``: MKL/OpenMP threads, MKL's code path;
+2. sets Paddle's CPU math up (``runtime/cpu_env.py``: MKL/OpenMP threads, MKL's code path;
    docs/cpu.md);
 3. silences what importing the libraries prints that is no news to a user (docs/logging.md):
    Paddle's "No ccache found" and setuptools' "replacing distutils" warnings, and Paddle's
    stderr lecture about ``OMP_NUM_THREADS`` > 1, which step 2 sets on purpose, and the
    "Modified FLAGS detected" banner of a ``paddle.distributed.launch`` rank.  Everything
    else on stderr passes through untouched;
-4. applies the console policy (``cli/console_policy.py``, docs/logging.md): Paddle's glog
+4. applies the console policy (``runtime/console_policy.py``, docs/logging.md): Paddle's glog
    INFO/WARNING lines off, the root logger at WARNING before ``import paddle`` raises it,
    library-raised Python warnings off the console, and then (importing paddlenlp) PaddleNLP's
    console handler at WARNING.  A training run's ``log_level`` and train.log take over from there
@@ -21,8 +21,8 @@ It runs before paddle is imported and, in this order,
 import sys
 import warnings
 
-from .console_policy import apply_before_import
-from .cpu_env import setup_cpu
+from ..runtime.console_policy import apply_before_import
+from ..runtime.cpu_env import setup_cpu
 from .interpreter import require_project_interpreter
 
 #: warnings (message regexes) raised while paddle / paddlenlp import, never actionable for a user

@@ -165,7 +165,7 @@ def tensor_parallel_adapter_problems(t, m, methods, where: str) -> List[str]:
 
 def pipeline_parallel_problems(t, m, d, methods, where: str, dpo: bool = False) -> List[str]:
     """Pipeline parallel runs full fine-tuning and LoRA (rsLoRA, LoRA+) / LoKr adapters on PaddleNLP's
-    *ForCausalLMPipe (paddlenlp_ext/parallel/pp_adapters.py, verified by simulation); the rest is refused,
+    *ForCausalLMPipe (paddlenlp_ext/adapters/pp_stage.py, verified by simulation); the rest is refused,
     naming the key."""
     pp, vpp = int(t.get("pipeline_parallel_degree", 1) or 1), int(t.get("virtual_pp_degree", 1) or 1)
     p: List[str] = []

@@ -1,7 +1,7 @@
 """Config-time checks of ``expert_parallel_degree`` (PaddleNLP's / PaddleFormers' training key), without paddle.
 
 What is built (docs/moe.md, "Expert parallelism"): the decoder's MoE blocks split over N ranks, each holding
-E/N experts, tokens dispatched and combined by all-to-all (``parallel/expert.py``), verified by simulating the
+E/N experts, tokens dispatched and combined by all-to-all (``models/decoder/expert_parallel.py``), verified by simulating the
 ranks on the CPU.  The training CLI does not launch it yet: on fleet, the experts' gradients must be kept out of
 the data-parallel / sharding all-reduce over the ranks that do not hold them, which nothing here can run or
 check on this CPU-only build.  So every ``expert_parallel_degree`` > 1 is refused before loading (exit 2, naming

@@ -206,7 +206,7 @@ def resolve_tools(specs) -> List[Tuple[Callable, dict]]:
     >>> resolve_tools(["paddlenlp_ext.examples.calculator:add"])[0][1]["function"]["name"]
     'add'
     """
-    from ..grpo.tools import function_schema
+    from .tool_schema import function_schema
 
     out, names = [], set()
     for i, spec in enumerate(specs or []):

@@ -227,7 +227,7 @@ class GenerateArgument:
 
 
 # Training keys of ours, added to PaddleNLP's TrainingArguments by
-# paddlenlp_ext.integrations.training_args.TrainingArguments.
+# paddlenlp_ext.training.training_args.TrainingArguments.
 @dataclass
 class ExtraTrainingArgument:
     eval_before_train: bool = _f(False, "Evaluate the untrained model first (reported as eval_loss_before_train).")

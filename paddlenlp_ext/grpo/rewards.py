@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config.grpo import REWARD_SCORER, resolve_reward_func
+from ..config.grpo import resolve_reward_func
 from ..config.parse import ConfigError
 
 __all__ = ["contains_keyword", "RewardSet"]
@@ -47,10 +47,9 @@ class RewardSet:
             self.funcs.append((f"reward_funcs[{i}] {spec!r}", name, func))
         self.scorer = None
         if reward_model:
-            import importlib
+            from ..reward.scorer import RewardScorer  # deferred: the scorer loads a model (paddle)
 
-            scorer_cls = importlib.import_module(REWARD_SCORER).RewardScorer
-            self.scorer = scorer_cls.from_pretrained(reward_model)
+            self.scorer = RewardScorer.from_pretrained(reward_model)
             self.funcs.append((f"reward_model_name_or_path {reward_model!r}", "reward_model", None))
         n = len(self.funcs)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * n

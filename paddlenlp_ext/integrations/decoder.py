@@ -1,4 +1,5 @@
-"""Our decoder's model_types (``paddlenlp_ext.models.decoder``) made known to PaddleNLP 3.0.0b4's Auto classes.
+"""Our decoder's model_types (``paddlenlp_ext.models.decoder``) made known to PaddleNLP 3.0.0b4's Auto classes
+(the classes are passed in by ``models/registration.py``, which owns them).
 
 The same mechanism as :mod:`.qwen3` (read its docstring): ``AutoConfig.register`` (public) for
 each model_type's config class; the architecture prefix (``"Gemma2"`` of ``Gemma2ForCausalLM``)
@@ -29,7 +30,7 @@ from .versions import check_versions
 
 check_versions()
 
-__all__ = ["register_decoder", "decoder_model_types", "RELIED_ON"]
+__all__ = ["register_decoder", "KEEP_PADDLENLP_CONFIG", "RELIED_ON"]
 
 RELIED_ON = [
     ("paddlenlp.transformers.auto.modeling", "MAPPING_NAMES", None),
@@ -45,13 +46,6 @@ RELIED_ON = [
 _DONE: set = set()
 
 
-def decoder_model_types() -> list:
-    """The model_types the toolkit builds with our decoder (family table rows with ``decoder=True``)."""
-    from ..models.family_table import FAMILIES
-
-    return [k for k, f in FAMILIES.items() if f.decoder and f.arch is not None]
-
-
 #: rows whose PaddleNLP classes stay in use beside the decoder (PaddleNLP's pipeline / tensor-parallel Llama and
 #: Qwen2 classes and our patches of them, built from ``AutoConfig``): ``AutoConfig`` keeps PaddleNLP's config class
 #: for them, as PaddleNLP's Auto model classes keep its model class (its module is imported by that name), so a
@@ -60,12 +54,13 @@ def decoder_model_types() -> list:
 KEEP_PADDLENLP_CONFIG = ("llama", "qwen2")
 
 
-def register_decoder() -> None:
-    """Make every decoder row's ``model_type`` / ``architectures`` resolve to our classes in ``AutoConfig``,
-    ``AutoModel`` and ``AutoModelForCausalLM`` (``from_pretrained`` / ``from_config``).  Idempotent."""
-    from ..models.decoder.modeling import class_prefix, classes_for
+def register_decoder(model_types, classes_for, class_prefix) -> None:
+    """Make each of ``model_types`` / its ``architectures`` resolve to our classes in ``AutoConfig``,
+    ``AutoModel`` and ``AutoModelForCausalLM`` (``from_pretrained`` / ``from_config``).  Idempotent.
 
-    for model_type in decoder_model_types():
+    The classes are the caller's (``models.registration.register_decoder`` passes the decoder's rows,
+    ``models.decoder.modeling.classes_for`` -> (config, body, causal LM) classes and ``class_prefix``)."""
+    for model_type in model_types:
         if model_type in _DONE or model_type in KEEP_PADDLENLP_CONFIG:
             continue
         config_cls, body_cls, lm_cls = classes_for(model_type)

@@ -68,13 +68,9 @@ def lazy_skeleton(config: Any, dtype: str, model_class: Any = None) -> paddle.nn
 
     Tied parameters are shared as in a normal build (e.g. Llama's ``lm_head.weight``
     *is* ``llama.embed_tokens.weight`` with ``tie_word_embeddings``).  Buffers are
-    built normally (they are small: rotary tables).
+    built normally (they are small: rotary tables).  Our classes must be known to the Auto classes first
+    (``models.registration``; ``models.loading`` registers them before calling this).
     """
-    from .decoder import register_decoder
-    from .qwen3 import register_qwen3
-
-    register_qwen3()
-    register_decoder()
     with no_init_weights(), paddle.LazyGuard():
         return (model_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
 

@@ -45,7 +45,7 @@ RELIED_ON = [
 
 #: PaddleNLP warnings that are false for our runs: shown only at log_level info/debug (always in train.log).
 #: TrainingArguments warns it turned evaluation_strategy "no" into "steps" when do_eval is set;
-#: integrations.training_args.make_training_arguments puts "no" back (evaluate once, after training).
+#: training.training_args.make_training_arguments (integrations.training_args) puts "no" back (evaluate once, after training).
 SUPERSEDED_WARNINGS: Tuple[str, ...] = ("evaluation_strategy reset to IntervalStrategy.STEPS for do_eval is True",)
 
 

@@ -148,7 +148,7 @@ class _StageHybridGroup:
     def get_model_parallel_group(self):
         return None
 
-    # what paddlenlp_ext.parallel.FleetPipelineGroup asks (its collective is not simulated here)
+    # what paddlenlp_ext.parallel.pipeline_group.FleetPipelineGroup asks (its collective is not simulated here)
     def get_stage_id(self) -> int:
         return int(self._topo._parent_hcg.stage_id)
 

@@ -73,12 +73,12 @@ RELIED_ON = [
     ("paddlenlp.transformers.refined_recompute", "get_skip_recompute_ops", ("config", "layer_idx")),
 ]  # fmt: skip
 
-#: sys.modules aliases the Auto classes import from
-_MODULES = {
-    "paddlenlp.transformers.qwen3_moe": "paddlenlp_ext.models.qwen3.moe",
-    "paddlenlp.transformers.qwen3_moe.modeling": "paddlenlp_ext.models.qwen3.moe",
-    "paddlenlp.transformers.qwen3_moe.configuration": "paddlenlp_ext.models.qwen3.moe",
-}
+#: sys.modules aliases the Auto classes import from (each names models/qwen3/moe.py)
+_MODULES = (
+    "paddlenlp.transformers.qwen3_moe",
+    "paddlenlp.transformers.qwen3_moe.modeling",
+    "paddlenlp.transformers.qwen3_moe.configuration",
+)
 #: MAPPING_NAMES key (architecture prefix) -> model_type / module name; dense qwen3 trains on our decoder
 #: (integrations/decoder.py registers it), so only Qwen3-MoE's PaddleNLP layout resolves to models/qwen3
 _FAMILIES = {"Qwen3Moe": "qwen3_moe"}
@@ -88,24 +88,22 @@ def is_registered() -> bool:
     return auto_modeling.MAPPING_NAMES.get("Qwen3Moe") == "qwen3_moe"
 
 
-def register_qwen3() -> None:
+def register_qwen3(config_cls, moe_config_cls, moe_module) -> None:
     """Make ``model_type: "qwen3"`` / ``architectures: ["Qwen3ForCausalLM"]`` resolve to our classes in
     ``AutoConfig``, ``AutoModel``, ``AutoModelForCausalLM`` (``from_pretrained`` / ``from_config``) and
-    ``AutoTokenizer`` (Qwen2's tokenizers).  Idempotent."""
+    ``AutoTokenizer`` (Qwen2's tokenizers).  Idempotent.  The classes are the caller's
+    (``models.registration.register_qwen3`` passes ``Qwen3Config``, ``Qwen3MoeConfig`` and
+    ``models/qwen3/moe.py``)."""
     if is_registered():
         return
-    import importlib
-
     from paddlenlp.transformers import Qwen2Tokenizer, Qwen2TokenizerFast
 
-    from ..models.qwen3 import Qwen3Config, Qwen3MoeConfig
-
-    for alias, real in _MODULES.items():
-        sys.modules.setdefault(alias, importlib.import_module(real))
-    AutoConfig.register("qwen3_moe", Qwen3MoeConfig, exist_ok=True)
-    for config_cls in (Qwen3MoeConfig, Qwen3Config):
+    for alias in _MODULES:
+        sys.modules.setdefault(alias, moe_module)
+    AutoConfig.register("qwen3_moe", moe_config_cls, exist_ok=True)
+    for cls in (moe_config_cls, config_cls):
         AutoTokenizer.register(
-            config_cls, slow_tokenizer_class=Qwen2Tokenizer, fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True
+            cls, slow_tokenizer_class=Qwen2Tokenizer, fast_tokenizer_class=Qwen2TokenizerFast, exist_ok=True
         )
     for prefix, module in _FAMILIES.items():
         for auto_cls, task in ((AutoModel, "Model"), (AutoModelForCausalLM, "ForCausalLM")):

@@ -65,7 +65,6 @@ from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 from paddlenlp.utils.log import logger
 
-from ..config.checkpoints import latest_complete_checkpoint
 from .versions import check_versions
 
 check_versions()
@@ -111,14 +110,6 @@ RELIED_ON_ATTRIBUTES = [
 def checkpoint_dir(output_dir: str, global_step: int) -> str:
     """Where PaddleNLP's Trainer writes the checkpoint of ``global_step``."""
     return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
-
-
-def last_checkpoint(output_dir: str) -> Optional[str]:
-    """The newest *complete* checkpoint (PaddleNLP's get_last_checkpoint would take a half-written one)."""
-    latest, skipped = latest_complete_checkpoint(output_dir)
-    for path in skipped:
-        logger.warning(f"skipping {path}: it has no CHECKPOINT_COMPLETE (cut short while being written)")
-    return latest
 
 
 @contextlib.contextmanager
@@ -181,6 +172,10 @@ class TrainerBoundary(Trainer):
         return {}
 
     # -- public overrides that rely on PaddleNLP internals --------------------
+    def console_line(self, text: str) -> None:
+        """One line on the run's console (the training layer's console overrides this; here PaddleNLP's logger)."""
+        logger.info(text)
+
     def train(self, resume_from_checkpoint=None, ignore_keys_for_eval=None):
         reload_best = bool(self.args.load_best_model_at_end) and self.owns_saving()
         if reload_best:
@@ -196,13 +191,11 @@ class TrainerBoundary(Trainer):
                 self.args.load_best_model_at_end = True
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best:
-            from ..training.console import current  # the run's console (lazy: training imports this module)
-
             metric = self.state.best_metric
             metric = f"{metric:.4f}" if isinstance(metric, float) else metric
             # our line either way: when PaddleNLP reloaded it (a save we do not own), its INFO record of it is
             # in train.log only (the console policy), yet which weights end up in output_dir is news
-            current().line(f"Loading best model from {best} ({self.args.metric_for_best_model} = {metric})")
+            self.console_line(f"Loading best model from {best} ({self.args.metric_for_best_model} = {metric})")
             if reload_best:
                 self.load_weights(best)
         return output

@@ -1,5 +1,7 @@
-"""Our ``TrainingArguments`` (PaddleNLP's plus ``ExtraTrainingArgument``) and the fix-ups
-of PaddleNLP's argument post-processing that we do not inherit.
+"""A ``TrainingArguments`` class on PaddleNLP's with extra fields, and the fix-ups of PaddleNLP's argument
+post-processing that we do not inherit.  The extra fields are given by the caller
+(``training/training_args.py`` passes ``config.schema.ExtraTrainingArgument``), so this boundary imports no
+package above it.
 
 Relies on ``paddlenlp.trainer.TrainingArguments`` being a dataclass whose
 ``__post_init__`` turns ``evaluation_strategy="no"`` into ``"steps"`` when
@@ -11,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict
 
-from paddlenlp.trainer import TrainingArguments as _PaddleNLPTrainingArguments
+from paddlenlp.trainer import TrainingArguments as PaddleNLPTrainingArguments
 from paddlenlp.trainer.trainer_utils import IntervalStrategy
 
-from ..config.schema import ExtraTrainingArgument
 from .versions import check_versions
 
 check_versions()
@@ -25,27 +26,31 @@ RELIED_ON = [
     ("paddlenlp.trainer.trainer_utils", "IntervalStrategy"),
 ]
 
-# Built from the paddle-free schema so the key list lives in one place.
-TrainingArguments = dataclasses.make_dataclass(
-    "TrainingArguments",
-    [
-        (f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
-        for f in dataclasses.fields(ExtraTrainingArgument)
-    ],
-    bases=(_PaddleNLPTrainingArguments,),
-)
-TrainingArguments.__module__ = __name__
-TrainingArguments.__doc__ = "PaddleNLP TrainingArguments plus paddlenlp_ext's own training keys (docs/config.md)."
+
+def training_arguments_class(extra: type, module: str) -> type:
+    """PaddleNLP's ``TrainingArguments`` subclassed with the fields of the dataclass ``extra`` (name, type,
+    default and metadata kept), named ``TrainingArguments`` and placed in ``module`` (where it is pickled from,
+    as ``training_args.bin``)."""
+    cls = dataclasses.make_dataclass(
+        "TrainingArguments",
+        [
+            (f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+            for f in dataclasses.fields(extra)
+        ],
+        bases=(PaddleNLPTrainingArguments,),
+    )
+    cls.__module__ = module
+    return cls
 
 
-def make_training_arguments(kwargs: Dict[str, Any]):
-    """``TrainingArguments(**kwargs)`` with the user's ``evaluation_strategy`` kept.
+def make_training_arguments(cls: type, kwargs: Dict[str, Any]):
+    """``cls(**kwargs)`` (a class of :func:`training_arguments_class`) with the user's ``evaluation_strategy`` kept.
 
     PaddleNLP silently turns evaluation_strategy "no" into "steps" when
     do_eval is set; we keep the user's "no" (= evaluate once, after training).
     Raises PaddleNLP's own ValueError/TypeError/AssertionError for bad values.
     """
-    args = TrainingArguments(**kwargs)
+    args = cls(**kwargs)
     if kwargs.get("evaluation_strategy", "no") == "no" and args.evaluation_strategy != IntervalStrategy.NO:
         args.evaluation_strategy = IntervalStrategy.NO
     return args

@@ -101,8 +101,7 @@ def verify_merge(
     from paddlenlp.transformers import AutoModelForCausalLM
 
     from ..adapters import load_adapter
-    from ..integrations.decoder import register_decoder
-    from ..integrations.qwen3 import register_qwen3
+    from ..models.registration import register_decoder, register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to AutoModelForCausalLM
     register_decoder()  # ... and our decoder's rows (models/family_table.py, Family.decoder)
@@ -132,7 +131,7 @@ def verify_merge(
         cls, config = decoder_class_for(load_model_config(path, dtype="float32"))
         model = (cls or AutoModelForCausalLM).from_pretrained(path, config=config, dtype="float32")
         if quant:
-            from ..quant import quantize_model
+            from ..models.quantize import quantize_model
 
             quantize_model(
                 model,

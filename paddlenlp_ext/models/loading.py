@@ -1,6 +1,6 @@
 """Streaming model loading: build the model empty, then fill it one checkpoint tensor at a time.
 
-``AutoModelForCausalLM.from_pretrained`` + ``quant.quantize_model`` holds the
+``AutoModelForCausalLM.from_pretrained`` + ``models.quantize.quantize_model`` holds the
 whole full-precision model before quantizing it, which defeats QLoRA's point
 (a 0.82B Llama peaked at 4.88 GB for nf4, as for fp32 LoRA).
 :func:`load_model_streaming` instead
@@ -213,8 +213,9 @@ def load_model_streaming(
     data is read when the format allows it (pdparams shapes are checked on arrival).
     """
     from ..integrations import lazy_init
+    from .registration import register_decoder, register_qwen3
     from ..quant.formats import check_target_shape
-    from ..quant.model import select_targets
+    from .quantize import select_targets
 
     log = logger if logger is not None else _log
     t0, rss0 = time.perf_counter(), _rss()
@@ -237,7 +238,7 @@ def load_model_streaming(
     if quant and int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
         raise ValueError(
             "load_model_streaming quantizes no tensor-parallel shards: load in float, then "
-            "quant.quantize_model (each rank quantizes its own shard)"
+            "models.quantize.quantize_model (each rank quantizes its own shard)"
         )
     if not getattr(config, "architectures", None):
         raise CheckpointError(
@@ -245,6 +246,8 @@ def load_model_streaming(
             "AutoModelForCausalLM cannot choose the model class"
         )
 
+    register_qwen3()  # our classes known to PaddleNLP's Auto classes, which build the skeleton
+    register_decoder()
     model = lazy_init.lazy_skeleton(config, dtype, model_class)
     expected = dict(model.state_dict())
     for p in list(expected.values()):  # a pipeline stage's copy of a tied weight reads the tensor it copies

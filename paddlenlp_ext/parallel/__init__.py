@@ -1,7 +1,7 @@
-"""Tensor and pipeline parallelism for adapters (and quantized bases), and their CPU simulations.
+"""Tensor and pipeline parallelism's low layer, and their CPU simulations.
 
-Owns everything that knows the model is split over devices (a linear over a
-model-parallel group, the layers over pipeline stages):
+Owns what knows the model is split over devices, below the model, quantization and adapter code that builds
+on it (docs/architecture.md, the layering):
 
 * :mod:`.collectives` -- the small interface a tensor-parallel layer talks
   through (identity / all-reduce / all-gather / split + a plain gather for
@@ -11,30 +11,24 @@ model-parallel group, the layers over pipeline stages):
   (Paddle's ``ColumnParallelLinear`` / ``RowParallelLinear`` and their
   sequence-parallel versions) and one rank's
   :class:`ShardSpec` of them.
-* :mod:`.adapter_layers` -- LoRA (rsLoRA, LoRA+) and VeRA on those layers,
-  picked by ``adapters.apply_adapters`` for tensor-parallel targets; PiSSA and
-  LoKr are refused.
-* :mod:`.quantized` -- :class:`QuantizedParallelLinear`, the QLoRA base that
-  quantizes each rank's weight shard (``quant.quantize_model`` uses it).
-* :mod:`.checkpoint` -- complete adapter checkpoints from sharded models
-  (gather on save, offline unshard).
+* :mod:`.layers` -- our decoder's tensor-parallel base layers (column/row linears with fused segments, the
+  vocab-parallel embedding).
 * :mod:`.simulate` -- N ranks in one CPU process (:class:`SimulatedGroup`): the
-  same layer classes with simulated collectives, how all of the above is tested
+  same layer classes with simulated collectives, how tensor parallelism is tested
   on machines whose Paddle build cannot run fleet's tensor parallelism.
-* :mod:`.pp_adapters` -- adapters on a pipeline stage (PaddleNLP's
-  ``*ForCausalLMPipe``): plain layer names, the pipeline group
-  (:class:`FleetPipelineGroup`) and the checkpoint gathered to the first stage;
+* :mod:`.pipeline_group` -- the pipeline group as one stage sees it (:class:`FleetPipelineGroup`);
   :mod:`.pp_sim` -- N stages in one CPU process (PaddleNLP's own stage
   classes, activations sent and gradients received by hand).
-* :mod:`.expert` -- expert parallelism of the decoder's MoE blocks
-  (``expert_parallel_degree``): each rank keeps E/N experts, tokens go to their
-  expert's rank by all-to-all and come back; fleet's ``alltoall_single`` or N
-  simulated ranks (:class:`SimulatedExpertComm`).
 * :mod:`.sharding_sim` -- sharding stages 2 and 3 (GPU-only) simulated as their
   partitioned optimizer step: Paddle's own partition and slice parameters
   (through :mod:`paddlenlp_ext.integrations.sharding`), k replicas in one process.
 
-Never imports training or data.  Names load lazily (importing the package
+Built on it, in the packages that own what is split: the TP LoRA/VeRA layers
+(``adapters.tp_layers``), complete TP adapter checkpoints (``adapters.tp_checkpoint``), adapters on a
+pipeline stage (``adapters.pp_stage``), the per-shard quantized base (``quant.parallel_linear``) and expert
+parallelism of the MoE blocks (``models.decoder.expert_parallel``).
+
+Never imports training, data, models, quant or adapters.  Names load lazily (importing the package
 imports nothing heavy).
 """
 
@@ -48,14 +42,6 @@ _LAZY = {
     "collectives_for": "collectives",
     "ShardSpec": "shard",
     "shard_spec": "shard",
-    "ParallelLoRALinear": "adapter_layers",
-    "ParallelVeRALinear": "adapter_layers",
-    "PARALLEL_METHODS": "adapter_layers",
-    "QuantizedParallelLinear": "quantized",
-    "full_adapter_state_dict": "checkpoint",
-    "unshard_adapter_states": "checkpoint",
-    "adapter_split_axes": "checkpoint",
-    "adapter_shard_specs": "checkpoint",
     "ParallelLinear": "layers",
     "VocabParallelEmbedding": "layers",
     "SimulatedGroup": "simulate",
@@ -63,12 +49,7 @@ _LAZY = {
     "SimulatedProcessGroup": "simulate",
     "SimulationError": "simulate",
     "simulate_sharded_training": "sharding_sim",
-    "FleetPipelineGroup": "pp_adapters",
-    "attach_pipeline_group": "pp_adapters",
-    "prepare_stage_for_adapters": "pp_adapters",
-    "apply_expert_parallel": "expert",
-    "SimulatedExpertComm": "expert",
-    "FleetExpertComm": "expert",
+    "FleetPipelineGroup": "pipeline_group",
     "build_stages": "pp_sim",
     "run_pipeline": "pp_sim",
     "SimulatedPipelineGroup": "pp_sim",

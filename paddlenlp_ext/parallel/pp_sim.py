@@ -30,7 +30,7 @@ from typing import Any, Callable, List, Sequence
 
 import paddle
 
-from .pp_adapters import PipelineGroup
+from .pipeline_group import PipelineGroup
 
 __all__ = ["build_stages", "run_pipeline", "SimulatedPipelineGroup", "run_stages_in_threads"]
 

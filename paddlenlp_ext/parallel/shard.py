@@ -18,7 +18,7 @@ versions ``ColumnSequenceParallelLinear`` / ``RowSequenceParallelLinear``
 (``paddle.distributed.fleet.utils.sequence_parallel_utils``: the column input
 and the row output are this rank's part of the sequence, axis 0;
 ``ShardSpec.sequence_parallel``), and this package's
-:class:`~.quantized.QuantizedParallelLinear`.  MC2, refined-recompute and
+:class:`~paddlenlp_ext.quant.parallel_linear.QuantizedParallelLinear`.  MC2, refined-recompute and
 vendor (NPU/XPU) subclasses communicate differently and are refused with a
 clear error (:func:`shard_spec`).  ``mp_async_allreduce`` /
 ``mp_skip_c_identity`` / ``fuse_matmul_bias`` of the base only change how fleet

@@ -1,7 +1,7 @@
 """From a validated RunConfig to a plan: the inputs, the layout, the estimate, the one-line summary.
 
 ``estimate_for_run(cfg)`` and ``format_one_line(estimate, device_memory)`` are what the training
-CLI prints at start; ``llm/tools/plan_memory.py`` uses the same functions (``planner.cli``).
+CLI prints at start; ``llm/tools/plan_memory.py`` uses the same functions (``cli.plan_memory``).
 """
 
 from __future__ import annotations

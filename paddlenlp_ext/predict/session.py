@@ -75,7 +75,7 @@ def pick_device(requested: Optional[str]) -> str:
 def load_tokenizer(o: PredictOptions):
     """(tokenizer, use_template): the model's tokenizer, with --chat_template loaded as training loads it."""
     from ..data.tokenize import resolve_chat_template
-    from ..integrations.qwen3 import register_qwen3
+    from ..models.registration import register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
     from ..models.tokenizer import load_tokenizer as load_any_tokenizer
@@ -136,13 +136,13 @@ def _quantization(lora_path: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def load_base_model(o: PredictOptions, quantization: Optional[Dict[str, Any]]):
-    from ..integrations.qwen3 import register_qwen3
+    from ..models.registration import register_qwen3
     from ..models.checkpoint import CheckpointError
     from ..models.loading import load_model_streaming
     from ..models.model_config import load_model_config
 
     register_qwen3()
-    from ..integrations.decoder import register_decoder
+    from ..models.registration import register_decoder
 
     register_decoder()  # our decoder's rows (models/family_table.py, Family.decoder)
     try:

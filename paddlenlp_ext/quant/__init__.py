@@ -8,13 +8,15 @@
 * :mod:`.probe`    -- what this machine offers (CUDA arch, PaddleSlim's ops) (paddle).
 * :mod:`.dequant`  -- the paddle-side decoders and the matmul PyLayer that frees the weight (paddle).
 * :mod:`.linear`   -- :class:`QuantizedLinear` (paddle).
-* :mod:`.model`    -- :func:`quantize_model`, :func:`select_targets`, :func:`amp_excluded_layers`.
+* :mod:`.parallel_linear` -- :class:`QuantizedParallelLinear`, the QLoRA base that quantizes each rank's
+  weight shard of a tensor-parallel linear (paddle).
+
+Which layers of a model are quantized (the family's decoder linears) is the model's business:
+``models.quantize`` (:func:`quantize_model`, :func:`select_targets`, :func:`amp_excluded_layers`).
 
 The numpy API (``SUPPORTED_ALGOS``, ``FORMATS``, ``NF4_CODE``, ``FP4_CODE``,
 ``quantize``, ``dequantize``, ...) is importable without importing paddle; the
-paddle-side names (``QuantizedLinear``, ``quantize_model``,
-``quantized_state_bytes``, ``select_targets``, ``amp_excluded_layers``) load
-lazily on first access.
+paddle-side name ``QuantizedLinear`` loads lazily on first access.
 """
 
 from __future__ import annotations
@@ -27,10 +29,6 @@ from .formats import *  # noqa: F401,F403
 # paddle-side names -> the module that defines them (imported on first access)
 _LAZY = {
     "QuantizedLinear": "linear",
-    "quantize_model": "model",
-    "quantized_state_bytes": "model",
-    "select_targets": "model",
-    "amp_excluded_layers": "model",
 }
 
 __all__ = [*formats.__all__, *codec.__all__, *_LAZY]

@@ -324,7 +324,7 @@ def check_target_shape(
 ) -> None:
     """:func:`check_shape` for the layer called ``name``: the ``ValueError`` starts with ``layer '<name>': ``.
 
-    What :func:`~paddlenlp_ext.quant.model.quantize_model` runs on every target
+    What :func:`~paddlenlp_ext.models.quantize.quantize_model` runs on every target
     before it replaces anything; a checkpoint loader that quantizes while it
     streams calls it on every target first, so a bad layer fails before any work.
 

@@ -41,8 +41,7 @@ class RewardScorer:
         full weights or an adapter over ``base_model_name_or_path``, or a merged one) and its tokenizer."""
 
         from ..data.tokenize import resolve_chat_template
-        from ..integrations.decoder import register_decoder
-        from ..integrations.qwen3 import register_qwen3
+        from ..models.registration import register_decoder, register_qwen3
         from ..models.loading import load_model_streaming
         from ..models.model_config import load_model_config
         from ..models.tokenizer import load_tokenizer

@@ -161,7 +161,7 @@ def config_line(
 ) -> str:
     """``model tiny-llama | lora | trainable 18,688 / 176,704 (10.58%) | train 2,000 examples, ...``,
     ending with ``| cpu: 2 threads (2 CPUs), MKL AVX2 code path (AMD CPU)`` when ``cpu`` is given
-    (``cli.cpu_env``'s decision)."""
+    (``runtime.cpu_env``'s decision)."""
     name = os.path.basename(os.path.normpath(model_path)) if model_path else "?"
     share = f" ({100.0 * trainable / total:.2f}%)" if total else ""
     parts = [f"model {name}", method, f"trainable {format_count(trainable)} / {format_count(total)}{share}"]

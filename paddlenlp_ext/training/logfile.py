@@ -28,7 +28,7 @@ import sys
 import warnings
 from typing import List
 
-from ..cli.console_policy import is_library_file  # noqa: F401 (tests import it from here)
+from ..runtime.console_policy import is_library_file  # noqa: F401 (tests import it from here)
 from ..config.parse import ConfigError
 from .console import FILE_LOGGER_NAME, Console, activate, deactivate
 
@@ -65,7 +65,7 @@ def console_level(cfg) -> int:
 @contextlib.contextmanager
 def warnings_to_log(file_logger: logging.Logger, show_library: bool):
     """Python warnings into train.log; on the console too unless raised in library code (``show_library`` False)."""
-    # under cli.console_policy's filter (it hides library warnings), show with the one it wraps
+    # under runtime.console_policy's filter (it hides library warnings), show with the one it wraps
     original = getattr(warnings.showwarning, "__wrapped__", warnings.showwarning)
     previous = warnings.showwarning
     warnings_logger = file_logger.getChild("warnings")  # propagates to file_logger's train.log handler
@@ -96,7 +96,7 @@ class BelowLevel(logging.Filter):
 @contextlib.contextmanager
 def route_root_logger(file_handler: logging.Handler, console_level: int):
     """Records that reach the root logger (libraries' own loggers: matplotlib, visualdl, paddle) go to
-    train.log at INFO and above; its console handlers (``cli.console_policy.install_root_handler``, or
+    train.log at INFO and above; its console handlers (``runtime.console_policy.install_root_handler``, or
     paddle's) keep ``console_level`` and above."""
     root = logging.getLogger()
     console_filter = BelowLevel(console_level)

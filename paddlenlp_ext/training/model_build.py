@@ -37,8 +37,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     from paddlenlp.transformers import AutoModelForCausalLM
     from paddlenlp.utils.log import logger
 
-    from ..integrations.decoder import register_decoder
-    from ..integrations.qwen3 import register_qwen3
+    from ..models.registration import register_decoder, register_qwen3
     from ..models.checkpoint import CheckpointError
     from ..models.model_config import load_model_config
 
@@ -55,7 +54,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
     )
     config.use_flash_attention = m.use_flash_attention
     config.recompute = args.recompute
-    from ..models.llm_meta import apply_llm_meta, llm_meta_notices, on_gpu
+    from .llm_meta import apply_llm_meta, llm_meta_notices, on_gpu
     from .console import current
 
     gpu = on_gpu()
@@ -139,7 +138,7 @@ def load_model(cfg: RunConfig, args, quantization: Optional[Dict[str, Any]] = No
         model = (model_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
     if not quantization:
         return model, None
-    from ..quant import quantize_model
+    from ..models.quantize import quantize_model
 
     try:
         stats = quantize_model(
@@ -248,7 +247,8 @@ def prepare_pipeline_stage(model, args) -> Optional[Dict[str, str]]:
 
     if not is_pipeline_model(model):
         return None
-    from ..parallel.pp_adapters import FleetPipelineGroup, attach_pipeline_group, prepare_stage_for_adapters
+    from ..adapters.pp_stage import attach_pipeline_group, prepare_stage_for_adapters
+    from ..parallel.pipeline_group import FleetPipelineGroup
     from .pp_step import install_pipeline_training
 
     install_pipeline_training(model, args.dataset_world_size, args.gradient_accumulation_steps)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List
 
-from ..cli import cpu_env
+from ..runtime import cpu_env
 from .console import config_line, current, final_table
 
 #: weight files in output_dir -> what the table calls them (first match wins)

@@ -22,9 +22,20 @@ from ..config.checkpoints import (
     RUN_TOTALS_NAME,
     STAGING_PREFIX,
     checkpoint_step,
+    latest_complete_checkpoint,
     list_checkpoints,
     read_json_file,
 )
+
+
+def last_checkpoint(output_dir: str) -> Optional[str]:
+    """The newest *complete* checkpoint (PaddleNLP's get_last_checkpoint would take a half-written one)."""
+    from paddlenlp.utils.log import logger  # the trainer's logger (deferred: nothing else here needs paddle)
+
+    latest, skipped = latest_complete_checkpoint(output_dir)
+    for path in skipped:
+        logger.warning(f"skipping {path}: it has no CHECKPOINT_COMPLETE (cut short while being written)")
+    return latest
 
 
 def staging_root(final: str) -> str:

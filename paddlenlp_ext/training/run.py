@@ -27,7 +27,7 @@ RUN_SUMMARY_NAME = "run_summary.json"
 def build_training_args(cfg: RunConfig):
     import paddle
 
-    from ..integrations.training_args import make_training_arguments
+    from .training_args import make_training_arguments
 
     where = cfg.source or "config"
     on_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
@@ -53,10 +53,10 @@ def load_tokenizer(cfg: RunConfig):
     from ..models.tokenizer import TokenizerLoadError
     from ..models.tokenizer import load_tokenizer as load_any_tokenizer
 
-    from ..integrations.qwen3 import register_qwen3
+    from ..models.registration import register_qwen3
 
     register_qwen3()  # our model families (Qwen3) known to PaddleNLP's Auto classes
-    from ..integrations.decoder import register_decoder
+    from ..models.registration import register_decoder
 
     register_decoder()  # ... and our decoder's rows (models/family_table.py, Family.decoder)
 
@@ -214,7 +214,7 @@ def print_memory_plan(cfg: RunConfig) -> None:
     import paddle
     from paddlenlp.utils.log import logger
 
-    from ..models.llm_meta import on_gpu
+    from .llm_meta import on_gpu
     from ..planner import PlanError, estimate_for_run, format_one_line, host_memory_bytes
     from .console import current
 
@@ -243,9 +243,9 @@ def attach_data_callbacks(trainer, train_dataset, cfg: RunConfig, args, resume_s
 
 
 def cpu_setup_record() -> Dict[str, Any]:
-    """``cli.cpu_env``'s decision and the CPU math variables as this process has them now (after
+    """``runtime.cpu_env``'s decision and the CPU math variables as this process has them now (after
     paddle's import, which sets ``OMP_NUM_THREADS=1`` when it is unset)."""
-    from ..cli import cpu_env
+    from ..runtime import cpu_env
 
     decision = cpu_env.current()
     record = decision.as_dict() if decision else {"enabled": None, "text": "cpu: set-up not run"}

@@ -38,14 +38,16 @@ from ..data.global_batches import (
 from ..config.checkpoints import CHECKPOINT_COMPLETE_NAME, RESOLVED_CONFIG_NAME
 from ..config.parse import ConfigError
 from ..integrations.sharding import slice_aware_decay
-from ..integrations.trainer import TrainerBoundary, checkpoint_dir, last_checkpoint
-from ..parallel.pp_adapters import save_stage_weights
+from ..integrations.trainer import TrainerBoundary, checkpoint_dir
+from ..adapters.pp_stage import save_stage_weights
+from .console import current
 from .errors import SaveError, TrainingInterrupted
 from .loss import global_token_loss, shifts_labels_itself, token_mean_loss
 from .moe_aux import add_aux_loss, prepare_forward
 from .rank_counts import TokenAccuracy, sum_over_ranks
 from .resume import (
     clean_stale_staging,
+    last_checkpoint,
     publish_checkpoint,
     read_run_totals,
     resume_command,
@@ -88,6 +90,10 @@ class FinetuneTrainer(TrainerBoundary):
     def accuracy_metric(self) -> Optional[str]:
         """The eval metric (without "eval_") the console's eval line shows as the accuracy: token accuracy."""
         return "accuracy"
+
+    def console_line(self, text: str) -> None:
+        """TrainerBoundary's hook: the line goes to the run's console (training/console.py)."""
+        current().line(text)
 
     # -- data order -------------------------------------------------------
     def label_counts(self, dataset):
@@ -387,7 +393,7 @@ class FinetuneTrainer(TrainerBoundary):
 
     def amp_excluded_layers(self, model) -> list:
         # quantized bases keep fp32 scales / code books under O2 (their codes are integers anyway)
-        from ..quant import amp_excluded_layers
+        from ..models.quantize import amp_excluded_layers
 
         return amp_excluded_layers(model)
 

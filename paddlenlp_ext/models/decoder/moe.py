@@ -131,7 +131,7 @@ class MoEBlock(nn.Layer):
                 self.shared_expert_gate = nn.Linear(h, 1, bias_attr=False)
         # a plain dict, not a Tensor attribute: Paddle would register a Tensor attribute as a buffer
         self.routing_state = {"selected": None}
-        # parallel/expert.py's ExpertParallel when expert_parallel_degree > 1 (this rank then holds E/N experts)
+        # decoder/expert_parallel.py's ExpertParallel when expert_parallel_degree > 1 (this rank then holds E/N experts)
         self.expert_parallel = None
 
     @classmethod
@@ -194,7 +194,7 @@ class MoEBlock(nn.Layer):
         if self.tp is None or self.spec.fused_experts:
             return self.tp is not None
         from ...parallel.layers import ParallelLinear
-        from ...parallel.quantized import QuantizedParallelLinear
+        from ...quant.parallel_linear import QuantizedParallelLinear
 
         experts = list(self.experts)
         if self.spec.shared_intermediate_size:
@@ -283,7 +283,9 @@ class MoEBlock(nn.Layer):
         order = paddle.argsort(flat, stable=True)  # [T*k] (token, slot) pairs grouped by expert
         counts = paddle.bincount(flat, minlength=self.spec.num_experts).numpy()  # [E] on the host: slice sizes
         xs = paddle.gather(x, order // k)  # [T*k, H] token rows in expert order
-        if self.expert_parallel is not None:  # dispatch to the experts' ranks and combine back (parallel/expert.py)
+        if (
+            self.expert_parallel is not None
+        ):  # dispatch to the experts' ranks and combine back (decoder/expert_parallel.py)
             ys = self.expert_parallel.run(self, xs, counts)  # [T*k, H] in expert order
         else:
             ys = self.run_sorted(xs, counts, partial)  # [T*k, H] in expert order

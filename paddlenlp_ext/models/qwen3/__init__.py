@@ -8,7 +8,7 @@
 Importing this package does not import paddle; the classes load on first access.
 
 PaddleNLP's Auto classes learn the family from
-:func:`paddlenlp_ext.integrations.qwen3.register_qwen3` (called where our
+:func:`paddlenlp_ext.models.registration.register_qwen3` (called where our
 tools load models); the tokenizer is Qwen2's.
 """
 

@@ -26,7 +26,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 
-from ..adapters.base import AdapterError, iter_adapter_layers, to_numpy_f32
+from .base import AdapterError, iter_adapter_layers, to_numpy_f32
 
 
 def full_adapter_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:

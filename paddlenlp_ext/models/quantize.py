@@ -7,7 +7,7 @@ default targets are the project-wide decoder linears of the model family
 
 Tensor parallel (``tensor_parallel_degree > 1``): Paddle's ``ColumnParallelLinear``
 / ``RowParallelLinear`` targets are replaced by
-:class:`paddlenlp_ext.parallel.QuantizedParallelLinear`, which quantizes this
+:class:`paddlenlp_ext.quant.parallel_linear.QuantizedParallelLinear`, which quantizes this
 rank's weight shard with the same formats and keeps the layer's collectives;
 sequence-parallel variants are refused.
 """
@@ -22,10 +22,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import paddle.nn as nn
 
-from ..models.targets import NEVER_TARGET_PARTS, decoder_linear_targets
-from . import formats as F
-from .formats import check_target_shape  # noqa: F401  (public here too: the checkpoint loader's pre-check)
-from .linear import QuantizedLinear
+from .targets import NEVER_TARGET_PARTS, decoder_linear_targets
+from ..quant import formats as F
+from ..quant.formats import check_target_shape  # noqa: F401  (public here too: the checkpoint loader's pre-check)
+from ..quant.linear import QuantizedLinear
 
 _log = logging.getLogger("paddlenlp_ext.quant")
 
@@ -170,7 +170,7 @@ def quantize_model(
     Every shape is validated before anything is replaced, so a bad layer
     raises ``ValueError`` and leaves the model untouched.  Only exact
     ``nn.Linear`` instances and Paddle's Column/RowParallelLinear (each rank
-    quantizes its shard, see :mod:`paddlenlp_ext.parallel.quantized`) are
+    quantizes its shard, see :mod:`paddlenlp_ext.quant.parallel_linear`) are
     replaced (subclasses such as adapter layers are reported in ``skipped``);
     a matching sequence-parallel linear raises ``ValueError`` (see
     :func:`select_targets`).
@@ -227,7 +227,7 @@ def quantize_model(
                 layer, algo, block_size, double_quant, double_quant_block_size, backend=backend
             )
         else:  # Column/RowParallelLinear: this rank's shard
-            from ..parallel.quantized import QuantizedParallelLinear
+            from ..quant.parallel_linear import QuantizedParallelLinear
 
             q = QuantizedParallelLinear.from_parallel_linear(
                 layer, algo, block_size, double_quant, double_quant_block_size, backend=backend

@@ -6,13 +6,13 @@ import json
 import sys
 from typing import List, Optional
 
-from ..cli.common import EXIT_CONFIG_ERROR, pop_tool_args
+from .common import EXIT_CONFIG_ERROR, pop_tool_args
 from ..config.parse import ConfigError
-from .config import load_plan_config
-from .layout import MAX_DEVICES, suggest
-from .report import parse_size, suggestion_text, table, to_json
-from .run import estimate_for_run
-from .shapes import PlanError
+from ..planner.config import load_plan_config
+from ..planner.layout import MAX_DEVICES, suggest
+from ..planner.report import parse_size, suggestion_text, table, to_json
+from ..planner.run import estimate_for_run
+from ..planner.shapes import PlanError
 
 USAGE = """usage: python llm/tools/plan_memory.py CONFIG.json [--key value ...] [--device_memory 24GB] [--json]
                                      [--target gpu|cpu] [--world_size N] [--max_devices N]

@@ -1,7 +1,7 @@
 """LoRA (rsLoRA, LoRA+) and VeRA on tensor-parallel linears.
 
 The same layers run under fleet on GPU and on simulated ranks in tests; only
-their :class:`~.collectives.Collectives` differ.  Paddle orientation, full
+their :class:`~paddlenlp_ext.parallel.collectives.Collectives` differ.  Paddle orientation, full
 weight ``W [in, out]``, N ranks, r the adapter rank; every trainable tensor is
 either replicated or split like the weight, and the replicated ones sit on the
 side of the collective where their gradient is already complete:
@@ -70,13 +70,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import paddle
 import paddle.nn as nn
 
-from ..adapters.base import AdapterError, to_numpy_f32
-from ..adapters.config import AdapterConfig
-from ..adapters.lora import LoRALinear
-from ..adapters.methods import TABLE, load_object
-from ..adapters.vera import VeRALinear
-from .collectives import Collectives, collectives_for, scale_grad
-from .shard import COLUMN, ROW, local_product, output_bias, shard_spec
+from .base import AdapterError, to_numpy_f32
+from .config import AdapterConfig
+from .lora import LoRALinear
+from .methods import TABLE, load_object
+from .vera import VeRALinear
+from ..parallel.collectives import Collectives, collectives_for, scale_grad
+from ..parallel.shard import COLUMN, ROW, local_product, output_bias, shard_spec
 
 
 def refusal(config: AdapterConfig) -> Optional[str]:

@@ -158,7 +158,7 @@ class _AllToAllN(PyLayer):
 
 
 class SimulatedExpertComm(ExpertComm):
-    """Rank ``rank``'s expert-parallel collectives inside a :class:`~.simulate.SimulatedGroup` run."""
+    """Rank ``rank``'s expert-parallel collectives inside a :class:`~paddlenlp_ext.parallel.simulate.SimulatedGroup` run."""
 
     def __init__(self, simulation, rank: int):
         self.simulation, self.rank, self.world_size = simulation, int(rank), simulation.world_size
@@ -220,7 +220,7 @@ def apply_expert_parallel(model: nn.Layer, comm: ExpertComm) -> List[str]:
     Built from the single-process model (every rank loads the same weights, then drops the experts it does
     not own), so the simulation starts from exactly the single process's parameters.
     """
-    from ..models.decoder.moe import MoEBlock
+    from .moe import MoEBlock
 
     done = []
     for name, layer in model.named_sublayers():

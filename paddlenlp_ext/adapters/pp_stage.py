@@ -8,10 +8,9 @@ module adds:
   model name}`` map (``adapters.apply_adapters(layer_names=...)`` matches
   ``target_modules`` and names tensors by the plain names, so configs and
   checkpoints are the same as on one device);
-* :class:`PipelineGroup` -- what a stage needs from the pipeline group to save:
-  its stage index and ``all_gather_object``; :class:`FleetPipelineGroup` asks
-  fleet's hybrid group (GPU runs), the simulation brings its own
-  (:mod:`.pp_sim`); :func:`attach_pipeline_group` puts it on the model;
+* :func:`attach_pipeline_group` puts the stage's pipeline group on the model
+  (:class:`~paddlenlp_ext.parallel.pipeline_group.PipelineGroup`: what a stage
+  needs from it to save, its stage index and ``all_gather_object``);
 * :func:`save_stage_weights` -- full fine-tuning: every stage writes its own
   layers' weights (PaddleNLP's ``save_pretrained`` with variant ``ppXX``, keys
   already the plain model's), and the first stage writes ``config.json`` (with
@@ -33,11 +32,10 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 
-from ..adapters.base import AdapterError, to_numpy_f32
+from ..parallel.pipeline_group import PipelineGroup
+from .base import AdapterError, to_numpy_f32
 
 __all__ = [
-    "PipelineGroup",
-    "FleetPipelineGroup",
     "attach_pipeline_group",
     "pipeline_group_of",
     "gather_stage_states",
@@ -52,36 +50,6 @@ INDEX_NAME = "model.safetensors.index.json"
 _GROUP_ATTR = "_paddlenlp_ext_pipeline_group"
 
 
-class PipelineGroup:
-    """The pipeline group as one stage sees it."""
-
-    stage: int
-    num_stages: int
-
-    def all_gather_object(self, obj: Any) -> List[Any]:  # pragma: no cover - interface
-        """Every stage's ``obj``, in stage order (a collective: every stage calls it)."""
-        raise NotImplementedError
-
-
-class FleetPipelineGroup(PipelineGroup):
-    """fleet's pipeline group of this process (``fleet.init`` with ``pp_degree > 1``)."""
-
-    def __init__(self):
-        from paddle.distributed import fleet
-
-        hcg = fleet.get_hybrid_communicate_group()
-        self._group = hcg.get_pipe_parallel_group()
-        self.stage = int(hcg.get_stage_id())
-        self.num_stages = int(hcg.get_pipe_parallel_world_size())
-
-    def all_gather_object(self, obj: Any) -> List[Any]:
-        import paddle.distributed as dist
-
-        out: List[Any] = []
-        dist.all_gather_object(out, obj, group=self._group)
-        return out
-
-
 def attach_pipeline_group(model: Any, group: PipelineGroup) -> None:
     setattr(model, _GROUP_ATTR, group)
 
@@ -90,7 +58,7 @@ def pipeline_group_of(model: Any) -> PipelineGroup:
     group = getattr(model, _GROUP_ATTR, None)
     if group is None:
         raise AdapterError(
-            "this pipeline stage has no pipeline group attached (parallel.attach_pipeline_group): "
+            "this pipeline stage has no pipeline group attached (adapters.pp_stage.attach_pipeline_group): "
             "its adapters cannot be saved complete"
         )
     return group

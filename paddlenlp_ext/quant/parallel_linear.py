@@ -1,7 +1,7 @@
 """QLoRA bases under tensor parallelism: each rank quantizes its own weight shard.
 
 :class:`QuantizedParallelLinear` replaces a ``ColumnParallelLinear`` /
-``RowParallelLinear`` (``quant.quantize_model`` does this for tensor-parallel
+``RowParallelLinear`` (``models.quantize.quantize_model`` does this for tensor-parallel
 targets): the local ``[local_in, local_out]`` weight shard becomes a frozen
 :class:`~paddlenlp_ext.quant.QuantizedLinear` (``.local``) and the layer keeps
 the collectives of the layer it replaced.  Column parallel: the bias shard goes
@@ -25,10 +25,10 @@ from typing import Optional
 import paddle
 import paddle.nn as nn
 
-from ..quant import formats as QF
-from ..quant.linear import QuantizedLinear
-from .collectives import Collectives, collectives_for
-from .shard import COLUMN, ShardSpec, shard_spec
+from . import formats as QF
+from .linear import QuantizedLinear
+from ..parallel.collectives import Collectives, collectives_for
+from ..parallel.shard import COLUMN, ShardSpec, shard_spec
 
 
 class QuantizedParallelLinear(nn.Layer):
@@ -76,7 +76,7 @@ class QuantizedParallelLinear(nn.Layer):
         return self.local.dequantize_weight(dtype)
 
     def quantized_nbytes(self) -> int:
-        """Bytes of this rank's quantized buffers (``quant.quantize_model``'s stats)."""
+        """Bytes of this rank's quantized buffers (``models.quantize.quantize_model``'s stats)."""
         return self.local.quantized_nbytes()
 
     def planned_path(self) -> str:

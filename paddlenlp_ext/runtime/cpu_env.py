@@ -47,7 +47,7 @@ SHORT_VENDOR = {
     "GenuineIntel": "Intel",
 }
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("paddlenlp_ext.cli.cpu_env")  # its name before the move to runtime/: logging set-ups name it
 
 
 @dataclass(frozen=True)
