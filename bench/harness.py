@@ -94,6 +94,14 @@ def flags(**kv) -> List[str]:
     return [x for k, v in kv.items() for x in (f"--{k}", str(v))]
 
 
+def names_arg(parser, flag: str, names, default=None, nargs: str = "+", help: Optional[str] = None) -> None:
+    """A ``--flag NAME ...`` option choosing among ``names`` (default: all of them), e.g. a benchmark's
+    ``--methods``: ``names_arg(p, "--methods", ["lora", "dora"])`` then ``--methods dora`` -> ``["dora"]``."""
+    names = list(names)
+    parser.add_argument(flag, nargs=nargs, choices=names, default=names if default is None else default,
+                        metavar="NAME", help=help or f"subset of: {', '.join(names)}")  # fmt: skip
+
+
 # zero padding + greedy packing + flash-mask attention: the packed mode of every packing benchmark
 PACKED = flags(zero_padding="true", greedy_zero_padding="true", use_flash_attention="true", flash_mask="true")
 

@@ -49,30 +49,19 @@ from bench.cpu_setup import ROOT, ensure_data, run_once  # noqa: E402
 from bench.e2e import run_trl, trl_python  # noqa: E402
 
 fmt = h.fmt
-BASE = dict(
-    hidden_size=1024,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    vocab_size=32000,
-    max_position_embeddings=2048,
-    experts=8,
-    top_k=2,
-    expert_intermediate=1408,
-)
-SIZES = {
-    "0.8b": dict(BASE, num_hidden_layers=20),
-    "0.5b": dict(BASE, num_hidden_layers=12),
-    "0.3b": dict(BASE, num_hidden_layers=6),
-    "tiny": dict(
-        BASE,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        num_hidden_layers=2,
-        experts=4,
-        expert_intermediate=48,
-    ),
-}
+
+
+def moe_shape(hidden: int, heads: int, layers: int, experts: int, expert_intermediate: int) -> dict:
+    """The bench MoE's shape (top-2 routing, vocab 32000, full multi-head attention):
+    ``moe_shape(64, 4, 2, 4, 48)["num_key_value_heads"]`` -> ``4``."""
+    shape = h.llama_shape(hidden, None, layers, heads, heads, vocab_size=32000, max_position_embeddings=2048)
+    del shape["intermediate_size"]  # the MoE's is per expert; the dense twin's is top_k x that
+    return dict(shape, experts=experts, top_k=2, expert_intermediate=expert_intermediate)
+
+
+#: --size -> shape: the realistic sizes differ only in depth
+SIZES = {name: moe_shape(1024, 16, layers, 8, 1408) for name, layers in (("0.8b", 20), ("0.5b", 12), ("0.3b", 6))}
+SIZES["tiny"] = moe_shape(64, 4, 2, 4, 48)
 MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3"]
 TOOLKITS = ("ours", "dense", "trl")
 

@@ -31,13 +31,7 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
 
 from bench import harness as h  # noqa: E402
 
-from paddlenlp_ext.data.binpack import (  # noqa: E402
-    DEFAULT_GROUP_SIZE,
-    batch_padding_ratio,
-    greedy_pack,
-    pack_in_order,
-    padding_ratio,
-)
+from paddlenlp_ext.data import binpack  # noqa: E402
 from paddlenlp_ext.data.packed_row import build_packed_row  # noqa: E402
 
 DEFAULT_DATA = Path(h.ALPACA)
@@ -124,25 +118,35 @@ def evaluate(lengths, max_length, batch_size, PackRecorder, group_size):
     n = len(lengths)
     res = {}
     t = time.perf_counter()
-    r = batch_padding_ratio(lengths, batch_size)
+    r = binpack.batch_padding_ratio(lengths, batch_size)
     res["(a) no packing, batch pad"] = (r, n, 0, time.perf_counter() - t)
 
     t = time.perf_counter()
-    p = pack_in_order(lengths, max_length)
+    p = binpack.pack_in_order(lengths, max_length)
     dt = time.perf_counter() - t
-    res["(b) in-order zero padding"] = (padding_ratio(p, lengths, max_length), len(p), dropped(p, n), dt)
+    res["(b) in-order zero padding"] = (binpack.padding_ratio(p, lengths, max_length), len(p), dropped(p, n), dt)
     if PackRecorder is not None:
         pp, _ = paddlenlp_packs(PackRecorder, lengths, max_length, greedy=False)
         assert pp == p, "PaddleNLP non-greedy zero padding should equal pack_in_order"
 
         pg, dt = paddlenlp_packs(PackRecorder, lengths, max_length, greedy=True)
-        res["(c) PaddleNLP greedy (buf 500)"] = (padding_ratio(pg, lengths, max_length), len(pg), dropped(pg, n), dt)
+        res["(c) PaddleNLP greedy (buf 500)"] = (
+            binpack.padding_ratio(pg, lengths, max_length),
+            len(pg),
+            dropped(pg, n),
+            dt,
+        )
 
     t = time.perf_counter()
-    g = greedy_pack(lengths, max_length, group_size)
+    g = binpack.greedy_pack(lengths, max_length, group_size)
     dt = time.perf_counter() - t
     check_partition(g, lengths, max_length)
-    res[f"(d) ours greedy_pack (g={group_size})"] = (padding_ratio(g, lengths, max_length), len(g), dropped(g, n), dt)
+    res[f"(d) ours greedy_pack (g={group_size})"] = (
+        binpack.padding_ratio(g, lengths, max_length),
+        len(g),
+        dropped(g, n),
+        dt,
+    )
 
     lb = -(-int(lengths.sum()) // max_length)
     res["    lower bound ceil(tok/L)"] = (1 - int(lengths.sum()) / (lb * max_length), lb, 0, float("nan"))
@@ -186,7 +190,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--replicate", type=int, default=100_000, help="resampled dataset size for the padding table")
     ap.add_argument("--big", type=int, default=1_000_000, help="number of lengths for the speed test")
-    ap.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE)
+    ap.add_argument("--group-size", type=int, default=binpack.DEFAULT_GROUP_SIZE)
     ap.add_argument("--tune", type=str, default="128,256,512,1024,2048,4096,8192", help="group sizes to sweep")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-paddlenlp", action="store_true", help="skip column (c)")
@@ -237,7 +241,7 @@ def main():
             end="",
         )
         try:
-            greedy_pack(raw, L)
+            binpack.greedy_pack(raw, L)
             print("ours: no error?!")
             all_ok = False
         except ValueError as e:
@@ -252,9 +256,9 @@ def main():
         for L in MAX_LENGTHS:
             lens = np.minimum(rep, L)
             t = time.perf_counter()
-            p = greedy_pack(lens, L, g)
+            p = binpack.greedy_pack(lens, L, g)
             dt = time.perf_counter() - t
-            line += f" | {100 * padding_ratio(p, lens, L):8.3f}% {dt:8.3f}s"
+            line += f" | {100 * binpack.padding_ratio(p, lens, L):8.3f}% {dt:8.3f}s"
         print(line)
 
     # speed: 1M lengths
@@ -263,23 +267,23 @@ def main():
     for L in MAX_LENGTHS:
         lens = np.minimum(big, L)
         t = time.perf_counter()
-        p = greedy_pack(lens, L, args.group_size)
+        p = binpack.greedy_pack(lens, L, args.group_size)
         dt = time.perf_counter() - t
         t = time.perf_counter()
-        q = pack_in_order(lens, L)
+        q = binpack.pack_in_order(lens, L)
         dt_in = time.perf_counter() - t
         ok = dt < 10.0
         all_ok &= ok
         print(
-            f"  L={L}: greedy_pack {dt:.2f}s ({len(p):,} rows, padding {100 * padding_ratio(p, lens, L):.3f}%) "
+            f"  L={L}: greedy_pack {dt:.2f}s ({len(p):,} rows, padding {100 * binpack.padding_ratio(p, lens, L):.3f}%) "
             f"[target < 10 s: {'PASS' if ok else 'FAIL'}]; pack_in_order {dt_in:.2f}s "
-            f"(padding {100 * padding_ratio(q, lens, L):.3f}%)"
+            f"(padding {100 * binpack.padding_ratio(q, lens, L):.3f}%)"
         )
 
     # row building cost (what PackedDataset.__getitem__ does)
     L = 2048
     lens = np.minimum(rep[:20000], L)
-    p = greedy_pack(lens, L)
+    p = binpack.greedy_pack(lens, L)
     exs = [{"input_ids": [1] * int(n), "labels": [1] * int(n)} for n in lens]
     t = time.perf_counter()
     for pk in p:

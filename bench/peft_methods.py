@@ -154,14 +154,7 @@ def main(argv=None):
     p.add_argument("--model", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--data", default=str(REPO / "llm" / "data" / "advertise"))
     p.add_argument("--out", default=str(REPO / "output" / "bench_peft"), help="one output_dir per method under here")
-    p.add_argument(
-        "--methods",
-        nargs="+",
-        choices=list(METHODS),
-        default=list(METHODS),
-        metavar="NAME",
-        help=f"subset of: {', '.join(METHODS)}",
-    )
+    h.names_arg(p, "--methods", METHODS)
     args = p.parse_args(argv)
 
     python = sys.executable

@@ -70,15 +70,7 @@ if __package__ in (None, ""):  # run as a file, not with -m: make the repository
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from bench import harness as h  # noqa: E402
-from bench.qlora_tables import (  # noqa: E402
-    MiB,
-    table_bytes,
-    table_eval,
-    table_naive,
-    table_part0,
-    table_summary,
-    table_train,
-)
+from bench import qlora_tables as tables  # noqa: E402
 from bench.qlora_worker import CONFIGS, part0, shape_text, worker  # noqa: E402
 
 REPO = Path(h.ROOT)
@@ -288,7 +280,7 @@ def main(argv=None):
         print("\n## Part 0: quantize throughput and the quantized layer's forward + backward\n", flush=True)
         shape = tuple(args.part0_shape)
         qr, sr, base = part0(shape, args.part0_tokens, args.part0_repeats, args.seed)
-        text = table_part0(qr, sr, base, shape, args.part0_tokens)
+        text = tables.table_part0(qr, sr, base, shape, args.part0_tokens)
         print(text + "\n", flush=True)
         md += ["## Part 0: kernels on one layer\n", text, ""]
 
@@ -321,9 +313,11 @@ def main(argv=None):
                 f"step {r.get('step_ms', float('nan')):.0f} ms, losses {r.get('losses')}"
             ),
         )
-        naive = workers(args.naive, "naive", lambda name, r: f"  naive {name:<20} peak {r['peak_build'] / MiB:.0f} MiB")
+        naive = workers(
+            args.naive, "naive", lambda name, r: f"  naive {name:<20} peak {r['peak_build'] / tables.MiB:.0f} MiB"
+        )
 
-        t_bytes, checks = table_bytes(rows, args.block_size)
+        t_bytes, checks = tables.table_bytes(rows, args.block_size)
         ok_row = next((r for r in rows if not r.get("failed")), {})
         other = ok_row.get("other_params", 0)
         how = ok_row.get("peak_train_how", "VmHWM reset")
@@ -332,13 +326,13 @@ def main(argv=None):
             f"({shape_text(' ')}), "
             f"{ok_row.get('linear_params', 0) + other:,} parameters in fp32: {ok_row.get('linear_params', 0):,} in the 56 "
             f"decoder linears that `quantize_model` replaces, {other:,} (embeddings, lm_head, norms; "
-            f"{4 * other / MiB:.0f} MiB) that stay fp32 in every configuration. nf4/fp4 use block size "
+            f"{4 * other / tables.MiB:.0f} MiB) that stay fp32 in every configuration. nf4/fp4 use block size "
             f"{args.block_size}, double quantization block 256. Bytes per parameter are the quantized buffers "
             f"(codes + scales, `quantize_model` stats `bytes_after / params`, equal to "
             f"`quantized_state_bytes(model)`) over the quantized weights; fp32 is the float weights; bf16 is "
             f"the theoretical 2 bytes (not run: the CPU build has no bf16 matmul)."
         )
-        t_train = table_train(rows)
+        t_train = tables.table_train(rows)
         train_intro = (
             f"LoRA r={args.rank}, alpha={2 * args.rank} on all 56 decoder linears "
             f"({ok_row.get('trainable', 0):,} trainable parameters), AdamW over the LoRA parameters, random tokens "
@@ -366,8 +360,8 @@ def main(argv=None):
         cpu_ratio = sum(ratios) / len(ratios) if ratios else float("nan")
         summary = (
             "Summary (details and how each number is measured below). RSS is the whole process: about "
-            f"{ok_row.get('rss_imports', 0) / MiB:.0f} MiB of it is the paddle + paddlenlp runtime and "
-            f"{4 * other / MiB:.0f} MiB the fp32 embeddings + lm_head, the same in every row; the train peak adds "
+            f"{ok_row.get('rss_imports', 0) / tables.MiB:.0f} MiB of it is the paddle + paddlenlp runtime and "
+            f"{4 * other / tables.MiB:.0f} MiB the fp32 embeddings + lm_head, the same in every row; the train peak adds "
             f"the activations of the {args.batch} x {args.seq} batch (vocab-32000 logits included). Step times are "
             "from a 2-core CPU shared with other jobs (see the load column below) and are only indicative; on CPU "
             "the quantized layers dequantize their weight on every call (measured separately below: "
@@ -378,7 +372,7 @@ def main(argv=None):
             "### Summary\n",
             summary,
             "",
-            table_summary(rows),
+            tables.table_summary(rows),
             "",
             "### Bytes per parameter of the base linear weights\n",
             intro,
@@ -403,7 +397,7 @@ def main(argv=None):
                 "footprint. *After quantize_model + gc* shows how much of the freed fp32 memory went back "
                 "to the OS.",
                 "",
-                table_naive(naive, lazy_by),
+                tables.table_naive(naive, lazy_by),
             ]
         text = "\n".join(parts)
         print("\n" + text + "\n", flush=True)
@@ -434,7 +428,7 @@ def main(argv=None):
                 f"for the block scales (1/bs with double quantization). The relative column is relative to an eval loss "
                 f"that is already small (the tiny model fits the advertise data closely), so it looks large."
             )
-            text = intro + "\n\n" + table_eval(train, rows)
+            text = intro + "\n\n" + tables.table_eval(train, rows)
             print(text + "\n", flush=True)
             md += ["## Part 2: eval-loss change when a trained tiny model is quantized\n", text, ""]
 

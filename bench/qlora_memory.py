@@ -295,13 +295,13 @@ def print_conditions(records):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keep", action="store_true", help="keep the output dirs and logs")
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (>= 2)")
     p.add_argument("--model_dir", default=os.path.join(ROOT, "build", "llama-0.8b"))
     p.add_argument("--data_dir", default=os.path.join(ROOT, "build", "alpaca_en_demo"))
     p.add_argument("--workdir", default=None, help="parent of the temporary output dirs")
     p.add_argument("--json", default=None, help="write every number here")
-    p.add_argument("--keep", action="store_true", help="keep the output dirs and logs")
     p.add_argument(
         "--extra",
         default="",

@@ -153,13 +153,8 @@ def table_summary(rows):
 def table_naive(rows, lazy_by_name):
     def cells(r):
         lz = lazy_by_name.get(r["config"], {})
-        return [
-            r["config"],
-            mib(r["rss_fp32_model"]),
-            mib(r["rss_after_build"]),
-            mib(r["peak_build"]),
-            mib(lz.get("peak_build")),
-        ]
+        sizes = (r["rss_fp32_model"], r["rss_after_build"], r["peak_build"], lz.get("peak_build"))
+        return [r["config"], *map(mib, sizes)]
 
     header = [
         "config",
