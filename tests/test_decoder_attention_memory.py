@@ -35,9 +35,27 @@ def _run(fn, scale=0.125, window=None):
     return [t.numpy() for t in (out, q.grad, k.grad, v.grad)]
 
 
+@pytest.fixture
+def recompute_all(monkeypatch):
+    """Every training attention takes the memory-saving paths, however small (the tests' shapes are tiny)."""
+    from paddlenlp_ext.models.decoder import attention
+
+    monkeypatch.setattr(attention, "KEEP_PROBS_UP_TO", 0)
+    calls = {"recomputed": 0}
+    real = attention._RecomputedProbsAttention.apply
+
+    def counted(*a):
+        calls["recomputed"] += 1
+        return real(*a)
+
+    monkeypatch.setattr(attention._RecomputedProbsAttention, "apply", counted)
+    return calls
+
+
 @pytest.mark.parametrize("window", [None, 4])
-def test_recomputed_attention_equals_autograd_through_the_dense_ops(window):
+def test_recomputed_attention_equals_autograd_through_the_dense_ops(window, recompute_all):
     ours = _run(lambda q, k, v, plan, scale, w: attend(q, k, v, plan, scale, window=w), window=window)
+    assert recompute_all["recomputed"] == 1
     ref = _run(_reference, window=window)
     for name, a, b in zip(("out", "dq", "dk", "dv"), ours, ref):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=name)
@@ -46,7 +64,11 @@ def test_recomputed_attention_equals_autograd_through_the_dense_ops(window):
     assert np.abs(other[1] - ref[1]).max() > 1e-2
 
 
-def test_frozen_query_gets_no_gradient():
+@pytest.mark.parametrize("keep", [False, True])
+def test_frozen_query_gets_no_gradient(monkeypatch, keep):
+    from paddlenlp_ext.models.decoder import attention
+
+    monkeypatch.setattr(attention, "KEEP_PROBS_UP_TO", 2**21 if keep else 0)
     paddle.seed(0)
     q, k, v = paddle.randn([1, 5, 2, 4]), paddle.randn([1, 5, 2, 4]), paddle.randn([1, 5, 2, 4])
     k.stop_gradient = v.stop_gradient = False  # q frozen, k/v trained
@@ -76,7 +98,7 @@ def _run_unpadded(fn, mask):
 
 
 @pytest.mark.parametrize("mask", ["none", "ones", "padded"])
-def test_unpadded_causal_rows_take_the_chunked_causal_kernel(monkeypatch, mask):
+def test_unpadded_causal_rows_take_the_chunked_causal_kernel(monkeypatch, mask, recompute_all):
     """No mask, or a padding mask with no padding: kernels.causal (query chunks over their keys only, 300 tokens
     = two chunks) with the dense ops' output and gradients; a padded row keeps the masked dense path."""
     from paddlenlp_ext.models.decoder import attention
@@ -90,6 +112,7 @@ def test_unpadded_causal_rows_take_the_chunked_causal_kernel(monkeypatch, mask):
     ours = _run_unpadded(lambda q, k, v, plan, scale, w: attend(q, k, v, plan, scale), masks[mask])
     ref = _run_unpadded(_reference, masks[mask])
     assert len(calls) == (0 if mask == "padded" else 1)
+    assert recompute_all["recomputed"] == (1 if mask == "padded" else 0)
     for name, a, b in zip(("out", "dq", "dk", "dv"), ours, ref):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6, err_msg=name)
 
@@ -139,3 +162,20 @@ def test_lean_rms_norm_matches_autograd(trained):
         else:
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert (norm.weight.grad is None) == (not trained)
+
+
+def test_small_attention_keeps_its_probabilities_large_recomputes_them(monkeypatch):
+    """Below KEEP_PROBS_UP_TO numbers of probabilities, plain autograd (faster: nothing recomputed); above it
+    the memory-saving paths; the same output and gradients either way."""
+    from paddlenlp_ext.models.decoder import attention
+
+    calls = []
+    real = attention._RecomputedProbsAttention.apply
+    monkeypatch.setattr(attention._RecomputedProbsAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    results = {}
+    for limit in (2 * 4 * 9 * 9, 2 * 4 * 9 * 9 - 1):  # the test batch's probabilities: exactly 648 numbers
+        monkeypatch.setattr(attention, "KEEP_PROBS_UP_TO", limit)
+        results[limit] = _run(lambda q, k, v, plan, scale, w: attend(q, k, v, plan, scale))
+    assert calls == [1]  # only the run whose limit is below the 648
+    for a, b in zip(*results.values()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

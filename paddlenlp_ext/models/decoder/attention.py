@@ -127,6 +127,12 @@ def _repeat_kv(x, rep: int):
     return x.unsqueeze(3).expand([b, s, h, rep, d]).reshape([b, s, h * rep, d])
 
 
+#: training attention whose [B, H, Lq, Lk] probabilities hold at most this many numbers (8 MiB in fp32) keeps
+#: them for the backward (plain autograd): 192 tokens x 16 heads is 2.4 MB per layer, and recomputing them (the
+#: two paths below) costs more time than that memory is worth (about 1.5x the attention; docs/benchmarks.md)
+KEEP_PROBS_UP_TO = 2**21
+
+
 def attend(
     q,
     k,
@@ -160,6 +166,7 @@ def attend(
         and q.dtype == paddle.float32
         and not plan.autograd_only
         and not (q.stop_gradient and k.stop_gradient and v.stop_gradient)
+        and b * h * lq * kt.shape[2] > KEEP_PROBS_UP_TO
     ):
         # training in fp32: keep q/k/v, not the [B, H, Lq, Lk] probabilities, for the backward
         if window is None and plan.plain_causal():
