@@ -428,7 +428,9 @@ def test_lora_gradients_match_peft(row):
 
 
 def test_recompute_gives_the_same_gradients(tmp_path_factory):
-    """config.recompute (the run's ``recompute: true``) recomputes each layer in backward: same loss and grads."""
+    """config.recompute (the run's ``recompute: true``) recomputes each layer in backward: the same loss and
+    gradients within float rounding (without recompute the layers take the one-node RMSNorm and the chunked
+    causal attention, under it plain autograd through the dense ops: the same math, other summation orders)."""
     model_type = ROWS[-1]
     _, path, _ = build(model_type, tmp_path_factory)
     ids = paddle.to_tensor(np.random.default_rng(2).integers(3, VOCAB, size=(2, 11)))
@@ -441,8 +443,13 @@ def test_recompute_gives_the_same_gradients(tmp_path_factory):
         loss.backward()
         grads.append((float(loss), {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}))
     (l0, g0), (l1, g1) = grads
-    assert l0 == l1 and set(g0) == set(g1) and len(g0) > 10
-    assert all(np.abs(g0[n] - g1[n]).max() <= 1e-6 * max(1.0, np.abs(g0[n]).max()) for n in g0)
+    assert abs(l0 - l1) <= 1e-6 * abs(l0) and set(g0) == set(g1) and len(g0) > 10
+    bad = {
+        n: float(np.abs(g0[n] - g1[n]).max())
+        for n in g0
+        if np.abs(g0[n] - g1[n]).max() > 1e-5 * max(1.0, np.abs(g0[n]).max())
+    }
+    assert not bad, bad
 
 
 def test_save_pretrained_then_auto_classes_and_streaming_load_give_the_same_model(tmp_path_factory, tmp_path):

@@ -31,8 +31,8 @@ import contextlib
 import importlib
 
 import paddle
-from paddle.autograd import PyLayer
 
+from ..kernels.rms_norm import RMSNormFunction, rms_norm
 from .versions import check_versions
 
 check_versions()
@@ -49,32 +49,6 @@ _CLASSES = (
     ("paddlenlp.transformers.llama.modeling", "LlamaRMSNorm"),
     ("paddlenlp.transformers.qwen2.modeling", "Qwen2RMSNorm"),
 )
-
-
-class RMSNormFunction(PyLayer):
-    """``y = x * rsqrt(mean(x * x, -1) + eps) * weight`` with a hand-written backward (see the module)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps: float):
-        r = paddle.rsqrt((x * x).mean(-1, keepdim=True) + eps)  # [b, s, 1]
-        n = x * r  # [b, s, h]
-        ctx.save_for_backward(n, r, weight)
-        return n * weight  # [b, s, h]
-
-    @staticmethod
-    def backward(ctx, g):
-        n, r, weight = ctx.saved_tensor()
-        gn = g * weight  # [b, s, h]
-        gx = (gn - n * (gn * n).mean(-1, keepdim=True)) * r  # [b, s, h]
-        if weight.stop_gradient:  # a frozen norm (LoRA, QLoRA): no weight gradient to reduce
-            return gx, None
-        gw = (g * n).reshape([-1, n.shape[-1]]).sum(0)  # [h]
-        return gx, gw
-
-
-def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
-    """RMSNorm of ``x`` [..., h] with ``weight`` [h] (fp32), through :class:`RMSNormFunction`."""
-    return RMSNormFunction.apply(x, weight, float(eps))
 
 
 def _handled(layer, hidden_states) -> bool:

@@ -75,6 +75,7 @@ class CausalAttention(PyLayer):
         out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)  # [b, h, s, d]
         ctx.save_for_backward(q_scaled, k, v)  # not out: the backward gets rowsum(p * dp) from p and dp
         ctx.scale, ctx.chunk = scale, chunk
+        ctx.needs_grad = tuple(not t.stop_gradient for t in (q, k, v))
         return out
 
     @staticmethod
@@ -96,7 +97,8 @@ class CausalAttention(PyLayer):
             dk = dk_n if dk is None else dk + dk_n  # [b, h, s, d]
             dv = dv_n if dv is None else dv + dv_n
         dq = dq_parts[0] if len(dq_parts) == 1 else paddle.concat(dq_parts, axis=2)
-        return dq, dk, dv
+        # PyLayer wants None for an input that takes no gradient (a frozen projection's output)
+        return tuple(g if need else None for need, g in zip(ctx.needs_grad, (dq, dk, dv)))
 
 
 def causal_attention(q, k, v, scale: float, chunk: int = DEFAULT_CHUNK) -> paddle.Tensor:

@@ -29,6 +29,7 @@ from paddle.autograd import PyLayer
 
 from ...integrations.flashmask import flashmask_dispatch
 from ...kernels import dense_mask_from_startend
+from ...kernels.causal import causal_attention
 
 __all__ = ["MaskPlan", "attend"]
 
@@ -55,6 +56,7 @@ class MaskPlan:
         self._allowed = None  # bool [B | 1, 1, Lq, Lk]
         self._additive: Dict[Optional[int], paddle.Tensor] = {}
         self._mask_in = attention_mask
+        self._plain: Optional[bool] = None  # plain_causal(), once computed
         self.sp_pad = 0  # sequence parallel: zero token rows appended so the tokens divide over the ranks
         # True when the layers are recomputed in the backward (recompute=true): plain autograd only, since
         # Paddle's non-reentrant recompute gives wrong gradients through the memory-saving PyLayers below
@@ -88,6 +90,18 @@ class MaskPlan:
         self._allowed = allowed
         return allowed
 
+    def plain_causal(self) -> bool:
+        """True when every query sees exactly the keys at or before it: no cache, no start rows, and no mask
+        or a padding mask without padding (checked once per forward)."""
+        if self._plain is None:
+            m = self._mask_in
+            self._plain = (
+                self.past_len == 0
+                and self.startend is None
+                and (m is None or (m.ndim == 2 and bool(m.astype("bool").all())))
+            )
+        return self._plain
+
     def additive(self, window: Optional[int], dtype=paddle.float32) -> paddle.Tensor:
         """Float [B | 1, 1, Lq, Lk]: 0 where allowed (within ``window``), the dtype's minimum elsewhere."""
         if window not in self._additive:
@@ -111,6 +125,12 @@ def _repeat_kv(x, rep: int):
         return x
     b, s, h, d = x.shape
     return x.unsqueeze(3).expand([b, s, h, rep, d]).reshape([b, s, h * rep, d])
+
+
+#: training attention whose [B, H, Lq, Lk] probabilities hold at most this many numbers (8 MiB in fp32) keeps
+#: them for the backward (plain autograd): 192 tokens x 16 heads is 2.4 MB per layer, and recomputing them (the
+#: two paths below) costs more time than that memory is worth (about 1.5x the attention; docs/benchmarks.md)
+KEEP_PROBS_UP_TO = 2**21
 
 
 def attend(
@@ -146,14 +166,23 @@ def attend(
         and q.dtype == paddle.float32
         and not plan.autograd_only
         and not (q.stop_gradient and k.stop_gradient and v.stop_gradient)
+        and b * h * lq * kt.shape[2] > KEEP_PROBS_UP_TO
     ):
         # training in fp32: keep q/k/v, not the [B, H, Lq, Lk] probabilities, for the backward
-        out = _RecomputedProbsAttention.apply(qt, kt, vt, plan.additive(window), scale)  # [B, H, Lq, D]
+        if window is None and plan.plain_causal():
+            # nothing masked but the future: query chunks over their keys only (kernels.causal; skips the
+            # upper triangle's products, about half of the two attention matmuls)
+            out = causal_attention(qt, kt, vt, scale)  # [B, H, Lq, D]
+        else:
+            out = _RecomputedProbsAttention.apply(qt, kt, vt, plan.additive(window), scale)  # [B, H, Lq, D]
         return out.transpose([0, 2, 1, 3]).reshape([b, lq, h * d])
     scores = paddle.matmul(qt, kt, transpose_y=True) * scale  # [B, H, Lq, Lk]
     if softcap is not None:
         scores = paddle.tanh(scores / softcap) * softcap
-    scores = scores.astype("float32") + plan.additive(window)  # mask [B | 1, 1, Lq, Lk] broadcast over heads
+    # the mask [B | 1, 1, Lq, Lk] expanded over the heads first: the same sums, and Paddle's CPU add is ~2x
+    # slower when an operand broadcasts
+    scores = scores.astype("float32")
+    scores = scores + plan.additive(window).expand(scores.shape)
     if sinks is not None:
         sink = sinks.astype("float32").reshape([1, h, 1, 1]).expand([scores.shape[0], h, lq, 1])  # [B, H, Lq, 1]
         probs = F.softmax(paddle.concat([scores, sink], axis=-1), axis=-1)[..., :-1].astype(q.dtype)  # [B, H, Lq, Lk]
@@ -169,7 +198,7 @@ def _probs(qt, kt, additive, scale: float):
     """softmax(q k^T * scale + mask) [B, H, Lq, Lk] in float32, by the same ops as :func:`attend`'s dense
     path (so the backward's recomputation is bitwise the forward's)."""
     scores = paddle.matmul(qt, kt, transpose_y=True) * scale  # [B, H, Lq, Lk]
-    return F.softmax(scores + additive, axis=-1)  # mask [B | 1, 1, Lq, Lk] broadcast over heads
+    return F.softmax(scores + additive.expand(scores.shape), axis=-1)  # mask [B | 1, 1, Lq, Lk] over the heads
 
 
 class _RecomputedProbsAttention(PyLayer):

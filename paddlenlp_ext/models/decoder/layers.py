@@ -13,6 +13,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.autograd import PyLayer
 
+from ...kernels.rms_norm import rms_norm
 from .attention import MaskPlan, attend
 from .rope import inv_freq
 from .rows import Knobs
@@ -54,7 +55,12 @@ class Norm(nn.Layer):
             return p
         return self.tp.comm.identity(p)  # replicated, fed this rank's heads / tokens: sum its partial gradients
 
-    def forward(self, x):
+    def forward(self, x, lean: bool = False):
+        """``lean`` (the caller is not under recompute): a plain fp32 RMSNorm is one autograd node with a
+        hand-written backward (``kernels.rms_norm``: ``x * x`` instead of ``pow``, nothing broadcast in the
+        backward; within 1e-6 of the autograd form below, which Paddle's non-reentrant recompute needs)."""
+        if lean and self.tp is None and self.kind == "rms" and not self.plus_one and x.dtype == paddle.float32:
+            return rms_norm(x, self.weight, self.eps)
         weight, bias = self._shared(self.weight), self._shared(self.bias)
         if self.kind == "layer":
             return F.layer_norm(x, [self.dim], weight=weight, bias=bias, epsilon=self.eps)
@@ -63,7 +69,7 @@ class Norm(nn.Layer):
             comm = self.tp.comm
             ms = comm.all_reduce(comm.identity(x32.pow(2).sum(-1, keepdim=True))) / float(self.full_dim)
         else:
-            ms = x32.pow(2).mean(-1, keepdim=True)
+            ms = (x32 * x32).mean(-1, keepdim=True)  # x * x, as kernels.rms_norm: exact, and faster than pow(2)
         y = x32 * paddle.rsqrt(ms + self.eps)  # [..., dim]
         if self.plus_one:  # Gemma: (1 + w) in float32, then cast
             return (y * (1.0 + weight.astype("float32"))).astype(x.dtype)
@@ -126,21 +132,42 @@ def apply_rotary(x, cos, sin, interleaved: bool, lean: bool = False):
     return paddle.concat([rot * cos + _rotate(rot, interleaved) * sin, rest], axis=-1)
 
 
+def _signed_sin(sin):
+    """sin [B, L, 1, D] with its first half negated: ``rotate_half(x) * sin == roll(x, D/2) * _signed_sin(sin)``
+    element for element (``(-a) * b == a * (-b)`` exactly), one roll instead of two slices, a negation and a
+    concat whose backward zero-fills two full tensors; ``[[[[1., 2., 3., 4.]]]]`` -> ``[[[[-1., -2., 3., 4.]]]]``."""
+    half = sin.shape[-1] // 2
+    return paddle.concat([-sin[..., :half], sin[..., half:]], axis=-1)
+
+
 class _Rotary(PyLayer):
     """x * cos + rotate(x) * sin whose backward keeps only the (shared) cos/sin tables: autograd would keep
     x and rotate(x), two [B, L, H, D] per query and key and layer, until the backward.  The rotation's
     transpose is -rotate, so dx = g * cos - rotate(g * sin): bitwise what autograd sums (the negation and
-    the zero halves of the slices' gradients are exact)."""
+    the zero halves of the slices' gradients are exact).  The tables are expanded over the heads before
+    multiplying (the same values; Paddle's CPU multiply is many times slower when an operand broadcasts), and
+    the half rotation is one roll (:func:`_signed_sin`); the interleaved one keeps :func:`_rotate`."""
 
     @staticmethod
     def forward(ctx, x, cos, sin, interleaved):
-        ctx.tables, ctx.interleaved = (cos, sin), interleaved
-        return x * cos + _rotate(x, interleaved) * sin  # [B, L, H, D]
+        shape = x.shape
+        ctx.interleaved = interleaved
+        if interleaved:
+            ctx.tables = (cos, sin)
+            return x * cos.expand(shape) + _rotate(x, True) * sin.expand(shape)  # [B, L, H, D]
+        half = shape[-1] // 2
+        signed = _signed_sin(sin)  # [B, L, 1, D]
+        ctx.tables = (cos, signed)
+        return x * cos.expand(shape) + paddle.roll(x, shifts=half, axis=-1) * signed.expand(shape)
 
     @staticmethod
     def backward(ctx, g):
         cos, sin = ctx.tables
-        return g * cos - _rotate(g * sin, ctx.interleaved), None, None  # [B, L, H, D]; the tables: none
+        shape = g.shape
+        if ctx.interleaved:
+            return g * cos.expand(shape) - _rotate(g * sin.expand(shape), True), None, None
+        # -rotate_half(g * sin) == roll(g * signed, -D/2): [B, L, H, D]; the tables take no gradient
+        return g * cos.expand(shape) + paddle.roll(g * sin.expand(shape), shifts=-(shape[-1] // 2), axis=-1), None, None
 
 
 _ACT: Dict[str, Callable] = {
@@ -166,6 +193,8 @@ class DenseMLP(nn.Layer):
     def __init__(self, k: Knobs, layer_idx: int, tp=None):
         super().__init__()
         self.fused, self.act = k.arch.fused_gate_up, _ACT[k.act]
+        # SwiGLU as Paddle's one fused op (one node forward and backward instead of silu, multiply and theirs)
+        self.swiglu = k.act in ("silu", "swish")
         column = _linear if tp is None else tp.column
         if self.fused:
             seg = {} if tp is None else {"segments": (k.intermediate, k.intermediate)}
@@ -180,7 +209,7 @@ class DenseMLP(nn.Layer):
             gate, up = paddle.chunk(self.gate_up_proj(x), 2, axis=-1)  # [B, L, inter (/ N)] each
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(F.swiglu(gate, up) if self.swiglu else self.act(gate) * up)  # [B, L, hidden]
 
 
 #: Arch.mlp kind -> builder(knobs, layer_idx) -> Layer mapping [B, L, hidden] to [B, L, hidden].
@@ -280,7 +309,7 @@ class Attention(nn.Layer):
         key = key.reshape([b, s, self.kv_heads, k.head_dim])  # [B, L, Hkv, D]
         val = val.reshape([b, s, self.kv_heads, k.head_dim])  # [B, L, Hkv, D]
         if k.arch.qk_norm == "head":
-            q, key = self.q_norm(q), self.k_norm(key)
+            q, key = self.q_norm(q, not plan.autograd_only), self.k_norm(key, not plan.autograd_only)
         if rope is not None:
             cos, sin = rope
             q = apply_rotary(q, cos, sin, k.arch.rope_interleaved, lean=not plan.autograd_only)

@@ -63,24 +63,25 @@ class DecoderLayer(nn.Layer):
     def feed_forward(self) -> nn.Layer:
         return getattr(self, self.mlp_name)
 
-    def _norm(self, slot: int, x):
+    def _norm(self, slot: int, x, plan):
         name = self.slots[slot]
-        return x if name is None else getattr(self, name)(x)
+        # the one-node RMSNorm unless the layer is recomputed (Paddle's recompute needs plain autograd)
+        return x if name is None else getattr(self, name)(x, not plan.autograd_only)
 
     def forward(self, x, rope, plan, past=None, use_cache=False):
-        h, cache = self.self_attn(self._norm(0, x), rope, plan, past, use_cache)
-        x = x + self._norm(1, h)
+        h, cache = self.self_attn(self._norm(0, x, plan), rope, plan, past, use_cache)
+        x = x + self._norm(1, h, plan)
         ff = self.feed_forward
         # an MoE block under sequence parallelism drops the zero rows that pad the tokens before routing them
         h = (
-            ff(self._norm(2, x), getattr(plan, "sp_pad", 0))
+            ff(self._norm(2, x, plan), getattr(plan, "sp_pad", 0))
             if getattr(ff, "takes_sp_pad", False)
-            else ff(self._norm(2, x))
+            else ff(self._norm(2, x, plan))
         )
         router_logits = None
         if isinstance(h, tuple):  # an MoE block: (hidden [B, L, H], router logits [B*L, E])
             h, router_logits = h
-        x = x + self._norm(3, h)
+        x = x + self._norm(3, h, plan)
         return x, cache, router_logits
 
 
@@ -203,7 +204,7 @@ class DecoderModel(DecoderPretrainedModel):
                 caches.append(cache)
             if router_logits is not None and logits is not None:
                 router_logits.append(logits)
-        x = self.norm(x)
+        x = self.norm(x, not plan.autograd_only)
         if sp:  # every token again; the gather's backward sums the ranks' parts of the head's input gradient
             x = self.tp.comm.seq_all_gather(x)[: b * s].reshape([b, s, -1])
         if hidden_states is not None:
