@@ -1,6 +1,6 @@
 """Benchmark: one training micro-step in-process, PaddleNLP's ops vs ours.
 
-    .venv/bin/python -m bench.step_inprocess MODEL_DIR [--seq 1024] [--repeats 3] [--packed]
+    .venv/bin/python -m bench.step_inprocess MODEL_DIR [--seq 1024] [--repeats 3] [--packed] [--decoder]
 
 Loads MODEL_DIR (a PaddleNLP Llama, e.g. ``bench/cpu_setup.py``'s, or a 4-layer copy), puts LoRA
 r8 on every decoder linear, and times forward + backward of our SFT loss
@@ -10,6 +10,11 @@ examples packed in the row, with PaddleNLP's dense block-diagonal mask), alterna
 (``integrations.rotary`` + ``integrations.dense_attention`` + ``integrations.rms_norm``, as
 ``training/run.py`` installs them).  It prints the median times and the largest relative difference of
 the loss and of the LoRA gradients (rotary and attention are bit-identical; the RMSNorm is within 1e-6).
+
+``--decoder``: **stock** becomes PaddleNLP's class *with* those three patches (how Llama trained before it
+moved onto our decoder) and **ours** the decoder (``models.loading.load_model_streaming``, as
+``llm/run_finetune.py`` builds it): the same weights, the same step.  Run it under the CLI's CPU set-up
+(``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` = cores, ``MKL_DEBUG_CPU_TYPE=5`` on AMD: ``runtime/cpu_env.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--packed", action="store_true")
+    p.add_argument("--decoder", action="store_true", help="PaddleNLP's class with our patches vs our decoder")
     a = p.parse_args(argv)
     from paddlenlp.transformers import AutoModelForCausalLM
 
@@ -46,17 +52,27 @@ def main(argv=None):
     from paddlenlp_ext.training.loss import global_token_loss
 
     def build(ours):
-        with contextlib.ExitStack() as stack:
-            if ours:  # the attention function is bound when the layers are built
-                stack.enter_context(fast_dense_attention())
-            paddle.seed(0)
-            model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32")
+        paddle.seed(0)
+        if ours and a.decoder:  # the decoder, built as the CLI builds it
+            from paddlenlp_ext.models.loading import decoder_class_for, load_model_streaming
+
+            lm_class, config = decoder_class_for(AutoConfig.from_pretrained(a.model_dir))
+            model = load_model_streaming(a.model_dir, config, "float32", model_class=lm_class)[0]
+        else:
+            with contextlib.ExitStack() as stack:
+                if ours or a.decoder:  # the attention function is bound when the layers are built
+                    stack.enter_context(fast_dense_attention())
+                model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype="float32")
+        paddle.seed(0)  # the same LoRA A on both sides, however many random numbers the build drew
         apply_adapters(model, AdapterConfig(method="lora", r=8, alpha=16))
         model.train()
         return model
 
     s = a.seq
-    ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 32000, (1, s)))
+    from paddlenlp.transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(a.model_dir).vocab_size
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(3, vocab, (1, s)))
     labels = ids.clone()
     labels[:, : s // 4] = -100
     inputs = {"input_ids": ids, "labels": labels}
@@ -81,7 +97,7 @@ def main(argv=None):
     @contextlib.contextmanager
     def patches(name):
         with contextlib.ExitStack() as stack:
-            if name == "ours":
+            if (name == "ours") != a.decoder:  # the patches: ours, or with --decoder the PaddleNLP side
                 stack.enter_context(fast_rotary())
                 stack.enter_context(fast_rms_norm())
             yield
