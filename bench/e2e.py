@@ -231,6 +231,12 @@ def main(argv=None):
         help="an interpreter with torch, transformers, peft and trl (default: "
         "SCRATCH/venv-trl, set up when absent; --model ernie: this interpreter)",
     )
+    p.add_argument(
+        "--trl-defaults",
+        action="store_true",
+        help="TRL as it ships (gradient checkpointing on, its own example order), as the TRL figures measured "
+        "before 2026-11-28; default: the same work as ours",
+    )
     p.add_argument("--json", help="write the runs here")
     p.add_argument("--peak-json", help="bench/peak.py's --json of this machine, instead of measuring the peak")
     p.add_argument("--no-peak", action="store_true", help="no matmul peak measurement (no fraction of peak)")
@@ -301,7 +307,9 @@ def main(argv=None):
         f"on {os.cpu_count()} CPUs",
         flush=True,
     )
-    if py:
+    if py and a.trl_defaults:
+        print("TRL as it ships: gradient checkpointing on, its own example order (--trl-defaults)", flush=True)
+    elif py:
         print(
             "same work, ours and TRL: no gradient checkpointing on either side; unpacked cases: TRL takes "
             f"ours' example order (seed {SEED}), the same 4 examples per optimizer step; packed cases: both "
@@ -357,7 +365,7 @@ def main(argv=None):
                     case == "packed",
                     dpo=case == "dpo",
                     use_fast=not ernie,
-                    same_work=case != "dpo",
+                    same_work=case != "dpo" and not a.trl_defaults,
                 )
                 # ernie: transformers' slow tokenizer over the same SentencePiece model ours reads (the fast
                 # conversion needs protobuf, which the shared venv lacks)
