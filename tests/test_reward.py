@@ -175,7 +175,8 @@ def test_scorer_round_trip(tiny_model_dir, reward_pairs, tiny_tokenizer, tmp_pat
     assert np.abs(chosen.numpy() - rejected.numpy()).max() > 1e-3  # the trained head tells them apart
     # score_texts renders prompt + answer exactly as training did
     texts = scorer.score_texts([ex.src[-1] for ex in examples], [ex.chosen for ex in examples])
-    np.testing.assert_allclose(texts, got[: len(pairs)], atol=1e-6)
+    # another batch (chosen answers only: other padding, other row lengths): the same scores within float rounding
+    np.testing.assert_allclose(texts, got[: len(pairs)], rtol=1e-5, atol=1e-6)
     assert got.dtype == np.float32 and got.shape == (2 * len(pairs),)
 
 
